@@ -1,0 +1,10 @@
+//! Drip's pure core: the rules contract, key and cost templates, routing of an event to a rule, and
+//! the reference model of slot reservation. Nothing here does I/O or reads the clock.
+
+pub mod event;
+pub mod ledger;
+pub mod routing;
+pub mod rules;
+pub mod schedule;
+pub mod template;
+pub mod time;

@@ -1,0 +1,241 @@
+//! From an event to what must happen to it: which rule, which entity key, what cost, or why it
+//! must be dead-lettered; and, once a slot is reserved, whether to forward now or delay.
+
+use std::fmt;
+
+use crate::event::Event;
+use crate::rules::{Cost, OnMissingKey, Rule, RuleSet};
+use crate::schedule::{Reservation, Status};
+use crate::template::{RenderError, cap_key};
+use crate::time::Millis;
+
+/// Why an event goes to a dead-letter topic; `as_str` is the `drip-reason` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DlqReason {
+    NoMatchingRule,
+    MissingKeyField,
+    NonJsonBody,
+    InvalidCost,
+    CostExceedsLimit,
+    MaxDelayExceeded,
+}
+
+impl DlqReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoMatchingRule => "no_matching_rule",
+            Self::MissingKeyField => "missing_key_field",
+            Self::NonJsonBody => "non_json_body",
+            Self::InvalidCost => "invalid_cost",
+            Self::CostExceedsLimit => "cost_exceeds_limit",
+            Self::MaxDelayExceeded => "max_delay_exceeded",
+        }
+    }
+}
+
+impl fmt::Display for DlqReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug)]
+pub enum Plan<'r> {
+    Reserve {
+        rule: &'r Rule,
+        key: String,
+        cost: u64,
+    },
+    DeadLetter {
+        rule: Option<&'r Rule>,
+        key: Option<String>,
+        reason: DlqReason,
+        detail: String,
+    },
+}
+
+pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
+    let Some(rule) = rules.find(&event.attributes) else {
+        return Plan::DeadLetter {
+            rule: None,
+            key: None,
+            reason: DlqReason::NoMatchingRule,
+            detail: "no rule matches the message attributes".into(),
+        };
+    };
+    let dead_letter = |key: Option<String>, reason, detail| Plan::DeadLetter {
+        rule: Some(rule),
+        key,
+        reason,
+        detail,
+    };
+    let key = match (rule.key.render(event), &rule.on_missing_key) {
+        (Ok(key), _) => cap_key(key),
+        (Err(_), OnMissingKey::FallbackKey(fallback)) => cap_key(fallback.clone()),
+        (Err(e), OnMissingKey::Dlq) => {
+            let reason = match e {
+                RenderError::NonJsonBody => DlqReason::NonJsonBody,
+                _ => DlqReason::MissingKeyField,
+            };
+            return dead_letter(None, reason, format!("key: {e}"));
+        }
+    };
+    let cost = match &rule.cost {
+        Cost::Fixed(cost) => *cost,
+        Cost::Template(template) => match template.render(event).map(|text| text.parse::<u64>()) {
+            Ok(Ok(cost)) if cost >= 1 => cost,
+            Ok(_) => {
+                return dead_letter(
+                    Some(key),
+                    DlqReason::InvalidCost,
+                    "cost: not an integer of at least 1".into(),
+                );
+            }
+            Err(e) => return dead_letter(Some(key), DlqReason::InvalidCost, format!("cost: {e}")),
+        },
+    };
+    if cost > rule.smallest_limit() {
+        let detail = format!(
+            "cost {cost} exceeds the smallest limit {}",
+            rule.smallest_limit()
+        );
+        return dead_letter(Some(key), DlqReason::CostExceedsLimit, detail);
+    }
+    Plan::Reserve { rule, key, cost }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Forward,
+    Delay,
+    DeadLetter(DlqReason),
+}
+
+impl Decision {
+    pub fn of(reservation: &Reservation, now: Millis) -> Self {
+        match reservation.status {
+            Status::MaxDelayExceeded => Decision::DeadLetter(DlqReason::MaxDelayExceeded),
+            Status::Reserved if reservation.slot <= now => Decision::Forward,
+            Status::Reserved => Decision::Delay,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Decision::Forward => "forward",
+            Decision::Delay => "delay",
+            Decision::DeadLetter(_) => "dlq",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const RULES: &str = r#"
+default_dlq_topic: default-dlq
+rules:
+  - name: sms
+    match: { attributes: { event_type: sms } }
+    key: "user_{data.user_id}"
+    cost: "{data.parts}"
+    limits: [{ limit: 5, per: 1s }]
+    max_delay: 1h
+    forward: { topic: sms-ready }
+    overflow_topic: sms-overflow
+  - name: kyc
+    match: { attributes: { event_type: kyc } }
+    key: "{attributes.tenant}"
+    on_missing_key: { fallback_key: unknown-tenant }
+    limits: [{ limit: 5, per: 1s }]
+    max_delay: 1h
+    forward: { url: "https://kyc.example.com/check" }
+    overflow_topic: kyc-overflow
+"#;
+
+    fn event(kind: &str, data: &str) -> Event {
+        Event::new(
+            "m1",
+            BTreeMap::from([("event_type".to_owned(), kind.to_owned())]),
+            data.as_bytes().to_vec(),
+        )
+    }
+
+    fn reason(plan: Plan<'_>) -> Option<DlqReason> {
+        match plan {
+            Plan::DeadLetter { reason, .. } => Some(reason),
+            Plan::Reserve { .. } => None,
+        }
+    }
+
+    #[test]
+    fn routes_by_attributes_and_renders_key_and_cost() {
+        let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
+        match plan(&rules, &event("sms", r#"{"user_id":7,"parts":3}"#)) {
+            Plan::Reserve { rule, key, cost } => assert_eq!(
+                (rule.name.as_str(), key.as_str(), cost),
+                ("sms", "user_7", 3)
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_unusable_event_has_its_reason() {
+        let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
+        assert_eq!(
+            reason(plan(&rules, &event("email", "{}"))),
+            Some(DlqReason::NoMatchingRule)
+        );
+        assert_eq!(
+            reason(plan(&rules, &event("sms", r#"{"parts":1}"#))),
+            Some(DlqReason::MissingKeyField)
+        );
+        assert_eq!(
+            reason(plan(&rules, &event("sms", "not json"))),
+            Some(DlqReason::NonJsonBody)
+        );
+        assert_eq!(
+            reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":0}"#))),
+            Some(DlqReason::InvalidCost)
+        );
+        assert_eq!(
+            reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":"x"}"#))),
+            Some(DlqReason::InvalidCost)
+        );
+        assert_eq!(
+            reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":6}"#))),
+            Some(DlqReason::CostExceedsLimit)
+        );
+    }
+
+    #[test]
+    fn fallback_key_instead_of_dead_letter() {
+        let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
+        match plan(&rules, &event("kyc", "")) {
+            Plan::Reserve { key, .. } => assert_eq!(key, "unknown-tenant"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn decision_follows_slot_and_status() {
+        let at = |slot, status| Reservation {
+            slot,
+            status,
+            replayed: false,
+        };
+        assert_eq!(
+            Decision::of(&at(10, Status::Reserved), 10),
+            Decision::Forward
+        );
+        assert_eq!(Decision::of(&at(11, Status::Reserved), 10), Decision::Delay);
+        assert_eq!(
+            Decision::of(&at(11, Status::MaxDelayExceeded), 10),
+            Decision::DeadLetter(DlqReason::MaxDelayExceeded)
+        );
+    }
+}

@@ -1,0 +1,692 @@
+//! The rules file: parsing and validation of the YAML contract in DESIGN.md ("Rules").
+//!
+//! Every problem is reported, not only the first, each naming the file, the rule, the field and why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+use crate::template::Template;
+use crate::time::{DAY, Millis, SECOND, parse_duration};
+
+/// Cloud Tasks holds a task for at most 30 days.
+pub const MAX_DELAY_LIMIT: Millis = 30 * DAY;
+/// The longest window a limit may have; it bounds how long an idle entity's state lives.
+pub const MAX_WINDOW: Millis = 31 * DAY;
+/// An inline wait holds the push request open; Pub/Sub's deadline and Cloud Run's cost say keep it short.
+pub const MAX_INLINE_WAIT: Millis = 10 * SECOND;
+pub const DEFAULT_INLINE_WAIT: Millis = SECOND;
+
+#[derive(Debug, Clone)]
+pub struct RuleSet {
+    pub rules: Vec<Rule>,
+    pub default_dlq_topic: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub name: String,
+    /// Attribute values that must all match; `None` makes this a catch-all rule.
+    pub matcher: Option<BTreeMap<String, String>>,
+    pub key: Template,
+    pub limits: Vec<Limit>,
+    pub cost: Cost,
+    pub max_delay: Millis,
+    pub inline_wait: Millis,
+    pub forward: Forward,
+    pub overflow_topic: String,
+    pub dlq_topic: Option<String>,
+    pub on_missing_key: OnMissingKey,
+    pub overflow_format: OverflowFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub limit: u64,
+    pub per: Millis,
+    pub window: Window,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Window {
+    Fixed(Placement),
+    Sliding,
+    Gcra { burst: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    Start,
+    Spread,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    Fixed(u64),
+    Template(Template),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward {
+    Topic(String),
+    Url(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnMissingKey {
+    Dlq,
+    FallbackKey(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverflowFormat {
+    Enriched,
+    Original,
+}
+
+impl Window {
+    /// Identifies a limit's state within its entity: limits of the same kind and period share it,
+    /// so a changed `limit` count keeps the usage already recorded.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Window::Fixed(_) => "fixed",
+            Window::Sliding => "sliding",
+            Window::Gcra { .. } => "gcra",
+        }
+    }
+}
+
+impl Limit {
+    /// `RPS`, `RPM`, `RPH`, `RPD`, or `per 90s` for other periods (the seed's `windowType`).
+    pub fn window_type(&self) -> String {
+        match self.per {
+            SECOND => "RPS".into(),
+            60_000 => "RPM".into(),
+            3_600_000 => "RPH".into(),
+            DAY => "RPD".into(),
+            per => format!(
+                "per {}",
+                humantime::format_duration(std::time::Duration::from_millis(per as u64))
+            ),
+        }
+    }
+}
+
+impl Rule {
+    pub fn matches(&self, attributes: &BTreeMap<String, String>) -> bool {
+        self.matcher.as_ref().is_none_or(|wanted| {
+            wanted
+                .iter()
+                .all(|(name, value)| attributes.get(name) == Some(value))
+        })
+    }
+
+    pub fn max_window(&self) -> Millis {
+        self.limits.iter().map(|l| l.per).max().unwrap_or(0)
+    }
+
+    pub fn smallest_limit(&self) -> u64 {
+        self.limits.iter().map(|l| l.limit).min().unwrap_or(0)
+    }
+}
+
+impl RuleSet {
+    /// The rule that governs a message: the first whose `match` holds, in file order.
+    pub fn find(&self, attributes: &BTreeMap<String, String>) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.matches(attributes))
+    }
+
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
+    pub fn has_catch_all(&self) -> bool {
+        self.rules.iter().any(|r| r.matcher.is_none())
+    }
+
+    /// The limiter must be able to dead-letter a message no rule matches.
+    pub fn require_default_dlq(&self, file: &str) -> Result<(), ConfigError> {
+        if self.has_catch_all() || self.default_dlq_topic.is_some() {
+            return Ok(());
+        }
+        Err(ConfigError {
+            file: file.to_owned(),
+            rule: None,
+            field: "default_dlq_topic".into(),
+            message: "required when no catch-all rule (a rule without match) exists".into(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: file.clone(),
+                rule: None,
+                field: "-".into(),
+                message: format!("cannot read: {e}"),
+            }])
+        })?;
+        Self::parse(&file, &text)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<Self, ConfigErrors> {
+        let mut errors = Errors {
+            file,
+            list: Vec::new(),
+        };
+        let top: RawTop = match serde_yaml_ng::from_str::<Value>(text) {
+            Err(e) => {
+                errors.top("-", format!("invalid YAML: {e}"));
+                return Err(errors.finish());
+            }
+            Ok(value) => match deserialize::<RawTop>(value) {
+                Ok(top) => top,
+                Err((field, message)) => {
+                    errors.top(if field.is_empty() { "-" } else { &field }, message);
+                    return Err(errors.finish());
+                }
+            },
+        };
+        if let Some(topic) = &top.default_dlq_topic {
+            if let Err(message) = check_topic(topic) {
+                errors.top("default_dlq_topic", message);
+            }
+        }
+        if top.rules.is_empty() {
+            errors.top("rules", "at least one rule is required".into());
+        }
+        let mut rules: Vec<Rule> = Vec::new();
+        let mut first_index_of: HashMap<String, usize> = HashMap::new();
+        let mut catch_all: Option<String> = None;
+        for (index, raw) in top.rules.into_iter().enumerate() {
+            let label = rule_label(&raw, index);
+            let mut rule_errors = RuleErrors {
+                errors: &mut errors,
+                label: &label,
+            };
+            let Some(rule) = validate_rule(raw, &mut rule_errors, top.default_dlq_topic.is_some())
+            else {
+                continue;
+            };
+            if let Some(first) = first_index_of.get(&rule.name) {
+                rule_errors.push(
+                    "name",
+                    format!("duplicate rule name (first used by rules[{first}])"),
+                );
+            }
+            if let Some(earlier) = &catch_all {
+                rule_errors.push(
+                    "match",
+                    format!("unreachable: the catch-all rule '{earlier}' comes before it"),
+                );
+            }
+            if rule.matcher.is_none() && catch_all.is_none() {
+                catch_all = Some(rule.name.clone());
+            }
+            first_index_of.entry(rule.name.clone()).or_insert(index);
+            rules.push(rule);
+        }
+        if errors.list.is_empty() {
+            Ok(RuleSet {
+                rules,
+                default_dlq_topic: top.default_dlq_topic,
+            })
+        } else {
+            Err(errors.finish())
+        }
+    }
+}
+
+/// One problem in a rules file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    /// `rule 'payouts'`, or `rule #3` when the rule has no usable name; `None` for top-level fields.
+    pub rule: Option<String>,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.rule {
+            Some(rule) => write!(
+                f,
+                "{}: {}: {}: {}",
+                self.file, rule, self.field, self.message
+            ),
+            None => write!(f, "{}: {}: {}", self.file, self.field, self.message),
+        }
+    }
+}
+
+/// Every problem found in a rules file, in file order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+struct Errors<'a> {
+    file: &'a str,
+    list: Vec<ConfigError>,
+}
+
+impl Errors<'_> {
+    fn top(&mut self, field: &str, message: String) {
+        self.list.push(ConfigError {
+            file: self.file.to_owned(),
+            rule: None,
+            field: field.to_owned(),
+            message,
+        });
+    }
+
+    fn finish(self) -> ConfigErrors {
+        ConfigErrors(self.list)
+    }
+}
+
+struct RuleErrors<'a, 'b> {
+    errors: &'a mut Errors<'b>,
+    label: &'a str,
+}
+
+impl RuleErrors<'_, '_> {
+    fn push(&mut self, field: &str, message: String) {
+        self.errors.list.push(ConfigError {
+            file: self.errors.file.to_owned(),
+            rule: Some(self.label.to_owned()),
+            field: field.to_owned(),
+            message,
+        });
+    }
+
+    /// Records the error, if any, and hands back the value.
+    fn check<T>(&mut self, field: &str, result: Result<T, String>) -> Option<T> {
+        result.map_err(|message| self.push(field, message)).ok()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTop {
+    rules: Vec<Value>,
+    default_dlq_topic: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    #[serde(rename = "match")]
+    matcher: Option<RawMatch>,
+    key: String,
+    limits: Vec<RawLimit>,
+    cost: Option<Value>,
+    max_delay: String,
+    inline_wait: Option<String>,
+    forward: RawForward,
+    overflow_topic: String,
+    dlq_topic: Option<String>,
+    on_missing_key: Option<Value>,
+    overflow_format: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    attributes: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    limit: i64,
+    per: String,
+    window: Option<String>,
+    burst: Option<i64>,
+    placement: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawForward {
+    topic: Option<String>,
+    url: Option<String>,
+}
+
+/// Deserializes with the path of the offending field, e.g. `limits[1].limit`.
+fn deserialize<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." { String::new() } else { field };
+        (field, e.into_inner().to_string())
+    })
+}
+
+fn rule_label(raw: &Value, index: usize) -> String {
+    match raw.get("name").and_then(Value::as_str) {
+        Some(name) if !name.is_empty() => format!("rule '{name}'"),
+        _ => format!("rule #{}", index + 1),
+    }
+}
+
+fn validate_rule(
+    raw: Value,
+    errors: &mut RuleErrors<'_, '_>,
+    has_default_dlq: bool,
+) -> Option<Rule> {
+    let raw: RawRule = match deserialize(raw) {
+        Ok(raw) => raw,
+        Err((field, message)) => {
+            errors.push(if field.is_empty() { "-" } else { &field }, message);
+            return None;
+        }
+    };
+    let before = errors.errors.list.len();
+
+    if !valid_rule_name(&raw.name) {
+        errors.push(
+            "name",
+            "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into(),
+        );
+    }
+    let matcher = match raw.matcher {
+        Some(m) if m.attributes.is_empty() => {
+            errors.push(
+                "match.attributes",
+                "names no attribute; omit match for a catch-all rule".into(),
+            );
+            None
+        }
+        Some(m) => Some(m.attributes),
+        None => None,
+    };
+    let key = errors.check("key", Template::parse(&raw.key));
+    let limits = validate_limits(&raw.limits, errors);
+    let cost = match raw.cost {
+        None => Some(Cost::Fixed(1)),
+        Some(value) => errors.check("cost", parse_cost(&value)),
+    };
+    if let (Some(Cost::Fixed(cost)), Some(limits)) = (&cost, &limits) {
+        if let Some((index, smallest)) = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.limit < *cost)
+            .min_by_key(|(_, l)| l.limit)
+        {
+            errors.push(
+                "cost",
+                format!(
+                    "{cost} exceeds limits[{index}].limit {}, so no event could ever be scheduled",
+                    smallest.limit
+                ),
+            );
+        }
+    }
+    let max_delay = errors.check(
+        "max_delay",
+        parse_duration(&raw.max_delay).and_then(|d| {
+            if d > MAX_DELAY_LIMIT {
+                Err(format!(
+                    "{} is over 30d, the longest Cloud Tasks can hold a task",
+                    raw.max_delay
+                ))
+            } else {
+                Ok(d)
+            }
+        }),
+    );
+    let inline_wait = match &raw.inline_wait {
+        None => Some(DEFAULT_INLINE_WAIT),
+        Some(text) => errors.check(
+            "inline_wait",
+            parse_duration(text).and_then(|d| {
+                if d > MAX_INLINE_WAIT {
+                    Err(format!(
+                        "{text} is over 10s; longer waits belong in a Cloud Task"
+                    ))
+                } else {
+                    Ok(d)
+                }
+            }),
+        ),
+    };
+    let forward = match (raw.forward.topic, raw.forward.url) {
+        (Some(topic), None) => errors
+            .check("forward.topic", check_topic(&topic))
+            .map(|_| Forward::Topic(topic)),
+        (None, Some(url)) => errors
+            .check("forward.url", check_url(&url))
+            .map(|_| Forward::Url(url)),
+        _ => {
+            errors.push("forward", "set exactly one of topic or url".into());
+            None
+        }
+    };
+    errors.check("overflow_topic", check_topic(&raw.overflow_topic));
+    match &raw.dlq_topic {
+        Some(topic) => {
+            errors.check("dlq_topic", check_topic(topic));
+        }
+        None if !has_default_dlq => errors.push(
+            "dlq_topic",
+            "required unless default_dlq_topic is set".into(),
+        ),
+        None => {}
+    }
+    let on_missing_key = match &raw.on_missing_key {
+        None => Some(OnMissingKey::Dlq),
+        Some(value) => errors.check("on_missing_key", parse_on_missing_key(value)),
+    };
+    let overflow_format = match raw.overflow_format.as_deref() {
+        None | Some("enriched") => Some(OverflowFormat::Enriched),
+        Some("original") => Some(OverflowFormat::Original),
+        Some(other) => {
+            errors.push(
+                "overflow_format",
+                format!("unknown format '{other}', expected enriched or original"),
+            );
+            None
+        }
+    };
+
+    if errors.errors.list.len() > before {
+        return None;
+    }
+    Some(Rule {
+        name: raw.name,
+        matcher,
+        key: key?,
+        limits: limits?,
+        cost: cost?,
+        max_delay: max_delay?,
+        inline_wait: inline_wait?,
+        forward: forward?,
+        overflow_topic: raw.overflow_topic,
+        dlq_topic: raw.dlq_topic,
+        on_missing_key: on_missing_key?,
+        overflow_format: overflow_format?,
+    })
+}
+
+fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<Vec<Limit>> {
+    if raw.is_empty() {
+        errors.push("limits", "at least one limit is required".into());
+        return None;
+    }
+    let mut limits = Vec::new();
+    let mut seen: HashMap<(&'static str, Millis), usize> = HashMap::new();
+    let mut ok = true;
+    for (i, raw) in raw.iter().enumerate() {
+        let field = |name: &str| format!("limits[{i}].{name}");
+        let limit = match u64::try_from(raw.limit) {
+            Ok(n) if n >= 1 => Some(n),
+            _ => {
+                errors.push(
+                    &field("limit"),
+                    format!("must be at least 1, got {}", raw.limit),
+                );
+                None
+            }
+        };
+        let per = errors.check(
+            &field("per"),
+            parse_duration(&raw.per).and_then(|per| match per {
+                0 => Err("must be longer than 0".into()),
+                per if per > MAX_WINDOW => Err(format!(
+                    "{} is over 31d, the longest supported window",
+                    raw.per
+                )),
+                per => Ok(per),
+            }),
+        );
+        let window = match raw.window.as_deref().unwrap_or("fixed") {
+            "fixed" => match raw.placement.as_deref().unwrap_or("start") {
+                "start" => Some(Window::Fixed(Placement::Start)),
+                "spread" => Some(Window::Fixed(Placement::Spread)),
+                other => {
+                    errors.push(
+                        &field("placement"),
+                        format!("unknown placement '{other}', expected start or spread"),
+                    );
+                    None
+                }
+            },
+            "sliding" => Some(Window::Sliding),
+            "gcra" => match raw.burst.unwrap_or(1) {
+                burst if burst >= 1 => Some(Window::Gcra {
+                    burst: burst as u64,
+                }),
+                burst => {
+                    errors.push(&field("burst"), format!("must be at least 1, got {burst}"));
+                    None
+                }
+            },
+            other => {
+                errors.push(
+                    &field("window"),
+                    format!("unknown window '{other}', expected fixed, sliding or gcra"),
+                );
+                None
+            }
+        };
+        if raw.burst.is_some() && !matches!(window, Some(Window::Gcra { .. }) | None) {
+            errors.push(&field("burst"), "applies only to window: gcra".into());
+            ok = false;
+        }
+        if raw.placement.is_some() && !matches!(window, Some(Window::Fixed(_)) | None) {
+            errors.push(&field("placement"), "applies only to window: fixed".into());
+            ok = false;
+        }
+        match (limit, per, window) {
+            (Some(limit), Some(per), Some(window)) => {
+                if let Some(first) = seen.insert((window.kind(), per), i) {
+                    errors.push(
+                        &format!("limits[{i}]"),
+                        format!("repeats the window and per of limits[{first}]"),
+                    );
+                    ok = false;
+                }
+                limits.push(Limit { limit, per, window });
+            }
+            _ => ok = false,
+        }
+    }
+    ok.then_some(limits)
+}
+
+fn parse_cost(value: &Value) -> Result<Cost, String> {
+    match value {
+        Value::Number(n) => match n.as_i64() {
+            Some(n) if n >= 1 => Ok(Cost::Fixed(n as u64)),
+            _ => Err(format!(
+                "must be an integer of at least 1 or a template, got {n}"
+            )),
+        },
+        Value::String(text) => {
+            let template = Template::parse(text)?;
+            match template.as_literal() {
+                Some(literal) => literal
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .map(Cost::Fixed)
+                    .ok_or_else(|| {
+                        format!("must be an integer of at least 1 or a template, got '{literal}'")
+                    }),
+                None => Ok(Cost::Template(template)),
+            }
+        }
+        _ => Err("must be an integer of at least 1 or a template".into()),
+    }
+}
+
+fn parse_on_missing_key(value: &Value) -> Result<OnMissingKey, String> {
+    const EXPECTED: &str = "expected dlq or { fallback_key: <key> }";
+    match value {
+        Value::String(s) if s == "dlq" => Ok(OnMissingKey::Dlq),
+        Value::Mapping(map) if map.len() == 1 => {
+            match map.get("fallback_key").and_then(Value::as_str) {
+                Some(key) if !key.is_empty() => Ok(OnMissingKey::FallbackKey(key.to_owned())),
+                _ => Err(EXPECTED.into()),
+            }
+        }
+        _ => Err(EXPECTED.into()),
+    }
+}
+
+fn valid_rule_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A Pub/Sub topic id (`payouts-ready`) or full name (`projects/p/topics/payouts-ready`).
+fn check_topic(topic: &str) -> Result<(), String> {
+    let id = match topic.strip_prefix("projects/") {
+        Some(rest) => match rest.split_once("/topics/") {
+            Some((project, id)) if !project.is_empty() && !project.contains('/') => id,
+            _ => return Err(format!("'{topic}' is not projects/<project>/topics/<id>")),
+        },
+        None => topic,
+    };
+    let valid = (3..=255).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !id.starts_with("goog")
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.~+%".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{topic}' is not a valid Pub/Sub topic id (3-255 of A-Z a-z 0-9 - _ . ~ + %, starting with a letter, not goog)"
+        ))
+    }
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.starts_with('/') => Ok(()),
+        _ => Err(format!("'{url}' is not an http(s) URL")),
+    }
+}

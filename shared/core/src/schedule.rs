@@ -1,0 +1,363 @@
+//! The reference model of slot reservation (DESIGN.md, "Scheduling semantics"). No I/O: the caller
+//! passes `now`. `lua/reserve.lua` implements exactly the same arithmetic; a differential test keeps
+//! the two identical.
+//!
+//! For one entity (rule, key) the slot is the least common fixpoint, from `max(now, previous slot)`,
+//! of each limit's "earliest time this limit accepts the event". Every such function is monotone and
+//! never moves backwards, so iterating `t = max_i accept_i(t)` reaches that fixpoint, and because each
+//! limit can push `t` forward at most once, in at most `limits + 1` rounds: O(limits) per event,
+//! whatever the backlog.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::rules::{Limit, Placement, Window};
+use crate::time::Millis;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Capacity was reserved at `slot`.
+    Reserved,
+    /// The earliest slot lies beyond `max_delay`: nothing was reserved.
+    MaxDelayExceeded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub slot: Millis,
+    pub status: Status,
+    /// The message id was seen before; this is the first answer, and nothing was consumed now.
+    pub replayed: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ReserveRequest<'a> {
+    pub message_id: &'a str,
+    /// At least 1 and at most every limit's `limit` (the router dead-letters larger costs).
+    pub cost: u64,
+    pub limits: &'a [Limit],
+    pub max_delay: Millis,
+    pub now: Millis,
+}
+
+/// The state of one limit of one entity. Its size never depends on the backlog: two numbers for
+/// fixed and gcra, and for sliding only the slots inside the last `per` (equal times merged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitState {
+    /// The window of the latest reservation and the cost reserved in it.
+    Fixed { window: Millis, used: u64 },
+    /// The theoretical arrival time, `tat + tat_rem / limit` milliseconds, kept exact.
+    Gcra { tat: Millis, tat_rem: u64 },
+    /// Reserved slots with the running total of cost up to and including each; `base` is the
+    /// running total of the slots already dropped.
+    Sliding {
+        base: u64,
+        entries: VecDeque<(Millis, u64)>,
+    },
+}
+
+/// Names a limit's state inside its entity (also the Redis hash field and sliding key suffix).
+/// A changed `limit` keeps fixed and sliding usage; gcra's exact arithmetic depends on it.
+pub fn state_id(limit: &Limit) -> String {
+    match limit.window {
+        Window::Fixed(_) => format!("fixed:{}", limit.per),
+        Window::Sliding => format!("sliding:{}", limit.per),
+        Window::Gcra { .. } => format!("gcra:{}:{}", limit.per, limit.limit),
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntityState {
+    pub last_slot: Option<Millis>,
+    pub limits: BTreeMap<String, LimitState>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Entity {
+    state: EntityState,
+    answers: HashMap<String, (Millis, Status)>,
+}
+
+/// The reference scheduler: every entity's state in memory.
+#[derive(Debug, Clone, Default)]
+pub struct Scheduler {
+    entities: HashMap<(String, String), Entity>,
+}
+
+impl Scheduler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
+        let entity = self
+            .entities
+            .entry((rule.to_owned(), key.to_owned()))
+            .or_default();
+        if let Some(&(slot, status)) = entity.answers.get(request.message_id) {
+            return Reservation {
+                slot,
+                status,
+                replayed: true,
+            };
+        }
+        let slot = earliest_slot(&entity.state, request);
+        let status = if slot > request.now + request.max_delay {
+            Status::MaxDelayExceeded
+        } else {
+            commit(&mut entity.state, request, slot);
+            Status::Reserved
+        };
+        entity
+            .answers
+            .insert(request.message_id.to_owned(), (slot, status));
+        Reservation {
+            slot,
+            status,
+            replayed: false,
+        }
+    }
+
+    pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
+        self.entities
+            .get(&(rule.to_owned(), key.to_owned()))
+            .map(|e| &e.state)
+    }
+}
+
+/// The slot the next event of this entity would get (nothing is changed).
+pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Millis {
+    let mut t = state
+        .last_slot
+        .map_or(request.now, |last| last.max(request.now));
+    for _ in 0..=request.limits.len() + 1 {
+        let next = request
+            .limits
+            .iter()
+            .map(|limit| {
+                earliest_accepted(limit, state.limits.get(&state_id(limit)), request.cost, t)
+            })
+            .fold(t, Millis::max);
+        if next == t {
+            return t;
+        }
+        t = next;
+    }
+    unreachable!("each limit moves the slot forward at most once")
+}
+
+/// The earliest time ≥ `t` at which this one limit accepts `cost` more.
+fn earliest_accepted(limit: &Limit, state: Option<&LimitState>, cost: u64, t: Millis) -> Millis {
+    let (n, per) = (limit.limit, limit.per);
+    match limit.window {
+        Window::Fixed(placement) => {
+            let window = t.div_euclid(per) * per;
+            let used = match state {
+                Some(LimitState::Fixed { window: w, used }) if *w == window => *used,
+                _ => 0,
+            };
+            if used + cost > n {
+                window + per
+            } else if placement == Placement::Spread {
+                t.max(window + (used as i64 * per).div_euclid(n as i64))
+            } else {
+                t
+            }
+        }
+        Window::Sliding => match state {
+            Some(LimitState::Sliding { base, entries }) => {
+                let total = entries.back().map_or(*base, |&(_, cum)| cum);
+                // Drop the oldest slots until what is left leaves room for `cost`.
+                let threshold = total as i64 - (n - cost) as i64;
+                if threshold <= *base as i64 {
+                    t
+                } else {
+                    let first_kept = entries.partition_point(|&(_, cum)| (cum as i64) < threshold);
+                    t.max(entries[first_kept].0 + per)
+                }
+            }
+            _ => t,
+        },
+        Window::Gcra { burst } => match state {
+            Some(LimitState::Gcra { tat, tat_rem }) => {
+                let x = *tat_rem as i64 - (burst as i64 - 1) * per;
+                let allowed = tat + x.div_euclid(n as i64) + i64::from(x.rem_euclid(n as i64) > 0);
+                t.max(allowed)
+            }
+            _ => t,
+        },
+    }
+}
+
+fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, slot: Millis) {
+    let cost = request.cost;
+    for limit in request.limits {
+        let (n, per) = (limit.limit, limit.per);
+        let entry = state.limits.entry(state_id(limit));
+        match limit.window {
+            Window::Fixed(_) => {
+                let window = slot.div_euclid(per) * per;
+                let fresh = LimitState::Fixed { window, used: 0 };
+                let current = entry.or_insert(fresh.clone());
+                if !matches!(current, LimitState::Fixed { window: w, .. } if *w == window) {
+                    *current = fresh;
+                }
+                if let LimitState::Fixed { used, .. } = current {
+                    *used += cost;
+                }
+            }
+            Window::Gcra { .. } => {
+                let current = entry.or_insert(LimitState::Gcra {
+                    tat: slot,
+                    tat_rem: 0,
+                });
+                if let LimitState::Gcra { tat, tat_rem } = current {
+                    // A slot this limit set is TAT rounded up to the millisecond; counting from the
+                    // rounded slot would make the rate drift, so only a later slot restarts TAT.
+                    let tat_ceil = *tat + i64::from(*tat_rem > 0);
+                    if slot > tat_ceil {
+                        (*tat, *tat_rem) = (slot, 0);
+                    }
+                    let rem = *tat_rem + cost * per as u64;
+                    *tat += (rem / n) as i64;
+                    *tat_rem = rem % n;
+                }
+            }
+            Window::Sliding => {
+                let current = entry.or_insert(LimitState::Sliding {
+                    base: 0,
+                    entries: VecDeque::new(),
+                });
+                if let LimitState::Sliding { base, entries } = current {
+                    match entries.back_mut() {
+                        Some((time, cum)) if *time == slot => *cum += cost,
+                        last => {
+                            let total = last.map_or(*base, |&mut (_, cum)| cum);
+                            entries.push_back((slot, total + cost));
+                        }
+                    }
+                    while let Some(&(time, cum)) = entries.front() {
+                        if time > slot - per {
+                            break;
+                        }
+                        *base = cum;
+                        entries.pop_front();
+                    }
+                }
+            }
+        }
+    }
+    state.last_slot = Some(slot);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::{MINUTE, SECOND};
+
+    fn limit(limit: u64, per: Millis, window: Window) -> Limit {
+        Limit { limit, per, window }
+    }
+
+    fn run(limits: &[Limit], arrivals: &[(Millis, u64)]) -> Vec<Millis> {
+        let mut s = Scheduler::new();
+        arrivals
+            .iter()
+            .enumerate()
+            .map(|(i, &(now, cost))| {
+                let id = format!("m{i}");
+                let r = ReserveRequest {
+                    message_id: &id,
+                    cost,
+                    limits,
+                    max_delay: 1_000 * MINUTE,
+                    now,
+                };
+                s.reserve("r", "k", &r).slot
+            })
+            .collect()
+    }
+
+    #[test]
+    fn seed_example_drips_into_the_next_minutes() {
+        let t0 = 1_785_758_400_000; // 2026-08-03T12:00:00Z
+        let limits = [limit(100, MINUTE, Window::Fixed(Placement::Start))];
+        let slots = run(&limits, &vec![(t0 + SECOND, 1); 500]);
+        for (minute, chunk) in slots.chunks(100).enumerate() {
+            let expected = if minute == 0 {
+                t0 + SECOND
+            } else {
+                t0 + minute as i64 * MINUTE
+            };
+            assert!(
+                chunk.iter().all(|&s| s == expected),
+                "minute {minute}: {chunk:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn spread_spaces_a_window_evenly() {
+        let limits = [limit(4, 4 * SECOND, Window::Fixed(Placement::Spread))];
+        assert_eq!(
+            run(&limits, &[(0, 1); 6]),
+            [0, 1_000, 2_000, 3_000, 4_000, 5_000]
+        );
+    }
+
+    #[test]
+    fn sliding_waits_for_the_oldest_slot_to_leave() {
+        let limits = [limit(2, 10 * SECOND, Window::Sliding)];
+        let slots = run(
+            &limits,
+            &[(0, 1), (4_000, 1), (5_000, 1), (5_000, 1), (5_000, 2)],
+        );
+        assert_eq!(slots, [0, 4_000, 10_000, 14_000, 24_000]);
+    }
+
+    #[test]
+    fn gcra_allows_a_burst_then_one_per_interval_and_cost_delays_what_follows() {
+        let limits = [limit(3, 3 * SECOND, Window::Gcra { burst: 2 })];
+        assert_eq!(run(&limits, &[(0, 1); 5]), [0, 0, 1_000, 2_000, 3_000]);
+        assert_eq!(run(&limits, &[(0, 3), (0, 1), (0, 1)]), [0, 2_000, 3_000]);
+        let thirds = [limit(3, SECOND, Window::Gcra { burst: 1 })];
+        assert_eq!(run(&thirds, &[(0, 1); 4]), [0, 334, 667, 1_000]);
+    }
+
+    #[test]
+    fn several_limits_hold_together() {
+        let limits = [
+            limit(10, MINUTE, Window::Fixed(Placement::Start)),
+            limit(2, SECOND, Window::Fixed(Placement::Start)),
+        ];
+        let slots = run(&limits, &[(0, 1); 12]);
+        assert_eq!(
+            &slots[..10],
+            &[0, 0, 1_000, 1_000, 2_000, 2_000, 3_000, 3_000, 4_000, 4_000]
+        );
+        assert_eq!(&slots[10..], &[MINUTE, MINUTE]);
+    }
+
+    #[test]
+    fn beyond_max_delay_nothing_is_reserved_and_replays_return_the_first_answer() {
+        let limits = [limit(1, MINUTE, Window::Fixed(Placement::Start))];
+        let mut s = Scheduler::new();
+        let req = |id: &'static str, now| ReserveRequest {
+            message_id: id,
+            cost: 1,
+            limits: &limits,
+            max_delay: 30 * SECOND,
+            now,
+        };
+        assert_eq!(s.reserve("r", "k", &req("a", 0)).status, Status::Reserved);
+        let before = s.entity_state("r", "k").cloned();
+        let late = s.reserve("r", "k", &req("b", 0));
+        assert_eq!((late.slot, late.status), (MINUTE, Status::MaxDelayExceeded));
+        assert_eq!(s.entity_state("r", "k").cloned(), before);
+        let again = s.reserve("r", "k", &req("a", 5 * MINUTE));
+        assert_eq!(
+            (again.slot, again.status, again.replayed),
+            (0, Status::Reserved, true)
+        );
+        assert_eq!(s.entity_state("r", "k").cloned(), before);
+    }
+}

@@ -1,0 +1,62 @@
+//! Redis key names. Every key of one entity shares the hash tag `{rule|key}`, so one script call
+//! touches one cluster slot (Memorystore for Redis Cluster runs it unchanged).
+
+use drip_core::rules::{Limit, Window};
+use drip_core::schedule::state_id;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityKeys {
+    pub state: String,
+    pub answer: String,
+    /// One sorted set per sliding limit, in the order of the rule's limits.
+    pub sliding: Vec<String>,
+}
+
+impl EntityKeys {
+    pub fn new(namespace: &str, rule: &str, key: &str, message_id: &str, limits: &[Limit]) -> Self {
+        let prefix = format!("{namespace}:{{{rule}|{}}}", escape(key));
+        Self {
+            state: format!("{prefix}:state"),
+            answer: format!("{prefix}:m:{message_id}"),
+            sliding: limits
+                .iter()
+                .filter(|l| l.window == Window::Sliding)
+                .map(|l| format!("{prefix}:{}", state_id(l)))
+                .collect(),
+        }
+    }
+}
+
+/// Entity keys come from payloads: braces would move the hash tag, so they (and `%`) are escaped.
+fn escape(key: &str) -> String {
+    key.replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D")
+}
+
+#[cfg(test)]
+mod tests {
+    use drip_core::rules::{Limit, Placement, Window};
+
+    use super::*;
+
+    #[test]
+    fn every_key_shares_one_hash_tag_even_for_hostile_keys() {
+        let limits = [
+            Limit {
+                limit: 1,
+                per: 1_000,
+                window: Window::Fixed(Placement::Start),
+            },
+            Limit {
+                limit: 1,
+                per: 60_000,
+                window: Window::Sliding,
+            },
+        ];
+        let keys = EntityKeys::new("drip", "payouts", "a}b{c%", "m1", &limits);
+        assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");
+        assert_eq!(keys.answer, "drip:{payouts|a%7Db%7Bc%25}:m:m1");
+        assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
+    }
+}

@@ -1,0 +1,57 @@
+//! Where reservations live: Redis in production (one `reserve.lua` call per event, atomic across
+//! every instance), or memory (the reference model) for the simulator and tests.
+
+mod keys;
+mod memory;
+mod redis_store;
+
+use drip_core::rules::Limit;
+use drip_core::schedule::Reservation;
+use drip_core::time::Millis;
+
+pub use keys::EntityKeys;
+pub use memory::MemoryStore;
+pub use redis_store::RedisStore;
+
+/// One event's reservation request for one entity.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRequest<'a> {
+    pub rule: &'a str,
+    pub key: &'a str,
+    pub message_id: &'a str,
+    pub cost: u64,
+    pub limits: &'a [Limit],
+    pub max_delay: Millis,
+    /// `None`: the store's clock (Redis `TIME`), so instances with skewed clocks agree.
+    pub now: Option<Millis>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    pub reservation: Reservation,
+    /// The time the decision was made at.
+    pub now: Millis,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("unexpected reply from reserve.lua: {0}")]
+    UnexpectedReply(String),
+}
+
+impl StoreError {
+    /// Worth retrying (the event must be redelivered, not dead-lettered).
+    pub fn is_transient(&self) -> bool {
+        true
+    }
+}
+
+/// A place that reserves slots. Every implementation gives the same answers for the same requests.
+pub trait SlotStore {
+    fn reserve(
+        &self,
+        request: &SlotRequest<'_>,
+    ) -> impl Future<Output = Result<Reserved, StoreError>> + Send;
+}
