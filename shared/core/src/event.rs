@@ -15,18 +15,11 @@ pub struct Event {
 
 impl Event {
     pub fn new(id: impl Into<String>, attributes: BTreeMap<String, String>, data: Vec<u8>) -> Self {
-        Self {
-            id: id.into(),
-            attributes,
-            data,
-            json: OnceLock::new(),
-        }
+        Self { id: id.into(), attributes, data, json: OnceLock::new() }
     }
 
     /// The data parsed as JSON, once; `None` when the body is not JSON.
     pub fn json(&self) -> Option<&Value> {
-        self.json
-            .get_or_init(|| serde_json::from_slice(&self.data).ok())
-            .as_ref()
+        self.json.get_or_init(|| serde_json::from_slice(&self.data).ok()).as_ref()
     }
 }

@@ -33,19 +33,13 @@ pub fn max_sliding_usage(slots: &[(Millis, u64)], per: Millis) -> u64 {
 /// GCRA's promise in exact integers: for events i < j of one entity, the cost of events i..j-1
 /// takes at most `slot_j - slot_i` plus the burst tolerance (and under 1 ms of rounding), at one
 /// unit of cost per `per / limit`. Returns the first violating pair.
-pub fn gcra_violation(
-    slots: &[(Millis, u64)],
-    limit: u64,
-    per: Millis,
-    burst: u64,
-) -> Option<(usize, usize)> {
+pub fn gcra_violation(slots: &[(Millis, u64)], limit: u64, per: Millis, burst: u64) -> Option<(usize, usize)> {
     for i in 0..slots.len() {
         let mut cost = 0u128;
         for j in i + 1..slots.len() {
             cost += u128::from(slots[j - 1].1);
             let span = (slots[j].0 - slots[i].0 + 1) as u128;
-            if cost * per as u128 >= span * u128::from(limit) + u128::from(burst - 1) * per as u128
-            {
+            if cost * per as u128 >= span * u128::from(limit) + u128::from(burst - 1) * per as u128 {
                 return Some((i, j));
             }
         }
@@ -60,10 +54,7 @@ mod tests {
     #[test]
     fn usage_per_window_and_interval() {
         let slots = [(0, 1), (999, 2), (1_000, 1), (1_500, 4)];
-        assert_eq!(
-            fixed_window_usage(&slots, 1_000),
-            BTreeMap::from([(0, 3), (1_000, 5)])
-        );
+        assert_eq!(fixed_window_usage(&slots, 1_000), BTreeMap::from([(0, 3), (1_000, 5)]));
         assert_eq!(max_sliding_usage(&slots, 1_000), 7);
         assert_eq!(max_sliding_usage(&slots, 502), 7);
         assert_eq!(max_sliding_usage(&slots, 501), 5);
@@ -72,14 +63,8 @@ mod tests {
 
     #[test]
     fn gcra_violation_finds_a_too_dense_pair() {
-        assert_eq!(
-            gcra_violation(&[(0, 1), (1_000, 1), (2_000, 1)], 1, 1_000, 1),
-            None
-        );
-        assert_eq!(
-            gcra_violation(&[(0, 1), (500, 1)], 1, 1_000, 1),
-            Some((0, 1))
-        );
+        assert_eq!(gcra_violation(&[(0, 1), (1_000, 1), (2_000, 1)], 1, 1_000, 1), None);
+        assert_eq!(gcra_violation(&[(0, 1), (500, 1)], 1, 1_000, 1), Some((0, 1)));
         assert_eq!(gcra_violation(&[(0, 1), (0, 1)], 1, 1_000, 2), None);
     }
 }

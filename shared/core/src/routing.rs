@@ -41,17 +41,8 @@ impl fmt::Display for DlqReason {
 
 #[derive(Debug)]
 pub enum Plan<'r> {
-    Reserve {
-        rule: &'r Rule,
-        key: String,
-        cost: u64,
-    },
-    DeadLetter {
-        rule: Option<&'r Rule>,
-        key: Option<String>,
-        reason: DlqReason,
-        detail: String,
-    },
+    Reserve { rule: &'r Rule, key: String, cost: u64 },
+    DeadLetter { rule: Option<&'r Rule>, key: Option<String>, reason: DlqReason, detail: String },
 }
 
 pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
@@ -63,12 +54,7 @@ pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
             detail: "no rule matches the message attributes".into(),
         };
     };
-    let dead_letter = |key: Option<String>, reason, detail| Plan::DeadLetter {
-        rule: Some(rule),
-        key,
-        reason,
-        detail,
-    };
+    let dead_letter = |key: Option<String>, reason, detail| Plan::DeadLetter { rule: Some(rule), key, reason, detail };
     let key = match (rule.key.render(event), &rule.on_missing_key) {
         (Ok(key), _) => cap_key(key),
         (Err(_), OnMissingKey::FallbackKey(fallback)) => cap_key(fallback.clone()),
@@ -85,20 +71,13 @@ pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
         Cost::Template(template) => match template.render(event).map(|text| text.parse::<u64>()) {
             Ok(Ok(cost)) if cost >= 1 => cost,
             Ok(_) => {
-                return dead_letter(
-                    Some(key),
-                    DlqReason::InvalidCost,
-                    "cost: not an integer of at least 1".into(),
-                );
+                return dead_letter(Some(key), DlqReason::InvalidCost, "cost: not an integer of at least 1".into());
             }
             Err(e) => return dead_letter(Some(key), DlqReason::InvalidCost, format!("cost: {e}")),
         },
     };
     if cost > rule.smallest_limit() {
-        let detail = format!(
-            "cost {cost} exceeds the smallest limit {}",
-            rule.smallest_limit()
-        );
+        let detail = format!("cost {cost} exceeds the smallest limit {}", rule.smallest_limit());
         return dead_letter(Some(key), DlqReason::CostExceedsLimit, detail);
     }
     Plan::Reserve { rule, key, cost }
@@ -157,11 +136,7 @@ rules:
 "#;
 
     fn event(kind: &str, data: &str) -> Event {
-        Event::new(
-            "m1",
-            BTreeMap::from([("event_type".to_owned(), kind.to_owned())]),
-            data.as_bytes().to_vec(),
-        )
+        Event::new("m1", BTreeMap::from([("event_type".to_owned(), kind.to_owned())]), data.as_bytes().to_vec())
     }
 
     fn reason(plan: Plan<'_>) -> Option<DlqReason> {
@@ -175,10 +150,9 @@ rules:
     fn routes_by_attributes_and_renders_key_and_cost() {
         let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
         match plan(&rules, &event("sms", r#"{"user_id":7,"parts":3}"#)) {
-            Plan::Reserve { rule, key, cost } => assert_eq!(
-                (rule.name.as_str(), key.as_str(), cost),
-                ("sms", "user_7", 3)
-            ),
+            Plan::Reserve { rule, key, cost } => {
+                assert_eq!((rule.name.as_str(), key.as_str(), cost), ("sms", "user_7", 3))
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -186,26 +160,11 @@ rules:
     #[test]
     fn every_unusable_event_has_its_reason() {
         let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
-        assert_eq!(
-            reason(plan(&rules, &event("email", "{}"))),
-            Some(DlqReason::NoMatchingRule)
-        );
-        assert_eq!(
-            reason(plan(&rules, &event("sms", r#"{"parts":1}"#))),
-            Some(DlqReason::MissingKeyField)
-        );
-        assert_eq!(
-            reason(plan(&rules, &event("sms", "not json"))),
-            Some(DlqReason::NonJsonBody)
-        );
-        assert_eq!(
-            reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":0}"#))),
-            Some(DlqReason::InvalidCost)
-        );
-        assert_eq!(
-            reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":"x"}"#))),
-            Some(DlqReason::InvalidCost)
-        );
+        assert_eq!(reason(plan(&rules, &event("email", "{}"))), Some(DlqReason::NoMatchingRule));
+        assert_eq!(reason(plan(&rules, &event("sms", r#"{"parts":1}"#))), Some(DlqReason::MissingKeyField));
+        assert_eq!(reason(plan(&rules, &event("sms", "not json"))), Some(DlqReason::NonJsonBody));
+        assert_eq!(reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":0}"#))), Some(DlqReason::InvalidCost));
+        assert_eq!(reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":"x"}"#))), Some(DlqReason::InvalidCost));
         assert_eq!(
             reason(plan(&rules, &event("sms", r#"{"user_id":1,"parts":6}"#))),
             Some(DlqReason::CostExceedsLimit)
@@ -223,15 +182,8 @@ rules:
 
     #[test]
     fn decision_follows_slot_and_status() {
-        let at = |slot, status| Reservation {
-            slot,
-            status,
-            replayed: false,
-        };
-        assert_eq!(
-            Decision::of(&at(10, Status::Reserved), 10),
-            Decision::Forward
-        );
+        let at = |slot, status| Reservation { slot, status, replayed: false };
+        assert_eq!(Decision::of(&at(10, Status::Reserved), 10), Decision::Forward);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 10), Decision::Delay);
         assert_eq!(
             Decision::of(&at(11, Status::MaxDelayExceeded), 10),

@@ -107,21 +107,16 @@ impl Limit {
             60_000 => "RPM".into(),
             3_600_000 => "RPH".into(),
             DAY => "RPD".into(),
-            per => format!(
-                "per {}",
-                humantime::format_duration(std::time::Duration::from_millis(per as u64))
-            ),
+            per => format!("per {}", humantime::format_duration(std::time::Duration::from_millis(per as u64))),
         }
     }
 }
 
 impl Rule {
     pub fn matches(&self, attributes: &BTreeMap<String, String>) -> bool {
-        self.matcher.as_ref().is_none_or(|wanted| {
-            wanted
-                .iter()
-                .all(|(name, value)| attributes.get(name) == Some(value))
-        })
+        self.matcher
+            .as_ref()
+            .is_none_or(|wanted| wanted.iter().all(|(name, value)| attributes.get(name) == Some(value)))
     }
 
     pub fn max_window(&self) -> Millis {
@@ -166,7 +161,7 @@ impl RuleSet {
             ConfigErrors(vec![ConfigError {
                 file: file.clone(),
                 rule: None,
-                field: "-".into(),
+                field: String::new(),
                 message: format!("cannot read: {e}"),
             }])
         })?;
@@ -174,19 +169,16 @@ impl RuleSet {
     }
 
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigErrors> {
-        let mut errors = Errors {
-            file,
-            list: Vec::new(),
-        };
+        let mut errors = Errors { file, list: Vec::new() };
         let top: RawTop = match serde_yaml_ng::from_str::<Value>(text) {
             Err(e) => {
-                errors.top("-", format!("invalid YAML: {e}"));
+                errors.top("", format!("invalid YAML: {e}"));
                 return Err(errors.finish());
             }
             Ok(value) => match deserialize::<RawTop>(value) {
                 Ok(top) => top,
                 Err((field, message)) => {
-                    errors.top(if field.is_empty() { "-" } else { &field }, message);
+                    errors.top(&field, message);
                     return Err(errors.finish());
                 }
             },
@@ -204,25 +196,15 @@ impl RuleSet {
         let mut catch_all: Option<String> = None;
         for (index, raw) in top.rules.into_iter().enumerate() {
             let label = rule_label(&raw, index);
-            let mut rule_errors = RuleErrors {
-                errors: &mut errors,
-                label: &label,
-            };
-            let Some(rule) = validate_rule(raw, &mut rule_errors, top.default_dlq_topic.is_some())
-            else {
+            let mut rule_errors = RuleErrors { errors: &mut errors, label: &label };
+            let Some(rule) = validate_rule(raw, &mut rule_errors, top.default_dlq_topic.is_some()) else {
                 continue;
             };
             if let Some(first) = first_index_of.get(&rule.name) {
-                rule_errors.push(
-                    "name",
-                    format!("duplicate rule name (first used by rules[{first}])"),
-                );
+                rule_errors.push("name", format!("duplicate rule name (first used by rules[{first}])"));
             }
             if let Some(earlier) = &catch_all {
-                rule_errors.push(
-                    "match",
-                    format!("unreachable: the catch-all rule '{earlier}' comes before it"),
-                );
+                rule_errors.push("match", format!("unreachable: the catch-all rule '{earlier}' comes before it"));
             }
             if rule.matcher.is_none() && catch_all.is_none() {
                 catch_all = Some(rule.name.clone());
@@ -231,10 +213,7 @@ impl RuleSet {
             rules.push(rule);
         }
         if errors.list.is_empty() {
-            Ok(RuleSet {
-                rules,
-                default_dlq_topic: top.default_dlq_topic,
-            })
+            Ok(RuleSet { rules, default_dlq_topic: top.default_dlq_topic })
         } else {
             Err(errors.finish())
         }
@@ -247,20 +226,21 @@ pub struct ConfigError {
     pub file: String,
     /// `rule 'payouts'`, or `rule #3` when the rule has no usable name; `None` for top-level fields.
     pub rule: Option<String>,
+    /// `limits[1].per`; empty when the problem is the whole file.
     pub field: String,
     pub message: String,
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.rule {
-            Some(rule) => write!(
-                f,
-                "{}: {}: {}: {}",
-                self.file, rule, self.field, self.message
-            ),
-            None => write!(f, "{}: {}: {}", self.file, self.field, self.message),
+        write!(f, "{}: ", self.file)?;
+        if let Some(rule) = &self.rule {
+            write!(f, "{rule}: ")?;
         }
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
     }
 }
 
@@ -287,12 +267,7 @@ struct Errors<'a> {
 
 impl Errors<'_> {
     fn top(&mut self, field: &str, message: String) {
-        self.list.push(ConfigError {
-            file: self.file.to_owned(),
-            rule: None,
-            field: field.to_owned(),
-            message,
-        });
+        self.list.push(ConfigError { file: self.file.to_owned(), rule: None, field: field.to_owned(), message });
     }
 
     fn finish(self) -> ConfigErrors {
@@ -372,9 +347,15 @@ struct RawForward {
 /// Deserializes with the path of the offending field, e.g. `limits[1].limit`.
 fn deserialize<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
     serde_path_to_error::deserialize(value).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
-        (field, e.into_inner().to_string())
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        let message = e.into_inner().to_string().replace("expected i64", "expected an integer");
+        // serde names a missing field in its message, at the path of the struct that lacks it.
+        match message.strip_prefix("missing field `").and_then(|rest| rest.strip_suffix('`')) {
+            Some(missing) if path.is_empty() => (missing.to_owned(), "is required".to_owned()),
+            Some(missing) => (format!("{path}.{missing}"), "is required".to_owned()),
+            None => (path, message),
+        }
     })
 }
 
@@ -385,32 +366,22 @@ fn rule_label(raw: &Value, index: usize) -> String {
     }
 }
 
-fn validate_rule(
-    raw: Value,
-    errors: &mut RuleErrors<'_, '_>,
-    has_default_dlq: bool,
-) -> Option<Rule> {
+fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, has_default_dlq: bool) -> Option<Rule> {
     let raw: RawRule = match deserialize(raw) {
         Ok(raw) => raw,
         Err((field, message)) => {
-            errors.push(if field.is_empty() { "-" } else { &field }, message);
+            errors.push(&field, message);
             return None;
         }
     };
     let before = errors.errors.list.len();
 
     if !valid_rule_name(&raw.name) {
-        errors.push(
-            "name",
-            "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into(),
-        );
+        errors.push("name", "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
     }
     let matcher = match raw.matcher {
         Some(m) if m.attributes.is_empty() => {
-            errors.push(
-                "match.attributes",
-                "names no attribute; omit match for a catch-all rule".into(),
-            );
+            errors.push("match.attributes", "names no attribute; omit match for a catch-all rule".into());
             None
         }
         Some(m) => Some(m.attributes),
@@ -423,18 +394,12 @@ fn validate_rule(
         Some(value) => errors.check("cost", parse_cost(&value)),
     };
     if let (Some(Cost::Fixed(cost)), Some(limits)) = (&cost, &limits) {
-        if let Some((index, smallest)) = limits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.limit < *cost)
-            .min_by_key(|(_, l)| l.limit)
+        if let Some((index, smallest)) =
+            limits.iter().enumerate().filter(|(_, l)| l.limit < *cost).min_by_key(|(_, l)| l.limit)
         {
             errors.push(
                 "cost",
-                format!(
-                    "{cost} exceeds limits[{index}].limit {}, so no event could ever be scheduled",
-                    smallest.limit
-                ),
+                format!("{cost} exceeds limits[{index}].limit {}, so no event could ever be scheduled", smallest.limit),
             );
         }
     }
@@ -442,10 +407,7 @@ fn validate_rule(
         "max_delay",
         parse_duration(&raw.max_delay).and_then(|d| {
             if d > MAX_DELAY_LIMIT {
-                Err(format!(
-                    "{} is over 30d, the longest Cloud Tasks can hold a task",
-                    raw.max_delay
-                ))
+                Err(format!("{} is over 30d, the longest Cloud Tasks can hold a task", raw.max_delay))
             } else {
                 Ok(d)
             }
@@ -457,9 +419,7 @@ fn validate_rule(
             "inline_wait",
             parse_duration(text).and_then(|d| {
                 if d > MAX_INLINE_WAIT {
-                    Err(format!(
-                        "{text} is over 10s; longer waits belong in a Cloud Task"
-                    ))
+                    Err(format!("{text} is over 10s; longer waits belong in a Cloud Task"))
                 } else {
                     Ok(d)
                 }
@@ -467,12 +427,8 @@ fn validate_rule(
         ),
     };
     let forward = match (raw.forward.topic, raw.forward.url) {
-        (Some(topic), None) => errors
-            .check("forward.topic", check_topic(&topic))
-            .map(|_| Forward::Topic(topic)),
-        (None, Some(url)) => errors
-            .check("forward.url", check_url(&url))
-            .map(|_| Forward::Url(url)),
+        (Some(topic), None) => errors.check("forward.topic", check_topic(&topic)).map(|_| Forward::Topic(topic)),
+        (None, Some(url)) => errors.check("forward.url", check_url(&url)).map(|_| Forward::Url(url)),
         _ => {
             errors.push("forward", "set exactly one of topic or url".into());
             None
@@ -483,10 +439,7 @@ fn validate_rule(
         Some(topic) => {
             errors.check("dlq_topic", check_topic(topic));
         }
-        None if !has_default_dlq => errors.push(
-            "dlq_topic",
-            "required unless default_dlq_topic is set".into(),
-        ),
+        None if !has_default_dlq => errors.push("dlq_topic", "required unless default_dlq_topic is set".into()),
         None => {}
     }
     let on_missing_key = match &raw.on_missing_key {
@@ -497,10 +450,7 @@ fn validate_rule(
         None | Some("enriched") => Some(OverflowFormat::Enriched),
         Some("original") => Some(OverflowFormat::Original),
         Some(other) => {
-            errors.push(
-                "overflow_format",
-                format!("unknown format '{other}', expected enriched or original"),
-            );
+            errors.push("overflow_format", format!("unknown format '{other}', expected enriched or original"));
             None
         }
     };
@@ -537,10 +487,7 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
         let limit = match u64::try_from(raw.limit) {
             Ok(n) if n >= 1 => Some(n),
             _ => {
-                errors.push(
-                    &field("limit"),
-                    format!("must be at least 1, got {}", raw.limit),
-                );
+                errors.push(&field("limit"), format!("must be at least 1, got {}", raw.limit));
                 None
             }
         };
@@ -548,10 +495,7 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
             &field("per"),
             parse_duration(&raw.per).and_then(|per| match per {
                 0 => Err("must be longer than 0".into()),
-                per if per > MAX_WINDOW => Err(format!(
-                    "{} is over 31d, the longest supported window",
-                    raw.per
-                )),
+                per if per > MAX_WINDOW => Err(format!("{} is over 31d, the longest supported window", raw.per)),
                 per => Ok(per),
             }),
         );
@@ -560,28 +504,20 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
                 "start" => Some(Window::Fixed(Placement::Start)),
                 "spread" => Some(Window::Fixed(Placement::Spread)),
                 other => {
-                    errors.push(
-                        &field("placement"),
-                        format!("unknown placement '{other}', expected start or spread"),
-                    );
+                    errors.push(&field("placement"), format!("unknown placement '{other}', expected start or spread"));
                     None
                 }
             },
             "sliding" => Some(Window::Sliding),
             "gcra" => match raw.burst.unwrap_or(1) {
-                burst if burst >= 1 => Some(Window::Gcra {
-                    burst: burst as u64,
-                }),
+                burst if burst >= 1 => Some(Window::Gcra { burst: burst as u64 }),
                 burst => {
                     errors.push(&field("burst"), format!("must be at least 1, got {burst}"));
                     None
                 }
             },
             other => {
-                errors.push(
-                    &field("window"),
-                    format!("unknown window '{other}', expected fixed, sliding or gcra"),
-                );
+                errors.push(&field("window"), format!("unknown window '{other}', expected fixed, sliding or gcra"));
                 None
             }
         };
@@ -596,10 +532,7 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
         match (limit, per, window) {
             (Some(limit), Some(per), Some(window)) => {
                 if let Some(first) = seen.insert((window.kind(), per), i) {
-                    errors.push(
-                        &format!("limits[{i}]"),
-                        format!("repeats the window and per of limits[{first}]"),
-                    );
+                    errors.push(&format!("limits[{i}]"), format!("repeats the window and per of limits[{first}]"));
                     ok = false;
                 }
                 limits.push(Limit { limit, per, window });
@@ -614,9 +547,7 @@ fn parse_cost(value: &Value) -> Result<Cost, String> {
     match value {
         Value::Number(n) => match n.as_i64() {
             Some(n) if n >= 1 => Ok(Cost::Fixed(n as u64)),
-            _ => Err(format!(
-                "must be an integer of at least 1 or a template, got {n}"
-            )),
+            _ => Err(format!("must be an integer of at least 1 or a template, got {n}")),
         },
         Value::String(text) => {
             let template = Template::parse(text)?;
@@ -626,9 +557,7 @@ fn parse_cost(value: &Value) -> Result<Cost, String> {
                     .ok()
                     .filter(|n| *n >= 1)
                     .map(Cost::Fixed)
-                    .ok_or_else(|| {
-                        format!("must be an integer of at least 1 or a template, got '{literal}'")
-                    }),
+                    .ok_or_else(|| format!("must be an integer of at least 1 or a template, got '{literal}'")),
                 None => Ok(Cost::Template(template)),
             }
         }
@@ -640,21 +569,16 @@ fn parse_on_missing_key(value: &Value) -> Result<OnMissingKey, String> {
     const EXPECTED: &str = "expected dlq or { fallback_key: <key> }";
     match value {
         Value::String(s) if s == "dlq" => Ok(OnMissingKey::Dlq),
-        Value::Mapping(map) if map.len() == 1 => {
-            match map.get("fallback_key").and_then(Value::as_str) {
-                Some(key) if !key.is_empty() => Ok(OnMissingKey::FallbackKey(key.to_owned())),
-                _ => Err(EXPECTED.into()),
-            }
-        }
+        Value::Mapping(map) if map.len() == 1 => match map.get("fallback_key").and_then(Value::as_str) {
+            Some(key) if !key.is_empty() => Ok(OnMissingKey::FallbackKey(key.to_owned())),
+            _ => Err(EXPECTED.into()),
+        },
         _ => Err(EXPECTED.into()),
     }
 }
 
 fn valid_rule_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// A Pub/Sub topic id (`payouts-ready`) or full name (`projects/p/topics/payouts-ready`).
@@ -669,9 +593,7 @@ fn check_topic(topic: &str) -> Result<(), String> {
     let valid = (3..=255).contains(&id.len())
         && id.starts_with(|c: char| c.is_ascii_alphabetic())
         && !id.starts_with("goog")
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.~+%".contains(c));
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~+%".contains(c));
     if valid {
         Ok(())
     } else {
@@ -682,9 +604,7 @@ fn check_topic(topic: &str) -> Result<(), String> {
 }
 
 fn check_url(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"));
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
     match rest {
         Some(host) if !host.is_empty() && !host.starts_with('/') => Ok(()),
         _ => Err(format!("'{url}' is not an http(s) URL")),

@@ -49,10 +49,7 @@ pub enum LimitState {
     Gcra { tat: Millis, tat_rem: u64 },
     /// Reserved slots with the running total of cost up to and including each; `base` is the
     /// running total of the slots already dropped.
-    Sliding {
-        base: u64,
-        entries: VecDeque<(Millis, u64)>,
-    },
+    Sliding { base: u64, entries: VecDeque<(Millis, u64)> },
 }
 
 /// Names a limit's state inside its entity (also the Redis hash field and sliding key suffix).
@@ -89,16 +86,9 @@ impl Scheduler {
     }
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
-        let entity = self
-            .entities
-            .entry((rule.to_owned(), key.to_owned()))
-            .or_default();
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         if let Some(&(slot, status)) = entity.answers.get(request.message_id) {
-            return Reservation {
-                slot,
-                status,
-                replayed: true,
-            };
+            return Reservation { slot, status, replayed: true };
         }
         let slot = earliest_slot(&entity.state, request);
         let status = if slot > request.now + request.max_delay {
@@ -107,35 +97,23 @@ impl Scheduler {
             commit(&mut entity.state, request, slot);
             Status::Reserved
         };
-        entity
-            .answers
-            .insert(request.message_id.to_owned(), (slot, status));
-        Reservation {
-            slot,
-            status,
-            replayed: false,
-        }
+        entity.answers.insert(request.message_id.to_owned(), (slot, status));
+        Reservation { slot, status, replayed: false }
     }
 
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
-        self.entities
-            .get(&(rule.to_owned(), key.to_owned()))
-            .map(|e| &e.state)
+        self.entities.get(&(rule.to_owned(), key.to_owned())).map(|e| &e.state)
     }
 }
 
 /// The slot the next event of this entity would get (nothing is changed).
 pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Millis {
-    let mut t = state
-        .last_slot
-        .map_or(request.now, |last| last.max(request.now));
+    let mut t = state.last_slot.map_or(request.now, |last| last.max(request.now));
     for _ in 0..=request.limits.len() + 1 {
         let next = request
             .limits
             .iter()
-            .map(|limit| {
-                earliest_accepted(limit, state.limits.get(&state_id(limit)), request.cost, t)
-            })
+            .map(|limit| earliest_accepted(limit, state.limits.get(&state_id(limit)), request.cost, t))
             .fold(t, Millis::max);
         if next == t {
             return t;
@@ -206,10 +184,7 @@ fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, slot: Millis) {
                 }
             }
             Window::Gcra { .. } => {
-                let current = entry.or_insert(LimitState::Gcra {
-                    tat: slot,
-                    tat_rem: 0,
-                });
+                let current = entry.or_insert(LimitState::Gcra { tat: slot, tat_rem: 0 });
                 if let LimitState::Gcra { tat, tat_rem } = current {
                     // A slot this limit set is TAT rounded up to the millisecond; counting from the
                     // rounded slot would make the rate drift, so only a later slot restarts TAT.
@@ -223,10 +198,7 @@ fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, slot: Millis) {
                 }
             }
             Window::Sliding => {
-                let current = entry.or_insert(LimitState::Sliding {
-                    base: 0,
-                    entries: VecDeque::new(),
-                });
+                let current = entry.or_insert(LimitState::Sliding { base: 0, entries: VecDeque::new() });
                 if let LimitState::Sliding { base, entries } = current {
                     match entries.back_mut() {
                         Some((time, cum)) if *time == slot => *cum += cost,
@@ -265,13 +237,7 @@ mod tests {
             .enumerate()
             .map(|(i, &(now, cost))| {
                 let id = format!("m{i}");
-                let r = ReserveRequest {
-                    message_id: &id,
-                    cost,
-                    limits,
-                    max_delay: 1_000 * MINUTE,
-                    now,
-                };
+                let r = ReserveRequest { message_id: &id, cost, limits, max_delay: 1_000 * MINUTE, now };
                 s.reserve("r", "k", &r).slot
             })
             .collect()
@@ -283,34 +249,21 @@ mod tests {
         let limits = [limit(100, MINUTE, Window::Fixed(Placement::Start))];
         let slots = run(&limits, &vec![(t0 + SECOND, 1); 500]);
         for (minute, chunk) in slots.chunks(100).enumerate() {
-            let expected = if minute == 0 {
-                t0 + SECOND
-            } else {
-                t0 + minute as i64 * MINUTE
-            };
-            assert!(
-                chunk.iter().all(|&s| s == expected),
-                "minute {minute}: {chunk:?}"
-            );
+            let expected = if minute == 0 { t0 + SECOND } else { t0 + minute as i64 * MINUTE };
+            assert!(chunk.iter().all(|&s| s == expected), "minute {minute}: {chunk:?}");
         }
     }
 
     #[test]
     fn spread_spaces_a_window_evenly() {
         let limits = [limit(4, 4 * SECOND, Window::Fixed(Placement::Spread))];
-        assert_eq!(
-            run(&limits, &[(0, 1); 6]),
-            [0, 1_000, 2_000, 3_000, 4_000, 5_000]
-        );
+        assert_eq!(run(&limits, &[(0, 1); 6]), [0, 1_000, 2_000, 3_000, 4_000, 5_000]);
     }
 
     #[test]
     fn sliding_waits_for_the_oldest_slot_to_leave() {
         let limits = [limit(2, 10 * SECOND, Window::Sliding)];
-        let slots = run(
-            &limits,
-            &[(0, 1), (4_000, 1), (5_000, 1), (5_000, 1), (5_000, 2)],
-        );
+        let slots = run(&limits, &[(0, 1), (4_000, 1), (5_000, 1), (5_000, 1), (5_000, 2)]);
         assert_eq!(slots, [0, 4_000, 10_000, 14_000, 24_000]);
     }
 
@@ -325,15 +278,10 @@ mod tests {
 
     #[test]
     fn several_limits_hold_together() {
-        let limits = [
-            limit(10, MINUTE, Window::Fixed(Placement::Start)),
-            limit(2, SECOND, Window::Fixed(Placement::Start)),
-        ];
+        let limits =
+            [limit(10, MINUTE, Window::Fixed(Placement::Start)), limit(2, SECOND, Window::Fixed(Placement::Start))];
         let slots = run(&limits, &[(0, 1); 12]);
-        assert_eq!(
-            &slots[..10],
-            &[0, 0, 1_000, 1_000, 2_000, 2_000, 3_000, 3_000, 4_000, 4_000]
-        );
+        assert_eq!(&slots[..10], &[0, 0, 1_000, 1_000, 2_000, 2_000, 3_000, 3_000, 4_000, 4_000]);
         assert_eq!(&slots[10..], &[MINUTE, MINUTE]);
     }
 
@@ -354,10 +302,7 @@ mod tests {
         assert_eq!((late.slot, late.status), (MINUTE, Status::MaxDelayExceeded));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
         let again = s.reserve("r", "k", &req("a", 5 * MINUTE));
-        assert_eq!(
-            (again.slot, again.status, again.replayed),
-            (0, Status::Reserved, true)
-        );
+        assert_eq!((again.slot, again.status, again.replayed), (0, Status::Reserved, true));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
     }
 }

@@ -56,10 +56,7 @@ impl Template {
                     break;
                 }
                 Some(at) if rest.as_bytes()[at] == b'}' => {
-                    return Err(format!(
-                        "unmatched '}}' at byte {}",
-                        source.len() - rest.len() + at
-                    ));
+                    return Err(format!("unmatched '}}' at byte {}", source.len() - rest.len() + at));
                 }
                 Some(open) => {
                     if open > 0 {
@@ -75,10 +72,7 @@ impl Template {
         if parts.is_empty() {
             return Err("empty template".to_owned());
         }
-        Ok(Self {
-            source: source.to_owned(),
-            parts,
-        })
+        Ok(Self { source: source.to_owned(), parts })
     }
 
     pub fn uses_data(&self) -> bool {
@@ -130,24 +124,20 @@ impl fmt::Display for Template {
 }
 
 fn parse_placeholder(inner: &str) -> Result<Part, String> {
-    let (source, path) = inner.split_once('.').ok_or_else(|| {
-        format!("placeholder '{{{inner}}}' must be data.<path> or attributes.<name>")
-    })?;
+    let (source, path) = inner
+        .split_once('.')
+        .ok_or_else(|| format!("placeholder '{{{inner}}}' must be data.<path> or attributes.<name>"))?;
     match source {
         "data" => {
             let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
             if segments.iter().any(|s| s.is_empty()) {
-                return Err(format!(
-                    "placeholder '{{{inner}}}' has an empty path segment"
-                ));
+                return Err(format!("placeholder '{{{inner}}}' has an empty path segment"));
             }
             Ok(Part::Data(segments))
         }
         "attributes" if !path.is_empty() => Ok(Part::Attribute(path.to_owned())),
         "attributes" => Err(format!("placeholder '{{{inner}}}' names no attribute")),
-        _ => Err(format!(
-            "placeholder '{{{inner}}}' must start with data. or attributes."
-        )),
+        _ => Err(format!("placeholder '{{{inner}}}' must start with data. or attributes.")),
     }
 }
 
@@ -190,8 +180,7 @@ mod tests {
 
     #[test]
     fn renders_data_paths_array_indexes_and_attributes() {
-        let t = Template::parse("tenant_{data.merchant.id}:{data.items.1.sku}:{attributes.region}")
-            .unwrap();
+        let t = Template::parse("tenant_{data.merchant.id}:{data.items.1.sku}:{attributes.region}").unwrap();
         let e = event(r#"{"merchant":{"id":984},"items":[{"sku":"a"},{"sku":"b"}]}"#);
         assert_eq!(t.render(&e).unwrap(), "tenant_984:b:eu");
         assert!(t.uses_data());
@@ -200,26 +189,12 @@ mod tests {
     #[test]
     fn typed_errors_for_missing_fields_and_bodies() {
         let t = Template::parse("{data.merchant_id}").unwrap();
-        assert_eq!(
-            t.render(&event("{}")),
-            Err(RenderError::MissingField("data.merchant_id".into()))
-        );
-        assert_eq!(
-            t.render(&event(r#"{"merchant_id":null}"#))
-                .unwrap_err()
-                .reason(),
-            "missing_key_field"
-        );
-        assert_eq!(
-            t.render(&event(r#"{"merchant_id":[1]}"#)),
-            Err(RenderError::NotAScalar("data.merchant_id".into()))
-        );
+        assert_eq!(t.render(&event("{}")), Err(RenderError::MissingField("data.merchant_id".into())));
+        assert_eq!(t.render(&event(r#"{"merchant_id":null}"#)).unwrap_err().reason(), "missing_key_field");
+        assert_eq!(t.render(&event(r#"{"merchant_id":[1]}"#)), Err(RenderError::NotAScalar("data.merchant_id".into())));
         assert_eq!(t.render(&event("not json")), Err(RenderError::NonJsonBody));
         let a = Template::parse("{attributes.tenant}").unwrap();
-        assert_eq!(
-            a.render(&event("{}")),
-            Err(RenderError::MissingField("attributes.tenant".into()))
-        );
+        assert_eq!(a.render(&event("{}")), Err(RenderError::MissingField("attributes.tenant".into())));
     }
 
     #[test]
@@ -232,25 +207,10 @@ mod tests {
     #[test]
     fn rejects_malformed_templates() {
         assert_eq!(Template::parse("a{data.x").unwrap_err(), "unclosed '{'");
-        assert_eq!(
-            Template::parse("a}b").unwrap_err(),
-            "unmatched '}' at byte 1"
-        );
-        assert!(
-            Template::parse("{merchant_id}")
-                .unwrap_err()
-                .contains("must be data.<path> or attributes.<name>")
-        );
-        assert!(
-            Template::parse("{body.x}")
-                .unwrap_err()
-                .contains("must start with data. or attributes.")
-        );
-        assert!(
-            Template::parse("{data.a..b}")
-                .unwrap_err()
-                .contains("empty path segment")
-        );
+        assert_eq!(Template::parse("a}b").unwrap_err(), "unmatched '}' at byte 1");
+        assert!(Template::parse("{merchant_id}").unwrap_err().contains("must be data.<path> or attributes.<name>"));
+        assert!(Template::parse("{body.x}").unwrap_err().contains("must start with data. or attributes."));
+        assert!(Template::parse("{data.a..b}").unwrap_err().contains("empty path segment"));
         assert!(Template::parse("").is_err());
     }
 

@@ -12,16 +12,12 @@ pub const DAY: Millis = 24 * HOUR;
 
 /// Parses `90s`, `1m`, `2h`, `1d`, `500ms`, `1h30m`. Errors say why in words fit for a config error.
 pub fn parse_duration(text: &str) -> Result<Millis, String> {
-    let duration = humantime::parse_duration(text.trim()).map_err(|e| {
-        format!("invalid duration '{text}' ({e}); use e.g. 500ms, 1s, 90s, 1m, 2h, 1d")
-    })?;
+    let duration = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("invalid duration '{text}' ({e}); use e.g. 500ms, 1s, 90s, 1m, 2h, 1d"))?;
     if duration.subsec_nanos() % 1_000_000 != 0 {
-        return Err(format!(
-            "invalid duration '{text}': finer than a millisecond"
-        ));
+        return Err(format!("invalid duration '{text}': finer than a millisecond"));
     }
-    Millis::try_from(duration.as_millis())
-        .map_err(|_| format!("invalid duration '{text}': too long"))
+    Millis::try_from(duration.as_millis()).map_err(|_| format!("invalid duration '{text}': too long"))
 }
 
 /// RFC 3339 in UTC with milliseconds, e.g. `2026-08-03T12:01:00.000Z`.
@@ -32,8 +28,7 @@ pub fn format_rfc3339(at: Millis) -> String {
 
 /// Parses RFC 3339 (UTC `Z`, any fraction), truncating to the millisecond.
 pub fn parse_rfc3339(text: &str) -> Result<Millis, String> {
-    let at =
-        humantime::parse_rfc3339(text).map_err(|e| format!("invalid timestamp '{text}': {e}"))?;
+    let at = humantime::parse_rfc3339(text).map_err(|e| format!("invalid timestamp '{text}': {e}"))?;
     system_time_to_millis(at).ok_or_else(|| format!("invalid timestamp '{text}': before 1970"))
 }
 

@@ -29,9 +29,7 @@ impl EntityKeys {
 
 /// Entity keys come from payloads: braces would move the hash tag, so they (and `%`) are escaped.
 fn escape(key: &str) -> String {
-    key.replace('%', "%25")
-        .replace('{', "%7B")
-        .replace('}', "%7D")
+    key.replace('%', "%25").replace('{', "%7B").replace('}', "%7D")
 }
 
 #[cfg(test)]
@@ -43,16 +41,8 @@ mod tests {
     #[test]
     fn every_key_shares_one_hash_tag_even_for_hostile_keys() {
         let limits = [
-            Limit {
-                limit: 1,
-                per: 1_000,
-                window: Window::Fixed(Placement::Start),
-            },
-            Limit {
-                limit: 1,
-                per: 60_000,
-                window: Window::Sliding,
-            },
+            Limit { limit: 1, per: 1_000, window: Window::Fixed(Placement::Start) },
+            Limit { limit: 1, per: 60_000, window: Window::Sliding },
         ];
         let keys = EntityKeys::new("drip", "payouts", "a}b{c%", "m1", &limits);
         assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");

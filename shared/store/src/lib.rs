@@ -50,8 +50,5 @@ impl StoreError {
 
 /// A place that reserves slots. Every implementation gives the same answers for the same requests.
 pub trait SlotStore {
-    fn reserve(
-        &self,
-        request: &SlotRequest<'_>,
-    ) -> impl Future<Output = Result<Reserved, StoreError>> + Send;
+    fn reserve(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<Reserved, StoreError>> + Send;
 }

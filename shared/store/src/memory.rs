@@ -20,9 +20,7 @@ impl MemoryStore {
 
 impl SlotStore for MemoryStore {
     async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        let now = request
-            .now
-            .unwrap_or_else(|| system_time_to_millis(SystemTime::now()).unwrap_or(0));
+        let now = request.now.unwrap_or_else(|| system_time_to_millis(SystemTime::now()).unwrap_or(0));
         let model_request = ReserveRequest {
             message_id: request.message_id,
             cost: request.cost,
@@ -30,10 +28,7 @@ impl SlotStore for MemoryStore {
             max_delay: request.max_delay,
             now,
         };
-        let mut scheduler = self
-            .scheduler
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut scheduler = self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let reservation = scheduler.reserve(request.rule, request.key, &model_request);
         Ok(Reserved { reservation, now })
     }

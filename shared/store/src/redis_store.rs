@@ -13,8 +13,7 @@ pub const ANSWER_MARGIN: Millis = HOUR;
 /// How long an entity's state outlives its last slot plus its longest window.
 pub const STATE_MARGIN: Millis = MINUTE;
 
-static RESERVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/reserve.lua")));
+static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/reserve.lua")));
 
 /// Reservations in Redis or Redis Cluster. `C` is any async connection: a multiplexed connection,
 /// a connection manager, or a cluster connection; cloning it must be cheap.
@@ -26,20 +25,11 @@ pub struct RedisStore<C> {
 
 impl<C> RedisStore<C> {
     pub fn new(connection: C, namespace: impl Into<String>) -> Self {
-        Self {
-            connection,
-            namespace: namespace.into(),
-        }
+        Self { connection, namespace: namespace.into() }
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
-        EntityKeys::new(
-            &self.namespace,
-            request.rule,
-            request.key,
-            request.message_id,
-            request.limits,
-        )
+        EntityKeys::new(&self.namespace, request.rule, request.key, request.message_id, request.limits)
     }
 }
 
@@ -69,31 +59,15 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
                 Window::Gcra { burst } => burst,
                 Window::Fixed(_) => 0,
             };
-            invocation
-                .arg(script_kind(limit))
-                .arg(state_id(limit))
-                .arg(limit.per)
-                .arg(limit.limit)
-                .arg(extra);
+            invocation.arg(script_kind(limit)).arg(state_id(limit)).arg(limit.per).arg(limit.limit).arg(extra);
         }
         let mut connection = self.connection.clone();
         let reply: Vec<i64> = invocation.invoke_async(&mut connection).await?;
         let &[slot, late, replayed, now] = reply.as_slice() else {
             return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
         };
-        let status = if late == 1 {
-            Status::MaxDelayExceeded
-        } else {
-            Status::Reserved
-        };
-        Ok(Reserved {
-            reservation: Reservation {
-                slot,
-                status,
-                replayed: replayed == 1,
-            },
-            now,
-        })
+        let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
+        Ok(Reserved { reservation: Reservation { slot, status, replayed: replayed == 1 }, now })
     }
 }
 

@@ -1,0 +1,52 @@
+//! One fixture per invalid rules file, each beside a `.expected` file holding the exact messages.
+
+use std::fs;
+use std::path::Path;
+
+use drip_core::rules::RuleSet;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/invalid");
+
+fn messages(name: &str) -> String {
+    let text = fs::read_to_string(Path::new(FIXTURES).join(name)).unwrap();
+    match RuleSet::parse(name, &text) {
+        Ok(_) => panic!("{name} was accepted"),
+        Err(errors) => errors.to_string(),
+    }
+}
+
+#[test]
+fn every_invalid_fixture_fails_with_its_exact_messages() {
+    let mut checked = 0;
+    let mut mismatches = Vec::new();
+    for entry in fs::read_dir(FIXTURES).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let actual = messages(&name);
+        let expected_path = path.with_extension("expected");
+        if std::env::var_os("DRIP_BLESS").is_some() {
+            fs::write(&expected_path, format!("{actual}\n")).unwrap();
+        }
+        let expected = fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("{name} has no .expected file"));
+        if expected.trim_end() != actual {
+            mismatches.push(format!("{name}:\n  expected: {}\n  actual:   {actual}", expected.trim_end()));
+        }
+        checked += 1;
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    assert!(checked >= 30, "only {checked} fixtures found");
+}
+
+#[test]
+fn the_example_rules_are_valid() {
+    for name in ["payouts.yaml", "seed.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples").join(name);
+        let text = fs::read_to_string(&path).unwrap();
+        if let Err(errors) = RuleSet::parse(name, &text) {
+            panic!("{errors}");
+        }
+    }
+}
