@@ -183,10 +183,8 @@ impl RuleSet {
                 }
             },
         };
-        if let Some(topic) = &top.default_dlq_topic {
-            if let Err(message) = check_topic(topic) {
-                errors.top("default_dlq_topic", message);
-            }
+        if let Some(Err(message)) = top.default_dlq_topic.as_deref().map(check_topic) {
+            errors.top("default_dlq_topic", message);
         }
         if top.rules.is_empty() {
             errors.top("rules", "at least one rule is required".into());
@@ -393,15 +391,14 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, has_default_dlq: b
         None => Some(Cost::Fixed(1)),
         Some(value) => errors.check("cost", parse_cost(&value)),
     };
-    if let (Some(Cost::Fixed(cost)), Some(limits)) = (&cost, &limits) {
-        if let Some((index, smallest)) =
+    if let (Some(Cost::Fixed(cost)), Some(limits)) = (&cost, &limits)
+        && let Some((index, smallest)) =
             limits.iter().enumerate().filter(|(_, l)| l.limit < *cost).min_by_key(|(_, l)| l.limit)
-        {
-            errors.push(
-                "cost",
-                format!("{cost} exceeds limits[{index}].limit {}, so no event could ever be scheduled", smallest.limit),
-            );
-        }
+    {
+        errors.push(
+            "cost",
+            format!("{cost} exceeds limits[{index}].limit {}, so no event could ever be scheduled", smallest.limit),
+        );
     }
     let max_delay = errors.check(
         "max_delay",
