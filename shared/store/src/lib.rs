@@ -11,7 +11,7 @@ use drip_core::time::Millis;
 
 pub use keys::EntityKeys;
 pub use memory::MemoryStore;
-pub use redis_store::RedisStore;
+pub use redis_store::{ANSWER_MARGIN, RedisStore, STATE_MARGIN};
 
 /// One event's reservation request for one entity.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,214 @@
+//! Random arrival sequences for one rule over a few entities, and the invariants every schedule
+//! must satisfy (DESIGN.md, "Scheduling semantics"), checked against the schedule alone.
+
+use std::collections::{BTreeMap, HashMap};
+
+use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
+use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::{Reservation, Status, state_id};
+use drip_core::time::Millis;
+use proptest::prelude::*;
+use proptest::sample::Index;
+
+/// 2026-08-03T12:00:00Z, the seed article's day.
+pub const T0: Millis = 1_785_758_400_000;
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub limits: Vec<Limit>,
+    pub max_delay: Millis,
+    pub events: Vec<Arrival>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub entity: usize,
+    pub id: String,
+    pub cost: u64,
+    pub now: Millis,
+    /// The same message id was delivered before.
+    pub redelivery: bool,
+}
+
+impl Arrival {
+    pub fn key(&self) -> String {
+        format!("entity_{}", self.entity)
+    }
+}
+
+/// Which kinds of window a scenario may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kinds {
+    All,
+    /// Fixed windows placed at their start and sliding windows: the kinds that promise the
+    /// earliest feasible slot.
+    EarliestFeasible,
+}
+
+pub fn limit(kinds: Kinds) -> impl Strategy<Value = Limit> {
+    let kind_count = if kinds == Kinds::All { 4u8 } else { 2 };
+    (0..kind_count, 1u64..=6, prop::sample::select(vec![100i64, 250, 400, 1_000, 1_500, 3_000]), 1u64..=4).prop_map(
+        |(kind, limit, per, burst)| {
+            let window = match kind {
+                0 => Window::Fixed(Placement::Start),
+                1 => Window::Sliding,
+                2 => Window::Fixed(Placement::Spread),
+                _ => Window::Gcra { burst },
+            };
+            Limit { limit, per, window }
+        },
+    )
+}
+
+pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenario> {
+    let limits = prop::collection::vec(limit(kinds), 1..=3).prop_map(|limits| {
+        let mut seen = std::collections::HashSet::new();
+        limits.into_iter().filter(|l| seen.insert(state_id(l))).collect::<Vec<_>>()
+    });
+    let arrivals = prop::collection::vec(
+        (0..3usize, 0i64..300, 0u64..6, prop::option::weighted(0.15, any::<Index>())),
+        1..max_events,
+    );
+    (limits, prop_oneof![Just(0i64), 0i64..3_000, 0i64..30_000], 0i64..60_000, arrivals).prop_map(
+        |(limits, max_delay, offset, arrivals)| {
+            let smallest = limits.iter().map(|l| l.limit).min().unwrap_or(1);
+            let mut now = T0 + offset;
+            let mut events: Vec<Arrival> = Vec::new();
+            for (i, (entity, gap, cost_seed, redeliver)) in arrivals.into_iter().enumerate() {
+                now += gap;
+                let event = match redeliver {
+                    Some(index) if !events.is_empty() => {
+                        let first = &events[index.index(events.len())];
+                        Arrival { now, redelivery: true, ..first.clone() }
+                    }
+                    _ => {
+                        Arrival { entity, id: format!("m{i}"), cost: 1 + cost_seed % smallest, now, redelivery: false }
+                    }
+                };
+                events.push(event);
+            }
+            Scenario { limits, max_delay, events }
+        },
+    )
+}
+
+/// Checks one run's answers (one per arrival, in order) against every invariant that can be read
+/// off the schedule: limits hold in every window, slots never go backwards per entity, slots lie
+/// within `max_delay` exactly when reserved, redeliveries repeat the first answer, and, for the
+/// kinds that promise it, each slot is the earliest feasible one.
+pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    assert_eq!(scenario.events.len(), answers.len());
+    let mut first_answer: HashMap<(usize, &str), Reservation> = HashMap::new();
+    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
+    for (arrival, answer) in scenario.events.iter().zip(answers) {
+        let at = format!("{arrival:?} got {answer:?}");
+        if let Some(first) = first_answer.get(&(arrival.entity, arrival.id.as_str())) {
+            if !answer.replayed || (answer.slot, answer.status) != (first.slot, first.status) {
+                return Err(format!("redelivery changed the answer: first {first:?}; {at}"));
+            }
+            continue;
+        }
+        if answer.replayed {
+            return Err(format!("a new message was treated as a redelivery: {at}"));
+        }
+        first_answer.insert((arrival.entity, arrival.id.as_str()), *answer);
+        let ledger = ledgers.entry(arrival.entity).or_default();
+        let previous = ledger.last().map(|&(slot, _)| slot);
+        let start = previous.map_or(arrival.now, |p| p.max(arrival.now));
+        if answer.slot < start {
+            return Err(format!("slot before max(now, previous slot) {start}: {at}"));
+        }
+        let late = answer.slot > arrival.now + scenario.max_delay;
+        if late != (answer.status == Status::MaxDelayExceeded) {
+            return Err(format!("status disagrees with max_delay {}: {at}", scenario.max_delay));
+        }
+        if answer.status == Status::Reserved {
+            if let Some(earlier) = earlier_feasible(&scenario.limits, ledger, arrival.cost, start, answer.slot) {
+                return Err(format!("{earlier} was feasible and earlier: {at}"));
+            }
+            ledger.push((answer.slot, arrival.cost));
+        }
+    }
+    for (entity, ledger) in &ledgers {
+        check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// No fixed window and no sliding interval holds more than its limit; gcra keeps its rate.
+pub fn check_limits(limits: &[Limit], ledger: &[(Millis, u64)]) -> Result<(), String> {
+    for limit in limits {
+        match limit.window {
+            Window::Fixed(_) => {
+                if let Some((window, used)) =
+                    fixed_window_usage(ledger, limit.per).into_iter().find(|&(_, u)| u > limit.limit)
+                {
+                    return Err(format!("{limit:?}: window {window} holds {used}"));
+                }
+            }
+            Window::Sliding => {
+                let used = max_sliding_usage(ledger, limit.per);
+                if used > limit.limit {
+                    return Err(format!("{limit:?}: an interval holds {used}"));
+                }
+            }
+            Window::Gcra { burst } => {
+                if let Some((i, j)) = gcra_violation(ledger, limit.limit, limit.per, burst) {
+                    return Err(format!("{limit:?}: slots {:?} .. {:?} are too dense", ledger[i], ledger[j]));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For fixed-start and sliding limits only: a time in `[start, slot)` where every limit had room,
+/// found by brute force over every time at which feasibility can change.
+fn earliest_feasible_candidates(
+    limits: &[Limit],
+    ledger: &[(Millis, u64)],
+    start: Millis,
+    slot: Millis,
+) -> Vec<Millis> {
+    let mut candidates = vec![start];
+    for limit in limits {
+        let mut window = start.div_euclid(limit.per) * limit.per + limit.per;
+        while window < slot {
+            candidates.push(window);
+            window += limit.per;
+        }
+        candidates.extend(ledger.iter().map(|&(s, _)| s + limit.per).filter(|&t| t > start && t < slot));
+    }
+    candidates
+}
+
+fn earlier_feasible(
+    limits: &[Limit],
+    ledger: &[(Millis, u64)],
+    cost: u64,
+    start: Millis,
+    slot: Millis,
+) -> Option<Millis> {
+    let promises_earliest =
+        limits.iter().all(|l| matches!(l.window, Window::Fixed(Placement::Start) | Window::Sliding));
+    if !promises_earliest {
+        return None;
+    }
+    let has_room = |t: Millis| {
+        limits.iter().all(|limit| {
+            let used: u64 = match limit.window {
+                Window::Sliding => ledger.iter().filter(|&&(s, _)| s > t - limit.per && s <= t).map(|&(_, c)| c).sum(),
+                _ => {
+                    let window = t.div_euclid(limit.per) * limit.per;
+                    ledger
+                        .iter()
+                        .filter(|&&(s, _)| s.div_euclid(limit.per) * limit.per == window)
+                        .map(|&(_, c)| c)
+                        .sum()
+                }
+            };
+            used + cost <= limit.limit
+        })
+    };
+    earliest_feasible_candidates(limits, ledger, start, slot).into_iter().filter(|&t| t < slot).find(|&t| has_room(t))
+}

@@ -1,0 +1,271 @@
+//! `lua/reserve.lua` on a real Redis: identical to the reference model, atomic under concurrent
+//! clients, bounded state whatever the backlog, and unchanged on a 3-master Redis Cluster.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use drip_core::ledger::fixed_window_usage;
+use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::{Reservation, Status};
+use drip_core::time::{MINUTE, Millis, SECOND};
+use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
+use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
+use drip_tests::scenario::{Arrival, Kinds, Scenario, T0, check_limits, check_schedule, scenario};
+use drip_tests::unique;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+use redis::AsyncCommands;
+
+async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Reservation> {
+    let mut answers = Vec::new();
+    for arrival in &scenario.events {
+        let key = arrival.key();
+        let request = SlotRequest {
+            rule,
+            key: &key,
+            message_id: &arrival.id,
+            cost: arrival.cost,
+            limits: &scenario.limits,
+            max_delay: scenario.max_delay,
+            now: Some(arrival.now),
+        };
+        answers.push(store.reserve(&request).await.expect("reserve").reservation);
+    }
+    answers
+}
+
+#[test]
+fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
+    let config = Config {
+        cases: 192,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/redis_reserve.proptest-regressions"
+        )))),
+        ..Config::default()
+    };
+    let result = TestRunner::new(config).run(&scenario(Kinds::All, 60), |scenario| {
+        let rule = unique("differential");
+        let (model, lua) = runtime.block_on(async {
+            (run(&MemoryStore::new(), &rule, &scenario).await, run(&redis, &rule, &scenario).await)
+        });
+        for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
+            if m != l {
+                return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
+            }
+        }
+        check_schedule(&scenario, &lua).map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
+fn seed_scenario() -> Scenario {
+    let events = (0..500)
+        .map(|i| Arrival { entity: 8421, id: format!("pay_{i}"), cost: 1, now: T0 + SECOND, redelivery: false })
+        .collect();
+    let limits = vec![Limit { limit: 100, per: MINUTE, window: Window::Fixed(Placement::Start) }];
+    Scenario { limits, max_delay: 120 * MINUTE, events }
+}
+
+fn assert_seed_schedule(answers: &[Reservation]) {
+    let mut per_slot: BTreeMap<Millis, usize> = BTreeMap::new();
+    for answer in answers {
+        assert_eq!(answer.status, Status::Reserved);
+        *per_slot.entry(answer.slot).or_default() += 1;
+    }
+    let expected: BTreeMap<Millis, usize> =
+        [T0 + SECOND, T0 + MINUTE, T0 + 2 * MINUTE, T0 + 3 * MINUTE, T0 + 4 * MINUTE]
+            .into_iter()
+            .map(|t| (t, 100))
+            .collect();
+    assert_eq!(per_slot, expected);
+}
+
+#[tokio::test]
+async fn the_seed_example_through_redis() {
+    let store = RedisStore::new(shared_connection().await, "drip");
+    assert_seed_schedule(&run(&store, &unique("seed"), &seed_scenario()).await);
+}
+
+#[tokio::test]
+async fn every_key_an_entity_writes_expires() {
+    let mut connection = shared_connection().await;
+    let store = RedisStore::new(connection.clone(), "drip");
+    let rule = unique("ttl");
+    let limits = [
+        Limit { limit: 2, per: SECOND, window: Window::Fixed(Placement::Start) },
+        Limit { limit: 3, per: 10 * SECOND, window: Window::Sliding },
+        Limit { limit: 5, per: MINUTE, window: Window::Gcra { burst: 2 } },
+    ];
+    for i in 0..6 {
+        let id = format!("m{i}");
+        let request = SlotRequest {
+            rule: &rule,
+            key: "k",
+            message_id: &id,
+            cost: 1,
+            limits: &limits,
+            max_delay: MINUTE,
+            now: None,
+        };
+        store.reserve(&request).await.unwrap();
+    }
+    let keys: Vec<String> = connection.keys(format!("drip:{{{rule}|*")).await.unwrap();
+    assert_eq!(keys.len(), 8, "state, sliding set and six answers: {keys:?}");
+    for key in keys {
+        let ttl: i64 = connection.pttl(&key).await.unwrap();
+        let bound = if key.contains(":m:") {
+            MINUTE + drip_store::ANSWER_MARGIN
+        } else {
+            MINUTE + MINUTE + drip_store::STATE_MARGIN
+        };
+        assert!(ttl > 0 && ttl <= bound, "{key} has PTTL {ttl}, expected 0 < ttl <= {bound}");
+    }
+}
+
+/// Per-event work and per-key state must not grow with the backlog (DESIGN.md): the commands the
+/// script runs and the fields it keeps are the same at a backlog of 10 and of 2,000.
+#[tokio::test]
+async fn work_and_state_do_not_grow_with_the_backlog() {
+    let server = RedisServer::start(&[]);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let store = RedisStore::new(connection.clone(), "drip");
+    let limits = [
+        Limit { limit: 1, per: SECOND, window: Window::Fixed(Placement::Start) },
+        Limit { limit: 3, per: 5 * SECOND, window: Window::Sliding },
+        Limit { limit: 2, per: SECOND, window: Window::Gcra { burst: 1 } },
+    ];
+    let max_delay = 30 * 24 * 60 * MINUTE;
+    let mut commands_at = HashMap::new();
+    let mut sizes_at = HashMap::new();
+    for i in 0..2_001u32 {
+        let id = format!("m{i}");
+        let request =
+            SlotRequest { rule: "r", key: "hot", message_id: &id, cost: 1, limits: &limits, max_delay, now: Some(T0) };
+        if i == 10 || i == 2_000 {
+            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
+            let reserved = store.reserve(&request).await.unwrap().reservation;
+            let expected = T0 + (i64::from(i) / 3 * 5 + i64::from(i) % 3) * SECOND;
+            assert_eq!(reserved.slot, expected, "three a second, then wait for the 5 s sliding window");
+            let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
+            commands_at.insert(i, script_commands(&stats));
+            let fields: usize = connection.hlen("drip:{r|hot}:state").await.unwrap();
+            let sliding: usize = connection.zcard("drip:{r|hot}:sliding:5000").await.unwrap();
+            sizes_at.insert(i, (fields, sliding));
+        } else {
+            store.reserve(&request).await.unwrap();
+        }
+    }
+    assert!(!commands_at[&10].is_empty(), "commandstats should show the script's commands");
+    assert_eq!(commands_at[&10], commands_at[&2_000]);
+    assert_eq!(sizes_at[&10], sizes_at[&2_000]);
+    assert!(sizes_at[&2_000].1 <= 3, "sliding keeps at most `limit` entries: {:?}", sizes_at[&2_000]);
+}
+
+/// `cmdstat_<name>:calls=N` for the commands the script calls (the EVALSHA itself excluded).
+fn script_commands(stats: &str) -> BTreeMap<String, u64> {
+    stats
+        .lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (!matches!(name, "evalsha" | "eval" | "config" | "info" | "script")).then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// Many clients on separate connections reserve for a few hot keys at once, with redeliveries
+/// racing their originals: no window is over its limit and each message id is reserved once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
+    const CLIENTS: usize = 16;
+    const PER_CLIENT: usize = 120;
+    let rule = Arc::new(unique("concurrency"));
+    let limits = Arc::new(vec![
+        Limit { limit: 20, per: SECOND, window: Window::Fixed(Placement::Start) },
+        Limit { limit: 60, per: 5 * SECOND, window: Window::Sliding },
+    ]);
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let (rule, limits) = (rule.clone(), limits.clone());
+        tasks.push(tokio::spawn(async move {
+            let store = RedisStore::new(shared_connection().await, "drip");
+            let mut answers = Vec::new();
+            for i in 0..PER_CLIENT {
+                // Every third message is the next client's own: a redelivery racing the original.
+                let owner = if i % 3 == 0 { (client + 1) % CLIENTS } else { client };
+                let id = format!("c{owner}-{i}");
+                let key = format!("merchant_{}", (owner + i) % 3);
+                let request = SlotRequest {
+                    rule: &rule,
+                    key: &key,
+                    message_id: &id,
+                    cost: 1,
+                    limits: &limits,
+                    max_delay: 60 * MINUTE,
+                    now: None,
+                };
+                answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
+            }
+            answers
+        }));
+    }
+    let mut by_id: HashMap<String, (String, Vec<Reservation>)> = HashMap::new();
+    for task in tasks {
+        for (key, id, answer) in task.await.unwrap() {
+            by_id.entry(id).or_insert_with(|| (key, Vec::new())).1.push(answer);
+        }
+    }
+    assert_eq!(by_id.len(), CLIENTS * PER_CLIENT, "every message id was sent");
+    let mut ledgers: BTreeMap<String, Vec<(Millis, u64)>> = BTreeMap::new();
+    for (id, (key, answers)) in &by_id {
+        let fresh = answers.iter().filter(|a| !a.replayed).count();
+        assert_eq!(fresh, 1, "{id} was reserved {fresh} times: {answers:?}");
+        assert!(answers.iter().all(|a| a.slot == answers[0].slot && a.status == Status::Reserved), "{id}: {answers:?}");
+        ledgers.entry(key.clone()).or_default().push((answers[0].slot, 1));
+    }
+    let mut connection = shared_connection().await;
+    for (key, ledger) in &ledgers {
+        check_limits(&limits, ledger).unwrap_or_else(|e| panic!("{key}: {e}"));
+        let state: HashMap<String, i64> = connection.hgetall(format!("drip:{{{rule}|{key}}}:state")).await.unwrap();
+        let window = state["fixed:1000:w"];
+        let usage = fixed_window_usage(ledger, SECOND);
+        assert_eq!(state["fixed:1000:u"] as u64, usage[&window], "{key}: Redis counts what was handed out");
+        assert_eq!(state["last"], ledger.iter().map(|&(s, _)| s).max().unwrap());
+    }
+}
+
+/// The same script on a local 3-master cluster: no CROSSSLOT error, and the answers of a single node.
+#[tokio::test]
+async fn reserve_lua_runs_unchanged_on_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let on_cluster = RedisStore::new(client.get_async_connection().await.unwrap(), "drip");
+    let on_node = RedisStore::new(shared_connection().await, "drip");
+    let mut scenarios = vec![seed_scenario()];
+    let mut runner = TestRunner::deterministic();
+    let strategy = scenario(Kinds::All, 60);
+    for _ in 0..8 {
+        let mut generated = strategy.new_tree(&mut runner).unwrap().current();
+        for (i, event) in generated.events.iter_mut().enumerate() {
+            event.entity += 10 * (i % 4); // more entities, so more hash slots
+        }
+        scenarios.push(generated);
+    }
+    for scenario in &scenarios {
+        let rule = unique("cluster");
+        let cluster_answers = run(&on_cluster, &rule, scenario).await;
+        assert_eq!(cluster_answers, run(&on_node, &format!("{rule}-node"), scenario).await);
+        check_schedule(scenario, &cluster_answers).unwrap();
+    }
+    assert_seed_schedule(&run(&on_cluster, &unique("cluster-seed"), &seed_scenario()).await);
+    let masters_with_keys =
+        cluster.nodes.iter().filter(|node| node.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0")).count();
+    assert!(masters_with_keys >= 2, "entities should land on more than one master");
+}
