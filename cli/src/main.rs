@@ -1,1 +1,36 @@
-fn main() {}
+//! `drip`: check rules files and simulate schedules.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod check_config;
+mod plot;
+mod simulate;
+mod summary;
+
+#[derive(Debug, Parser)]
+#[command(name = "drip", version, about = "Drip: a distributed drip rate limiter for Pub/Sub event streams")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validate rules files: prints `ok`, or every error (file, rule, field, reason) and exits 1.
+    CheckConfig {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Run an event file through the scheduler and print one decision per event (JSON lines).
+    Simulate(simulate::Args),
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::CheckConfig { files } => check_config::run(&files),
+        Command::Simulate(args) => simulate::run(args),
+    }
+}

@@ -1,0 +1,168 @@
+//! The `drip` binary as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use drip_tests::redis_server::shared_url;
+use drip_tests::unique;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn drip(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_drip")).args(args).output().expect("run drip")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn check_config_says_ok_for_the_examples() {
+    let output = drip(&[
+        "check-config",
+        repo("examples/payouts.yaml").to_str().unwrap(),
+        repo("examples/seed.yaml").to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout(&output), "ok\n");
+}
+
+#[test]
+fn check_config_prints_every_error_and_fails() {
+    let fixtures = repo("shared/core/tests/fixtures/invalid");
+    let file = fixtures.join("several_errors.yaml");
+    let output = drip(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let expected = std::fs::read_to_string(fixtures.join("several_errors.expected")).unwrap();
+    let printed =
+        stdout(&output).replace(&format!("{}", fixtures.display()), "").replace("/several_errors", "several_errors");
+    assert_eq!(printed.trim_end(), expected.trim_end());
+    assert_eq!(printed.lines().count(), 4);
+}
+
+fn simulate(store: &str, extra: &[&str]) -> Output {
+    let rules = repo("examples/seed.yaml");
+    let events = repo("examples/seed-burst.jsonl");
+    let mut args =
+        vec!["simulate", "--rules", rules.to_str().unwrap(), "--events", events.to_str().unwrap(), "--store", store];
+    args.extend_from_slice(extra);
+    drip(&args)
+}
+
+/// The seed article's example: 100 per minute, 500 events at 12:00:01.
+#[test]
+fn simulate_prints_the_seed_schedule_and_redis_prints_exactly_the_same() {
+    let chart = std::env::temp_dir().join(format!("{}.svg", unique("seed-chart")));
+    let memory = simulate("memory", &["--plot", chart.to_str().unwrap()]);
+    assert!(memory.status.success(), "{memory:?}");
+    let lines: Vec<serde_json::Value> = stdout(&memory).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 500);
+    let mut per_slot = std::collections::BTreeMap::<String, (usize, String)>::new();
+    for line in &lines {
+        let entry = per_slot.entry(line["scheduledFor"].as_str().unwrap().to_owned()).or_default();
+        entry.0 += 1;
+        entry.1 = line["decision"].as_str().unwrap().to_owned();
+        assert_eq!(line["key"], "merchant_8421:payout");
+        assert_eq!(line["reason"], serde_json::Value::Null);
+    }
+    let expected: Vec<(&str, (usize, &str))> = vec![
+        ("2026-08-03T12:00:01.000Z", (100, "forward")),
+        ("2026-08-03T12:01:00.000Z", (100, "delay")),
+        ("2026-08-03T12:02:00.000Z", (100, "delay")),
+        ("2026-08-03T12:03:00.000Z", (100, "delay")),
+        ("2026-08-03T12:04:00.000Z", (100, "delay")),
+    ];
+    let actual: Vec<(&str, (usize, &str))> =
+        per_slot.iter().map(|(k, (n, d))| (k.as_str(), (*n, d.as_str()))).collect();
+    assert_eq!(actual, expected);
+
+    let summary = String::from_utf8_lossy(&memory.stderr);
+    assert!(summary.contains("500 events: 100 forward, 400 delay, 0 dlq"), "{summary}");
+    assert!(summary.contains("2026-08-03T12:04:00.000Z  100   100"), "{summary}");
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("limit 100") && svg.contains("merchant_8421:payout"));
+    std::fs::remove_file(chart).unwrap();
+
+    let namespace = unique("simulate");
+    let redis = simulate(&shared_url(), &["--namespace", &namespace]);
+    assert!(redis.status.success(), "{redis:?}");
+    assert_eq!(stdout(&redis), stdout(&memory));
+    let rerun = simulate(&shared_url(), &["--namespace", &namespace]);
+    assert_eq!(stdout(&rerun), stdout(&memory), "a rerun replays the answers kept per message id");
+}
+
+#[test]
+fn simulate_dead_letters_with_reasons_and_both_stores_agree() {
+    let dir = std::env::temp_dir().join(unique("simulate-dlq"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let events = dir.join("events.jsonl");
+    std::fs::write(
+        &events,
+        [
+            r#"{"id":"a","publishTime":"2026-08-03T12:00:00Z","attributes":{"event_type":"payout"},"data":{"merchant_id":1}}"#,
+            r#"{"id":"b","publishTime":"2026-08-03T12:00:00Z","attributes":{"event_type":"payout"},"data":{}}"#,
+            r#"{"id":"c","publishTime":"2026-08-03T12:00:00Z","attributes":{"event_type":"payout"},"dataBase64":"bm90IGpzb24="}"#,
+            r#"{"id":"d","publishTime":"2026-08-03T12:00:00Z","attributes":{"event_type":"sms"},"data":{"user":{"id":5},"parts":25}}"#,
+            r#"{"id":"e","publishTime":"2026-08-03T12:00:00Z","attributes":{"event_type":"sms"},"data":{"user":{"id":5},"parts":"two"}}"#,
+            r#"{"id":"f","publishTime":"2026-08-03T12:00:00Z","attributes":{"event_type":"kyc_submit"},"data":{}}"#,
+            r#"{"id":"g","publishTime":"2026-08-03T12:00:00Z","attributes":{},"data":{}}"#,
+            r#"{"id":"a","publishTime":"2026-08-03T12:00:05Z","attributes":{"event_type":"payout"},"data":{"merchant_id":1}}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let rules = repo("examples/payouts.yaml");
+    let run = |store: &str| {
+        let namespace = unique("dlq");
+        drip(&[
+            "simulate",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--events",
+            events.to_str().unwrap(),
+            "--store",
+            store,
+            "--namespace",
+            &namespace,
+        ])
+    };
+    let memory = run("memory");
+    assert!(memory.status.success(), "{memory:?}");
+    let decisions: Vec<(String, String)> = stdout(&memory)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["decision"].as_str().unwrap().to_owned(), v["reason"].as_str().unwrap_or("-").to_owned())
+        })
+        .collect();
+    let expected = [
+        ("forward", "-"),
+        ("dlq", "missing_key_field"),
+        ("dlq", "non_json_body"),
+        ("dlq", "cost_exceeds_limit"),
+        ("dlq", "invalid_cost"),
+        ("forward", "-"),
+        ("dlq", "missing_key_field"),
+        ("forward", "-"),
+    ];
+    let expected: Vec<(String, String)> = expected.iter().map(|(d, r)| (d.to_string(), r.to_string())).collect();
+    assert_eq!(decisions, expected);
+    assert_eq!(stdout(&run(&shared_url())), stdout(&memory));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn simulate_names_the_line_of_a_malformed_event() {
+    let dir = std::env::temp_dir().join(unique("simulate-bad"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let events = dir.join("events.jsonl");
+    std::fs::write(&events, "{\"id\":\"a\",\"publishTime\":\"2026-08-03T12:00:00Z\",\"data\":{}}\n{\"id\":\"b\",\"publishTime\":\"yesterday\"}\n").unwrap();
+    let rules = repo("examples/seed.yaml");
+    let output = drip(&["simulate", "--rules", rules.to_str().unwrap(), "--events", events.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("events.jsonl:2") && stderr.contains("invalid timestamp 'yesterday'"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
