@@ -9,7 +9,7 @@ use drip_core::time::{Millis, format_rfc3339};
 use plotters::prelude::*;
 
 use crate::simulate::Outcome;
-use crate::summary::{describe, ledgers};
+use crate::summary::{Ledger, describe, ledgers};
 
 const KEYS_DRAWN: usize = 6;
 /// Blue, orange, green, purple, teal, brown: apart from each other and from the red limit line.
@@ -28,7 +28,7 @@ pub fn draw(path: &Path, rules: &RuleSet, outcomes: &[Outcome]) -> anyhow::Resul
     let mut panels = Vec::new();
     for (rule_name, keys) in &ledgers {
         let Some(rule) = rules.rule(rule_name) else { continue };
-        let mut busiest: Vec<(&str, &Vec<(Millis, u64)>)> = keys.iter().map(|(k, l)| (*k, l)).collect();
+        let mut busiest: Vec<(&str, &Ledger)> = keys.iter().map(|(k, l)| (*k, l)).collect();
         busiest.sort_by_key(|(key, ledger)| (std::cmp::Reverse(ledger.iter().map(|&(_, c)| c).sum::<u64>()), *key));
         let hidden = busiest.len().saturating_sub(KEYS_DRAWN);
         busiest.truncate(KEYS_DRAWN);

@@ -11,9 +11,12 @@ use crate::simulate::Outcome;
 
 const MAX_ROWS: usize = 60;
 
-/// Cost reserved per rule, then per key, as (slot, cost), in reservation order.
-pub fn ledgers(outcomes: &[Outcome]) -> BTreeMap<&str, BTreeMap<&str, Vec<(Millis, u64)>>> {
-    let mut ledgers: BTreeMap<&str, BTreeMap<&str, Vec<(Millis, u64)>>> = BTreeMap::new();
+/// (slot, cost) of each reservation of one entity, in reservation order.
+pub type Ledger = Vec<(Millis, u64)>;
+
+/// Cost reserved per rule, then per key.
+pub fn ledgers(outcomes: &[Outcome]) -> BTreeMap<&str, BTreeMap<&str, Ledger>> {
+    let mut ledgers: BTreeMap<&str, BTreeMap<&str, Ledger>> = BTreeMap::new();
     for outcome in outcomes {
         if let (Some(rule), Some(key), Some(s)) = (&outcome.rule, &outcome.key, outcome.scheduled) {
             ledgers.entry(rule).or_default().entry(key).or_default().push((s.slot, s.cost));
