@@ -12,7 +12,8 @@
 -- ARGV[6] number of limits, then five arguments per limit:
 --         kind (fixed|spread|sliding|gcra), state id, per, limit, burst (gcra) or KEYS index (sliding)
 --
--- Returns {slot, late (1 when beyond max_delay: nothing reserved), replayed (1 for a known message), now}.
+-- Returns {slot, late (1 when beyond max_delay: nothing reserved), replayed (1 for a known message), now,
+-- decided_at (the now of the first answer)}. A message's answer is kept as '<R|L>:<slot>:<decided_at>'.
 -- Work per event is O(limits) (O(log n) per sliding limit); state is two numbers per fixed or gcra
 -- limit and, per sliding limit, only the slots inside its last period.
 
@@ -32,8 +33,8 @@ end
 
 local recorded = redis.call('GET', answer_key)
 if recorded then
-  local kind, slot = string.match(recorded, '^(%a):(%-?%d+)$')
-  return {tonumber(slot), kind == 'L' and 1 or 0, 1, now}
+  local kind, slot, decided_at = string.match(recorded, '^(%a):(%-?%d+):(%-?%d+)$')
+  return {tonumber(slot), kind == 'L' and 1 or 0, 1, now, tonumber(decided_at)}
 end
 
 local cost = tonumber(ARGV[2])
@@ -132,8 +133,8 @@ if not settled then
 end
 
 if slot > now + max_delay then
-  redis.call('SET', answer_key, 'L:' .. int(slot), 'PX', answer_ttl)
-  return {slot, 1, 0, now}
+  redis.call('SET', answer_key, 'L:' .. int(slot) .. ':' .. int(now), 'PX', answer_ttl)
+  return {slot, 1, 0, now, now}
 end
 
 local ttl = int(slot - now + state_ttl)
@@ -175,5 +176,5 @@ for _, l in ipairs(limits) do
 end
 redis.call('HSET', state_key, 'last', int(slot))
 redis.call('PEXPIRE', state_key, ttl)
-redis.call('SET', answer_key, 'R:' .. int(slot), 'PX', answer_ttl)
-return {slot, 0, 0, now}
+redis.call('SET', answer_key, 'R:' .. int(slot) .. ':' .. int(now), 'PX', answer_ttl)
+return {slot, 0, 0, now, now}

@@ -103,12 +103,14 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
     for (arrival, answer) in scenario.events.iter().zip(answers) {
         let at = format!("{arrival:?} got {answer:?}");
         if let Some(first) = first_answer.get(&(arrival.entity, arrival.id.as_str())) {
-            if !answer.replayed || (answer.slot, answer.status) != (first.slot, first.status) {
+            if !answer.replayed
+                || (answer.slot, answer.status, answer.decided_at) != (first.slot, first.status, first.decided_at)
+            {
                 return Err(format!("redelivery changed the answer: first {first:?}; {at}"));
             }
             continue;
         }
-        if answer.replayed {
+        if answer.replayed || answer.decided_at != arrival.now {
             return Err(format!("a new message was treated as a redelivery: {at}"));
         }
         first_answer.insert((arrival.entity, arrival.id.as_str()), *answer);

@@ -91,10 +91,12 @@ pub enum Decision {
 }
 
 impl Decision {
-    pub fn of(reservation: &Reservation, now: Millis) -> Self {
+    /// Forward when the slot is at most `inline_wait` after the first answer (a redelivery is
+    /// routed as the original was), delay when later.
+    pub fn of(reservation: &Reservation, inline_wait: Millis) -> Self {
         match reservation.status {
             Status::MaxDelayExceeded => Decision::DeadLetter(DlqReason::MaxDelayExceeded),
-            Status::Reserved if reservation.slot <= now => Decision::Forward,
+            Status::Reserved if reservation.slot <= reservation.decided_at + inline_wait => Decision::Forward,
             Status::Reserved => Decision::Delay,
         }
     }
@@ -182,11 +184,12 @@ rules:
 
     #[test]
     fn decision_follows_slot_and_status() {
-        let at = |slot, status| Reservation { slot, status, replayed: false };
-        assert_eq!(Decision::of(&at(10, Status::Reserved), 10), Decision::Forward);
-        assert_eq!(Decision::of(&at(11, Status::Reserved), 10), Decision::Delay);
+        let at = |slot, status| Reservation { slot, status, replayed: false, decided_at: 10 };
+        assert_eq!(Decision::of(&at(10, Status::Reserved), 0), Decision::Forward);
+        assert_eq!(Decision::of(&at(11, Status::Reserved), 0), Decision::Delay);
+        assert_eq!(Decision::of(&at(11, Status::Reserved), 1), Decision::Forward);
         assert_eq!(
-            Decision::of(&at(11, Status::MaxDelayExceeded), 10),
+            Decision::of(&at(11, Status::MaxDelayExceeded), 0),
             Decision::DeadLetter(DlqReason::MaxDelayExceeded)
         );
     }

@@ -27,6 +27,8 @@ pub struct Reservation {
     pub status: Status,
     /// The message id was seen before; this is the first answer, and nothing was consumed now.
     pub replayed: bool,
+    /// When the first answer was given: a redelivery is routed as the original was.
+    pub decided_at: Millis,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +73,7 @@ pub struct EntityState {
 #[derive(Debug, Clone, Default)]
 struct Entity {
     state: EntityState,
-    answers: HashMap<String, (Millis, Status)>,
+    answers: HashMap<String, (Millis, Status, Millis)>,
 }
 
 /// The reference scheduler: every entity's state in memory.
@@ -87,8 +89,8 @@ impl Scheduler {
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        if let Some(&(slot, status)) = entity.answers.get(request.message_id) {
-            return Reservation { slot, status, replayed: true };
+        if let Some(&(slot, status, decided_at)) = entity.answers.get(request.message_id) {
+            return Reservation { slot, status, replayed: true, decided_at };
         }
         let slot = earliest_slot(&entity.state, request);
         let status = if slot > request.now + request.max_delay {
@@ -97,8 +99,8 @@ impl Scheduler {
             commit(&mut entity.state, request, slot);
             Status::Reserved
         };
-        entity.answers.insert(request.message_id.to_owned(), (slot, status));
-        Reservation { slot, status, replayed: false }
+        entity.answers.insert(request.message_id.to_owned(), (slot, status, request.now));
+        Reservation { slot, status, replayed: false, decided_at: request.now }
     }
 
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
@@ -302,7 +304,7 @@ mod tests {
         assert_eq!((late.slot, late.status), (MINUTE, Status::MaxDelayExceeded));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
         let again = s.reserve("r", "k", &req("a", 5 * MINUTE));
-        assert_eq!((again.slot, again.status, again.replayed), (0, Status::Reserved, true));
+        assert_eq!((again.slot, again.status, again.replayed, again.decided_at), (0, Status::Reserved, true, 0));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
     }
 }

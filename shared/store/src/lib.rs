@@ -29,7 +29,7 @@ pub struct SlotRequest<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reserved {
     pub reservation: Reservation,
-    /// The time the decision was made at.
+    /// The store's time of this call (for a redelivery, later than `reservation.decided_at`).
     pub now: Millis,
 }
 

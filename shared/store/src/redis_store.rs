@@ -63,11 +63,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
         }
         let mut connection = self.connection.clone();
         let reply: Vec<i64> = invocation.invoke_async(&mut connection).await?;
-        let &[slot, late, replayed, now] = reply.as_slice() else {
+        let &[slot, late, replayed, now, decided_at] = reply.as_slice() else {
             return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
         };
         let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
-        Ok(Reserved { reservation: Reservation { slot, status, replayed: replayed == 1 }, now })
+        Ok(Reserved { reservation: Reservation { slot, status, replayed: replayed == 1, decided_at }, now })
     }
 }
 
