@@ -13,7 +13,8 @@
 --         kind (fixed|spread|sliding|gcra), state id, per, limit, burst (gcra) or KEYS index (sliding)
 --
 -- Returns {slot, late (1 when beyond max_delay: nothing reserved), replayed (1 for a known message), now,
--- decided_at (the now of the first answer)}. A message's answer is kept as '<R|L>:<slot>:<decided_at>'.
+-- decided_at (the now of the first answer), completed (1 once complete.lua marked it acted upon)}.
+-- A message's answer is kept as '<R|L>:<slot>:<decided_at>', followed by ':done' once completed.
 -- Work per event is O(limits) (O(log n) per sliding limit); state is two numbers per fixed or gcra
 -- limit and, per sliding limit, only the slots inside its last period.
 
@@ -33,8 +34,9 @@ end
 
 local recorded = redis.call('GET', answer_key)
 if recorded then
-  local kind, slot, decided_at = string.match(recorded, '^(%a):(%-?%d+):(%-?%d+)$')
-  return {tonumber(slot), kind == 'L' and 1 or 0, 1, now, tonumber(decided_at)}
+  local kind, slot, decided_at = string.match(recorded, '^(%a):(%-?%d+):(%-?%d+)')
+  local completed = string.find(recorded, ':done', 1, true) and 1 or 0
+  return {tonumber(slot), kind == 'L' and 1 or 0, 1, now, tonumber(decided_at), completed}
 end
 
 local cost = tonumber(ARGV[2])
@@ -134,7 +136,7 @@ end
 
 if slot > now + max_delay then
   redis.call('SET', answer_key, 'L:' .. int(slot) .. ':' .. int(now), 'PX', answer_ttl)
-  return {slot, 1, 0, now, now}
+  return {slot, 1, 0, now, now, 0}
 end
 
 local ttl = int(slot - now + state_ttl)
@@ -177,4 +179,4 @@ end
 redis.call('HSET', state_key, 'last', int(slot))
 redis.call('PEXPIRE', state_key, ttl)
 redis.call('SET', answer_key, 'R:' .. int(slot) .. ':' .. int(now), 'PX', answer_ttl)
-return {slot, 0, 0, now, now}
+return {slot, 0, 0, now, now, 0}

@@ -1,8 +1,10 @@
 //! Shared by the integration tests: starting real services, and random scheduling scenarios with
 //! the invariants every schedule must satisfy.
 
+pub mod pubsub_emulator;
 pub mod redis_server;
 pub mod scenario;
+pub mod stack;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};

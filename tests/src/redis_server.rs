@@ -36,17 +36,34 @@ impl RedisServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("drip-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let child = Command::new("redis-server")
+        let child = Self::spawn(port, &dir, extra_args);
+        let server = Self { child, port, dir };
+        server.wait_until(|| server.cli(&["PING"]).is_some_and(|out| out.trim() == "PONG"), "PING");
+        server
+    }
+
+    fn spawn(port: u16, dir: &std::path::Path, extra_args: &[&str]) -> Child {
+        Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", dir.to_str().expect("utf-8 temp dir")])
             .args(extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("redis-server on PATH (./run test installs it)");
-        let server = Self { child, port, dir };
-        server.wait_until(|| server.cli(&["PING"]).is_some_and(|out| out.trim() == "PONG"), "PING");
-        server
+            .expect("redis-server on PATH (./run test installs it)")
+    }
+
+    /// Stops the server (its data is gone: it keeps nothing on disk).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = Self::spawn(self.port, &self.dir, &[]);
+        self.wait_until(|| self.cli(&["PING"]).is_some_and(|out| out.trim() == "PONG"), "PING");
     }
 
     pub fn url(&self) -> String {

@@ -29,7 +29,11 @@ async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Res
             max_delay: scenario.max_delay,
             now: Some(arrival.now),
         };
-        answers.push(store.reserve(&request).await.expect("reserve").reservation);
+        let reservation = store.reserve(&request).await.expect("reserve").reservation;
+        if answers.len() % 3 == 0 {
+            store.complete(&request).await.expect("complete");
+        }
+        answers.push(reservation);
     }
     answers
 }

@@ -3,6 +3,7 @@
 
 pub mod event;
 pub mod ledger;
+pub mod overflow;
 pub mod routing;
 pub mod rules;
 pub mod schedule;

@@ -184,7 +184,7 @@ rules:
 
     #[test]
     fn decision_follows_slot_and_status() {
-        let at = |slot, status| Reservation { slot, status, replayed: false, decided_at: 10 };
+        let at = |slot, status| Reservation { slot, status, replayed: false, decided_at: 10, completed: false };
         assert_eq!(Decision::of(&at(10, Status::Reserved), 0), Decision::Forward);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 0), Decision::Delay);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 1), Decision::Forward);

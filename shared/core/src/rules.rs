@@ -138,20 +138,34 @@ impl RuleSet {
         self.rules.iter().find(|r| r.name == name)
     }
 
+    /// Where an event goes that no rule can take: `default_dlq_topic`, else the catch-all rule's.
+    pub fn fallback_dlq_topic(&self) -> Option<&str> {
+        self.default_dlq_topic
+            .as_deref()
+            .or_else(|| self.rules.iter().find(|r| r.matcher.is_none()).and_then(|r| r.dlq_topic.as_deref()))
+    }
+
+    /// The dead-letter topic of a rule (its own, else the file's default), or the fallback.
+    pub fn dlq_topic_for<'a>(&'a self, rule: Option<&'a Rule>) -> Option<&'a str> {
+        rule.and_then(|r| r.dlq_topic.as_deref())
+            .or(self.default_dlq_topic.as_deref())
+            .or_else(|| self.fallback_dlq_topic())
+    }
+
     pub fn has_catch_all(&self) -> bool {
         self.rules.iter().any(|r| r.matcher.is_none())
     }
 
     /// The limiter must be able to dead-letter a message no rule matches.
     pub fn require_default_dlq(&self, file: &str) -> Result<(), ConfigError> {
-        if self.has_catch_all() || self.default_dlq_topic.is_some() {
+        if self.fallback_dlq_topic().is_some() {
             return Ok(());
         }
         Err(ConfigError {
             file: file.to_owned(),
             rule: None,
             field: "default_dlq_topic".into(),
-            message: "required when no catch-all rule (a rule without match) exists".into(),
+            message: "required when no catch-all rule (a rule without match) with a dlq_topic exists".into(),
         })
     }
 

@@ -29,6 +29,8 @@ pub struct Reservation {
     pub replayed: bool,
     /// When the first answer was given: a redelivery is routed as the original was.
     pub decided_at: Millis,
+    /// The message was already acted upon (see [`Scheduler::complete`]): a redelivery needs nothing more.
+    pub completed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,10 +72,18 @@ pub struct EntityState {
     pub limits: BTreeMap<String, LimitState>,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    slot: Millis,
+    status: Status,
+    decided_at: Millis,
+    completed: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Entity {
     state: EntityState,
-    answers: HashMap<String, (Millis, Status, Millis)>,
+    answers: HashMap<String, Answer>,
 }
 
 /// The reference scheduler: every entity's state in memory.
@@ -89,8 +99,8 @@ impl Scheduler {
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        if let Some(&(slot, status, decided_at)) = entity.answers.get(request.message_id) {
-            return Reservation { slot, status, replayed: true, decided_at };
+        if let Some(&Answer { slot, status, decided_at, completed }) = entity.answers.get(request.message_id) {
+            return Reservation { slot, status, replayed: true, decided_at, completed };
         }
         let slot = earliest_slot(&entity.state, request);
         let status = if slot > request.now + request.max_delay {
@@ -99,8 +109,21 @@ impl Scheduler {
             commit(&mut entity.state, request, slot);
             Status::Reserved
         };
-        entity.answers.insert(request.message_id.to_owned(), (slot, status, request.now));
-        Reservation { slot, status, replayed: false, decided_at: request.now }
+        entity
+            .answers
+            .insert(request.message_id.to_owned(), Answer { slot, status, decided_at: request.now, completed: false });
+        Reservation { slot, status, replayed: false, decided_at: request.now, completed: false }
+    }
+
+    /// Records that the message was acted upon (forwarded, scheduled or dead-lettered).
+    pub fn complete(&mut self, rule: &str, key: &str, message_id: &str) {
+        if let Some(answer) = self
+            .entities
+            .get_mut(&(rule.to_owned(), key.to_owned()))
+            .and_then(|entity| entity.answers.get_mut(message_id))
+        {
+            answer.completed = true;
+        }
     }
 
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
@@ -306,5 +329,8 @@ mod tests {
         let again = s.reserve("r", "k", &req("a", 5 * MINUTE));
         assert_eq!((again.slot, again.status, again.replayed, again.decided_at), (0, Status::Reserved, true, 0));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
+        assert!(!again.completed);
+        s.complete("r", "k", "a");
+        assert!(s.reserve("r", "k", &req("a", 6 * MINUTE)).completed);
     }
 }

@@ -14,7 +14,7 @@ pub struct EntityKeys {
 
 impl EntityKeys {
     pub fn new(namespace: &str, rule: &str, key: &str, message_id: &str, limits: &[Limit]) -> Self {
-        let prefix = format!("{namespace}:{{{rule}|{}}}", escape(key));
+        let prefix = entity_prefix(namespace, rule, key);
         Self {
             state: format!("{prefix}:state"),
             answer: format!("{prefix}:m:{message_id}"),
@@ -25,6 +25,11 @@ impl EntityKeys {
                 .collect(),
         }
     }
+}
+
+/// `<namespace>:{rule|key}`: the start of every Redis key of one entity.
+pub fn entity_prefix(namespace: &str, rule: &str, key: &str) -> String {
+    format!("{namespace}:{{{rule}|{}}}", escape(key))
 }
 
 /// Entity keys come from payloads: braces would move the hash tag, so they (and `%`) are escaped.

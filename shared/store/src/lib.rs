@@ -1,6 +1,8 @@
 //! Where reservations live: Redis in production (one `reserve.lua` call per event, atomic across
 //! every instance), or memory (the reference model) for the simulator and tests.
 
+pub mod claim_check;
+mod connection;
 mod keys;
 mod memory;
 mod redis_store;
@@ -9,7 +11,8 @@ use drip_core::rules::Limit;
 use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
-pub use keys::EntityKeys;
+pub use connection::{AnyConnection, RedisSettings};
+pub use keys::{EntityKeys, entity_prefix};
 pub use memory::MemoryStore;
 pub use redis_store::{ANSWER_MARGIN, RedisStore, STATE_MARGIN};
 
@@ -41,14 +44,10 @@ pub enum StoreError {
     UnexpectedReply(String),
 }
 
-impl StoreError {
-    /// Worth retrying (the event must be redelivered, not dead-lettered).
-    pub fn is_transient(&self) -> bool {
-        true
-    }
-}
-
 /// A place that reserves slots. Every implementation gives the same answers for the same requests.
 pub trait SlotStore {
     fn reserve(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<Reserved, StoreError>> + Send;
+
+    /// Records that the request's message was acted upon, so a redelivery is acked as it is.
+    fn complete(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -32,4 +32,10 @@ impl SlotStore for MemoryStore {
         let reservation = scheduler.reserve(request.rule, request.key, &model_request);
         Ok(Reserved { reservation, now })
     }
+
+    async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
+        let mut scheduler = self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        scheduler.complete(request.rule, request.key, request.message_id);
+        Ok(())
+    }
 }

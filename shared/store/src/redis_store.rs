@@ -14,6 +14,7 @@ pub const ANSWER_MARGIN: Millis = HOUR;
 pub const STATE_MARGIN: Millis = MINUTE;
 
 static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/reserve.lua")));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/complete.lua")));
 
 /// Reservations in Redis or Redis Cluster. `C` is any async connection: a multiplexed connection,
 /// a connection manager, or a cluster connection; cloning it must be cheap.
@@ -63,11 +64,21 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
         }
         let mut connection = self.connection.clone();
         let reply: Vec<i64> = invocation.invoke_async(&mut connection).await?;
-        let &[slot, late, replayed, now, decided_at] = reply.as_slice() else {
+        let &[slot, late, replayed, now, decided_at, completed] = reply.as_slice() else {
             return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
         };
         let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
-        Ok(Reserved { reservation: Reservation { slot, status, replayed: replayed == 1, decided_at }, now })
+        Ok(Reserved {
+            reservation: Reservation { slot, status, replayed: replayed == 1, decided_at, completed: completed == 1 },
+            now,
+        })
+    }
+
+    async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
+        let keys = self.keys(request);
+        let mut connection = self.connection.clone();
+        let _: i64 = COMPLETE.key(&keys.answer).invoke_async(&mut connection).await?;
+        Ok(())
     }
 }
 

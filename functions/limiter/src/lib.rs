@@ -1,0 +1,97 @@
+//! The limiter: Pub/Sub pushes each event to `POST /push`; it reserves the event's slot with one
+//! `reserve.lua` call, then forwards it now (after an inline wait of at most the rule's
+//! `inline_wait`), schedules a Cloud Task for the slot, or dead-letters it with its reason, and
+//! answers 204 only once that is done (5xx otherwise, so Pub/Sub redelivers).
+
+mod actions;
+mod envelope;
+mod metrics;
+mod push;
+mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::post;
+use drip_core::rules::RuleSet;
+use drip_gcp::oidc::OidcVerifier;
+use drip_gcp::pubsub::Publishers;
+use drip_gcp::tasks::{TaskCreator, TaskTarget};
+use drip_service::metrics::Metrics;
+use drip_store::{AnyConnection, RedisStore};
+
+pub use actions::{ForwardIdToken, queue_index, task_id};
+pub use envelope::{PushedMessage, Unusable};
+pub use metrics::LimiterMetrics;
+pub use settings::Settings;
+
+/// Pub/Sub push requests carry up to 10 MB of data, base64-encoded in JSON.
+const MAX_PUSH_BYTES: usize = 16 * 1024 * 1024;
+
+/// Everything a request needs; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub rules: Arc<RuleSet>,
+    pub store: RedisStore<AnyConnection>,
+    pub redis: AnyConnection,
+    pub namespace: String,
+    pub publishers: Arc<Publishers>,
+    pub tasks: TaskCreator,
+    pub queues: Arc<Vec<String>>,
+    pub http: reqwest::Client,
+    pub id_tokens: Arc<ForwardIdToken>,
+    pub oidc: Option<Arc<OidcVerifier>>,
+    pub metrics: Arc<LimiterMetrics>,
+    pub claim_check_max_bytes: usize,
+    pub project: String,
+}
+
+pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
+    let common = &settings.common;
+    let rules = common.load_rules(true)?;
+    let redis = common.connect_redis().await?;
+    let target = TaskTarget {
+        url: settings.dispatcher_url.clone(),
+        service_account: settings.tasks_service_account.clone(),
+        audience: settings.tasks_audience(),
+    };
+    let tasks = TaskCreator::connect(
+        settings.cloud_tasks_endpoint.as_deref(),
+        target,
+        Duration::from_millis(settings.tasks_timeout_ms),
+    )
+    .await
+    .context("creating the Cloud Tasks client (CLOUD_TASKS_ENDPOINT / credentials)")?;
+    let http = reqwest::Client::builder().timeout(Duration::from_millis(settings.forward_timeout_ms)).build()?;
+    Ok(AppState {
+        rules,
+        store: RedisStore::new(redis.clone(), common.redis_namespace.clone()),
+        redis,
+        namespace: common.redis_namespace.clone(),
+        publishers: common.connect_pubsub().await?,
+        tasks,
+        queues: Arc::new(settings.queues()?),
+        http,
+        id_tokens: Arc::new(ForwardIdToken::new(&settings.forward_id_token)),
+        oidc: common.oidc_verifier(),
+        metrics: Arc::new(LimiterMetrics::new(Metrics::default())),
+        claim_check_max_bytes: settings.claim_check_max_bytes,
+        project: common.project.clone(),
+    })
+}
+
+pub fn app(state: AppState) -> Router {
+    let authenticated = Router::new()
+        .route("/push", post(push::push))
+        .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(state.oidc.clone(), drip_service::auth::require_oidc))
+        .with_state(state.clone());
+    Router::new()
+        .merge(authenticated)
+        .merge(drip_service::health::routes(state.redis.clone()))
+        .merge(Metrics::routes(state.metrics.shared.clone()))
+        .layer(drip_service::telemetry::trace_layer(&state.project))
+}

@@ -1,0 +1,122 @@
+//! The body of the Cloud Task that carries a delayed event to the dispatcher (the seed's format,
+//! plus what the dispatcher needs to republish it faithfully and consumers need to deduplicate).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskBody {
+    pub is_ratelimited: bool,
+    pub rate_limit_meta: RateLimitMeta,
+    /// The message data as it came, when it is JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_payload: Option<Box<RawValue>>,
+    /// The message data in base64, when it is not JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_payload_base64: Option<String>,
+    /// Where the data waits in Redis when it was too large for a task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_check: Option<String>,
+    pub attributes: BTreeMap<String, String>,
+    pub message_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_time: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitMeta {
+    pub key: String,
+    pub rule: String,
+    /// `RPS`, `RPM`, `RPD`... of the rule's first limit.
+    pub window_type: String,
+    pub limit: u64,
+    pub scheduled_for: String,
+    pub overflow_topic: String,
+}
+
+/// Where a task's payload is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Payload<'a> {
+    Inline(Vec<u8>),
+    ClaimCheck(&'a str),
+}
+
+impl TaskBody {
+    /// The body with `data` inline: verbatim when it is JSON, else in base64.
+    pub fn with_data(mut self, data: &[u8]) -> Self {
+        use base64::Engine;
+        let verbatim_json = std::str::from_utf8(data)
+            .ok()
+            .filter(|text| text.trim() == *text)
+            .and_then(|text| RawValue::from_string(text.to_owned()).ok());
+        match verbatim_json {
+            Some(json) => self.original_payload = Some(json),
+            None => self.original_payload_base64 = Some(base64::engine::general_purpose::STANDARD.encode(data)),
+        }
+        self
+    }
+
+    pub fn payload(&self) -> Result<Payload<'_>, String> {
+        use base64::Engine;
+        match (&self.original_payload, &self.original_payload_base64, &self.claim_check) {
+            (Some(json), None, None) => Ok(Payload::Inline(json.get().as_bytes().to_vec())),
+            (None, Some(encoded), None) => base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map(Payload::Inline)
+                .map_err(|e| format!("originalPayloadBase64: {e}")),
+            (None, None, Some(reference)) => Ok(Payload::ClaimCheck(reference)),
+            (None, None, None) => Ok(Payload::Inline(Vec::new())),
+            _ => Err("more than one of originalPayload, originalPayloadBase64 and claimCheck".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body() -> TaskBody {
+        TaskBody {
+            is_ratelimited: true,
+            rate_limit_meta: RateLimitMeta {
+                key: "merchant_8421:payout".into(),
+                rule: "payouts".into(),
+                window_type: "RPM".into(),
+                limit: 100,
+                scheduled_for: "2026-08-03T14:02:00.000Z".into(),
+                overflow_topic: "payout-events-overflow".into(),
+            },
+            original_payload: None,
+            original_payload_base64: None,
+            claim_check: None,
+            attributes: BTreeMap::from([("event_type".into(), "payout".into())]),
+            message_id: "m1".into(),
+            publish_time: None,
+        }
+    }
+
+    #[test]
+    fn json_data_travels_verbatim_in_the_seed_format() {
+        let data = br#"{"payoutId": "pay_902184", "amount": 2500.00, "currency": "INR"}"#;
+        let json = serde_json::to_string(&body().with_data(data)).unwrap();
+        assert!(json.starts_with(r#"{"isRatelimited":true,"rateLimitMeta":{"key":"merchant_8421:payout""#), "{json}");
+        assert!(
+            json.contains(r#""originalPayload":{"payoutId": "pay_902184", "amount": 2500.00, "currency": "INR"}"#),
+            "{json}"
+        );
+        let back: TaskBody = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.payload().unwrap(), Payload::Inline(data.to_vec()));
+    }
+
+    #[test]
+    fn other_data_travels_in_base64() {
+        let data = b"\x00\xffnot json";
+        let back: TaskBody = serde_json::from_str(&serde_json::to_string(&body().with_data(data)).unwrap()).unwrap();
+        assert!(back.original_payload.is_none());
+        assert_eq!(back.payload().unwrap(), Payload::Inline(data.to_vec()));
+    }
+}

@@ -1,0 +1,37 @@
+//! What the limiter and the dispatcher share: their common settings, start-up (rules, Redis,
+//! Pub/Sub), Cloud Logging telemetry, `/healthz` and `/readyz`, Prometheus metrics, OIDC
+//! authentication of callers, and graceful shutdown on SIGTERM.
+
+pub mod auth;
+pub mod health;
+pub mod metrics;
+pub mod settings;
+pub mod telemetry;
+
+/// Resolves when the process is asked to stop (SIGTERM from Cloud Run, or Ctrl-C).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}
+
+/// Serves `router` on `listener` until [`shutdown_signal`].
+pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await
+}

@@ -1,0 +1,107 @@
+//! Settings both services read from the environment, and what they build from them at start-up.
+//! A bad setting stops start-up with a message that names it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use drip_core::rules::RuleSet;
+use drip_gcp::oidc::{OidcSettings, OidcVerifier};
+use drip_gcp::pubsub::Publishers;
+use drip_store::{AnyConnection, RedisSettings};
+use envconfig::Envconfig;
+
+#[derive(Debug, Clone, Envconfig)]
+pub struct CommonSettings {
+    #[envconfig(from = "PORT", default = "8080")]
+    pub port: u16,
+    /// `redis://HOST:PORT/DB`, or `rediss://:PASSWORD@HOST:PORT` for TLS with AUTH.
+    #[envconfig(from = "REDIS_URL")]
+    pub redis_url: String,
+    /// Path of the CA certificate (PEM) that signs the Redis server's TLS certificate.
+    #[envconfig(from = "REDIS_CA_CERT")]
+    pub redis_ca_cert: Option<String>,
+    /// `true` for Memorystore for Redis Cluster.
+    #[envconfig(from = "REDIS_CLUSTER", default = "false")]
+    pub redis_cluster: bool,
+    #[envconfig(from = "DRIP_REDIS_NAMESPACE", default = "drip")]
+    pub redis_namespace: String,
+    #[envconfig(from = "DRIP_REDIS_TIMEOUT_MS", default = "2000")]
+    pub redis_timeout_ms: u64,
+    #[envconfig(from = "GOOGLE_CLOUD_PROJECT")]
+    pub project: String,
+    /// Path of the rules file.
+    #[envconfig(from = "DRIP_RULES")]
+    pub rules: String,
+    /// `host:port` of the Pub/Sub emulator; unset for the real service.
+    #[envconfig(from = "PUBSUB_EMULATOR_HOST")]
+    pub pubsub_emulator_host: Option<String>,
+    #[envconfig(from = "DRIP_PUBLISH_TIMEOUT_MS", default = "10000")]
+    pub publish_timeout_ms: u64,
+    /// When set, callers must present a Google-signed OIDC token with this audience.
+    #[envconfig(from = "DRIP_OIDC_AUDIENCE")]
+    pub oidc_audience: Option<String>,
+    /// Comma-separated service accounts allowed to call (empty: any verified Google token).
+    #[envconfig(from = "DRIP_OIDC_ALLOWED_EMAILS", default = "")]
+    pub oidc_allowed_emails: String,
+    /// JWKS of the token signer; unset for Google's.
+    #[envconfig(from = "DRIP_OIDC_JWKS_URL")]
+    pub oidc_jwks_url: Option<String>,
+}
+
+impl CommonSettings {
+    pub fn from_env() -> anyhow::Result<Self> {
+        let settings = Self::init_from_env().context("reading settings from the environment")?;
+        if settings.project.trim().is_empty() {
+            bail!("GOOGLE_CLOUD_PROJECT is empty");
+        }
+        Ok(settings)
+    }
+
+    /// The rules file, validated; the limiter also needs somewhere to dead-letter unmatched messages.
+    pub fn load_rules(&self, require_fallback_dlq: bool) -> anyhow::Result<Arc<RuleSet>> {
+        let rules = RuleSet::load(Path::new(&self.rules))
+            .map_err(|errors| anyhow::anyhow!("invalid rules (DRIP_RULES):\n{errors}"))?;
+        if require_fallback_dlq {
+            rules.require_default_dlq(&self.rules).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        Ok(Arc::new(rules))
+    }
+
+    pub fn redis_settings(&self) -> anyhow::Result<RedisSettings> {
+        let ca_cert_pem = match &self.redis_ca_cert {
+            Some(path) => Some(std::fs::read(path).with_context(|| format!("REDIS_CA_CERT: reading {path}"))?),
+            None => None,
+        };
+        Ok(RedisSettings {
+            url: self.redis_url.clone(),
+            ca_cert_pem,
+            cluster: self.redis_cluster,
+            response_timeout: Duration::from_millis(self.redis_timeout_ms),
+        })
+    }
+
+    pub async fn connect_redis(&self) -> anyhow::Result<AnyConnection> {
+        AnyConnection::connect(&self.redis_settings()?).await.context("REDIS_URL: connecting to Redis")
+    }
+
+    pub async fn connect_pubsub(&self) -> anyhow::Result<Arc<Publishers>> {
+        let timeout = Duration::from_millis(self.publish_timeout_ms);
+        let publishers = Publishers::connect(&self.project, self.pubsub_emulator_host.as_deref(), timeout)
+            .await
+            .context("creating the Pub/Sub client (PUBSUB_EMULATOR_HOST / credentials)")?;
+        Ok(Arc::new(publishers))
+    }
+
+    pub fn oidc_verifier(&self) -> Option<Arc<OidcVerifier>> {
+        let audience = self.oidc_audience.clone().filter(|a| !a.is_empty())?;
+        let allowed_emails =
+            self.oidc_allowed_emails.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+        Some(Arc::new(OidcVerifier::new(OidcSettings {
+            audience,
+            allowed_emails,
+            jwks_url: self.oidc_jwks_url.clone(),
+        })))
+    }
+}

@@ -1,0 +1,88 @@
+//! One connection type for a single Redis (Memorystore for Redis) or a cluster (Memorystore for
+//! Redis Cluster), so the services need not be generic over it.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+#[derive(Clone)]
+pub enum AnyConnection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for AnyConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AnyConnection::Single(_) => "AnyConnection::Single",
+            AnyConnection::Cluster(_) => "AnyConnection::Cluster",
+        })
+    }
+}
+
+/// How to reach Redis: `redis://` or `rediss://` (TLS) URLs with an optional password
+/// (`rediss://:PASSWORD@HOST:PORT`), an optional CA in PEM for TLS, and whether it is a cluster.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    pub url: String,
+    pub ca_cert_pem: Option<Vec<u8>>,
+    pub cluster: bool,
+    /// Each command fails after this long, so a stuck Redis means a 5xx and a redelivery, not a hang.
+    pub response_timeout: Duration,
+}
+
+impl AnyConnection {
+    pub async fn connect(settings: &RedisSettings) -> redis::RedisResult<Self> {
+        if settings.cluster {
+            let mut builder = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
+                .connection_timeout(settings.response_timeout)
+                .response_timeout(settings.response_timeout);
+            if let Some(ca) = &settings.ca_cert_pem {
+                builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) });
+            }
+            return Ok(Self::Cluster(builder.build()?.get_async_connection().await?));
+        }
+        let client = match &settings.ca_cert_pem {
+            Some(ca) => redis::Client::build_with_tls(
+                settings.url.as_str(),
+                redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) },
+            )?,
+            None => redis::Client::open(settings.url.as_str())?,
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.response_timeout))
+            .set_response_timeout(Some(settings.response_timeout))
+            .set_number_of_retries(1);
+        Ok(Self::Single(ConnectionManager::new_with_config(client, config).await?))
+    }
+}
+
+impl ConnectionLike for AnyConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            AnyConnection::Single(c) => c.req_packed_command(cmd),
+            AnyConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            AnyConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            AnyConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConnection::Single(c) => c.get_db(),
+            AnyConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The local stack a test runs Drip against: Redis, the Pub/Sub emulator, the Cloud Tasks
+//! stand-in (in-process, the real stand-in code) and the limiter itself on a loopback port.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use axum::http::{HeaderMap, StatusCode};
+use cloud_tasks_emulator::client::EmulatorClient;
+use cloud_tasks_emulator::{Emulator, RetryConfig, Settings as EmulatorSettings};
+use drip_limiter::{AppState, Settings, app, build_state};
+use drip_service::settings::CommonSettings;
+
+use crate::pubsub_emulator::PROJECT;
+use crate::unique;
+
+pub const LOCATION: &str = "local";
+
+/// A running Cloud Tasks stand-in.
+#[derive(Debug, Clone)]
+pub struct TasksStandIn {
+    pub endpoint: String,
+    pub client: EmulatorClient,
+    pub emulator: Emulator,
+}
+
+impl TasksStandIn {
+    pub async fn start() -> Self {
+        let emulator = Emulator::new(EmulatorSettings::default());
+        let (addr, _) =
+            emulator.clone().serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await.expect("bind the stand-in");
+        let endpoint = format!("http://{addr}");
+        Self { client: EmulatorClient::new(endpoint.clone()), endpoint, emulator }
+    }
+
+    /// Creates `count` queues named after `prefix`, retrying fast; returns their full names.
+    pub fn queues(&self, prefix: &str, count: usize) -> Vec<String> {
+        (0..count)
+            .map(|i| {
+                let name = format!("projects/{PROJECT}/locations/{LOCATION}/queues/{prefix}-{i}");
+                let retry =
+                    RetryConfig { max_attempts: 20, min_backoff_ms: 100, max_backoff_ms: 1_000, max_doublings: 3 };
+                self.emulator.create_queue(&name, retry).expect("a new queue");
+                name
+            })
+            .collect()
+    }
+}
+
+/// What a recording HTTP target received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+/// An HTTP endpoint on loopback that records requests and answers `status` (changeable).
+#[derive(Debug, Clone)]
+pub struct RecordingTarget {
+    pub url: String,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    pub status: Arc<Mutex<u16>>,
+}
+
+impl RecordingTarget {
+    pub async fn start() -> Self {
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let status = Arc::new(Mutex::new(200u16));
+        let (log, answer) = (received.clone(), status.clone());
+        let app = axum::Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
+            let (log, answer) = (log.clone(), answer.clone());
+            async move {
+                log.lock().expect("lock").push(Received { headers, body: body.to_vec() });
+                StatusCode::from_u16(*answer.lock().expect("lock")).unwrap_or(StatusCode::OK)
+            }
+        });
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+        let url = format!("http://{}/receive", listener.local_addr().expect("address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, received, status }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().expect("lock").clone()
+    }
+}
+
+/// How to wire a limiter under test.
+#[derive(Debug, Clone)]
+pub struct LimiterWiring {
+    pub redis_url: String,
+    pub pubsub_host: String,
+    pub tasks_endpoint: String,
+    pub queues: Vec<String>,
+    pub dispatcher_url: String,
+    pub oidc_audience: Option<String>,
+    pub oidc_allowed_emails: String,
+    pub oidc_jwks_url: Option<String>,
+    pub claim_check_max_bytes: usize,
+    pub timeouts_ms: u64,
+}
+
+impl LimiterWiring {
+    pub fn new(
+        redis_url: String,
+        pubsub_host: String,
+        tasks: &TasksStandIn,
+        queues: Vec<String>,
+        dispatcher_url: String,
+    ) -> Self {
+        Self {
+            redis_url,
+            pubsub_host,
+            tasks_endpoint: tasks.endpoint.clone(),
+            queues,
+            dispatcher_url,
+            oidc_audience: None,
+            oidc_allowed_emails: String::new(),
+            oidc_jwks_url: None,
+            claim_check_max_bytes: 1024 * 1024,
+            timeouts_ms: 3_000,
+        }
+    }
+}
+
+/// A limiter serving on loopback.
+#[derive(Debug, Clone)]
+pub struct LimiterUnderTest {
+    pub url: String,
+    pub state: AppState,
+    pub namespace: String,
+}
+
+pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterUnderTest {
+    let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));
+    std::fs::write(&rules_path, rules_yaml).expect("write rules");
+    let namespace = unique("drip");
+    let settings = Settings {
+        common: CommonSettings {
+            port: 0,
+            redis_url: wiring.redis_url.clone(),
+            redis_ca_cert: None,
+            redis_cluster: false,
+            redis_namespace: namespace.clone(),
+            redis_timeout_ms: wiring.timeouts_ms,
+            project: PROJECT.into(),
+            rules: rules_path.display().to_string(),
+            pubsub_emulator_host: Some(wiring.pubsub_host.clone()),
+            publish_timeout_ms: wiring.timeouts_ms,
+            oidc_audience: wiring.oidc_audience.clone(),
+            oidc_allowed_emails: wiring.oidc_allowed_emails.clone(),
+            oidc_jwks_url: wiring.oidc_jwks_url.clone(),
+        },
+        cloud_tasks_endpoint: Some(wiring.tasks_endpoint.clone()),
+        tasks_queues: wiring.queues.join(","),
+        tasks_location: LOCATION.into(),
+        dispatcher_url: wiring.dispatcher_url.clone(),
+        tasks_service_account: Some("drip-tasks@drip-test.iam.gserviceaccount.com".into()),
+        tasks_audience: None,
+        tasks_timeout_ms: wiring.timeouts_ms,
+        claim_check_max_bytes: wiring.claim_check_max_bytes,
+        forward_timeout_ms: wiring.timeouts_ms,
+        forward_id_token: "never".into(),
+    };
+    let state = build_state(&settings).await.expect("the limiter starts");
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let router = app(state.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    LimiterUnderTest { url, state, namespace }
+}
+
+/// The queue index the limiter uses for a key (re-exported for assertions).
+pub fn queue_of(rule: &str, key: &str, queues: usize) -> usize {
+    drip_limiter::queue_index(rule, key, queues)
+}

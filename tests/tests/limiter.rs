@@ -1,0 +1,513 @@
+//! The limiter end to end against a real Redis, Google's Pub/Sub emulator and the Cloud Tasks
+//! stand-in: every decision path, the seed example over HTTP, redelivery, failures of each
+//! dependency, bad input, and OIDC.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine;
+use cloud_tasks_emulator::{Fault, Faults, TaskSnapshot, TokenSigner};
+use drip_core::time::{MINUTE, Millis, format_rfc3339};
+use drip_tests::pubsub_emulator::{Pubsub, PubsubEmulator, Pulled};
+use drip_tests::redis_server::{RedisServer, shared_url};
+use drip_tests::stack::{LimiterUnderTest, LimiterWiring, RecordingTarget, TasksStandIn, spawn_limiter};
+use drip_tests::unique;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const RULES: &str = r#"
+default_dlq_topic: {p}-default-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant_id}"
+    limits: [{ limit: 2, per: 1h }]
+    max_delay: 3h
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
+  - name: {p}-webhooks
+    match: { attributes: { event_type: webhook } }
+    key: "endpoint_{attributes.endpoint}"
+    limits: [{ limit: 100, per: 1s }]
+    max_delay: 1m
+    forward: { url: "{receiver}" }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
+  - name: {p}-sms
+    match: { attributes: { event_type: sms } }
+    key: "user_{data.user}"
+    cost: "{data.parts}"
+    limits: [{ limit: 5, per: 1h }]
+    max_delay: 1s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
+  - name: {p}-seed
+    match: { attributes: { event_type: seed } }
+    key: "merchant_{data.merchantId}:payout"
+    limits: [{ limit: 100, per: 1m }]
+    max_delay: 2h
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
+"#;
+
+struct Test {
+    prefix: String,
+    pubsub: Pubsub,
+    tasks: TasksStandIn,
+    limiter: LimiterUnderTest,
+    receiver: RecordingTarget,
+    http: reqwest::Client,
+}
+
+async fn topics(pubsub: &Pubsub, prefix: &str) {
+    for topic in ["ready", "overflow", "dlq", "default-dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+}
+
+async fn start_with(pubsub: Pubsub, redis_url: String, tune: impl FnOnce(&mut LimiterWiring)) -> Test {
+    let prefix = unique("lim");
+    topics(&pubsub, &prefix).await;
+    let tasks = TasksStandIn::start().await;
+    let receiver = RecordingTarget::start().await;
+    let queues = tasks.queues(&prefix, 2);
+    let mut wiring =
+        LimiterWiring::new(redis_url, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", receiver.url));
+    tune(&mut wiring);
+    let rules = RULES.replace("{p}", &prefix).replace("{receiver}", &receiver.url);
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    Test { prefix, pubsub, tasks, limiter, receiver, http: reqwest::Client::new() }
+}
+
+async fn start() -> Test {
+    start_with(Pubsub::shared(), shared_url(), |_| {}).await
+}
+
+fn envelope(id: &str, attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
+    let attributes: BTreeMap<&str, &str> = attributes.iter().copied().collect();
+    serde_json::to_vec(&json!({
+        "message": {
+            "data": base64::engine::general_purpose::STANDARD.encode(data),
+            "attributes": attributes,
+            "messageId": id,
+            "publishTime": "2026-08-03T12:00:01.000Z",
+        },
+        "subscription": "projects/drip-test/subscriptions/source",
+    }))
+    .unwrap()
+}
+
+impl Test {
+    fn topic(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    fn rule(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    async fn post(&self, body: Vec<u8>, token: Option<&str>) -> StatusCode {
+        let mut request =
+            self.http.post(format!("{}/push", self.limiter.url)).header("content-type", "application/json").body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send().await.expect("the limiter answers").status()
+    }
+
+    async fn push(&self, id: &str, attributes: &[(&str, &str)], data: &[u8]) -> StatusCode {
+        self.post(envelope(id, attributes, data), None).await
+    }
+
+    async fn payout(&self, id: &str, merchant: u32) -> StatusCode {
+        self.push(
+            id,
+            &[("event_type", "payout")],
+            format!(r#"{{"merchant_id":{merchant},"amount":2500.00}}"#).as_bytes(),
+        )
+        .await
+    }
+
+    async fn pulled(&self, topic: &str, count: usize) -> Vec<Pulled> {
+        self.pubsub.pull_until(&self.topic(topic), count, Duration::from_secs(10)).await
+    }
+
+    async fn tasks(&self) -> Vec<TaskSnapshot> {
+        self.tasks.client.tasks().await.unwrap()
+    }
+}
+
+fn body_of(task: &TaskSnapshot) -> Value {
+    serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&task.body).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn forwards_in_limit_events_to_the_topic_with_data_and_attributes() {
+    let t = start().await;
+    assert_eq!(t.payout("p1", 7).await, StatusCode::NO_CONTENT);
+    let forwarded = t.pulled("ready", 1).await;
+    assert_eq!(forwarded.len(), 1);
+    assert_eq!(forwarded[0].data, br#"{"merchant_id":7,"amount":2500.00}"#);
+    assert_eq!(forwarded[0].attributes["event_type"], "payout");
+    assert_eq!(forwarded[0].attributes["drip-message-id"], "p1");
+    assert!(t.tasks().await.is_empty());
+}
+
+#[tokio::test]
+async fn forwards_to_a_url_with_the_event_and_its_metadata() {
+    let t = start().await;
+    assert_eq!(
+        t.push("w1", &[("event_type", "webhook"), ("endpoint", "e9")], br#"{"hook":1}"#).await,
+        StatusCode::NO_CONTENT
+    );
+    let received = t.receiver.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].body, br#"{"hook":1}"#);
+    assert_eq!(received[0].headers["x-drip-message-id"], "w1");
+    assert_eq!(received[0].headers["x-drip-key"], "endpoint_e9");
+    assert_eq!(received[0].headers["content-type"], "application/json");
+    let attributes: Value = serde_json::from_str(received[0].headers["x-drip-attributes"].to_str().unwrap()).unwrap();
+    assert_eq!(attributes["endpoint"], "e9");
+
+    *t.receiver.status.lock().unwrap() = 503;
+    assert_eq!(
+        t.push("w2", &[("event_type", "webhook"), ("endpoint", "e9")], b"{}").await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a 5xx target is transient"
+    );
+    *t.receiver.status.lock().unwrap() = 429;
+    assert_eq!(
+        t.push("w2", &[("event_type", "webhook"), ("endpoint", "e9")], b"{}").await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "so is 429"
+    );
+    *t.receiver.status.lock().unwrap() = 400;
+    assert_eq!(t.push("w3", &[("event_type", "webhook"), ("endpoint", "e9")], b"{}").await, StatusCode::NO_CONTENT);
+    let dead = t.pulled("dlq", 1).await;
+    assert_eq!(dead[0].attributes["drip-reason"], "forward_rejected");
+}
+
+#[tokio::test]
+async fn over_limit_events_become_tasks_for_the_next_window_with_name_and_body() {
+    let t = start().await;
+    for id in ["d1", "d2", "d3"] {
+        assert_eq!(t.payout(id, 42).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.pulled("ready", 2).await.len(), 2);
+    let tasks = t.tasks().await;
+    assert_eq!(tasks.len(), 1);
+    let task = &tasks[0];
+    let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap();
+    let next_hour = (now / (60 * MINUTE) + 1) * 60 * MINUTE;
+    assert_eq!(task.schedule_time, next_hour, "the start of the next 1h window");
+    let rule = t.rule("payouts");
+    let queue =
+        &t.limiter.state.queues[drip_tests::stack::queue_of(&rule, "merchant_42", t.limiter.state.queues.len())];
+    assert_eq!(&task.queue, queue);
+    assert_eq!(task.name, format!("{queue}/tasks/{}", drip_limiter::task_id(&rule, "d3")));
+    assert_eq!(task.url, format!("{}/dispatch", t.receiver.url));
+    assert_eq!(task.oidc_service_account.as_deref(), Some("drip-tasks@drip-test.iam.gserviceaccount.com"));
+    let body = body_of(task);
+    assert_eq!(body["isRatelimited"], true);
+    assert_eq!(body["rateLimitMeta"]["key"], "merchant_42");
+    assert_eq!(body["rateLimitMeta"]["windowType"], "RPH");
+    assert_eq!(body["rateLimitMeta"]["limit"], 2);
+    assert_eq!(body["rateLimitMeta"]["scheduledFor"], format_rfc3339(next_hour));
+    assert_eq!(body["rateLimitMeta"]["overflowTopic"], t.topic("overflow"));
+    assert_eq!(body["originalPayload"], json!({"merchant_id": 42, "amount": 2500.0}));
+    assert_eq!(body["attributes"]["event_type"], "payout");
+    assert_eq!(body["messageId"], "d3");
+}
+
+#[tokio::test]
+async fn a_redelivered_message_is_reserved_once_and_scheduled_once() {
+    let t = start().await;
+    t.payout("r1", 5).await;
+    t.payout("r2", 5).await;
+    for _ in 0..3 {
+        assert_eq!(t.payout("r3", 5).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.tasks().await.len(), 1, "one task for three deliveries");
+    let mut redis = t.limiter.state.redis.clone();
+    let state_key = format!("{}:{{{}|merchant_5}}:state", t.limiter.namespace, t.rule("payouts"));
+    let used: i64 = redis::cmd("HGET").arg(&state_key).arg("fixed:3600000:u").query_async(&mut redis).await.unwrap();
+    assert_eq!(used, 1, "the next window holds r3 once");
+}
+
+/// The seed article's example over HTTP: 500 payouts, 100 a minute.
+#[tokio::test]
+async fn the_seed_example_through_the_push_endpoint() {
+    let t = start().await;
+    let second = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() % MINUTE;
+    if second > 45_000 {
+        tokio::time::sleep(Duration::from_millis((MINUTE - second + 500) as u64)).await;
+    }
+    let started = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap();
+    for i in 0..500 {
+        let data = format!(r#"{{"payoutId":"pay_{i}","merchantId":8421,"amount":2500.00,"currency":"INR"}}"#);
+        assert_eq!(
+            t.push(&format!("seed-{i}"), &[("event_type", "seed")], data.as_bytes()).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    assert_eq!(t.pulled("ready", 100).await.len(), 100);
+    let mut per_slot: BTreeMap<Millis, usize> = BTreeMap::new();
+    for task in t.tasks().await {
+        *per_slot.entry(task.schedule_time).or_default() += 1;
+    }
+    let minute = started / MINUTE * MINUTE;
+    let expected: BTreeMap<Millis, usize> = (1..=4).map(|m| (minute + m * MINUTE, 100)).collect();
+    assert_eq!(per_slot, expected);
+}
+
+#[tokio::test]
+async fn every_unusable_event_is_dead_lettered_with_its_reason() {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.claim_check_max_bytes = 150 * 1024).await;
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"this is not an envelope".to_vec(), "malformed_envelope"),
+        (
+            br#"{"message":{"data":"@@@","messageId":"b64","attributes":{"event_type":"payout"}}}"#.to_vec(),
+            "bad_base64",
+        ),
+        (envelope("nj", &[("event_type", "payout")], b"not json"), "non_json_body"),
+        (envelope("mk", &[("event_type", "payout")], br#"{"amount":1}"#), "missing_key_field"),
+        (envelope("nm", &[("event_type", "refund")], b"{}"), "no_matching_rule"),
+        (envelope("ic", &[("event_type", "sms")], br#"{"user":1,"parts":"two"}"#), "invalid_cost"),
+        (envelope("ce", &[("event_type", "sms")], br#"{"user":1,"parts":6}"#), "cost_exceeds_limit"),
+    ];
+    for (body, reason) in &cases {
+        assert_eq!(t.post(body.clone(), None).await, StatusCode::NO_CONTENT, "{reason}");
+    }
+    let mut reasons: Vec<String> =
+        t.pulled("dlq", 6).await.iter().map(|m| m.attributes["drip-reason"].clone()).collect();
+    reasons.extend(t.pulled("default-dlq", 1).await.iter().map(|m| m.attributes["drip-reason"].clone()));
+    reasons.sort();
+    let mut expected: Vec<String> = cases.iter().map(|(_, r)| r.to_string()).collect();
+    expected.sort();
+    assert_eq!(reasons, expected);
+
+    // Beyond max_delay: five parts fill the hour, the next SMS would wait for the next hour.
+    assert_eq!(t.push("s1", &[("event_type", "sms")], br#"{"user":2,"parts":5}"#).await, StatusCode::NO_CONTENT);
+    assert_eq!(t.push("s2", &[("event_type", "sms")], br#"{"user":2,"parts":1}"#).await, StatusCode::NO_CONTENT);
+    let late = t.pulled("dlq", 1).await;
+    assert_eq!(late[0].attributes["drip-reason"], "max_delay_exceeded");
+    assert_eq!(late[0].attributes["drip-key"], "user_2");
+    assert_eq!(late[0].attributes["drip-rule"], t.rule("sms"));
+    assert!(late[0].attributes["drip-scheduled-for"].ends_with(":00:00.000Z"));
+    assert_eq!(late[0].data, br#"{"user":2,"parts":1}"#);
+
+    // An overlong key is hashed, not refused.
+    let long = "x".repeat(400);
+    assert_eq!(
+        t.push("k1", &[("event_type", "sms")], format!(r#"{{"user":"{long}","parts":5}}"#).as_bytes()).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        t.push("k2", &[("event_type", "sms")], format!(r#"{{"user":"{long}","parts":5}}"#).as_bytes()).await,
+        StatusCode::NO_CONTENT
+    );
+    let hashed = t.pulled("dlq", 1).await;
+    let key = &hashed[0].attributes["drip-key"];
+    assert!(key.len() <= drip_core::template::MAX_KEY_BYTES && key.contains('#'), "{key}");
+}
+
+#[tokio::test]
+async fn large_payloads_are_claim_checked_and_huge_ones_dead_lettered() {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.claim_check_max_bytes = 150 * 1024).await;
+    t.payout("l0", 3).await;
+    t.payout("l1", 3).await;
+    let big = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "b".repeat(120 * 1024));
+    assert_eq!(t.push("l2", &[("event_type", "payout")], big.as_bytes()).await, StatusCode::NO_CONTENT);
+    let tasks = t.tasks().await;
+    assert_eq!(tasks.len(), 1);
+    let body = body_of(&tasks[0]);
+    assert!(body.get("originalPayload").is_none());
+    let reference = body["claimCheck"].as_str().unwrap();
+    let mut redis = t.limiter.state.redis.clone();
+    let stored: Vec<u8> = redis::cmd("GET").arg(reference).query_async(&mut redis).await.unwrap();
+    assert_eq!(stored, big.as_bytes());
+    let ttl: i64 = redis::cmd("PTTL").arg(reference).query_async(&mut redis).await.unwrap();
+    assert!(ttl > 0);
+
+    let huge = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "h".repeat(200 * 1024));
+    assert_eq!(t.push("l3", &[("event_type", "payout")], huge.as_bytes()).await, StatusCode::NO_CONTENT);
+    let dead = t.pulled("dlq", 1).await;
+    assert_eq!(dead[0].attributes["drip-reason"], "payload_too_large");
+    assert_eq!(dead[0].data, huge.as_bytes());
+    assert_eq!(t.tasks().await.len(), 1);
+}
+
+#[tokio::test]
+async fn unwrapped_pushes_are_understood() {
+    let t = start().await;
+    let response = t
+        .http
+        .post(format!("{}/push", t.limiter.url))
+        .header("x-goog-pubsub-message-id", "u1")
+        .header("x-goog-pubsub-subscription-name", "projects/drip-test/subscriptions/s")
+        .header("event_type", "payout")
+        .body(r#"{"merchant_id":11}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let forwarded = t.pulled("ready", 1).await;
+    assert_eq!(forwarded[0].attributes["drip-message-id"], "u1");
+}
+
+#[tokio::test]
+async fn a_push_subscription_of_the_emulator_drives_the_limiter() {
+    let t = start().await;
+    let source = t.topic("source");
+    t.pubsub.create_topic(&source).await;
+    t.pubsub.create_subscription(&source, &source, Some(&format!("{}/push", t.limiter.url))).await;
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let id = t.pubsub.publish(&source, br#"{"merchant_id":99}"#, &attributes).await;
+    let forwarded = t.pulled("ready", 1).await;
+    let metrics = t.http.get(format!("{}/metrics", t.limiter.url)).send().await.unwrap().text().await.unwrap();
+    assert_eq!(forwarded.len(), 1, "{metrics}");
+    assert_eq!(forwarded[0].attributes["drip-message-id"], id);
+}
+
+#[tokio::test]
+async fn redis_down_means_5xx_and_the_redelivery_is_handled_once() {
+    let mut redis = RedisServer::start(&[]);
+    let t = start_with(Pubsub::shared(), redis.url(), |w| w.timeouts_ms = 1_000).await;
+    assert_eq!(t.payout("f0", 1).await, StatusCode::NO_CONTENT);
+    redis.stop();
+    assert_eq!(t.payout("f1", 1).await, StatusCode::SERVICE_UNAVAILABLE);
+    let ready = t.http.get(format!("{}/readyz", t.limiter.url)).send().await.unwrap().status();
+    assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
+    redis.restart();
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..20 {
+        status = t.payout("f1", 1).await;
+        if status == StatusCode::NO_CONTENT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(status, StatusCode::NO_CONTENT, "the limiter reconnects");
+    assert_eq!(t.payout("f1", 1).await, StatusCode::NO_CONTENT);
+    let ids: Vec<String> = t.pulled("ready", 2).await.iter().map(|m| m.attributes["drip-message-id"].clone()).collect();
+    assert_eq!(ids, ["f0", "f1"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(t.pubsub.pull(&t.topic("ready"), 10).await.is_empty(), "f1 forwarded once");
+}
+
+#[tokio::test]
+async fn pubsub_down_means_5xx_and_the_redelivery_is_handled_once() {
+    let t = start_with(Pubsub::own(PubsubEmulator::start()), shared_url(), |w| w.timeouts_ms = 1_500).await;
+    let mut pubsub = t.pubsub;
+    pubsub.emulator().unwrap().stop();
+    let t = Test { pubsub, ..t };
+    assert_eq!(t.payout("g1", 2).await, StatusCode::SERVICE_UNAVAILABLE);
+    let mut pubsub = t.pubsub;
+    pubsub.emulator().unwrap().restart();
+    topics(&pubsub, &t.prefix).await;
+    let t = Test { pubsub, ..t };
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..20 {
+        status = t.payout("g1", 2).await;
+        if status == StatusCode::NO_CONTENT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let forwarded = t.pulled("ready", 1).await;
+    assert_eq!(forwarded.len(), 1);
+    let mut redis = t.limiter.state.redis.clone();
+    let state_key = format!("{}:{{{}|merchant_2}}:state", t.limiter.namespace, t.rule("payouts"));
+    let used: i64 = redis::cmd("HGET").arg(&state_key).arg("fixed:3600000:u").query_async(&mut redis).await.unwrap();
+    assert_eq!(used, 1, "the retried message reused its reservation");
+}
+
+#[tokio::test]
+async fn cloud_tasks_failing_or_hanging_means_5xx_and_one_task_after_recovery() {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.timeouts_ms = 1_000).await;
+    t.payout("h0", 4).await;
+    t.payout("h1", 4).await;
+    for (fault, id) in [(Fault::Error, "h2"), (Fault::Hang, "h3")] {
+        t.tasks.client.set_faults(Faults { create_task: fault }).await.unwrap();
+        assert_eq!(t.payout(id, 4).await, StatusCode::SERVICE_UNAVAILABLE, "{fault:?}");
+        t.tasks.client.set_faults(Faults::default()).await.unwrap();
+        assert_eq!(t.payout(id, 4).await, StatusCode::NO_CONTENT);
+        assert_eq!(t.payout(id, 4).await, StatusCode::NO_CONTENT);
+    }
+    let names: Vec<String> = t.tasks().await.iter().map(|task| task.name.clone()).collect();
+    assert_eq!(names.len(), 2, "one task each: {names:?}");
+}
+
+#[tokio::test]
+async fn oidc_tokens_are_verified_when_enabled() {
+    let tasks_for_jwks = TasksStandIn::start().await;
+    let jwks = tasks_for_jwks.client.jwks_url();
+    let email = "push@drip-test.iam.gserviceaccount.com";
+    let t = start_with(Pubsub::shared(), shared_url(), |w| {
+        w.oidc_audience = Some("https://limiter.example".into());
+        w.oidc_allowed_emails = email.into();
+        w.oidc_jwks_url = Some(jwks);
+    })
+    .await;
+    let signer = TokenSigner::test_key();
+    let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
+    let claims = |iss: &str, aud: &str, email: &str, exp: i64| json!({"iss": iss, "aud": aud, "sub": email, "email": email, "email_verified": true, "iat": now - 10, "exp": exp});
+    let good = signer.sign(email, "https://limiter.example", now, 3_600);
+    let none_alg = format!(
+        "{}.{}.",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(br#"{"alg":"none","typ":"JWT","kid":"drip-test-key-1"}"#),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(claims("https://accounts.google.com", "https://limiter.example", email, now + 600).to_string())
+    );
+    let cases: Vec<(&str, Option<String>, StatusCode)> = vec![
+        ("valid", Some(good), StatusCode::NO_CONTENT),
+        ("missing", None, StatusCode::UNAUTHORIZED),
+        ("wrong audience", Some(signer.sign(email, "https://other.example", now, 3_600)), StatusCode::UNAUTHORIZED),
+        (
+            "wrong issuer",
+            Some(signer.sign_claims(&claims("https://evil.example", "https://limiter.example", email, now + 600))),
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "wrong email",
+            Some(signer.sign("intruder@evil.iam.gserviceaccount.com", "https://limiter.example", now, 3_600)),
+            StatusCode::FORBIDDEN,
+        ),
+        ("expired", Some(signer.sign(email, "https://limiter.example", now - 7_200, 3_600)), StatusCode::UNAUTHORIZED),
+        (
+            "bad signature",
+            Some(
+                TokenSigner::from_pem(cloud_tasks_emulator::TEST_OTHER_KEY_PEM, cloud_tasks_emulator::TEST_KEY_ID)
+                    .sign(email, "https://limiter.example", now, 3_600),
+            ),
+            StatusCode::UNAUTHORIZED,
+        ),
+        ("alg none", Some(none_alg), StatusCode::UNAUTHORIZED),
+    ];
+    for (i, (case, token, expected)) in cases.into_iter().enumerate() {
+        let body = envelope(&format!("o{i}"), &[("event_type", "webhook"), ("endpoint", "oidc")], b"{}");
+        assert_eq!(t.post(body, token.as_deref()).await, expected, "{case}");
+    }
+    assert_eq!(t.receiver.received().len(), 1, "only the valid push went through");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let t = start().await;
+    t.payout("m1", 8).await;
+    let get = |path: &str| t.http.get(format!("{}{path}", t.limiter.url)).send();
+    assert_eq!(get("/healthz").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(get("/readyz").await.unwrap().status(), StatusCode::OK);
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    let rule = t.rule("payouts");
+    assert!(metrics.contains(&format!(r#"drip_decisions_total{{rule="{rule}",outcome="forward"}} 1"#)), "{metrics}");
+    assert!(metrics.contains(r#"drip_dependency_call_seconds_count{dependency="redis",result="ok"}"#), "{metrics}");
+    assert!(metrics.contains("drip_delay_seconds_bucket"), "{metrics}");
+}
