@@ -1,0 +1,108 @@
+//! The `drip-limiter` binary as Cloud Run runs it: settings from the environment, refusal to
+//! start on bad settings or rules (naming what is wrong), and a clean exit on SIGTERM.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use drip_tests::pubsub_emulator::Pubsub;
+use drip_tests::redis_server::{free_port, shared_url};
+
+fn repo(path: &str) -> String {
+    format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn limiter(env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_drip-limiter"));
+    command.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).env("DRIP_LOG_FORMAT", "text");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command
+}
+
+fn base_env(pubsub: &str, rules: &str, port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("PORT", port.to_string()),
+        ("REDIS_URL", shared_url()),
+        ("GOOGLE_CLOUD_PROJECT", "drip-test".into()),
+        ("DRIP_RULES", rules.into()),
+        ("PUBSUB_EMULATOR_HOST", pubsub.into()),
+        ("CLOUD_TASKS_ENDPOINT", "http://127.0.0.1:9".into()),
+        ("DRIP_TASKS_QUEUES", "drip-0".into()),
+        ("DRIP_DISPATCHER_URL", "http://127.0.0.1:9/dispatch".into()),
+    ]
+}
+
+fn as_refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+#[test]
+fn refuses_to_start_without_a_setting_and_names_it() {
+    let pubsub = Pubsub::shared();
+    let env: Vec<_> = base_env(&pubsub.host, &repo("examples/payouts.yaml"), free_port())
+        .into_iter()
+        .filter(|(k, _)| *k != "REDIS_URL")
+        .collect();
+    let output = limiter(&as_refs(&env)).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("REDIS_URL"), "{stderr}");
+}
+
+#[test]
+fn refuses_to_start_on_invalid_rules_naming_file_rule_and_field() {
+    let pubsub = Pubsub::shared();
+    let rules = repo("shared/core/tests/fixtures/invalid/zero_limit.yaml");
+    let output = limiter(&as_refs(&base_env(&pubsub.host, &rules, free_port()))).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("zero_limit.yaml: rule 'payouts': limits[0].limit: must be at least 1, got 0"), "{stderr}");
+}
+
+#[test]
+fn refuses_to_start_when_unmatched_messages_could_not_be_dead_lettered() {
+    let pubsub = Pubsub::shared();
+    let dir = std::env::temp_dir().join(drip_tests::unique("no-dlq"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.yaml");
+    let text =
+        std::fs::read_to_string(repo("examples/seed.yaml")).unwrap().replace("default_dlq_topic: drip-dlq\n", "");
+    std::fs::write(&rules, text).unwrap();
+    let output = limiter(&as_refs(&base_env(&pubsub.host, rules.to_str().unwrap(), free_port()))).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("default_dlq_topic: required"));
+}
+
+#[test]
+fn serves_and_stops_cleanly_on_sigterm() {
+    let pubsub = Pubsub::shared();
+    let port = free_port();
+    let mut child = limiter(&as_refs(&base_env(&pubsub.host, &repo("examples/payouts.yaml"), port)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    loop {
+        let ready =
+            runtime.block_on(async { reqwest::get(&url).await.map(|r| r.status().is_success()).unwrap_or(false) });
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the limiter never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running 10 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
