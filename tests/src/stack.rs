@@ -173,3 +173,45 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
 pub fn queue_of(rule: &str, key: &str, queues: usize) -> usize {
     drip_limiter::queue_index(rule, key, queues)
 }
+
+/// A dispatcher serving on loopback.
+#[derive(Debug, Clone)]
+pub struct DispatcherUnderTest {
+    pub url: String,
+    pub state: drip_dispatcher::AppState,
+}
+
+/// Starts a dispatcher reading the same rules, Redis namespace and emulator as a limiter.
+pub async fn spawn_dispatcher(
+    rules_yaml: &str,
+    redis_url: &str,
+    namespace: &str,
+    pubsub_host: &str,
+    oidc: Option<(&str, &str, &str)>,
+) -> DispatcherUnderTest {
+    let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));
+    std::fs::write(&rules_path, rules_yaml).expect("write rules");
+    let settings = drip_dispatcher::Settings {
+        common: CommonSettings {
+            port: 0,
+            redis_url: redis_url.to_owned(),
+            redis_ca_cert: None,
+            redis_cluster: false,
+            redis_namespace: namespace.to_owned(),
+            redis_timeout_ms: 3_000,
+            project: PROJECT.into(),
+            rules: rules_path.display().to_string(),
+            pubsub_emulator_host: Some(pubsub_host.to_owned()),
+            publish_timeout_ms: 3_000,
+            oidc_audience: oidc.map(|(audience, _, _)| audience.to_owned()),
+            oidc_allowed_emails: oidc.map(|(_, emails, _)| emails.to_owned()).unwrap_or_default(),
+            oidc_jwks_url: oidc.map(|(_, _, jwks)| jwks.to_owned()),
+        },
+    };
+    let state = drip_dispatcher::build_state(&settings).await.expect("the dispatcher starts");
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let router = drip_dispatcher::app(state.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    DispatcherUnderTest { url, state }
+}

@@ -107,16 +107,19 @@ impl AppState {
         Ok(())
     }
 
+    /// Forwards the event at its `slot` (now, or after an inline wait).
     pub(crate) async fn forward(
         &self,
         rule: &Rule,
         key: &str,
         message: &PushedMessage,
+        slot: Millis,
     ) -> Result<Forwarded, Transient> {
         match &rule.forward {
             Forward::Topic(topic) => {
                 let mut attributes = message.attributes.clone();
                 attributes.insert("drip-message-id".into(), truncate(&message.id, MAX_ATTRIBUTE_BYTES));
+                attributes.insert("drip-scheduled-for".into(), format_rfc3339(slot));
                 self.metrics
                     .shared
                     .time("pubsub", self.publishers.publish(topic, message.data.clone(), attributes))
@@ -136,6 +139,7 @@ impl AppState {
                     .header("x-drip-message-id", &message.id)
                     .header("x-drip-rule", &rule.name)
                     .header("x-drip-key", key)
+                    .header("x-drip-scheduled-for", format_rfc3339(slot))
                     .header("x-drip-attributes", serde_json::to_string(&message.attributes)?)
                     .body(message.data.clone());
                 if let Some(token) = self.id_tokens.token_for(url).await? {

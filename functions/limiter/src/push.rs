@@ -120,7 +120,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait as u64)).await;
             }
-            match state.forward(rule, &key, &message).await? {
+            match state.forward(rule, &key, &message, reservation.slot).await? {
                 Forwarded::Done => "forward",
                 Forwarded::Rejected(detail) => {
                     tracing::error!(message_id = %message.id, rule = %rule.name, %detail, "forward target rejected the event");

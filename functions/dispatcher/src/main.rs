@@ -1,0 +1,17 @@
+//! `drip-dispatcher`: reads its settings, builds its state and serves until SIGTERM.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use drip_dispatcher::{Settings, app, build_state};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    drip_service::telemetry::init();
+    let settings = Settings::from_env()?;
+    let state = build_state(&settings).await?;
+    let listener =
+        tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.common.port))).await?;
+    tracing::info!(address = %listener.local_addr()?, "drip-dispatcher listening");
+    drip_service::serve(listener, app(state)).await?;
+    Ok(())
+}
