@@ -97,6 +97,8 @@ pub struct LimiterWiring {
     pub oidc_jwks_url: Option<String>,
     pub claim_check_max_bytes: usize,
     pub timeouts_ms: u64,
+    /// The Redis key namespace (a dispatcher working with this limiter must share it).
+    pub namespace: String,
 }
 
 impl LimiterWiring {
@@ -118,6 +120,7 @@ impl LimiterWiring {
             oidc_jwks_url: None,
             claim_check_max_bytes: 1024 * 1024,
             timeouts_ms: 3_000,
+            namespace: unique("drip"),
         }
     }
 }
@@ -133,7 +136,7 @@ pub struct LimiterUnderTest {
 pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterUnderTest {
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));
     std::fs::write(&rules_path, rules_yaml).expect("write rules");
-    let namespace = unique("drip");
+    let namespace = wiring.namespace.clone();
     let settings = Settings {
         common: CommonSettings {
             port: 0,
@@ -214,4 +217,47 @@ pub async fn spawn_dispatcher(
     let router = drip_dispatcher::app(state.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
     DispatcherUnderTest { url, state }
+}
+
+/// A proxy that answers 500 to the first `failures` requests, then passes them to `target`:
+/// a dispatcher that fails once, as seen by Cloud Tasks.
+#[derive(Debug, Clone)]
+pub struct FlakyProxy {
+    pub url: String,
+    pub seen: Arc<Mutex<usize>>,
+}
+
+impl FlakyProxy {
+    pub async fn start(target: String, failures: usize) -> Self {
+        let seen = Arc::new(Mutex::new(0usize));
+        let counter = seen.clone();
+        let client = reqwest::Client::new();
+        let app = axum::Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
+            let (counter, client, target) = (counter.clone(), client.clone(), target.clone());
+            async move {
+                let n = {
+                    let mut seen = counter.lock().expect("lock");
+                    *seen += 1;
+                    *seen
+                };
+                if n <= failures {
+                    return StatusCode::INTERNAL_SERVER_ERROR;
+                }
+                let mut request = client.post(&target).body(body.to_vec());
+                for (name, value) in &headers {
+                    if name != "host" && name != "content-length" {
+                        request = request.header(name.as_str(), value.as_bytes());
+                    }
+                }
+                match request.send().await {
+                    Ok(response) => StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+                    Err(_) => StatusCode::BAD_GATEWAY,
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+        let url = format!("http://{}/dispatch", listener.local_addr().expect("address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, seen }
+    }
 }

@@ -1,0 +1,205 @@
+//! The whole drip through the real local stack: a source topic pushing to the limiter (real HTTP
+//! from Google's emulator), Redis, the Cloud Tasks stand-in calling the dispatcher at each slot,
+//! and the forward and overflow topics read back with pull subscriptions.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use cloud_tasks_emulator::{Fault, Faults};
+use drip_core::time::{Millis, SECOND, parse_rfc3339};
+use drip_tests::pubsub_emulator::{Pubsub, Pulled};
+use drip_tests::redis_server::shared_url;
+use drip_tests::stack::{FlakyProxy, LimiterUnderTest, LimiterWiring, TasksStandIn, spawn_dispatcher, spawn_limiter};
+use drip_tests::unique;
+
+const RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-burst
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [{ limit: 5, per: 1s }]
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+  - name: {p}-daily
+    match: { attributes: { event_type: report } }
+    key: "tenant_{data.tenant}"
+    limits: [{ limit: 1, per: 1d }]
+    max_delay: 1s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+"#;
+
+struct Stack {
+    prefix: String,
+    pubsub: Pubsub,
+    tasks: TasksStandIn,
+    limiter: LimiterUnderTest,
+    proxy: Option<FlakyProxy>,
+}
+
+/// Everything wired; `dispatcher_failures` > 0 puts a proxy failing that many calls in front of
+/// the dispatcher.
+async fn stack(dispatcher_failures: usize) -> Stack {
+    let prefix = unique("e2e");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let rules = RULES.replace("{p}", &prefix);
+    let namespace = unique("drip");
+    let dispatcher = spawn_dispatcher(&rules, &shared_url(), &namespace, &pubsub.host, None).await;
+    let dispatch_url = format!("{}/dispatch", dispatcher.url);
+    let proxy = if dispatcher_failures > 0 {
+        Some(FlakyProxy::start(dispatch_url.clone(), dispatcher_failures).await)
+    } else {
+        None
+    };
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 2);
+    let target = proxy.as_ref().map_or(dispatch_url, |p| p.url.clone());
+    let mut wiring = LimiterWiring::new(shared_url(), pubsub.host.clone(), &tasks, queues, target);
+    wiring.namespace = namespace;
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let source = format!("{prefix}-source");
+    pubsub.create_topic(&source).await;
+    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    Stack { prefix, pubsub, tasks, limiter, proxy }
+}
+
+impl Stack {
+    async fn publish(&self, event_type: &str, data: String) -> String {
+        let attributes = BTreeMap::from([("event_type".to_owned(), event_type.to_owned())]);
+        self.pubsub.publish(&format!("{}-source", self.prefix), data.as_bytes(), &attributes).await
+    }
+
+    /// Forwarded and overflow messages, until `ids` all arrived (at least once) or `timeout`.
+    async fn delivered(&self, ids: &HashSet<String>, timeout: Duration) -> Vec<(Pulled, &'static str)> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut all = Vec::new();
+        let mut seen = HashSet::new();
+        while !ids.is_subset(&seen) && std::time::Instant::now() < deadline {
+            for (topic, route) in [("ready", "forward"), ("overflow", "overflow")] {
+                for message in self.pubsub.pull(&format!("{}-{topic}", self.prefix), 1_000).await {
+                    seen.insert(message.attributes["drip-message-id"].clone());
+                    all.push((message, route));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        all
+    }
+}
+
+fn percentile(sorted: &[Millis], p: f64) -> Millis {
+    sorted.get(((sorted.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_over_several_keys_drains_at_the_limit_and_nothing_is_lost() {
+    let s = stack(0).await;
+    let mut ids = HashSet::new();
+    for i in 0..60 {
+        ids.insert(s.publish("payout", format!(r#"{{"merchant":{},"n":{i}}}"#, i % 3)).await);
+    }
+    let delivered = s.delivered(&ids, Duration::from_secs(40)).await;
+    let unique_ids: HashSet<&String> = delivered.iter().map(|(m, _)| &m.attributes["drip-message-id"]).collect();
+    assert_eq!(unique_ids.len(), 60, "every message arrived (duplicates allowed, identified by id)");
+
+    let mut first_delivery: HashMap<&String, &(Pulled, &str)> = HashMap::new();
+    for entry in &delivered {
+        first_delivery.entry(&entry.0.attributes["drip-message-id"]).or_insert(entry);
+    }
+    let mut per_window: BTreeMap<(String, Millis), usize> = BTreeMap::new();
+    let mut lateness = Vec::new();
+    let mut routes: BTreeMap<&str, usize> = BTreeMap::new();
+    for (message, route) in first_delivery.values() {
+        let slot = parse_rfc3339(&message.attributes["drip-scheduled-for"]).unwrap();
+        let key = message.data.clone();
+        let merchant: serde_json::Value = if *route == "overflow" {
+            serde_json::from_slice::<serde_json::Value>(&key).unwrap()["originalPayload"]["merchant"].clone()
+        } else {
+            serde_json::from_slice::<serde_json::Value>(&key).unwrap()["merchant"].clone()
+        };
+        *per_window.entry((merchant.to_string(), slot / SECOND)).or_default() += 1;
+        *routes.entry(route).or_default() += 1;
+        let published = parse_rfc3339(&message.publish_time).unwrap();
+        if *route == "overflow" {
+            assert!(published >= slot, "published at {published}, before its slot {slot}");
+            lateness.push(published - slot);
+        }
+    }
+    let fullest = per_window.values().max().copied().unwrap_or(0);
+    assert!(fullest <= 5, "a one-second window of one merchant got {fullest}: {per_window:?}");
+    assert_eq!(routes.get("forward").copied(), Some(15), "5 per merchant go at once: {routes:?}");
+    lateness.sort_unstable();
+    eprintln!(
+        "burst of 60 over 3 merchants at 5/s: {routes:?}; dispatch lateness p50 {} ms, p99 {} ms, max {} ms",
+        percentile(&lateness, 0.5),
+        percentile(&lateness, 0.99),
+        lateness.last().copied().unwrap_or(0)
+    );
+}
+
+#[tokio::test]
+async fn an_event_beyond_max_delay_reaches_the_dead_letter_topic() {
+    let s = stack(0).await;
+    let first = s.publish("report", r#"{"tenant":1}"#.into()).await;
+    let second = s.publish("report", r#"{"tenant":1}"#.into()).await;
+    let forwarded = s.pubsub.pull_until(&format!("{}-ready", s.prefix), 1, Duration::from_secs(10)).await;
+    assert_eq!(forwarded[0].attributes["drip-message-id"], first);
+    let dead = s.pubsub.pull_until(&format!("{}-dlq", s.prefix), 1, Duration::from_secs(10)).await;
+    assert_eq!(dead[0].attributes["drip-message-id"], second);
+    assert_eq!(dead[0].attributes["drip-reason"], "max_delay_exceeded");
+}
+
+#[tokio::test]
+async fn a_limiter_that_fails_once_is_redelivered_without_a_double_reservation() {
+    let s = stack(0).await;
+    for i in 0..5 {
+        s.publish("payout", format!(r#"{{"merchant":7,"n":{i}}}"#)).await;
+    }
+    let forwarded = s.pubsub.pull_until(&format!("{}-ready", s.prefix), 5, Duration::from_secs(10)).await;
+    assert_eq!(forwarded.len(), 5);
+    s.tasks.client.set_faults(Faults { create_task: Fault::Error }).await.unwrap();
+    let id = s.publish("payout", r#"{"merchant":7,"n":5}"#.into()).await;
+    let metrics_url = format!("{}/metrics", s.limiter.url);
+    let failed = |metrics: &str| {
+        metrics.contains(r#"drip_dependency_call_seconds_count{dependency="cloud_tasks",result="error"}"#)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !failed(&reqwest::get(&metrics_url).await.unwrap().text().await.unwrap()) {
+        assert!(std::time::Instant::now() < deadline, "the limiter never hit the fault");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.tasks.client.set_faults(Faults::default()).await.unwrap();
+    let overflow = s.pubsub.pull_until(&format!("{}-overflow", s.prefix), 1, Duration::from_secs(15)).await;
+    assert_eq!(overflow.len(), 1);
+    assert_eq!(overflow[0].attributes["drip-message-id"], id);
+    let tasks = s.tasks.client.tasks().await.unwrap();
+    assert_eq!(tasks.len(), 1, "one task for the redelivered message");
+    let mut redis = s.limiter.state.redis.clone();
+    let state_key = format!("{}:{{{}-burst|merchant_7}}:state", s.limiter.namespace, s.prefix);
+    let used: i64 = redis::cmd("HGET").arg(&state_key).arg("fixed:1000:u").query_async(&mut redis).await.unwrap();
+    assert_eq!(used, 1, "the next second holds the event once");
+}
+
+#[tokio::test]
+async fn a_dispatcher_that_fails_once_is_retried_and_publishes_once() {
+    let s = stack(1).await;
+    let mut ids = HashSet::new();
+    for i in 0..6 {
+        ids.insert(s.publish("payout", format!(r#"{{"merchant":9,"n":{i}}}"#)).await);
+    }
+    let delivered = s.delivered(&ids, Duration::from_secs(20)).await;
+    let overflow: Vec<&Pulled> = delivered.iter().filter(|(_, r)| *r == "overflow").map(|(m, _)| m).collect();
+    assert_eq!(overflow.len(), 1, "the sixth event, published once");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(s.pubsub.pull(&format!("{}-overflow", s.prefix), 10).await.is_empty(), "no extra overflow message");
+    let attempts = s.tasks.client.attempts().await.unwrap();
+    let statuses: Vec<Option<u16>> = attempts.iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [Some(500), Some(200)], "one failure, one retry");
+    assert_eq!(*s.proxy.as_ref().unwrap().seen.lock().unwrap(), 2);
+}
