@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod check_config;
+mod inspect;
 mod plot;
 mod simulate;
 mod summary;
@@ -26,11 +27,14 @@ enum Command {
     },
     /// Run an event file through the scheduler and print one decision per event (JSON lines).
     Simulate(simulate::Args),
+    /// Show what Redis holds for one entity: use of each limit, backlog, when it drains.
+    Inspect(inspect::Args),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::CheckConfig { files } => check_config::run(&files),
         Command::Simulate(args) => simulate::run(args),
+        Command::Inspect(args) => inspect::run(args),
     }
 }

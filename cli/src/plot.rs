@@ -9,7 +9,7 @@ use drip_core::time::{Millis, format_rfc3339};
 use plotters::prelude::*;
 
 use crate::simulate::Outcome;
-use crate::summary::{Ledger, describe, ledgers};
+use crate::summary::{Ledger, ledgers};
 
 const KEYS_DRAWN: usize = 6;
 /// Blue, orange, green, purple, teal, brown: apart from each other and from the red limit line.
@@ -50,7 +50,7 @@ pub fn draw(path: &Path, rules: &RuleSet, outcomes: &[Outcome]) -> anyhow::Resul
         let last = usage.iter().flat_map(|(_, u)| u.iter().map(|&(w, _)| w)).max().unwrap_or(origin) + per;
         let top = usage.iter().flat_map(|(_, u)| u.iter().map(|&(_, c)| c)).max().unwrap_or(0).max(limit.limit);
         let seconds = |t: Millis| (t - origin) as f64 / 1_000.0;
-        let mut title = format!("{rule_name}: {} — cost per window, by key", describe(limit));
+        let mut title = format!("{rule_name}: {} — cost per window, by key", limit);
         if *hidden > 0 {
             title.push_str(&format!(" (busiest {KEYS_DRAWN} keys; {hidden} more not drawn)"));
         }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use drip_core::ledger::{fixed_window_usage, max_sliding_usage};
-use drip_core::rules::{Limit, RuleSet, Window};
+use drip_core::rules::{RuleSet, Window};
 use drip_core::time::{Millis, format_rfc3339};
 
 use crate::simulate::Outcome;
@@ -23,17 +23,6 @@ pub fn ledgers(outcomes: &[Outcome]) -> BTreeMap<&str, BTreeMap<&str, Ledger>> {
         }
     }
     ledgers
-}
-
-pub fn describe(limit: &Limit) -> String {
-    let per = humantime::format_duration(std::time::Duration::from_millis(limit.per.unsigned_abs()));
-    let window = match limit.window {
-        Window::Fixed(drip_core::rules::Placement::Start) => "fixed".to_owned(),
-        Window::Fixed(drip_core::rules::Placement::Spread) => "fixed, spread".to_owned(),
-        Window::Sliding => "sliding".to_owned(),
-        Window::Gcra { burst } => format!("gcra, burst {burst}"),
-    };
-    format!("{} per {per} ({window})", limit.limit)
 }
 
 pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
@@ -67,14 +56,14 @@ pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
                     if fixed && used > limit.limit {
                         over.push(format!(
                             "{rule_name} {key} {}: {used} in {}",
-                            describe(limit),
+                            limit.to_string(),
                             format_rfc3339(window)
                         ));
                     }
                     rows.push([
                         rule_name.to_owned(),
                         (*key).to_owned(),
-                        describe(limit),
+                        limit.to_string(),
                         format_rfc3339(window),
                         used.to_string(),
                         limit.limit.to_string(),
@@ -83,7 +72,7 @@ pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
                 if limit.window == Window::Sliding {
                     let fullest = max_sliding_usage(ledger, limit.per);
                     if fullest > limit.limit {
-                        over.push(format!("{rule_name} {key} {}: {fullest} in one interval", describe(limit)));
+                        over.push(format!("{rule_name} {key} {}: {fullest} in one interval", limit.to_string()));
                     }
                 }
             }

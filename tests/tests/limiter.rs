@@ -511,3 +511,21 @@ async fn health_readiness_and_metrics() {
     assert!(metrics.contains(r#"drip_dependency_call_seconds_count{dependency="redis",result="ok"}"#), "{metrics}");
     assert!(metrics.contains("drip_delay_seconds_bucket"), "{metrics}");
 }
+
+#[tokio::test]
+async fn the_entity_endpoint_shows_use_backlog_and_drain_time() {
+    let t = start().await;
+    for i in 0..5 {
+        assert_eq!(t.payout(&format!("i{i}"), 31).await, StatusCode::NO_CONTENT);
+    }
+    let url = format!("{}/v1/rules/{}/keys/merchant_31", t.limiter.url, t.rule("payouts"));
+    let report: Value = t.http.get(&url).send().await.unwrap().json().await.unwrap();
+    let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap();
+    let hour = 60 * MINUTE;
+    assert_eq!(report["backlog"], 3, "{report}");
+    assert_eq!(report["drainsAt"], format_rfc3339((now / hour + 2) * hour), "{report}");
+    assert_eq!(report["limits"][0]["limit"], "2 per 1h (fixed)");
+    assert_eq!(report["limits"][0]["usedNow"], 2);
+    let missing = t.http.get(format!("{}/v1/rules/nope/keys/x", t.limiter.url)).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+}

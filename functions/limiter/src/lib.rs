@@ -83,10 +83,31 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     })
 }
 
+/// `GET /v1/rules/{rule}/keys/{key}`: the entity's state, as `drip inspect --json` prints it.
+async fn inspect_entity(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    axum::extract::Path((rule, key)): axum::extract::Path<(String, String)>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(rule) = state.rules.rule(&rule) else {
+        return (axum::http::StatusCode::NOT_FOUND, "no such rule").into_response();
+    };
+    let key = drip_core::template::cap_key(key);
+    let mut redis = state.redis.clone();
+    match drip_store::inspect::inspect(&mut redis, &state.namespace, rule, &key).await {
+        Ok(report) => axum::Json(report).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "inspect failed");
+            (axum::http::StatusCode::SERVICE_UNAVAILABLE, "redis unavailable").into_response()
+        }
+    }
+}
+
 pub fn app(state: AppState) -> Router {
     let authenticated = Router::new()
         .route("/push", post(push::push))
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
+        .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(inspect_entity))
         .route_layer(axum::middleware::from_fn_with_state(state.oidc.clone(), drip_service::auth::require_oidc))
         .with_state(state.clone());
     Router::new()

@@ -112,6 +112,20 @@ impl Limit {
     }
 }
 
+/// `100 per 1m (fixed)`, `5 per 1s (gcra, burst 10)`.
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let per = humantime::format_duration(std::time::Duration::from_millis(self.per.unsigned_abs()));
+        write!(f, "{} per {per} (", self.limit)?;
+        match self.window {
+            Window::Fixed(Placement::Start) => write!(f, "fixed)"),
+            Window::Fixed(Placement::Spread) => write!(f, "fixed, spread)"),
+            Window::Sliding => write!(f, "sliding)"),
+            Window::Gcra { burst } => write!(f, "gcra, burst {burst})"),
+        }
+    }
+}
+
 impl Rule {
     pub fn matches(&self, attributes: &BTreeMap<String, String>) -> bool {
         self.matcher

@@ -3,6 +3,7 @@
 
 pub mod claim_check;
 mod connection;
+pub mod inspect;
 mod keys;
 mod memory;
 mod redis_store;
