@@ -54,11 +54,7 @@ pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
                 for (window, used) in fixed_window_usage(ledger, limit.per) {
                     let fixed = matches!(limit.window, Window::Fixed(_));
                     if fixed && used > limit.limit {
-                        over.push(format!(
-                            "{rule_name} {key} {}: {used} in {}",
-                            limit.to_string(),
-                            format_rfc3339(window)
-                        ));
+                        over.push(format!("{rule_name} {key} {}: {used} in {}", limit, format_rfc3339(window)));
                     }
                     rows.push([
                         rule_name.to_owned(),
@@ -72,7 +68,7 @@ pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
                 if limit.window == Window::Sliding {
                     let fullest = max_sliding_usage(ledger, limit.per);
                     if fullest > limit.limit {
-                        over.push(format!("{rule_name} {key} {}: {fullest} in one interval", limit.to_string()));
+                        over.push(format!("{rule_name} {key} {}: {fullest} in one interval", limit));
                     }
                 }
             }
