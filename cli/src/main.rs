@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod check_config;
+mod demo;
 mod inspect;
 mod plot;
 mod simulate;
@@ -27,6 +28,8 @@ enum Command {
     },
     /// Run an event file through the scheduler and print one decision per event (JSON lines).
     Simulate(simulate::Args),
+    /// Publish a burst onto a running local stack (see `./run demo`) and watch it drain.
+    Demo(demo::Args),
     /// Show what Redis holds for one entity: use of each limit, backlog, when it drains.
     Inspect(inspect::Args),
 }
@@ -36,5 +39,6 @@ fn main() -> ExitCode {
         Command::CheckConfig { files } => check_config::run(&files),
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Demo(args) => demo::run(args),
     }
 }

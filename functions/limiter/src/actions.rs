@@ -120,6 +120,8 @@ impl AppState {
                 let mut attributes = message.attributes.clone();
                 attributes.insert("drip-message-id".into(), truncate(&message.id, MAX_ATTRIBUTE_BYTES));
                 attributes.insert("drip-scheduled-for".into(), format_rfc3339(slot));
+                attributes.insert("drip-rule".into(), rule.name.clone());
+                attributes.insert("drip-key".into(), truncate(key, MAX_ATTRIBUTE_BYTES));
                 self.metrics
                     .shared
                     .time("pubsub", self.publishers.publish(topic, message.data.clone(), attributes))
