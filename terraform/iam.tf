@@ -1,0 +1,87 @@
+# One service account per role, each with only what it needs.
+
+resource "google_service_account" "limiter" {
+  project      = var.project_id
+  account_id   = "${var.name}-limiter"
+  display_name = "Drip limiter (reserves slots, forwards, creates tasks)"
+}
+
+resource "google_service_account" "dispatcher" {
+  project      = var.project_id
+  account_id   = "${var.name}-dispatcher"
+  display_name = "Drip dispatcher (publishes due events to overflow topics)"
+}
+
+resource "google_service_account" "push" {
+  project      = var.project_id
+  account_id   = "${var.name}-push"
+  display_name = "Drip push invoker (identity of Pub/Sub pushes to the limiter)"
+}
+
+resource "google_service_account" "tasks" {
+  project      = var.project_id
+  account_id   = "${var.name}-tasks"
+  display_name = "Drip tasks invoker (identity of Cloud Tasks calls to the dispatcher)"
+}
+
+# Pub/Sub pushes as the push account, Cloud Tasks calls as the tasks account: each may invoke
+# exactly one service.
+resource "google_cloud_run_v2_service_iam_member" "push_invokes_limiter" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.limiter.name
+  role     = "roles/run.invoker"
+  member   = google_service_account.push.member
+}
+
+resource "google_cloud_run_v2_service_iam_member" "tasks_invoke_dispatcher" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.dispatcher.name
+  role     = "roles/run.invoker"
+  member   = google_service_account.tasks.member
+}
+
+# The Pub/Sub service agent mints the push account's OIDC tokens: Token Creator on that one
+# account, not on the project.
+resource "google_service_account_iam_member" "agent_signs_push_tokens" {
+  service_account_id = google_service_account.push.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = local.pubsub_service_agent
+}
+
+# The limiter creates tasks on its queues that act as the tasks account.
+resource "google_cloud_tasks_queue_iam_member" "limiter_enqueues" {
+  for_each = google_cloud_tasks_queue.drip
+
+  project  = var.project_id
+  location = var.region
+  name     = each.value.name
+  role     = "roles/cloudtasks.enqueuer"
+  member   = google_service_account.limiter.member
+}
+
+resource "google_service_account_iam_member" "limiter_acts_as_tasks" {
+  service_account_id = google_service_account.tasks.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = google_service_account.limiter.member
+}
+
+# Publishers on exactly the topics each service writes to.
+resource "google_pubsub_topic_iam_member" "limiter_publishes" {
+  for_each = merge(google_pubsub_topic.forward, google_pubsub_topic.dlq)
+
+  project = var.project_id
+  topic   = each.value.name
+  role    = "roles/pubsub.publisher"
+  member  = google_service_account.limiter.member
+}
+
+resource "google_pubsub_topic_iam_member" "dispatcher_publishes" {
+  for_each = merge(google_pubsub_topic.overflow, google_pubsub_topic.dlq)
+
+  project = var.project_id
+  topic   = each.value.name
+  role    = "roles/pubsub.publisher"
+  member  = google_service_account.dispatcher.member
+}

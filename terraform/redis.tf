@@ -1,0 +1,59 @@
+# Where reservations live. AUTH and in-transit encryption are on; the AUTH string and the server CA
+# reach the services through Secret Manager only.
+
+resource "google_redis_instance" "drip" {
+  count = var.redis_cluster ? 0 : 1
+
+  project                 = var.project_id
+  region                  = var.region
+  name                    = var.name
+  tier                    = var.redis_tier
+  memory_size_gb          = var.redis_memory_size_gb
+  redis_version           = "REDIS_7_2"
+  authorized_network      = var.network
+  connect_mode            = "PRIVATE_SERVICE_ACCESS"
+  auth_enabled            = true
+  transit_encryption_mode = "SERVER_AUTHENTICATION"
+  labels                  = local.labels
+
+  # Reservations are only useful while they are current; keep them through failovers, not
+  # across disasters.
+  persistence_config {
+    persistence_mode    = "RDB"
+    rdb_snapshot_period = "ONE_HOUR"
+  }
+
+  maintenance_policy {
+    weekly_maintenance_window {
+      day = "SUNDAY"
+      start_time {
+        hours   = 3
+        minutes = 0
+      }
+    }
+  }
+}
+
+resource "google_redis_cluster" "drip" {
+  count = var.redis_cluster ? 1 : 0
+
+  project                 = var.project_id
+  region                  = var.region
+  name                    = var.name
+  shard_count             = var.redis_cluster_shard_count
+  authorization_mode      = "AUTH_MODE_IAM_AUTH"
+  transit_encryption_mode = "TRANSIT_ENCRYPTION_MODE_SERVER_AUTHENTICATION"
+
+  psc_configs {
+    network = var.network
+  }
+}
+
+locals {
+  redis_url = var.redis_cluster ? (
+    "rediss://${google_redis_cluster.drip[0].discovery_endpoints[0].address}:${google_redis_cluster.drip[0].discovery_endpoints[0].port}"
+    ) : (
+    "rediss://:${google_redis_instance.drip[0].auth_string}@${google_redis_instance.drip[0].host}:${google_redis_instance.drip[0].port}"
+  )
+  redis_ca = var.redis_cluster ? "" : google_redis_instance.drip[0].server_ca_certs[0].cert
+}

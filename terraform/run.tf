@@ -1,0 +1,261 @@
+# The two Cloud Run services. Internal ingress (Pub/Sub and Cloud Tasks of this project count as
+# internal), no unauthenticated access, Direct VPC egress to Memorystore, a startup probe on /readyz.
+
+locals {
+  common_env = {
+    GOOGLE_CLOUD_PROJECT = var.project_id
+    DRIP_RULES           = "/etc/drip/rules/rules.yaml"
+    REDIS_CA_CERT        = var.redis_cluster ? "" : "/etc/drip/redis-ca/ca.pem"
+    REDIS_CLUSTER        = tostring(var.redis_cluster)
+    DRIP_REDIS_NAMESPACE = "drip"
+  }
+  limiter_env = merge(local.common_env, {
+    DRIP_TASKS_QUEUES          = join(",", [for queue in google_cloud_tasks_queue.drip : queue.id])
+    DRIP_TASKS_LOCATION        = var.region
+    DRIP_DISPATCHER_URL        = "${local.dispatcher_url}/dispatch"
+    DRIP_TASKS_SERVICE_ACCOUNT = google_service_account.tasks.email
+    DRIP_TASKS_AUDIENCE        = local.dispatcher_url
+    DRIP_OIDC_AUDIENCE         = local.limiter_url
+    DRIP_OIDC_ALLOWED_EMAILS   = google_service_account.push.email
+  })
+  dispatcher_env = merge(local.common_env, {
+    DRIP_OIDC_AUDIENCE       = local.dispatcher_url
+    DRIP_OIDC_ALLOWED_EMAILS = google_service_account.tasks.email
+  })
+  services = {
+    limiter = {
+      name          = local.limiter_name
+      command       = "/usr/local/bin/drip-limiter"
+      account       = google_service_account.limiter.email
+      env           = local.limiter_env
+      min_instances = var.limiter_min_instances
+      max_instances = var.limiter_max_instances
+      timeout       = "${var.push_ack_deadline_seconds}s"
+    }
+    dispatcher = {
+      name          = local.dispatcher_name
+      command       = "/usr/local/bin/drip-dispatcher"
+      account       = google_service_account.dispatcher.email
+      env           = local.dispatcher_env
+      min_instances = var.dispatcher_min_instances
+      max_instances = var.dispatcher_max_instances
+      timeout       = "60s"
+    }
+  }
+}
+
+resource "google_cloud_run_v2_service" "limiter" {
+  project             = var.project_id
+  location            = var.region
+  name                = local.services.limiter.name
+  ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY"
+  deletion_protection = var.deletion_protection
+  labels              = local.labels
+
+  template {
+    service_account                  = local.services.limiter.account
+    max_instance_request_concurrency = var.concurrency
+    timeout                          = local.services.limiter.timeout
+
+    scaling {
+      min_instance_count = local.services.limiter.min_instances
+      max_instance_count = local.services.limiter.max_instances
+    }
+
+    vpc_access {
+      egress = "PRIVATE_RANGES_ONLY"
+      network_interfaces {
+        network    = var.network
+        subnetwork = var.subnetwork
+      }
+    }
+
+    containers {
+      image   = var.image
+      command = [local.services.limiter.command]
+
+      resources {
+        limits = {
+          cpu    = var.cpu
+          memory = var.memory
+        }
+        cpu_idle = false
+      }
+
+      dynamic "env" {
+        for_each = local.services.limiter.env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      env {
+        name = "REDIS_URL"
+        value_source {
+          secret_key_ref {
+            secret  = google_secret_manager_secret.redis_url.secret_id
+            version = google_secret_manager_secret_version.redis_url.version
+          }
+        }
+      }
+
+      startup_probe {
+        period_seconds    = 2
+        failure_threshold = 30
+        http_get {
+          path = "/readyz"
+        }
+      }
+
+      liveness_probe {
+        period_seconds = 15
+        http_get {
+          path = "/healthz"
+        }
+      }
+
+      volume_mounts {
+        name       = "rules"
+        mount_path = "/etc/drip/rules"
+      }
+
+      volume_mounts {
+        name       = "redis-ca"
+        mount_path = "/etc/drip/redis-ca"
+      }
+    }
+
+    volumes {
+      name = "rules"
+      secret {
+        secret = google_secret_manager_secret.rules.secret_id
+        items {
+          version = google_secret_manager_secret_version.rules.version
+          path    = "rules.yaml"
+        }
+      }
+    }
+
+    volumes {
+      name = "redis-ca"
+      secret {
+        secret = google_secret_manager_secret.redis_ca.secret_id
+        items {
+          version = google_secret_manager_secret_version.redis_ca.version
+          path    = "ca.pem"
+        }
+      }
+    }
+  }
+
+  depends_on = [google_secret_manager_secret_iam_member.services_read]
+}
+
+resource "google_cloud_run_v2_service" "dispatcher" {
+  project             = var.project_id
+  location            = var.region
+  name                = local.services.dispatcher.name
+  ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY"
+  deletion_protection = var.deletion_protection
+  labels              = local.labels
+
+  template {
+    service_account                  = local.services.dispatcher.account
+    max_instance_request_concurrency = var.concurrency
+    timeout                          = local.services.dispatcher.timeout
+
+    scaling {
+      min_instance_count = local.services.dispatcher.min_instances
+      max_instance_count = local.services.dispatcher.max_instances
+    }
+
+    vpc_access {
+      egress = "PRIVATE_RANGES_ONLY"
+      network_interfaces {
+        network    = var.network
+        subnetwork = var.subnetwork
+      }
+    }
+
+    containers {
+      image   = var.image
+      command = [local.services.dispatcher.command]
+
+      resources {
+        limits = {
+          cpu    = var.cpu
+          memory = var.memory
+        }
+        cpu_idle = true
+      }
+
+      dynamic "env" {
+        for_each = local.services.dispatcher.env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      env {
+        name = "REDIS_URL"
+        value_source {
+          secret_key_ref {
+            secret  = google_secret_manager_secret.redis_url.secret_id
+            version = google_secret_manager_secret_version.redis_url.version
+          }
+        }
+      }
+
+      startup_probe {
+        period_seconds    = 2
+        failure_threshold = 30
+        http_get {
+          path = "/readyz"
+        }
+      }
+
+      liveness_probe {
+        period_seconds = 15
+        http_get {
+          path = "/healthz"
+        }
+      }
+
+      volume_mounts {
+        name       = "rules"
+        mount_path = "/etc/drip/rules"
+      }
+
+      volume_mounts {
+        name       = "redis-ca"
+        mount_path = "/etc/drip/redis-ca"
+      }
+    }
+
+    volumes {
+      name = "rules"
+      secret {
+        secret = google_secret_manager_secret.rules.secret_id
+        items {
+          version = google_secret_manager_secret_version.rules.version
+          path    = "rules.yaml"
+        }
+      }
+    }
+
+    volumes {
+      name = "redis-ca"
+      secret {
+        secret = google_secret_manager_secret.redis_ca.secret_id
+        items {
+          version = google_secret_manager_secret_version.redis_ca.version
+          path    = "ca.pem"
+        }
+      }
+    }
+  }
+
+  depends_on = [google_secret_manager_secret_iam_member.services_read]
+}

@@ -1,0 +1,222 @@
+variable "project_id" {
+  description = "Project that holds Drip: topics, queues, Memorystore and the Cloud Run services."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.project_id))
+    error_message = "project_id must be a valid Google Cloud project id."
+  }
+}
+
+variable "region" {
+  description = "Region of the Cloud Run services, the Cloud Tasks queues and Memorystore."
+  type        = string
+}
+
+variable "name" {
+  description = "Prefix of every resource name (services, queues, service accounts, secrets)."
+  type        = string
+  default     = "drip"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{1,18}[a-z0-9]$", var.name))
+    error_message = "name must be 3-20 characters of a-z, 0-9 and -, starting with a letter."
+  }
+}
+
+variable "image" {
+  description = "Container image holding both binaries (drip-limiter and drip-dispatcher), e.g. REGION-docker.pkg.dev/PROJECT/drip/drip:TAG."
+  type        = string
+}
+
+variable "rules_file" {
+  description = "Path of the rules file (see the README). Its forward, overflow and dead-letter topics are created here; it reaches the services through Secret Manager."
+  type        = string
+
+  validation {
+    condition     = fileexists(var.rules_file)
+    error_message = "rules_file must name an existing file."
+  }
+}
+
+variable "source_topics" {
+  description = "Topic ids the rules listen on: each gets a push subscription to the limiter."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.source_topics) > 0
+    error_message = "At least one source topic is needed."
+  }
+}
+
+variable "create_source_topics" {
+  description = "Create the source topics too (false when the publishing teams own them)."
+  type        = bool
+  default     = false
+}
+
+variable "create_consumer_subscriptions" {
+  description = "Create a pull subscription on every forward and overflow topic, so no message is published to a topic nobody reads. Set false when the consuming teams create their own."
+  type        = bool
+  default     = true
+}
+
+variable "network" {
+  description = "VPC network (self link or id) that reaches Memorystore; the services use Direct VPC egress into it."
+  type        = string
+}
+
+variable "subnetwork" {
+  description = "Subnetwork of var.network for the services' Direct VPC egress."
+  type        = string
+}
+
+variable "tasks_queue_count" {
+  description = "Cloud Tasks queues to shard delayed events over (a queue dispatches at most 500 tasks/s). Removing queues is refused: a deleted queue name is blocked for 7 days."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.tasks_queue_count >= 1 && var.tasks_queue_count <= 100
+    error_message = "tasks_queue_count must be between 1 and 100."
+  }
+}
+
+variable "tasks_max_dispatches_per_second" {
+  description = "Dispatch rate cap of each queue (at most 500)."
+  type        = number
+  default     = 500
+
+  validation {
+    condition     = var.tasks_max_dispatches_per_second > 0 && var.tasks_max_dispatches_per_second <= 500
+    error_message = "tasks_max_dispatches_per_second must be in (0, 500]."
+  }
+}
+
+variable "tasks_max_attempts" {
+  description = "Dispatch attempts of a task before Cloud Tasks gives up (the dispatcher answers 5xx only while Pub/Sub or Redis fail)."
+  type        = number
+  default     = 100
+}
+
+variable "redis_tier" {
+  description = "Memorystore for Redis tier: STANDARD_HA (replicated, the default for money flows) or BASIC."
+  type        = string
+  default     = "STANDARD_HA"
+
+  validation {
+    condition     = contains(["STANDARD_HA", "BASIC"], var.redis_tier)
+    error_message = "redis_tier must be STANDARD_HA or BASIC."
+  }
+}
+
+variable "redis_memory_size_gb" {
+  description = "Memorystore for Redis size. State is O(limits) per active entity: 1 GB holds millions of entities."
+  type        = number
+  default     = 1
+}
+
+variable "redis_cluster" {
+  description = "Use Memorystore for Redis Cluster instead of Memorystore for Redis (see the README: the services do not speak IAM AUTH yet)."
+  type        = bool
+  default     = false
+}
+
+variable "redis_cluster_shard_count" {
+  description = "Shards of the Redis Cluster, when redis_cluster is true."
+  type        = number
+  default     = 3
+}
+
+variable "limiter_min_instances" {
+  description = "Instances of the limiter kept warm (a cold start delays pushes)."
+  type        = number
+  default     = 1
+}
+
+variable "limiter_max_instances" {
+  description = "Upper bound of limiter instances."
+  type        = number
+  default     = 20
+}
+
+variable "dispatcher_min_instances" {
+  description = "Instances of the dispatcher kept warm (a cold start adds to dispatch lateness)."
+  type        = number
+  default     = 1
+}
+
+variable "dispatcher_max_instances" {
+  description = "Upper bound of dispatcher instances."
+  type        = number
+  default     = 20
+}
+
+variable "concurrency" {
+  description = "Requests one instance serves at once (Cloud Run allows up to 1000)."
+  type        = number
+  default     = 250
+
+  validation {
+    condition     = var.concurrency >= 1 && var.concurrency <= 1000
+    error_message = "concurrency must be between 1 and 1000."
+  }
+}
+
+variable "cpu" {
+  description = "CPU limit of each instance."
+  type        = string
+  default     = "1"
+}
+
+variable "memory" {
+  description = "Memory limit of each instance."
+  type        = string
+  default     = "512Mi"
+}
+
+variable "push_ack_deadline_seconds" {
+  description = "Ack deadline of the push subscriptions: the limiter's request timeout (it includes inline waits)."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.push_ack_deadline_seconds >= 10 && var.push_ack_deadline_seconds <= 600
+    error_message = "push_ack_deadline_seconds must be between 10 and 600."
+  }
+}
+
+variable "push_max_delivery_attempts" {
+  description = "Deliveries of a message the limiter keeps failing before Pub/Sub dead-letters it."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.push_max_delivery_attempts >= 5 && var.push_max_delivery_attempts <= 100
+    error_message = "push_max_delivery_attempts must be between 5 and 100."
+  }
+}
+
+variable "notification_channels" {
+  description = "Monitoring notification channel ids for the max_delay_exceeded and DLQ backlog alerts."
+  type        = list(string)
+  default     = []
+}
+
+variable "dlq_backlog_threshold" {
+  description = "Undelivered dead-lettered messages above which the DLQ alert fires."
+  type        = number
+  default     = 0
+}
+
+variable "deletion_protection" {
+  description = "Protect the Cloud Run services from terraform destroy."
+  type        = bool
+  default     = true
+}
+
+variable "labels" {
+  description = "Labels set on every resource that takes them."
+  type        = map(string)
+  default     = {}
+}
