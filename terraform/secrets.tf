@@ -56,7 +56,7 @@ resource "google_secret_manager_secret_iam_member" "services_read" {
   }
 
   project = var.project_id
-  secret = {
+  secret_id = {
     redis_url = google_secret_manager_secret.redis_url.secret_id
     redis_ca  = google_secret_manager_secret.redis_ca.secret_id
     rules     = google_secret_manager_secret.rules.secret_id

@@ -215,6 +215,12 @@ variable "deletion_protection" {
   default     = true
 }
 
+variable "topic_kms_key_name" {
+  description = "Cloud KMS key (projects/.../cryptoKeys/...) to encrypt the topics Drip creates; null for Google-managed encryption. The Pub/Sub service agent needs roles/cloudkms.cryptoKeyEncrypterDecrypter on it."
+  type        = string
+  default     = null
+}
+
 variable "labels" {
   description = "Labels set on every resource that takes them."
   type        = map(string)

@@ -394,7 +394,9 @@ async fn redis_down_means_5xx_and_the_redelivery_is_handled_once() {
     }
     assert_eq!(status, StatusCode::NO_CONTENT, "the limiter reconnects");
     assert_eq!(t.payout("f1", 1).await, StatusCode::NO_CONTENT);
-    let ids: Vec<String> = t.pulled("ready", 2).await.iter().map(|m| m.attributes["drip-message-id"].clone()).collect();
+    let mut ids: Vec<String> =
+        t.pulled("ready", 2).await.iter().map(|m| m.attributes["drip-message-id"].clone()).collect();
+    ids.sort();
     assert_eq!(ids, ["f0", "f1"]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(t.pubsub.pull(&t.topic("ready"), 10).await.is_empty(), "f1 forwarded once");

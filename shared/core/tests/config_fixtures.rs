@@ -42,8 +42,10 @@ fn every_invalid_fixture_fails_with_its_exact_messages() {
 
 #[test]
 fn the_example_rules_are_valid() {
-    for name in ["payouts.yaml", "seed.yaml"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples").join(name);
+    for name in
+        ["examples/payouts.yaml", "examples/seed.yaml", "examples/demo.yaml", "terraform/examples/basic/rules.yaml"]
+    {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(name);
         let text = fs::read_to_string(&path).unwrap();
         if let Err(errors) = RuleSet::parse(name, &text) {
             panic!("{errors}");

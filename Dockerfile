@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1.7
+# One image, both services: Cloud Run runs /usr/local/bin/drip-limiter or drip-dispatcher.
+
+FROM rust:1.95-slim-bookworm AS builder
+WORKDIR /src
+# Dependencies first, in their own layer: manifests and empty targets, built once per lock change.
+COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY shared/core/Cargo.toml shared/core/
+COPY shared/store/Cargo.toml shared/store/
+COPY shared/gcp/Cargo.toml shared/gcp/
+COPY shared/service/Cargo.toml shared/service/
+COPY functions/limiter/Cargo.toml functions/limiter/
+COPY functions/dispatcher/Cargo.toml functions/dispatcher/
+COPY cli/Cargo.toml cli/
+COPY tests/Cargo.toml tests/
+COPY tests/cloud-tasks-emulator/Cargo.toml tests/cloud-tasks-emulator/
+RUN for crate in shared/core shared/store shared/gcp shared/service functions/limiter functions/dispatcher cli tests tests/cloud-tasks-emulator; do \
+      mkdir -p "$crate/src" && echo 'fn main() {}' > "$crate/src/main.rs" && touch "$crate/src/lib.rs"; \
+    done \
+ && cargo build --release --locked -p drip-limiter -p drip-dispatcher \
+ && rm -rf shared functions cli tests
+COPY . .
+RUN touch shared/*/src/lib.rs functions/*/src/*.rs \
+ && cargo build --release --locked -p drip-limiter -p drip-dispatcher
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=builder /src/target/release/drip-limiter /src/target/release/drip-dispatcher /usr/local/bin/
+USER nonroot:nonroot
+ENV DRIP_LOG_FORMAT=json
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/drip-limiter"]

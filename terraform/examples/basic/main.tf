@@ -1,0 +1,66 @@
+# Drip for the payouts and SMS rules of rules.yaml, listening on two source topics.
+#   terraform init && terraform apply -var project_id=my-project -var image_tag=$(git rev-parse --short HEAD)
+
+terraform {
+  required_version = ">= 1.6.0, < 2.0.0"
+
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = "~> 8.7"
+    }
+  }
+}
+
+variable "project_id" {
+  description = "Project to deploy Drip into."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of Drip."
+  type        = string
+  default     = "europe-west1"
+}
+
+variable "image_tag" {
+  description = "Tag of the image cloudbuild.yaml pushed."
+  type        = string
+}
+
+variable "notification_channels" {
+  description = "Monitoring notification channels for Drip's alerts."
+  type        = list(string)
+  default     = []
+}
+
+provider "google" {
+  project = var.project_id
+  region  = var.region
+}
+
+module "drip" {
+  source = "../.."
+
+  project_id            = var.project_id
+  region                = var.region
+  name                  = "drip"
+  image                 = "${var.region}-docker.pkg.dev/${var.project_id}/drip/drip:${var.image_tag}"
+  rules_file            = "${path.module}/rules.yaml"
+  source_topics         = ["payout-events", "sms-events"]
+  create_source_topics  = true
+  network               = "projects/${var.project_id}/global/networks/default"
+  subnetwork            = "projects/${var.project_id}/regions/${var.region}/subnetworks/default"
+  tasks_queue_count     = 2
+  notification_channels = var.notification_channels
+}
+
+output "limiter_url" {
+  description = "The limiter's URL."
+  value       = module.drip.limiter_url
+}
+
+output "dlq_subscriptions" {
+  description = "Where dead-lettered events wait."
+  value       = module.drip.dlq_subscriptions
+}

@@ -1,0 +1,39 @@
+output "limiter_url" {
+  description = "URL of the limiter (push endpoint: <url>/push)."
+  value       = google_cloud_run_v2_service.limiter.uri
+}
+
+output "dispatcher_url" {
+  description = "URL of the dispatcher (Cloud Tasks call <url>/dispatch)."
+  value       = google_cloud_run_v2_service.dispatcher.uri
+}
+
+output "queues" {
+  description = "Full names of the Cloud Tasks queues."
+  value       = [for queue in google_cloud_tasks_queue.drip : queue.id]
+}
+
+output "push_subscriptions" {
+  description = "Push subscriptions of the source topics, by topic."
+  value       = { for topic, subscription in google_pubsub_subscription.push : topic => subscription.id }
+}
+
+output "dlq_subscriptions" {
+  description = "Pull subscriptions of the dead-letter topics, by topic: where dead-lettered events wait."
+  value       = { for topic, subscription in google_pubsub_subscription.dlq : topic => subscription.id }
+}
+
+output "service_accounts" {
+  description = "Emails of the service accounts, by role."
+  value = {
+    limiter    = google_service_account.limiter.email
+    dispatcher = google_service_account.dispatcher.email
+    push       = google_service_account.push.email
+    tasks      = google_service_account.tasks.email
+  }
+}
+
+output "redis_host" {
+  description = "Address of Memorystore (the AUTH string stays in Secret Manager)."
+  value       = var.redis_cluster ? google_redis_cluster.drip[0].discovery_endpoints[0].address : google_redis_instance.drip[0].host
+}

@@ -1,0 +1,223 @@
+"""What the platform team's review asks of the module, as checks over the parsed HCL. Each policy
+returns the violations it finds (an empty list when the module complies)."""
+
+from __future__ import annotations
+
+import re
+
+from hcl import Module
+
+PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
+
+
+def push_subscriptions_have_oidc_and_dead_letter_policy(module: Module):
+    problems = []
+    subscriptions = module.of_type("google_pubsub_subscription")
+    pushes = {name: s for name, s in subscriptions.items() if s.has_block("push_config")}
+    if not pushes:
+        problems.append("no push subscription feeds the limiter")
+    for name, subscription in pushes.items():
+        if not subscription.has_block("push_config", "oidc_token"):
+            problems.append(f"push subscription {name} sends no OIDC token")
+        for oidc in (o for p in subscription.block("push_config") for o in p.block("oidc_token")):
+            if not oidc.arg("service_account_email") or not oidc.arg("audience"):
+                problems.append(f"push subscription {name}: oidc_token needs service_account_email and audience")
+        if not subscription.has_block("dead_letter_policy"):
+            problems.append(f"push subscription {name} has no dead_letter_policy")
+        if not subscription.has_block("retry_policy"):
+            problems.append(f"push subscription {name} has no retry_policy")
+    return problems
+
+
+def _topics_read(module: Module):
+    """Topic resources some subscription reads (by `topic` or by iterating over them)."""
+    read = set()
+    for subscription in module.of_type("google_pubsub_subscription").values():
+        source = str(subscription.arguments.get("for_each", "")) + str(subscription.arguments.get("topic", ""))
+        read.update(re.findall(r"google_pubsub_topic\.(\w+)", source))
+    return read
+
+
+def every_dead_letter_topic_has_a_subscription(module: Module):
+    topics = module.of_type("google_pubsub_topic")
+    read = _topics_read(module)
+    problems = [f"dead-letter topic {name} has no subscription: what is published to it is lost" for name in topics if "dlq" in name and name not in read]
+    for name, subscription in module.of_type("google_pubsub_subscription").items():
+        for policy in subscription.block("dead_letter_policy"):
+            target = re.search(r"google_pubsub_topic\.(\w+)", str(policy.arguments.get("dead_letter_topic", "")))
+            if not target or target.group(1) not in read:
+                problems.append(f"subscription {name} dead-letters to a topic no subscription of this module reads")
+    return problems
+
+
+def pubsub_agent_can_dead_letter(module: Module):
+    """The service agent needs publisher on the DLQ topic and subscriber on each push subscription."""
+    problems = []
+    agent = "local.pubsub_service_agent"
+    topic_grants = [g for g in module.of_type("google_pubsub_topic_iam_member").values() if agent in str(g.arguments.get("member")) and g.arg("role") == "roles/pubsub.publisher"]
+    if not topic_grants:
+        problems.append("the Pub/Sub service agent cannot publish to the push dead-letter topic")
+    subscription_grants = [g for g in module.of_type("google_pubsub_subscription_iam_member").values() if agent in str(g.arguments.get("member")) and g.arg("role") == "roles/pubsub.subscriber"]
+    if not any("google_pubsub_subscription.push" in str(g.arguments.get("for_each")) for g in subscription_grants):
+        problems.append("the Pub/Sub service agent is not subscriber on the push subscriptions")
+    return problems
+
+
+def no_public_access(module: Module):
+    problems = []
+    for resource_type, name, block in module.all_resources():
+        members = [block.arguments.get("member")] + list(block.arguments.get("members") or [])
+        for member in members:
+            if any(public in str(member) for public in PUBLIC_MEMBERS):
+                problems.append(f"{resource_type}.{name} grants {member}")
+    return problems
+
+
+def no_project_wide_grants(module: Module):
+    return [f"{t}.{n}: project-wide {b.arg('role')}" for t, n, b in module.all_resources() if t.startswith("google_project_iam")]
+
+
+def cloud_run_is_private(module: Module):
+    problems = []
+    services = module.of_type("google_cloud_run_v2_service")
+    if len(services) != 2:
+        problems.append(f"expected the limiter and dispatcher services, found {sorted(services)}")
+    for name, service in services.items():
+        if service.arg("ingress") not in ("INGRESS_TRAFFIC_INTERNAL_ONLY", "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"):
+            problems.append(f"Cloud Run service {name} accepts traffic from the internet (ingress {service.arg('ingress')})")
+        if service.arguments.get("invoker_iam_disabled") not in (None, False):
+            problems.append(f"Cloud Run service {name} disables the invoker check")
+        template = service.block("template")
+        if not template or not template[0].arg("service_account"):
+            problems.append(f"Cloud Run service {name} runs as the default compute service account")
+        if not service.has_block("template", "vpc_access"):
+            problems.append(f"Cloud Run service {name} has no VPC egress to reach Memorystore")
+        probes = [p for c in (template[0].block("containers") if template else []) for p in c.block("startup_probe")]
+        if not any(g.arg("path") == "/readyz" for p in probes for g in p.block("http_get")):
+            problems.append(f"Cloud Run service {name} has no startup probe on /readyz")
+    for name, grant in module.of_type("google_cloud_run_v2_service_iam_member").items():
+        if grant.arg("role") != "roles/run.invoker" or "google_service_account." not in str(grant.arguments.get("member")):
+            problems.append(f"invoker grant {name} is not run.invoker for one of the module's service accounts")
+    return problems
+
+
+def redis_has_auth_and_tls(module: Module):
+    problems = []
+    for name, instance in module.of_type("google_redis_instance").items():
+        if instance.arguments.get("auth_enabled") is not True:
+            problems.append(f"Memorystore instance {name} has AUTH off")
+        if instance.arg("transit_encryption_mode") != "SERVER_AUTHENTICATION":
+            problems.append(f"Memorystore instance {name} has in-transit encryption off")
+    for name, cluster in module.of_type("google_redis_cluster").items():
+        if cluster.arg("authorization_mode") != "AUTH_MODE_IAM_AUTH":
+            problems.append(f"Memorystore cluster {name} has authorization off")
+        if cluster.arg("transit_encryption_mode") != "TRANSIT_ENCRYPTION_MODE_SERVER_AUTHENTICATION":
+            problems.append(f"Memorystore cluster {name} has in-transit encryption off")
+    if not module.of_type("google_redis_instance") and not module.of_type("google_redis_cluster"):
+        problems.append("no Memorystore")
+    return problems
+
+
+def redis_secrets_stay_in_secret_manager(module: Module):
+    problems = []
+    for name, service in module.of_type("google_cloud_run_v2_service").items():
+        for template in service.block("template"):
+            for container in template.block("containers"):
+                for env in container.block("env"):
+                    if env.arg("name") == "REDIS_URL" and not env.has_block("value_source", "secret_key_ref"):
+                        problems.append(f"{name}: REDIS_URL is plain environment, not a secret reference")
+    for key in ("common_env", "limiter_env", "dispatcher_env"):
+        if "auth_string" in str(module.locals.get(key, "")) or "redis_url" in str(module.locals.get(key, "")):
+            problems.append(f"local.{key} passes the Redis AUTH string as plain environment")
+    for output in (module.directory / "outputs.tf").read_text().split("output ")[1:]:
+        if "auth_string" in output or "local.redis_url" in output:
+            problems.append("an output exposes the Redis AUTH string")
+    return problems
+
+
+def dedicated_service_accounts(module: Module):
+    problems = []
+    accounts = module.of_type("google_service_account")
+    for role in ("limiter", "dispatcher", "push", "tasks"):
+        if role not in accounts:
+            problems.append(f"no dedicated service account for the {role}")
+    services = module.of_type("google_cloud_run_v2_service")
+    used = [module.resolve(t.arg("service_account")) for s in services.values() for t in s.block("template")]
+    if len(set(map(str, used))) != len(used):
+        problems.append("the limiter and the dispatcher share a service account")
+    for account in map(str, used):
+        if "compute@developer" in account:
+            problems.append("a service runs as the default compute service account")
+    return problems
+
+
+def queues_survive_destroy(module: Module):
+    problems = []
+    queues = module.of_type("google_cloud_tasks_queue")
+    if not queues:
+        problems.append("no Cloud Tasks queue")
+    for name, queue in queues.items():
+        lifecycle = queue.block("lifecycle")
+        if not lifecycle or lifecycle[0].arguments.get("prevent_destroy") is not True:
+            problems.append(f"queue {name} lacks prevent_destroy (a deleted queue name is blocked for 7 days)")
+        if not queue.has_block("rate_limits") or not queue.has_block("retry_config"):
+            problems.append(f"queue {name} needs explicit rate_limits and retry_config")
+    return problems
+
+
+def limiter_enqueues_with_least_privilege(module: Module):
+    problems = []
+    enqueuers = [g for g in module.of_type("google_cloud_tasks_queue_iam_member").values() if g.arg("role") == "roles/cloudtasks.enqueuer"]
+    if not any("google_service_account.limiter" in str(g.arguments.get("member")) for g in enqueuers):
+        problems.append("the limiter cannot enqueue tasks on its queues")
+    act_as = [g for g in module.of_type("google_service_account_iam_member").values() if g.arg("role") == "roles/iam.serviceAccountUser"]
+    if not any("google_service_account.tasks" in str(g.arguments.get("service_account_id")) and "limiter" in str(g.arguments.get("member")) for g in act_as):
+        problems.append("the limiter cannot act as the tasks service account")
+    token_creators = [g for g in module.of_type("google_service_account_iam_member").values() if g.arg("role") == "roles/iam.serviceAccountTokenCreator"]
+    for grant in token_creators:
+        if "google_service_account.push" not in str(grant.arguments.get("service_account_id")):
+            problems.append("Token Creator granted beyond the push service account")
+    return problems
+
+
+def alerts_exist(module: Module):
+    problems = []
+    metrics = module.of_type("google_logging_metric")
+    if not any("max_delay_exceeded" in str(m.arguments.get("filter")) for m in metrics.values()):
+        problems.append("no log-based metric for max_delay_exceeded")
+    policies = module.of_type("google_monitoring_alert_policy")
+    if not any("num_undelivered_messages" in str(c_t.arguments.get("filter")) for p in policies.values() for c in p.block("conditions") for c_t in c.block("condition_threshold")):
+        problems.append("no alert on the DLQ backlog")
+    if not all("var.notification_channels" in str(p.arguments.get("notification_channels")) for p in policies.values()):
+        problems.append("an alert policy ignores var.notification_channels")
+    return problems
+
+
+def variables_are_typed_and_described(module: Module):
+    problems = []
+    for name, variable in module.variables.items():
+        if "type" not in variable.arguments:
+            problems.append(f"variable {name} has no type")
+        if not variable.arg("description"):
+            problems.append(f"variable {name} has no description")
+    return problems
+
+
+POLICIES = {
+    f.__name__: f
+    for f in [
+        push_subscriptions_have_oidc_and_dead_letter_policy,
+        every_dead_letter_topic_has_a_subscription,
+        pubsub_agent_can_dead_letter,
+        no_public_access,
+        no_project_wide_grants,
+        cloud_run_is_private,
+        redis_has_auth_and_tls,
+        redis_secrets_stay_in_secret_manager,
+        dedicated_service_accounts,
+        queues_survive_destroy,
+        limiter_enqueues_with_least_privilege,
+        alerts_exist,
+        variables_are_typed_and_described,
+    ]
+}
