@@ -29,7 +29,7 @@ resource "google_service_account" "tasks" {
 resource "google_cloud_run_v2_service_iam_member" "push_invokes_limiter" {
   project  = var.project_id
   location = var.region
-  name     = google_cloud_run_v2_service.limiter.name
+  name     = google_cloud_run_v2_service.drip["limiter"].name
   role     = "roles/run.invoker"
   member   = google_service_account.push.member
 }
@@ -37,7 +37,7 @@ resource "google_cloud_run_v2_service_iam_member" "push_invokes_limiter" {
 resource "google_cloud_run_v2_service_iam_member" "tasks_invoke_dispatcher" {
   project  = var.project_id
   location = var.region
-  name     = google_cloud_run_v2_service.dispatcher.name
+  name     = google_cloud_run_v2_service.drip["dispatcher"].name
   role     = "roles/run.invoker"
   member   = google_service_account.tasks.member
 }

@@ -1,11 +1,11 @@
 output "limiter_url" {
   description = "URL of the limiter (push endpoint: <url>/push)."
-  value       = google_cloud_run_v2_service.limiter.uri
+  value       = google_cloud_run_v2_service.drip["limiter"].uri
 }
 
 output "dispatcher_url" {
   description = "URL of the dispatcher (Cloud Tasks call <url>/dispatch)."
-  value       = google_cloud_run_v2_service.dispatcher.uri
+  value       = google_cloud_run_v2_service.drip["dispatcher"].uri
 }
 
 output "queues" {

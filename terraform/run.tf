@@ -31,6 +31,8 @@ locals {
       min_instances = var.limiter_min_instances
       max_instances = var.limiter_max_instances
       timeout       = "${var.push_ack_deadline_seconds}s"
+      # Inline waits and Redis calls should not wait for CPU to be allocated.
+      cpu_idle = false
     }
     dispatcher = {
       name          = local.dispatcher_name
@@ -40,26 +42,29 @@ locals {
       min_instances = var.dispatcher_min_instances
       max_instances = var.dispatcher_max_instances
       timeout       = "60s"
+      cpu_idle      = true
     }
   }
 }
 
-resource "google_cloud_run_v2_service" "limiter" {
+resource "google_cloud_run_v2_service" "drip" {
+  for_each = local.services
+
   project             = var.project_id
   location            = var.region
-  name                = local.services.limiter.name
+  name                = each.value.name
   ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY"
   deletion_protection = var.deletion_protection
   labels              = local.labels
 
   template {
-    service_account                  = local.services.limiter.account
+    service_account                  = each.value.account
     max_instance_request_concurrency = var.concurrency
-    timeout                          = local.services.limiter.timeout
+    timeout                          = each.value.timeout
 
     scaling {
-      min_instance_count = local.services.limiter.min_instances
-      max_instance_count = local.services.limiter.max_instances
+      min_instance_count = each.value.min_instances
+      max_instance_count = each.value.max_instances
     }
 
     vpc_access {
@@ -72,126 +77,18 @@ resource "google_cloud_run_v2_service" "limiter" {
 
     containers {
       image   = var.image
-      command = [local.services.limiter.command]
+      command = [each.value.command]
 
       resources {
         limits = {
           cpu    = var.cpu
           memory = var.memory
         }
-        cpu_idle = false
+        cpu_idle = each.value.cpu_idle
       }
 
       dynamic "env" {
-        for_each = local.services.limiter.env
-        content {
-          name  = env.key
-          value = env.value
-        }
-      }
-
-      env {
-        name = "REDIS_URL"
-        value_source {
-          secret_key_ref {
-            secret  = google_secret_manager_secret.redis_url.secret_id
-            version = google_secret_manager_secret_version.redis_url.version
-          }
-        }
-      }
-
-      startup_probe {
-        period_seconds    = 2
-        failure_threshold = 30
-        http_get {
-          path = "/readyz"
-        }
-      }
-
-      liveness_probe {
-        period_seconds = 15
-        http_get {
-          path = "/healthz"
-        }
-      }
-
-      volume_mounts {
-        name       = "rules"
-        mount_path = "/etc/drip/rules"
-      }
-
-      volume_mounts {
-        name       = "redis-ca"
-        mount_path = "/etc/drip/redis-ca"
-      }
-    }
-
-    volumes {
-      name = "rules"
-      secret {
-        secret = google_secret_manager_secret.rules.secret_id
-        items {
-          version = google_secret_manager_secret_version.rules.version
-          path    = "rules.yaml"
-        }
-      }
-    }
-
-    volumes {
-      name = "redis-ca"
-      secret {
-        secret = google_secret_manager_secret.redis_ca.secret_id
-        items {
-          version = google_secret_manager_secret_version.redis_ca.version
-          path    = "ca.pem"
-        }
-      }
-    }
-  }
-
-  depends_on = [google_secret_manager_secret_iam_member.services_read]
-}
-
-resource "google_cloud_run_v2_service" "dispatcher" {
-  project             = var.project_id
-  location            = var.region
-  name                = local.services.dispatcher.name
-  ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY"
-  deletion_protection = var.deletion_protection
-  labels              = local.labels
-
-  template {
-    service_account                  = local.services.dispatcher.account
-    max_instance_request_concurrency = var.concurrency
-    timeout                          = local.services.dispatcher.timeout
-
-    scaling {
-      min_instance_count = local.services.dispatcher.min_instances
-      max_instance_count = local.services.dispatcher.max_instances
-    }
-
-    vpc_access {
-      egress = "PRIVATE_RANGES_ONLY"
-      network_interfaces {
-        network    = var.network
-        subnetwork = var.subnetwork
-      }
-    }
-
-    containers {
-      image   = var.image
-      command = [local.services.dispatcher.command]
-
-      resources {
-        limits = {
-          cpu    = var.cpu
-          memory = var.memory
-        }
-        cpu_idle = true
-      }
-
-      dynamic "env" {
-        for_each = local.services.dispatcher.env
+        for_each = each.value.env
         content {
           name  = env.key
           value = env.value

@@ -316,14 +316,7 @@ fn draw_chart(
         .y_desc("events (cumulative)")
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
-    let colors = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(148, 103, 189),
-        RGBColor(23, 190, 207),
-        RGBColor(140, 86, 75),
-    ];
+    let colors = crate::plot::KEY_COLORS;
     for (index, merchant) in merchants.iter().enumerate().take(colors.len()) {
         let color = colors[index];
         let mut arrivals: Vec<f64> = merchant_of

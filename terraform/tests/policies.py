@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from hcl import Module
+from hcl import Module, unquote
 
 PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 
@@ -77,11 +77,20 @@ def no_project_wide_grants(module: Module):
     return [f"{t}.{n}: project-wide {b.arg('role')}" for t, n, b in module.all_resources() if t.startswith("google_project_iam")]
 
 
+def _service_roles(module: Module):
+    """The services the module runs (local.services), each with its settings."""
+    services = module.locals.get("services") or {}
+    return {unquote(role): {unquote(k): v for k, v in settings.items()} for role, settings in services.items()}
+
+
 def cloud_run_is_private(module: Module):
     problems = []
     services = module.of_type("google_cloud_run_v2_service")
-    if len(services) != 2:
-        problems.append(f"expected the limiter and dispatcher services, found {sorted(services)}")
+    if not services:
+        problems.append("no Cloud Run service")
+    roles = _service_roles(module)
+    if set(roles) != {"limiter", "dispatcher"}:
+        problems.append(f"expected the limiter and dispatcher services, found {sorted(roles)}")
     for name, service in services.items():
         if service.arg("ingress") not in ("INGRESS_TRAFFIC_INTERNAL_ONLY", "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"):
             problems.append(f"Cloud Run service {name} accepts traffic from the internet (ingress {service.arg('ingress')})")
@@ -141,13 +150,12 @@ def dedicated_service_accounts(module: Module):
     for role in ("limiter", "dispatcher", "push", "tasks"):
         if role not in accounts:
             problems.append(f"no dedicated service account for the {role}")
-    services = module.of_type("google_cloud_run_v2_service")
-    used = [module.resolve(t.arg("service_account")) for s in services.values() for t in s.block("template")]
-    if len(set(map(str, used))) != len(used):
+    used = [str(settings.get("account")) for settings in _service_roles(module).values()]
+    if len(set(used)) != len(used):
         problems.append("the limiter and the dispatcher share a service account")
-    for account in map(str, used):
-        if "compute@developer" in account:
-            problems.append("a service runs as the default compute service account")
+    for account in used:
+        if "compute@developer" in account or "google_service_account." not in account:
+            problems.append(f"a service runs as {account}, not a dedicated service account")
     return problems
 
 

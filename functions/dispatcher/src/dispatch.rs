@@ -12,7 +12,7 @@ use drip_core::time::{DAY, parse_rfc3339, system_time_to_millis};
 use drip_store::{claim_check, entity_prefix};
 use redis::AsyncCommands;
 
-use crate::{AppState, RuleLabels};
+use crate::AppState;
 
 /// Cloud Tasks sets these on every dispatch; a request without them did not come from a queue.
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];
@@ -20,7 +20,7 @@ const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-tasknam
 pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
     if let Some(missing) = TASK_HEADERS.iter().find(|h| !headers.contains_key(**h)) {
         tracing::warn!(header = missing, "dispatch refused: not a Cloud Tasks request");
-        state.metrics.counted("-", "not_a_task");
+        state.metrics.count("-", "not_a_task");
         return StatusCode::FORBIDDEN;
     }
     let task = headers.get("x-cloudtasks-taskname").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
@@ -33,7 +33,7 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
     let meta = &body.rate_limit_meta;
     let Some(rule) = owner_of(&state, &meta.rule, &meta.overflow_topic) else {
         tracing::error!(task, topic = %meta.overflow_topic, rule = %meta.rule, "dispatch refused: no configured rule owns this overflow topic");
-        state.metrics.counted(&meta.rule, "unknown_overflow_topic");
+        state.metrics.count(&meta.rule, "unknown_overflow_topic");
         return StatusCode::FORBIDDEN;
     };
     match publish_overflow(&state, rule, &body).await {
@@ -41,19 +41,15 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
             let now = system_time_to_millis(SystemTime::now()).unwrap_or(0);
             let lateness = parse_rfc3339(&meta.scheduled_for).map(|slot| now - slot).unwrap_or(0);
             if outcome == "published" {
-                state
-                    .metrics
-                    .lateness
-                    .get_or_create(&RuleLabels { rule: rule.name.clone() })
-                    .observe(lateness.max(0) as f64 / 1_000.0);
+                state.metrics.observe(&rule.name, lateness.max(0) as f64 / 1_000.0);
             }
             tracing::info!(task, retry_count, message_id = %body.message_id, rule = %rule.name, key = %meta.key, outcome, lateness_ms = lateness, "dispatched");
-            state.metrics.counted(&rule.name, outcome);
+            state.metrics.count(&rule.name, outcome);
             StatusCode::OK
         }
         Err(error) => {
             tracing::warn!(task, retry_count, error = format!("{error:#}"), "dispatch failed; Cloud Tasks will retry");
-            state.metrics.counted(&rule.name, "retry");
+            state.metrics.count(&rule.name, "retry");
             StatusCode::SERVICE_UNAVAILABLE
         }
     }
@@ -74,14 +70,14 @@ fn dispatched_key(state: &AppState, body: &TaskBody) -> String {
 async fn publish_overflow(state: &AppState, rule: &Rule, body: &TaskBody) -> anyhow::Result<&'static str> {
     let mut redis = state.redis.clone();
     let marker = dispatched_key(state, body);
-    let seen: bool = state.metrics.shared.time("redis", redis.exists(&marker)).await?;
+    let seen: bool = state.metrics.time("redis", redis.exists(&marker)).await?;
     if seen {
         return Ok("duplicate");
     }
     let data = match body.payload().map_err(anyhow::Error::msg)? {
         Payload::Inline(data) => data,
         Payload::ClaimCheck(reference) => {
-            match state.metrics.shared.time("redis", claim_check::get(&mut redis, reference)).await? {
+            match state.metrics.time("redis", claim_check::get(&mut redis, reference)).await? {
                 Some(data) => data,
                 None => {
                     // Retrying cannot bring it back: dead-letter the task body, which names the event.
@@ -94,7 +90,7 @@ async fn publish_overflow(state: &AppState, rule: &Rule, body: &TaskBody) -> any
                         ("drip-key".to_owned(), body.rate_limit_meta.key.clone()),
                     ]);
                     let task_body = serde_json::to_vec(body)?;
-                    state.metrics.shared.time("pubsub", state.publishers.publish(topic, task_body, attributes)).await?;
+                    state.metrics.time("pubsub", state.publishers.publish(topic, task_body, attributes)).await?;
                     tracing::error!(message_id = %body.message_id, reference, "claim-checked payload expired: task dead-lettered");
                     return Ok("claim_check_missing");
                 }
@@ -116,7 +112,7 @@ async fn publish_overflow(state: &AppState, rule: &Rule, body: &TaskBody) -> any
     attributes.insert("drip-rule".into(), rule.name.clone());
     attributes.insert("drip-key".into(), meta.key.clone());
     attributes.insert("drip-scheduled-for".into(), meta.scheduled_for.clone());
-    state.metrics.shared.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
+    state.metrics.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
     // A second dispatch of this task (Cloud Tasks runs one twice, rarely) is then answered 200
     // without publishing again; consumers still deduplicate by drip-message-id for the race.
     let marked: redis::RedisResult<()> = redis.pset_ex(&marker, 1, DAY as u64).await;
@@ -137,10 +133,10 @@ async fn dead_letter_malformed(state: &AppState, task: &str, body: &[u8], error:
         ("drip-detail".to_owned(), error.chars().take(1_000).collect()),
         ("drip-task".to_owned(), task.to_owned()),
     ]);
-    match state.metrics.shared.time("pubsub", state.publishers.publish(topic, body.to_vec(), attributes)).await {
+    match state.metrics.time("pubsub", state.publishers.publish(topic, body.to_vec(), attributes)).await {
         Ok(_) => {
             tracing::error!(task, error, "malformed task body dead-lettered");
-            state.metrics.counted("-", "malformed_task");
+            state.metrics.count("-", "malformed_task");
             StatusCode::OK
         }
         Err(error) => {

@@ -13,13 +13,10 @@ use axum::routing::post;
 use drip_core::rules::RuleSet;
 use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::pubsub::Publishers;
-use drip_service::metrics::{HistogramFamily, Metrics, seconds_histogram};
+use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
 use drip_store::AnyConnection;
 use envconfig::Envconfig;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 
 /// The dispatcher's settings: the ones it shares with the limiter (README: "Settings").
 #[derive(Debug, Clone, Envconfig)]
@@ -34,43 +31,6 @@ impl Settings {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    pub rule: String,
-    /// `published`, `duplicate`, or why the task was refused or dead-lettered.
-    pub outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleLabels {
-    pub rule: String,
-}
-
-#[derive(Debug)]
-pub struct DispatcherMetrics {
-    pub shared: Arc<Metrics>,
-    pub dispatches: Family<OutcomeLabels, Counter>,
-    pub lateness: HistogramFamily<RuleLabels>,
-}
-
-impl DispatcherMetrics {
-    pub fn new(mut metrics: Metrics) -> Self {
-        let dispatches = Family::<OutcomeLabels, Counter>::default();
-        let lateness: HistogramFamily<RuleLabels> = Family::new_with_constructor(seconds_histogram);
-        metrics.registry.register("dispatches", "Tasks received, by rule and outcome", dispatches.clone());
-        metrics.registry.register(
-            "dispatch_lateness_seconds",
-            "How long after its slot a task reached the dispatcher",
-            lateness.clone(),
-        );
-        Self { shared: Arc::new(metrics), dispatches, lateness }
-    }
-
-    pub fn counted(&self, rule: &str, outcome: &str) {
-        self.dispatches.get_or_create(&OutcomeLabels { rule: rule.to_owned(), outcome: outcome.to_owned() }).inc();
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub rules: Arc<RuleSet>,
@@ -78,7 +38,7 @@ pub struct AppState {
     pub namespace: String,
     pub publishers: Arc<Publishers>,
     pub oidc: Option<Arc<OidcVerifier>>,
-    pub metrics: Arc<DispatcherMetrics>,
+    pub metrics: Arc<ServiceMetrics>,
     pub project: String,
 }
 
@@ -90,20 +50,18 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         namespace: common.redis_namespace.clone(),
         publishers: common.connect_pubsub().await?,
         oidc: common.oidc_verifier(),
-        metrics: Arc::new(DispatcherMetrics::new(Metrics::default())),
+        metrics: Arc::new(ServiceMetrics::new(
+            ("dispatches", "Tasks received, by rule and outcome"),
+            ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
+        )),
         project: common.project.clone(),
     })
 }
 
 pub fn app(state: AppState) -> Router {
-    let authenticated = Router::new()
+    let api = Router::new()
         .route("/dispatch", post(dispatch::dispatch))
         .layer(DefaultBodyLimit::max(1024 * 1024))
-        .route_layer(axum::middleware::from_fn_with_state(state.oidc.clone(), drip_service::auth::require_oidc))
         .with_state(state.clone());
-    Router::new()
-        .merge(authenticated)
-        .merge(drip_service::health::routes(state.redis.clone()))
-        .merge(Metrics::routes(state.metrics.shared.clone()))
-        .layer(drip_service::telemetry::trace_layer(&state.project))
+    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone(), &state.project)
 }

@@ -103,7 +103,7 @@ impl AppState {
                 attributes.insert(name.into(), value);
             }
         }
-        self.metrics.shared.time("pubsub", self.publishers.publish(&topic, letter.data.to_vec(), attributes)).await?;
+        self.metrics.time("pubsub", self.publishers.publish(&topic, letter.data.to_vec(), attributes)).await?;
         Ok(())
     }
 
@@ -147,7 +147,7 @@ impl AppState {
                 if let Some(token) = self.id_tokens.token_for(url).await? {
                     request = request.bearer_auth(token);
                 }
-                let response = self.metrics.shared.time("forward_url", request.send()).await?;
+                let response = self.metrics.time("forward_url", request.send()).await?;
                 let status = response.status();
                 if status.is_success() {
                     Ok(Forwarded::Done)

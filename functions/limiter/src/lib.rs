@@ -5,7 +5,6 @@
 
 mod actions;
 mod envelope;
-mod metrics;
 mod push;
 mod settings;
 
@@ -20,12 +19,11 @@ use drip_core::rules::RuleSet;
 use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::pubsub::Publishers;
 use drip_gcp::tasks::{TaskCreator, TaskTarget};
-use drip_service::metrics::Metrics;
+use drip_service::metrics::ServiceMetrics;
 use drip_store::{AnyConnection, RedisStore};
 
 pub use actions::{ForwardIdToken, queue_index, task_id};
 pub use envelope::{PushedMessage, Unusable};
-pub use metrics::LimiterMetrics;
 pub use settings::Settings;
 
 /// Pub/Sub push requests carry up to 10 MB of data, base64-encoded in JSON.
@@ -44,7 +42,7 @@ pub struct AppState {
     pub http: reqwest::Client,
     pub id_tokens: Arc<ForwardIdToken>,
     pub oidc: Option<Arc<OidcVerifier>>,
-    pub metrics: Arc<LimiterMetrics>,
+    pub metrics: Arc<ServiceMetrics>,
     pub claim_check_max_bytes: usize,
     pub project: String,
 }
@@ -77,7 +75,10 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         http,
         id_tokens: Arc::new(ForwardIdToken::new(&settings.forward_id_token)),
         oidc: common.oidc_verifier(),
-        metrics: Arc::new(LimiterMetrics::new(Metrics::default())),
+        metrics: Arc::new(ServiceMetrics::new(
+            ("decisions", "Events by rule and outcome (forward, delay or the dead-letter reason)"),
+            ("delay_seconds", "How far after its decision an event's slot lies"),
+        )),
         claim_check_max_bytes: settings.claim_check_max_bytes,
         project: common.project.clone(),
     })
@@ -104,15 +105,10 @@ async fn inspect_entity(
 }
 
 pub fn app(state: AppState) -> Router {
-    let authenticated = Router::new()
+    let api = Router::new()
         .route("/push", post(push::push))
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
         .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(inspect_entity))
-        .route_layer(axum::middleware::from_fn_with_state(state.oidc.clone(), drip_service::auth::require_oidc))
         .with_state(state.clone());
-    Router::new()
-        .merge(authenticated)
-        .merge(drip_service::health::routes(state.redis.clone()))
-        .merge(Metrics::routes(state.metrics.shared.clone()))
-        .layer(drip_service::telemetry::trace_layer(&state.project))
+    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone(), &state.project)
 }

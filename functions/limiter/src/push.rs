@@ -14,7 +14,6 @@ use drip_store::{SlotRequest, SlotStore};
 use crate::AppState;
 use crate::actions::{DeadLetter, Forwarded, Scheduled, Transient};
 use crate::envelope::{self, PushedMessage};
-use crate::metrics::RuleLabels;
 
 /// 204 once the event is forwarded, scheduled or dead-lettered; 503 when any of that failed
 /// transiently. Never 202: the Pub/Sub emulator takes it for a nack.
@@ -23,7 +22,7 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes
         Ok(message) => handle(&state, message).await,
         Err(unusable) => {
             tracing::warn!(reason = unusable.reason, detail = %unusable.detail, "unusable push request");
-            state.metrics.decided("-", unusable.reason);
+            state.metrics.count("-", unusable.reason);
             state
                 .dead_letter(DeadLetter {
                     rule: None,
@@ -64,7 +63,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
                 data: &message.data,
             };
             state.dead_letter(letter).await?;
-            state.metrics.decided(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
+            state.metrics.count(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
             return Ok(());
         }
     };
@@ -77,11 +76,11 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
         max_delay: rule.max_delay,
         now: None,
     };
-    let reserved = state.metrics.shared.time("redis", state.store.reserve(&request)).await?;
+    let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     if reservation.replayed && reservation.completed {
         tracing::info!(message_id = %message.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
-        state.metrics.decided(&rule.name, "redelivered");
+        state.metrics.count(&rule.name, "redelivered");
         return Ok(());
     }
     let decision = Decision::of(&reservation, rule.inline_wait);
@@ -140,11 +139,11 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
     };
     if !reservation.replayed && outcome != DlqReason::MaxDelayExceeded.as_str() {
         let delay = (reservation.slot - reservation.decided_at) as f64 / 1_000.0;
-        state.metrics.delay.get_or_create(&RuleLabels { rule: rule.name.clone() }).observe(delay);
+        state.metrics.observe(&rule.name, delay);
     }
-    state.metrics.decided(&rule.name, outcome);
+    state.metrics.count(&rule.name, outcome);
     // Acting twice on a redelivery is what this prevents; failing to record it only risks that.
-    if let Err(error) = state.metrics.shared.time("redis", state.store.complete(&request)).await {
+    if let Err(error) = state.metrics.time("redis", state.store.complete(&request)).await {
         tracing::warn!(message_id = %message.id, %error, "could not record the message as acted upon");
     }
     Ok(())

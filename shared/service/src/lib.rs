@@ -31,6 +31,22 @@ pub async fn shutdown_signal() {
     tracing::info!("shutting down: finishing requests in flight");
 }
 
+/// A service's whole router: its own routes (`api`, behind OIDC when `oidc` is set), `/healthz`,
+/// `/readyz`, `/metrics`, and a request span carrying the Cloud Trace id.
+pub fn service_router(
+    api: axum::Router,
+    oidc: Option<std::sync::Arc<drip_gcp::oidc::OidcVerifier>>,
+    redis: drip_store::AnyConnection,
+    metrics: std::sync::Arc<metrics::Metrics>,
+    project: &str,
+) -> axum::Router {
+    axum::Router::new()
+        .merge(api.route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)))
+        .merge(health::routes(redis))
+        .merge(metrics::Metrics::routes(metrics))
+        .layer(telemetry::trace_layer(project))
+}
+
 /// Serves `router` on `listener` until [`shutdown_signal`].
 pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
     axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await

@@ -71,3 +71,48 @@ impl Metrics {
 async fn render(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.render())
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub rule: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: String,
+}
+
+/// A service's metrics: the shared call metrics, a counter of outcomes by rule, and a histogram
+/// of seconds by rule (the limiter's delays, the dispatcher's lateness).
+#[derive(Debug)]
+pub struct ServiceMetrics {
+    pub shared: Arc<Metrics>,
+    outcomes: Family<OutcomeLabels, prometheus_client::metrics::counter::Counter>,
+    seconds: HistogramFamily<RuleLabels>,
+}
+
+impl ServiceMetrics {
+    /// `outcomes` and `seconds` are (name, help) of the two families.
+    pub fn new(outcomes: (&str, &str), seconds: (&str, &str)) -> Self {
+        let mut metrics = Metrics::default();
+        let outcome_family = Family::<OutcomeLabels, prometheus_client::metrics::counter::Counter>::default();
+        let seconds_family: HistogramFamily<RuleLabels> = Family::new_with_constructor(seconds_histogram);
+        metrics.registry.register(outcomes.0, outcomes.1, outcome_family.clone());
+        metrics.registry.register(seconds.0, seconds.1, seconds_family.clone());
+        Self { shared: Arc::new(metrics), outcomes: outcome_family, seconds: seconds_family }
+    }
+
+    pub fn count(&self, rule: &str, outcome: &str) {
+        self.outcomes.get_or_create(&OutcomeLabels { rule: rule.to_owned(), outcome: outcome.to_owned() }).inc();
+    }
+
+    pub fn observe(&self, rule: &str, seconds: f64) {
+        self.seconds.get_or_create(&RuleLabels { rule: rule.to_owned() }).observe(seconds);
+    }
+
+    /// Times a call to a dependency (see [`Metrics::time`]).
+    pub async fn time<T, E>(&self, dependency: &'static str, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+        self.shared.time(dependency, call).await
+    }
+}
