@@ -11,9 +11,9 @@ use plotters::prelude::*;
 use crate::simulate::Outcome;
 use crate::summary::{Ledger, ledgers};
 
-pub pub const KEYS_DRAWN: usize = 6;
+pub const KEYS_DRAWN: usize = 6;
 /// Blue, orange, green, purple, teal, brown: apart from each other and from the red limit line.
-pub pub const KEY_COLORS: [RGBColor; KEYS_DRAWN] = [
+pub const KEY_COLORS: [RGBColor; KEYS_DRAWN] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
