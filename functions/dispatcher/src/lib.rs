@@ -39,7 +39,6 @@ pub struct AppState {
     pub publishers: Arc<Publishers>,
     pub oidc: Option<Arc<OidcVerifier>>,
     pub metrics: Arc<ServiceMetrics>,
-    pub project: String,
 }
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
@@ -54,7 +53,6 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             ("dispatches", "Tasks received, by rule and outcome"),
             ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
         )),
-        project: common.project.clone(),
     })
 }
 
@@ -63,5 +61,5 @@ pub fn app(state: AppState) -> Router {
         .route("/dispatch", post(dispatch::dispatch))
         .layer(DefaultBodyLimit::max(1024 * 1024))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone(), &state.project)
+    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone())
 }

@@ -44,7 +44,6 @@ pub struct AppState {
     pub oidc: Option<Arc<OidcVerifier>>,
     pub metrics: Arc<ServiceMetrics>,
     pub claim_check_max_bytes: usize,
-    pub project: String,
 }
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
@@ -80,7 +79,6 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             ("delay_seconds", "How far after its decision an event's slot lies"),
         )),
         claim_check_max_bytes: settings.claim_check_max_bytes,
-        project: common.project.clone(),
     })
 }
 
@@ -110,5 +108,5 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
         .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(inspect_entity))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone(), &state.project)
+    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone())
 }

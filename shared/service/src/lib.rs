@@ -32,19 +32,18 @@ pub async fn shutdown_signal() {
 }
 
 /// A service's whole router: its own routes (`api`, behind OIDC when `oidc` is set), `/healthz`,
-/// `/readyz`, `/metrics`, and a request span carrying the Cloud Trace id.
+/// `/readyz`, `/metrics`, and a request span carrying the Cloud Trace context.
 pub fn service_router(
     api: axum::Router,
     oidc: Option<std::sync::Arc<drip_gcp::oidc::OidcVerifier>>,
     redis: drip_store::AnyConnection,
     metrics: std::sync::Arc<metrics::Metrics>,
-    project: &str,
 ) -> axum::Router {
     axum::Router::new()
         .merge(api.route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)))
         .merge(health::routes(redis))
         .merge(metrics::Metrics::routes(metrics))
-        .layer(telemetry::trace_layer(project))
+        .layer(telemetry::trace_layer())
 }
 
 /// Serves `router` on `listener` until [`shutdown_signal`].

@@ -1,51 +1,145 @@
-//! Logs in Cloud Logging's JSON format (`tracing-stackdriver`), one span per request carrying the
-//! `X-Cloud-Trace-Context` trace. `DRIP_LOG_FORMAT=text` gives plain lines for local runs;
-//! `RUST_LOG` filters (default `info`).
+//! Logs in Cloud Logging's JSON format (`tracing-stackdriver`), one span per request that carries
+//! the caller's `X-Cloud-Trace-Context`, so every line of a request has the
+//! `logging.googleapis.com/trace` Cloud Logging correlates by. `DRIP_LOG_FORMAT=text` gives plain
+//! lines for local runs; `RUST_LOG` filters (default `info`).
 
 use axum::extract::MatchedPath;
 use axum::http::Request;
-use tower_http::trace::TraceLayer;
-use tower_http::trace::{HttpMakeClassifier, MakeSpan};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider};
+use tower_http::trace::{HttpMakeClassifier, MakeSpan, TraceLayer};
 use tracing::Span;
+use tracing::Subscriber;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_stackdriver::CloudTraceConfiguration;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
+/// Installs the process's subscriber; the project (GOOGLE_CLOUD_PROJECT) names the traces.
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
     let result = if std::env::var("DRIP_LOG_FORMAT").as_deref() == Ok("text") {
-        registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init()
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init()
     } else {
-        registry.with(tracing_stackdriver::layer()).try_init()
+        let project = std::env::var("GOOGLE_CLOUD_PROJECT").unwrap_or_default();
+        cloud_logging(&project, std::io::stdout).with(filter).try_init()
     };
     if result.is_err() {
         tracing::debug!("a tracing subscriber was already installed");
     }
 }
 
-/// The span of one request: method, route, and the Cloud Trace id as
-/// `projects/<project>/traces/<id>` (Cloud Logging's form).
-#[derive(Debug, Clone)]
-pub struct RequestSpan {
-    project: String,
+/// Cloud Logging JSON on `writer`. OpenTelemetry only carries the trace context here: spans are
+/// exported nowhere.
+pub fn cloud_logging<W>(project: &str, writer: W) -> impl Subscriber + for<'a> LookupSpan<'a> + Send + Sync
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let tracer = opentelemetry_sdk::trace::TracerProvider::builder().build().tracer("drip");
+    tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(tracer)).with(
+        tracing_stackdriver::layer()
+            .with_writer(writer)
+            .with_cloud_trace(CloudTraceConfiguration { project_id: project.to_owned() }),
+    )
 }
+
+/// The span of one request: method and route, parented on the caller's Cloud Trace context.
+#[derive(Debug, Clone, Default)]
+pub struct RequestSpan;
 
 impl<B> MakeSpan<B> for RequestSpan {
     fn make_span(&mut self, request: &Request<B>) -> Span {
         let route = request.extensions().get::<MatchedPath>().map_or(request.uri().path(), MatchedPath::as_str);
-        let trace = request
-            .headers()
-            .get("x-cloud-trace-context")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split('/').next())
-            .filter(|id| !id.is_empty())
-            .map(|id| format!("projects/{}/traces/{id}", self.project))
-            .unwrap_or_default();
-        tracing::info_span!("request", method = %request.method(), route, trace)
+        let span = tracing::info_span!("request", method = %request.method(), route);
+        if let Some(context) =
+            request.headers().get("x-cloud-trace-context").and_then(|v| v.to_str().ok()).and_then(parse_trace_context)
+        {
+            span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
+        }
+        span
     }
 }
 
-pub fn trace_layer(project: &str) -> TraceLayer<HttpMakeClassifier, RequestSpan> {
-    TraceLayer::new_for_http().make_span_with(RequestSpan { project: project.to_owned() })
+/// `TRACE_ID/SPAN_ID;o=OPTIONS`: a 32-hex-digit trace id, a decimal span id, `o=1` when sampled.
+fn parse_trace_context(header: &str) -> Option<SpanContext> {
+    let (trace, rest) = header.split_once('/')?;
+    let (span, options) = rest.split_once(';').unwrap_or((rest, ""));
+    if trace.len() != 32 {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok().filter(|id| *id != TraceId::INVALID)?;
+    let span_id = SpanId::from(span.parse::<u64>().ok().filter(|id| *id != 0)?);
+    let flags = if options.trim() == "o=1" { TraceFlags::SAMPLED } else { TraceFlags::default() };
+    Some(SpanContext::new(trace_id, span_id, flags, true, TraceState::default()))
+}
+
+pub fn trace_layer() -> TraceLayer<HttpMakeClassifier, RequestSpan> {
+    TraceLayer::new_for_http().make_span_with(RequestSpan)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged_line(header: Option<&str>) -> serde_json::Value {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = cloud_logging("drip-prod", move || writer.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let mut request = Request::builder().uri("/push").method("POST");
+            if let Some(header) = header {
+                request = request.header("x-cloud-trace-context", header);
+            }
+            let span = RequestSpan.make_span(&request.body(()).unwrap());
+            span.in_scope(|| tracing::info!(message_id = "42", decision = "forward", "decision"));
+        });
+        let bytes = buffer.0.lock().unwrap().clone();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[test]
+    fn request_logs_carry_the_cloud_trace_of_the_caller() {
+        let line = logged_line(Some("105445aa7843bc8bf206b12000100000/1;o=1"));
+        assert_eq!(line["logging.googleapis.com/trace"], "projects/drip-prod/traces/105445aa7843bc8bf206b12000100000");
+        assert_eq!(line["logging.googleapis.com/trace_sampled"], true);
+        assert_eq!(line["severity"], "INFO");
+        assert_eq!(line["decision"], "forward");
+        assert_eq!(line["messageId"], "42");
+    }
+
+    #[test]
+    fn malformed_or_missing_trace_headers_are_ignored() {
+        for header in [
+            None,
+            Some("not-a-trace"),
+            Some("00000000000000000000000000000000/1;o=1"),
+            Some("105445aa7843bc8bf206b12000100000/x"),
+        ] {
+            let line = logged_line(header);
+            let trace = line["logging.googleapis.com/trace"].as_str().unwrap_or_default();
+            assert!(!trace.contains("105445aa"), "{header:?}: {line}");
+            assert_eq!(line["decision"], "forward");
+        }
+    }
 }
