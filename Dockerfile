@@ -25,7 +25,8 @@ RUN touch shared/*/src/lib.rs functions/*/src/*.rs \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /src/target/release/drip-limiter /src/target/release/drip-dispatcher /usr/local/bin/
-USER nonroot:nonroot
+# 65532 is distroless's nonroot user, numeric so the platform can check it is not root.
+USER 65532:65532
 ENV DRIP_LOG_FORMAT=json
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/drip-limiter"]

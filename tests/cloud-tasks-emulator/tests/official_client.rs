@@ -214,3 +214,36 @@ async fn deleted_tasks_never_run_and_injected_faults_reach_the_client() {
         .unwrap_err();
     assert_eq!(err.status().map(|s| s.code), Some(Code::Internal));
 }
+
+/// The REST surface also takes what other clients send: enum names instead of numbers, no `$alt`.
+#[tokio::test]
+async fn string_enums_and_plain_json_are_accepted() {
+    let (client, emulator, endpoint) = start(Settings::default()).await;
+    let queue = queue(&client, "strings", 100).await;
+    let tomorrow = std::time::SystemTime::now() + Duration::from_secs(86_400);
+    let millis = tomorrow.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let at_millis = std::time::UNIX_EPOCH + Duration::from_millis(millis);
+    let body = serde_json::json!({
+        "task": {
+            "name": format!("{queue}/tasks/put-task"),
+            "scheduleTime": humantime::format_rfc3339_nanos(tomorrow).to_string(),
+            "httpRequest": {"url": "http://127.0.0.1:9/x", "httpMethod": "PUT", "body": "e30="},
+        },
+        "responseView": "FULL",
+    });
+    let response =
+        reqwest::Client::new().post(format!("{endpoint}/v2/{queue}/tasks")).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let task: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(task["httpRequest"]["httpMethod"], "PUT");
+    assert_eq!(task["view"], "FULL");
+    assert_eq!(task["httpRequest"]["body"], "e30=");
+    assert_eq!(task["scheduleTime"], humantime::format_rfc3339_nanos(at_millis).to_string(), "kept to the millisecond");
+    let snapshot = emulator.tasks().await.unwrap();
+    assert_eq!(snapshot[0].name, format!("{queue}/tasks/put-task"));
+    let bad = serde_json::json!({"task": {"httpRequest": {"url": "http://127.0.0.1:9/x", "httpMethod": "BREW"}}});
+    let refused = reqwest::Client::new().post(format!("{endpoint}/v2/{queue}/tasks")).json(&bad).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let error: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["status"], "INVALID_ARGUMENT");
+}

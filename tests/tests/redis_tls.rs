@@ -1,0 +1,188 @@
+//! Memorystore's in-transit encryption and AUTH, locally: a Redis serving TLS only, with a
+//! password, and a certificate signed by a CA of the test's own (REDIS_CA_CERT in production).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use drip_core::rules::{Limit, Placement, Window};
+use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
+use drip_tests::redis_server::free_port;
+use drip_tests::unique;
+
+struct TlsRedis {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(status.success(), "openssl {args:?}");
+}
+
+/// A CA, a server certificate for 127.0.0.1 signed by it, and a second CA that signed nothing.
+fn certificates(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=drip-test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other-ca",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.pem",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+}
+
+fn start() -> TlsRedis {
+    let dir = std::env::temp_dir().join(unique("redis-tls"));
+    std::fs::create_dir_all(&dir).unwrap();
+    certificates(&dir);
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args([
+            "--tls-cert-file",
+            "server.pem",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.pem",
+            "--tls-auth-clients",
+            "no",
+        ])
+        .args(["--requirepass", "s3cret", "--dir", dir.to_str().unwrap()])
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "TLS redis never listened");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    TlsRedis { child, port, dir }
+}
+
+fn settings(redis: &TlsRedis, password: &str, ca: &str) -> RedisSettings {
+    RedisSettings {
+        url: format!("rediss://:{password}@127.0.0.1:{}/", redis.port),
+        ca_cert_pem: Some(std::fs::read(redis.dir.join(ca)).unwrap()),
+        cluster: false,
+        response_timeout: Duration::from_secs(2),
+    }
+}
+
+#[tokio::test]
+async fn reserves_over_tls_with_auth_and_the_given_ca() {
+    let redis = start();
+    let connection = AnyConnection::connect(&settings(&redis, "s3cret", "ca.pem")).await.expect("TLS + AUTH connect");
+    let store = RedisStore::new(connection, "drip");
+    let limits = [Limit { limit: 1, per: 60_000, window: Window::Fixed(Placement::Start) }];
+    let request = SlotRequest {
+        rule: "tls",
+        key: "k",
+        message_id: "m1",
+        cost: 1,
+        limits: &limits,
+        max_delay: 120_000,
+        now: Some(0),
+    };
+    let reserved = store.reserve(&request).await.unwrap();
+    assert_eq!(reserved.reservation.slot, 0);
+}
+
+#[tokio::test]
+async fn refuses_a_server_signed_by_another_ca_and_a_wrong_password() {
+    let redis = start();
+    assert!(AnyConnection::connect(&settings(&redis, "s3cret", "other.pem")).await.is_err(), "an unknown CA must fail");
+    assert!(AnyConnection::connect(&settings(&redis, "wrong", "ca.pem")).await.is_err(), "a wrong password must fail");
+}
