@@ -99,6 +99,8 @@ pub struct LimiterWiring {
     pub timeouts_ms: u64,
     /// The Redis key namespace (a dispatcher working with this limiter must share it).
     pub namespace: String,
+    /// `redis_url` is a node of a Redis Cluster.
+    pub redis_cluster: bool,
 }
 
 impl LimiterWiring {
@@ -121,6 +123,7 @@ impl LimiterWiring {
             claim_check_max_bytes: 1024 * 1024,
             timeouts_ms: 3_000,
             namespace: unique("drip"),
+            redis_cluster: false,
         }
     }
 }
@@ -142,7 +145,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             port: 0,
             redis_url: wiring.redis_url.clone(),
             redis_ca_cert: None,
-            redis_cluster: false,
+            redis_cluster: wiring.redis_cluster,
             redis_namespace: namespace.clone(),
             redis_timeout_ms: wiring.timeouts_ms,
             project: PROJECT.into(),

@@ -9,7 +9,7 @@ use base64::Engine;
 use cloud_tasks_emulator::{Fault, Faults, TaskSnapshot, TokenSigner};
 use drip_core::time::{MINUTE, Millis, format_rfc3339};
 use drip_tests::pubsub_emulator::{Pubsub, PubsubEmulator, Pulled};
-use drip_tests::redis_server::{RedisServer, shared_url};
+use drip_tests::redis_server::{RedisCluster, RedisServer, shared_url};
 use drip_tests::stack::{LimiterUnderTest, LimiterWiring, RecordingTarget, TasksStandIn, spawn_limiter};
 use drip_tests::unique;
 use reqwest::StatusCode;
@@ -530,4 +530,27 @@ async fn the_entity_endpoint_shows_use_backlog_and_drain_time() {
     assert_eq!(report["limits"][0]["usedNow"], 2);
     let missing = t.http.get(format!("{}/v1/rules/nope/keys/x", t.limiter.url)).send().await.unwrap();
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+}
+
+/// The limiter on Memorystore for Redis Cluster's shape: a 3-master cluster (REDIS_CLUSTER=true).
+#[tokio::test]
+async fn the_limiter_works_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let t = start_with(Pubsub::shared(), cluster.urls()[0].clone(), |w| w.redis_cluster = true).await;
+    for (i, merchant) in [(0, 1), (1, 1), (2, 1), (3, 2), (4, 3)] {
+        assert_eq!(t.payout(&format!("c{i}"), merchant).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.payout("c2", 1).await, StatusCode::NO_CONTENT, "a redelivery");
+    assert_eq!(t.pulled("ready", 4).await.len(), 4);
+    assert_eq!(t.tasks().await.len(), 1, "the third payout of merchant 1 waits for the next hour");
+    let report: Value = t
+        .http
+        .get(format!("{}/v1/rules/{}/keys/merchant_1", t.limiter.url, t.rule("payouts")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["backlog"], 1, "{report}");
 }
