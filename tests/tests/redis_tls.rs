@@ -35,44 +35,19 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(status.success(), "openssl {args:?}");
 }
 
+/// A self-signed CA: `<name>.key` and `<name>.pem`.
+fn certificate_authority(dir: &Path, name: &str) {
+    let (key, pem, subject) = (format!("{name}.key"), format!("{name}.pem"), format!("/CN={name}"));
+    let args = [
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", &subject, "-keyout", &key, "-out", &pem,
+    ];
+    openssl(dir, &args);
+}
+
 /// A CA, a server certificate for 127.0.0.1 signed by it, and a second CA that signed nothing.
 fn certificates(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=drip-test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=other-ca",
-            "-keyout",
-            "other.key",
-            "-out",
-            "other.pem",
-        ],
-    );
+    certificate_authority(dir, "ca");
+    certificate_authority(dir, "other");
     openssl(
         dir,
         &[
@@ -89,26 +64,9 @@ fn certificates(dir: &Path) {
         ],
     );
     std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
+    let sign =
+        ["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1"];
+    openssl(dir, &[&sign[..], &["-extfile", "san.ext", "-out", "server.pem"]].concat());
 }
 
 fn start() -> TlsRedis {
