@@ -1,5 +1,6 @@
 # Where reservations live. AUTH and in-transit encryption are on; the AUTH string and the server CA
-# reach the services through Secret Manager only.
+# reach the services through Secret Manager only. Memorystore for Redis Cluster authenticates with
+# IAM instead: the services present their own access tokens (REDIS_IAM_AUTH).
 
 resource "google_redis_instance" "drip" {
   count = var.redis_cluster ? 0 : 1
@@ -55,5 +56,25 @@ locals {
     ) : (
     "rediss://:${google_redis_instance.drip[0].auth_string}@${google_redis_instance.drip[0].host}:${google_redis_instance.drip[0].port}"
   )
-  redis_ca = var.redis_cluster ? "" : google_redis_instance.drip[0].server_ca_certs[0].cert
+  redis_ca = var.redis_cluster ? join("\n", flatten([
+    for ca in google_redis_cluster.drip[0].managed_server_ca[0].ca_certs : ca.certificates
+  ])) : google_redis_instance.drip[0].server_ca_certs[0].cert
+}
+
+# IAM authentication to the cluster: each service may connect to this one cluster only.
+resource "google_project_iam_member" "services_connect_to_cluster" {
+  for_each = var.redis_cluster ? {
+    limiter    = google_service_account.limiter.member
+    dispatcher = google_service_account.dispatcher.member
+  } : {}
+
+  project = var.project_id
+  role    = "roles/redis.dbConnectionUser"
+  member  = each.value
+
+  condition {
+    title       = "drip-cluster-only"
+    description = "Connect to the Drip cluster and no other."
+    expression  = "resource.name == \"projects/${var.project_id}/locations/${var.region}/clusters/${var.name}\""
+  }
 }

@@ -5,8 +5,9 @@ locals {
   common_env = {
     GOOGLE_CLOUD_PROJECT = var.project_id
     DRIP_RULES           = "/etc/drip/rules/rules.yaml"
-    REDIS_CA_CERT        = var.redis_cluster ? "" : "/etc/drip/redis-ca/ca.pem"
+    REDIS_CA_CERT        = "/etc/drip/redis-ca/ca.pem"
     REDIS_CLUSTER        = tostring(var.redis_cluster)
+    REDIS_IAM_AUTH       = tostring(var.redis_cluster)
     DRIP_REDIS_NAMESPACE = "drip"
   }
   limiter_env = merge(local.common_env, {

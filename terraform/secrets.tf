@@ -27,9 +27,8 @@ resource "google_secret_manager_secret" "redis_ca" {
 }
 
 resource "google_secret_manager_secret_version" "redis_ca" {
-  secret = google_secret_manager_secret.redis_ca.id
-  # Memorystore for Redis Cluster clients use the system roots; a placeholder keeps one shape.
-  secret_data = local.redis_ca != "" ? local.redis_ca : "none"
+  secret      = google_secret_manager_secret.redis_ca.id
+  secret_data = local.redis_ca
 }
 
 resource "google_secret_manager_secret" "rules" {

@@ -117,7 +117,7 @@ variable "redis_memory_size_gb" {
 }
 
 variable "redis_cluster" {
-  description = "Use Memorystore for Redis Cluster instead of Memorystore for Redis (see the README: the services do not speak IAM AUTH yet)."
+  description = "Use Memorystore for Redis Cluster (IAM authentication, TLS) instead of Memorystore for Redis."
   type        = bool
   default     = false
 }

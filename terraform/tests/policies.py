@@ -74,7 +74,15 @@ def no_public_access(module: Module):
 
 
 def no_project_wide_grants(module: Module):
-    return [f"{t}.{n}: project-wide {b.arg('role')}" for t, n, b in module.all_resources() if t.startswith("google_project_iam")]
+    """Project-level bindings only with a condition that narrows them to one resource."""
+    problems = []
+    for resource_type, name, block in module.all_resources():
+        if not resource_type.startswith("google_project_iam"):
+            continue
+        conditions = block.block("condition")
+        if not conditions or "resource.name" not in str(conditions[0].arguments.get("expression")):
+            problems.append(f"{resource_type}.{name}: project-wide {block.arg('role')}")
+    return problems
 
 
 def _service_roles(module: Module):

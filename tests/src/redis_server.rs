@@ -29,6 +29,8 @@ pub struct RedisServer {
     child: Child,
     pub port: u16,
     dir: PathBuf,
+    /// `--requirepass`, when the server was started with one.
+    password: Option<String>,
 }
 
 impl RedisServer {
@@ -37,7 +39,12 @@ impl RedisServer {
         let dir = std::env::temp_dir().join(format!("drip-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let child = Self::spawn(port, &dir, extra_args);
-        let server = Self { child, port, dir };
+        let password = extra_args
+            .iter()
+            .position(|a| *a == "--requirepass")
+            .and_then(|i| extra_args.get(i + 1))
+            .map(|p| p.to_string());
+        let server = Self { child, port, dir, password };
         server.wait_until(|| server.cli(&["PING"]).is_some_and(|out| out.trim() == "PONG"), "PING");
         server
     }
@@ -72,11 +79,12 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server; `None` when it fails.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
+        let mut command = Command::new("redis-cli");
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(password) = &self.password {
+            command.args(["-a", password, "--no-auth-warning"]);
+        }
+        let out = command.args(args).output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
@@ -105,9 +113,18 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
-            .collect();
+        Self::start_with(&[])
+    }
+
+    /// Every node requires `password` (as Memorystore for Redis Cluster requires a token).
+    pub fn start_with_password(password: &str) -> Self {
+        Self::start_with(&["--requirepass", password, "--masterauth", password])
+    }
+
+    fn start_with(extra_args: &[&str]) -> Self {
+        let mut args = vec!["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+        args.extend_from_slice(extra_args);
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start(&args)).collect();
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addresses.iter().map(String::as_str));

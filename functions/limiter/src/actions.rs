@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use crate::AppState;
-use crate::envelope::PushedMessage;
+use drip_core::event::Event;
 
 /// A failure worth retrying: the push is answered 5xx and Pub/Sub redelivers.
 #[derive(Debug)]
@@ -112,24 +112,24 @@ impl AppState {
         &self,
         rule: &Rule,
         key: &str,
-        message: &PushedMessage,
+        event: &Event,
         slot: Millis,
     ) -> Result<Forwarded, Transient> {
         match &rule.forward {
             Forward::Topic(topic) => {
-                let mut attributes = message.attributes.clone();
-                attributes.insert("drip-message-id".into(), truncate(&message.id, MAX_ATTRIBUTE_BYTES));
+                let mut attributes = event.attributes.clone();
+                attributes.insert("drip-message-id".into(), truncate(&event.id, MAX_ATTRIBUTE_BYTES));
                 attributes.insert("drip-scheduled-for".into(), format_rfc3339(slot));
                 attributes.insert("drip-rule".into(), rule.name.clone());
                 attributes.insert("drip-key".into(), truncate(key, MAX_ATTRIBUTE_BYTES));
                 self.metrics
                     .shared
-                    .time("pubsub", self.publishers.publish(topic, message.data.clone(), attributes))
+                    .time("pubsub", self.publishers.publish(topic, event.data.clone(), attributes))
                     .await?;
                 Ok(Forwarded::Done)
             }
             Forward::Url(url) => {
-                let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&message.data).is_ok() {
+                let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&event.data).is_ok() {
                     "application/json"
                 } else {
                     "application/octet-stream"
@@ -138,12 +138,12 @@ impl AppState {
                     .http
                     .post(url)
                     .header("content-type", content_type)
-                    .header("x-drip-message-id", &message.id)
+                    .header("x-drip-message-id", &event.id)
                     .header("x-drip-rule", &rule.name)
                     .header("x-drip-key", key)
                     .header("x-drip-scheduled-for", format_rfc3339(slot))
-                    .header("x-drip-attributes", serde_json::to_string(&message.attributes)?)
-                    .body(message.data.clone());
+                    .header("x-drip-attributes", serde_json::to_string(&event.attributes)?)
+                    .body(event.data.clone());
                 if let Some(token) = self.id_tokens.token_for(url).await? {
                     request = request.bearer_auth(token);
                 }
@@ -165,7 +165,8 @@ impl AppState {
         &self,
         rule: &Rule,
         key: &str,
-        message: &PushedMessage,
+        event: &Event,
+        publish_time: Option<&str>,
         slot: Millis,
         now: Millis,
     ) -> Result<Scheduled, Transient> {
@@ -183,21 +184,21 @@ impl AppState {
             original_payload: None,
             original_payload_base64: None,
             claim_check: None,
-            attributes: message.attributes.clone(),
-            message_id: message.id.clone(),
-            publish_time: message.publish_time.clone(),
+            attributes: event.attributes.clone(),
+            message_id: event.id.clone(),
+            publish_time: publish_time.map(str::to_owned),
         };
-        let mut encoded = serde_json::to_vec(&body.clone().with_data(&message.data))?;
+        let mut encoded = serde_json::to_vec(&body.clone().with_data(&event.data))?;
         if encoded.len() > MAX_INLINE_TASK_BODY {
-            if message.data.len() > self.claim_check_max_bytes {
-                return Ok(Scheduled::TooLarge(message.data.len()));
+            if event.data.len() > self.claim_check_max_bytes {
+                return Ok(Scheduled::TooLarge(event.data.len()));
             }
-            let reference = drip_store::claim_check::claim_check_key(&self.namespace, &rule.name, key, &message.id);
+            let reference = drip_store::claim_check::claim_check_key(&self.namespace, &rule.name, key, &event.id);
             let mut redis = self.redis.clone();
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
             self.metrics
                 .shared
-                .time("redis", drip_store::claim_check::put(&mut redis, &reference, &message.data, ttl))
+                .time("redis", drip_store::claim_check::put(&mut redis, &reference, &event.data, ttl))
                 .await?;
             body.claim_check = Some(reference);
             encoded = serde_json::to_vec(&body)?;
@@ -207,7 +208,7 @@ impl AppState {
         let created = self
             .metrics
             .shared
-            .time("cloud_tasks", self.tasks.create(queue, &task_id(&rule.name, &message.id), slot, encoded, headers))
+            .time("cloud_tasks", self.tasks.create(queue, &task_id(&rule.name, &event.id), slot, encoded, headers))
             .await?;
         Ok(match created {
             Created::New => Scheduled::Created,

@@ -47,20 +47,21 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes
 }
 
 async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transient> {
-    let event = Event::new(message.id.clone(), message.attributes.clone(), message.data.clone());
+    let PushedMessage { id, publish_time, attributes, data } = message;
+    let event = Event::new(id, attributes, data);
     let (rule, key, cost) = match plan(&state.rules, &event) {
         Plan::Reserve { rule, key, cost } => (rule, key, cost),
         Plan::DeadLetter { rule, key, reason, detail } => {
-            log_decision(&message, rule, key.as_deref(), reason.as_str(), None, false);
+            log_decision(&event, rule, key.as_deref(), reason.as_str(), None, false);
             let letter = DeadLetter {
                 rule,
                 key: key.as_deref(),
                 reason: reason.as_str(),
                 detail: &detail,
                 scheduled_for: None,
-                message_id: Some(&message.id),
-                attributes: &message.attributes,
-                data: &message.data,
+                message_id: Some(&event.id),
+                attributes: &event.attributes,
+                data: &event.data,
             };
             state.dead_letter(letter).await?;
             state.metrics.count(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
@@ -70,7 +71,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
     let request = SlotRequest {
         rule: &rule.name,
         key: &key,
-        message_id: &message.id,
+        message_id: &event.id,
         cost,
         limits: &rule.limits,
         max_delay: rule.max_delay,
@@ -79,13 +80,13 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
     let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     if reservation.replayed && reservation.completed {
-        tracing::info!(message_id = %message.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
+        tracing::info!(message_id = %event.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
         state.metrics.count(&rule.name, "redelivered");
         return Ok(());
     }
     let decision = Decision::of(&reservation, rule.inline_wait);
     log_decision(
-        &message,
+        &event,
         Some(rule),
         Some(&key),
         decision_name(decision),
@@ -93,7 +94,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
         reservation.replayed,
     );
     let dead_letter = |reason: &'static str, detail: String, scheduled_for| {
-        let (rule, key, message) = (rule, key.clone(), message.clone());
+        let (rule, key, event) = (rule, key.clone(), &event);
         async move {
             let letter = DeadLetter {
                 rule: Some(rule),
@@ -101,9 +102,9 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
                 reason,
                 detail: &detail,
                 scheduled_for,
-                message_id: Some(&message.id),
-                attributes: &message.attributes,
-                data: &message.data,
+                message_id: Some(&event.id),
+                attributes: &event.attributes,
+                data: &event.data,
             };
             state.dead_letter(letter).await
         }
@@ -119,23 +120,25 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait as u64)).await;
             }
-            match state.forward(rule, &key, &message, reservation.slot).await? {
+            match state.forward(rule, &key, &event, reservation.slot).await? {
                 Forwarded::Done => "forward",
                 Forwarded::Rejected(detail) => {
-                    tracing::error!(message_id = %message.id, rule = %rule.name, %detail, "forward target rejected the event");
+                    tracing::error!(message_id = %event.id, rule = %rule.name, %detail, "forward target rejected the event");
                     dead_letter("forward_rejected", detail, Some(reservation.slot)).await?;
                     "forward_rejected"
                 }
             }
         }
-        Decision::Delay => match state.schedule(rule, &key, &message, reservation.slot, reserved.now).await? {
-            Scheduled::Created | Scheduled::AlreadyExisted => "delay",
-            Scheduled::TooLarge(size) => {
-                let detail = format!("{size} bytes: too large for a task and over DRIP_CLAIM_CHECK_MAX_BYTES");
-                dead_letter("payload_too_large", detail, Some(reservation.slot)).await?;
-                "payload_too_large"
+        Decision::Delay => {
+            match state.schedule(rule, &key, &event, publish_time.as_deref(), reservation.slot, reserved.now).await? {
+                Scheduled::Created | Scheduled::AlreadyExisted => "delay",
+                Scheduled::TooLarge(size) => {
+                    let detail = format!("{size} bytes: too large for a task and over DRIP_CLAIM_CHECK_MAX_BYTES");
+                    dead_letter("payload_too_large", detail, Some(reservation.slot)).await?;
+                    "payload_too_large"
+                }
             }
-        },
+        }
     };
     if !reservation.replayed && outcome != DlqReason::MaxDelayExceeded.as_str() {
         let delay = (reservation.slot - reservation.decided_at) as f64 / 1_000.0;
@@ -144,7 +147,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
     state.metrics.count(&rule.name, outcome);
     // Acting twice on a redelivery is what this prevents; failing to record it only risks that.
     if let Err(error) = state.metrics.time("redis", state.store.complete(&request)).await {
-        tracing::warn!(message_id = %message.id, %error, "could not record the message as acted upon");
+        tracing::warn!(message_id = %event.id, %error, "could not record the message as acted upon");
     }
     Ok(())
 }
@@ -158,7 +161,7 @@ fn decision_name(decision: Decision) -> &'static str {
 
 /// One line per decision; `max_delay_exceeded` is an ERROR, since it means an upstream flood.
 fn log_decision(
-    message: &PushedMessage,
+    event: &Event,
     rule: Option<&Rule>,
     key: Option<&str>,
     decision: &str,
@@ -172,8 +175,8 @@ fn log_decision(
         None => (String::new(), 0),
     };
     if decision == DlqReason::MaxDelayExceeded.as_str() {
-        tracing::error!(message_id = %message.id, rule, key, decision, scheduled_for, delay_ms, replayed, "event dead-lettered: beyond max_delay");
+        tracing::error!(message_id = %event.id, rule, key, decision, scheduled_for, delay_ms, replayed, "event dead-lettered: beyond max_delay");
     } else {
-        tracing::info!(message_id = %message.id, rule, key, decision, scheduled_for, delay_ms, replayed, "decision");
+        tracing::info!(message_id = %event.id, rule, key, decision, scheduled_for, delay_ms, replayed, "decision");
     }
 }

@@ -2,6 +2,7 @@
 //! Pointed at an emulator (an `http://` endpoint), every client uses anonymous credentials, since
 //! without them it would spend a minute looking for default credentials.
 
+pub mod access_tokens;
 pub mod emulator;
 pub mod oidc;
 pub mod pubsub;

@@ -7,9 +7,22 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use drip_core::rules::RuleSet;
+use drip_gcp::access_tokens::AccessTokens;
 use drip_gcp::oidc::{OidcSettings, OidcVerifier};
 use drip_gcp::pubsub::Publishers;
-use drip_store::{AnyConnection, RedisSettings};
+use drip_store::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
+
+/// Access tokens live an hour; connections re-authenticate well before.
+const IAM_TOKEN_REFRESH: Duration = Duration::from_secs(20 * 60);
+
+struct GoogleTokens(AccessTokens);
+
+impl TokenSource for GoogleTokens {
+    fn token(&self) -> TokenFuture {
+        let tokens = self.0.clone();
+        Box::pin(async move { tokens.token().await })
+    }
+}
 use envconfig::Envconfig;
 
 #[derive(Debug, Clone, Envconfig)]
@@ -29,6 +42,10 @@ pub struct CommonSettings {
     pub redis_namespace: String,
     #[envconfig(from = "DRIP_REDIS_TIMEOUT_MS", default = "2000")]
     pub redis_timeout_ms: u64,
+    /// Authenticate to Redis with the service account's access tokens (Memorystore for Redis
+    /// Cluster's IAM authentication) instead of a password in REDIS_URL.
+    #[envconfig(from = "REDIS_IAM_AUTH", default = "false")]
+    pub redis_iam_auth: bool,
     #[envconfig(from = "GOOGLE_CLOUD_PROJECT")]
     pub project: String,
     /// Path of the rules file.
@@ -74,11 +91,19 @@ impl CommonSettings {
             Some(path) => Some(std::fs::read(path).with_context(|| format!("REDIS_CA_CERT: reading {path}"))?),
             None => None,
         };
+        let tokens = if self.redis_iam_auth {
+            let tokens =
+                AccessTokens::from_environment().context("REDIS_IAM_AUTH: loading the service's credentials")?;
+            Some(TokenAuth { source: Arc::new(GoogleTokens(tokens)), refresh: IAM_TOKEN_REFRESH })
+        } else {
+            None
+        };
         Ok(RedisSettings {
             url: self.redis_url.clone(),
             ca_cert_pem,
             cluster: self.redis_cluster,
             response_timeout: Duration::from_millis(self.redis_timeout_ms),
+            tokens,
         })
     }
 

@@ -1,9 +1,12 @@
 //! One connection type for a single Redis (Memorystore for Redis) or a cluster (Memorystore for
 //! Redis Cluster), so the services need not be generic over it.
 
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::auth::{BasicAuth, StreamingCredentialsProvider};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
@@ -23,7 +26,9 @@ impl std::fmt::Debug for AnyConnection {
 }
 
 /// How to reach Redis: `redis://` or `rediss://` (TLS) URLs with an optional password
-/// (`rediss://:PASSWORD@HOST:PORT`), an optional CA in PEM for TLS, and whether it is a cluster.
+/// (`rediss://:PASSWORD@HOST:PORT`), an optional CA in PEM for TLS, whether it is a cluster, and
+/// where short-lived passwords come from when it authenticates with tokens (Memorystore for Redis
+/// Cluster's IAM authentication).
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
     pub url: String,
@@ -31,6 +36,47 @@ pub struct RedisSettings {
     pub cluster: bool,
     /// Each command fails after this long, so a stuck Redis means a 5xx and a redelivery, not a hang.
     pub response_timeout: Duration,
+    pub tokens: Option<TokenAuth>,
+}
+
+/// A password that expires: each connection authenticates with the current token when it opens
+/// and again every `refresh`, so reconnections never present an expired one.
+#[derive(Clone)]
+pub struct TokenAuth {
+    pub source: Arc<dyn TokenSource>,
+    pub refresh: Duration,
+}
+
+impl std::fmt::Debug for TokenAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenAuth").field("refresh", &self.refresh).finish_non_exhaustive()
+    }
+}
+
+pub type TokenFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
+
+/// Where tokens come from (for Memorystore: OAuth access tokens of the service account).
+pub trait TokenSource: Send + Sync {
+    fn token(&self) -> TokenFuture;
+}
+
+impl StreamingCredentialsProvider for TokenAuth {
+    fn subscribe(&self) -> Pin<Box<dyn futures_util::Stream<Item = redis::RedisResult<BasicAuth>> + Send + 'static>> {
+        let (source, refresh) = (self.source.clone(), self.refresh);
+        Box::pin(futures_util::stream::unfold(true, move |first| {
+            let source = source.clone();
+            async move {
+                if !first {
+                    tokio::time::sleep(refresh).await;
+                }
+                let credentials =
+                    source.token().await.map(|token| BasicAuth::new("default".into(), token)).map_err(|e| {
+                        redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "no token for Redis", e))
+                    });
+                Some((credentials, false))
+            }
+        }))
+    }
 }
 
 impl AnyConnection {
@@ -39,6 +85,9 @@ impl AnyConnection {
             let mut builder = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
                 .connection_timeout(settings.response_timeout)
                 .response_timeout(settings.response_timeout);
+            if let Some(tokens) = &settings.tokens {
+                builder = builder.set_credentials_provider(tokens.clone());
+            }
             if let Some(ca) = &settings.ca_cert_pem {
                 builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) });
             }
@@ -51,10 +100,13 @@ impl AnyConnection {
             )?,
             None => redis::Client::open(settings.url.as_str())?,
         };
-        let config = ConnectionManagerConfig::new()
+        let mut config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.response_timeout))
             .set_response_timeout(Some(settings.response_timeout))
             .set_number_of_retries(1);
+        if let Some(tokens) = &settings.tokens {
+            config = config.set_credentials_provider(tokens.clone());
+        }
         Ok(Self::Single(ConnectionManager::new_with_config(client, config).await?))
     }
 }

@@ -12,7 +12,7 @@ use drip_core::rules::Limit;
 use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
-pub use connection::{AnyConnection, RedisSettings};
+pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
 pub use keys::{EntityKeys, entity_prefix};
 pub use memory::MemoryStore;
 pub use redis_store::{ANSWER_MARGIN, RedisStore, STATE_MARGIN};

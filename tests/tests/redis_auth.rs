@@ -1,13 +1,21 @@
-//! Memorystore's in-transit encryption and AUTH, locally: a Redis serving TLS only, with a
-//! password, and a certificate signed by a CA of the test's own (REDIS_CA_CERT in production).
+//! How Drip authenticates to Memorystore, locally: in-transit encryption and AUTH (a Redis serving
+//! TLS only, with a password, and a certificate signed by a CA of the test's own, REDIS_CA_CERT in
+//! production), and token authentication (Memorystore for Redis Cluster's IAM authentication,
+//! REDIS_IAM_AUTH), with a token source of the test's own standing in for Google's access tokens.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use drip_core::rules::{Limit, Placement, Window};
-use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use drip_store::{
+    AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore, TokenAuth, TokenFuture, TokenSource,
+};
 use drip_tests::redis_server::free_port;
+use drip_tests::redis_server::{RedisCluster, RedisServer};
 use drip_tests::unique;
 
 struct TlsRedis {
@@ -116,6 +124,7 @@ fn settings(redis: &TlsRedis, password: &str, ca: &str) -> RedisSettings {
         ca_cert_pem: Some(std::fs::read(redis.dir.join(ca)).unwrap()),
         cluster: false,
         response_timeout: Duration::from_secs(2),
+        tokens: None,
     }
 }
 
@@ -143,4 +152,84 @@ async fn refuses_a_server_signed_by_another_ca_and_a_wrong_password() {
     let redis = start();
     assert!(AnyConnection::connect(&settings(&redis, "s3cret", "other.pem")).await.is_err(), "an unknown CA must fail");
     assert!(AnyConnection::connect(&settings(&redis, "wrong", "ca.pem")).await.is_err(), "a wrong password must fail");
+}
+
+/// Hands out a fixed token and counts how often it was asked.
+struct CountingTokens {
+    token: String,
+    asked: AtomicUsize,
+}
+
+impl TokenSource for CountingTokens {
+    fn token(&self) -> TokenFuture {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let token = self.token.clone();
+        Box::pin(async move { Ok(token) })
+    }
+}
+
+fn token_settings(url: String, cluster: bool, token: &str, refresh: Duration) -> (RedisSettings, Arc<CountingTokens>) {
+    let tokens = Arc::new(CountingTokens { token: token.to_owned(), asked: AtomicUsize::new(0) });
+    let auth = TokenAuth { source: tokens.clone(), refresh };
+    (
+        RedisSettings { url, ca_cert_pem: None, cluster, response_timeout: Duration::from_secs(2), tokens: Some(auth) },
+        tokens,
+    )
+}
+
+async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
+    let store = RedisStore::new(connection, unique("tokens"));
+    let limits = [Limit { limit: 5, per: 60_000, window: Window::Fixed(Placement::Start) }];
+    let request = SlotRequest {
+        rule: "tokens",
+        key: "k",
+        message_id: id,
+        cost: 1,
+        limits: &limits,
+        max_delay: 120_000,
+        now: Some(0),
+    };
+    store.reserve(&request).await.expect("reserve with token auth").reservation.slot
+}
+
+#[tokio::test]
+async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
+    let server = RedisServer::start(&["--requirepass", "t0ken"]);
+    let (settings, tokens) = token_settings(server.url(), false, "t0ken", Duration::from_millis(200));
+    let connection = AnyConnection::connect(&settings).await.expect("AUTH with the token");
+    assert_eq!(reserve_once(connection.clone(), "a").await, 0);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(reserve_once(connection, "b").await, 0, "still authenticated after re-authenticating");
+    assert!(tokens.asked.load(Ordering::SeqCst) >= 3, "asked {} times", tokens.asked.load(Ordering::SeqCst));
+
+    let (wrong, _) = token_settings(server.url(), false, "stale", Duration::from_secs(60));
+    let refused = match AnyConnection::connect(&wrong).await {
+        Err(_) => true,
+        Ok(connection) => {
+            let store = RedisStore::new(connection, "x");
+            let limits = [Limit { limit: 1, per: 1_000, window: Window::Fixed(Placement::Start) }];
+            let request = SlotRequest {
+                rule: "r",
+                key: "k",
+                message_id: "m",
+                cost: 1,
+                limits: &limits,
+                max_delay: 0,
+                now: Some(0),
+            };
+            store.reserve(&request).await.is_err()
+        }
+    };
+    assert!(refused, "a wrong token must not get in");
+}
+
+#[tokio::test]
+async fn token_authentication_on_a_cluster() {
+    let cluster = RedisCluster::start_with_password("clust3r");
+    let (settings, tokens) = token_settings(cluster.urls()[0].clone(), true, "clust3r", Duration::from_secs(60));
+    let connection = AnyConnection::connect(&settings).await.expect("cluster AUTH with the token");
+    for id in ["a", "b", "c"] {
+        assert_eq!(reserve_once(connection.clone(), id).await, 0);
+    }
+    assert!(tokens.asked.load(Ordering::SeqCst) >= 1);
 }
