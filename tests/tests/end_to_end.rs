@@ -23,6 +23,14 @@ rules:
     inline_wait: 0s
     forward: { topic: {p}-ready }
     overflow_topic: {p}-overflow
+  - name: {p}-paced
+    match: { attributes: { event_type: paced } }
+    key: "merchant_{data.merchant}"
+    limits: [{ limit: 1, per: 1s, window: gcra }]
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
   - name: {p}-daily
     match: { attributes: { event_type: report } }
     key: "tenant_{data.tenant}"
@@ -162,16 +170,23 @@ async fn an_event_beyond_max_delay_reaches_the_dead_letter_topic() {
     assert_eq!(dead[0].attributes["drip-reason"], "max_delay_exceeded");
 }
 
+/// Two events of one merchant at once under one a second (GCRA, not window-aligned): one goes now,
+/// the other a second later, through a task. Returns the ids published and the id forwarded.
+async fn two_paced_events(s: &Stack) -> (Vec<String>, String) {
+    let ids = vec![
+        s.publish("paced", r#"{"merchant":7,"n":0}"#.into()).await,
+        s.publish("paced", r#"{"merchant":7,"n":1}"#.into()).await,
+    ];
+    let forwarded = s.pubsub.pull_until(&format!("{}-ready", s.prefix), 1, Duration::from_secs(10)).await;
+    assert_eq!(forwarded.len(), 1);
+    (ids, forwarded[0].attributes["drip-message-id"].clone())
+}
+
 #[tokio::test]
 async fn a_limiter_that_fails_once_is_redelivered_without_a_double_reservation() {
     let s = stack(0).await;
-    for i in 0..5 {
-        s.publish("payout", format!(r#"{{"merchant":7,"n":{i}}}"#)).await;
-    }
-    let forwarded = s.pubsub.pull_until(&format!("{}-ready", s.prefix), 5, Duration::from_secs(10)).await;
-    assert_eq!(forwarded.len(), 5);
     s.tasks.client.set_faults(Faults { create_task: Fault::Error }).await.unwrap();
-    let id = s.publish("payout", r#"{"merchant":7,"n":5}"#.into()).await;
+    let (ids, forwarded) = two_paced_events(&s).await;
     let metrics_url = format!("{}/metrics", s.limiter.url);
     let failed = |metrics: &str| {
         metrics.contains(r#"drip_dependency_call_seconds_count{dependency="cloud_tasks",result="error"}"#)
@@ -184,25 +199,27 @@ async fn a_limiter_that_fails_once_is_redelivered_without_a_double_reservation()
     s.tasks.client.set_faults(Faults::default()).await.unwrap();
     let overflow = s.pubsub.pull_until(&format!("{}-overflow", s.prefix), 1, Duration::from_secs(15)).await;
     assert_eq!(overflow.len(), 1);
-    assert_eq!(overflow[0].attributes["drip-message-id"], id);
-    let tasks = s.tasks.client.tasks().await.unwrap();
-    assert_eq!(tasks.len(), 1, "one task for the redelivered message");
+    let delayed = overflow[0].attributes["drip-message-id"].clone();
+    assert!(ids.contains(&delayed) && delayed != forwarded, "{ids:?}: forwarded {forwarded}, delayed {delayed}");
+    assert_eq!(s.tasks.client.tasks().await.unwrap().len(), 1, "one task for the redelivered message");
     let mut redis = s.limiter.state.redis.clone();
-    let state_key = format!("{}:{{{}-burst|merchant_7}}:state", s.limiter.namespace, s.prefix);
-    let used: i64 = redis::cmd("HGET").arg(&state_key).arg("fixed:1000:u").query_async(&mut redis).await.unwrap();
-    assert_eq!(used, 1, "the next second holds the event once");
+    let state_key = format!("{}:{{{}-paced|merchant_7}}:state", s.limiter.namespace, s.prefix);
+    let tat: i64 = redis::cmd("HGET").arg(&state_key).arg("gcra:1000:1:t").query_async(&mut redis).await.unwrap();
+    let last: i64 = redis::cmd("HGET").arg(&state_key).arg("last").query_async(&mut redis).await.unwrap();
+    assert_eq!(tat, last + SECOND, "two reservations, one second apart: the redeliveries reserved nothing more");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(s.pubsub.pull(&format!("{}-ready", s.prefix), 10).await.is_empty());
+    assert!(s.pubsub.pull(&format!("{}-overflow", s.prefix), 10).await.is_empty());
 }
 
 #[tokio::test]
 async fn a_dispatcher_that_fails_once_is_retried_and_publishes_once() {
     let s = stack(1).await;
-    let mut ids = HashSet::new();
-    for i in 0..6 {
-        ids.insert(s.publish("payout", format!(r#"{{"merchant":9,"n":{i}}}"#)).await);
-    }
-    let delivered = s.delivered(&ids, Duration::from_secs(20)).await;
-    let overflow: Vec<&Pulled> = delivered.iter().filter(|(_, r)| *r == "overflow").map(|(m, _)| m).collect();
-    assert_eq!(overflow.len(), 1, "the sixth event, published once");
+    let (ids, forwarded) = two_paced_events(&s).await;
+    let overflow = s.pubsub.pull_until(&format!("{}-overflow", s.prefix), 1, Duration::from_secs(15)).await;
+    assert_eq!(overflow.len(), 1);
+    let delayed = &overflow[0].attributes["drip-message-id"];
+    assert!(ids.contains(delayed) && *delayed != forwarded);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(s.pubsub.pull(&format!("{}-overflow", s.prefix), 10).await.is_empty(), "no extra overflow message");
     let attempts = s.tasks.client.attempts().await.unwrap();
