@@ -100,8 +100,8 @@ resource "google_cloud_run_v2_service" "drip" {
         name = "REDIS_URL"
         value_source {
           secret_key_ref {
-            secret  = google_secret_manager_secret.redis_url.secret_id
-            version = google_secret_manager_secret_version.redis_url.version
+            secret  = google_secret_manager_secret.drip["redis_url"].secret_id
+            version = google_secret_manager_secret_version.drip["redis_url"].version
           }
         }
       }
@@ -135,9 +135,9 @@ resource "google_cloud_run_v2_service" "drip" {
     volumes {
       name = "rules"
       secret {
-        secret = google_secret_manager_secret.rules.secret_id
+        secret = google_secret_manager_secret.drip["rules"].secret_id
         items {
-          version = google_secret_manager_secret_version.rules.version
+          version = google_secret_manager_secret_version.drip["rules"].version
           path    = "rules.yaml"
         }
       }
@@ -146,9 +146,9 @@ resource "google_cloud_run_v2_service" "drip" {
     volumes {
       name = "redis-ca"
       secret {
-        secret = google_secret_manager_secret.redis_ca.secret_id
+        secret = google_secret_manager_secret.drip["redis_ca"].secret_id
         items {
-          version = google_secret_manager_secret_version.redis_ca.version
+          version = google_secret_manager_secret_version.drip["redis_ca"].version
           path    = "ca.pem"
         }
       }

@@ -153,15 +153,7 @@ pub async fn decide_all(
                 scheduled: None,
             },
             Plan::Reserve { rule, key, cost } => {
-                let request = SlotRequest {
-                    rule: &rule.name,
-                    key: &key,
-                    message_id: &event.id,
-                    cost,
-                    limits: &rule.limits,
-                    max_delay: rule.max_delay,
-                    now: Some(*now),
-                };
+                let request = SlotRequest::for_rule(rule, &key, &event.id, cost, Some(*now));
                 let reserved = store.reserve(&request).await.with_context(|| format!("reserving {}", event.id))?;
                 let reservation = reserved.reservation;
                 let decision = Decision::of(&reservation, 0);

@@ -68,15 +68,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transien
             return Ok(());
         }
     };
-    let request = SlotRequest {
-        rule: &rule.name,
-        key: &key,
-        message_id: &event.id,
-        cost,
-        limits: &rule.limits,
-        max_delay: rule.max_delay,
-        now: None,
-    };
+    let request = SlotRequest::for_rule(rule, &key, &event.id, cost, None);
     let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     if reservation.replayed && reservation.completed {

@@ -30,6 +30,19 @@ pub struct SlotRequest<'a> {
     pub now: Option<Millis>,
 }
 
+impl<'a> SlotRequest<'a> {
+    /// The request for one event of `rule`, with the rule's limits and max_delay.
+    pub fn for_rule(
+        rule: &'a drip_core::rules::Rule,
+        key: &'a str,
+        message_id: &'a str,
+        cost: u64,
+        now: Option<Millis>,
+    ) -> Self {
+        Self { rule: &rule.name, key, message_id, cost, limits: &rule.limits, max_delay: rule.max_delay, now }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reserved {
     pub reservation: Reservation,
