@@ -174,55 +174,34 @@ fn inspect_reports_an_entity_waiting_in_redis() {
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
     let namespace = unique("inspect");
+    let url = shared_url();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let into_minute = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 60_000;
     if into_minute > 57_000 {
         std::thread::sleep(std::time::Duration::from_millis((60_500 - into_minute) as u64));
     }
     runtime.block_on(async {
-        let client = redis::Client::open(shared_url()).unwrap();
+        let client = redis::Client::open(url.as_str()).unwrap();
         let store = RedisStore::new(client.get_multiplexed_async_connection().await.unwrap(), namespace.clone());
         for i in 0..250 {
             let id = format!("m{i}");
-            let request = SlotRequest {
-                rule: "payouts",
-                key: "merchant_1:payout",
-                message_id: &id,
-                cost: 1,
-                limits: &rule.limits,
-                max_delay: rule.max_delay,
-                now: None,
-            };
+            let request = SlotRequest::for_rule(rule, "merchant_1:payout", &id, 1, None);
             store.reserve(&request).await.unwrap();
         }
     });
-    let output = drip(&[
-        "inspect",
-        "--redis",
-        &shared_url(),
-        "--rules",
-        rules_path.to_str().unwrap(),
-        "--namespace",
-        &namespace,
-        "--json",
-        "payouts",
-        "merchant_1:payout",
-    ]);
+    let inspect = |extra: &[&str]| {
+        let mut args =
+            vec!["inspect", "--redis", &url, "--rules", rules_path.to_str().unwrap(), "--namespace", &namespace];
+        args.extend_from_slice(extra);
+        args.extend(["payouts", "merchant_1:payout"]);
+        drip(&args)
+    };
+    let output = inspect(&["--json"]);
     assert!(output.status.success(), "{output:?}");
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     assert_eq!(report["backlog"], 150, "100 now, 100 next minute, 50 the one after: {report}");
     assert!(report["drainsAt"].as_str().unwrap().ends_with(":00.000Z"));
-    let text = drip(&[
-        "inspect",
-        "--redis",
-        &shared_url(),
-        "--rules",
-        rules_path.to_str().unwrap(),
-        "--namespace",
-        &namespace,
-        "payouts",
-        "merchant_1:payout",
-    ]);
+    let text = inspect(&[]);
     assert!(stdout(&text).contains("backlog    ~150 ahead, drains at"), "{}", stdout(&text));
 }
 

@@ -133,10 +133,6 @@ impl Rule {
             .is_none_or(|wanted| wanted.iter().all(|(name, value)| attributes.get(name) == Some(value)))
     }
 
-    pub fn max_window(&self) -> Millis {
-        self.limits.iter().map(|l| l.per).max().unwrap_or(0)
-    }
-
     pub fn smallest_limit(&self) -> u64 {
         self.limits.iter().map(|l| l.limit).min().unwrap_or(0)
     }

@@ -75,10 +75,6 @@ impl Template {
         Ok(Self { source: source.to_owned(), parts })
     }
 
-    pub fn uses_data(&self) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::Data(_)))
-    }
-
     /// A template with no placeholders renders to this text for every event.
     pub fn as_literal(&self) -> Option<&str> {
         match self.parts.as_slice() {
@@ -183,7 +179,6 @@ mod tests {
         let t = Template::parse("tenant_{data.merchant.id}:{data.items.1.sku}:{attributes.region}").unwrap();
         let e = event(r#"{"merchant":{"id":984},"items":[{"sku":"a"},{"sku":"b"}]}"#);
         assert_eq!(t.render(&e).unwrap(), "tenant_984:b:eu");
-        assert!(t.uses_data());
     }
 
     #[test]
