@@ -9,12 +9,15 @@
 -- ARGV[1] now, or '' to use the server's TIME   ARGV[2] cost (1 <= cost <= every limit)
 -- ARGV[3] max_delay                             ARGV[4] TTL of the answer record
 -- ARGV[5] state TTL beyond the slot (longest window + margin)
--- ARGV[6] number of limits, then five arguments per limit:
+-- ARGV[6] lease: how long the attempt that gets this answer acts alone on the message (0: none)
+-- ARGV[7] number of limits, then five arguments per limit:
 --         kind (fixed|spread|sliding|gcra), state id, per, limit, burst (gcra) or KEYS index (sliding)
 --
 -- Returns {slot, late (1 when beyond max_delay: nothing reserved), replayed (1 for a known message), now,
--- decided_at (the now of the first answer), completed (1 once complete.lua marked it acted upon)}.
--- A message's answer is kept as '<R|L>:<slot>:<decided_at>', followed by ':done' once completed.
+-- decided_at (the now of the first answer), completed (1 once complete.lua marked it acted upon),
+-- busy (1 when another attempt holds the message's lease: this one must not act)}.
+-- A message's answer is kept as '<R|L>:<slot>:<decided_at>:<lease until>', the lease replaced by
+-- 'done' once completed (complete.lua).
 -- Work per event is O(limits) (O(log n) per sliding limit); state is two numbers per fixed or gcra
 -- limit and, per sliding limit, only the slots inside its last period.
 
@@ -32,11 +35,19 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
+local lease = tonumber(ARGV[6])
 local recorded = redis.call('GET', answer_key)
 if recorded then
-  local kind, slot, decided_at = string.match(recorded, '^(%a):(%-?%d+):(%-?%d+)')
-  local completed = string.find(recorded, ':done', 1, true) and 1 or 0
-  return {tonumber(slot), kind == 'L' and 1 or 0, 1, now, tonumber(decided_at), completed}
+  local kind, slot, decided_at, held = string.match(recorded, '^(%a):(%-?%d+):(%-?%d+):(%w+)$')
+  local late = kind == 'L' and 1 or 0
+  if held == 'done' then
+    return {tonumber(slot), late, 1, now, tonumber(decided_at), 1, 0}
+  end
+  if tonumber(held) > now then
+    return {tonumber(slot), late, 1, now, tonumber(decided_at), 0, 1}
+  end
+  redis.call('SET', answer_key, kind .. ':' .. slot .. ':' .. decided_at .. ':' .. int(now + lease), 'KEEPTTL')
+  return {tonumber(slot), late, 1, now, tonumber(decided_at), 0, 0}
 end
 
 local cost = tonumber(ARGV[2])
@@ -44,8 +55,8 @@ local max_delay = tonumber(ARGV[3])
 local answer_ttl = ARGV[4]
 local state_ttl = tonumber(ARGV[5])
 local limits = {}
-for i = 1, tonumber(ARGV[6]) do
-  local at = 7 + (i - 1) * 5
+for i = 1, tonumber(ARGV[7]) do
+  local at = 8 + (i - 1) * 5
   local limit = {kind = ARGV[at], id = ARGV[at + 1], per = tonumber(ARGV[at + 2]), limit = tonumber(ARGV[at + 3])}
   if limit.kind == 'sliding' then
     limit.key = KEYS[tonumber(ARGV[at + 4])]
@@ -135,8 +146,8 @@ if not settled then
 end
 
 if slot > now + max_delay then
-  redis.call('SET', answer_key, 'L:' .. int(slot) .. ':' .. int(now), 'PX', answer_ttl)
-  return {slot, 1, 0, now, now, 0}
+  redis.call('SET', answer_key, 'L:' .. int(slot) .. ':' .. int(now) .. ':' .. int(now + lease), 'PX', answer_ttl)
+  return {slot, 1, 0, now, now, 0, 0}
 end
 
 local ttl = int(slot - now + state_ttl)
@@ -178,5 +189,5 @@ for _, l in ipairs(limits) do
 end
 redis.call('HSET', state_key, 'last', int(slot))
 redis.call('PEXPIRE', state_key, ttl)
-redis.call('SET', answer_key, 'R:' .. int(slot) .. ':' .. int(now), 'PX', answer_ttl)
-return {slot, 0, 0, now, now, 0}
+redis.call('SET', answer_key, 'R:' .. int(slot) .. ':' .. int(now) .. ':' .. int(now + lease), 'PX', answer_ttl)
+return {slot, 0, 0, now, now, 0, 0}

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use drip_core::rules::RuleSet;
-use drip_store::inspect::{EntityReport, inspect};
+use drip_store::RedisStore;
+use drip_store::inspect::EntityReport;
+
+use crate::connect::RedisArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -22,6 +25,8 @@ pub struct Args {
     /// Print JSON (as the limiter's GET /v1/rules/{rule}/keys/{key}).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    connection: RedisArgs,
     rule: String,
     key: String,
 }
@@ -50,10 +55,8 @@ fn report(args: &Args) -> anyhow::Result<EntityReport> {
     let key = drip_core::template::cap_key(args.key.clone());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let client = redis::Client::open(args.redis.as_str()).context("--redis")?;
-        let mut connection =
-            client.get_multiplexed_async_connection().await.with_context(|| format!("connecting to {}", args.redis))?;
-        Ok(inspect(&mut connection, &args.namespace, rule, &key).await?)
+        let store = RedisStore::new(args.connection.connect(&args.redis).await?, args.namespace.clone());
+        Ok(store.inspect(rule, &key).await?)
     })
 }
 

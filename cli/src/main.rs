@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod check_config;
+mod connect;
 mod demo;
 mod inspect;
 mod plot;

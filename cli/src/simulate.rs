@@ -35,6 +35,8 @@ pub struct Args {
     /// Write an SVG chart of cost per window against each limit.
     #[arg(long)]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    connection: crate::connect::RedisArgs,
 }
 
 #[derive(Debug, Deserialize)]
@@ -87,11 +89,7 @@ fn simulate(args: &Args) -> anyhow::Result<()> {
         if args.store == "memory" {
             decide_all(&rules, &events, &MemoryStore::new()).await
         } else if args.store.starts_with("redis://") || args.store.starts_with("rediss://") {
-            let client = redis::Client::open(args.store.as_str()).context("--store")?;
-            let connection = client
-                .get_multiplexed_async_connection()
-                .await
-                .with_context(|| format!("connecting to {}", args.store))?;
+            let connection = args.connection.connect(&args.store).await?;
             decide_all(&rules, &events, &RedisStore::new(connection, args.namespace.clone())).await
         } else {
             bail!("--store must be memory or redis://HOST:PORT/DB, not {}", args.store)

@@ -14,6 +14,8 @@ use crate::pubsub_emulator::PROJECT;
 use crate::unique;
 
 pub const LOCATION: &str = "local";
+/// The task signing key every service under test shares (DRIP_TASK_SIGNING_KEY).
+pub const SIGNING_KEY: &str = "test-signing-key-0123456789abcdef0123456789";
 
 /// A running Cloud Tasks stand-in.
 #[derive(Debug, Clone)]
@@ -156,6 +158,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             oidc_audience: wiring.oidc_audience.clone(),
             oidc_allowed_emails: wiring.oidc_allowed_emails.clone(),
             oidc_jwks_url: wiring.oidc_jwks_url.clone(),
+            task_signing_key: SIGNING_KEY.into(),
         },
         cloud_tasks_endpoint: Some(wiring.tasks_endpoint.clone()),
         tasks_queues: wiring.queues.join(","),
@@ -166,7 +169,8 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
         tasks_timeout_ms: wiring.timeouts_ms,
         claim_check_max_bytes: wiring.claim_check_max_bytes,
         forward_timeout_ms: wiring.timeouts_ms,
-        forward_id_token: "never".into(),
+        forward_id_token: drip_limiter::ForwardIdTokenMode::Never,
+        shutdown_grace_ms: 10_000,
     };
     let state = build_state(&settings).await.expect("the limiter starts");
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
@@ -196,6 +200,18 @@ pub async fn spawn_dispatcher(
     pubsub_host: &str,
     oidc: Option<(&str, &str, &str)>,
 ) -> DispatcherUnderTest {
+    spawn_dispatcher_with(rules_yaml, redis_url, namespace, pubsub_host, oidc, 100).await
+}
+
+/// As [`spawn_dispatcher`], with the queues' `max_attempts` (DRIP_TASKS_MAX_ATTEMPTS).
+pub async fn spawn_dispatcher_with(
+    rules_yaml: &str,
+    redis_url: &str,
+    namespace: &str,
+    pubsub_host: &str,
+    oidc: Option<(&str, &str, &str)>,
+    max_attempts: i64,
+) -> DispatcherUnderTest {
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));
     std::fs::write(&rules_path, rules_yaml).expect("write rules");
     let settings = drip_dispatcher::Settings {
@@ -214,7 +230,9 @@ pub async fn spawn_dispatcher(
             oidc_audience: oidc.map(|(audience, _, _)| audience.to_owned()),
             oidc_allowed_emails: oidc.map(|(_, emails, _)| emails.to_owned()).unwrap_or_default(),
             oidc_jwks_url: oidc.map(|(_, _, jwks)| jwks.to_owned()),
+            task_signing_key: SIGNING_KEY.into(),
         },
+        tasks_max_attempts: max_attempts,
     };
     let state = drip_dispatcher::build_state(&settings).await.expect("the dispatcher starts");
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");

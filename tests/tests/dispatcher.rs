@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cloud_tasks_emulator::TokenSigner;
-use drip_core::overflow::{RateLimitMeta, TaskBody};
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskSigner};
 use drip_tests::pubsub_emulator::{Pubsub, PubsubEmulator};
 use drip_tests::redis_server::shared_url;
-use drip_tests::stack::{DispatcherUnderTest, TasksStandIn, spawn_dispatcher};
+use drip_tests::stack::{DispatcherUnderTest, SIGNING_KEY, TasksStandIn, spawn_dispatcher_with};
 use drip_tests::unique;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -41,12 +41,18 @@ struct Test {
 }
 
 async fn start_with(pubsub: Pubsub, oidc: Option<(&str, &str, &str)>) -> Test {
+    start_full(pubsub, oidc, 100, &["ready", "overflow", "kyc-overflow", "dlq"]).await
+}
+
+/// A dispatcher for queues of `max_attempts`, with only `topics` created in the emulator.
+async fn start_full(pubsub: Pubsub, oidc: Option<(&str, &str, &str)>, max_attempts: i64, topics: &[&str]) -> Test {
     let prefix = unique("dis");
-    for topic in ["ready", "overflow", "kyc-overflow", "dlq"] {
+    for topic in topics {
         pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
     }
     let rules = RULES.replace("{p}", &prefix);
-    let dispatcher = spawn_dispatcher(&rules, &shared_url(), &unique("drip"), &pubsub.host, oidc).await;
+    let dispatcher =
+        spawn_dispatcher_with(&rules, &shared_url(), &unique("drip"), &pubsub.host, oidc, max_attempts).await;
     Test { prefix, pubsub, dispatcher, http: reqwest::Client::new() }
 }
 
@@ -68,6 +74,7 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
         claim_check: None,
         attributes: BTreeMap::from([("event_type".into(), "payout".into())]),
         message_id: id.into(),
+        subscription: Some("projects/drip-test/subscriptions/source".into()),
         publish_time: None,
     }
     .with_data(data)
@@ -75,12 +82,31 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
 
 impl Test {
     async fn dispatch(&self, body: &[u8], task_headers: bool, token: Option<&str>) -> StatusCode {
+        self.send(body, task_headers, token, None, 0).await
+    }
+
+    /// As Cloud Tasks would run a task the limiter signed, on attempt `retry_count + 1`.
+    async fn dispatch_signed(&self, body: &[u8], retry_count: u32) -> StatusCode {
+        self.send(body, true, None, Some(TaskSigner::new(SIGNING_KEY).sign(body)), retry_count).await
+    }
+
+    async fn send(
+        &self,
+        body: &[u8],
+        task_headers: bool,
+        token: Option<&str>,
+        signature: Option<String>,
+        retry_count: u32,
+    ) -> StatusCode {
         let mut request = self.http.post(format!("{}/dispatch", self.dispatcher.url)).body(body.to_vec());
         if task_headers {
             request = request
                 .header("X-CloudTasks-QueueName", "drip-0")
                 .header("X-CloudTasks-TaskName", "abc-payouts")
-                .header("X-CloudTasks-TaskRetryCount", "0");
+                .header("X-CloudTasks-TaskRetryCount", retry_count.to_string());
+        }
+        if let Some(signature) = signature {
+            request = request.header(SIGNATURE_HEADER, signature);
         }
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -150,24 +176,22 @@ async fn refuses_topics_no_rule_owns_and_requests_not_from_cloud_tasks() {
 #[tokio::test]
 async fn claim_checked_payloads_are_fetched_and_missing_ones_dead_lettered() {
     let t = start_with(Pubsub::shared(), None).await;
-    let mut redis = t.dispatcher.state.redis.clone();
+    let store = &t.dispatcher.state.store;
     let data = vec![b'z'; 150 * 1024];
-    let reference = drip_store::claim_check::claim_check_key(
-        &t.dispatcher.state.namespace,
-        &format!("{}-kyc", t.prefix),
-        "merchant_8421",
-        "c1",
-    );
-    drip_store::claim_check::put(&mut redis, &reference, &data, 60_000).await.unwrap();
     let mut body = task_body(&t.prefix, "kyc", "kyc-overflow", "c1", b"");
+    let identity = drip_core::event::MessageRef::new("c1", body.subscription.clone()).identity();
+    let rule = format!("{}-kyc", t.prefix);
+    let of = drip_store::MessageOf { rule: &rule, key: "merchant_8421", message: &identity };
+    let reference = store.put_payload(of, &data, 60_000).await.unwrap();
     body.original_payload_base64 = None;
-    body.claim_check = Some(reference);
+    body.claim_check = Some(reference.clone());
     assert_eq!(t.dispatch(&serde_json::to_vec(&body).unwrap(), true, None).await, StatusCode::OK);
     assert_eq!(t.pulled("kyc-overflow", 1).await[0].data, data);
+    assert_eq!(store.get_payload(&reference).await.unwrap(), None, "deleted once published");
 
     let mut gone = task_body(&t.prefix, "kyc", "kyc-overflow", "c2", b"");
     gone.original_payload_base64 = None;
-    gone.claim_check = Some("drip:{nothing|here}:payload:c2".into());
+    gone.claim_check = Some("drip:{nothing|here}:p:c2".into());
     assert_eq!(t.dispatch(&serde_json::to_vec(&gone).unwrap(), true, None).await, StatusCode::OK);
     let dead = t.pulled("dlq", 1).await;
     assert_eq!(dead[0].attributes["drip-reason"], "claim_check_missing");
@@ -205,4 +229,66 @@ async fn oidc_tokens_are_required_when_enabled() {
     assert_eq!(t.dispatch(&body, true, Some(&stranger)).await, StatusCode::FORBIDDEN);
     let token = TokenSigner::test_key().sign(email, "https://dispatcher.example", now, 600);
     assert_eq!(t.dispatch(&body, true, Some(&token)).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_signed_task_whose_overflow_topic_was_retired_is_dead_lettered_not_refused() {
+    let t = start_with(Pubsub::shared(), None).await;
+    let mut body = task_body(&t.prefix, "payouts", "overflow", "r1", br#"{"payoutId":"pay_9"}"#);
+    body.rate_limit_meta.overflow_topic = format!("{}-old-overflow", t.prefix);
+    let encoded = serde_json::to_vec(&body).unwrap();
+    assert_eq!(t.dispatch(&encoded, true, None).await, StatusCode::FORBIDDEN, "unsigned: refused, never relayed");
+    let mut forged = encoded.clone();
+    forged.extend(b" ");
+    let signature = TaskSigner::new(SIGNING_KEY).sign(&encoded);
+    assert_eq!(
+        t.send(&forged, true, None, Some(signature), 0).await,
+        StatusCode::FORBIDDEN,
+        "signature of another body"
+    );
+    let other_key = TaskSigner::new("another-key-another-key-another-key").sign(&encoded);
+    assert_eq!(t.send(&encoded, true, None, Some(other_key), 0).await, StatusCode::FORBIDDEN, "another key");
+
+    assert_eq!(t.dispatch_signed(&encoded, 0).await, StatusCode::OK);
+    assert_eq!(t.dispatch_signed(&encoded, 1).await, StatusCode::OK, "a second run");
+    let mut dead = t.pulled("dlq", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dead.extend(t.pubsub.pull(&format!("{}-dlq", t.prefix), 10).await);
+    assert_eq!(dead.len(), 1, "dead-lettered once");
+    assert_eq!(dead[0].attributes["drip-reason"], "overflow_topic_retired");
+    assert_eq!(dead[0].attributes["drip-message-id"], "r1");
+    assert_eq!(dead[0].attributes["drip-subscription"], "projects/drip-test/subscriptions/source");
+    assert_eq!(dead[0].attributes["event_type"], "payout");
+    assert!(dead[0].attributes["drip-detail"].contains("old-overflow"));
+    assert_eq!(dead[0].data, br#"{"payoutId":"pay_9"}"#, "the event's data, not the task body");
+}
+
+#[tokio::test]
+async fn a_task_failing_on_the_queue_s_last_attempt_is_dead_lettered_not_deleted() {
+    // The overflow topic does not exist: every publish fails, as with missing publish rights.
+    let t = start_full(Pubsub::shared(), None, 3, &["dlq"]).await;
+    let body = serde_json::to_vec(&task_body(&t.prefix, "payouts", "overflow", "f1", b"{\"a\":1}")).unwrap();
+    assert_eq!(t.dispatch_signed(&body, 0).await, StatusCode::SERVICE_UNAVAILABLE, "attempt 1 of 3");
+    assert_eq!(t.dispatch_signed(&body, 1).await, StatusCode::SERVICE_UNAVAILABLE, "attempt 2 of 3");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(t.pubsub.pull(&format!("{}-dlq", t.prefix), 10).await.is_empty(), "nothing dead-lettered before the last");
+    assert_eq!(t.dispatch_signed(&body, 2).await, StatusCode::OK, "attempt 3 of 3");
+    let dead = t.pulled("dlq", 1).await;
+    assert_eq!(dead[0].attributes["drip-reason"], "dispatch_failed");
+    assert_eq!(dead[0].attributes["drip-task"], "abc-payouts");
+    assert!(dead[0].attributes["drip-detail"].starts_with("attempt 3 of 3"), "{}", dead[0].attributes["drip-detail"]);
+    assert_eq!(dead[0].data, b"{\"a\":1}");
+}
+
+#[tokio::test]
+async fn overflow_attributes_over_pubsub_s_limits_are_dead_lettered_with_the_reason() {
+    let t = start_with(Pubsub::shared(), None).await;
+    let mut body = task_body(&t.prefix, "payouts", "overflow", "a1", b"{}");
+    body.attributes = (0..99).map(|i| (format!("attr{i}"), "v".to_owned())).collect();
+    assert_eq!(t.dispatch_signed(&serde_json::to_vec(&body).unwrap(), 0).await, StatusCode::OK);
+    let dead = t.pulled("dlq", 1).await;
+    assert_eq!(dead[0].attributes["drip-reason"], "attributes_over_limit");
+    assert_eq!(dead[0].attributes["drip-wrapped"], "json");
+    let wrapped: Value = serde_json::from_slice(&dead[0].data).unwrap();
+    assert_eq!(wrapped["attributes"].as_object().unwrap().len(), 99, "no attribute lost");
 }

@@ -55,6 +55,8 @@ rules:
     dlq_topic: {p}-dlq
 "#;
 
+const SUBSCRIPTION: &str = "projects/drip-test/subscriptions/source";
+
 struct Test {
     prefix: String,
     pubsub: Pubsub,
@@ -97,7 +99,7 @@ fn envelope(id: &str, attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
             "messageId": id,
             "publishTime": "2026-08-03T12:00:01.000Z",
         },
-        "subscription": "projects/drip-test/subscriptions/source",
+        "subscription": SUBSCRIPTION,
     }))
     .unwrap()
 }
@@ -209,7 +211,8 @@ async fn over_limit_events_become_tasks_for_the_next_window_with_name_and_body()
     let queue =
         &t.limiter.state.queues[drip_tests::stack::queue_of(&rule, "merchant_42", t.limiter.state.queues.len())];
     assert_eq!(&task.queue, queue);
-    assert_eq!(task.name, format!("{queue}/tasks/{}", drip_limiter::task_id(&rule, "d3")));
+    let identity = drip_core::event::MessageRef::new("d3", Some(SUBSCRIPTION.into())).identity();
+    assert_eq!(task.name, format!("{queue}/tasks/{}", drip_limiter::task_id(&rule, &identity)));
     assert_eq!(task.url, format!("{}/dispatch", t.receiver.url));
     assert_eq!(task.oidc_service_account.as_deref(), Some("drip-tasks@drip-test.iam.gserviceaccount.com"));
     let body = body_of(task);
@@ -318,14 +321,19 @@ async fn every_unusable_event_is_dead_lettered_with_its_reason() {
 
 #[tokio::test]
 async fn large_payloads_are_claim_checked_and_huge_ones_dead_lettered() {
-    let t = start_with(Pubsub::shared(), shared_url(), |w| w.claim_check_max_bytes = 150 * 1024).await;
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.claim_check_max_bytes = 1_500_000).await;
     t.payout("l0", 3).await;
     t.payout("l1", 3).await;
-    let big = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "b".repeat(120 * 1024));
-    assert_eq!(t.push("l2", &[("event_type", "payout")], big.as_bytes()).await, StatusCode::NO_CONTENT);
+    let inline = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "i".repeat(900 * 1000));
+    assert_eq!(t.push("l1b", &[("event_type", "payout")], inline.as_bytes()).await, StatusCode::NO_CONTENT);
     let tasks = t.tasks().await;
     assert_eq!(tasks.len(), 1);
-    let body = body_of(&tasks[0]);
+    assert!(body_of(&tasks[0]).get("originalPayload").is_some(), "under Cloud Tasks' 1 MB: inline");
+    let big = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "b".repeat(1_100_000));
+    assert_eq!(t.push("l2", &[("event_type", "payout")], big.as_bytes()).await, StatusCode::NO_CONTENT);
+    let tasks = t.tasks().await;
+    assert_eq!(tasks.len(), 2);
+    let body = tasks.iter().map(body_of).find(|b| b["messageId"] == "l2").unwrap();
     assert!(body.get("originalPayload").is_none());
     let reference = body["claimCheck"].as_str().unwrap();
     let mut redis = t.limiter.state.redis.clone();
@@ -334,12 +342,12 @@ async fn large_payloads_are_claim_checked_and_huge_ones_dead_lettered() {
     let ttl: i64 = redis::cmd("PTTL").arg(reference).query_async(&mut redis).await.unwrap();
     assert!(ttl > 0);
 
-    let huge = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "h".repeat(200 * 1024));
+    let huge = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "h".repeat(1_600_000));
     assert_eq!(t.push("l3", &[("event_type", "payout")], huge.as_bytes()).await, StatusCode::NO_CONTENT);
     let dead = t.pulled("dlq", 1).await;
     assert_eq!(dead[0].attributes["drip-reason"], "payload_too_large");
     assert_eq!(dead[0].data, huge.as_bytes());
-    assert_eq!(t.tasks().await.len(), 1);
+    assert_eq!(t.tasks().await.len(), 2);
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             limits: &scenario.limits,
             max_delay: scenario.max_delay,
             now: arrival.now,
+            lease: 0,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

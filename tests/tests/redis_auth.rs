@@ -142,6 +142,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
         limits: &limits,
         max_delay: 120_000,
         now: Some(0),
+        lease: 0,
     };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
@@ -188,6 +189,7 @@ async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
         limits: &limits,
         max_delay: 120_000,
         now: Some(0),
+        lease: 0,
     };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
@@ -216,6 +218,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
                 limits: &limits,
                 max_delay: 0,
                 now: Some(0),
+                lease: 0,
             };
             store.reserve(&request).await.is_err()
         }

@@ -16,7 +16,10 @@ use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use redis::AsyncCommands;
 
+/// Every attempt takes a lease; a third of them complete, a third release (a failed attempt) and a
+/// third neither (a crashed one), so the model and the Lua must agree on `busy` as well.
 async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Reservation> {
+    const LEASE: Millis = 1_500;
     let mut answers = Vec::new();
     for arrival in &scenario.events {
         let key = arrival.key();
@@ -28,10 +31,13 @@ async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Res
             limits: &scenario.limits,
             max_delay: scenario.max_delay,
             now: Some(arrival.now),
+            lease: LEASE,
         };
         let reservation = store.reserve(&request).await.expect("reserve").reservation;
-        if answers.len() % 3 == 0 {
-            store.complete(&request).await.expect("complete");
+        match answers.len() % 3 {
+            0 => store.complete(&request).await.expect("complete"),
+            1 => store.release(&request).await.expect("release"),
+            _ => {}
         }
         answers.push(reservation);
     }
@@ -116,6 +122,7 @@ async fn every_key_an_entity_writes_expires() {
             limits: &limits,
             max_delay: MINUTE,
             now: None,
+            lease: 0,
         };
         store.reserve(&request).await.unwrap();
     }
@@ -150,8 +157,16 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
     let mut sizes_at = HashMap::new();
     for i in 0..2_001u32 {
         let id = format!("m{i}");
-        let request =
-            SlotRequest { rule: "r", key: "hot", message_id: &id, cost: 1, limits: &limits, max_delay, now: Some(T0) };
+        let request = SlotRequest {
+            rule: "r",
+            key: "hot",
+            message_id: &id,
+            cost: 1,
+            limits: &limits,
+            max_delay,
+            now: Some(T0),
+            lease: 0,
+        };
         if i == 10 || i == 2_000 {
             let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
             let reserved = store.reserve(&request).await.unwrap().reservation;
@@ -214,6 +229,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                     limits: &limits,
                     max_delay: 60 * MINUTE,
                     now: None,
+                    lease: 0,
                 };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }

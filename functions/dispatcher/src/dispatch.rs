@@ -1,146 +1,292 @@
-//! `POST /dispatch`: one task in, one overflow message out.
+//! `POST /dispatch`: one task in, one message out — on the rule's overflow topic, or on a
+//! dead-letter topic with the reason. A task Drip made always ends up on a topic:
+//!
+//! - it is recognised by its signature (`x-drip-signature`, an HMAC of the body with the key only
+//!   the services hold), so a task whose overflow topic no rule names any more (rule edited,
+//!   renamed or removed) is dead-lettered as `overflow_topic_retired`, never refused forever;
+//! - an unsigned body is published only to a topic a configured rule owns, and a badly signed one
+//!   never: the dispatcher is not an open relay;
+//! - a failure on the queue's last attempt (`X-CloudTasks-TaskRetryCount` + 1 = max attempts) is
+//!   dead-lettered as `dispatch_failed` instead of letting Cloud Tasks delete the task.
 
-use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use drip_core::overflow::{Payload, TaskBody};
+use drip_core::attributes::{Refused, Stamp};
+use drip_core::event::MessageRef;
+use drip_core::outcome::{DlqReason, Outcome};
+use drip_core::overflow::{Payload, SIGNATURE_HEADER, TaskBody};
 use drip_core::rules::{OverflowFormat, Rule};
-use drip_core::time::{DAY, parse_rfc3339, system_time_to_millis};
-use drip_store::{claim_check, entity_prefix};
-use redis::AsyncCommands;
+use drip_core::time::{parse_rfc3339, system_time_to_millis};
+use drip_store::{DispatchClaim, MessageOf};
 
 use crate::AppState;
 
 /// Cloud Tasks sets these on every dispatch; a request without them did not come from a queue.
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];
 
+/// The task as Cloud Tasks presented it.
+#[derive(Debug)]
+struct Delivery<'a> {
+    task: &'a str,
+    /// 0 on the first attempt.
+    retry_count: i64,
+    body: &'a [u8],
+}
+
+/// Where a task's message goes.
+enum Route<'r> {
+    Overflow(&'r Rule),
+    /// Drip's task, but no rule owns its overflow topic now: the DLQ of its rule (if it still
+    /// exists by name) or the file's fallback.
+    Retired(Option<&'r Rule>),
+}
+
 pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(missing) = TASK_HEADERS.iter().find(|h| !headers.contains_key(**h)) {
         tracing::warn!(header = missing, "dispatch refused: not a Cloud Tasks request");
-        state.metrics.count("-", "not_a_task");
+        state.metrics.count("-", Outcome::NotATask.as_str());
         return StatusCode::FORBIDDEN;
     }
-    let task = headers.get("x-cloudtasks-taskname").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-    let retry_count =
-        headers.get("x-cloudtasks-taskretrycount").and_then(|v| v.to_str().ok()).unwrap_or("0").to_owned();
-    let body: TaskBody = match serde_json::from_slice(&body) {
-        Ok(body) => body,
-        Err(error) => return dead_letter_malformed(&state, &task, &body, &error.to_string()).await,
+    let signed = match header(SIGNATURE_HEADER) {
+        None => false,
+        Some(signature) if state.signer.verify(&body, signature) => true,
+        Some(_) => {
+            tracing::error!("dispatch refused: the task's signature is not ours");
+            state.metrics.count("-", Outcome::NotATask.as_str());
+            return StatusCode::FORBIDDEN;
+        }
     };
-    let meta = &body.rate_limit_meta;
-    let Some(rule) = owner_of(&state, &meta.rule, &meta.overflow_topic) else {
-        tracing::error!(task, topic = %meta.overflow_topic, rule = %meta.rule, "dispatch refused: no configured rule owns this overflow topic");
-        state.metrics.count(&meta.rule, "unknown_overflow_topic");
-        return StatusCode::FORBIDDEN;
+    let delivery = Delivery {
+        task: header("x-cloudtasks-taskname").unwrap_or_default(),
+        retry_count: header("x-cloudtasks-taskretrycount").and_then(|v| v.parse().ok()).unwrap_or(0),
+        body: &body,
     };
-    match publish_overflow(&state, rule, &body).await {
+    let task: TaskBody = match serde_json::from_slice(&body) {
+        Ok(task) => task,
+        Err(error) => return dead_letter_malformed(&state, &delivery, &error.to_string()).await,
+    };
+    let meta = &task.rate_limit_meta;
+    let route = match owner_of(&state, &meta.rule, &meta.overflow_topic) {
+        Some(rule) => Route::Overflow(rule),
+        None if signed => Route::Retired(state.rules.rule(&meta.rule)),
+        None => {
+            tracing::error!(task = delivery.task, topic = %meta.overflow_topic, rule = %meta.rule, "dispatch refused: an unsigned task names a topic no rule owns");
+            state.metrics.count(&meta.rule, Outcome::UnknownOverflowTopic.as_str());
+            return StatusCode::FORBIDDEN;
+        }
+    };
+    let rule_label = match route {
+        Route::Overflow(rule) => rule.name.clone(),
+        Route::Retired(_) => meta.rule.clone(),
+    };
+    let outcome = match deliver(&state, &task, &route).await {
+        Ok(outcome) => Ok(outcome),
+        Err(error) if state.is_last_attempt(delivery.retry_count) => {
+            let detail = format!("attempt {} of {}: {error:#}", delivery.retry_count + 1, state.max_attempts);
+            let rule = match route {
+                Route::Overflow(rule) => Some(rule),
+                Route::Retired(rule) => rule,
+            };
+            dead_letter_task(&state, &task, rule, Refused { reason: DlqReason::DispatchFailed, detail }, &delivery)
+                .await
+                .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))
+                .map_err(|dlq| error.context(format!("and dead-lettering it failed too: {dlq:#}")))
+        }
+        Err(error) => Err(error),
+    };
+    match outcome {
+        Ok(Outcome::Busy) => {
+            state.metrics.count(&rule_label, Outcome::Busy.as_str());
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         Ok(outcome) => {
             let now = system_time_to_millis(SystemTime::now()).unwrap_or(0);
             let lateness = parse_rfc3339(&meta.scheduled_for).map(|slot| now - slot).unwrap_or(0);
-            if outcome == "published" {
-                state.metrics.observe(&rule.name, lateness.max(0) as f64 / 1_000.0);
+            if outcome == Outcome::Published {
+                state.metrics.observe(&rule_label, lateness.max(0) as f64 / 1_000.0);
             }
-            tracing::info!(task, retry_count, message_id = %body.message_id, rule = %rule.name, key = %meta.key, outcome, lateness_ms = lateness, "dispatched");
-            state.metrics.count(&rule.name, outcome);
+            let (task_name, retry_count) = (delivery.task, delivery.retry_count);
+            if matches!(outcome, Outcome::DeadLetter(_)) {
+                tracing::error!(task = task_name, retry_count, message_id = %task.message_id, rule = %rule_label, key = %meta.key, %outcome, "task dead-lettered");
+            } else {
+                tracing::info!(task = task_name, retry_count, message_id = %task.message_id, rule = %rule_label, key = %meta.key, %outcome, lateness_ms = lateness, "dispatched");
+            }
+            state.metrics.count(&rule_label, outcome.as_str());
             StatusCode::OK
         }
         Err(error) => {
-            tracing::warn!(task, retry_count, error = format!("{error:#}"), "dispatch failed; Cloud Tasks will retry");
-            state.metrics.count(&rule.name, "retry");
+            tracing::warn!(
+                task = delivery.task,
+                retry_count = delivery.retry_count,
+                error = format!("{error:#}"),
+                "dispatch failed; Cloud Tasks will retry"
+            );
+            state.metrics.count(&rule_label, Outcome::Retry.as_str());
             StatusCode::SERVICE_UNAVAILABLE
         }
     }
 }
 
-/// The rule named in the task, if it owns the topic; else any rule that owns it. Never a topic no
-/// rule names: the body is only as trustworthy as whoever could create a task.
+/// The rule named in the task, if it owns the topic; else any rule that owns it.
 fn owner_of<'a>(state: &'a AppState, rule: &str, topic: &str) -> Option<&'a Rule> {
     let owners = || state.rules.rules.iter().filter(|r| r.overflow_topic == topic);
     owners().find(|r| r.name == rule).or_else(|| owners().next())
 }
 
-fn dispatched_key(state: &AppState, body: &TaskBody) -> String {
-    let meta = &body.rate_limit_meta;
-    format!("{}:dispatched:{}", entity_prefix(&state.namespace, &meta.rule, &meta.key), body.message_id)
+/// Publishes the task's message once: a claim in Redis keeps a concurrent or repeated run of the
+/// task (Cloud Tasks runs one twice, rarely) from publishing it again.
+async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow::Result<Outcome> {
+    let meta = &task.rate_limit_meta;
+    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
+    let of = MessageOf { rule: &meta.rule, key: &meta.key, message: &identity };
+    match state.metrics.time("redis", state.store.claim_dispatch(of, state.lease)).await? {
+        DispatchClaim::Done => return Ok(Outcome::Duplicate),
+        DispatchClaim::Busy => return Ok(Outcome::Busy),
+        DispatchClaim::Acquired => {}
+    }
+    let result = publish(state, task, route).await;
+    match &result {
+        Ok(_) => {
+            if let Err(error) = state.metrics.time("redis", state.store.finish_dispatch(of)).await {
+                tracing::warn!(%error, "could not record the dispatch; a second run would publish again");
+            }
+        }
+        Err(_) => {
+            if let Err(error) = state.store.release_dispatch(of).await {
+                tracing::warn!(%error, "could not release the dispatch claim; it expires by itself");
+            }
+        }
+    }
+    result
 }
 
-async fn publish_overflow(state: &AppState, rule: &Rule, body: &TaskBody) -> anyhow::Result<&'static str> {
-    let mut redis = state.redis.clone();
-    let marker = dispatched_key(state, body);
-    let seen: bool = state.metrics.time("redis", redis.exists(&marker)).await?;
-    if seen {
-        return Ok("duplicate");
-    }
-    let data = match body.payload().map_err(anyhow::Error::msg)? {
+async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow::Result<Outcome> {
+    let data = match task.payload().map_err(anyhow::Error::msg)? {
         Payload::Inline(data) => data,
         Payload::ClaimCheck(reference) => {
-            match state.metrics.time("redis", claim_check::get(&mut redis, reference)).await? {
+            match state.metrics.time("redis", state.store.get_payload(reference)).await? {
                 Some(data) => data,
                 None => {
                     // Retrying cannot bring it back: dead-letter the task body, which names the event.
-                    let topic =
-                        state.rules.dlq_topic_for(Some(rule)).ok_or_else(|| anyhow::anyhow!("no dead-letter topic"))?;
-                    let attributes = BTreeMap::from([
-                        ("drip-reason".to_owned(), "claim_check_missing".to_owned()),
-                        ("drip-message-id".to_owned(), body.message_id.clone()),
-                        ("drip-rule".to_owned(), rule.name.clone()),
-                        ("drip-key".to_owned(), body.rate_limit_meta.key.clone()),
-                    ]);
-                    let task_body = serde_json::to_vec(body)?;
-                    state.metrics.time("pubsub", state.publishers.publish(topic, task_body, attributes)).await?;
-                    tracing::error!(message_id = %body.message_id, reference, "claim-checked payload expired: task dead-lettered");
-                    return Ok("claim_check_missing");
+                    let rule = match route {
+                        Route::Overflow(rule) => Some(*rule),
+                        Route::Retired(rule) => *rule,
+                    };
+                    let refused = Refused {
+                        reason: DlqReason::ClaimCheckMissing,
+                        detail: format!("the claim-checked payload {reference} is gone"),
+                    };
+                    publish_dead_letter(state, task, rule, refused, serde_json::to_vec(task)?, None).await?;
+                    return Ok(Outcome::DeadLetter(DlqReason::ClaimCheckMissing));
                 }
             }
+        }
+    };
+    let rule = match route {
+        Route::Overflow(rule) => *rule,
+        Route::Retired(rule) => {
+            let detail = format!(
+                "no rule has overflow topic {} now (rule {})",
+                task.rate_limit_meta.overflow_topic, task.rate_limit_meta.rule
+            );
+            let refused = Refused { reason: DlqReason::OverflowTopicRetired, detail };
+            publish_dead_letter(state, task, *rule, refused, data, None).await?;
+            return Ok(Outcome::DeadLetter(DlqReason::OverflowTopicRetired));
         }
     };
     let message = match rule.overflow_format {
         OverflowFormat::Original => data,
         OverflowFormat::Enriched => {
-            let mut enriched = body.clone().with_data(&data);
+            let mut enriched = task.clone().with_data(&data);
             enriched.claim_check = None;
             serde_json::to_vec(&enriched)?
         }
     };
-    let meta = &body.rate_limit_meta;
-    let mut attributes: BTreeMap<String, String> = body.attributes.clone();
-    attributes.insert("isRatelimited".into(), "true".into());
-    attributes.insert("drip-message-id".into(), body.message_id.clone());
-    attributes.insert("drip-rule".into(), rule.name.clone());
-    attributes.insert("drip-key".into(), meta.key.clone());
-    attributes.insert("drip-scheduled-for".into(), meta.scheduled_for.clone());
+    let stamp = Stamp { ratelimited: true, ..stamp_of(task, Some(rule)) };
+    let attributes = match stamp.apply(&task.attributes, message.len()) {
+        Ok(attributes) => attributes,
+        Err(refused) => {
+            let reason = refused.reason;
+            publish_dead_letter(state, task, Some(rule), refused, data_of(task, &message, rule), None).await?;
+            return Ok(Outcome::DeadLetter(reason));
+        }
+    };
     state.metrics.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
-    // A second dispatch of this task (Cloud Tasks runs one twice, rarely) is then answered 200
-    // without publishing again; consumers still deduplicate by drip-message-id for the race.
-    let marked: redis::RedisResult<()> = redis.pset_ex(&marker, 1, DAY as u64).await;
-    if let Err(error) = marked {
-        tracing::warn!(%error, "could not record the dispatch");
+    Ok(Outcome::Published)
+}
+
+/// A dead letter carries the event's data as it came, not the enriched body.
+fn data_of(task: &TaskBody, message: &[u8], rule: &Rule) -> Vec<u8> {
+    match (rule.overflow_format, task.payload()) {
+        (OverflowFormat::Enriched, Ok(Payload::Inline(data))) => data,
+        _ => message.to_vec(),
     }
-    Ok("published")
+}
+
+fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
+    let meta = &task.rate_limit_meta;
+    Stamp {
+        message_id: Some(&task.message_id),
+        subscription: task.subscription.as_deref(),
+        rule: Some(rule.map_or(meta.rule.as_str(), |r| r.name.as_str())),
+        key: Some(&meta.key),
+        scheduled_for: parse_rfc3339(&meta.scheduled_for).ok(),
+        ..Stamp::default()
+    }
+}
+
+async fn publish_dead_letter(
+    state: &AppState,
+    task: &TaskBody,
+    rule: Option<&Rule>,
+    refused: Refused,
+    data: Vec<u8>,
+    task_name: Option<&str>,
+) -> anyhow::Result<()> {
+    let topic = state.rules.dlq_topic_for(rule).ok_or_else(|| anyhow::anyhow!("no dead-letter topic"))?;
+    let stamp = Stamp { reason: Some((refused.reason, &refused.detail)), task: task_name, ..stamp_of(task, rule) };
+    let (data, attributes) = stamp.dead_letter(&task.attributes, &data);
+    state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await?;
+    Ok(())
+}
+
+/// The last attempt failed: the event goes to the DLQ with whatever data can be had (the task body
+/// when the claim-checked payload cannot be read).
+async fn dead_letter_task(
+    state: &AppState,
+    task: &TaskBody,
+    rule: Option<&Rule>,
+    refused: Refused,
+    delivery: &Delivery<'_>,
+) -> anyhow::Result<()> {
+    let data = match task.payload() {
+        Ok(Payload::Inline(data)) => data,
+        _ => delivery.body.to_vec(),
+    };
+    publish_dead_letter(state, task, rule, refused, data, Some(delivery.task)).await
 }
 
 /// A body that is not a task of ours can never succeed: dead-letter it and stop the retries.
-async fn dead_letter_malformed(state: &AppState, task: &str, body: &[u8], error: &str) -> StatusCode {
+async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error: &str) -> StatusCode {
     let Some(topic) = state.rules.fallback_dlq_topic() else {
-        tracing::error!(task, error, "malformed task body and no default_dlq_topic to dead-letter it");
+        tracing::error!(task = delivery.task, error, "malformed task body and no default_dlq_topic to dead-letter it");
         return StatusCode::BAD_REQUEST;
     };
-    let attributes = BTreeMap::from([
-        ("drip-reason".to_owned(), "malformed_task".to_owned()),
-        ("drip-detail".to_owned(), error.chars().take(1_000).collect()),
-        ("drip-task".to_owned(), task.to_owned()),
-    ]);
-    match state.metrics.time("pubsub", state.publishers.publish(topic, body.to_vec(), attributes)).await {
+    let stamp =
+        Stamp { reason: Some((DlqReason::MalformedTask, error)), task: Some(delivery.task), ..Stamp::default() };
+    let (data, attributes) = stamp.dead_letter(&Default::default(), delivery.body);
+    match state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await {
         Ok(_) => {
-            tracing::error!(task, error, "malformed task body dead-lettered");
-            state.metrics.count("-", "malformed_task");
+            tracing::error!(task = delivery.task, error, "malformed task body dead-lettered");
+            state.metrics.count("-", DlqReason::MalformedTask.as_str());
             StatusCode::OK
         }
         Err(error) => {
-            tracing::warn!(task, %error, "could not dead-letter a malformed task");
+            tracing::warn!(task = delivery.task, %error, "could not dead-letter a malformed task");
             StatusCode::SERVICE_UNAVAILABLE
         }
     }

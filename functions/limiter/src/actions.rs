@@ -1,76 +1,96 @@
 //! The three things the limiter does with an event: forward it, schedule it, dead-letter it.
-//! Each either succeeds (the push may be acked) or fails transiently (answer 5xx, redeliver).
+//! Each succeeds (the push may be acked), fails transiently (answer 5xx, Pub/Sub redelivers), or
+//! fails for good (dead-letter it with the reason: no retry can help).
 
 use std::collections::{BTreeMap, HashMap};
 
-use drip_core::overflow::{RateLimitMeta, TaskBody};
+use axum::http::HeaderValue;
+use drip_core::attributes::{Refused, Stamp};
+use drip_core::event::Event;
+use drip_core::outcome::DlqReason;
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody};
 use drip_core::rules::{Forward, Rule};
 use drip_core::time::{DAY, Millis, format_rfc3339};
 use drip_gcp::tasks::Created;
+use drip_store::MessageOf;
 use google_cloud_auth::credentials::idtoken::IDTokenCredentials;
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use crate::AppState;
-use drip_core::event::Event;
+use crate::settings::ForwardIdTokenMode;
 
-/// A failure worth retrying: the push is answered 5xx and Pub/Sub redelivers.
+/// Why an action did not complete.
 #[derive(Debug)]
-pub struct Transient(pub anyhow::Error);
+pub enum Failure {
+    /// Worth retrying: the push is answered 5xx and Pub/Sub redelivers.
+    Transient(anyhow::Error),
+    /// No retry can help: the event is dead-lettered with this reason.
+    Permanent(Refused),
+}
 
-impl<E: Into<anyhow::Error>> From<E> for Transient {
+impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(error: E) -> Self {
-        Transient(error.into())
+        Failure::Transient(error.into())
     }
 }
 
-/// Cloud Tasks accepts tasks up to 100 KB; keep room for the headers and the task's own fields.
-const MAX_INLINE_TASK_BODY: usize = 90 * 1024;
+pub fn permanent(reason: DlqReason, detail: impl Into<String>) -> Failure {
+    Failure::Permanent(Refused { reason, detail: detail.into() })
+}
+
+/// Cloud Tasks takes tasks up to 1 MB; keep room for the task's URL, headers and own fields.
+pub const MAX_INLINE_TASK_BODY: usize = 1_000_000 - 32 * 1024;
 /// How long a claim-checked payload outlives its slot, for dispatch retries.
 const CLAIM_CHECK_MARGIN: Millis = DAY;
-/// Pub/Sub attribute values are at most 1024 bytes.
-const MAX_ATTRIBUTE_BYTES: usize = 1024;
 
+/// The event being acted on, with what the reservation decided for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Acting<'a> {
+    pub rule: &'a Rule,
+    pub key: &'a str,
+    pub event: &'a Event,
+    /// `MessageRef::identity` of the event.
+    pub identity: &'a str,
+    pub slot: Millis,
+}
+
+impl Acting<'_> {
+    fn stamp(&self) -> Stamp<'_> {
+        Stamp {
+            message_id: Some(&self.event.id),
+            subscription: self.event.subscription.as_deref(),
+            rule: Some(&self.rule.name),
+            key: Some(self.key),
+            scheduled_for: Some(self.slot),
+            ..Stamp::default()
+        }
+    }
+}
+
+/// What is known of an event that is dead-lettered.
+#[derive(Debug, Clone, Copy)]
 pub struct DeadLetter<'a> {
     pub rule: Option<&'a Rule>,
     pub key: Option<&'a str>,
-    pub reason: &'a str,
+    pub reason: DlqReason,
     pub detail: &'a str,
     pub scheduled_for: Option<Millis>,
     pub message_id: Option<&'a str>,
+    pub subscription: Option<&'a str>,
     pub attributes: &'a BTreeMap<String, String>,
     pub data: &'a [u8],
-}
-
-pub enum Forwarded {
-    Done,
-    /// The forward URL refused the event for good (a 4xx other than 429).
-    Rejected(String),
-}
-
-pub enum Scheduled {
-    Created,
-    AlreadyExisted,
-    /// Too large for a task and for the claim-check store.
-    TooLarge(usize),
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The task's name within its queue, derived from (rule, message id) so a retried create for a
-/// redelivered message is refused as ALREADY_EXISTS instead of scheduling the event twice.
-pub fn task_id(rule: &str, message_id: &str) -> String {
-    let digest = Sha256::digest(format!("{rule}\0{message_id}").as_bytes());
+/// The task's name within its queue, derived from (rule, message identity) so a retried create for
+/// a redelivered message is refused as ALREADY_EXISTS instead of scheduling the event twice, while
+/// one id from two subscriptions makes two tasks.
+pub fn task_id(rule: &str, identity: &str) -> String {
+    let digest = Sha256::digest(format!("{rule}\0{identity}").as_bytes());
     format!("{}-{rule}", hex(&digest[..16]))
 }
 
@@ -82,51 +102,39 @@ pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
     (u64::from_be_bytes(first) % queues.max(1) as u64) as usize
 }
 
+fn header_value(name: &str, value: &str) -> Result<HeaderValue, Failure> {
+    HeaderValue::from_str(value).map_err(|_| {
+        let shown: String = value.chars().take(64).collect();
+        permanent(DlqReason::InvalidHeaderValue, format!("{name} cannot be an HTTP header value: {shown:?}"))
+    })
+}
+
 impl AppState {
-    pub(crate) async fn dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), Transient> {
-        let topic = self
-            .rules
-            .dlq_topic_for(letter.rule)
-            .ok_or_else(|| Transient(anyhow::anyhow!("no dead-letter topic configured")))?
-            .to_owned();
-        let mut attributes = letter.attributes.clone();
-        attributes.insert("drip-reason".into(), letter.reason.to_owned());
-        attributes.insert("drip-detail".into(), truncate(letter.detail, MAX_ATTRIBUTE_BYTES));
-        let known = [
-            ("drip-rule", letter.rule.map(|r| r.name.clone())),
-            ("drip-key", letter.key.map(|k| truncate(k, MAX_ATTRIBUTE_BYTES))),
-            ("drip-scheduled-for", letter.scheduled_for.map(format_rfc3339)),
-            ("drip-message-id", letter.message_id.map(|id| truncate(id, MAX_ATTRIBUTE_BYTES))),
-        ];
-        for (name, value) in known {
-            if let Some(value) = value {
-                attributes.insert(name.into(), value);
-            }
-        }
-        self.metrics.time("pubsub", self.publishers.publish(&topic, letter.data.to_vec(), attributes)).await?;
+    pub(crate) async fn dead_letter(&self, letter: DeadLetter<'_>) -> anyhow::Result<()> {
+        let topic = self.rules.dlq_topic_for(letter.rule).ok_or_else(|| anyhow::anyhow!("no dead-letter topic"))?;
+        let stamp = Stamp {
+            message_id: letter.message_id,
+            subscription: letter.subscription,
+            rule: letter.rule.map(|r| r.name.as_str()),
+            key: letter.key,
+            scheduled_for: letter.scheduled_for,
+            reason: Some((letter.reason, letter.detail)),
+            ..Stamp::default()
+        };
+        let (data, attributes) = stamp.dead_letter(letter.attributes, letter.data);
+        self.metrics.time("pubsub", self.publishers.publish(topic, data, attributes)).await?;
         Ok(())
     }
 
-    /// Forwards the event at its `slot` (now, or after an inline wait).
-    pub(crate) async fn forward(
-        &self,
-        rule: &Rule,
-        key: &str,
-        event: &Event,
-        slot: Millis,
-    ) -> Result<Forwarded, Transient> {
+    /// Forwards the event at its slot (now, or after an inline wait).
+    pub(crate) async fn forward(&self, acting: Acting<'_>) -> Result<(), Failure> {
+        let Acting { rule, key, event, slot, .. } = acting;
         match &rule.forward {
             Forward::Topic(topic) => {
-                let mut attributes = event.attributes.clone();
-                attributes.insert("drip-message-id".into(), truncate(&event.id, MAX_ATTRIBUTE_BYTES));
-                attributes.insert("drip-scheduled-for".into(), format_rfc3339(slot));
-                attributes.insert("drip-rule".into(), rule.name.clone());
-                attributes.insert("drip-key".into(), truncate(key, MAX_ATTRIBUTE_BYTES));
-                self.metrics
-                    .shared
-                    .time("pubsub", self.publishers.publish(topic, event.data.clone(), attributes))
-                    .await?;
-                Ok(Forwarded::Done)
+                let attributes =
+                    acting.stamp().apply(&event.attributes, event.data.len()).map_err(Failure::Permanent)?;
+                self.metrics.time("pubsub", self.publishers.publish(topic, event.data.clone(), attributes)).await?;
+                Ok(())
             }
             Forward::Url(url) => {
                 let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&event.data).is_ok() {
@@ -138,38 +146,52 @@ impl AppState {
                     .http
                     .post(url)
                     .header("content-type", content_type)
-                    .header("x-drip-message-id", &event.id)
-                    .header("x-drip-rule", &rule.name)
-                    .header("x-drip-key", key)
+                    .header("x-drip-message-id", header_value("the message id", &event.id)?)
+                    .header("x-drip-rule", header_value("the rule", &rule.name)?)
+                    .header("x-drip-key", header_value("the key", key)?)
                     .header("x-drip-scheduled-for", format_rfc3339(slot))
-                    .header("x-drip-attributes", serde_json::to_string(&event.attributes)?)
+                    .header(
+                        "x-drip-attributes",
+                        header_value("the attributes", &serde_json::to_string(&event.attributes)?)?,
+                    )
                     .body(event.data.clone());
+                if let Some(subscription) = &event.subscription {
+                    request = request.header("x-drip-subscription", header_value("the subscription", subscription)?);
+                }
                 if let Some(token) = self.id_tokens.token_for(url).await? {
                     request = request.bearer_auth(token);
                 }
                 let response = self.metrics.time("forward_url", request.send()).await?;
                 let status = response.status();
                 if status.is_success() {
-                    Ok(Forwarded::Done)
-                } else if status.as_u16() == 429 || status.is_server_error() {
-                    Err(Transient(anyhow::anyhow!("forward URL answered {status}")))
+                    Ok(())
+                } else if status.as_u16() == 429 || status.as_u16() == 408 || status.is_server_error() {
+                    Err(Failure::Transient(anyhow::anyhow!("forward URL answered {status}")))
+                } else if status.is_redirection() {
+                    // Following it would turn the POST into a bodiless GET: the event would be lost.
+                    let location = response.headers().get("location").and_then(|l| l.to_str().ok()).unwrap_or("-");
+                    Err(permanent(
+                        DlqReason::ForwardRejected,
+                        format!("forward URL answered {status}; Location: {location}"),
+                    ))
                 } else {
-                    Ok(Forwarded::Rejected(format!("forward URL answered {status}")))
+                    Err(permanent(DlqReason::ForwardRejected, format!("forward URL answered {status}")))
                 }
             }
         }
     }
 
-    /// Creates the task that hands the event to the dispatcher at `slot`.
+    /// Creates the task that hands the event to the dispatcher at its slot.
     pub(crate) async fn schedule(
         &self,
-        rule: &Rule,
-        key: &str,
-        event: &Event,
+        acting: Acting<'_>,
         publish_time: Option<&str>,
-        slot: Millis,
         now: Millis,
-    ) -> Result<Scheduled, Transient> {
+    ) -> Result<Created, Failure> {
+        let Acting { rule, key, event, identity, slot } = acting;
+        // The dispatcher adds these to the overflow message: refuse now what Pub/Sub would refuse then.
+        let overflow = Stamp { ratelimited: true, ..acting.stamp() };
+        overflow.apply(&event.attributes, event.data.len()).map_err(Failure::Permanent)?;
         let first = rule.limits[0];
         let mut body = TaskBody {
             is_ratelimited: true,
@@ -186,67 +208,71 @@ impl AppState {
             claim_check: None,
             attributes: event.attributes.clone(),
             message_id: event.id.clone(),
+            subscription: event.subscription.clone(),
             publish_time: publish_time.map(str::to_owned),
         };
         let mut encoded = serde_json::to_vec(&body.clone().with_data(&event.data))?;
         if encoded.len() > MAX_INLINE_TASK_BODY {
             if event.data.len() > self.claim_check_max_bytes {
-                return Ok(Scheduled::TooLarge(event.data.len()));
+                let detail = format!(
+                    "{} bytes: too large for a task and over DRIP_CLAIM_CHECK_MAX_BYTES ({})",
+                    event.data.len(),
+                    self.claim_check_max_bytes
+                );
+                return Err(permanent(DlqReason::PayloadTooLarge, detail));
             }
-            let reference = drip_store::claim_check::claim_check_key(&self.namespace, &rule.name, key, &event.id);
-            let mut redis = self.redis.clone();
+            let of = MessageOf { rule: &rule.name, key, message: identity };
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
-            self.metrics
-                .shared
-                .time("redis", drip_store::claim_check::put(&mut redis, &reference, &event.data, ttl))
-                .await?;
-            body.claim_check = Some(reference);
+            body.claim_check = Some(self.metrics.time("redis", self.store.put_payload(of, &event.data, ttl)).await?);
             encoded = serde_json::to_vec(&body)?;
         }
         let queue = &self.queues[queue_index(&rule.name, key, self.queues.len())];
-        let headers = HashMap::from([("Content-Type".to_owned(), "application/json".to_owned())]);
-        let created = self
-            .metrics
-            .shared
-            .time("cloud_tasks", self.tasks.create(queue, &task_id(&rule.name, &event.id), slot, encoded, headers))
-            .await?;
-        Ok(match created {
-            Created::New => Scheduled::Created,
-            Created::AlreadyExisted => Scheduled::AlreadyExisted,
-        })
+        let headers = HashMap::from([
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            (SIGNATURE_HEADER.to_owned(), self.signer.sign(&encoded)),
+        ]);
+        let name = task_id(&rule.name, identity);
+        let create = self.tasks.create(queue, &name, slot, encoded, headers);
+        match self.metrics.time("cloud_tasks", create).await {
+            Ok(created) => Ok(created),
+            Err(error) if error.is_invalid() => Err(permanent(DlqReason::TaskRejected, error.to_string())),
+            Err(error) => Err(error.into()),
+        }
     }
 }
 
 /// Google ID tokens for forward URLs on Cloud Run, one credential per audience.
 #[derive(Debug)]
 pub struct ForwardIdToken {
-    mode: String,
+    mode: ForwardIdTokenMode,
     credentials: Mutex<HashMap<String, IDTokenCredentials>>,
 }
 
 impl ForwardIdToken {
-    /// `auto` (for `*.run.app`), `always` or `never`.
-    pub fn new(mode: &str) -> Self {
-        Self { mode: mode.to_owned(), credentials: Mutex::default() }
+    pub fn new(mode: ForwardIdTokenMode) -> Self {
+        Self { mode, credentials: Mutex::default() }
     }
 
     async fn token_for(&self, url: &str) -> anyhow::Result<Option<String>> {
         let audience = url.split('/').take(3).collect::<Vec<_>>().join("/");
-        let wanted = match self.mode.as_str() {
-            "always" => true,
-            "never" => false,
-            _ => audience.ends_with(".run.app"),
+        let wanted = match self.mode {
+            ForwardIdTokenMode::Always => true,
+            ForwardIdTokenMode::Never => false,
+            ForwardIdTokenMode::Auto => audience.ends_with(".run.app"),
         };
         if !wanted {
             return Ok(None);
         }
-        let mut credentials = self.credentials.lock().await;
-        if !credentials.contains_key(&audience) {
-            let built = google_cloud_auth::credentials::idtoken::Builder::new(audience.clone()).build()?;
-            credentials.insert(audience.clone(), built);
-        }
-        let token = credentials[&audience].id_token().await?;
-        Ok(Some(token))
+        // Built once per audience under the lock; fetching the token happens after it is released.
+        let credentials = {
+            let mut credentials = self.credentials.lock().await;
+            if !credentials.contains_key(&audience) {
+                let built = google_cloud_auth::credentials::idtoken::Builder::new(audience.clone()).build()?;
+                credentials.insert(audience.clone(), built);
+            }
+            credentials[&audience].clone()
+        };
+        Ok(Some(credentials.id_token().await?))
     }
 }
 
@@ -256,10 +282,11 @@ mod tests {
 
     #[test]
     fn task_names_are_stable_valid_and_distinct() {
-        let id = task_id("payouts", "1234");
-        assert_eq!(id, task_id("payouts", "1234"));
-        assert_ne!(id, task_id("payouts", "1235"));
-        assert_ne!(id, task_id("kyc", "1234"));
+        let id = task_id("payouts", "1234@aaaaaaaaaaaa");
+        assert_eq!(id, task_id("payouts", "1234@aaaaaaaaaaaa"));
+        assert_ne!(id, task_id("payouts", "1234@bbbbbbbbbbbb"));
+        assert_ne!(id, task_id("payouts", "1235@aaaaaaaaaaaa"));
+        assert_ne!(id, task_id("kyc", "1234@aaaaaaaaaaaa"));
         assert!(id.len() <= 500 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
     }
 
@@ -268,5 +295,14 @@ mod tests {
         assert_eq!(queue_index("r", "k", 4), queue_index("r", "k", 4));
         let used: std::collections::HashSet<usize> = (0..64).map(|i| queue_index("r", &format!("k{i}"), 4)).collect();
         assert_eq!(used.len(), 4);
+    }
+
+    #[test]
+    fn header_values_with_control_characters_are_refused_for_good() {
+        assert!(header_value("k", "merchant_1").is_ok());
+        match header_value("the key", "merchant\n1") {
+            Err(Failure::Permanent(refused)) => assert_eq!(refused.reason, DlqReason::InvalidHeaderValue),
+            other => panic!("{other:?}"),
+        }
     }
 }

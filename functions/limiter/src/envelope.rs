@@ -6,11 +6,15 @@ use std::collections::BTreeMap;
 
 use axum::http::HeaderMap;
 use base64::Engine;
+use drip_core::outcome::DlqReason;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushedMessage {
     pub id: String,
+    /// The subscription that pushed it (`subscription` in the envelope,
+    /// `x-goog-pubsub-subscription-name` without one).
+    pub subscription: Option<String>,
     pub publish_time: Option<String>,
     pub attributes: BTreeMap<String, String>,
     pub data: Vec<u8>,
@@ -19,7 +23,7 @@ pub struct PushedMessage {
 /// A push request nothing can be made of: dead-lettered with its reason, since retrying cannot help.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unusable {
-    pub reason: &'static str,
+    pub reason: DlqReason,
     pub detail: String,
     pub message_id: Option<String>,
     pub attributes: BTreeMap<String, String>,
@@ -30,6 +34,8 @@ pub struct Unusable {
 #[derive(Deserialize)]
 struct Envelope {
     message: Option<WrappedMessage>,
+    #[serde(default)]
+    subscription: Option<String>,
 }
 
 /// Pub/Sub sends both spellings of the id and publish time (`messageId` and `message_id`).
@@ -78,12 +84,15 @@ pub fn parse(headers: &HeaderMap, body: &[u8]) -> Result<PushedMessage, Unusable
         data: body.to_vec(),
     };
     let envelope: Envelope = serde_json::from_slice(body)
-        .map_err(|e| unusable("malformed_envelope", format!("not a push envelope: {e}")))?;
+        .map_err(|e| unusable(DlqReason::MalformedEnvelope, format!("not a push envelope: {e}")))?;
     let message =
-        envelope.message.ok_or_else(|| unusable("malformed_envelope", "no message in the envelope".into()))?;
+        envelope.message.ok_or_else(|| unusable(DlqReason::MalformedEnvelope, "no message in the envelope".into()))?;
     let attributes = message.attributes.unwrap_or_default();
     let Some(id) = message.message_id.or(message.message_id_snake).filter(|id| !id.is_empty()) else {
-        return Err(Unusable { attributes, ..unusable("malformed_envelope", "the message has no messageId".into()) });
+        return Err(Unusable {
+            attributes,
+            ..unusable(DlqReason::MalformedEnvelope, "the message has no messageId".into())
+        });
     };
     let data = match message.data {
         None => Vec::new(),
@@ -91,7 +100,7 @@ pub fn parse(headers: &HeaderMap, body: &[u8]) -> Result<PushedMessage, Unusable
             Ok(data) => data,
             Err(e) => {
                 return Err(Unusable {
-                    reason: "bad_base64",
+                    reason: DlqReason::BadBase64,
                     detail: format!("message data is not base64: {e}"),
                     message_id: Some(id),
                     attributes,
@@ -100,7 +109,13 @@ pub fn parse(headers: &HeaderMap, body: &[u8]) -> Result<PushedMessage, Unusable
             }
         },
     };
-    Ok(PushedMessage { id, publish_time: message.publish_time.or(message.publish_time_snake), attributes, data })
+    Ok(PushedMessage {
+        id,
+        subscription: envelope.subscription,
+        publish_time: message.publish_time.or(message.publish_time_snake),
+        attributes,
+        data,
+    })
 }
 
 fn parse_unwrapped(headers: &HeaderMap, body: &[u8]) -> Result<PushedMessage, Unusable> {
@@ -119,12 +134,13 @@ fn parse_unwrapped(headers: &HeaderMap, body: &[u8]) -> Result<PushedMessage, Un
     match header("x-goog-pubsub-message-id").filter(|id| !id.is_empty()) {
         Some(id) => Ok(PushedMessage {
             id,
+            subscription: header("x-goog-pubsub-subscription-name"),
             publish_time: header("x-goog-pubsub-publish-time"),
             attributes,
             data: body.to_vec(),
         }),
         None => Err(Unusable {
-            reason: "malformed_envelope",
+            reason: DlqReason::MalformedEnvelope,
             detail: "no_wrapper push without x-goog-pubsub-message-id (enable write_metadata)".into(),
             message_id: None,
             attributes,
@@ -144,6 +160,7 @@ mod tests {
         let body = br#"{"message":{"data":"eyJhIjoxfQ==","attributes":{"event_type":"payout"},"messageId":"42","publishTime":"2026-08-03T12:00:01Z"},"subscription":"projects/p/subscriptions/s"}"#;
         let message = parse(&HeaderMap::new(), body).unwrap();
         assert_eq!(message.id, "42");
+        assert_eq!(message.subscription.as_deref(), Some("projects/p/subscriptions/s"));
         assert_eq!(message.data, br#"{"a":1}"#);
         assert_eq!(message.attributes["event_type"], "payout");
         let snake = br#"{"message":{"data":"","message_id":"43","publish_time":"2026-08-03T12:00:01Z"}}"#;
@@ -156,13 +173,13 @@ mod tests {
     #[test]
     fn unusable_requests_say_why() {
         let reason = |body: &[u8]| parse(&HeaderMap::new(), body).unwrap_err().reason;
-        assert_eq!(reason(b"not json"), "malformed_envelope");
-        assert_eq!(reason(br#"{"subscription":"s"}"#), "malformed_envelope");
-        assert_eq!(reason(br#"{"message":{"data":"e30="}}"#), "malformed_envelope");
+        assert_eq!(reason(b"not json"), DlqReason::MalformedEnvelope);
+        assert_eq!(reason(br#"{"subscription":"s"}"#), DlqReason::MalformedEnvelope);
+        assert_eq!(reason(br#"{"message":{"data":"e30="}}"#), DlqReason::MalformedEnvelope);
         let bad = parse(&HeaderMap::new(), br#"{"message":{"data":"%%%","messageId":"1"}}"#).unwrap_err();
         assert_eq!(
             (bad.reason, bad.message_id.as_deref(), bad.data.as_slice()),
-            ("bad_base64", Some("1"), &b"%%%"[..])
+            (DlqReason::BadBase64, Some("1"), &b"%%%"[..])
         );
     }
 
@@ -176,6 +193,7 @@ mod tests {
         headers.insert("authorization", HeaderValue::from_static("Bearer x"));
         let message = parse(&headers, b"raw body").unwrap();
         assert_eq!(message.id, "77");
+        assert_eq!(message.subscription.as_deref(), Some("projects/p/subscriptions/s"));
         assert_eq!(message.data, b"raw body");
         assert_eq!(message.attributes, BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]));
     }

@@ -15,27 +15,33 @@ use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
+use drip_core::overflow::TaskSigner;
 use drip_core::rules::RuleSet;
+use drip_core::time::Millis;
 use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::pubsub::Publishers;
 use drip_gcp::tasks::{TaskCreator, TaskTarget};
 use drip_service::metrics::ServiceMetrics;
 use drip_store::{AnyConnection, RedisStore};
 
-pub use actions::{ForwardIdToken, queue_index, task_id};
+pub use actions::{ForwardIdToken, MAX_INLINE_TASK_BODY, queue_index, task_id};
 pub use envelope::{PushedMessage, Unusable};
-pub use settings::Settings;
+pub use settings::{ForwardIdTokenMode, Settings};
 
-/// Pub/Sub push requests carry up to 10 MB of data, base64-encoded in JSON.
-const MAX_PUSH_BYTES: usize = 16 * 1024 * 1024;
+/// Pub/Sub push requests carry up to 10 MB of data, base64-encoded (×4/3) in JSON, plus up to 100
+/// attributes of at most 1,280 bytes each.
+const MAX_PUSH_BYTES: usize = 14 * 1024 * 1024;
+/// A lease outlives the attempt that holds it by this much, so it never lapses while that attempt
+/// may still act.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 /// Everything a request needs; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub rules: Arc<RuleSet>,
     pub store: RedisStore<AnyConnection>,
+    /// For `/readyz`.
     pub redis: AnyConnection,
-    pub namespace: String,
     pub publishers: Arc<Publishers>,
     pub tasks: TaskCreator,
     pub queues: Arc<Vec<String>>,
@@ -44,11 +50,24 @@ pub struct AppState {
     pub oidc: Option<Arc<OidcVerifier>>,
     pub metrics: Arc<ServiceMetrics>,
     pub claim_check_max_bytes: usize,
+    pub signer: TaskSigner,
+    /// How long an attempt may take to act (the inline wait, the forward or task creation, and a
+    /// dead letter); it is then answered 503 and its lease released.
+    pub attempt_deadline: Duration,
+    /// How long an attempt acts alone on its message: the deadline plus a margin.
+    pub lease: Millis,
 }
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let common = &settings.common;
-    let rules = common.load_rules(true)?;
+    let rules = common.load_rules()?;
+    let longest_inline_wait = rules.rules.iter().map(|r| r.inline_wait).max().unwrap_or(0);
+    settings.check_shutdown_budget(longest_inline_wait as u64)?;
+    let attempt_deadline = Duration::from_millis(
+        longest_inline_wait as u64
+            + settings.forward_timeout_ms.max(settings.tasks_timeout_ms).max(common.redis_timeout_ms)
+            + common.publish_timeout_ms,
+    );
     let redis = common.connect_redis().await?;
     let target = TaskTarget {
         url: settings.dispatcher_url.clone(),
@@ -62,23 +81,29 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     )
     .await
     .context("creating the Cloud Tasks client (CLOUD_TASKS_ENDPOINT / credentials)")?;
-    let http = reqwest::Client::builder().timeout(Duration::from_millis(settings.forward_timeout_ms)).build()?;
+    // Never follow redirects: reqwest would turn the POST into a bodiless GET and lose the event.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(settings.forward_timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
     Ok(AppState {
         rules,
         store: RedisStore::new(redis.clone(), common.redis_namespace.clone()),
         redis,
-        namespace: common.redis_namespace.clone(),
         publishers: common.connect_pubsub().await?,
         tasks,
         queues: Arc::new(settings.queues()?),
         http,
-        id_tokens: Arc::new(ForwardIdToken::new(&settings.forward_id_token)),
+        id_tokens: Arc::new(ForwardIdToken::new(settings.forward_id_token)),
         oidc: common.oidc_verifier(),
         metrics: Arc::new(ServiceMetrics::new(
             ("decisions", "Events by rule and outcome (forward, delay or the dead-letter reason)"),
             ("delay_seconds", "How far after its decision an event's slot lies"),
         )),
         claim_check_max_bytes: settings.claim_check_max_bytes,
+        signer: common.task_signer()?,
+        attempt_deadline,
+        lease: (attempt_deadline + LEASE_MARGIN).as_millis() as Millis,
     })
 }
 
@@ -92,8 +117,7 @@ async fn inspect_entity(
         return (axum::http::StatusCode::NOT_FOUND, "no such rule").into_response();
     };
     let key = drip_core::template::cap_key(key);
-    let mut redis = state.redis.clone();
-    match drip_store::inspect::inspect(&mut redis, &state.namespace, rule, &key).await {
+    match state.store.inspect(rule, &key).await {
         Ok(report) => axum::Json(report).into_response(),
         Err(error) => {
             tracing::warn!(%error, "inspect failed");

@@ -1,4 +1,8 @@
 //! `POST /push`: one Pub/Sub message in, one action out, acked (204) only once the action is done.
+//!
+//! Only one attempt at a message acts at a time, across instances: the reservation takes a lease
+//! on the message's answer in the same script call; a concurrent duplicate finds it held and is
+//! answered 503 (Pub/Sub retries later, by when the first attempt has completed or released it).
 
 use std::time::Duration;
 
@@ -6,169 +10,185 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use drip_core::event::Event;
-use drip_core::routing::{Decision, DlqReason, Plan, plan};
+use drip_core::outcome::{DlqReason, Outcome};
+use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::Rule;
-use drip_core::time::format_rfc3339;
+use drip_core::schedule::Reservation;
+use drip_core::time::{Millis, format_rfc3339};
 use drip_store::{SlotRequest, SlotStore};
 
 use crate::AppState;
-use crate::actions::{DeadLetter, Forwarded, Scheduled, Transient};
+use crate::actions::{Acting, DeadLetter, Failure};
 use crate::envelope::{self, PushedMessage};
 
 /// 204 once the event is forwarded, scheduled or dead-lettered; 503 when any of that failed
-/// transiently. Never 202: the Pub/Sub emulator takes it for a nack.
+/// transiently or another attempt is acting on it. Never 202: the Pub/Sub emulator takes it for a nack.
 pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
     let result = match envelope::parse(&headers, &body) {
         Ok(message) => handle(&state, message).await,
         Err(unusable) => {
-            tracing::warn!(reason = unusable.reason, detail = %unusable.detail, "unusable push request");
-            state.metrics.count("-", unusable.reason);
-            state
-                .dead_letter(DeadLetter {
-                    rule: None,
-                    key: None,
-                    reason: unusable.reason,
-                    detail: &unusable.detail,
-                    scheduled_for: None,
-                    message_id: unusable.message_id.as_deref(),
-                    attributes: &unusable.attributes,
-                    data: &unusable.data,
-                })
-                .await
+            tracing::warn!(reason = %unusable.reason, detail = %unusable.detail, "unusable push request");
+            state.metrics.count("-", unusable.reason.as_str());
+            let letter = DeadLetter {
+                rule: None,
+                key: None,
+                reason: unusable.reason,
+                detail: &unusable.detail,
+                scheduled_for: None,
+                message_id: unusable.message_id.as_deref(),
+                subscription: None,
+                attributes: &unusable.attributes,
+                data: &unusable.data,
+            };
+            state.dead_letter(letter).await.map(|()| Outcome::DeadLetter(unusable.reason))
         }
     };
     match result {
-        Ok(()) => StatusCode::NO_CONTENT,
-        Err(Transient(error)) => {
+        Ok(Outcome::Busy) => {
+            state.metrics.count("-", Outcome::Busy.as_str());
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Ok(_) => StatusCode::NO_CONTENT,
+        Err(error) => {
             tracing::warn!(error = format!("{error:#}"), "push failed; Pub/Sub will redeliver");
             StatusCode::SERVICE_UNAVAILABLE
         }
     }
 }
 
-async fn handle(state: &AppState, message: PushedMessage) -> Result<(), Transient> {
-    let PushedMessage { id, publish_time, attributes, data } = message;
-    let event = Event::new(id, attributes, data);
+async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outcome> {
+    let PushedMessage { id, subscription, publish_time, attributes, data } = message;
+    let event = Event::new(id, attributes, data).with_subscription(subscription);
     let (rule, key, cost) = match plan(&state.rules, &event) {
         Plan::Reserve { rule, key, cost } => (rule, key, cost),
         Plan::DeadLetter { rule, key, reason, detail } => {
-            log_decision(&event, rule, key.as_deref(), reason.as_str(), None, false);
-            let letter = DeadLetter {
-                rule,
-                key: key.as_deref(),
-                reason: reason.as_str(),
-                detail: &detail,
-                scheduled_for: None,
-                message_id: Some(&event.id),
-                attributes: &event.attributes,
-                data: &event.data,
-            };
-            state.dead_letter(letter).await?;
+            log_decision(&event, rule, key.as_deref(), Outcome::DeadLetter(reason), None, false);
+            state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None)).await?;
             state.metrics.count(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
-            return Ok(());
+            return Ok(Outcome::DeadLetter(reason));
         }
     };
-    let request = SlotRequest::for_rule(rule, &key, &event.id, cost, None);
+    let identity = event.message_ref().identity();
+    let request = SlotRequest { lease: state.lease, ..SlotRequest::for_rule(rule, &key, &identity, cost, None) };
     let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
+    if reservation.busy {
+        tracing::info!(message_id = %event.id, rule = %rule.name, key, "another attempt is acting on this message: 503");
+        return Ok(Outcome::Busy);
+    }
     if reservation.replayed && reservation.completed {
         tracing::info!(message_id = %event.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
-        state.metrics.count(&rule.name, "redelivered");
-        return Ok(());
+        state.metrics.count(&rule.name, Outcome::Redelivered.as_str());
+        return Ok(Outcome::Redelivered);
     }
-    let decision = Decision::of(&reservation, rule.inline_wait);
-    log_decision(
-        &event,
-        Some(rule),
-        Some(&key),
-        decision_name(decision),
-        Some((reservation.slot, reservation.decided_at)),
-        reservation.replayed,
-    );
-    let dead_letter = |reason: &'static str, detail: String, scheduled_for| {
-        let (rule, key, event) = (rule, key.clone(), &event);
-        async move {
-            let letter = DeadLetter {
-                rule: Some(rule),
-                key: Some(&key),
-                reason,
-                detail: &detail,
-                scheduled_for,
-                message_id: Some(&event.id),
-                attributes: &event.attributes,
-                data: &event.data,
-            };
-            state.dead_letter(letter).await
+    let acting = Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot };
+    let act = act(state, acting, &reservation, reserved.now, publish_time.as_deref());
+    let result = match tokio::time::timeout(state.attempt_deadline, act).await {
+        Ok(result) => result,
+        Err(_) => Err(anyhow::anyhow!("the attempt took longer than {:?}", state.attempt_deadline)),
+    };
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            if let Err(release) = state.store.release(&request).await {
+                tracing::warn!(message_id = %event.id, %release, "could not release the message's lease; it expires by itself");
+            }
+            state.metrics.count(&rule.name, Outcome::Retry.as_str());
+            return Err(error);
         }
     };
-    let outcome = match decision {
-        Decision::DeadLetter(reason) => {
-            let detail = format!("the earliest slot {} is beyond max_delay", format_rfc3339(reservation.slot));
-            dead_letter(reason.as_str(), detail, Some(reservation.slot)).await?;
-            reason.as_str()
-        }
-        Decision::Forward => {
-            let wait = (reservation.slot - reserved.now).clamp(0, rule.inline_wait);
-            if wait > 0 {
-                tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-            }
-            match state.forward(rule, &key, &event, reservation.slot).await? {
-                Forwarded::Done => "forward",
-                Forwarded::Rejected(detail) => {
-                    tracing::error!(message_id = %event.id, rule = %rule.name, %detail, "forward target rejected the event");
-                    dead_letter("forward_rejected", detail, Some(reservation.slot)).await?;
-                    "forward_rejected"
-                }
-            }
-        }
-        Decision::Delay => {
-            match state.schedule(rule, &key, &event, publish_time.as_deref(), reservation.slot, reserved.now).await? {
-                Scheduled::Created | Scheduled::AlreadyExisted => "delay",
-                Scheduled::TooLarge(size) => {
-                    let detail = format!("{size} bytes: too large for a task and over DRIP_CLAIM_CHECK_MAX_BYTES");
-                    dead_letter("payload_too_large", detail, Some(reservation.slot)).await?;
-                    "payload_too_large"
-                }
-            }
-        }
-    };
-    if !reservation.replayed && outcome != DlqReason::MaxDelayExceeded.as_str() {
-        let delay = (reservation.slot - reservation.decided_at) as f64 / 1_000.0;
-        state.metrics.observe(&rule.name, delay);
+    log_decision(&event, Some(rule), Some(&key), outcome, Some(&reservation), reservation.replayed);
+    if !reservation.replayed && !matches!(outcome, Outcome::DeadLetter(DlqReason::MaxDelayExceeded)) {
+        state.metrics.observe(&rule.name, (reservation.slot - reservation.decided_at) as f64 / 1_000.0);
     }
-    state.metrics.count(&rule.name, outcome);
-    // Acting twice on a redelivery is what this prevents; failing to record it only risks that.
+    state.metrics.count(&rule.name, outcome.as_str());
+    // Acting twice on a redelivery is what this prevents; failing to record it only risks that
+    // (the lease still holds a concurrent duplicate off until it expires).
     if let Err(error) = state.metrics.time("redis", state.store.complete(&request)).await {
         tracing::warn!(message_id = %event.id, %error, "could not record the message as acted upon");
     }
-    Ok(())
+    Ok(outcome)
 }
 
-fn decision_name(decision: Decision) -> &'static str {
-    match decision {
-        Decision::DeadLetter(reason) => reason.as_str(),
-        other => other.as_str(),
+/// Carries out the reservation's decision; a permanent failure becomes a dead letter.
+async fn act(
+    state: &AppState,
+    acting: Acting<'_>,
+    reservation: &Reservation,
+    now: Millis,
+    publish_time: Option<&str>,
+) -> anyhow::Result<Outcome> {
+    let Acting { rule, key, event, slot, .. } = acting;
+    let done = match Decision::of(reservation, rule.inline_wait) {
+        Decision::DeadLetter(reason) => {
+            let detail = format!("the earliest slot {} is beyond max_delay", format_rfc3339(slot));
+            Err(Failure::Permanent(drip_core::attributes::Refused { reason, detail }))
+        }
+        Decision::Forward => {
+            let wait = (slot - now).clamp(0, rule.inline_wait);
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+            }
+            state.forward(acting).await.map(|()| Outcome::Forward)
+        }
+        Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
+    };
+    match done {
+        Ok(outcome) => Ok(outcome),
+        Err(Failure::Transient(error)) => Err(error),
+        Err(Failure::Permanent(refused)) => {
+            if refused.reason != DlqReason::MaxDelayExceeded {
+                tracing::error!(message_id = %event.id, rule = %rule.name, reason = %refused.reason, detail = %refused.detail, "no retry can deliver this event: dead-lettered");
+            }
+            state
+                .dead_letter(letter(event, Some(rule), Some(key), refused.reason, &refused.detail, Some(slot)))
+                .await?;
+            Ok(Outcome::DeadLetter(refused.reason))
+        }
     }
 }
 
-/// One line per decision; `max_delay_exceeded` is an ERROR, since it means an upstream flood.
+fn letter<'a>(
+    event: &'a Event,
+    rule: Option<&'a Rule>,
+    key: Option<&'a str>,
+    reason: DlqReason,
+    detail: &'a str,
+    scheduled_for: Option<Millis>,
+) -> DeadLetter<'a> {
+    DeadLetter {
+        rule,
+        key,
+        reason,
+        detail,
+        scheduled_for,
+        message_id: Some(&event.id),
+        subscription: event.subscription.as_deref(),
+        attributes: &event.attributes,
+        data: &event.data,
+    }
+}
+
+/// One line per decision; alarming dead letters (`max_delay_exceeded`: an upstream flood) are ERRORs.
 fn log_decision(
     event: &Event,
     rule: Option<&Rule>,
     key: Option<&str>,
-    decision: &str,
-    slot: Option<(i64, i64)>,
+    outcome: Outcome,
+    reservation: Option<&Reservation>,
     replayed: bool,
 ) {
     let rule = rule.map_or("-", |r| r.name.as_str());
     let key = key.unwrap_or("-");
-    let (scheduled_for, delay_ms) = match slot {
-        Some((slot, decided_at)) => (format_rfc3339(slot), slot - decided_at),
+    let decision = outcome.as_str();
+    let subscription = event.subscription.as_deref().unwrap_or("-");
+    let (scheduled_for, delay_ms) = match reservation {
+        Some(r) => (format_rfc3339(r.slot), r.slot - r.decided_at),
         None => (String::new(), 0),
     };
-    if decision == DlqReason::MaxDelayExceeded.as_str() {
-        tracing::error!(message_id = %event.id, rule, key, decision, scheduled_for, delay_ms, replayed, "event dead-lettered: beyond max_delay");
+    if matches!(outcome, Outcome::DeadLetter(reason) if reason.is_alarming()) {
+        tracing::error!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, "event dead-lettered");
     } else {
-        tracing::info!(message_id = %event.id, rule, key, decision, scheduled_for, delay_ms, replayed, "decision");
+        tracing::info!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, "decision");
     }
 }

@@ -30,11 +30,37 @@ pub struct Settings {
     /// Payloads too large for a task wait in Redis up to this size; larger ones are dead-lettered.
     #[envconfig(from = "DRIP_CLAIM_CHECK_MAX_BYTES", default = "1048576")]
     pub claim_check_max_bytes: usize,
-    #[envconfig(from = "DRIP_FORWARD_TIMEOUT_MS", default = "10000")]
+    #[envconfig(from = "DRIP_FORWARD_TIMEOUT_MS", default = "5000")]
     pub forward_timeout_ms: u64,
     /// `auto` (a Google ID token for `*.run.app` URLs), `always` or `never`.
     #[envconfig(from = "DRIP_FORWARD_ID_TOKEN", default = "auto")]
-    pub forward_id_token: String,
+    pub forward_id_token: ForwardIdTokenMode,
+    /// The time between SIGTERM and SIGKILL (Cloud Run: 10 s): the longest inline wait plus the
+    /// forward timeout must fit in it, so no request is cut off in the middle.
+    #[envconfig(from = "DRIP_SHUTDOWN_GRACE_MS", default = "10000")]
+    pub shutdown_grace_ms: u64,
+}
+
+/// When forwards to URLs carry a Google ID token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardIdTokenMode {
+    /// For `*.run.app` URLs only.
+    Auto,
+    Always,
+    Never,
+}
+
+impl std::str::FromStr for ForwardIdTokenMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => Err(format!("DRIP_FORWARD_ID_TOKEN must be auto, always or never, got '{other}'")),
+        }
+    }
 }
 
 impl Settings {
@@ -44,10 +70,21 @@ impl Settings {
         if !(settings.dispatcher_url.starts_with("https://") || settings.dispatcher_url.starts_with("http://")) {
             bail!("DRIP_DISPATCHER_URL must be an http(s) URL, got '{}'", settings.dispatcher_url);
         }
-        if !["auto", "always", "never"].contains(&settings.forward_id_token.as_str()) {
-            bail!("DRIP_FORWARD_ID_TOKEN must be auto, always or never, got '{}'", settings.forward_id_token);
-        }
         Ok(settings)
+    }
+
+    /// The longest inline wait plus the forward timeout must end before SIGKILL follows SIGTERM.
+    pub fn check_shutdown_budget(&self, longest_inline_wait: u64) -> anyhow::Result<()> {
+        let needed = longest_inline_wait + self.forward_timeout_ms;
+        if needed >= self.shutdown_grace_ms {
+            bail!(
+                "the longest inline_wait ({longest_inline_wait} ms) plus DRIP_FORWARD_TIMEOUT_MS ({} ms) must be under \
+                 DRIP_SHUTDOWN_GRACE_MS ({} ms, Cloud Run's time between SIGTERM and SIGKILL)",
+                self.forward_timeout_ms,
+                self.shutdown_grace_ms
+            );
+        }
+        Ok(())
     }
 
     /// Full queue names.

@@ -30,6 +30,7 @@ fn base_env(pubsub: &str, rules: &str, port: u16) -> Vec<(&'static str, String)>
         ("CLOUD_TASKS_ENDPOINT", "http://127.0.0.1:9".into()),
         ("DRIP_TASKS_QUEUES", "drip-0".into()),
         ("DRIP_DISPATCHER_URL", "http://127.0.0.1:9/dispatch".into()),
+        ("DRIP_TASK_SIGNING_KEY", drip_tests::stack::SIGNING_KEY.into()),
     ]
 }
 
@@ -48,6 +49,30 @@ fn refuses_to_start_without_a_setting_and_names_it() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("REDIS_URL"), "{stderr}");
+}
+
+/// Runs the limiter with `base_env` changed by `change`; returns its stderr after it refused to start.
+fn refusal(change: impl FnOnce(&mut Vec<(&'static str, String)>)) -> String {
+    let pubsub = Pubsub::shared();
+    let mut env = base_env(&pubsub.host, &repo("examples/payouts.yaml"), free_port());
+    change(&mut env);
+    let output = limiter(&as_refs(&env)).output().unwrap();
+    assert!(!output.status.success());
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn refuses_a_missing_or_short_task_signing_key() {
+    let missing = refusal(|env| env.retain(|(k, _)| *k != "DRIP_TASK_SIGNING_KEY"));
+    assert!(missing.contains("DRIP_TASK_SIGNING_KEY"), "{missing}");
+    let short = refusal(|env| env.push(("DRIP_TASK_SIGNING_KEY", "short".into())));
+    assert!(short.contains("DRIP_TASK_SIGNING_KEY must be at least 32 characters"), "{short}");
+}
+
+#[test]
+fn refuses_an_inline_wait_and_forward_timeout_longer_than_the_shutdown_grace() {
+    let stderr = refusal(|env| env.push(("DRIP_FORWARD_TIMEOUT_MS", "9500".into())));
+    assert!(stderr.contains("plus DRIP_FORWARD_TIMEOUT_MS (9500 ms) must be under DRIP_SHUTDOWN_GRACE_MS"), "{stderr}");
 }
 
 #[test]

@@ -1,25 +1,72 @@
 //! The event being scheduled: a Pub/Sub message's id, attributes and data.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
-
-use serde_json::Value;
 
 #[derive(Debug)]
 pub struct Event {
     pub id: String,
+    /// The subscription it came through, when known (see [`MessageRef`]).
+    pub subscription: Option<String>,
     pub attributes: BTreeMap<String, String>,
     pub data: Vec<u8>,
-    json: OnceLock<Option<Value>>,
 }
 
 impl Event {
     pub fn new(id: impl Into<String>, attributes: BTreeMap<String, String>, data: Vec<u8>) -> Self {
-        Self { id: id.into(), attributes, data, json: OnceLock::new() }
+        Self { id: id.into(), subscription: None, attributes, data }
     }
 
-    /// The data parsed as JSON, once; `None` when the body is not JSON.
-    pub fn json(&self) -> Option<&Value> {
-        self.json.get_or_init(|| serde_json::from_slice(&self.data).ok()).as_ref()
+    pub fn with_subscription(mut self, subscription: Option<String>) -> Self {
+        self.subscription = subscription.filter(|s| !s.is_empty());
+        self
+    }
+
+    pub fn message_ref(&self) -> MessageRef {
+        MessageRef::new(self.id.clone(), self.subscription.clone())
+    }
+}
+
+/// Who a message is: Pub/Sub message ids are unique within a topic only, so the identity Drip
+/// keys everything on (answer, task name, claim-check, dispatch marker) is the id together with
+/// the subscription it came through.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MessageRef {
+    pub id: String,
+    /// The full subscription name, when the push said it.
+    pub subscription: Option<String>,
+}
+
+impl MessageRef {
+    pub fn new(id: impl Into<String>, subscription: Option<String>) -> Self {
+        Self { id: id.into(), subscription: subscription.filter(|s| !s.is_empty()) }
+    }
+
+    /// `<id>@<12 hex digits of the subscription's SHA-256>`, or the id alone when no subscription
+    /// is known. Short, so that millions of in-flight answers stay small in Redis.
+    pub fn identity(&self) -> String {
+        use sha2::{Digest, Sha256};
+        match &self.subscription {
+            None => self.id.clone(),
+            Some(subscription) => {
+                let digest = Sha256::digest(subscription.as_bytes());
+                let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+                format!("{}@{hex}", self.id)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_id_from_two_subscriptions_is_two_messages() {
+        let a = MessageRef::new("42", Some("projects/p/subscriptions/a".into()));
+        let b = MessageRef::new("42", Some("projects/p/subscriptions/b".into()));
+        assert_ne!(a.identity(), b.identity());
+        assert_eq!(a.identity(), MessageRef::new("42", Some("projects/p/subscriptions/a".into())).identity());
+        assert!(a.identity().starts_with("42@"));
+        assert_eq!(MessageRef::new("42", Some(String::new())).identity(), "42");
     }
 }

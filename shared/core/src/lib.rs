@@ -1,8 +1,11 @@
 //! Drip's pure core: the rules contract, key and cost templates, routing of an event to a rule, and
 //! the reference model of slot reservation. Nothing here does I/O or reads the clock.
 
+pub mod attributes;
 pub mod event;
+pub mod json_path;
 pub mod ledger;
+pub mod outcome;
 pub mod overflow;
 pub mod routing;
 pub mod rules;

@@ -1,43 +1,12 @@
 //! From an event to what must happen to it: which rule, which entity key, what cost, or why it
 //! must be dead-lettered; and, once a slot is reserved, whether to forward now or delay.
 
-use std::fmt;
-
 use crate::event::Event;
+pub use crate::outcome::DlqReason;
 use crate::rules::{Cost, OnMissingKey, Rule, RuleSet};
 use crate::schedule::{Reservation, Status};
 use crate::template::{RenderError, cap_key};
 use crate::time::Millis;
-
-/// Why an event goes to a dead-letter topic; `as_str` is the `drip-reason` attribute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DlqReason {
-    NoMatchingRule,
-    MissingKeyField,
-    NonJsonBody,
-    InvalidCost,
-    CostExceedsLimit,
-    MaxDelayExceeded,
-}
-
-impl DlqReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NoMatchingRule => "no_matching_rule",
-            Self::MissingKeyField => "missing_key_field",
-            Self::NonJsonBody => "non_json_body",
-            Self::InvalidCost => "invalid_cost",
-            Self::CostExceedsLimit => "cost_exceeds_limit",
-            Self::MaxDelayExceeded => "max_delay_exceeded",
-        }
-    }
-}
-
-impl fmt::Display for DlqReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 #[derive(Debug)]
 pub enum Plan<'r> {
@@ -184,7 +153,8 @@ rules:
 
     #[test]
     fn decision_follows_slot_and_status() {
-        let at = |slot, status| Reservation { slot, status, replayed: false, decided_at: 10, completed: false };
+        let at =
+            |slot, status| Reservation { slot, status, replayed: false, decided_at: 10, completed: false, busy: false };
         assert_eq!(Decision::of(&at(10, Status::Reserved), 0), Decision::Forward);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 0), Decision::Delay);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 1), Decision::Forward);

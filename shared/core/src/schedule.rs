@@ -31,6 +31,9 @@ pub struct Reservation {
     pub decided_at: Millis,
     /// The message was already acted upon (see [`Scheduler::complete`]): a redelivery needs nothing more.
     pub completed: bool,
+    /// Another attempt at this message holds its lease and may be acting on it now: this attempt
+    /// must not act (answer 5xx; by the retry the first attempt has completed or released it).
+    pub busy: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +44,9 @@ pub struct ReserveRequest<'a> {
     pub limits: &'a [Limit],
     pub max_delay: Millis,
     pub now: Millis,
+    /// How long the attempt that gets this answer may act alone on the message (0: no lease).
+    /// A lease ends when the attempt completes or releases it, or when it expires (a crash).
+    pub lease: Millis,
 }
 
 /// The state of one limit of one entity. Its size never depends on the backlog: two numbers for
@@ -78,6 +84,8 @@ struct Answer {
     status: Status,
     decided_at: Millis,
     completed: bool,
+    /// The attempt that took the lease acts alone until then.
+    lease_until: Millis,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -99,8 +107,13 @@ impl Scheduler {
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        if let Some(&Answer { slot, status, decided_at, completed }) = entity.answers.get(request.message_id) {
-            return Reservation { slot, status, replayed: true, decided_at, completed };
+        if let Some(answer) = entity.answers.get_mut(request.message_id) {
+            let busy = !answer.completed && answer.lease_until > request.now;
+            if !answer.completed && !busy {
+                answer.lease_until = request.now + request.lease;
+            }
+            let Answer { slot, status, decided_at, completed, .. } = *answer;
+            return Reservation { slot, status, replayed: true, decided_at, completed, busy };
         }
         let slot = earliest_slot(&entity.state, request);
         let status = if slot > request.now + request.max_delay {
@@ -109,20 +122,32 @@ impl Scheduler {
             commit(&mut entity.state, request, slot);
             Status::Reserved
         };
-        entity
-            .answers
-            .insert(request.message_id.to_owned(), Answer { slot, status, decided_at: request.now, completed: false });
-        Reservation { slot, status, replayed: false, decided_at: request.now, completed: false }
+        let answer = Answer {
+            slot,
+            status,
+            decided_at: request.now,
+            completed: false,
+            lease_until: request.now + request.lease,
+        };
+        entity.answers.insert(request.message_id.to_owned(), answer);
+        Reservation { slot, status, replayed: false, decided_at: request.now, completed: false, busy: false }
+    }
+
+    fn answer_mut(&mut self, rule: &str, key: &str, message_id: &str) -> Option<&mut Answer> {
+        self.entities.get_mut(&(rule.to_owned(), key.to_owned())).and_then(|entity| entity.answers.get_mut(message_id))
     }
 
     /// Records that the message was acted upon (forwarded, scheduled or dead-lettered).
     pub fn complete(&mut self, rule: &str, key: &str, message_id: &str) {
-        if let Some(answer) = self
-            .entities
-            .get_mut(&(rule.to_owned(), key.to_owned()))
-            .and_then(|entity| entity.answers.get_mut(message_id))
-        {
+        if let Some(answer) = self.answer_mut(rule, key, message_id) {
             answer.completed = true;
+        }
+    }
+
+    /// Ends the lease of an attempt that failed, so that a retry may act at once.
+    pub fn release(&mut self, rule: &str, key: &str, message_id: &str) {
+        if let Some(answer) = self.answer_mut(rule, key, message_id) {
+            answer.lease_until = 0;
         }
     }
 
@@ -262,7 +287,7 @@ mod tests {
             .enumerate()
             .map(|(i, &(now, cost))| {
                 let id = format!("m{i}");
-                let r = ReserveRequest { message_id: &id, cost, limits, max_delay: 1_000 * MINUTE, now };
+                let r = ReserveRequest { message_id: &id, cost, limits, max_delay: 1_000 * MINUTE, now, lease: 0 };
                 s.reserve("r", "k", &r).slot
             })
             .collect()
@@ -320,6 +345,7 @@ mod tests {
             limits: &limits,
             max_delay: 30 * SECOND,
             now,
+            lease: 0,
         };
         assert_eq!(s.reserve("r", "k", &req("a", 0)).status, Status::Reserved);
         let before = s.entity_state("r", "k").cloned();
@@ -332,5 +358,30 @@ mod tests {
         assert!(!again.completed);
         s.complete("r", "k", "a");
         assert!(s.reserve("r", "k", &req("a", 6 * MINUTE)).completed);
+    }
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+    use crate::time::SECOND;
+
+    #[test]
+    fn one_attempt_acts_at_a_time_and_a_failed_or_crashed_one_hands_over() {
+        let limits = [Limit { limit: 10, per: SECOND, window: Window::Fixed(crate::rules::Placement::Start) }];
+        let req =
+            |now| ReserveRequest { message_id: "m", cost: 1, limits: &limits, max_delay: SECOND, now, lease: 100 };
+        let mut s = Scheduler::new();
+        assert!(!s.reserve("r", "k", &req(0)).busy);
+        let concurrent = s.reserve("r", "k", &req(50));
+        assert!(concurrent.busy && concurrent.replayed);
+        s.release("r", "k", "m");
+        let retry = s.reserve("r", "k", &req(60));
+        assert!(!retry.busy && retry.replayed, "a released lease is taken by the retry");
+        assert!(s.reserve("r", "k", &req(100)).busy, "the retry holds it until 160");
+        assert!(!s.reserve("r", "k", &req(160)).busy, "an expired lease (a crashed attempt) is taken over");
+        s.complete("r", "k", "m");
+        let done = s.reserve("r", "k", &req(170));
+        assert!(done.completed && !done.busy);
     }
 }

@@ -3,6 +3,8 @@
 use std::fmt;
 
 use serde_json::Value;
+
+use crate::json_path::{self, Found};
 use sha2::{Digest, Sha256};
 
 use crate::event::Event;
@@ -95,16 +97,13 @@ impl Template {
                         .ok_or_else(|| RenderError::MissingField(format!("attributes.{name}")))?,
                 ),
                 Part::Data(path) => {
-                    let json = event.json().ok_or(RenderError::NonJsonBody)?;
                     let field = || format!("data.{}", path.join("."));
-                    match lookup(json, path).ok_or_else(|| RenderError::MissingField(field()))? {
-                        Value::String(s) => out.push_str(s),
-                        Value::Number(n) => out.push_str(&n.to_string()),
-                        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-                        Value::Null => return Err(RenderError::MissingField(field())),
-                        Value::Array(_) | Value::Object(_) => {
-                            return Err(RenderError::NotAScalar(field()));
-                        }
+                    match json_path::find(&event.data, path).map_err(|_| RenderError::NonJsonBody)? {
+                        Found::Scalar(Value::String(s)) => out.push_str(&s),
+                        Found::Scalar(Value::Number(n)) => out.push_str(&n.to_string()),
+                        Found::Scalar(Value::Bool(b)) => out.push_str(if b { "true" } else { "false" }),
+                        Found::Scalar(_) | Found::Missing => return Err(RenderError::MissingField(field())),
+                        Found::Composite => return Err(RenderError::NotAScalar(field())),
                     }
                 }
             }
@@ -135,17 +134,6 @@ fn parse_placeholder(inner: &str) -> Result<Part, String> {
         "attributes" => Err(format!("placeholder '{{{inner}}}' names no attribute")),
         _ => Err(format!("placeholder '{{{inner}}}' must start with data. or attributes.")),
     }
-}
-
-fn lookup<'a>(mut value: &'a Value, path: &[String]) -> Option<&'a Value> {
-    for segment in path {
-        value = match value {
-            Value::Object(map) => map.get(segment)?,
-            Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    Some(value)
 }
 
 /// Caps a rendered key at [`MAX_KEY_BYTES`]: a longer key keeps its first 64 bytes for readability

@@ -25,6 +25,13 @@ pub struct CreateTaskError {
     pub source: google_cloud_tasks_v2::Error,
 }
 
+impl CreateTaskError {
+    /// Cloud Tasks refused the task itself (a bad name, size or schedule): no retry can help.
+    pub fn is_invalid(&self) -> bool {
+        self.source.status().is_some_and(|s| s.code == Code::InvalidArgument)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TaskTarget {
     /// The dispatcher's `/dispatch` URL.

@@ -65,6 +65,10 @@ pub struct CommonSettings {
     /// JWKS of the token signer; unset for Google's.
     #[envconfig(from = "DRIP_OIDC_JWKS_URL")]
     pub oidc_jwks_url: Option<String>,
+    /// The secret both services hold (Secret Manager): the limiter signs each task body with it and
+    /// the dispatcher publishes only what it signed (README: "How the dispatcher trusts a task").
+    #[envconfig(from = "DRIP_TASK_SIGNING_KEY")]
+    pub task_signing_key: String,
 }
 
 impl CommonSettings {
@@ -73,16 +77,25 @@ impl CommonSettings {
         if settings.project.trim().is_empty() {
             bail!("GOOGLE_CLOUD_PROJECT is empty");
         }
+        settings.task_signer()?;
         Ok(settings)
     }
 
-    /// The rules file, validated; the limiter also needs somewhere to dead-letter unmatched messages.
-    pub fn load_rules(&self, require_fallback_dlq: bool) -> anyhow::Result<Arc<RuleSet>> {
+    /// Signs and checks task bodies; a short key is refused, since it is all that stands between
+    /// whoever can create tasks and the overflow and dead-letter topics.
+    pub fn task_signer(&self) -> anyhow::Result<drip_core::overflow::TaskSigner> {
+        if self.task_signing_key.len() < 32 {
+            bail!("DRIP_TASK_SIGNING_KEY must be at least 32 characters (e.g. `openssl rand -hex 32`)");
+        }
+        Ok(drip_core::overflow::TaskSigner::new(&self.task_signing_key))
+    }
+
+    /// The rules file, validated, with somewhere to dead-letter what no rule can take (both
+    /// services dead-letter: the limiter unmatched messages, the dispatcher tasks of retired rules).
+    pub fn load_rules(&self) -> anyhow::Result<Arc<RuleSet>> {
         let rules = RuleSet::load(Path::new(&self.rules))
             .map_err(|errors| anyhow::anyhow!("invalid rules (DRIP_RULES):\n{errors}"))?;
-        if require_fallback_dlq {
-            rules.require_default_dlq(&self.rules).map_err(|e| anyhow::anyhow!("{e}"))?;
-        }
+        rules.require_default_dlq(&self.rules).map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(Arc::new(rules))
     }
 

@@ -42,8 +42,14 @@ fn model() {
         let started = Instant::now();
         for i in 0..events {
             let id = i.to_string();
-            let request =
-                ReserveRequest { message_id: &id, cost: 1, limits: &limits, max_delay: 30 * 24 * 60 * MINUTE, now: T0 };
+            let request = ReserveRequest {
+                message_id: &id,
+                cost: 1,
+                limits: &limits,
+                max_delay: 30 * 24 * 60 * MINUTE,
+                now: T0,
+                lease: 0,
+            };
             std::hint::black_box(scheduler.reserve("bench", "hot", &request));
         }
         report(&format!("  {name}"), events, started.elapsed());
@@ -70,6 +76,7 @@ async fn redis_bench(url: &str) -> redis::RedisResult<()> {
                 limits: &limits,
                 max_delay: 30 * 24 * 60 * MINUTE,
                 now: Some(T0),
+                lease: 0,
             };
             store
                 .reserve(&request)
@@ -98,6 +105,7 @@ async fn redis_bench(url: &str) -> redis::RedisResult<()> {
                         limits: &limits,
                         max_delay: 30 * 24 * 60 * MINUTE,
                         now: None,
+                        lease: 0,
                     };
                     let _ = store.reserve(&request).await;
                 }

@@ -40,7 +40,15 @@ pub struct LimitReport {
     pub ahead: u64,
 }
 
-pub async fn inspect<C: ConnectionLike + Send + Sync>(
+impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
+    /// What the entity's state says now (Redis `TIME`).
+    pub async fn inspect(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
+        let mut connection = self.connection();
+        inspect(&mut connection, self.namespace(), rule, key).await
+    }
+}
+
+async fn inspect<C: ConnectionLike + Send + Sync>(
     connection: &mut C,
     namespace: &str,
     rule: &Rule,

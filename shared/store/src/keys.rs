@@ -1,5 +1,6 @@
-//! Redis key names. Every key of one entity shares the hash tag `{rule|key}`, so one script call
-//! touches one cluster slot (Memorystore for Redis Cluster runs it unchanged).
+//! Redis key names, known nowhere outside this crate. Every key of one entity shares the hash tag
+//! `{rule|key}`, so one script call touches one cluster slot (Memorystore for Redis Cluster runs
+//! it unchanged).
 
 use drip_core::rules::{Limit, Window};
 use drip_core::schedule::state_id;
@@ -13,11 +14,12 @@ pub struct EntityKeys {
 }
 
 impl EntityKeys {
-    pub fn new(namespace: &str, rule: &str, key: &str, message_id: &str, limits: &[Limit]) -> Self {
+    /// `message` is the message's identity (`MessageRef::identity`).
+    pub fn new(namespace: &str, rule: &str, key: &str, message: &str, limits: &[Limit]) -> Self {
         let prefix = entity_prefix(namespace, rule, key);
         Self {
             state: format!("{prefix}:state"),
-            answer: format!("{prefix}:m:{message_id}"),
+            answer: format!("{prefix}:m:{message}"),
             sliding: limits
                 .iter()
                 .filter(|l| l.window == Window::Sliding)
@@ -27,8 +29,18 @@ impl EntityKeys {
     }
 }
 
+/// A claim-checked payload: `<prefix>:p:<message identity>`.
+pub fn payload_key(namespace: &str, rule: &str, key: &str, message: &str) -> String {
+    format!("{}:p:{message}", entity_prefix(namespace, rule, key))
+}
+
+/// The dispatcher's once-only marker: `<prefix>:d:<message identity>`.
+pub fn dispatch_key(namespace: &str, rule: &str, key: &str, message: &str) -> String {
+    format!("{}:d:{message}", entity_prefix(namespace, rule, key))
+}
+
 /// `<namespace>:{rule|key}`: the start of every Redis key of one entity.
-pub fn entity_prefix(namespace: &str, rule: &str, key: &str) -> String {
+fn entity_prefix(namespace: &str, rule: &str, key: &str) -> String {
     format!("{namespace}:{{{rule}|{}}}", escape(key))
 }
 
@@ -53,5 +65,7 @@ mod tests {
         assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");
         assert_eq!(keys.answer, "drip:{payouts|a%7Db%7Bc%25}:m:m1");
         assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
+        assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
+        assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
     }
 }

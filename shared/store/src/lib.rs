@@ -1,7 +1,6 @@
 //! Where reservations live: Redis in production (one `reserve.lua` call per event, atomic across
 //! every instance), or memory (the reference model) for the simulator and tests.
 
-pub mod claim_check;
 mod connection;
 pub mod inspect;
 mod keys;
@@ -13,21 +12,24 @@ use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
-pub use keys::{EntityKeys, entity_prefix};
+pub use keys::EntityKeys;
 pub use memory::MemoryStore;
-pub use redis_store::{ANSWER_MARGIN, RedisStore, STATE_MARGIN};
+pub use redis_store::{ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, STATE_MARGIN};
 
 /// One event's reservation request for one entity.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotRequest<'a> {
     pub rule: &'a str,
     pub key: &'a str,
+    /// The message's identity (`MessageRef::identity`: id and subscription).
     pub message_id: &'a str,
     pub cost: u64,
     pub limits: &'a [Limit],
     pub max_delay: Millis,
     /// `None`: the store's clock (Redis `TIME`), so instances with skewed clocks agree.
     pub now: Option<Millis>,
+    /// How long the attempt that gets the answer acts alone on the message (0: no lease).
+    pub lease: Millis,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -39,7 +41,7 @@ impl<'a> SlotRequest<'a> {
         cost: u64,
         now: Option<Millis>,
     ) -> Self {
-        Self { rule: &rule.name, key, message_id, cost, limits: &rule.limits, max_delay: rule.max_delay, now }
+        Self { rule: &rule.name, key, message_id, cost, limits: &rule.limits, max_delay: rule.max_delay, now, lease: 0 }
     }
 }
 
@@ -64,4 +66,7 @@ pub trait SlotStore {
 
     /// Records that the request's message was acted upon, so a redelivery is acked as it is.
     fn complete(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Ends the lease of an attempt that failed, so that a retry may act at once.
+    fn release(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

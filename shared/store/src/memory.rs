@@ -27,15 +27,25 @@ impl SlotStore for MemoryStore {
             limits: request.limits,
             max_delay: request.max_delay,
             now,
+            lease: request.lease,
         };
-        let mut scheduler = self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let reservation = scheduler.reserve(request.rule, request.key, &model_request);
+        let reservation = self.with(|s| s.reserve(request.rule, request.key, &model_request));
         Ok(Reserved { reservation, now })
     }
 
     async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
-        let mut scheduler = self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        scheduler.complete(request.rule, request.key, request.message_id);
+        self.with(|s| s.complete(request.rule, request.key, request.message_id));
         Ok(())
+    }
+
+    async fn release(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
+        self.with(|s| s.release(request.rule, request.key, request.message_id));
+        Ok(())
+    }
+}
+
+impl MemoryStore {
+    fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+        f(&mut self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 }

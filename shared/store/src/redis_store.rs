@@ -2,22 +2,47 @@ use std::sync::LazyLock;
 
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{Reservation, Status, state_id};
-use drip_core::time::{HOUR, MINUTE, Millis};
-use redis::Script;
+use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use redis::aio::ConnectionLike;
+use redis::{AsyncCommands, Script};
 
+use crate::keys::{dispatch_key, payload_key};
 use crate::{EntityKeys, Reserved, SlotRequest, SlotStore, StoreError};
 
 /// How long a message's answer outlives `max_delay`, for redeliveries that come late.
 pub const ANSWER_MARGIN: Millis = HOUR;
 /// How long an entity's state outlives its last slot plus its longest window.
 pub const STATE_MARGIN: Millis = MINUTE;
+/// How long the dispatcher remembers a published task (Cloud Tasks rarely runs one twice, soon).
+pub const DISPATCHED_MEMORY: Millis = DAY;
 
 static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/reserve.lua")));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/complete.lua")));
+static DISPATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/dispatch.lua")));
 
-/// Reservations in Redis or Redis Cluster. `C` is any async connection: a multiplexed connection,
-/// a connection manager, or a cluster connection; cloning it must be cheap.
+/// What the dispatcher may do with a task's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchClaim {
+    /// This attempt publishes; it must then call `finish_dispatch` or `release_dispatch`.
+    Acquired,
+    /// Another attempt is publishing it now.
+    Busy,
+    /// Already published.
+    Done,
+}
+
+/// One message of one entity, as the dispatcher names it.
+#[derive(Debug, Clone, Copy)]
+pub struct MessageOf<'a> {
+    pub rule: &'a str,
+    pub key: &'a str,
+    /// `MessageRef::identity`.
+    pub message: &'a str,
+}
+
+/// Reservations, claim-checked payloads and dispatch markers in Redis or Redis Cluster. `C` is any
+/// async connection: a multiplexed connection, a connection manager, or a cluster connection;
+/// cloning it must be cheap.
 #[derive(Debug, Clone)]
 pub struct RedisStore<C> {
     connection: C,
@@ -31,6 +56,61 @@ impl<C> RedisStore<C> {
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
         EntityKeys::new(&self.namespace, request.rule, request.key, request.message_id, request.limits)
+    }
+
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+    pub(crate) fn connection(&self) -> C {
+        self.connection.clone()
+    }
+
+    async fn end_lease(&self, request: &SlotRequest<'_>, how: &str) -> Result<(), StoreError> {
+        let keys = self.keys(request);
+        let _: i64 = COMPLETE.key(&keys.answer).arg(how).invoke_async(&mut self.connection()).await?;
+        Ok(())
+    }
+
+    /// Keeps a payload too large for a task until its dispatch (idempotent: a redelivery stores the
+    /// same bytes again). Returns the reference the task carries.
+    pub async fn put_payload(&self, of: MessageOf<'_>, payload: &[u8], ttl: Millis) -> Result<String, StoreError> {
+        let reference = payload_key(&self.namespace, of.rule, of.key, of.message);
+        let _: () = self.connection().pset_ex(&reference, payload, ttl.max(1) as u64).await?;
+        Ok(reference)
+    }
+
+    /// The payload a task refers to, or `None` when it expired or never existed.
+    pub async fn get_payload(&self, reference: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.connection().get(reference).await?)
+    }
+
+    async fn dispatch_op(&self, of: MessageOf<'_>, op: &str, ttl: Millis) -> Result<String, StoreError> {
+        let marker = dispatch_key(&self.namespace, of.rule, of.key, of.message);
+        let payload = payload_key(&self.namespace, of.rule, of.key, of.message);
+        Ok(DISPATCH.key(marker).key(payload).arg(op).arg(ttl.max(1)).invoke_async(&mut self.connection()).await?)
+    }
+
+    /// Atomically takes the right to publish a task's message for `lease` (SET NX semantics).
+    pub async fn claim_dispatch(&self, of: MessageOf<'_>, lease: Millis) -> Result<DispatchClaim, StoreError> {
+        match self.dispatch_op(of, "claim", lease).await?.as_str() {
+            "acquired" => Ok(DispatchClaim::Acquired),
+            "busy" => Ok(DispatchClaim::Busy),
+            "done" => Ok(DispatchClaim::Done),
+            other => Err(StoreError::UnexpectedReply(other.to_owned())),
+        }
+    }
+
+    /// Records the message as published and deletes its claim-checked payload.
+    pub async fn finish_dispatch(&self, of: MessageOf<'_>) -> Result<(), StoreError> {
+        self.dispatch_op(of, "done", DISPATCHED_MEMORY).await.map(drop)
+    }
+
+    /// Lets a retry publish at once after this attempt failed.
+    pub async fn release_dispatch(&self, of: MessageOf<'_>) -> Result<(), StoreError> {
+        self.dispatch_op(of, "release", 1).await.map(drop)
     }
 }
 
@@ -49,6 +129,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
             .arg(request.max_delay)
             .arg(request.max_delay + ANSWER_MARGIN)
             .arg(longest_window + STATE_MARGIN)
+            .arg(request.lease)
             .arg(request.limits.len());
         let mut sliding_index = 2;
         for limit in request.limits {
@@ -62,23 +143,28 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
             };
             invocation.arg(script_kind(limit)).arg(state_id(limit)).arg(limit.per).arg(limit.limit).arg(extra);
         }
-        let mut connection = self.connection.clone();
-        let reply: Vec<i64> = invocation.invoke_async(&mut connection).await?;
-        let &[slot, late, replayed, now, decided_at, completed] = reply.as_slice() else {
+        let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        let &[slot, late, replayed, now, decided_at, completed, busy] = reply.as_slice() else {
             return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
         };
         let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
-        Ok(Reserved {
-            reservation: Reservation { slot, status, replayed: replayed == 1, decided_at, completed: completed == 1 },
-            now,
-        })
+        let reservation = Reservation {
+            slot,
+            status,
+            replayed: replayed == 1,
+            decided_at,
+            completed: completed == 1,
+            busy: busy == 1,
+        };
+        Ok(Reserved { reservation, now })
     }
 
     async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
-        let keys = self.keys(request);
-        let mut connection = self.connection.clone();
-        let _: i64 = COMPLETE.key(&keys.answer).invoke_async(&mut connection).await?;
-        Ok(())
+        self.end_lease(request, "done").await
+    }
+
+    async fn release(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
+        self.end_lease(request, "release").await
     }
 }
 

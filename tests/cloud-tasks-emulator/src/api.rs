@@ -215,7 +215,9 @@ async fn create_task(
     };
     let schedule_time = task["scheduleTime"].as_str().map(parse_timestamp).transpose()?;
     let name = task["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned);
-    let size = task.to_string().len().max(target.body.len());
+    // The body counts as bytes, as in the task's protobuf, not as the base64 that carries it in JSON.
+    let encoded_body = http["body"].as_str().map_or(0, str::len);
+    let size = task.to_string().len() - encoded_body + target.body.len();
     let full = matches!(request["responseView"].as_i64(), Some(2)) || request["responseView"] == "FULL";
     let tombstone = shared.settings.tombstone.as_millis() as Millis;
     let new = NewTask { queue, name, schedule_time, target, size };

@@ -10,7 +10,8 @@ pub type Millis = i64;
 /// Cloud Tasks holds a task at most 30 days ahead.
 pub const MAX_SCHEDULE_AHEAD: Millis = 30 * 24 * 3_600 * 1_000;
 /// The largest task Drip may create (Cloud Tasks' limit for HTTP target tasks).
-pub const MAX_TASK_BYTES: usize = 100 * 1024;
+/// Cloud Tasks' limit on a task (HTTP targets: 1 MB; the 100 KB sometimes quoted is App Engine's).
+pub const MAX_TASK_BYTES: usize = 1_000_000;
 
 pub fn now_millis() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)

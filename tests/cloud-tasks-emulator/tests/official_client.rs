@@ -152,8 +152,10 @@ async fn rejects_bad_names_oversized_bodies_and_far_schedules() {
         code(client.create_task().set_parent(&queue).set_task(bad_name).send().await),
         Some(Code::InvalidArgument)
     );
-    let big = http_task(&format!("{queue}/tasks/big"), "http://127.0.0.1:9/x", &vec![b'x'; 101 * 1024]);
+    let big = http_task(&format!("{queue}/tasks/big"), "http://127.0.0.1:9/x", &vec![b'x'; 1_000_001]);
     assert_eq!(code(client.create_task().set_parent(&queue).set_task(big).send().await), Some(Code::InvalidArgument));
+    let fits = http_task(&format!("{queue}/tasks/fits"), "http://127.0.0.1:9/x", &vec![b'x'; 990_000]);
+    assert!(client.create_task().set_parent(&queue).set_task(fits).send().await.is_ok(), "1 MB, bytes not base64");
     let far = http_task(&format!("{queue}/tasks/far"), "http://127.0.0.1:9/x", b"{}")
         .set_schedule_time(timestamp_in(31 * 86_400_000));
     assert_eq!(code(client.create_task().set_parent(&queue).set_task(far).send().await), Some(Code::InvalidArgument));

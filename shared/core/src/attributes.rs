@@ -1,0 +1,212 @@
+//! The attribute contract: the `drip-*` attributes Drip stamps on what it publishes (a forward, an
+//! overflow message, a dead letter), and Pub/Sub's limits they count against. Nothing else builds
+//! these names or checks these limits.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use serde::Serialize;
+
+use crate::outcome::DlqReason;
+use crate::time::{Millis, format_rfc3339};
+
+/// The message's id as Pub/Sub gave it (unique within its topic only).
+pub const MESSAGE_ID: &str = "drip-message-id";
+/// The subscription it came through: with the id, the message's identity.
+pub const SUBSCRIPTION: &str = "drip-subscription";
+pub const RULE: &str = "drip-rule";
+pub const KEY: &str = "drip-key";
+pub const SCHEDULED_FOR: &str = "drip-scheduled-for";
+pub const REASON: &str = "drip-reason";
+pub const DETAIL: &str = "drip-detail";
+/// On a dead letter of the dispatcher: the task's name.
+pub const TASK: &str = "drip-task";
+/// On a dead letter whose original attributes did not fit beside Drip's: the body is a JSON
+/// envelope `{"attributes": {...}, "data": "<base64>"}`.
+pub const WRAPPED: &str = "drip-wrapped";
+/// The seed's marker on overflow messages.
+pub const IS_RATELIMITED: &str = "isRatelimited";
+
+/// Pub/Sub's resource limits (https://cloud.google.com/pubsub/quotas#resource_limits).
+pub const MAX_ATTRIBUTES: usize = 100;
+pub const MAX_NAME_BYTES: usize = 256;
+pub const MAX_VALUE_BYTES: usize = 1024;
+pub const MAX_MESSAGE_BYTES: usize = 10 * 1000 * 1000;
+
+/// What Drip says about one event on whatever it publishes.
+#[derive(Debug, Clone, Default)]
+pub struct Stamp<'a> {
+    pub message_id: Option<&'a str>,
+    pub subscription: Option<&'a str>,
+    pub rule: Option<&'a str>,
+    pub key: Option<&'a str>,
+    pub scheduled_for: Option<Millis>,
+    /// Overflow messages carry the seed's `isRatelimited: true`.
+    pub ratelimited: bool,
+    /// Dead letters: why, and the detail.
+    pub reason: Option<(DlqReason, &'a str)>,
+    pub task: Option<&'a str>,
+}
+
+/// A message Pub/Sub would refuse; no retry can change that.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct Refused {
+    pub reason: DlqReason,
+    pub detail: String,
+}
+
+impl Stamp<'_> {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut pairs = Vec::with_capacity(9);
+        let mut add = |name: &'static str, value: Option<String>| {
+            if let Some(value) = value {
+                pairs.push((name, truncate(&value, MAX_VALUE_BYTES)));
+            }
+        };
+        add(MESSAGE_ID, self.message_id.map(str::to_owned));
+        add(SUBSCRIPTION, self.subscription.map(str::to_owned));
+        add(RULE, self.rule.map(str::to_owned));
+        add(KEY, self.key.map(str::to_owned));
+        add(SCHEDULED_FOR, self.scheduled_for.map(format_rfc3339));
+        add(IS_RATELIMITED, self.ratelimited.then(|| "true".to_owned()));
+        add(REASON, self.reason.map(|(reason, _)| reason.as_str().to_owned()));
+        add(DETAIL, self.reason.map(|(_, detail)| detail.to_owned()));
+        add(TASK, self.task.map(str::to_owned));
+        pairs
+    }
+
+    /// The original attributes with Drip's stamped over them, or why Pub/Sub would refuse the message.
+    pub fn apply(
+        &self,
+        original: &BTreeMap<String, String>,
+        data_len: usize,
+    ) -> Result<BTreeMap<String, String>, Refused> {
+        let mut attributes = original.clone();
+        attributes.extend(self.pairs().into_iter().map(|(name, value)| (name.to_owned(), value)));
+        check(&attributes, data_len)?;
+        Ok(attributes)
+    }
+
+    /// A dead letter that Pub/Sub accepts whatever the event was: the data and attributes as they
+    /// came when they fit beside Drip's; else the original attributes move into a JSON envelope
+    /// (`drip-wrapped: json`); else (data near 10 MB) the data alone, the attributes' names in the
+    /// detail. Never fails, so a dead letter is never refused for what it carries.
+    pub fn dead_letter(&self, original: &BTreeMap<String, String>, data: &[u8]) -> (Vec<u8>, BTreeMap<String, String>) {
+        if let Ok(attributes) = self.apply(original, data.len()) {
+            return (data.to_vec(), attributes);
+        }
+        let own: BTreeMap<String, String> = self.pairs().into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
+        #[derive(Serialize)]
+        struct Wrapped<'a> {
+            attributes: &'a BTreeMap<String, String>,
+            data: String,
+        }
+        let data_b64 = base64::engine::general_purpose::STANDARD.encode(data);
+        let wrapped = serde_json::to_vec(&Wrapped { attributes: original, data: data_b64 }).unwrap_or_default();
+        let mut attributes = own.clone();
+        attributes.insert(WRAPPED.to_owned(), "json".to_owned());
+        if check(&attributes, wrapped.len()).is_ok() {
+            return (wrapped, attributes);
+        }
+        let names: Vec<&str> = original.keys().map(String::as_str).collect();
+        let mut attributes = own;
+        let detail = attributes.get(DETAIL).cloned().unwrap_or_default();
+        let dropped = format!("{detail}; attributes dropped (message too large to carry them): {}", names.join(","));
+        attributes.insert(DETAIL.to_owned(), truncate(&dropped, MAX_VALUE_BYTES));
+        (data.to_vec(), attributes)
+    }
+}
+
+/// Pub/Sub's limits on one message.
+pub fn check(attributes: &BTreeMap<String, String>, data_len: usize) -> Result<(), Refused> {
+    let refuse = |reason, detail: String| Err(Refused { reason, detail });
+    if attributes.len() > MAX_ATTRIBUTES {
+        let detail = format!("{} attributes with Drip's own; Pub/Sub takes {MAX_ATTRIBUTES}", attributes.len());
+        return refuse(DlqReason::AttributesOverLimit, detail);
+    }
+    if let Some(name) = attributes.keys().find(|name| name.len() > MAX_NAME_BYTES) {
+        let detail =
+            format!("attribute name of {} bytes (Pub/Sub takes {MAX_NAME_BYTES}): {}", name.len(), truncate(name, 64));
+        return refuse(DlqReason::AttributesOverLimit, detail);
+    }
+    if let Some((name, value)) = attributes.iter().find(|(_, value)| value.len() > MAX_VALUE_BYTES) {
+        let detail =
+            format!("attribute {} of {} bytes (Pub/Sub takes {MAX_VALUE_BYTES})", truncate(name, 64), value.len());
+        return refuse(DlqReason::AttributesOverLimit, detail);
+    }
+    let size = data_len + attributes.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>();
+    if size > MAX_MESSAGE_BYTES {
+        let detail = format!("{size} bytes with Drip's attributes; Pub/Sub takes {MAX_MESSAGE_BYTES}");
+        return refuse(DlqReason::MessageTooLarge, detail);
+    }
+    Ok(())
+}
+
+/// At most `max` bytes, cut on a character boundary.
+pub fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attributes(n: usize) -> BTreeMap<String, String> {
+        (0..n).map(|i| (format!("a{i}"), "v".to_owned())).collect()
+    }
+
+    fn stamp() -> Stamp<'static> {
+        Stamp { message_id: Some("m1"), subscription: Some("s"), rule: Some("r"), key: Some("k"), ..Stamp::default() }
+    }
+
+    #[test]
+    fn drip_attributes_count_against_pubsubs_limits() {
+        let stamped = stamp().apply(&attributes(96), 10).unwrap();
+        assert_eq!((stamped.len(), stamped[MESSAGE_ID].as_str(), stamped[SUBSCRIPTION].as_str()), (100, "m1", "s"));
+        let refused = stamp().apply(&attributes(97), 10).unwrap_err();
+        assert_eq!(refused.reason, DlqReason::AttributesOverLimit);
+        assert!(refused.detail.contains("101 attributes"), "{}", refused.detail);
+        let long_name = BTreeMap::from([("n".repeat(257), "v".to_owned())]);
+        assert_eq!(stamp().apply(&long_name, 0).unwrap_err().reason, DlqReason::AttributesOverLimit);
+        let long_value = BTreeMap::from([("n".to_owned(), "v".repeat(1025))]);
+        assert_eq!(stamp().apply(&long_value, 0).unwrap_err().reason, DlqReason::AttributesOverLimit);
+        assert_eq!(stamp().apply(&attributes(1), MAX_MESSAGE_BYTES).unwrap_err().reason, DlqReason::MessageTooLarge);
+    }
+
+    #[test]
+    fn drip_values_are_cut_to_pubsubs_limit_on_a_character_boundary() {
+        let key = "é".repeat(600);
+        let stamped = Stamp { key: Some(&key), ..stamp() }.apply(&BTreeMap::new(), 0).unwrap();
+        assert_eq!(stamped[KEY].len(), 1024);
+        assert!(key.starts_with(&stamped[KEY]));
+    }
+
+    #[test]
+    fn a_dead_letter_always_fits_and_loses_no_attribute_it_can_carry() {
+        let letter = Stamp { reason: Some((DlqReason::AttributesOverLimit, "too many")), ..stamp() };
+        let (data, fits) = letter.dead_letter(&attributes(3), b"payload");
+        assert_eq!(
+            (data.as_slice(), fits["a0"].as_str(), fits[REASON].as_str()),
+            (&b"payload"[..], "v", "attributes_over_limit")
+        );
+
+        let many = attributes(150);
+        let (data, wrapped) = letter.dead_letter(&many, b"payload");
+        assert_eq!(wrapped[WRAPPED], "json");
+        assert!(check(&wrapped, data.len()).is_ok());
+        let body: serde_json::Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(body["attributes"].as_object().unwrap().len(), 150);
+        assert_eq!(body["data"], "cGF5bG9hZA==");
+
+        let huge = vec![b'x'; MAX_MESSAGE_BYTES - 2_000];
+        let (data, bare) = letter.dead_letter(&many, &huge);
+        assert_eq!(data.len(), huge.len());
+        assert!(check(&bare, data.len()).is_ok());
+        assert!(bare[DETAIL].contains("attributes dropped"), "{}", bare[DETAIL]);
+    }
+}
