@@ -81,3 +81,36 @@ resource "google_monitoring_alert_policy" "dlq_backlog" {
     content   = "Messages wait on a Drip dead-letter subscription. Each carries drip-reason (and drip-rule, drip-key, drip-detail): fix the cause, then republish the data to the source topic."
   }
 }
+
+# With noeviction a full Redis refuses writes: every push is answered 503 until memory frees up.
+# Alert at 80 % so the instance can be resized (README: "Capacity") before that happens.
+resource "google_monitoring_alert_policy" "redis_memory" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): Redis memory above ${var.redis_memory_alert_ratio * 100} %"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "Memorystore memory usage"
+    condition_threshold {
+      filter = var.redis_cluster ? (
+        "resource.type=\"redis.googleapis.com/Cluster\" AND metric.type=\"redis.googleapis.com/cluster/memory/maximum_utilization\" AND resource.label.cluster_id=\"${var.name}\""
+        ) : (
+        "resource.type=\"redis_instance\" AND metric.type=\"redis.googleapis.com/stats/memory/usage_ratio\" AND resource.label.instance_id=\"projects/${var.project_id}/locations/${var.region}/instances/${var.name}\""
+      )
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.redis_memory_alert_ratio
+      duration        = "300s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "Drip's Redis is filling up. Its maxmemory-policy is noeviction, so when full, every write fails and the limiter answers 503 (Pub/Sub redelivers; nothing is lost, but nothing moves). Resize the instance (README: Capacity: bytes per in-flight message and per entity) or shorten max_delay."
+  }
+}

@@ -17,6 +17,14 @@ resource "google_redis_instance" "drip" {
   transit_encryption_mode = "SERVER_AUTHENTICATION"
   labels                  = local.labels
 
+  # Memorystore's default is volatile-lru, and every key Drip writes has a TTL: under memory
+  # pressure Redis would silently evict window state (limits exceeded), answers (duplicates) and
+  # claim-checks (lost payloads). With noeviction writes fail instead: the limiter answers 503 and
+  # Pub/Sub redelivers, nothing is lost. The memory alert (monitoring.tf) warns well before.
+  redis_configs = {
+    maxmemory-policy = "noeviction"
+  }
+
   # Reservations are only useful while they are current; keep them through failovers, not
   # across disasters.
   persistence_config {
@@ -44,6 +52,11 @@ resource "google_redis_cluster" "drip" {
   shard_count             = var.redis_cluster_shard_count
   authorization_mode      = "AUTH_MODE_IAM_AUTH"
   transit_encryption_mode = "TRANSIT_ENCRYPTION_MODE_SERVER_AUTHENTICATION"
+
+  # As for the instance above: fail writes (503, redelivery) rather than evict state silently.
+  redis_configs = {
+    maxmemory-policy = "noeviction"
+  }
 
   psc_configs {
     network = var.network

@@ -22,6 +22,7 @@ locals {
   dispatcher_env = merge(local.common_env, {
     DRIP_OIDC_AUDIENCE       = local.dispatcher_url
     DRIP_OIDC_ALLOWED_EMAILS = google_service_account.tasks.email
+    DRIP_TASKS_MAX_ATTEMPTS  = tostring(var.tasks_max_attempts)
   })
   services = {
     limiter = {
@@ -96,12 +97,15 @@ resource "google_cloud_run_v2_service" "drip" {
         }
       }
 
-      env {
-        name = "REDIS_URL"
-        value_source {
-          secret_key_ref {
-            secret  = google_secret_manager_secret.drip["redis_url"].secret_id
-            version = google_secret_manager_secret_version.drip["redis_url"].version
+      dynamic "env" {
+        for_each = { REDIS_URL = "redis_url", DRIP_TASK_SIGNING_KEY = "task_signing_key" }
+        content {
+          name = env.key
+          value_source {
+            secret_key_ref {
+              secret  = google_secret_manager_secret.drip[env.value].secret_id
+              version = google_secret_manager_secret_version.drip[env.value].version
+            }
           }
         }
       }

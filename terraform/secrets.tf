@@ -1,13 +1,14 @@
 # Secrets the services read at start: the Redis URL (with the AUTH string), the Redis server CA,
-# and the rules file (not secret, but versioned with the deployment).
+# the task signing key, and the rules file (not secret, but versioned with the deployment).
 
 locals {
   # The names are listed apart from the values: for_each may not depend on the (sensitive) values.
-  secret_names = toset(["redis_url", "redis_ca", "rules"])
+  secret_names = toset(["redis_url", "redis_ca", "rules", "task_signing_key"])
   secrets = {
-    redis_url = local.redis_url
-    redis_ca  = local.redis_ca
-    rules     = file(var.rules_file)
+    redis_url        = local.redis_url
+    redis_ca         = local.redis_ca
+    rules            = file(var.rules_file)
+    task_signing_key = var.task_signing_key
   }
 }
 

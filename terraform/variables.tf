@@ -94,9 +94,36 @@ variable "tasks_max_dispatches_per_second" {
 }
 
 variable "tasks_max_attempts" {
-  description = "Dispatch attempts of a task before Cloud Tasks gives up (the dispatcher answers 5xx only while Pub/Sub or Redis fail)."
+  description = "Dispatch attempts of a task before Cloud Tasks gives up. The dispatcher is told the same number (DRIP_TASKS_MAX_ATTEMPTS) and dead-letters a task that fails on its last attempt, so none is deleted silently."
   type        = number
   default     = 100
+
+  validation {
+    condition     = var.tasks_max_attempts >= 2
+    error_message = "tasks_max_attempts must be at least 2 (unlimited attempts would never dead-letter a task that keeps failing)."
+  }
+}
+
+variable "task_signing_key" {
+  description = "The secret with which the limiter signs task bodies and the dispatcher checks them (at least 32 characters, e.g. `openssl rand -hex 32`). Stored in Secret Manager; changing it makes tasks signed with the old key unrecognisable: rotate only with an empty queue."
+  type        = string
+  sensitive   = true
+
+  validation {
+    condition     = length(var.task_signing_key) >= 32
+    error_message = "task_signing_key must be at least 32 characters."
+  }
+}
+
+variable "redis_memory_alert_ratio" {
+  description = "Alert when Redis memory use passes this fraction of its maximum (Redis runs with noeviction: when full, writes fail and pushes are answered 503)."
+  type        = number
+  default     = 0.8
+
+  validation {
+    condition     = var.redis_memory_alert_ratio > 0 && var.redis_memory_alert_ratio < 1
+    error_message = "redis_memory_alert_ratio must be between 0 and 1."
+  }
 }
 
 variable "redis_tier" {

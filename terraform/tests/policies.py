@@ -144,12 +144,55 @@ def redis_secrets_stay_in_secret_manager(module: Module):
                     if env.arg("name") == "REDIS_URL" and not env.has_block("value_source", "secret_key_ref"):
                         problems.append(f"{name}: REDIS_URL is plain environment, not a secret reference")
     for key in ("common_env", "limiter_env", "dispatcher_env"):
-        if "auth_string" in str(module.locals.get(key, "")) or "redis_url" in str(module.locals.get(key, "")):
+        text = str(module.locals.get(key, ""))
+        if "auth_string" in text or "redis_url" in text:
             problems.append(f"local.{key} passes the Redis AUTH string as plain environment")
+        if "task_signing_key" in text or "DRIP_TASK_SIGNING_KEY" in text:
+            problems.append(f"local.{key} passes the task signing key as plain environment")
     for output in (module.directory / "outputs.tf").read_text().split("output ")[1:]:
         if "auth_string" in output or "local.redis_url" in output:
             problems.append("an output exposes the Redis AUTH string")
     return problems
+
+
+def redis_never_evicts(module: Module):
+    """Every key Drip writes has a TTL, so Memorystore's default volatile-lru would evict limits,
+    answers and payloads silently; noeviction makes a full Redis fail writes (503, redelivery)."""
+    problems = []
+    for resource_type in ("google_redis_instance", "google_redis_cluster"):
+        for name, redis in module.of_type(resource_type).items():
+            configs = redis.arguments.get("redis_configs") or {}
+            policy = next((v for k, v in dict(configs).items() if unquote(str(k)) == "maxmemory-policy"), None)
+            if policy is None or unquote(str(policy)) != "noeviction":
+                problems.append(f"{resource_type}.{name} does not set maxmemory-policy = noeviction")
+    policies = module.of_type("google_monitoring_alert_policy")
+    filters = [str(c_t.arguments.get("filter")) for p in policies.values() for c in p.block("conditions") for c_t in c.block("condition_threshold")]
+    if not any("memory/usage_ratio" in f for f in filters) or not any("cluster/memory/maximum_utilization" in f for f in filters):
+        problems.append("no alert on Redis memory (instance usage_ratio and cluster maximum_utilization)")
+    return problems
+
+
+def dispatcher_knows_the_last_attempt(module: Module):
+    """The dispatcher dead-letters on the queue's last attempt only if it knows max_attempts."""
+    problems = []
+    dispatcher_env = str(module.locals.get("dispatcher_env", ""))
+    if "DRIP_TASKS_MAX_ATTEMPTS" not in dispatcher_env or "var.tasks_max_attempts" not in dispatcher_env:
+        problems.append("the dispatcher is not told the queues' max_attempts (DRIP_TASKS_MAX_ATTEMPTS)")
+    for name, queue in module.of_type("google_cloud_tasks_queue").items():
+        for retry in queue.block("retry_config"):
+            if "var.tasks_max_attempts" not in str(retry.arguments.get("max_attempts")):
+                problems.append(f"queue {name}: max_attempts is not var.tasks_max_attempts")
+    return problems
+
+
+def tasks_are_signed_with_a_secret(module: Module):
+    """Both services get DRIP_TASK_SIGNING_KEY from Secret Manager (a secret_key_ref of the
+    task_signing_key secret, in the one container block both services share)."""
+    text = "".join(path.read_text() for path in sorted(module.directory.glob("*.tf")))
+    secret_env = re.search(r'DRIP_TASK_SIGNING_KEY\s*=\s*"task_signing_key"[^}]*}\s*content\s*{[^}]*value_source\s*{\s*secret_key_ref', text)
+    if not secret_env or "task_signing_key" not in str(module.locals.get("secret_names", "")):
+        return ["the services get no DRIP_TASK_SIGNING_KEY from Secret Manager"]
+    return []
 
 
 def dedicated_service_accounts(module: Module):
@@ -230,6 +273,9 @@ POLICIES = {
         cloud_run_is_private,
         redis_has_auth_and_tls,
         redis_secrets_stay_in_secret_manager,
+        redis_never_evicts,
+        dispatcher_knows_the_last_attempt,
+        tasks_are_signed_with_a_secret,
         dedicated_service_accounts,
         queues_survive_destroy,
         limiter_enqueues_with_least_privilege,

@@ -506,6 +506,43 @@ async fn oidc_tokens_are_verified_when_enabled() {
         assert_eq!(t.post(body, token.as_deref()).await, expected, "{case}");
     }
     assert_eq!(t.receiver.received().len(), 1, "only the valid push went through");
+    let metrics = |token: Option<String>| {
+        let mut request = t.http.get(format!("{}/metrics", t.limiter.url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    assert_eq!(metrics(None).await.unwrap().status(), StatusCode::UNAUTHORIZED, "metrics are not public");
+    let token = signer.sign(email, "https://limiter.example", now, 3_600);
+    assert_eq!(metrics(Some(token)).await.unwrap().status(), StatusCode::OK);
+    let health = t.http.get(format!("{}/healthz", t.limiter.url)).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK, "probes need no token");
+}
+
+#[tokio::test]
+async fn a_hanging_key_endpoint_fails_verification_in_time_and_blocks_no_cached_key() {
+    // A JWKS endpoint that accepts connections and never answers.
+    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let jwks = format!("http://{}/jwks", hanging.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = hanging.accept().await {
+            open.push(socket);
+        }
+    });
+    let t = start_with(Pubsub::shared(), shared_url(), |w| {
+        w.oidc_audience = Some("https://limiter.example".into());
+        w.oidc_jwks_url = Some(jwks);
+    })
+    .await;
+    let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
+    let token =
+        TokenSigner::test_key().sign("push@drip-test.iam.gserviceaccount.com", "https://limiter.example", now, 600);
+    let started = std::time::Instant::now();
+    let body = envelope("h1", &[("event_type", "webhook"), ("endpoint", "oidc")], b"{}");
+    assert_eq!(t.post(body, Some(&token)).await, StatusCode::UNAUTHORIZED);
+    assert!(started.elapsed() < Duration::from_secs(20), "the key fetch has a timeout: {:?}", started.elapsed());
 }
 
 #[tokio::test]

@@ -31,8 +31,9 @@ pub async fn shutdown_signal() {
     tracing::info!("shutting down: finishing requests in flight");
 }
 
-/// A service's whole router: its own routes (`api`, behind OIDC when `oidc` is set), `/healthz`,
-/// `/readyz`, `/metrics`, and a request span carrying the Cloud Trace context.
+/// A service's whole router: its own routes and `/metrics` (behind OIDC when `oidc` is set: metrics
+/// name rules and keys, so they are not public), `/healthz` and `/readyz` (open, for probes), and a
+/// request span carrying the Cloud Trace context.
 pub fn service_router(
     api: axum::Router,
     oidc: Option<std::sync::Arc<drip_gcp::oidc::OidcVerifier>>,
@@ -40,9 +41,11 @@ pub fn service_router(
     metrics: std::sync::Arc<metrics::Metrics>,
 ) -> axum::Router {
     axum::Router::new()
-        .merge(api.route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)))
+        .merge(
+            api.merge(metrics::Metrics::routes(metrics))
+                .route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)),
+        )
         .merge(health::routes(redis))
-        .merge(metrics::Metrics::routes(metrics))
         .layer(telemetry::trace_layer())
 }
 

@@ -28,6 +28,12 @@ variable "image_tag" {
   type        = string
 }
 
+variable "task_signing_key" {
+  description = "The task signing key (TF_VAR_task_signing_key=$(openssl rand -hex 32))."
+  type        = string
+  sensitive   = true
+}
+
 variable "notification_channels" {
   description = "Monitoring notification channels for Drip's alerts."
   type        = list(string)
@@ -52,6 +58,7 @@ module "drip" {
   network               = "projects/${var.project_id}/global/networks/default"
   subnetwork            = "projects/${var.project_id}/regions/${var.region}/subnetworks/default"
   tasks_queue_count     = 2
+  task_signing_key      = var.task_signing_key
   notification_channels = var.notification_channels
 }
 
