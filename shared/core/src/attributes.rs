@@ -90,8 +90,9 @@ impl Stamp<'_> {
 
     /// A dead letter that Pub/Sub accepts whatever the event was: the data and attributes as they
     /// came when they fit beside Drip's; else the original attributes move into a JSON envelope
-    /// (`drip-wrapped: json`); else (data near 10 MB) the data alone, the attributes' names in the
-    /// detail. Never fails, so a dead letter is never refused for what it carries.
+    /// (`drip-wrapped: json`); else (data near 10 MB) the data with Drip's attributes alone (the
+    /// dropped names in the detail), or at Pub/Sub's very limit with `drip-reason` and
+    /// `drip-message-id` only.
     pub fn dead_letter(&self, original: &BTreeMap<String, String>, data: &[u8]) -> (Vec<u8>, BTreeMap<String, String>) {
         if let Ok(attributes) = self.apply(original, data.len()) {
             return (data.to_vec(), attributes);
@@ -114,6 +115,10 @@ impl Stamp<'_> {
         let detail = attributes.get(DETAIL).cloned().unwrap_or_default();
         let dropped = format!("{detail}; attributes dropped (message too large to carry them): {}", names.join(","));
         attributes.insert(DETAIL.to_owned(), truncate(&dropped, MAX_VALUE_BYTES));
+        if check(&attributes, data.len()).is_err() {
+            // Data at Pub/Sub's very limit: keep only what says why and which message it was.
+            attributes.retain(|name, _| name == REASON || name == MESSAGE_ID);
+        }
         (data.to_vec(), attributes)
     }
 }
@@ -208,5 +213,10 @@ mod tests {
         assert_eq!(data.len(), huge.len());
         assert!(check(&bare, data.len()).is_ok());
         assert!(bare[DETAIL].contains("attributes dropped"), "{}", bare[DETAIL]);
+
+        let at_limit = vec![b'x'; MAX_MESSAGE_BYTES - 60];
+        let (data, minimal) = letter.dead_letter(&many, &at_limit);
+        assert_eq!(minimal.keys().collect::<Vec<_>>(), [MESSAGE_ID, REASON]);
+        assert!(check(&minimal, data.len()).is_ok());
     }
 }
