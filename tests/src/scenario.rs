@@ -26,6 +26,8 @@ pub struct Arrival {
     pub id: String,
     pub cost: u64,
     pub now: Millis,
+    /// When it was published: its first delivery's `now`, on every redelivery.
+    pub published: Millis,
     /// The same message id was delivered before.
     pub redelivery: bool,
 }
@@ -81,9 +83,14 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                         let first = &events[index.index(events.len())];
                         Arrival { now, redelivery: true, ..first.clone() }
                     }
-                    _ => {
-                        Arrival { entity, id: format!("m{i}"), cost: 1 + cost_seed % smallest, now, redelivery: false }
-                    }
+                    _ => Arrival {
+                        entity,
+                        id: format!("m{i}"),
+                        cost: 1 + cost_seed % smallest,
+                        now,
+                        published: now,
+                        redelivery: false,
+                    },
                 };
                 events.push(event);
             }

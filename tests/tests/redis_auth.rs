@@ -143,6 +143,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
         max_delay: 120_000,
         now: Some(0),
         lease: 0,
+        published: None,
     };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
@@ -190,6 +191,7 @@ async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
         max_delay: 120_000,
         now: Some(0),
         lease: 0,
+        published: None,
     };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
@@ -219,6 +221,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
                 max_delay: 0,
                 now: Some(0),
                 lease: 0,
+                published: None,
             };
             store.reserve(&request).await.is_err()
         }

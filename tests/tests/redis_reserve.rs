@@ -32,6 +32,7 @@ async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Res
             max_delay: scenario.max_delay,
             now: Some(arrival.now),
             lease: LEASE,
+            published: Some(arrival.published),
         };
         let reservation = store.reserve(&request).await.expect("reserve").reservation;
         match answers.len() % 3 {
@@ -76,7 +77,14 @@ fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
 /// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
 fn seed_scenario() -> Scenario {
     let events = (0..500)
-        .map(|i| Arrival { entity: 8421, id: format!("pay_{i}"), cost: 1, now: T0 + SECOND, redelivery: false })
+        .map(|i| Arrival {
+            entity: 8421,
+            id: format!("pay_{i}"),
+            cost: 1,
+            now: T0 + SECOND,
+            published: T0,
+            redelivery: false,
+        })
         .collect();
     let limits = vec![Limit { limit: 100, per: MINUTE, window: Window::Fixed(Placement::Start) }];
     Scenario { limits, max_delay: 120 * MINUTE, events }
@@ -123,15 +131,22 @@ async fn every_key_an_entity_writes_expires() {
             max_delay: MINUTE,
             now: None,
             lease: 0,
+            published: None,
         };
         store.reserve(&request).await.unwrap();
     }
     let keys: Vec<String> = connection.keys(format!("drip:{{{rule}|*")).await.unwrap();
-    assert_eq!(keys.len(), 8, "state, sliding set and six answers: {keys:?}");
+    let answers: Vec<&String> = keys.iter().filter(|k| k.contains(":a:")).collect();
+    assert_eq!(keys.len(), 2 + answers.len(), "state, sliding set and the answers' minute hashes: {keys:?}");
+    let mut answered = 0;
+    for key in &answers {
+        answered += connection.hlen::<_, usize>(key).await.unwrap();
+    }
+    assert_eq!(answered, 6, "six answers, one field each");
     for key in keys {
         let ttl: i64 = connection.pttl(&key).await.unwrap();
-        let bound = if key.contains(":m:") {
-            MINUTE + drip_store::ANSWER_MARGIN
+        let bound = if key.contains(":a:") {
+            drip_store::ANSWER_BUCKET + MINUTE + drip_store::ANSWER_MARGIN
         } else {
             MINUTE + MINUTE + drip_store::STATE_MARGIN
         };
@@ -166,6 +181,7 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
             max_delay,
             now: Some(T0),
             lease: 0,
+            published: None,
         };
         if i == 10 || i == 2_000 {
             let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
@@ -230,6 +246,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                     max_delay: 60 * MINUTE,
                     now: None,
                     lease: 0,
+                    published: None,
                 };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }

@@ -14,7 +14,7 @@ use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::Rule;
 use drip_core::schedule::Reservation;
-use drip_core::time::{Millis, format_rfc3339};
+use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
 use drip_store::{SlotRequest, SlotStore};
 
 use crate::AppState;
@@ -69,7 +69,10 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         }
     };
     let identity = event.message_ref().identity();
-    let request = SlotRequest { lease: state.lease, ..SlotRequest::for_rule(rule, &key, &identity, cost, None) };
+    // The publish time is the same on every redelivery: the answer is filed under it.
+    let published = publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok());
+    let request =
+        SlotRequest { lease: state.lease, published, ..SlotRequest::for_rule(rule, &key, &identity, cost, None) };
     let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     if reservation.busy {

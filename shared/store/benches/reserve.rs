@@ -77,6 +77,7 @@ async fn redis_bench(url: &str) -> redis::RedisResult<()> {
                 max_delay: 30 * 24 * 60 * MINUTE,
                 now: Some(T0),
                 lease: 0,
+                published: None,
             };
             store
                 .reserve(&request)
@@ -106,6 +107,7 @@ async fn redis_bench(url: &str) -> redis::RedisResult<()> {
                         max_delay: 30 * 24 * 60 * MINUTE,
                         now: None,
                         lease: 0,
+                        published: None,
                     };
                     let _ = store.reserve(&request).await;
                 }

@@ -54,7 +54,7 @@ async fn inspect<C: ConnectionLike + Send + Sync>(
     rule: &Rule,
     key: &str,
 ) -> Result<EntityReport, StoreError> {
-    let keys = EntityKeys::new(namespace, &rule.name, key, "-", &rule.limits);
+    let keys = EntityKeys::new(namespace, &rule.name, key, "-", 0, &rule.limits);
     let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(connection).await?;
     let now = seconds * 1_000 + micros / 1_000;
     let state: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(connection).await?;

@@ -4,22 +4,40 @@
 
 use drip_core::rules::{Limit, Window};
 use drip_core::schedule::state_id;
+use drip_core::time::{MINUTE, Millis};
+use sha2::{Digest, Sha256};
+
+/// Answers are kept in one small hash per entity and minute of publication, which expires as a
+/// whole: a field costs ~30 bytes where a key of its own costs ~190.
+pub const ANSWER_BUCKET: Millis = MINUTE;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntityKeys {
     pub state: String,
-    pub answer: String,
+    /// The answers hash of the message's minute of publication.
+    pub answers: String,
+    /// The start of that minute: answers' times are kept relative to it.
+    pub answers_base: Millis,
+    /// The message's field in it: 8 bytes of the SHA-256 of its identity.
+    pub answer_field: [u8; 8],
     /// One sorted set per sliding limit, in the order of the rule's limits.
     pub sliding: Vec<String>,
 }
 
 impl EntityKeys {
-    /// `message` is the message's identity (`MessageRef::identity`).
-    pub fn new(namespace: &str, rule: &str, key: &str, message: &str, limits: &[Limit]) -> Self {
+    /// `message` is the message's identity (`MessageRef::identity`), `published` the time its
+    /// answers are filed under (its publish time: the same on every redelivery).
+    pub fn new(namespace: &str, rule: &str, key: &str, message: &str, published: Millis, limits: &[Limit]) -> Self {
         let prefix = entity_prefix(namespace, rule, key);
+        let bucket = published.div_euclid(ANSWER_BUCKET);
+        let digest = Sha256::digest(message.as_bytes());
+        let mut answer_field = [0u8; 8];
+        answer_field.copy_from_slice(&digest[..8]);
         Self {
             state: format!("{prefix}:state"),
-            answer: format!("{prefix}:m:{message}"),
+            answers: format!("{prefix}:a:{bucket}"),
+            answers_base: bucket * ANSWER_BUCKET,
+            answer_field,
             sliding: limits
                 .iter()
                 .filter(|l| l.window == Window::Sliding)
@@ -61,9 +79,10 @@ mod tests {
             Limit { limit: 1, per: 1_000, window: Window::Fixed(Placement::Start) },
             Limit { limit: 1, per: 60_000, window: Window::Sliding },
         ];
-        let keys = EntityKeys::new("drip", "payouts", "a}b{c%", "m1", &limits);
+        let keys = EntityKeys::new("drip", "payouts", "a}b{c%", "m1", 125_000, &limits);
         assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");
-        assert_eq!(keys.answer, "drip:{payouts|a%7Db%7Bc%25}:m:m1");
+        assert_eq!((keys.answers.as_str(), keys.answers_base), ("drip:{payouts|a%7Db%7Bc%25}:a:2", 120_000));
+        assert_ne!(keys.answer_field, EntityKeys::new("drip", "payouts", "k", "m2", 0, &limits).answer_field);
         assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");

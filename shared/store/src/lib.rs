@@ -12,9 +12,12 @@ use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
-pub use keys::EntityKeys;
+pub use keys::{ANSWER_BUCKET, EntityKeys};
 pub use memory::MemoryStore;
-pub use redis_store::{ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, STATE_MARGIN};
+pub use redis_store::{
+    ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_reply,
+    reserve_script,
+};
 
 /// One event's reservation request for one entity.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +33,9 @@ pub struct SlotRequest<'a> {
     pub now: Option<Millis>,
     /// How long the attempt that gets the answer acts alone on the message (0: no lease).
     pub lease: Millis,
+    /// When the message was published (the same on every redelivery): its answer is filed under
+    /// it. `None`: `now`, or the local clock.
+    pub published: Option<Millis>,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -41,7 +47,17 @@ impl<'a> SlotRequest<'a> {
         cost: u64,
         now: Option<Millis>,
     ) -> Self {
-        Self { rule: &rule.name, key, message_id, cost, limits: &rule.limits, max_delay: rule.max_delay, now, lease: 0 }
+        Self {
+            rule: &rule.name,
+            key,
+            message_id,
+            cost,
+            limits: &rule.limits,
+            max_delay: rule.max_delay,
+            now,
+            lease: 0,
+            published: now,
+        }
     }
 }
 

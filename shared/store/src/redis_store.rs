@@ -6,7 +6,7 @@ use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Script};
 
-use crate::keys::{dispatch_key, payload_key};
+use crate::keys::{ANSWER_BUCKET, dispatch_key, payload_key};
 use crate::{EntityKeys, Reserved, SlotRequest, SlotStore, StoreError};
 
 /// How long a message's answer outlives `max_delay`, for redeliveries that come late.
@@ -55,7 +55,11 @@ impl<C> RedisStore<C> {
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
-        EntityKeys::new(&self.namespace, request.rule, request.key, request.message_id, request.limits)
+        let published = request
+            .published
+            .or(request.now)
+            .unwrap_or_else(|| drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap_or(0));
+        EntityKeys::new(&self.namespace, request.rule, request.key, request.message_id, published, request.limits)
     }
 
     pub(crate) fn namespace(&self) -> &str {
@@ -70,7 +74,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     async fn end_lease(&self, request: &SlotRequest<'_>, how: &str) -> Result<(), StoreError> {
         let keys = self.keys(request);
-        let _: i64 = COMPLETE.key(&keys.answer).arg(how).invoke_async(&mut self.connection()).await?;
+        let mut invocation = COMPLETE.prepare_invoke();
+        invocation.key(&keys.answers).arg(keys.answer_field.as_slice()).arg(how);
+        let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
         Ok(())
     }
 
@@ -116,47 +122,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
     async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        let keys = self.keys(request);
-        let longest_window = request.limits.iter().map(|l| l.per).max().unwrap_or(0);
-        let mut invocation = RESERVE.prepare_invoke();
-        invocation.key(&keys.state).key(&keys.answer);
-        for sliding in &keys.sliding {
-            invocation.key(sliding);
-        }
-        invocation
-            .arg(request.now.map(|now| now.to_string()).unwrap_or_default())
-            .arg(request.cost)
-            .arg(request.max_delay)
-            .arg(request.max_delay + ANSWER_MARGIN)
-            .arg(longest_window + STATE_MARGIN)
-            .arg(request.lease)
-            .arg(request.limits.len());
-        let mut sliding_index = 2;
-        for limit in request.limits {
-            let extra = match limit.window {
-                Window::Sliding => {
-                    sliding_index += 1;
-                    sliding_index
-                }
-                Window::Gcra { burst } => burst,
-                Window::Fixed(_) => 0,
-            };
-            invocation.arg(script_kind(limit)).arg(state_id(limit)).arg(limit.per).arg(limit.limit).arg(extra);
-        }
-        let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
-        let &[slot, late, replayed, now, decided_at, completed, busy] = reply.as_slice() else {
-            return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
+        let reply: Vec<i64> = match self.reserve_call(request).cmd().query_async(&mut self.connection()).await {
+            Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let _: String = RESERVE.prepare_invoke().load_async(&mut self.connection()).await?;
+                self.reserve_call(request).cmd().query_async(&mut self.connection()).await?
+            }
+            reply => reply?,
         };
-        let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
-        let reservation = Reservation {
-            slot,
-            status,
-            replayed: replayed == 1,
-            decided_at,
-            completed: completed == 1,
-            busy: busy == 1,
-        };
-        Ok(Reserved { reservation, now })
+        parse_reply(&reply)
     }
 
     async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
@@ -165,6 +138,85 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
 
     async fn release(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
         self.end_lease(request, "release").await
+    }
+}
+
+/// One `EVALSHA reserve.lua` with its keys and arguments, for one request or a pipeline of them.
+#[derive(Debug, Clone)]
+pub struct ReserveCall {
+    pub keys: EntityKeys,
+    args: Vec<Vec<u8>>,
+}
+
+impl ReserveCall {
+    /// The command (EVALSHA: the script must have been loaded; `SCRIPT LOAD` it with [`reserve_script`]).
+    pub fn cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(RESERVE.get_hash()).arg(2 + self.keys.sliding.len());
+        cmd.arg(&self.keys.state).arg(&self.keys.answers);
+        for sliding in &self.keys.sliding {
+            cmd.arg(sliding);
+        }
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
+    }
+}
+
+/// The source of `reserve.lua`, for `SCRIPT LOAD`.
+pub fn reserve_script() -> &'static str {
+    include_str!("../../../lua/reserve.lua")
+}
+
+/// Reads `reserve.lua`'s reply.
+pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
+    let &[slot, late, replayed, now, decided_at, completed, busy] = reply else {
+        return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
+    };
+    let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
+    let reservation =
+        Reservation { slot, status, replayed: replayed == 1, decided_at, completed: completed == 1, busy: busy == 1 };
+    Ok(Reserved { reservation, now })
+}
+
+impl<C> RedisStore<C> {
+    /// The script call that reserves `request`'s slot.
+    pub fn reserve_call(&self, request: &SlotRequest<'_>) -> ReserveCall {
+        let keys = self.keys(request);
+        let longest_window = request.limits.iter().map(|l| l.per).max().unwrap_or(0);
+        let number = |n: i64| n.to_string().into_bytes();
+        let mut args = vec![
+            request.now.map(|now| now.to_string()).unwrap_or_default().into_bytes(),
+            keys.answer_field.to_vec(),
+            number(request.cost as i64),
+            number(request.max_delay),
+            number(keys.answers_base),
+            number(ANSWER_BUCKET + request.max_delay + ANSWER_MARGIN),
+            number(request.lease),
+            number(longest_window + STATE_MARGIN),
+            number(request.limits.len() as i64),
+        ];
+        let mut sliding_index = 2;
+        for limit in request.limits {
+            let id = state_id(limit);
+            let (extra, fields) = match limit.window {
+                Window::Sliding => {
+                    sliding_index += 1;
+                    (sliding_index, [format!("{id}:b"), String::new()])
+                }
+                Window::Gcra { burst } => (burst as i64, [format!("{id}:t"), format!("{id}:r")]),
+                Window::Fixed(_) => (0, [format!("{id}:w"), format!("{id}:u")]),
+            };
+            args.extend([
+                script_kind(limit).as_bytes().to_vec(),
+                number(limit.per),
+                number(limit.limit as i64),
+                number(extra),
+            ]);
+            args.extend(fields.map(String::into_bytes));
+        }
+        ReserveCall { keys, args }
     }
 }
 
