@@ -12,9 +12,9 @@
 -- ARGV[6] how long the answers hash outlives max(base, now): a minute + max_delay + a margin
 -- ARGV[7] lease: how long the attempt that gets this answer acts alone on the message (0: none)
 -- ARGV[8] state TTL beyond the slot (longest window + margin)
--- ARGV[9] number of limits, then six arguments per limit: kind (fixed|spread|sliding|gcra), per,
---         limit, burst (gcra) or KEYS index (sliding), and the names of its two state fields
---         (fixed: window, used; gcra: tat, remainder; sliding: base, unused)
+-- ARGV[9] number of limits; ARGV[10..12] 'last', 'exp', 'ab', then two state field names per limit (fixed: window,
+--         used; gcra: tat, remainder; sliding: base, unused); then four arguments per limit: kind
+--         (fixed|spread|sliding|gcra), per, limit, and burst (gcra) or its KEYS index (sliding)
 --
 -- Returns {slot, late (1 when beyond max_delay: nothing reserved), replayed (1 for a known message), now,
 -- decided_at (the now of the first answer), completed (1 once complete.lua marked it acted upon),
@@ -27,6 +27,8 @@
 -- times need no string.format.
 
 local state_key, answers_key, field = KEYS[1], KEYS[2], ARGV[2]
+-- The answers' minute: drip-store's ANSWER_BUCKET (a test keeps them equal).
+local ANSWER_MINUTE = 60000
 
 local now
 if ARGV[1] == '' then
@@ -60,81 +62,59 @@ end
 
 local cost = tonumber(ARGV[3])
 local count = tonumber(ARGV[9])
-local kinds, pers, limits, extras, fa, fb = {}, {}, {}, {}, {}, {}
-local wanted = {'last'}
-for i = 1, count do
-  local at = 4 + i * 6
-  kinds[i], pers[i], limits[i], extras[i] = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-  fa[i], fb[i] = ARGV[at + 4], ARGV[at + 5]
-  wanted[2 * i], wanted[2 * i + 1] = fa[i], fb[i]
-end
-local values = redis.call('HMGET', state_key, unpack(wanted))
-local last = tonumber(values[1])
-local a, b = {}, {}
-for i = 1, count do
-  a[i], b[i] = tonumber(values[2 * i]), tonumber(values[2 * i + 1])
-end
-
--- The last sliding entry's running total of cost, or nil.
-local function newest_total(key)
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return tonumber(newest[2])
-end
-
--- The earliest time >= t at which limit i accepts `cost` more.
-local function accepted(i, t)
-  local kind, per, limit = kinds[i], pers[i], limits[i]
-  if kind == 'fixed' or kind == 'spread' then
-    local window = t - t % per
-    local used = 0
-    if a[i] == window then
-      used = b[i]
-    end
-    if used + cost > limit then
-      return window + per
-    end
-    if kind == 'spread' then
-      return math.max(t, window + math.floor(used * per / limit))
-    end
-    return t
-  elseif kind == 'sliding' then
-    local base = a[i]
-    if not base then
-      return t
-    end
-    local key = KEYS[extras[i]]
-    local total = newest_total(key) or base
-    -- Drop the oldest slots until what is left leaves room for `cost`.
-    local threshold = total - (limit - cost)
-    if threshold <= base then
-      return t
-    end
-    local first_kept = redis.call('ZRANGEBYSCORE', key, threshold, '+inf', 'LIMIT', 0, 1)
-    return math.max(t, tonumber(first_kept[1]) + per)
-  else
-    local tat = a[i]
-    if not tat then
-      return t
-    end
-    local x = b[i] - (extras[i] - 1) * per
-    local q = math.floor(x / limit)
-    local allowed = tat + q
-    if x - q * limit > 0 then
-      allowed = allowed + 1
-    end
-    return math.max(t, allowed)
-  end
-end
+-- ARGV[10 .. 12 + 2 * count] are the state fields; the limits' parameters follow. 'exp' is when the
+-- state was last set to expire and 'ab' the answers minute whose expiry is set, so that most calls
+-- need neither PEXPIRE: every redis.call costs the script about as much as its own arithmetic.
+local values = redis.call('HMGET', state_key, unpack(ARGV, 10, 12 + 2 * count))
+local params = 13 + 2 * count
+local last, expires, answers_expiry_set = tonumber(values[1]), tonumber(values[2]), tonumber(values[3]) == base
 
 local slot = now
 if last and last > now then
   slot = last
 end
+-- The least common fixpoint of every limit's "earliest time >= t it accepts cost more" (see
+-- schedule.rs): each limit moves the slot forward at most once, so count + 1 rounds settle it.
+-- Written inline, without closures or per-limit tables: each costs the script time per call.
 local settled = false
 for _ = 1, count + 2 do
   local next_slot = slot
   for i = 1, count do
-    local t = accepted(i, slot)
+    local at = params + (i - 1) * 4
+    local kind, per, limit = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local t = slot
+    if kind == 'fixed' or kind == 'spread' then
+      local window = t - t % per
+      local used = 0
+      if a == window then
+        used = b
+      end
+      if used + cost > limit then
+        t = window + per
+      elseif kind == 'spread' then
+        t = math.max(t, window + math.floor(used * per / limit))
+      end
+    elseif kind == 'sliding' then
+      if a then
+        local key = KEYS[tonumber(ARGV[at + 3])]
+        local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        -- Drop the oldest slots until what is left leaves room for `cost`.
+        local threshold = (tonumber(newest[2]) or a) - (limit - cost)
+        if threshold > a then
+          local first_kept = redis.call('ZRANGEBYSCORE', key, threshold, '+inf', 'LIMIT', 0, 1)
+          t = math.max(t, tonumber(first_kept[1]) + per)
+        end
+      end
+    elseif a then
+      local x = b - (tonumber(ARGV[at + 3]) - 1) * per
+      local q = math.floor(x / limit)
+      local allowed = a + q
+      if x - q * limit > 0 then
+        allowed = allowed + 1
+      end
+      t = math.max(t, allowed)
+    end
     if t > next_slot then
       next_slot = t
     end
@@ -149,38 +129,53 @@ if not settled then
   return redis.error_reply('drip: slot search did not settle')
 end
 
+-- The answers hash expires a minute + max_delay + a margin after its minute (or after now, for a
+-- message first delivered later): once set in its minute, that covers every answer of the minute.
+local function answer(kind, expiry_set)
+  redis.call('HSET', answers_key, field, kind .. (slot - base) .. ':' .. (now - base) .. ':' .. (now + lease - base))
+  if not (expiry_set and now <= base + ANSWER_MINUTE) then
+    -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
+    redis.call('PEXPIRE', answers_key, math.max(base - now, 0) + tonumber(ARGV[6]))
+  end
+end
+
 if slot > now + tonumber(ARGV[4]) then
-  answer('L', slot)
+  answer('L', false)
   return {slot, 1, 0, now, now, 0, 0}
 end
 
-local ttl = slot - now + tonumber(ARGV[8])
-local changes = {'last', slot}
+local state_ttl = tonumber(ARGV[8])
+local ttl = slot - now + state_ttl
+local changes = {'last', slot, 'ab', base}
 for i = 1, count do
-  local kind, per = kinds[i], pers[i]
+  local at = params + (i - 1) * 4
+  local kind, per = ARGV[at], tonumber(ARGV[at + 1])
+  local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+  local fa, fb = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
   local n = #changes
   if kind == 'fixed' or kind == 'spread' then
     local window = slot - slot % per
     local used = cost
-    if a[i] == window then
-      used = b[i] + cost
+    if a == window then
+      used = b + cost
     end
-    changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa[i], window, fb[i], used
+    changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, window, fb, used
   elseif kind == 'gcra' then
-    local tat, rem = a[i], b[i]
+    local tat, rem = a, b
     -- A slot this limit set is TAT rounded up to the millisecond; only a later slot restarts TAT.
     if not tat or slot > tat + (rem > 0 and 1 or 0) then
       tat, rem = slot, 0
     end
+    local limit = tonumber(ARGV[at + 2])
     rem = rem + cost * per
-    local limit = limits[i]
     tat = tat + math.floor(rem / limit)
     rem = rem % limit
-    changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa[i], tat, fb[i], rem
+    changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, tat, fb, rem
   else
-    local key = KEYS[extras[i]]
-    local base = a[i] or 0
-    local total = newest_total(key) or base
+    local key = KEYS[tonumber(ARGV[at + 3])]
+    local base_cost = a or 0
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local total = tonumber(newest[2]) or base_cost
     -- Members are slot times: a slot equal to the newest one merges into it (its total grows).
     redis.call('ZADD', key, total + cost, slot)
     while true do
@@ -188,14 +183,21 @@ for i = 1, count do
       if not oldest[1] or tonumber(oldest[1]) > slot - per then
         break
       end
-      base = tonumber(oldest[2])
+      base_cost = tonumber(oldest[2])
       redis.call('ZREM', key, oldest[1])
     end
-    changes[n + 1], changes[n + 2] = fa[i], base
+    changes[n + 1], changes[n + 2] = fa, base_cost
     redis.call('PEXPIRE', key, ttl)
   end
 end
-redis.call('HSET', state_key, unpack(changes))
-redis.call('PEXPIRE', state_key, ttl)
-answer('R', slot)
+-- The state must outlive the slot by its TTL margin; it is given twice that when it is set, so
+-- that most calls need no PEXPIRE.
+if not expires or expires < slot + state_ttl then
+  changes[#changes + 1], changes[#changes + 2] = 'exp', slot + 2 * state_ttl
+  redis.call('HSET', state_key, unpack(changes))
+  redis.call('PEXPIRE', state_key, ttl + state_ttl)
+else
+  redis.call('HSET', state_key, unpack(changes))
+end
+answer('R', answers_expiry_set)
 return {slot, 0, 0, now, now, 0, 0}

@@ -34,10 +34,11 @@ async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Res
             lease: LEASE,
             published: Some(arrival.published),
         };
-        let reservation = store.reserve(&request).await.expect("reserve").reservation;
+        let reserved = store.reserve(&request).await.expect("reserve");
+        let reservation = reserved.reservation;
         match answers.len() % 3 {
-            0 => store.complete(&request).await.expect("complete"),
-            1 => store.release(&request).await.expect("release"),
+            0 => store.complete(&request, &reserved).await.expect("complete"),
+            1 => store.release(&request, &reserved).await.expect("release"),
             _ => {}
         }
         answers.push(reservation);
@@ -148,7 +149,7 @@ async fn every_key_an_entity_writes_expires() {
         let bound = if key.contains(":a:") {
             drip_store::ANSWER_BUCKET + MINUTE + drip_store::ANSWER_MARGIN
         } else {
-            MINUTE + MINUTE + drip_store::STATE_MARGIN
+            MINUTE + 2 * (MINUTE + drip_store::STATE_MARGIN)
         };
         assert!(ttl > 0 && ttl <= bound, "{key} has PTTL {ttl}, expected 0 < ttl <= {bound}");
     }
@@ -170,7 +171,7 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
     let max_delay = 30 * 24 * 60 * MINUTE;
     let mut commands_at = HashMap::new();
     let mut sizes_at = HashMap::new();
-    for i in 0..2_001u32 {
+    for i in 0..2_000u32 {
         let id = format!("m{i}");
         let request = SlotRequest {
             rule: "r",
@@ -183,24 +184,29 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
             lease: 0,
             published: None,
         };
-        if i == 10 || i == 2_000 {
+        // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
+        // is refreshed only every so often, so single events may differ.
+        if i == 10 || i == 1_800 {
             let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
-            let reserved = store.reserve(&request).await.unwrap().reservation;
-            let expected = T0 + (i64::from(i) / 3 * 5 + i64::from(i) % 3) * SECOND;
-            assert_eq!(reserved.slot, expected, "three a second, then wait for the 5 s sliding window");
+        }
+        let reserved = store.reserve(&request).await.unwrap().reservation;
+        let expected = T0 + (i64::from(i) / 3 * 5 + i64::from(i) % 3) * SECOND;
+        assert_eq!(reserved.slot, expected, "three a second, then wait for the 5 s sliding window");
+        if i == 209 || i == 1_999 {
             let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
             commands_at.insert(i, script_commands(&stats));
             let fields: usize = connection.hlen("drip:{r|hot}:state").await.unwrap();
             let sliding: usize = connection.zcard("drip:{r|hot}:sliding:5000").await.unwrap();
             sizes_at.insert(i, (fields, sliding));
-        } else {
-            store.reserve(&request).await.unwrap();
         }
     }
-    assert!(!commands_at[&10].is_empty(), "commandstats should show the script's commands");
-    assert_eq!(commands_at[&10], commands_at[&2_000]);
-    assert_eq!(sizes_at[&10], sizes_at[&2_000]);
-    assert!(sizes_at[&2_000].1 <= 3, "sliding keeps at most `limit` entries: {:?}", sizes_at[&2_000]);
+    let (mut early, mut late) = (commands_at[&209].clone(), commands_at[&1_999].clone());
+    assert!(!early.is_empty(), "commandstats should show the script's commands");
+    let (early_expiries, late_expiries) = (early.remove("pexpire").unwrap_or(0), late.remove("pexpire").unwrap_or(0));
+    assert_eq!(early, late);
+    assert!(early_expiries.abs_diff(late_expiries) <= 1, "{early_expiries} vs {late_expiries} PEXPIREs");
+    assert_eq!(sizes_at[&209], sizes_at[&1_999]);
+    assert!(sizes_at[&1_999].1 <= 3, "sliding keeps at most `limit` entries: {:?}", sizes_at[&1_999]);
 }
 
 /// `cmdstat_<name>:calls=N` for the commands the script calls (the EVALSHA itself excluded).

@@ -93,7 +93,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(error) => {
-            if let Err(release) = state.store.release(&request).await {
+            if let Err(release) = state.store.release(&request, &reserved).await {
                 tracing::warn!(message_id = %event.id, %release, "could not release the message's lease; it expires by itself");
             }
             state.metrics.count(&rule.name, Outcome::Retry.as_str());
@@ -107,7 +107,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     state.metrics.count(&rule.name, outcome.as_str());
     // Acting twice on a redelivery is what this prevents; failing to record it only risks that
     // (the lease still holds a concurrent duplicate off until it expires).
-    if let Err(error) = state.metrics.time("redis", state.store.complete(&request)).await {
+    if let Err(error) = state.metrics.time("redis", state.store.complete(&request, &reserved)).await {
         tracing::warn!(message_id = %event.id, %error, "could not record the message as acted upon");
     }
     Ok(outcome)

@@ -81,8 +81,17 @@ pub trait SlotStore {
     fn reserve(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<Reserved, StoreError>> + Send;
 
     /// Records that the request's message was acted upon, so a redelivery is acked as it is.
-    fn complete(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// `reserved` is what `reserve` answered this attempt.
+    fn complete(
+        &self,
+        request: &SlotRequest<'_>,
+        reserved: &Reserved,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Ends the lease of an attempt that failed, so that a retry may act at once.
-    fn release(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn release(
+        &self,
+        request: &SlotRequest<'_>,
+        reserved: &Reserved,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

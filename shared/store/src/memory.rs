@@ -33,12 +33,12 @@ impl SlotStore for MemoryStore {
         Ok(Reserved { reservation, now })
     }
 
-    async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
+    async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
         self.with(|s| s.complete(request.rule, request.key, request.message_id));
         Ok(())
     }
 
-    async fn release(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
+    async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
         self.with(|s| s.release(request.rule, request.key, request.message_id));
         Ok(())
     }

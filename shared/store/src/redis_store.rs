@@ -17,7 +17,7 @@ pub const STATE_MARGIN: Millis = MINUTE;
 pub const DISPATCHED_MEMORY: Millis = DAY;
 
 static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/reserve.lua")));
-static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/complete.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
 static DISPATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/dispatch.lua")));
 
 /// What the dispatcher may do with a task's message.
@@ -67,17 +67,39 @@ impl<C> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     pub(crate) fn connection(&self) -> C {
         self.connection.clone()
     }
 
-    async fn end_lease(&self, request: &SlotRequest<'_>, how: &str) -> Result<(), StoreError> {
+    /// Rewrites the message's answer as completed. Rust knows the whole answer, so this is a plain
+    /// HSET and PEXPIRE in one round trip, not a script (it is on every push's path); the expiry is
+    /// the one reserve.lua gave the hash.
+    async fn mark_completed(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
+        self.completion(request, reserved).await
+    }
+
+    /// The completion of `request` as a future that owns what it needs, so a caller may answer
+    /// first and let it finish in the background.
+    pub fn completion(
+        &self,
+        request: &SlotRequest<'_>,
+        reserved: &Reserved,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let keys = self.keys(request);
-        let mut invocation = COMPLETE.prepare_invoke();
-        invocation.key(&keys.answers).arg(keys.answer_field.as_slice()).arg(how);
-        let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
-        Ok(())
+        let base = keys.answers_base;
+        let Reservation { slot, status, decided_at, .. } = reserved.reservation;
+        let kind = if status == Status::MaxDelayExceeded { 'L' } else { 'R' };
+        let value = format!("{kind}{}:{}:d", slot - base, decided_at - base);
+        let ttl = (base - reserved.now).max(0) + ANSWER_BUCKET + request.max_delay + ANSWER_MARGIN;
+        let mut pipe = redis::pipe();
+        pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
+        pipe.pexpire(&keys.answers, ttl).ignore();
+        let mut connection = self.connection();
+        async move {
+            let _: () = pipe.query_async(&mut connection).await?;
+            Ok(())
+        }
     }
 
     /// Keeps a payload too large for a task until its dispatch (idempotent: a redelivery stores the
@@ -120,7 +142,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> SlotStore for RedisStore<C> {
     async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         let reply: Vec<i64> = match self.reserve_call(request).cmd().query_async(&mut self.connection()).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -132,12 +154,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
         parse_reply(&reply)
     }
 
-    async fn complete(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
-        self.end_lease(request, "done").await
+    async fn complete(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
+        self.mark_completed(request, reserved).await
     }
 
-    async fn release(&self, request: &SlotRequest<'_>) -> Result<(), StoreError> {
-        self.end_lease(request, "release").await
+    async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
+        let keys = self.keys(request);
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation.key(&keys.answers).arg(keys.answer_field.as_slice());
+        let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
+        Ok(())
     }
 }
 
@@ -197,10 +223,12 @@ impl<C> RedisStore<C> {
             number(longest_window + STATE_MARGIN),
             number(request.limits.len() as i64),
         ];
+        let mut fields = vec![b"last".to_vec(), b"exp".to_vec(), b"ab".to_vec()];
+        let mut parameters = Vec::new();
         let mut sliding_index = 2;
         for limit in request.limits {
             let id = state_id(limit);
-            let (extra, fields) = match limit.window {
+            let (extra, [a, b]) = match limit.window {
                 Window::Sliding => {
                     sliding_index += 1;
                     (sliding_index, [format!("{id}:b"), String::new()])
@@ -208,14 +236,16 @@ impl<C> RedisStore<C> {
                 Window::Gcra { burst } => (burst as i64, [format!("{id}:t"), format!("{id}:r")]),
                 Window::Fixed(_) => (0, [format!("{id}:w"), format!("{id}:u")]),
             };
-            args.extend([
+            fields.extend([a.into_bytes(), b.into_bytes()]);
+            parameters.extend([
                 script_kind(limit).as_bytes().to_vec(),
                 number(limit.per),
                 number(limit.limit as i64),
                 number(extra),
             ]);
-            args.extend(fields.map(String::into_bytes));
         }
+        args.extend(fields);
+        args.extend(parameters);
         ReserveCall { keys, args }
     }
 }
@@ -226,5 +256,14 @@ fn script_kind(limit: &Limit) -> &'static str {
         Window::Fixed(Placement::Spread) => "spread",
         Window::Sliding => "sliding",
         Window::Gcra { .. } => "gcra",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_script_knows_the_answers_minute() {
+        let line = format!("local ANSWER_MINUTE = {}", super::ANSWER_BUCKET);
+        assert!(super::reserve_script().contains(&line), "reserve.lua must say `{line}`");
     }
 }

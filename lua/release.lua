@@ -1,0 +1,16 @@
+-- Ends the lease of an attempt that failed, so that a retry may act at once. (Completing is a plain
+-- HSET from Rust; releasing is a script because it must not undo a completion another attempt
+-- recorded meanwhile.) A missing answer (expired, or Redis restarted) stays missing.
+--
+-- KEYS[1]  the answers hash of the message's minute   drip:{rule|key}:a:<minute>
+-- ARGV[1]  the message's answer field
+local answer = redis.call('HGET', KEYS[1], ARGV[1])
+if not answer then
+  return 0
+end
+local head, held = string.match(answer, '^(.*):(%-?%w+)$')
+if held == 'd' then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], head .. ':r')
+return 1

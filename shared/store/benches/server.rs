@@ -1,0 +1,304 @@
+//! Redis-side figures for `./run bench` (README: "Benchmarks"), printed, never asserted, all in one
+//! run on one private Redis (DRIP_BENCH_REDIS_URL, which it FLUSHALLs; `./run bench` starts one), so
+//! ratios compare:
+//!
+//! - server µs per call from `INFO commandstats` (calls pipelined, so the client's speed does not
+//!   count): INCR, the seed-001 token bucket, and reserve.lua in each configuration;
+//! - Redis bytes per in-flight message and per entity (`used_memory`);
+//! - reservations per second on one shard with 1, 8 and 32 clients;
+//! - µs per call against backlog depth, as a table and an SVG chart (DRIP_BENCH_OUT).
+//!
+//! DRIP_BENCH_SCALE (default 1.0) scales every count; CI runs it small so it cannot rot.
+
+use std::time::{Instant, SystemTime};
+
+use drip_core::rules::{Limit, Placement, Window};
+use drip_core::time::{DAY, MINUTE, Millis, SECOND, system_time_to_millis};
+use drip_store::{RedisStore, SlotRequest, SlotStore};
+use plotters::prelude::*;
+use redis::aio::MultiplexedConnection;
+
+const TOKEN_BUCKET: &str = include_str!("../../../lua/bench/token_bucket.lua");
+const ENTITIES: usize = 1_000;
+const PIPELINE: usize = 500;
+
+fn scale() -> f64 {
+    std::env::var("DRIP_BENCH_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0)
+}
+
+fn scaled(n: usize) -> usize {
+    ((n as f64 * scale()) as usize).max(10)
+}
+
+fn now_ms() -> Millis {
+    system_time_to_millis(SystemTime::now()).unwrap_or(0)
+}
+
+fn configurations() -> Vec<(&'static str, Vec<Limit>)> {
+    let fixed = |limit, per| Limit { limit, per, window: Window::Fixed(Placement::Start) };
+    vec![
+        ("1 fixed limit (100/min)", vec![fixed(100, MINUTE)]),
+        ("gcra 10/s burst 100", vec![Limit { limit: 10, per: SECOND, window: Window::Gcra { burst: 100 } }]),
+        ("10/s + 100/min + 10,000/day", vec![fixed(10, SECOND), fixed(100, MINUTE), fixed(10_000, DAY)]),
+        ("sliding 100/min", vec![Limit { limit: 100, per: MINUTE, window: Window::Sliding }]),
+    ]
+}
+
+/// `(calls, usec)` of one command in `INFO commandstats`.
+async fn commandstat(connection: &mut MultiplexedConnection, command: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
+    let line = info.lines().find(|l| l.starts_with(&format!("cmdstat_{command}:"))).unwrap_or_default();
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|part| part.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
+}
+
+/// Runs `calls` commands in pipelines; returns server µs per call and wall calls per second.
+async fn measure(
+    connection: &mut MultiplexedConnection,
+    command: &str,
+    calls: usize,
+    build: impl Fn(usize) -> redis::Cmd,
+) -> (f64, f64) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
+    let started = Instant::now();
+    for chunk in (0..calls).collect::<Vec<_>>().chunks(PIPELINE) {
+        let mut pipe = redis::pipe();
+        for &i in chunk {
+            pipe.add_command(build(i)).ignore();
+        }
+        let _: () = pipe.query_async(connection).await.expect("pipeline");
+    }
+    let elapsed = started.elapsed();
+    let (n, usec) = commandstat(connection, command).await;
+    (usec as f64 / n.max(1) as f64, calls as f64 / elapsed.as_secs_f64())
+}
+
+fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], published: Millis) -> SlotRequest<'a> {
+    SlotRequest {
+        rule,
+        key,
+        message_id: id,
+        cost: 1,
+        limits,
+        max_delay: 30 * DAY,
+        now: None,
+        lease: 15 * SECOND,
+        published: Some(published),
+    }
+}
+
+async fn load(connection: &mut MultiplexedConnection, script: &str) -> String {
+    redis::cmd("SCRIPT").arg("LOAD").arg(script).query_async(connection).await.expect("SCRIPT LOAD")
+}
+
+fn token_bucket_call(sha: &str, key: &str, now_seconds: i64) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(1).arg(key).arg(100).arg(100.0 / 60.0).arg(now_seconds).arg(1);
+    cmd
+}
+
+struct Row {
+    name: String,
+    usec: f64,
+    per_second: f64,
+}
+
+async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) -> Vec<Row> {
+    let calls = scaled(50_000);
+    let mut rows = Vec::new();
+    let (usec, per_second) =
+        measure(connection, "incr", calls, |i| redis::cmd("INCR").arg(format!("bench:incr:{}", i % ENTITIES)).clone())
+            .await;
+    rows.push(Row { name: "INCR (the floor)".into(), usec, per_second });
+    let sha = load(connection, TOKEN_BUCKET).await;
+    let started = now_ms() / 1_000;
+    let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
+        token_bucket_call(&sha, &format!("bench:tb:{{{}}}", i % ENTITIES), started + (i / ENTITIES) as i64)
+    })
+    .await;
+    rows.push(Row { name: "token bucket of seed 001 (HMGET, refill, HMSET, EXPIRE)".into(), usec, per_second });
+    load(connection, drip_store::reserve_script()).await;
+    for (n, (name, limits)) in configurations().into_iter().enumerate() {
+        let rule = format!("bench{n}");
+        let published = now_ms();
+        let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
+            let (key, id) = (format!("merchant_{}", i % ENTITIES), format!("{i}"));
+            store.reserve_call(&request(&rule, &key, &id, &limits, published)).cmd()
+        })
+        .await;
+        rows.push(Row { name: format!("reserve.lua, {name}"), usec, per_second });
+    }
+    rows
+}
+
+async fn used_memory(connection: &mut MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(connection).await.expect("INFO");
+    info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Bytes per in-flight message and per entity: `ENTITIES` entities with one message each, then
+/// `messages` more on them.
+async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) -> (f64, f64) {
+    let limits = [Limit { limit: 1_000_000, per: MINUTE, window: Window::Fixed(Placement::Start) }];
+    let messages = scaled(100_000);
+    let published = now_ms();
+    let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");
+    load(connection, drip_store::reserve_script()).await;
+    let before = used_memory(connection).await;
+    let run = async |connection: &mut MultiplexedConnection, range: std::ops::Range<usize>| {
+        for chunk in range.collect::<Vec<_>>().chunks(PIPELINE) {
+            let mut pipe = redis::pipe();
+            for &i in chunk {
+                let (key, id) =
+                    (format!("merchant_{}", i % ENTITIES), format!("{}", 1_000_000_000_000_000u64 + i as u64));
+                pipe.add_command(store.reserve_call(&request("memory", &key, &id, &limits, published)).cmd()).ignore();
+            }
+            let _: () = pipe.query_async(connection).await.expect("pipeline");
+        }
+    };
+    run(connection, 0..ENTITIES).await;
+    let with_entities = used_memory(connection).await;
+    run(connection, ENTITIES..ENTITIES + messages).await;
+    let with_messages = used_memory(connection).await;
+    let per_message = (with_messages - with_entities) as f64 / messages as f64;
+    let per_entity = (with_entities - before) as f64 / ENTITIES as f64 - per_message;
+    (per_message, per_entity)
+}
+
+/// Reservations per second through `RedisStore::reserve` (one round trip each), `clients` tasks
+/// sharing one multiplexed connection, which pipelines what they send together.
+async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize) -> f64 {
+    let limits = configurations().remove(0).1;
+    let events = scaled(60_000) / clients * clients;
+    let published = now_ms();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (store, limits) = (store.clone(), limits.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..events / clients {
+                let (key, id) = (format!("merchant_{}", (c * 7_919 + i) % ENTITIES), format!("t{c}-{i}"));
+                store.reserve(&request("throughput", &key, &id, &limits, published)).await.expect("reserve");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("client");
+    }
+    events as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Server µs per call on one hot key after `depth` reservations queued ahead (100 per minute:
+/// the backlog reaches depth/100 minutes), for reserve.lua and the token bucket.
+async fn backlog(
+    connection: &mut MultiplexedConnection,
+    store: &RedisStore<MultiplexedConnection>,
+) -> Vec<(usize, f64, f64)> {
+    let limits = configurations().remove(0).1;
+    let sha = load(connection, TOKEN_BUCKET).await;
+    load(connection, drip_store::reserve_script()).await;
+    let probe = scaled(5_000);
+    let mut rows = Vec::new();
+    let mut depth_so_far = 0;
+    let published = now_ms();
+    for depth in [0, 1_000, 10_000, 100_000].map(scaled).map(|d| if d == 10 { 0 } else { d }) {
+        let fill = depth - depth_so_far.min(depth);
+        let (offset, now_s) = (depth_so_far, now_ms() / 1_000);
+        measure(connection, "evalsha", fill, |i| {
+            store.reserve_call(&request("hot", "hot", &format!("fill{}", offset + i), &limits, published)).cmd()
+        })
+        .await;
+        depth_so_far = depth;
+        let (drip, _) = measure(connection, "evalsha", probe, |i| {
+            store.reserve_call(&request("hot", "hot", &format!("probe{depth}-{i}"), &limits, published)).cmd()
+        })
+        .await;
+        depth_so_far += probe;
+        let (bucket, _) =
+            measure(connection, "evalsha", probe, |i| token_bucket_call(&sha, "bench:tb:{hot}", now_s + i as i64))
+                .await;
+        rows.push((depth, drip, bucket));
+    }
+    rows
+}
+
+fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = rows.iter().map(|r| r.1.max(r.2)).fold(1.0, f64::max) * 1.3;
+    let right = rows.iter().map(|r| r.0).max().unwrap_or(1).max(1) as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("server µs per call against backlog depth (one hot key)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..right * 1.05, 0.0..top)?;
+    chart.configure_mesh().x_desc("reservations queued ahead").y_desc("µs per call").draw()?;
+    for (label, color, pick) in [("reserve.lua (fixed 100/min)", BLUE, 1usize), ("token bucket (seed 001)", RED, 2)] {
+        let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.0 as f64, if pick == 1 { r.1 } else { r.2 })).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    // It flushes the server it measures: only ever a private one (./run bench starts it).
+    let Ok(url) = std::env::var("DRIP_BENCH_REDIS_URL") else {
+        eprintln!("set DRIP_BENCH_REDIS_URL to a private Redis this bench may FLUSHALL (./run bench does)");
+        std::process::exit(2);
+    };
+    let client = redis::Client::open(url.as_str()).expect("DRIP_BENCH_REDIS_URL");
+    let mut connection = client.get_multiplexed_async_connection().await.expect("connecting to Redis");
+    let store = RedisStore::new(connection.clone(), "bench");
+    let version: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await.expect("INFO");
+    let version = version.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").to_owned();
+    println!("Redis {version} at {url}, scale {}\n", scale());
+
+    let rows = script_table(&mut connection, &store).await;
+    let bucket = rows[1].usec;
+    println!("| script | server µs/call | vs the token bucket | calls/s (pipelined) |");
+    println!("|---|---|---|---|");
+    for row in &rows {
+        let ratio = if row.name.starts_with("INCR") { String::new() } else { format!("{:.2}×", row.usec / bucket) };
+        println!("| {} | {:.2} | {ratio} | {:.0} |", row.name, row.usec, row.per_second);
+    }
+    println!(
+        "| redis-cell `CL.THROTTLE` | — | | not measured: the module is not on crates.io as a loadable build here (README) |"
+    );
+
+    let (per_message, per_entity) = memory(&mut connection, &store).await;
+    println!(
+        "\nRedis memory: {per_message:.1} bytes per in-flight message, {per_entity:.0} bytes per entity (1 fixed limit)"
+    );
+
+    println!("\n| clients (one multiplexed connection) | reservations/s |\n|---|---|");
+    for clients in [1, 8, 32] {
+        println!("| {clients} | {:.0} |", throughput(&store, clients).await);
+    }
+
+    let depths = backlog(&mut connection, &store).await;
+    println!("\n| backlog ahead (one hot key) | reserve.lua µs/call | token bucket µs/call |\n|---|---|---|");
+    for (depth, drip, bucket) in &depths {
+        println!("| {depth} | {drip:.2} | {bucket:.2} |");
+    }
+    let out = std::env::var("DRIP_BENCH_OUT").unwrap_or_else(|_| "target/bench".into());
+    std::fs::create_dir_all(&out).expect("the output directory");
+    let path = format!("{out}/backlog.svg");
+    match chart(&path, &depths) {
+        Ok(()) => println!("\nchart: {path}"),
+        Err(error) => println!("\nchart not written: {error}"),
+    }
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut connection).await.expect("FLUSHALL");
+}
