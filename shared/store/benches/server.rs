@@ -136,6 +136,27 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     rows
 }
 
+/// `CL.THROTTLE` of redis-cell, when the server loaded the module (`./run bench` builds it).
+async fn redis_cell(connection: &mut MultiplexedConnection) -> Option<(f64, f64)> {
+    let modules: redis::Value = redis::cmd("MODULE").arg("LIST").query_async(connection).await.ok()?;
+    if !format!("{modules:?}").contains("redis-cell") {
+        return None;
+    }
+    let calls = scaled(50_000);
+    Some(
+        measure(connection, "cl.throttle", calls, |i| {
+            redis::cmd("CL.THROTTLE")
+                .arg(format!("bench:cell:{}", i % ENTITIES))
+                .arg(100)
+                .arg(100)
+                .arg(60)
+                .arg(1)
+                .clone()
+        })
+        .await,
+    )
+}
+
 async fn used_memory(connection: &mut MultiplexedConnection) -> i64 {
     let info: String = redis::cmd("INFO").arg("memory").query_async(connection).await.expect("INFO");
     info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
@@ -167,6 +188,22 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
     let with_messages = used_memory(connection).await;
     let per_message = (with_messages - with_entities) as f64 / messages as f64;
     let per_entity = (with_entities - before) as f64 / ENTITIES as f64 - per_message;
+    // What an idle entity keeps (its answers expire): the state hash, beside the same hash without
+    // the two bookkeeping fields this version added ('exp', 'ab'), as the previous layout kept it.
+    let state = store.keys(&request("memory", "merchant_0", "-", &limits, published)).state;
+    let fields: Vec<(String, String)> =
+        redis::cmd("HGETALL").arg(&state).query_async(connection).await.expect("HGETALL");
+    let mut previous = redis::cmd("HSET");
+    previous.arg("bench:previous-layout");
+    for (field, value) in fields.iter().filter(|(f, _)| f != "exp" && f != "ab") {
+        previous.arg(field).arg(value);
+    }
+    let _: () = previous.query_async(connection).await.expect("HSET");
+    let usage = async |connection: &mut MultiplexedConnection, key: &str| -> i64 {
+        redis::cmd("MEMORY").arg("USAGE").arg(key).query_async(connection).await.unwrap_or(0)
+    };
+    let (now_bytes, before_bytes) = (usage(connection, &state).await, usage(connection, "bench:previous-layout").await);
+    println!("state of an idle entity (1 fixed limit): {now_bytes} bytes; {before_bytes} without 'exp' and 'ab'");
     (per_message, per_entity)
 }
 
@@ -274,9 +311,13 @@ async fn main() {
         let ratio = if row.name.starts_with("INCR") { String::new() } else { format!("{:.2}×", row.usec / bucket) };
         println!("| {} | {:.2} | {ratio} | {:.0} |", row.name, row.usec, row.per_second);
     }
-    println!(
-        "| redis-cell `CL.THROTTLE` | — | | not measured: the module is not on crates.io as a loadable build here (README) |"
-    );
+    match redis_cell(&mut connection).await {
+        Some((usec, per_second)) => println!(
+            "| redis-cell `CL.THROTTLE` (a C-speed module; admission only, no schedule) | {usec:.2} | {:.2}× | {per_second:.0} |",
+            usec / bucket
+        ),
+        None => println!("| redis-cell `CL.THROTTLE` | — | | skipped: the module could not be built or loaded here |"),
+    }
 
     let (per_message, per_entity) = memory(&mut connection, &store).await;
     println!(
