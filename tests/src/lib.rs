@@ -16,3 +16,16 @@ pub fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{prefix}-{}-{}-{nanos}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
+
+/// `GET path` on a loopback port, blocking, without an HTTP client: the body when it answered 200.
+/// For readiness checks outside any runtime.
+pub fn get_ok(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(1))).ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).ok()?;
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    let (head, body) = reply.split_once("\r\n\r\n")?;
+    (head.starts_with("HTTP/1.") && head.lines().next()?.contains(" 200 ")).then(|| body.to_owned())
+}

@@ -60,15 +60,7 @@ impl PubsubEmulator {
 
 /// The emulator is ready when `GET /` answers `Ok`.
 fn answers_ok(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut reply = String::new();
-    let _ = stream.read_to_string(&mut reply);
-    reply.starts_with("HTTP/1.") && reply.contains(" 200 ") && reply.trim_end().ends_with("Ok")
+    crate::get_ok(port, "/").is_some_and(|body| body.trim_end() == "Ok")
 }
 
 impl Drop for PubsubEmulator {

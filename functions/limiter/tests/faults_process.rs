@@ -43,7 +43,7 @@ impl Limiter {
 
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !ready(self.port) {
+        while drip_tests::get_ok(self.port, "/readyz").is_none() {
             assert!(Instant::now() < deadline, "the limiter never became ready");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -63,19 +63,6 @@ impl Limiter {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
     }
-}
-
-/// `GET /readyz` answers 200.
-fn ready(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut reply = String::new();
-    let _ = stream.read_to_string(&mut reply);
-    reply.starts_with("HTTP/1.") && reply.contains(" 200 ")
 }
 
 impl Drop for Limiter {
