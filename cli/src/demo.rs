@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use drip_core::rules::{Forward, Rule, RuleSet};
-use drip_core::time::{Millis, parse_rfc3339, system_time_to_millis};
+use drip_core::time::{Millis, parse_rfc3339, wall_clock_millis};
 use drip_gcp::emulator::{EmulatorClient, Pulled};
 use plotters::prelude::*;
 
@@ -51,10 +51,6 @@ struct Delivery {
     delivered_at: Millis,
 }
 
-fn now_ms() -> Millis {
-    system_time_to_millis(SystemTime::now()).unwrap_or(0)
-}
-
 pub fn run(args: Args) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -90,7 +86,7 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
 
     let merchants: Vec<String> = (1..=args.keys).map(|k| format!("m{k:03}")).collect();
     let mut merchant_of: HashMap<String, String> = HashMap::new();
-    let started = now_ms();
+    let started = wall_clock_millis();
     let mut published_at: HashMap<String, Millis> = HashMap::new();
     let mut batch = Vec::new();
     for i in 0..args.events {
@@ -105,7 +101,7 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
         let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
         batch.push((serde_json::to_vec(&payout)?, attributes));
         if batch.len() == 100 || i + 1 == args.events {
-            let sent = now_ms();
+            let sent = wall_clock_millis();
             let ids = pubsub.publish_batch(source, &batch).await?;
             let first = i + 1 - batch.len();
             for (offset, id) in ids.into_iter().enumerate() {
@@ -145,7 +141,7 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
             } else {
                 println!(
                     "t={:>5.1}s delivered {}/{}",
-                    (now_ms() - started) as f64 / 1_000.0,
+                    (wall_clock_millis() - started) as f64 / 1_000.0,
                     deliveries.len(),
                     args.events
                 );
@@ -259,7 +255,7 @@ fn render_frame(
     started: Millis,
 ) -> String {
     let limit = rule.limits[0];
-    let now = now_ms();
+    let now = wall_clock_millis();
     let per_merchant = args.events.div_ceil(merchants.len());
     let mut frame = format!(
         "Drip demo: {} payouts over {} merchants, limit {limit}   t = {:.1} s\n\n",

@@ -60,12 +60,21 @@ fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
     };
     let result = TestRunner::new(config).run(&scenario(Kinds::All, 60), |scenario| {
         let rule = unique("differential");
-        let (model, lua) = runtime.block_on(async {
-            (run(&MemoryStore::new(), &rule, &scenario).await, run(&redis, &rule, &scenario).await)
-        });
+        let memory = MemoryStore::new();
+        let (model, lua) =
+            runtime.block_on(async { (run(&memory, &rule, &scenario).await, run(&redis, &rule, &scenario).await) });
         for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
             if m != l {
                 return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
+            }
+        }
+        // The state each left behind, read back from Redis into the model's type.
+        let entities: std::collections::BTreeSet<String> = scenario.events.iter().map(|a| a.key()).collect();
+        for key in entities {
+            let in_redis = runtime.block_on(redis.entity_state(&rule, &key, &scenario.limits)).expect("entity_state");
+            let in_model = memory.entity_state(&rule, &key).unwrap_or_default();
+            if in_model != in_redis {
+                return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
             }
         }
         check_schedule(&scenario, &lua).map_err(TestCaseError::fail)

@@ -9,8 +9,6 @@
 //! - a failure on the queue's last attempt (`X-CloudTasks-TaskRetryCount` + 1 = max attempts) is
 //!   dead-lettered as `dispatch_failed` instead of letting Cloud Tasks delete the task.
 
-use std::time::SystemTime;
-
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -19,7 +17,7 @@ use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{Payload, SIGNATURE_HEADER, TaskBody};
 use drip_core::rules::{OverflowFormat, Rule};
-use drip_core::time::{parse_rfc3339, system_time_to_millis};
+use drip_core::time::{parse_rfc3339, wall_clock_millis};
 use drip_store::{DispatchClaim, MessageOf};
 
 use crate::AppState;
@@ -104,7 +102,7 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
             StatusCode::SERVICE_UNAVAILABLE
         }
         Ok(outcome) => {
-            let now = system_time_to_millis(SystemTime::now()).unwrap_or(0);
+            let now = wall_clock_millis();
             let lateness = parse_rfc3339(&meta.scheduled_for).map(|slot| now - slot).unwrap_or(0);
             if outcome == Outcome::Published {
                 state.metrics.observe(&rule_label, lateness.max(0) as f64 / 1_000.0);

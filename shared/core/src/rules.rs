@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_yaml_ng::Value;
 
 use crate::template::Template;
-use crate::time::{DAY, Millis, SECOND, parse_duration};
+use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND, parse_duration};
 
 /// Cloud Tasks holds a task for at most 30 days.
 pub const MAX_DELAY_LIMIT: Millis = 30 * DAY;
@@ -104,8 +104,8 @@ impl Limit {
     pub fn window_type(&self) -> String {
         match self.per {
             SECOND => "RPS".into(),
-            60_000 => "RPM".into(),
-            3_600_000 => "RPH".into(),
+            MINUTE => "RPM".into(),
+            HOUR => "RPH".into(),
             DAY => "RPD".into(),
             per => format!("per {}", humantime::format_duration(std::time::Duration::from_millis(per as u64))),
         }

@@ -32,6 +32,12 @@ pub fn parse_rfc3339(text: &str) -> Result<Millis, String> {
     system_time_to_millis(at).ok_or_else(|| format!("invalid timestamp '{text}': before 1970"))
 }
 
+/// The local wall clock, for the edges (the dispatcher's lateness, the simulator's default `now`).
+/// Nothing in the reference model calls it: the model is given `now`.
+pub fn wall_clock_millis() -> Millis {
+    system_time_to_millis(SystemTime::now()).unwrap_or(0)
+}
+
 pub fn system_time_to_millis(at: SystemTime) -> Option<Millis> {
     let since = at.duration_since(UNIX_EPOCH).ok()?;
     Millis::try_from(since.as_millis()).ok()

@@ -10,10 +10,10 @@
 //!
 //! DRIP_BENCH_SCALE (default 1.0) scales every count; CI runs it small so it cannot rot.
 
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::time::{DAY, MINUTE, Millis, SECOND, system_time_to_millis};
+use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
 use drip_store::{RedisStore, SlotRequest, SlotStore};
 use plotters::prelude::*;
 use redis::aio::MultiplexedConnection;
@@ -28,10 +28,6 @@ fn scale() -> f64 {
 
 fn scaled(n: usize) -> usize {
     ((n as f64 * scale()) as usize).max(10)
-}
-
-fn now_ms() -> Millis {
-    system_time_to_millis(SystemTime::now()).unwrap_or(0)
 }
 
 fn configurations() -> Vec<(&'static str, Vec<Limit>)> {
@@ -116,7 +112,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
             .await;
     rows.push(Row { name: "INCR (the floor)".into(), usec, per_second });
     let sha = load(connection, TOKEN_BUCKET).await;
-    let started = now_ms() / 1_000;
+    let started = wall_clock_millis() / 1_000;
     let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
         token_bucket_call(&sha, &format!("bench:tb:{{{}}}", i % ENTITIES), started + (i / ENTITIES) as i64)
     })
@@ -125,7 +121,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     load(connection, drip_store::reserve_script()).await;
     for (n, (name, limits)) in configurations().into_iter().enumerate() {
         let rule = format!("bench{n}");
-        let published = now_ms();
+        let published = wall_clock_millis();
         let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
             let (key, id) = (format!("merchant_{}", i % ENTITIES), format!("{i}"));
             store.reserve_call(&request(&rule, &key, &id, &limits, published)).cmd()
@@ -167,7 +163,7 @@ async fn used_memory(connection: &mut MultiplexedConnection) -> i64 {
 async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) -> (f64, f64) {
     let limits = [Limit { limit: 1_000_000, per: MINUTE, window: Window::Fixed(Placement::Start) }];
     let messages = scaled(100_000);
-    let published = now_ms();
+    let published = wall_clock_millis();
     let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");
     load(connection, drip_store::reserve_script()).await;
     let before = used_memory(connection).await;
@@ -212,7 +208,7 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
 async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize) -> f64 {
     let limits = configurations().remove(0).1;
     let events = scaled(60_000) / clients * clients;
-    let published = now_ms();
+    let published = wall_clock_millis();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -242,10 +238,10 @@ async fn backlog(
     let probe = scaled(5_000);
     let mut rows = Vec::new();
     let mut depth_so_far = 0;
-    let published = now_ms();
+    let published = wall_clock_millis();
     for depth in [0, 1_000, 10_000, 100_000].map(scaled).map(|d| if d == 10 { 0 } else { d }) {
         let fill = depth - depth_so_far.min(depth);
-        let (offset, now_s) = (depth_so_far, now_ms() / 1_000);
+        let (offset, now_s) = (depth_so_far, wall_clock_millis() / 1_000);
         measure(connection, "evalsha", fill, |i| {
             store.reserve_call(&request("hot", "hot", &format!("fill{}", offset + i), &limits, published)).cmd()
         })

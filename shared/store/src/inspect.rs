@@ -2,10 +2,10 @@
 //! (reservations still ahead) with when it drains. The state is O(limits), not one entry per
 //! reservation, so the backlog is estimated from the limit that holds the most.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use drip_core::rules::{Limit, Rule, Window};
-use drip_core::schedule::state_id;
+use drip_core::schedule::{EntityState, LimitState, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
 use serde::Serialize;
@@ -44,51 +44,82 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> crate::RedisStore<C> {
     /// What the entity's state says now (Redis `TIME`).
     pub async fn inspect(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
         let mut connection = self.connection();
-        inspect(&mut connection, self.namespace(), rule, key).await
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
+        let now = seconds * 1_000 + micros / 1_000;
+        let state = self.entity_state(&rule.name, key, &rule.limits).await?;
+        Ok(report(rule, key, now, &state))
+    }
+
+    /// The entity's state as the reference model holds it (`drip_core::schedule::EntityState`):
+    /// the one place that reads reserve.lua's layout back.
+    pub async fn entity_state(&self, rule: &str, key: &str, limits: &[Limit]) -> Result<EntityState, StoreError> {
+        let keys = EntityKeys::new(self.namespace(), rule, key, "-", 0, limits);
+        let mut connection = self.connection();
+        let fields: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
+        let field = |id: &str, suffix: &str| fields.get(&format!("{id}:{suffix}")).copied();
+        let mut state = EntityState { last_slot: fields.get("last").copied(), limits: BTreeMap::new() };
+        let mut sliding_keys = keys.sliding.iter();
+        for limit in limits {
+            let id = state_id(limit);
+            let limit_state = match limit.window {
+                Window::Fixed(_) => match (field(&id, "w"), field(&id, "u")) {
+                    (Some(window), Some(used)) => Some(LimitState::Fixed { window, used: used as u64 }),
+                    _ => None,
+                },
+                Window::Gcra { .. } => match (field(&id, "t"), field(&id, "r")) {
+                    (Some(tat), Some(rem)) => Some(LimitState::Gcra { tat, tat_rem: rem as u64 }),
+                    _ => None,
+                },
+                Window::Sliding => {
+                    let zset = sliding_keys.next().cloned().unwrap_or_default();
+                    let entries: Vec<(String, i64)> = redis::cmd("ZRANGE")
+                        .arg(&zset)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query_async(&mut connection)
+                        .await?;
+                    field(&id, "b").map(|base| LimitState::Sliding {
+                        base: base as u64,
+                        entries: entries
+                            .into_iter()
+                            .map(|(time, cum)| (time.parse().unwrap_or(0), cum as u64))
+                            .collect(),
+                    })
+                }
+            };
+            if let Some(limit_state) = limit_state {
+                state.limits.insert(id, limit_state);
+            }
+        }
+        Ok(state)
     }
 }
 
-async fn inspect<C: ConnectionLike + Send + Sync>(
-    connection: &mut C,
-    namespace: &str,
-    rule: &Rule,
-    key: &str,
-) -> Result<EntityReport, StoreError> {
-    let keys = EntityKeys::new(namespace, &rule.name, key, "-", 0, &rule.limits);
-    let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(connection).await?;
-    let now = seconds * 1_000 + micros / 1_000;
-    let state: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(connection).await?;
-    let field = |limit: &Limit, suffix: &str| state.get(&format!("{}:{suffix}", state_id(limit))).copied();
-    let last_slot = state.get("last").copied();
-    let mut sliding_keys = keys.sliding.iter();
+/// Reads use, backlog and drain time off the state.
+fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -> EntityReport {
     let mut limits = Vec::new();
     for limit in &rule.limits {
         let (n, per) = (limit.limit as i64, limit.per);
-        let (used_now, ahead) = match limit.window {
-            Window::Fixed(_) => match (field(limit, "w"), field(limit, "u")) {
-                (Some(window), Some(used)) => {
-                    let current = now.div_euclid(per) * per;
-                    if window == current {
-                        (used, 0)
-                    } else if window > current {
-                        // FIFO filled every window between now's and the last one.
-                        (n, used + n * ((window - current) / per - 1).max(0))
-                    } else {
-                        (0, 0)
-                    }
+        let (used_now, ahead) = match state.limits.get(&state_id(limit)) {
+            Some(LimitState::Fixed { window, used }) => {
+                let (window, used) = (*window, *used as i64);
+                let current = now.div_euclid(per) * per;
+                if window == current {
+                    (used, 0)
+                } else if window > current {
+                    // FIFO filled every window between now's and the last one.
+                    (n, used + n * ((window - current) / per - 1).max(0))
+                } else {
+                    (0, 0)
                 }
-                _ => (0, 0),
-            },
-            Window::Sliding => {
-                let zset = sliding_keys.next().cloned().unwrap_or_default();
-                let entries: Vec<(String, i64)> =
-                    redis::cmd("ZRANGE").arg(&zset).arg(0).arg(-1).arg("WITHSCORES").query_async(connection).await?;
-                let base = field(limit, "b").unwrap_or(0);
-                let mut previous = base;
+            }
+            Some(LimitState::Sliding { base, entries }) => {
+                let mut previous = *base as i64;
                 let (mut used, mut ahead) = (0, 0);
-                for (time, cum) in entries {
-                    let (time, cost) = (time.parse::<Millis>().unwrap_or(0), cum - previous);
-                    previous = cum;
+                for &(time, cum) in entries {
+                    let cost = cum as i64 - previous;
+                    previous = cum as i64;
                     if time > now {
                         ahead += cost;
                     } else if time > now - per {
@@ -97,14 +128,16 @@ async fn inspect<C: ConnectionLike + Send + Sync>(
                 }
                 (used, ahead)
             }
-            Window::Gcra { burst } => match (field(limit, "t"), field(limit, "r")) {
-                (Some(tat), Some(rem)) => {
-                    // Units the bucket holds: (TAT - now) / T, T = per / limit.
-                    let held = (((tat - now) * n + rem) / per.max(1)).max(0);
-                    (held.min(n.max(burst as i64)), (held - burst as i64 + 1).max(0))
-                }
-                _ => (0, 0),
-            },
+            Some(LimitState::Gcra { tat, tat_rem }) => {
+                let burst = match limit.window {
+                    Window::Gcra { burst } => burst as i64,
+                    _ => 1,
+                };
+                // Units the bucket holds: (TAT - now) / T, T = per / limit.
+                let held = (((tat - now) * n + *tat_rem as i64) / per.max(1)).max(0);
+                (held.min(n.max(burst)), (held - burst + 1).max(0))
+            }
+            None => (0, 0),
         };
         limits.push(LimitReport {
             limit: limit.to_string(),
@@ -113,8 +146,9 @@ async fn inspect<C: ConnectionLike + Send + Sync>(
             ahead: ahead as u64,
         });
     }
+    let last_slot = state.last_slot;
     let waiting = last_slot.filter(|&slot| slot > now);
-    Ok(EntityReport {
+    EntityReport {
         rule: rule.name.clone(),
         key: key.to_owned(),
         now: format_rfc3339(now),
@@ -122,5 +156,5 @@ async fn inspect<C: ConnectionLike + Send + Sync>(
         backlog: if waiting.is_some() { limits.iter().map(|l| l.ahead).max().unwrap_or(0).max(1) } else { 0 },
         drains_at: waiting.map(format_rfc3339),
         limits,
-    })
+    }
 }

@@ -1,8 +1,7 @@
 use std::sync::Mutex;
-use std::time::SystemTime;
 
 use drip_core::schedule::{ReserveRequest, Scheduler};
-use drip_core::time::system_time_to_millis;
+use drip_core::time::wall_clock_millis;
 
 use crate::{Reserved, SlotRequest, SlotStore, StoreError};
 
@@ -20,7 +19,7 @@ impl MemoryStore {
 
 impl SlotStore for MemoryStore {
     async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        let now = request.now.unwrap_or_else(|| system_time_to_millis(SystemTime::now()).unwrap_or(0));
+        let now = request.now.unwrap_or_else(wall_clock_millis);
         let model_request = ReserveRequest {
             message_id: request.message_id,
             cost: request.cost,
@@ -45,6 +44,11 @@ impl SlotStore for MemoryStore {
 }
 
 impl MemoryStore {
+    /// The model's state of one entity (what `RedisStore::entity_state` reads back from Redis).
+    pub fn entity_state(&self, rule: &str, key: &str) -> Option<drip_core::schedule::EntityState> {
+        self.with(|s| s.entity_state(rule, key).cloned())
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }

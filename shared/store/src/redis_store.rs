@@ -55,10 +55,7 @@ impl<C> RedisStore<C> {
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
-        let published = request
-            .published
-            .or(request.now)
-            .unwrap_or_else(|| drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap_or(0));
+        let published = request.published.or(request.now).unwrap_or_else(drip_core::time::wall_clock_millis);
         EntityKeys::new(&self.namespace, request.rule, request.key, request.message_id, published, request.limits)
     }
 
