@@ -167,22 +167,28 @@ fn simulate_names_the_line_of_a_malformed_event() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-#[test]
-fn inspect_reports_an_entity_waiting_in_redis() {
-    use drip_store::{RedisStore, SlotRequest, SlotStore};
+/// Reserves 250 payouts for one merchant on `url` (a cluster node when `cluster`), then runs
+/// `drip inspect` against it with the services' connection code: 100 now, 100 next minute, 50 after.
+fn inspect_after_a_burst(url: &str, cluster: bool) {
+    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
     let rules_path = repo("examples/seed.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
     let namespace = unique("inspect");
-    let url = shared_url();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let into_minute = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 60_000;
     if into_minute > 57_000 {
         std::thread::sleep(std::time::Duration::from_millis((60_500 - into_minute) as u64));
     }
     runtime.block_on(async {
-        let client = redis::Client::open(url.as_str()).unwrap();
-        let store = RedisStore::new(client.get_multiplexed_async_connection().await.unwrap(), namespace.clone());
+        let settings = RedisSettings {
+            url: url.to_owned(),
+            ca_cert_pem: None,
+            cluster,
+            response_timeout: std::time::Duration::from_secs(5),
+            tokens: None,
+        };
+        let store = RedisStore::new(AnyConnection::connect(&settings).await.unwrap(), namespace.clone());
         for i in 0..250 {
             let id = format!("m{i}");
             let request = SlotRequest::for_rule(rule, "merchant_1:payout", &id, 1, None);
@@ -191,7 +197,10 @@ fn inspect_reports_an_entity_waiting_in_redis() {
     });
     let inspect = |extra: &[&str]| {
         let mut args =
-            vec!["inspect", "--redis", &url, "--rules", rules_path.to_str().unwrap(), "--namespace", &namespace];
+            vec!["inspect", "--redis", url, "--rules", rules_path.to_str().unwrap(), "--namespace", &namespace];
+        if cluster {
+            args.push("--redis-cluster");
+        }
         args.extend_from_slice(extra);
         args.extend(["payouts", "merchant_1:payout"]);
         drip(&args)
@@ -203,6 +212,18 @@ fn inspect_reports_an_entity_waiting_in_redis() {
     assert!(report["drainsAt"].as_str().unwrap().ends_with(":00.000Z"));
     let text = inspect(&[]);
     assert!(stdout(&text).contains("backlog    ~150 ahead, drains at"), "{}", stdout(&text));
+}
+
+#[test]
+fn inspect_reports_an_entity_waiting_in_redis() {
+    inspect_after_a_burst(&shared_url(), false);
+}
+
+#[test]
+fn inspect_reaches_a_redis_cluster_as_the_services_do() {
+    let cluster = drip_tests::redis_server::RedisCluster::start();
+    // Any node will do: the cluster client follows the slot map.
+    inspect_after_a_burst(&cluster.urls()[1], true);
 }
 
 /// `drip demo` against the local stack the tests start (as `./run demo` does with release
