@@ -167,9 +167,10 @@ fn simulate_names_the_line_of_a_malformed_event() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// Reserves 250 payouts for one merchant on `url` (a cluster node when `cluster`), then runs
-/// `drip inspect` against it with the services' connection code: 100 now, 100 next minute, 50 after.
-fn inspect_after_a_burst(url: &str, cluster: bool) {
+/// Reserves 250 payouts for one merchant on `url` (a cluster node when `cluster`; `ca` the PEM file
+/// of the CA for `rediss://`), then runs `drip inspect` against it with the services' connection
+/// code: 100 now, 100 next minute, 50 after.
+fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>) {
     use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
     let rules_path = repo("examples/seed.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
@@ -183,7 +184,7 @@ fn inspect_after_a_burst(url: &str, cluster: bool) {
     runtime.block_on(async {
         let settings = RedisSettings {
             url: url.to_owned(),
-            ca_cert_pem: None,
+            ca_cert_pem: ca.map(|path| std::fs::read(path).unwrap()),
             cluster,
             response_timeout: std::time::Duration::from_secs(5),
             tokens: None,
@@ -201,6 +202,10 @@ fn inspect_after_a_burst(url: &str, cluster: bool) {
         if cluster {
             args.push("--redis-cluster");
         }
+        let ca = ca.map(|path| path.to_str().unwrap());
+        if let Some(ca) = ca {
+            args.extend(["--redis-ca-cert", ca]);
+        }
         args.extend_from_slice(extra);
         args.extend(["payouts", "merchant_1:payout"]);
         drip(&args)
@@ -216,14 +221,21 @@ fn inspect_after_a_burst(url: &str, cluster: bool) {
 
 #[test]
 fn inspect_reports_an_entity_waiting_in_redis() {
-    inspect_after_a_burst(&shared_url(), false);
+    inspect_after_a_burst(&shared_url(), false, None);
+}
+
+#[test]
+fn inspect_reaches_redis_over_tls_with_auth_and_a_private_ca() {
+    let redis = drip_tests::redis_tls::start();
+    let url = format!("rediss://:{}@127.0.0.1:{}/", drip_tests::redis_tls::PASSWORD, redis.port);
+    inspect_after_a_burst(&url, false, Some(&redis.dir.join("ca.pem")));
 }
 
 #[test]
 fn inspect_reaches_a_redis_cluster_as_the_services_do() {
     let cluster = drip_tests::redis_server::RedisCluster::start();
     // Any node will do: the cluster client follows the slot map.
-    inspect_after_a_burst(&cluster.urls()[1], true);
+    inspect_after_a_burst(&cluster.urls()[1], true, None);
 }
 
 /// `drip demo` against the local stack the tests start (as `./run demo` does with release

@@ -3,6 +3,7 @@
 
 pub mod pubsub_emulator;
 pub mod redis_server;
+pub mod redis_tls;
 pub mod scenario;
 pub mod stack;
 
