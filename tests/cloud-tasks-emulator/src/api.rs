@@ -147,9 +147,7 @@ async fn create_queue(
         max_backoff_ms: config["maxBackoff"].as_str().and_then(parse_duration_ms).unwrap_or(defaults.max_backoff_ms),
         max_doublings: config["maxDoublings"].as_u64().map_or(defaults.max_doublings, |n| n as u32),
     };
-    shared.lock().create_queue(name, retry).map_err(|e| {
-        if e.contains("already exists") { ApiError::AlreadyExists(e) } else { ApiError::InvalidArgument(e) }
-    })?;
+    shared.lock().create_queue(name, retry)?;
     Ok(Json(queue_json(name, &retry)))
 }
 

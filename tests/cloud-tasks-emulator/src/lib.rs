@@ -66,7 +66,7 @@ impl Emulator {
     }
 
     /// Creates a queue with the given retry settings (as `CreateQueue` would).
-    pub fn create_queue(&self, name: &str, retry: model::RetryConfig) -> Result<(), String> {
+    pub fn create_queue(&self, name: &str, retry: model::RetryConfig) -> Result<(), model::ApiError> {
         self.shared.lock().create_queue(name, retry)
     }
 

@@ -32,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
         Emulator::new(Settings { tombstone: Duration::from_secs(args.tombstone_secs), ..Settings::default() });
     for queue in &args.queues {
         let retry = RetryConfig { min_backoff_ms: args.min_backoff_ms, ..RetryConfig::default() };
-        emulator.create_queue(queue, retry).map_err(anyhow::Error::msg)?;
+        emulator.create_queue(queue, retry).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
     let (addr, server) = emulator.serve(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port))).await?;
     println!("listening on {addr}");

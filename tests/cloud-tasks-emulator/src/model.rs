@@ -173,12 +173,12 @@ fn valid_task_id(id: &str) -> bool {
 }
 
 impl State {
-    pub fn create_queue(&mut self, name: &str, retry: RetryConfig) -> Result<(), String> {
+    pub fn create_queue(&mut self, name: &str, retry: RetryConfig) -> Result<(), ApiError> {
         if !valid_queue_name(name) {
-            return Err(format!("invalid queue name {name}"));
+            return Err(ApiError::InvalidArgument(format!("invalid queue name {name}")));
         }
         if self.queues.contains_key(name) {
-            return Err(format!("queue {name} already exists"));
+            return Err(ApiError::AlreadyExists(format!("queue {name} already exists")));
         }
         self.queues.insert(name.to_owned(), Queue { retry });
         Ok(())
