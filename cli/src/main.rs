@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod check_config;
 mod connect;
+mod decisions;
 mod demo;
 mod inspect;
 mod plot;

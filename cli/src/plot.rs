@@ -8,7 +8,7 @@ use drip_core::rules::RuleSet;
 use drip_core::time::{Millis, format_rfc3339};
 use plotters::prelude::*;
 
-use crate::simulate::Outcome;
+use crate::decisions::Outcome;
 use crate::summary::{Ledger, ledgers};
 
 pub const KEYS_DRAWN: usize = 6;

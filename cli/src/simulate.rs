@@ -14,8 +14,9 @@ use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::RuleSet;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
 use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+use crate::decisions::{Outcome, Scheduled};
 use crate::{plot, summary};
 
 #[derive(Debug, clap::Args)]
@@ -48,27 +49,6 @@ struct InputEvent {
     attributes: BTreeMap<String, String>,
     data: Option<serde_json::Value>,
     data_base64: Option<String>,
-}
-
-/// One line of output, the contract of `drip simulate`.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Outcome {
-    pub id: String,
-    pub rule: Option<String>,
-    pub key: Option<String>,
-    pub decision: &'static str,
-    pub scheduled_for: Option<String>,
-    pub reason: Option<&'static str>,
-    #[serde(skip)]
-    pub scheduled: Option<Scheduled>,
-}
-
-/// What a reservation consumed, for the summary and the chart (redeliveries consume nothing).
-#[derive(Debug, Clone, Copy)]
-pub struct Scheduled {
-    pub slot: Millis,
-    pub cost: u64,
 }
 
 pub fn run(args: Args) -> ExitCode {

@@ -7,7 +7,7 @@ use drip_core::ledger::{fixed_window_usage, max_sliding_usage};
 use drip_core::rules::{RuleSet, Window};
 use drip_core::time::{Millis, format_rfc3339};
 
-use crate::simulate::Outcome;
+use crate::decisions::Outcome;
 
 const MAX_ROWS: usize = 60;
 
