@@ -42,6 +42,16 @@ enum Route<'r> {
     Retired(Option<&'r Rule>),
 }
 
+impl<'r> Route<'r> {
+    /// The configured rule whose dead-letter topic takes this task's failures, if any.
+    fn rule(&self) -> Option<&'r Rule> {
+        match *self {
+            Route::Overflow(rule) => Some(rule),
+            Route::Retired(rule) => rule,
+        }
+    }
+}
+
 pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(missing) = TASK_HEADERS.iter().find(|h| !headers.contains_key(**h)) {
@@ -85,14 +95,16 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         Ok(outcome) => Ok(outcome),
         Err(error) if state.is_last_attempt(delivery.retry_count) => {
             let detail = format!("attempt {} of {}: {error:#}", delivery.retry_count + 1, state.max_attempts);
-            let rule = match route {
-                Route::Overflow(rule) => Some(rule),
-                Route::Retired(rule) => rule,
-            };
-            dead_letter_task(&state, &task, rule, Refused { reason: DlqReason::DispatchFailed, detail }, &delivery)
-                .await
-                .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))
-                .map_err(|dlq| error.context(format!("and dead-lettering it failed too: {dlq:#}")))
+            dead_letter_task(
+                &state,
+                &task,
+                route.rule(),
+                Refused { reason: DlqReason::DispatchFailed, detail },
+                &delivery,
+            )
+            .await
+            .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))
+            .map_err(|dlq| error.context(format!("and dead-lettering it failed too: {dlq:#}")))
         }
         Err(error) => Err(error),
     };
@@ -170,15 +182,11 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
                 Some(data) => data,
                 None => {
                     // Retrying cannot bring it back: dead-letter the task body, which names the event.
-                    let rule = match route {
-                        Route::Overflow(rule) => Some(*rule),
-                        Route::Retired(rule) => *rule,
-                    };
                     let refused = Refused {
                         reason: DlqReason::ClaimCheckMissing,
                         detail: format!("the claim-checked payload {reference} is gone"),
                     };
-                    publish_dead_letter(state, task, rule, refused, serde_json::to_vec(task)?, None).await?;
+                    publish_dead_letter(state, task, route.rule(), refused, serde_json::to_vec(task)?, None).await?;
                     return Ok(Outcome::DeadLetter(DlqReason::ClaimCheckMissing));
                 }
             }
@@ -196,33 +204,27 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
             return Ok(Outcome::DeadLetter(DlqReason::OverflowTopicRetired));
         }
     };
-    let message = match rule.overflow_format {
-        OverflowFormat::Original => data,
+    // The enriched body, when the rule wants it; a dead letter carries the data as it came.
+    let enriched = match rule.overflow_format {
+        OverflowFormat::Original => None,
         OverflowFormat::Enriched => {
             let mut enriched = task.clone().with_data(&data);
             enriched.claim_check = None;
-            serde_json::to_vec(&enriched)?
+            Some(serde_json::to_vec(&enriched)?)
         }
     };
     let stamp = Stamp { ratelimited: true, ..stamp_of(task, Some(rule)) };
-    let attributes = match stamp.apply(&task.attributes, message.len()) {
+    let attributes = match stamp.apply(&task.attributes, enriched.as_ref().map_or(data.len(), Vec::len)) {
         Ok(attributes) => attributes,
         Err(refused) => {
             let reason = refused.reason;
-            publish_dead_letter(state, task, Some(rule), refused, data_of(task, &message, rule), None).await?;
+            publish_dead_letter(state, task, Some(rule), refused, data, None).await?;
             return Ok(Outcome::DeadLetter(reason));
         }
     };
+    let message = enriched.unwrap_or(data);
     state.metrics.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
     Ok(Outcome::Published)
-}
-
-/// A dead letter carries the event's data as it came, not the enriched body.
-fn data_of(task: &TaskBody, message: &[u8], rule: &Rule) -> Vec<u8> {
-    match (rule.overflow_format, task.payload()) {
-        (OverflowFormat::Enriched, Ok(Payload::Inline(data))) => data,
-        _ => message.to_vec(),
-    }
 }
 
 fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
