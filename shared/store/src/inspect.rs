@@ -40,7 +40,7 @@ pub struct LimitReport {
     pub ahead: u64,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> crate::RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
     /// What the entity's state says now (Redis `TIME`).
     pub async fn inspect(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
         let mut connection = self.connection();

@@ -64,7 +64,7 @@ impl<C> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     pub(crate) fn connection(&self) -> C {
         self.connection.clone()
     }
@@ -73,30 +73,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// HSET and PEXPIRE in one round trip, not a script (it is on every push's path); the expiry is
     /// the one reserve.lua gave the hash.
     async fn mark_completed(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
-        self.completion(request, reserved).await
-    }
-
-    /// The completion of `request` as a future that owns what it needs, so a caller may answer
-    /// first and let it finish in the background.
-    pub fn completion(
-        &self,
-        request: &SlotRequest<'_>,
-        reserved: &Reserved,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let keys = self.keys(request);
         let base = keys.answers_base;
         let Reservation { slot, status, decided_at, .. } = reserved.reservation;
         let kind = if status == Status::MaxDelayExceeded { 'L' } else { 'R' };
         let value = format!("{kind}{}:{}:d", slot - base, decided_at - base);
-        let ttl = (base - reserved.now).max(0) + ANSWER_BUCKET + request.max_delay + ANSWER_MARGIN;
+        let ttl = (base - reserved.now).max(0) + answers_keep(request.max_delay);
         let mut pipe = redis::pipe();
         pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
         pipe.pexpire(&keys.answers, ttl).ignore();
-        let mut connection = self.connection();
-        async move {
-            let _: () = pipe.query_async(&mut connection).await?;
-            Ok(())
-        }
+        let _: () = pipe.query_async(&mut self.connection()).await?;
+        Ok(())
     }
 
     /// Keeps a payload too large for a task until its dispatch (idempotent: a redelivery stores the
@@ -139,7 +126,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> SlotStore for RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
     async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         let reply: Vec<i64> = match self.reserve_call(request).cmd().query_async(&mut self.connection()).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -187,6 +174,12 @@ impl ReserveCall {
     }
 }
 
+/// How long an answers hash outlives max(its minute's start, the time of its last answer): the
+/// minute itself, `max_delay`, and a margin for late redeliveries.
+fn answers_keep(max_delay: Millis) -> Millis {
+    ANSWER_BUCKET + max_delay + ANSWER_MARGIN
+}
+
 /// The source of `reserve.lua`, for `SCRIPT LOAD`.
 pub fn reserve_script() -> &'static str {
     include_str!("../../../lua/reserve.lua")
@@ -215,7 +208,7 @@ impl<C> RedisStore<C> {
             number(request.cost as i64),
             number(request.max_delay),
             number(keys.answers_base),
-            number(ANSWER_BUCKET + request.max_delay + ANSWER_MARGIN),
+            number(answers_keep(request.max_delay)),
             number(request.lease),
             number(longest_window + STATE_MARGIN),
             number(request.limits.len() as i64),
