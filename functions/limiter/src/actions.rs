@@ -82,16 +82,12 @@ pub struct DeadLetter<'a> {
     pub data: &'a [u8],
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The task's name within its queue, derived from (rule, message identity) so a retried create for
 /// a redelivered message is refused as ALREADY_EXISTS instead of scheduling the event twice, while
 /// one id from two subscriptions makes two tasks.
 pub fn task_id(rule: &str, identity: &str) -> String {
     let digest = Sha256::digest(format!("{rule}\0{identity}").as_bytes());
-    format!("{}-{rule}", hex(&digest[..16]))
+    format!("{}-{rule}", hex::encode(&digest[..16]))
 }
 
 /// A key's tasks always go to the same queue.

@@ -49,8 +49,7 @@ impl MessageRef {
             None => self.id.clone(),
             Some(subscription) => {
                 let digest = Sha256::digest(subscription.as_bytes());
-                let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-                format!("{}@{hex}", self.id)
+                format!("{}@{}", self.id, hex::encode(&digest[..6]))
             }
         }
     }

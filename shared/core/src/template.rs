@@ -147,8 +147,7 @@ pub fn cap_key(key: String) -> String {
         cut -= 1;
     }
     let digest = Sha256::digest(key.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}#{hex}", &key[..cut])
+    format!("{}#{}", &key[..cut], hex::encode(digest))
 }
 
 #[cfg(test)]
