@@ -133,7 +133,6 @@ async fn a_limiter_killed_in_the_middle_of_a_burst_loses_nothing() {
     };
     publish(0..events / 2).await;
     limiter.kill();
-    let killed = true;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _limiter = Limiter::spawn(&s.env, port);
     publish(events / 2..events).await;
@@ -148,7 +147,6 @@ async fn a_limiter_killed_in_the_middle_of_a_burst_loses_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(killed);
     assert_eq!(came_out.len(), events, "every message came out after the SIGKILL");
     let doubled = came_out.values().filter(|n| **n > 1).count();
     // A kill between an action and its completion mark can double that one message (the lease then
