@@ -14,7 +14,8 @@ COPY functions/dispatcher/Cargo.toml functions/dispatcher/
 COPY cli/Cargo.toml cli/
 COPY tests/Cargo.toml tests/
 COPY tests/cloud-tasks-emulator/Cargo.toml tests/cloud-tasks-emulator/
-RUN for crate in shared/core shared/store shared/gcp shared/service functions/limiter functions/dispatcher cli tests tests/cloud-tasks-emulator; do \
+COPY tests/pubsub-emulator-client/Cargo.toml tests/pubsub-emulator-client/
+RUN for crate in shared/core shared/store shared/gcp shared/service functions/limiter functions/dispatcher cli tests tests/cloud-tasks-emulator tests/pubsub-emulator-client; do \
       mkdir -p "$crate/src" && echo 'fn main() {}' > "$crate/src/main.rs" && touch "$crate/src/lib.rs"; \
     done \
  && cargo build --release --locked -p drip-limiter -p drip-dispatcher \

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use drip_core::rules::{Forward, Rule, RuleSet};
 use drip_core::time::{Millis, parse_rfc3339, wall_clock_millis};
-use drip_gcp::emulator::{EmulatorClient, Pulled};
 use plotters::prelude::*;
+use pubsub_emulator_client::{EmulatorClient, Pulled};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

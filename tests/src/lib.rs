@@ -5,6 +5,7 @@ pub mod pubsub_emulator;
 pub mod redis_server;
 pub mod redis_tls;
 pub mod scenario;
+#[cfg(feature = "stack")]
 pub mod stack;
 
 use std::sync::atomic::{AtomicU32, Ordering};

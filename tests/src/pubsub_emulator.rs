@@ -7,8 +7,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use drip_gcp::emulator::EmulatorClient;
-pub use drip_gcp::emulator::Pulled;
+use pubsub_emulator_client::EmulatorClient;
+pub use pubsub_emulator_client::Pulled;
 
 use crate::redis_server::free_port;
 

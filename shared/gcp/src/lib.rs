@@ -3,7 +3,6 @@
 //! without them it would spend a minute looking for default credentials.
 
 pub mod access_tokens;
-pub mod emulator;
 pub mod oidc;
 pub mod pubsub;
 pub mod tasks;
