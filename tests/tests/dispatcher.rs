@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cloud_tasks_emulator::TokenSigner;
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskSigner};
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSigner};
 use drip_tests::pubsub_emulator::{Pubsub, PubsubEmulator};
 use drip_tests::redis_server::shared_url;
 use drip_tests::stack::{DispatcherUnderTest, SIGNING_KEY, TasksStandIn, spawn_dispatcher_with};
@@ -69,15 +69,12 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
             ),
             overflow_topic: format!("{prefix}-{topic}"),
         },
-        original_payload: None,
-        original_payload_base64: None,
-        claim_check: None,
+        payload: TaskPayload::inline(data),
         attributes: BTreeMap::from([("event_type".into(), "payout".into())]),
         message_id: id.into(),
         subscription: Some("projects/drip-test/subscriptions/source".into()),
         publish_time: None,
     }
-    .with_data(data)
 }
 
 impl Test {
@@ -183,15 +180,13 @@ async fn claim_checked_payloads_are_fetched_and_missing_ones_dead_lettered() {
     let rule = format!("{}-kyc", t.prefix);
     let of = drip_store::MessageOf { rule: &rule, key: "merchant_8421", message: &identity };
     let reference = store.put_payload(of, &data, 60_000).await.unwrap();
-    body.original_payload_base64 = None;
-    body.claim_check = Some(reference.clone());
+    body.payload = TaskPayload::ClaimCheck(reference.clone());
     assert_eq!(t.dispatch(&serde_json::to_vec(&body).unwrap(), true, None).await, StatusCode::OK);
     assert_eq!(t.pulled("kyc-overflow", 1).await[0].data, data);
     assert_eq!(store.get_payload(&reference).await.unwrap(), None, "deleted once published");
 
     let mut gone = task_body(&t.prefix, "kyc", "kyc-overflow", "c2", b"");
-    gone.original_payload_base64 = None;
-    gone.claim_check = Some("drip:{nothing|here}:p:c2".into());
+    gone.payload = TaskPayload::ClaimCheck("drip:{nothing|here}:p:c2".into());
     assert_eq!(t.dispatch(&serde_json::to_vec(&gone).unwrap(), true, None).await, StatusCode::OK);
     let dead = t.pulled("dlq", 1).await;
     assert_eq!(dead[0].attributes["drip-reason"], "claim_check_missing");

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{Payload, SIGNATURE_HEADER, TaskBody};
+use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload};
 use drip_core::rules::{OverflowFormat, Rule};
 use drip_core::time::{parse_rfc3339, wall_clock_millis};
 use drip_store::{DispatchClaim, MessageOf};
@@ -175,9 +175,9 @@ async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
 }
 
 async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow::Result<Outcome> {
-    let data = match task.payload().map_err(anyhow::Error::msg)? {
-        Payload::Inline(data) => data,
-        Payload::ClaimCheck(reference) => {
+    let data = match &task.payload {
+        TaskPayload::Json(_) | TaskPayload::Bytes(_) => task.payload.data().unwrap_or_default(),
+        TaskPayload::ClaimCheck(reference) => {
             match state.metrics.time("redis", state.store.get_payload(reference)).await? {
                 Some(data) => data,
                 None => {
@@ -208,8 +208,7 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
     let enriched = match rule.overflow_format {
         OverflowFormat::Original => None,
         OverflowFormat::Enriched => {
-            let mut enriched = task.clone().with_data(&data);
-            enriched.claim_check = None;
+            let enriched = TaskBody { payload: TaskPayload::inline(&data), ..task.clone() };
             Some(serde_json::to_vec(&enriched)?)
         }
     };
@@ -263,10 +262,7 @@ async fn dead_letter_task(
     refused: Refused,
     delivery: &Delivery<'_>,
 ) -> anyhow::Result<()> {
-    let data = match task.payload() {
-        Ok(Payload::Inline(data)) => data,
-        _ => delivery.body.to_vec(),
-    };
+    let data = task.payload.data().unwrap_or_else(|| delivery.body.to_vec());
     publish_dead_letter(state, task, rule, refused, data, Some(delivery.task)).await
 }
 

@@ -8,7 +8,7 @@ use axum::http::HeaderValue;
 use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::Event;
 use drip_core::outcome::DlqReason;
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody};
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload};
 use drip_core::rules::{Forward, Rule};
 use drip_core::time::{DAY, Millis, format_rfc3339};
 use drip_gcp::tasks::Created;
@@ -199,15 +199,13 @@ impl AppState {
                 scheduled_for: format_rfc3339(slot),
                 overflow_topic: rule.overflow_topic.clone(),
             },
-            original_payload: None,
-            original_payload_base64: None,
-            claim_check: None,
+            payload: TaskPayload::inline(&event.data),
             attributes: event.attributes.clone(),
             message_id: event.id.clone(),
             subscription: event.subscription.clone(),
             publish_time: publish_time.map(str::to_owned),
         };
-        let mut encoded = serde_json::to_vec(&body.clone().with_data(&event.data))?;
+        let mut encoded = serde_json::to_vec(&body)?;
         if encoded.len() > MAX_INLINE_TASK_BODY {
             if event.data.len() > self.claim_check_max_bytes {
                 let detail = format!(
@@ -219,7 +217,8 @@ impl AppState {
             }
             let of = MessageOf { rule: &rule.name, key, message: identity };
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
-            body.claim_check = Some(self.metrics.time("redis", self.store.put_payload(of, &event.data, ttl)).await?);
+            let reference = self.metrics.time("redis", self.store.put_payload(of, &event.data, ttl)).await?;
+            body.payload = TaskPayload::ClaimCheck(reference);
             encoded = serde_json::to_vec(&body)?;
         }
         let queue = &self.queues[queue_index(&rule.name, key, self.queues.len())];

@@ -10,28 +10,129 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::Sha256;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// What the limiter hands the dispatcher through a Cloud Task. On the wire (the seed's format) the
+/// payload is one of three fields; here it is one [`TaskPayload`], so a body with two of them never
+/// gets past deserialization.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "OwnedWireTaskBody")]
 pub struct TaskBody {
     pub is_ratelimited: bool,
     pub rate_limit_meta: RateLimitMeta,
-    /// The message data as it came, when it is JSON.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub original_payload: Option<Box<RawValue>>,
-    /// The message data in base64, when it is not JSON.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub original_payload_base64: Option<String>,
-    /// Where the data waits in Redis when it was too large for a task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim_check: Option<String>,
+    pub payload: TaskPayload,
     pub attributes: BTreeMap<String, String>,
     /// The id Pub/Sub gave the message (unique within its topic only).
     pub message_id: String,
     /// The subscription it came through: with `message_id`, the message's identity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish_time: Option<String>,
+}
+
+/// Where a task's data is.
+#[derive(Debug, Clone)]
+pub enum TaskPayload {
+    /// The data as it came, when it is JSON: `originalPayload`, verbatim.
+    Json(Box<RawValue>),
+    /// Any other data: `originalPayloadBase64`.
+    Bytes(Vec<u8>),
+    /// The data waits in Redis under this reference (too large for a task): `claimCheck`.
+    ClaimCheck(String),
+}
+
+impl TaskPayload {
+    /// `data` inline: verbatim when it is JSON, else as bytes (base64 on the wire).
+    pub fn inline(data: &[u8]) -> Self {
+        let verbatim_json = std::str::from_utf8(data)
+            .ok()
+            .filter(|text| text.trim() == *text)
+            .and_then(|text| RawValue::from_string(text.to_owned()).ok());
+        verbatim_json.map_or_else(|| Self::Bytes(data.to_vec()), Self::Json)
+    }
+
+    /// The data, unless it waits behind a claim-check.
+    pub fn data(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Json(json) => Some(json.get().as_bytes().to_vec()),
+            Self::Bytes(bytes) => Some(bytes.clone()),
+            Self::ClaimCheck(_) => None,
+        }
+    }
+}
+
+/// The task body as JSON has it: the payload is whichever of the three fields is present.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireTaskBody<J, S, M, A> {
+    is_ratelimited: bool,
+    rate_limit_meta: M,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    original_payload: Option<J>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    original_payload_base64: Option<S>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    claim_check: Option<S>,
+    attributes: A,
+    message_id: S,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    subscription: Option<S>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    publish_time: Option<S>,
+}
+
+type OwnedWireTaskBody = WireTaskBody<Box<RawValue>, String, RateLimitMeta, BTreeMap<String, String>>;
+
+impl TryFrom<OwnedWireTaskBody> for TaskBody {
+    type Error = String;
+
+    fn try_from(wire: OwnedWireTaskBody) -> Result<Self, String> {
+        use base64::Engine;
+        let payload = match (wire.original_payload, wire.original_payload_base64, wire.claim_check) {
+            (Some(json), None, None) => TaskPayload::Json(json),
+            (None, Some(encoded), None) => TaskPayload::Bytes(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| format!("originalPayloadBase64: {e}"))?,
+            ),
+            (None, None, Some(reference)) => TaskPayload::ClaimCheck(reference),
+            (None, None, None) => TaskPayload::Bytes(Vec::new()),
+            _ => return Err("more than one of originalPayload, originalPayloadBase64 and claimCheck".into()),
+        };
+        Ok(Self {
+            is_ratelimited: wire.is_ratelimited,
+            rate_limit_meta: wire.rate_limit_meta,
+            payload,
+            attributes: wire.attributes,
+            message_id: wire.message_id,
+            subscription: wire.subscription,
+            publish_time: wire.publish_time,
+        })
+    }
+}
+
+impl Serialize for TaskBody {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine;
+        let base64;
+        let (json, encoded, claim_check) = match &self.payload {
+            TaskPayload::Json(json) => (Some(json.as_ref()), None, None),
+            TaskPayload::Bytes(bytes) => {
+                base64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+                (None, Some(base64.as_str()), None)
+            }
+            TaskPayload::ClaimCheck(reference) => (None, None, Some(reference.as_str())),
+        };
+        WireTaskBody {
+            is_ratelimited: self.is_ratelimited,
+            rate_limit_meta: &self.rate_limit_meta,
+            original_payload: json,
+            original_payload_base64: encoded,
+            claim_check,
+            attributes: &self.attributes,
+            message_id: self.message_id.as_str(),
+            subscription: self.subscription.as_deref(),
+            publish_time: self.publish_time.as_deref(),
+        }
+        .serialize(serializer)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -44,13 +145,6 @@ pub struct RateLimitMeta {
     pub limit: u64,
     pub scheduled_for: String,
     pub overflow_topic: String,
-}
-
-/// Where a task's payload is.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Payload<'a> {
-    Inline(Vec<u8>),
-    ClaimCheck(&'a str),
 }
 
 /// The header that carries a task body's signature: `sha256=<hex HMAC-SHA256 of the body>`.
@@ -94,36 +188,6 @@ impl TaskSigner {
     }
 }
 
-impl TaskBody {
-    /// The body with `data` inline: verbatim when it is JSON, else in base64.
-    pub fn with_data(mut self, data: &[u8]) -> Self {
-        use base64::Engine;
-        let verbatim_json = std::str::from_utf8(data)
-            .ok()
-            .filter(|text| text.trim() == *text)
-            .and_then(|text| RawValue::from_string(text.to_owned()).ok());
-        match verbatim_json {
-            Some(json) => self.original_payload = Some(json),
-            None => self.original_payload_base64 = Some(base64::engine::general_purpose::STANDARD.encode(data)),
-        }
-        self
-    }
-
-    pub fn payload(&self) -> Result<Payload<'_>, String> {
-        use base64::Engine;
-        match (&self.original_payload, &self.original_payload_base64, &self.claim_check) {
-            (Some(json), None, None) => Ok(Payload::Inline(json.get().as_bytes().to_vec())),
-            (None, Some(encoded), None) => base64::engine::general_purpose::STANDARD
-                .decode(encoded)
-                .map(Payload::Inline)
-                .map_err(|e| format!("originalPayloadBase64: {e}")),
-            (None, None, Some(reference)) => Ok(Payload::ClaimCheck(reference)),
-            (None, None, None) => Ok(Payload::Inline(Vec::new())),
-            _ => Err("more than one of originalPayload, originalPayloadBase64 and claimCheck".into()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,9 +203,7 @@ mod tests {
                 scheduled_for: "2026-08-03T14:02:00.000Z".into(),
                 overflow_topic: "payout-events-overflow".into(),
             },
-            original_payload: None,
-            original_payload_base64: None,
-            claim_check: None,
+            payload: TaskPayload::Bytes(Vec::new()),
             attributes: BTreeMap::from([("event_type".into(), "payout".into())]),
             message_id: "m1".into(),
             subscription: None,
@@ -164,21 +226,49 @@ mod tests {
     #[test]
     fn json_data_travels_verbatim_in_the_seed_format() {
         let data = br#"{"payoutId": "pay_902184", "amount": 2500.00, "currency": "INR"}"#;
-        let json = serde_json::to_string(&body().with_data(data)).unwrap();
+        let json = serde_json::to_string(&TaskBody { payload: TaskPayload::inline(data), ..body() }).unwrap();
         assert!(json.starts_with(r#"{"isRatelimited":true,"rateLimitMeta":{"key":"merchant_8421:payout""#), "{json}");
         assert!(
             json.contains(r#""originalPayload":{"payoutId": "pay_902184", "amount": 2500.00, "currency": "INR"}"#),
             "{json}"
         );
         let back: TaskBody = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.payload().unwrap(), Payload::Inline(data.to_vec()));
+        assert!(matches!(back.payload, TaskPayload::Json(_)));
+        assert_eq!(back.payload.data().unwrap(), data);
     }
 
     #[test]
     fn other_data_travels_in_base64() {
         let data = b"\x00\xffnot json";
-        let back: TaskBody = serde_json::from_str(&serde_json::to_string(&body().with_data(data)).unwrap()).unwrap();
-        assert!(back.original_payload.is_none());
-        assert_eq!(back.payload().unwrap(), Payload::Inline(data.to_vec()));
+        let json = serde_json::to_string(&TaskBody { payload: TaskPayload::inline(data), ..body() }).unwrap();
+        assert!(json.contains(r#""originalPayloadBase64":"AP9ub3QganNvbg==""#), "{json}");
+        let back: TaskBody = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.payload.data().unwrap(), data);
+    }
+
+    #[test]
+    fn a_claim_check_travels_as_a_reference_and_has_no_inline_data() {
+        let reference = "drip:{payouts|m1}:p:abc";
+        let json =
+            serde_json::to_string(&TaskBody { payload: TaskPayload::ClaimCheck(reference.into()), ..body() }).unwrap();
+        assert!(
+            json.contains(r#""claimCheck":"drip:{payouts|m1}:p:abc""#) && !json.contains("originalPayload"),
+            "{json}"
+        );
+        let back: TaskBody = serde_json::from_str(&json).unwrap();
+        assert!(matches!(&back.payload, TaskPayload::ClaimCheck(r) if r == reference));
+        assert_eq!(back.payload.data(), None);
+    }
+
+    #[test]
+    fn a_body_with_two_payloads_or_bad_base64_does_not_deserialize() {
+        let json = serde_json::to_string(&body()).unwrap();
+        let two = json.replacen('{', r#"{"claimCheck":"x","#, 1);
+        let error = serde_json::from_str::<TaskBody>(&two).unwrap_err().to_string();
+        assert!(error.contains("more than one of"), "{error}");
+        let bad = json.replace(r#""originalPayloadBase64":"""#, r#""originalPayloadBase64":"!!""#);
+        assert_ne!(bad, json);
+        let error = serde_json::from_str::<TaskBody>(&bad).unwrap_err().to_string();
+        assert!(error.contains("originalPayloadBase64"), "{error}");
     }
 }
