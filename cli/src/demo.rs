@@ -75,7 +75,7 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
         rules.rule(&args.rule).with_context(|| format!("no rule '{}' in {}", args.rule, args.rules.display()))?;
     let Forward::Topic(forward_topic) = &rule.forward else { bail!("the demo rule must forward to a topic") };
     let limit = rule.limits[0];
-    let dlq_topic = rules.dlq_topic_for(Some(rule)).context("the demo rule needs a dead-letter topic")?.to_owned();
+    let dlq_topic = rule.dlq_topic.clone();
     let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
     for topic in [forward_topic.as_str(), rule.overflow_topic.as_str(), dlq_topic.as_str()] {
         pubsub.topic_with_subscription(topic).await?;

@@ -246,7 +246,7 @@ async fn publish_dead_letter(
     data: Vec<u8>,
     task_name: Option<&str>,
 ) -> anyhow::Result<()> {
-    let topic = state.rules.dlq_topic_for(rule).ok_or_else(|| anyhow::anyhow!("no dead-letter topic"))?;
+    let topic = state.rules.dlq_topic_for(rule);
     let stamp = Stamp { reason: Some((refused.reason, &refused.detail)), task: task_name, ..stamp_of(task, rule) };
     let (data, attributes) = stamp.dead_letter(&task.attributes, &data);
     state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await?;
@@ -268,10 +268,7 @@ async fn dead_letter_task(
 
 /// A body that is not a task of ours can never succeed: dead-letter it and stop the retries.
 async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error: &str) -> StatusCode {
-    let Some(topic) = state.rules.fallback_dlq_topic() else {
-        tracing::error!(task = delivery.task, error, "malformed task body and no default_dlq_topic to dead-letter it");
-        return StatusCode::BAD_REQUEST;
-    };
+    let topic = state.rules.dlq_topic_for(None);
     let stamp =
         Stamp { reason: Some((DlqReason::MalformedTask, error)), task: Some(delivery.task), ..Stamp::default() };
     let (data, attributes) = stamp.dead_letter(&Default::default(), delivery.body);

@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use drip_core::overflow::TaskSigner;
-use drip_core::rules::RuleSet;
+use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::pubsub::Publishers;
@@ -44,7 +44,7 @@ impl Settings {
 
 #[derive(Debug, Clone)]
 pub struct AppState {
-    pub rules: Arc<RuleSet>,
+    pub rules: Arc<ServiceRules>,
     pub store: RedisStore<AnyConnection>,
     /// For `/readyz`.
     pub redis: AnyConnection,

@@ -107,7 +107,7 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, Failure> {
 
 impl AppState {
     pub(crate) async fn dead_letter(&self, letter: DeadLetter<'_>) -> anyhow::Result<()> {
-        let topic = self.rules.dlq_topic_for(letter.rule).ok_or_else(|| anyhow::anyhow!("no dead-letter topic"))?;
+        let topic = self.rules.dlq_topic_for(letter.rule);
         let stamp = Stamp {
             message_id: letter.message_id,
             subscription: letter.subscription,

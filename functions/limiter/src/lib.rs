@@ -16,7 +16,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use drip_core::overflow::TaskSigner;
-use drip_core::rules::RuleSet;
+use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::pubsub::Publishers;
@@ -38,7 +38,7 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// Everything a request needs; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
-    pub rules: Arc<RuleSet>,
+    pub rules: Arc<ServiceRules>,
     pub store: RedisStore<AnyConnection>,
     /// For `/readyz`.
     pub redis: AnyConnection,

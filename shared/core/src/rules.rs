@@ -26,6 +26,41 @@ pub struct RuleSet {
     pub default_dlq_topic: Option<String>,
 }
 
+/// Rules a service can run: what no rule takes has a dead-letter topic too (the file's
+/// `default_dlq_topic`, else the catch-all rule's), checked once when the file loads.
+#[derive(Debug, Clone)]
+pub struct ServiceRules {
+    rules: RuleSet,
+    fallback_dlq_topic: String,
+}
+
+impl ServiceRules {
+    pub fn new(rules: RuleSet, file: &str) -> Result<Self, ConfigError> {
+        let Some(fallback) = rules.fallback_dlq_topic() else {
+            return Err(ConfigError {
+                file: file.to_owned(),
+                rule: None,
+                field: "default_dlq_topic".into(),
+                message: "required when no catch-all rule (a rule without match) with a dlq_topic exists".into(),
+            });
+        };
+        Ok(Self { fallback_dlq_topic: fallback.to_owned(), rules })
+    }
+
+    /// The rule's dead-letter topic, or the fallback for what no rule takes.
+    pub fn dlq_topic_for<'a>(&'a self, rule: Option<&'a Rule>) -> &'a str {
+        rule.map_or(&self.fallback_dlq_topic, |r| &r.dlq_topic)
+    }
+}
+
+impl std::ops::Deref for ServiceRules {
+    type Target = RuleSet;
+
+    fn deref(&self) -> &RuleSet {
+        &self.rules
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub name: String,
@@ -38,7 +73,8 @@ pub struct Rule {
     pub inline_wait: Millis,
     pub forward: Forward,
     pub overflow_topic: String,
-    pub dlq_topic: Option<String>,
+    /// Its own `dlq_topic`, else the file's `default_dlq_topic` (resolved when the file loads).
+    pub dlq_topic: String,
     pub on_missing_key: OnMissingKey,
     pub overflow_format: OverflowFormat,
 }
@@ -152,31 +188,11 @@ impl RuleSet {
     pub fn fallback_dlq_topic(&self) -> Option<&str> {
         self.default_dlq_topic
             .as_deref()
-            .or_else(|| self.rules.iter().find(|r| r.matcher.is_none()).and_then(|r| r.dlq_topic.as_deref()))
-    }
-
-    /// The dead-letter topic of a rule (its own, else the file's default), or the fallback.
-    pub fn dlq_topic_for<'a>(&'a self, rule: Option<&'a Rule>) -> Option<&'a str> {
-        rule.and_then(|r| r.dlq_topic.as_deref())
-            .or(self.default_dlq_topic.as_deref())
-            .or_else(|| self.fallback_dlq_topic())
+            .or_else(|| self.rules.iter().find(|r| r.matcher.is_none()).map(|r| r.dlq_topic.as_str()))
     }
 
     pub fn has_catch_all(&self) -> bool {
         self.rules.iter().any(|r| r.matcher.is_none())
-    }
-
-    /// The limiter must be able to dead-letter a message no rule matches.
-    pub fn require_default_dlq(&self, file: &str) -> Result<(), ConfigError> {
-        if self.fallback_dlq_topic().is_some() {
-            return Ok(());
-        }
-        Err(ConfigError {
-            file: file.to_owned(),
-            rule: None,
-            field: "default_dlq_topic".into(),
-            message: "required when no catch-all rule (a rule without match) with a dlq_topic exists".into(),
-        })
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
@@ -219,7 +235,7 @@ impl RuleSet {
         for (index, raw) in top.rules.into_iter().enumerate() {
             let label = rule_label(&raw, index);
             let mut rule_errors = RuleErrors { errors: &mut errors, label: &label };
-            let Some(rule) = validate_rule(raw, &mut rule_errors, top.default_dlq_topic.is_some()) else {
+            let Some(rule) = validate_rule(raw, &mut rule_errors, top.default_dlq_topic.as_deref()) else {
                 continue;
             };
             if let Some(first) = first_index_of.get(&rule.name) {
@@ -388,7 +404,7 @@ fn rule_label(raw: &Value, index: usize) -> String {
     }
 }
 
-fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, has_default_dlq: bool) -> Option<Rule> {
+fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Option<&str>) -> Option<Rule> {
     let raw: RawRule = match deserialize(raw) {
         Ok(raw) => raw,
         Err((field, message)) => {
@@ -456,13 +472,16 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, has_default_dlq: b
         }
     };
     errors.check("overflow_topic", check_topic(&raw.overflow_topic));
-    match &raw.dlq_topic {
-        Some(topic) => {
-            errors.check("dlq_topic", check_topic(topic));
+    let dlq_topic = match raw.dlq_topic.as_deref().or(default_dlq) {
+        Some(topic) if raw.dlq_topic.is_some() => {
+            errors.check("dlq_topic", check_topic(topic)).map(|()| topic.to_owned())
         }
-        None if !has_default_dlq => errors.push("dlq_topic", "required unless default_dlq_topic is set".into()),
-        None => {}
-    }
+        Some(topic) => Some(topic.to_owned()),
+        None => {
+            errors.push("dlq_topic", "required unless default_dlq_topic is set".into());
+            None
+        }
+    };
     let on_missing_key = match &raw.on_missing_key {
         None => Some(OnMissingKey::Dlq),
         Some(value) => errors.check("on_missing_key", parse_on_missing_key(value)),
@@ -489,7 +508,7 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, has_default_dlq: b
         inline_wait: inline_wait?,
         forward: forward?,
         overflow_topic: raw.overflow_topic,
-        dlq_topic: raw.dlq_topic,
+        dlq_topic: dlq_topic?,
         on_missing_key: on_missing_key?,
         overflow_format: overflow_format?,
     })

@@ -52,3 +52,36 @@ fn the_example_rules_are_valid() {
         }
     }
 }
+
+#[test]
+fn dead_letter_topics_are_resolved_when_the_file_loads() {
+    let rule = |name: &str, matcher: &str, dlq: &str| {
+        format!(
+            "  - name: {name}\n{matcher}    key: k\n    limits: [ {{ limit: 1, per: 1s, window: fixed }} ]\n    max_delay: 1m\n    forward: {{ topic: ready }}\n    overflow_topic: overflow\n{dlq}"
+        )
+    };
+    let matched = "    match: { attributes: { t: a } }\n";
+    let with_default = format!(
+        "default_dlq_topic: everyone-dlq\nrules:\n{}{}",
+        rule("own", matched, "    dlq_topic: own-dlq\n"),
+        rule("inherits", "    match: { attributes: { t: b } }\n", "")
+    );
+    let rules =
+        drip_core::rules::ServiceRules::new(RuleSet::parse("a.yaml", &with_default).unwrap(), "a.yaml").unwrap();
+    assert_eq!(rules.dlq_topic_for(rules.rule("own")), "own-dlq");
+    assert_eq!(rules.dlq_topic_for(rules.rule("inherits")), "everyone-dlq");
+    assert_eq!(rules.dlq_topic_for(None), "everyone-dlq");
+
+    let catch_all = format!(
+        "rules:\n{}{}",
+        rule("own", matched, "    dlq_topic: own-dlq\n"),
+        rule("rest", "", "    dlq_topic: rest-dlq\n")
+    );
+    let rules = drip_core::rules::ServiceRules::new(RuleSet::parse("b.yaml", &catch_all).unwrap(), "b.yaml").unwrap();
+    assert_eq!(rules.dlq_topic_for(None), "rest-dlq", "what no rule takes goes to the catch-all's topic");
+
+    let neither = format!("rules:\n{}", rule("own", matched, "    dlq_topic: own-dlq\n"));
+    let parsed = RuleSet::parse("c.yaml", &neither).expect("valid for check-config and simulate");
+    let error = drip_core::rules::ServiceRules::new(parsed, "c.yaml").unwrap_err().to_string();
+    assert!(error.contains("c.yaml") && error.contains("default_dlq_topic") && error.contains("required"), "{error}");
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use drip_core::rules::RuleSet;
+use drip_core::rules::{RuleSet, ServiceRules};
 use drip_gcp::access_tokens::AccessTokens;
 use drip_gcp::oidc::{OidcSettings, OidcVerifier};
 use drip_gcp::pubsub::Publishers;
@@ -92,11 +92,10 @@ impl CommonSettings {
 
     /// The rules file, validated, with somewhere to dead-letter what no rule can take (both
     /// services dead-letter: the limiter unmatched messages, the dispatcher tasks of retired rules).
-    pub fn load_rules(&self) -> anyhow::Result<Arc<RuleSet>> {
+    pub fn load_rules(&self) -> anyhow::Result<Arc<ServiceRules>> {
         let rules = RuleSet::load(Path::new(&self.rules))
             .map_err(|errors| anyhow::anyhow!("invalid rules (DRIP_RULES):\n{errors}"))?;
-        rules.require_default_dlq(&self.rules).map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(Arc::new(rules))
+        Ok(Arc::new(ServiceRules::new(rules, &self.rules).map_err(|e| anyhow::anyhow!("{e}"))?))
     }
 
     pub fn redis_settings(&self) -> anyhow::Result<RedisSettings> {
