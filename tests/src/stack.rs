@@ -136,6 +136,7 @@ pub struct LimiterUnderTest {
     pub url: String,
     pub state: AppState,
     pub namespace: String,
+    pub redis_url: String,
 }
 
 pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterUnderTest {
@@ -177,7 +178,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
     let url = format!("http://{}", listener.local_addr().expect("address"));
     let router = app(state.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
-    LimiterUnderTest { url, state, namespace }
+    LimiterUnderTest { url, state, namespace, redis_url: wiring.redis_url.clone() }
 }
 
 /// The queue index the limiter uses for a key (re-exported for assertions).

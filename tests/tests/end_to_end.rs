@@ -202,10 +202,15 @@ async fn a_limiter_that_fails_once_is_redelivered_without_a_double_reservation()
     let delayed = overflow[0].attributes["drip-message-id"].clone();
     assert!(ids.contains(&delayed) && delayed != forwarded, "{ids:?}: forwarded {forwarded}, delayed {delayed}");
     assert_eq!(s.tasks.client.tasks().await.unwrap().len(), 1, "one task for the redelivered message");
-    let mut redis = s.limiter.state.redis.clone();
-    let state_key = format!("{}:{{{}-paced|merchant_7}}:state", s.limiter.namespace, s.prefix);
-    let tat: i64 = redis::cmd("HGET").arg(&state_key).arg("gcra:1000:1:t").query_async(&mut redis).await.unwrap();
-    let last: i64 = redis::cmd("HGET").arg(&state_key).arg("last").query_async(&mut redis).await.unwrap();
+    let connection = redis::Client::open(shared_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let store = drip_store::RedisStore::new(connection, s.limiter.namespace.clone());
+    let rule = s.limiter.state.rules.rule(&format!("{}-paced", s.prefix)).unwrap();
+    let state = store.entity_state(&rule.name, "merchant_7", &rule.limits).await.unwrap();
+    let last = state.last_slot.expect("a reservation was made");
+    let tat = match &state.limits[&drip_core::schedule::state_id(&rule.limits[0])] {
+        &drip_core::schedule::LimitState::Gcra { tat, .. } => tat,
+        other => panic!("a gcra rule keeps gcra state, not {other:?}"),
+    };
     assert_eq!(tat, last + SECOND, "two reservations, one second apart: the redeliveries reserved nothing more");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(s.pubsub.pull(&format!("{}-ready", s.prefix), 10).await.is_empty());

@@ -113,6 +113,25 @@ impl Test {
         format!("{}-{name}", self.prefix)
     }
 
+    /// The limiter's own Redis, through the store (which alone knows the key layout).
+    async fn store(&self) -> drip_store::RedisStore<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(self.limiter.redis_url.as_str()).unwrap();
+        drip_store::RedisStore::new(
+            client.get_multiplexed_async_connection().await.unwrap(),
+            self.limiter.namespace.clone(),
+        )
+    }
+
+    /// The cost reserved for `key` in the current window of rule `name`'s first limit (fixed).
+    async fn used(&self, name: &str, key: &str) -> u64 {
+        let rule = self.limiter.state.rules.rule(&self.rule(name)).unwrap().clone();
+        let state = self.store().await.entity_state(&rule.name, key, &rule.limits).await.unwrap();
+        match state.limits.get(&drip_core::schedule::state_id(&rule.limits[0])) {
+            Some(drip_core::schedule::LimitState::Fixed { used, .. }) => *used,
+            other => panic!("expected fixed-window state, found {other:?}"),
+        }
+    }
+
     async fn post(&self, body: Vec<u8>, token: Option<&str>) -> StatusCode {
         let mut request =
             self.http.post(format!("{}/push", self.limiter.url)).header("content-type", "application/json").body(body);
@@ -236,10 +255,7 @@ async fn a_redelivered_message_is_reserved_once_and_scheduled_once() {
         assert_eq!(t.payout("r3", 5).await, StatusCode::NO_CONTENT);
     }
     assert_eq!(t.tasks().await.len(), 1, "one task for three deliveries");
-    let mut redis = t.limiter.state.redis.clone();
-    let state_key = format!("{}:{{{}|merchant_5}}:state", t.limiter.namespace, t.rule("payouts"));
-    let used: i64 = redis::cmd("HGET").arg(&state_key).arg("fixed:3600000:u").query_async(&mut redis).await.unwrap();
-    assert_eq!(used, 1, "the next window holds r3 once");
+    assert_eq!(t.used("payouts", "merchant_5").await, 1, "the next window holds r3 once");
 }
 
 /// The seed article's example over HTTP: 500 payouts, 100 a minute.
@@ -336,11 +352,8 @@ async fn large_payloads_are_claim_checked_and_huge_ones_dead_lettered() {
     let body = tasks.iter().map(body_of).find(|b| b["messageId"] == "l2").unwrap();
     assert!(body.get("originalPayload").is_none());
     let reference = body["claimCheck"].as_str().unwrap();
-    let mut redis = t.limiter.state.redis.clone();
-    let stored: Vec<u8> = redis::cmd("GET").arg(reference).query_async(&mut redis).await.unwrap();
-    assert_eq!(stored, big.as_bytes());
-    let ttl: i64 = redis::cmd("PTTL").arg(reference).query_async(&mut redis).await.unwrap();
-    assert!(ttl > 0);
+    let stored = t.store().await.get_payload(reference).await.unwrap();
+    assert_eq!(stored.as_deref(), Some(big.as_bytes()));
 
     let huge = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "h".repeat(1_600_000));
     assert_eq!(t.push("l3", &[("event_type", "payout")], huge.as_bytes()).await, StatusCode::NO_CONTENT);
@@ -432,10 +445,7 @@ async fn pubsub_down_means_5xx_and_the_redelivery_is_handled_once() {
     assert_eq!(status, StatusCode::NO_CONTENT);
     let forwarded = t.pulled("ready", 1).await;
     assert_eq!(forwarded.len(), 1);
-    let mut redis = t.limiter.state.redis.clone();
-    let state_key = format!("{}:{{{}|merchant_2}}:state", t.limiter.namespace, t.rule("payouts"));
-    let used: i64 = redis::cmd("HGET").arg(&state_key).arg("fixed:3600000:u").query_async(&mut redis).await.unwrap();
-    assert_eq!(used, 1, "the retried message reused its reservation");
+    assert_eq!(t.used("payouts", "merchant_2").await, 1, "the retried message reused its reservation");
 }
 
 #[tokio::test]

@@ -47,7 +47,6 @@ pub struct AppState {
     pub rules: Arc<ServiceRules>,
     pub store: RedisStore<AnyConnection>,
     /// For `/readyz`.
-    pub redis: AnyConnection,
     pub publishers: Arc<Publishers>,
     pub oidc: Option<Arc<OidcVerifier>>,
     pub metrics: Arc<ServiceMetrics>,
@@ -69,8 +68,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let redis = common.connect_redis().await?;
     Ok(AppState {
         rules: common.load_rules()?,
-        store: RedisStore::new(redis.clone(), common.redis_namespace.clone()),
-        redis,
+        store: RedisStore::new(redis, common.redis_namespace.clone()),
         signer: common.task_signer()?,
         max_attempts: settings.tasks_max_attempts,
         lease: (2 * common.publish_timeout_ms + 2 * common.redis_timeout_ms + LEASE_MARGIN_MS) as Millis,
@@ -88,5 +86,5 @@ pub fn app(state: AppState) -> Router {
         .route("/dispatch", post(dispatch::dispatch))
         .layer(DefaultBodyLimit::max(MAX_TASK_BYTES))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone())
+    drip_service::service_router(api, state.oidc, Arc::new(state.store), state.metrics.shared.clone())
 }

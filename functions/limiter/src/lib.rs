@@ -19,10 +19,10 @@ use drip_core::overflow::TaskSigner;
 use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::oidc::OidcVerifier;
-use drip_gcp::pubsub::Publishers;
 use drip_gcp::tasks::{TaskCreator, TaskTarget};
+use drip_gcp::{CreateTask, Publish};
 use drip_service::metrics::ServiceMetrics;
-use drip_store::{AnyConnection, RedisStore};
+use drip_store::{LimiterStore, RedisStore};
 
 pub use actions::{ForwardIdToken, MAX_INLINE_TASK_BODY, queue_index, task_id};
 pub use envelope::{PushedMessage, Unusable};
@@ -39,11 +39,9 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub rules: Arc<ServiceRules>,
-    pub store: RedisStore<AnyConnection>,
-    /// For `/readyz`.
-    pub redis: AnyConnection,
-    pub publishers: Arc<Publishers>,
-    pub tasks: TaskCreator,
+    pub store: Arc<dyn LimiterStore>,
+    pub publishers: Arc<dyn Publish>,
+    pub tasks: Arc<dyn CreateTask>,
     pub queues: Arc<Vec<String>>,
     pub http: reqwest::Client,
     pub id_tokens: Arc<ForwardIdToken>,
@@ -88,10 +86,9 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         .build()?;
     Ok(AppState {
         rules,
-        store: RedisStore::new(redis.clone(), common.redis_namespace.clone()),
-        redis,
+        store: Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
         publishers: common.connect_pubsub().await?,
-        tasks,
+        tasks: Arc::new(tasks),
         queues: Arc::new(settings.queues()?),
         http,
         id_tokens: Arc::new(ForwardIdToken::new(settings.forward_id_token)),
@@ -132,5 +129,5 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
         .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(inspect_entity))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, state.redis, state.metrics.shared.clone())
+    drip_service::service_router(api, state.oidc, state.store, state.metrics.shared.clone())
 }

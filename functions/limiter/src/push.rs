@@ -15,7 +15,7 @@ use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::Rule;
 use drip_core::schedule::Reservation;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
-use drip_store::{SlotRequest, SlotStore};
+use drip_store::SlotRequest;
 
 use crate::AppState;
 use crate::actions::{Acting, DeadLetter, Failure};

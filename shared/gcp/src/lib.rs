@@ -7,7 +7,16 @@ pub mod oidc;
 pub mod pubsub;
 pub mod tasks;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use google_cloud_auth::credentials::Credentials;
+
+pub use pubsub::Publish;
+pub use tasks::CreateTask;
+
+/// What the object-safe client traits return.
+pub type GcpFuture<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
 
 /// Credentials for a local emulator endpoint; `None` means Application Default Credentials.
 pub fn emulator_credentials(endpoint: Option<&str>) -> Option<Credentials> {

@@ -17,6 +17,28 @@ pub enum PublishError {
     TimedOut { topic: String, timeout: Duration },
 }
 
+/// Publishing one message and waiting for its id: [`Publishers`] in production, a recording double in
+/// the handlers' in-process tests.
+pub trait Publish: Send + Sync + std::fmt::Debug {
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        data: Vec<u8>,
+        attributes: BTreeMap<String, String>,
+    ) -> crate::GcpFuture<'a, String, PublishError>;
+}
+
+impl Publish for Publishers {
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        data: Vec<u8>,
+        attributes: BTreeMap<String, String>,
+    ) -> crate::GcpFuture<'a, String, PublishError> {
+        Box::pin(Publishers::publish(self, topic, data, attributes))
+    }
+}
+
 #[derive(Debug)]
 pub struct Publishers {
     base: BasePublisher,

@@ -41,6 +41,32 @@ pub struct TaskTarget {
     pub audience: String,
 }
 
+/// Creating one named task: [`TaskCreator`] in production, a recording double in the handlers'
+/// in-process tests.
+pub trait CreateTask: Send + Sync + std::fmt::Debug {
+    fn create<'a>(
+        &'a self,
+        queue: &'a str,
+        task_id: &'a str,
+        schedule_time: Millis,
+        body: Vec<u8>,
+        headers: HashMap<String, String>,
+    ) -> crate::GcpFuture<'a, Created, CreateTaskError>;
+}
+
+impl CreateTask for TaskCreator {
+    fn create<'a>(
+        &'a self,
+        queue: &'a str,
+        task_id: &'a str,
+        schedule_time: Millis,
+        body: Vec<u8>,
+        headers: HashMap<String, String>,
+    ) -> crate::GcpFuture<'a, Created, CreateTaskError> {
+        Box::pin(TaskCreator::create(self, queue, task_id, schedule_time, body, headers))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TaskCreator {
     client: CloudTasks,

@@ -6,17 +6,17 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use drip_store::AnyConnection;
+use std::sync::Arc;
 
-pub fn routes(redis: AnyConnection) -> Router {
-    Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(ready)).with_state(redis)
+use drip_store::Ping;
+
+pub fn routes(store: Arc<dyn Ping>) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(ready)).with_state(store)
 }
 
-async fn ready(State(mut redis): State<AnyConnection>) -> (StatusCode, &'static str) {
-    let command = redis::cmd("PING");
-    let ping = command.query_async::<String>(&mut redis);
-    match tokio::time::timeout(Duration::from_secs(1), ping).await {
+async fn ready(State(store): State<Arc<dyn Ping>>) -> (StatusCode, &'static str) {
+    match tokio::time::timeout(Duration::from_secs(1), store.ping()).await {
         Ok(Ok(_)) => (StatusCode::OK, "ready"),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "redis unreachable"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "the store (Redis) is unreachable"),
     }
 }

@@ -37,7 +37,7 @@ pub async fn shutdown_signal() {
 pub fn service_router(
     api: axum::Router,
     oidc: Option<std::sync::Arc<drip_gcp::oidc::OidcVerifier>>,
-    redis: drip_store::AnyConnection,
+    store: std::sync::Arc<dyn drip_store::Ping>,
     metrics: std::sync::Arc<metrics::Metrics>,
 ) -> axum::Router {
     axum::Router::new()
@@ -45,7 +45,7 @@ pub fn service_router(
             api.merge(metrics::Metrics::routes(metrics))
                 .route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)),
         )
-        .merge(health::routes(redis))
+        .merge(health::routes(store))
         .layer(telemetry::trace_layer())
 }
 

@@ -97,7 +97,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
 }
 
 /// Reads use, backlog and drain time off the state.
-fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -> EntityReport {
+pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -> EntityReport {
     let mut limits = Vec::new();
     for limit in &rule.limits {
         let (n, per) = (limit.limit as i64, limit.per);

@@ -4,6 +4,7 @@
 mod connection;
 pub mod inspect;
 mod keys;
+mod limiter_store;
 mod memory;
 mod redis_store;
 
@@ -13,6 +14,7 @@ use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
 pub use keys::{ANSWER_BUCKET, EntityKeys};
+pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
 pub use redis_store::{
     ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_reply,

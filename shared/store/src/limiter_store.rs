@@ -1,0 +1,111 @@
+//! What the limiter needs of a store, as one object-safe trait, so its handlers run over Redis in
+//! production and over the reference model in tests that need no services.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+
+use drip_core::rules::Rule;
+use drip_core::time::{Millis, wall_clock_millis};
+use redis::aio::ConnectionLike;
+
+use crate::inspect::{EntityReport, report};
+use crate::{MemoryStore, MessageOf, RedisStore, Reserved, SlotRequest, SlotStore, StoreError};
+
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// `/readyz`: whether the store answers.
+pub trait Ping: Send + Sync {
+    fn ping(&self) -> StoreFuture<'_, ()>;
+}
+
+/// Reservations, claim-checks and inspection: everything the limiter asks of its store.
+pub trait LimiterStore: Ping + std::fmt::Debug {
+    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved>;
+    fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
+    fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
+    /// Keeps a payload too large for a task until its dispatch; returns the task's reference to it.
+    fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String>;
+    fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport>;
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let _: String = redis::cmd("PING").query_async(&mut self.connection()).await?;
+            Ok(())
+        })
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> LimiterStore for RedisStore<C> {
+    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
+        Box::pin(SlotStore::reserve(self, request))
+    }
+
+    fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
+        Box::pin(SlotStore::complete(self, request, reserved))
+    }
+
+    fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
+        Box::pin(SlotStore::release(self, request, reserved))
+    }
+
+    fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String> {
+        Box::pin(RedisStore::put_payload(self, of, payload, ttl))
+    }
+
+    fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
+        Box::pin(RedisStore::inspect(self, rule, key))
+    }
+}
+
+/// The reference model with claim-checked payloads in a map: one process, no persistence.
+#[derive(Debug, Default)]
+pub struct MemoryLimiterStore {
+    pub model: MemoryStore,
+    payloads: Mutex<HashMap<String, Vec<u8>>>,
+}
+
+impl MemoryLimiterStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A payload `put_payload` kept, by its reference.
+    pub fn payload(&self, reference: &str) -> Option<Vec<u8>> {
+        self.payloads.lock().unwrap_or_else(|e| e.into_inner()).get(reference).cloned()
+    }
+}
+
+impl Ping for MemoryLimiterStore {
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl LimiterStore for MemoryLimiterStore {
+    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
+        Box::pin(self.model.reserve(request))
+    }
+
+    fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
+        Box::pin(self.model.complete(request, reserved))
+    }
+
+    fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
+        Box::pin(self.model.release(request, reserved))
+    }
+
+    fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], _: Millis) -> StoreFuture<'a, String> {
+        let reference = format!("memory:{}|{}|{}", of.rule, of.key, of.message);
+        self.payloads.lock().unwrap_or_else(|e| e.into_inner()).insert(reference.clone(), payload.to_vec());
+        Box::pin(async move { Ok(reference) })
+    }
+
+    fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
+        let state = self.model.entity_state(&rule.name, key).unwrap_or_default();
+        Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state)) })
+    }
+}
