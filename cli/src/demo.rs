@@ -69,28 +69,70 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
+/// The topics of the demo's rule, each with a pull subscription of the same name.
+struct Topics {
+    forward: String,
+    overflow: String,
+    dlq: String,
+}
+
+/// The burst as published: each message's merchant and publish time, by message id.
+struct Burst {
+    merchants: Vec<String>,
+    merchant_of: HashMap<String, String>,
+    published_at: HashMap<String, Millis>,
+    started: Millis,
+}
+
+/// What came out at the topics.
+#[derive(Default)]
+struct Outcome {
+    deliveries: HashMap<String, Delivery>,
+    /// Messages seen again at the forward or overflow topic (same message id: one source
+    /// subscription, so the id is the message's identity here).
+    duplicates: usize,
+    /// Dead-lettered message ids, with their reasons.
+    dead: HashMap<String, String>,
+}
+
 async fn demo(args: &Args) -> anyhow::Result<bool> {
     let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let rule =
         rules.rule(&args.rule).with_context(|| format!("no rule '{}' in {}", args.rule, args.rules.display()))?;
-    let Forward::Topic(forward_topic) = &rule.forward else { bail!("the demo rule must forward to a topic") };
-    let limit = rule.limits[0];
-    let dlq_topic = rule.dlq_topic.clone();
     let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
-    for topic in [forward_topic.as_str(), rule.overflow_topic.as_str(), dlq_topic.as_str()] {
+    let topics = set_up(args, rule, &pubsub).await?;
+    let burst = publish_burst(args, &pubsub).await?;
+    let outcome = watch(args, rule, &pubsub, &topics, &burst).await?;
+    let (summary, ok) = summarize(args, rule, &burst, &outcome)?;
+    print!("{summary}");
+    std::fs::write(args.out.join("summary.txt"), &summary)?;
+    Ok(ok)
+}
+
+/// Creates the rule's topics and the source topic, whose push subscription feeds the limiter.
+async fn set_up(args: &Args, rule: &Rule, pubsub: &EmulatorClient) -> anyhow::Result<Topics> {
+    let Forward::Topic(forward) = &rule.forward else { bail!("the demo rule must forward to a topic") };
+    let topics =
+        Topics { forward: forward.clone(), overflow: rule.overflow_topic.clone(), dlq: rule.dlq_topic.clone() };
+    for topic in [&topics.forward, &topics.overflow, &topics.dlq] {
         pubsub.topic_with_subscription(topic).await?;
     }
-    let source = "payouts-source";
-    pubsub.create_topic(source).await?;
-    pubsub.create_subscription(source, source, Some(&format!("{}/push", args.limiter.trim_end_matches('/')))).await?;
+    pubsub.create_topic(SOURCE).await?;
+    pubsub.create_subscription(SOURCE, SOURCE, Some(&format!("{}/push", args.limiter.trim_end_matches('/')))).await?;
+    Ok(topics)
+}
 
+const SOURCE: &str = "payouts-source";
+
+/// Publishes `args.events` payouts over `args.keys` merchants, in batches of 100, as fast as the
+/// emulator takes them.
+async fn publish_burst(args: &Args, pubsub: &EmulatorClient) -> anyhow::Result<Burst> {
     let merchants: Vec<String> = (1..=args.keys).map(|k| format!("m{k:03}")).collect();
-    let mut merchant_of: HashMap<String, String> = HashMap::new();
-    let started = wall_clock_millis();
-    let mut published_at: HashMap<String, Millis> = HashMap::new();
+    let mut burst =
+        Burst { merchant_of: HashMap::new(), published_at: HashMap::new(), started: wall_clock_millis(), merchants };
     let mut batch = Vec::new();
     for i in 0..args.events {
-        let merchant = &merchants[i % merchants.len()];
+        let merchant = &burst.merchants[i % burst.merchants.len()];
         let payout = serde_json::json!({
             "payoutId": format!("pay_{:06}", 902_184 + i),
             "merchantId": merchant,
@@ -102,47 +144,59 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
         batch.push((serde_json::to_vec(&payout)?, attributes));
         if batch.len() == 100 || i + 1 == args.events {
             let sent = wall_clock_millis();
-            let ids = pubsub.publish_batch(source, &batch).await?;
+            let ids = pubsub.publish_batch(SOURCE, &batch).await?;
             let first = i + 1 - batch.len();
             for (offset, id) in ids.into_iter().enumerate() {
-                merchant_of.insert(id.clone(), merchants[(first + offset) % merchants.len()].clone());
-                published_at.insert(id, sent);
+                burst.merchant_of.insert(id.clone(), burst.merchants[(first + offset) % burst.merchants.len()].clone());
+                burst.published_at.insert(id, sent);
             }
             batch.clear();
         }
     }
+    Ok(burst)
+}
 
+/// Pulls the forward, overflow and dead-letter topics until every event came out (or the
+/// timeout), drawing the live view meanwhile.
+async fn watch(
+    args: &Args,
+    rule: &Rule,
+    pubsub: &EmulatorClient,
+    topics: &Topics,
+    burst: &Burst,
+) -> anyhow::Result<Outcome> {
     let live = std::io::stdout().is_terminal();
-    let mut deliveries: HashMap<String, Delivery> = HashMap::new();
-    let mut duplicates = 0usize;
-    let mut dead: HashMap<String, String> = HashMap::new();
+    let mut outcome = Outcome::default();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
     let mut last_frame = Instant::now() - Duration::from_secs(1);
     let mut printed_lines = 0;
-    while deliveries.len() + dead.len() < args.events && Instant::now() < deadline {
-        for (topic, route) in [(forward_topic.as_str(), "forward"), (rule.overflow_topic.as_str(), "delay")] {
+    let frame = |outcome: &Outcome| render_frame(args, rule, &burst.merchants, outcome, burst.started);
+    while outcome.deliveries.len() + outcome.dead.len() < args.events && Instant::now() < deadline {
+        for (topic, route) in [(&topics.forward, "forward"), (&topics.overflow, "delay")] {
             for message in pubsub.pull(topic, 1_000).await? {
-                let Some(delivery) = delivery_of(&message, route, &merchant_of) else { continue };
+                let Some(delivery) = delivery_of(&message, route, &burst.merchant_of) else { continue };
                 let id = message.attributes.get("drip-message-id").cloned().unwrap_or_default();
-                if deliveries.insert(id, delivery).is_some() {
-                    duplicates += 1;
+                if outcome.deliveries.insert(id, delivery).is_some() {
+                    outcome.duplicates += 1;
                 }
             }
         }
-        for message in pubsub.pull(&dlq_topic, 1_000).await? {
+        for message in pubsub.pull(&topics.dlq, 1_000).await? {
             let reason = message.attributes.get("drip-reason").cloned().unwrap_or_default();
-            dead.insert(message.attributes.get("drip-message-id").cloned().unwrap_or(message.message_id), reason);
+            outcome
+                .dead
+                .insert(message.attributes.get("drip-message-id").cloned().unwrap_or(message.message_id), reason);
         }
         if last_frame.elapsed() >= Duration::from_millis(if live { 250 } else { 1_000 }) {
-            let frame = render_frame(args, rule, &merchants, &deliveries, dead.len(), started);
             if live {
+                let frame = frame(&outcome);
                 print!("{}{frame}", clear_lines(printed_lines));
                 printed_lines = frame.lines().count();
             } else {
                 println!(
                     "t={:>5.1}s delivered {}/{}",
-                    (wall_clock_millis() - started) as f64 / 1_000.0,
-                    deliveries.len(),
+                    (wall_clock_millis() - burst.started) as f64 / 1_000.0,
+                    outcome.deliveries.len(),
                     args.events
                 );
             }
@@ -152,14 +206,16 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     if live {
-        print!(
-            "{}{}",
-            clear_lines(printed_lines),
-            render_frame(args, rule, &merchants, &deliveries, dead.len(), started)
-        );
+        print!("{}{}", clear_lines(printed_lines), frame(&outcome));
     }
+    Ok(outcome)
+}
 
-    // What the limit promises: no window of any merchant's slots holds more than the limit.
+/// The summary's text, and whether the demo kept the promise: nothing lost and no window of any
+/// merchant's slots over the limit. Writes the chart.
+fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyhow::Result<(String, bool)> {
+    let limit = rule.limits[0];
+    let Outcome { deliveries, duplicates, dead } = outcome;
     let mut scheduled: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
     let mut observed: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
     for delivery in deliveries.values() {
@@ -170,14 +226,14 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
     let max_observed = observed.values().max().copied().unwrap_or(0);
     let mut delays: Vec<Millis> = deliveries
         .iter()
-        .map(|(id, d)| d.scheduled_for - published_at.get(id).copied().unwrap_or(started))
+        .map(|(id, d)| d.scheduled_for - burst.published_at.get(id).copied().unwrap_or(burst.started))
         .map(|d| d.max(0))
         .collect();
     let mut lateness: Vec<Millis> =
         deliveries.values().filter(|d| d.route == "delay").map(|d| d.delivered_at - d.scheduled_for).collect();
     delays.sort_unstable();
     lateness.sort_unstable();
-    let lost = args.events - deliveries.len() - dead.len();
+    let lost = args.events.saturating_sub(deliveries.len() + dead.len());
     let forwarded = deliveries.values().filter(|d| d.route == "forward").count();
     let mut summary = String::new();
     summary += &format!("\nevents in:            {}\n", args.events);
@@ -189,17 +245,18 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
         dead.len(),
         if dead.is_empty() { String::new() } else { format!(": {:?}", dead.values().collect::<HashSet<_>>()) }
     );
-    summary += &format!("duplicates:           {duplicates} (identified by drip-message-id)\n");
+    summary +=
+        &format!("duplicates:           {duplicates} (a message id seen twice at the forward and overflow topics)\n");
     summary += &format!("lost:                 {lost}\n");
     summary += &format!(
         "delay p50 / p99:      {:.1} s / {:.1} s\n",
-        pct(&delays, 0.5) as f64 / 1e3,
-        pct(&delays, 0.99) as f64 / 1e3
+        percentile(&delays, 0.5) as f64 / 1e3,
+        percentile(&delays, 0.99) as f64 / 1e3
     );
     summary += &format!(
         "dispatch lateness:    p50 {} ms / p99 {} ms (Cloud Tasks stand-in -> dispatcher -> overflow topic)\n",
-        pct(&lateness, 0.5),
-        pct(&lateness, 0.99)
+        percentile(&lateness, 0.5),
+        percentile(&lateness, 0.99)
     );
     summary += &format!(
         "max per window:       {max_scheduled} scheduled, {max_observed} observed at the topics, limit {} ({limit})\n",
@@ -207,20 +264,18 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
     );
     let chart = args.out.join("drip-demo.svg");
     std::fs::create_dir_all(&args.out)?;
-    draw_chart(&chart, &merchants, &deliveries, &published_at, &merchant_of, started, limit.limit, limit.per)?;
+    draw_chart(&chart, burst, deliveries, limit)?;
     summary += &format!("chart:                {}\n", chart.display());
-    let ok = lost == 0 && max_scheduled <= limit.limit;
+    let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit;
     summary += if ok {
-        "result:               OK: nothing lost, no window over its limit\n"
+        "result:               OK: nothing lost, nothing doubled, no window over its limit\n"
     } else {
         "result:               FAILED\n"
     };
     if max_observed > limit.limit {
         summary += "note:                 a window saw more deliveries than the limit: dispatch lateness moved slots into the next window\n";
     }
-    print!("{summary}");
-    std::fs::write(args.out.join("summary.txt"), &summary)?;
-    Ok(ok)
+    Ok((summary, ok))
 }
 
 fn delivery_of(message: &Pulled, route: &'static str, merchant_of: &HashMap<String, String>) -> Option<Delivery> {
@@ -238,7 +293,8 @@ fn clear_lines(lines: usize) -> String {
     if lines == 0 { String::new() } else { format!("\x1b[{lines}A\x1b[J") }
 }
 
-fn pct(sorted: &[Millis], p: f64) -> Millis {
+/// The `p` quantile of sorted values (nearest rank).
+fn percentile(sorted: &[Millis], p: f64) -> Millis {
     sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(0)
 }
 
@@ -246,14 +302,8 @@ fn bar(filled: usize, width: usize) -> String {
     format!("{}{}", "█".repeat(filled.min(width)), "░".repeat(width - filled.min(width)))
 }
 
-fn render_frame(
-    args: &Args,
-    rule: &Rule,
-    merchants: &[String],
-    deliveries: &HashMap<String, Delivery>,
-    dead: usize,
-    started: Millis,
-) -> String {
+fn render_frame(args: &Args, rule: &Rule, merchants: &[String], outcome: &Outcome, started: Millis) -> String {
+    let deliveries = &outcome.deliveries;
     let limit = rule.limits[0];
     let now = wall_clock_millis();
     let per_merchant = args.events.div_ceil(merchants.len());
@@ -274,22 +324,19 @@ fn render_frame(
             mine.len()
         );
     }
-    let done = deliveries.len() + dead;
+    let done = deliveries.len() + outcome.dead.len();
     frame += &format!("\n  backlog  {} {done}/{} delivered\n", bar(done * 40 / args.events.max(1), 40), args.events);
     frame
 }
 
-#[allow(clippy::too_many_arguments)]
 fn draw_chart(
     path: &std::path::Path,
-    merchants: &[String],
+    burst: &Burst,
     deliveries: &HashMap<String, Delivery>,
-    published_at: &HashMap<String, Millis>,
-    merchant_of: &HashMap<String, String>,
-    started: Millis,
-    limit: u64,
-    per: Millis,
+    limit: drip_core::rules::Limit,
 ) -> anyhow::Result<()> {
+    let Burst { merchants, merchant_of, published_at, started } = burst;
+    let (started, limit, per) = (*started, limit.limit, limit.per);
     let seconds = |t: Millis| (t - started) as f64 / 1e3;
     let end = deliveries.values().map(|d| seconds(d.delivered_at)).fold(1.0, f64::max) * 1.05;
     let top = (merchants.iter().map(|m| merchant_of.values().filter(|v| *v == m).count()).max().unwrap_or(1) as f64
