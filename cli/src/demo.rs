@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use drip_core::rules::{Forward, Rule, RuleSet};
+use drip_core::rules::{Forward, Rule, RuleSet, TopicName};
 use drip_core::time::{Millis, parse_rfc3339, wall_clock_millis};
 use plotters::prelude::*;
 use pubsub_emulator_client::{EmulatorClient, Pulled};
@@ -71,9 +71,9 @@ pub fn run(args: Args) -> ExitCode {
 
 /// The topics of the demo's rule, each with a pull subscription of the same name.
 struct Topics {
-    forward: String,
-    overflow: String,
-    dlq: String,
+    forward: TopicName,
+    overflow: TopicName,
+    dlq: TopicName,
 }
 
 /// The burst as published: each message's merchant and publish time, by message id.
@@ -219,8 +219,8 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
     let mut scheduled: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
     let mut observed: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
     for delivery in deliveries.values() {
-        *scheduled.entry((&delivery.merchant, delivery.scheduled_for.div_euclid(limit.per))).or_default() += 1;
-        *observed.entry((&delivery.merchant, delivery.delivered_at.div_euclid(limit.per))).or_default() += 1;
+        *scheduled.entry((&delivery.merchant, delivery.scheduled_for.div_euclid(limit.per()))).or_default() += 1;
+        *observed.entry((&delivery.merchant, delivery.delivered_at.div_euclid(limit.per()))).or_default() += 1;
     }
     let max_scheduled = scheduled.values().max().copied().unwrap_or(0);
     let max_observed = observed.values().max().copied().unwrap_or(0);
@@ -260,19 +260,19 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
     );
     summary += &format!(
         "max per window:       {max_scheduled} scheduled, {max_observed} observed at the topics, limit {} ({limit})\n",
-        limit.limit
+        limit.limit()
     );
     let chart = args.out.join("drip-demo.svg");
     std::fs::create_dir_all(&args.out)?;
     draw_chart(&chart, burst, deliveries, limit)?;
     summary += &format!("chart:                {}\n", chart.display());
-    let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit;
+    let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit();
     summary += if ok {
         "result:               OK: nothing lost, nothing doubled, no window over its limit\n"
     } else {
         "result:               FAILED\n"
     };
-    if max_observed > limit.limit {
+    if max_observed > limit.limit() {
         summary += "note:                 a window saw more deliveries than the limit: dispatch lateness moved slots into the next window\n";
     }
     Ok((summary, ok))
@@ -315,12 +315,12 @@ fn render_frame(args: &Args, rule: &Rule, merchants: &[String], outcome: &Outcom
     );
     for merchant in merchants {
         let mine: Vec<&Delivery> = deliveries.values().filter(|d| &d.merchant == merchant).collect();
-        let recent = mine.iter().filter(|d| d.delivered_at > now - limit.per).count();
+        let recent = mine.iter().filter(|d| d.delivered_at > now - limit.per()).count();
         frame += &format!(
             "  merchant {merchant}  {} {:>3} in the last {}   delivered {:>4}/{per_merchant}\n",
-            bar(recent * 20 / limit.limit.max(1) as usize, 20),
+            bar(recent * 20 / limit.limit().max(1) as usize, 20),
             recent,
-            humantime::format_duration(Duration::from_millis(limit.per as u64)),
+            humantime::format_duration(Duration::from_millis(limit.per() as u64)),
             mine.len()
         );
     }
@@ -336,7 +336,7 @@ fn draw_chart(
     limit: drip_core::rules::Limit,
 ) -> anyhow::Result<()> {
     let Burst { merchants, merchant_of, published_at, started } = burst;
-    let (started, limit, per) = (*started, limit.limit, limit.per);
+    let (started, limit, per) = (*started, limit.limit(), limit.per());
     let seconds = |t: Millis| (t - started) as f64 / 1e3;
     let end = deliveries.values().map(|d| seconds(d.delivered_at)).fold(1.0, f64::max) * 1.05;
     let top = (merchants.iter().map(|m| merchant_of.values().filter(|v| *v == m).count()).max().unwrap_or(1) as f64

@@ -43,12 +43,12 @@ pub fn draw(path: &Path, rules: &RuleSet, outcomes: &[Outcome]) -> anyhow::Resul
     let root = SVGBackend::new(path, (1100, PANEL_HEIGHT * panels.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     for (area, (rule_name, limit, keys, hidden)) in root.split_evenly((panels.len(), 1)).iter().zip(&panels) {
-        let per = limit.per;
+        let per = limit.per();
         let origin = first.div_euclid(per) * per;
         let usage: Vec<(&str, Vec<(Millis, u64)>)> =
             keys.iter().map(|(key, ledger)| (*key, fixed_window_usage(ledger, per).into_iter().collect())).collect();
         let last = usage.iter().flat_map(|(_, u)| u.iter().map(|&(w, _)| w)).max().unwrap_or(origin) + per;
-        let top = usage.iter().flat_map(|(_, u)| u.iter().map(|&(_, c)| c)).max().unwrap_or(0).max(limit.limit);
+        let top = usage.iter().flat_map(|(_, u)| u.iter().map(|&(_, c)| c)).max().unwrap_or(0).max(limit.limit());
         let seconds = |t: Millis| (t - origin) as f64 / 1_000.0;
         let mut title = format!("{rule_name}: {} — cost per window, by key", limit);
         if *hidden > 0 {
@@ -79,10 +79,10 @@ pub fn draw(path: &Path, rules: &RuleSet, outcomes: &[Outcome]) -> anyhow::Resul
         }
         chart
             .draw_series(LineSeries::new(
-                [(0.0, limit.limit as f64), (seconds(last), limit.limit as f64)],
+                [(0.0, limit.limit() as f64), (seconds(last), limit.limit() as f64)],
                 RED.stroke_width(2),
             ))?
-            .label(format!("limit {}", limit.limit))
+            .label(format!("limit {}", limit.limit()))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], RED.stroke_width(2)));
         chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.85)).draw()?;
     }

@@ -51,9 +51,9 @@ pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
         let Some(rule) = rules.rule(rule_name) else { continue };
         for limit in &rule.limits {
             for (key, ledger) in &keys {
-                for (window, used) in fixed_window_usage(ledger, limit.per) {
-                    let fixed = matches!(limit.window, Window::Fixed(_));
-                    if fixed && used > limit.limit {
+                for (window, used) in fixed_window_usage(ledger, limit.per()) {
+                    let fixed = matches!(limit.window(), Window::Fixed(_));
+                    if fixed && used > limit.limit() {
                         over.push(format!("{rule_name} {key} {}: {used} in {}", limit, format_rfc3339(window)));
                     }
                     rows.push([
@@ -62,12 +62,12 @@ pub fn render(rules: &RuleSet, outcomes: &[Outcome]) -> String {
                         limit.to_string(),
                         format_rfc3339(window),
                         used.to_string(),
-                        limit.limit.to_string(),
+                        limit.limit().to_string(),
                     ]);
                 }
-                if limit.window == Window::Sliding {
-                    let fullest = max_sliding_usage(ledger, limit.per);
-                    if fullest > limit.limit {
+                if limit.window() == Window::Sliding {
+                    let fullest = max_sliding_usage(ledger, limit.per());
+                    if fullest > limit.limit() {
                         over.push(format!("{rule_name} {key} {}: {fullest} in one interval", limit));
                     }
                 }

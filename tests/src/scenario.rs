@@ -57,7 +57,7 @@ pub fn limit(kinds: Kinds) -> impl Strategy<Value = Limit> {
                 2 => Window::Fixed(Placement::Spread),
                 _ => Window::Gcra { burst },
             };
-            Limit { limit, per, window }
+            Limit::new(limit, per, window).unwrap()
         },
     )
 }
@@ -73,7 +73,7 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
     );
     (limits, prop_oneof![Just(0i64), 0i64..3_000, 0i64..30_000], 0i64..60_000, arrivals).prop_map(
         |(limits, max_delay, offset, arrivals)| {
-            let smallest = limits.iter().map(|l| l.limit).min().unwrap_or(1);
+            let smallest = limits.iter().map(|l| l.limit()).min().unwrap_or(1);
             let mut now = T0 + offset;
             let mut events: Vec<Arrival> = Vec::new();
             for (i, (entity, gap, cost_seed, redeliver)) in arrivals.into_iter().enumerate() {
@@ -147,22 +147,22 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
 /// No fixed window and no sliding interval holds more than its limit; gcra keeps its rate.
 pub fn check_limits(limits: &[Limit], ledger: &[(Millis, u64)]) -> Result<(), String> {
     for limit in limits {
-        match limit.window {
+        match limit.window() {
             Window::Fixed(_) => {
                 if let Some((window, used)) =
-                    fixed_window_usage(ledger, limit.per).into_iter().find(|&(_, u)| u > limit.limit)
+                    fixed_window_usage(ledger, limit.per()).into_iter().find(|&(_, u)| u > limit.limit())
                 {
                     return Err(format!("{limit:?}: window {window} holds {used}"));
                 }
             }
             Window::Sliding => {
-                let used = max_sliding_usage(ledger, limit.per);
-                if used > limit.limit {
+                let used = max_sliding_usage(ledger, limit.per());
+                if used > limit.limit() {
                     return Err(format!("{limit:?}: an interval holds {used}"));
                 }
             }
             Window::Gcra { burst } => {
-                if let Some((i, j)) = gcra_violation(ledger, limit.limit, limit.per, burst) {
+                if let Some((i, j)) = gcra_violation(ledger, limit.limit(), limit.per(), burst) {
                     return Err(format!("{limit:?}: slots {:?} .. {:?} are too dense", ledger[i], ledger[j]));
                 }
             }
@@ -181,12 +181,12 @@ fn earliest_feasible_candidates(
 ) -> Vec<Millis> {
     let mut candidates = vec![start];
     for limit in limits {
-        let mut window = start.div_euclid(limit.per) * limit.per + limit.per;
+        let mut window = start.div_euclid(limit.per()) * limit.per() + limit.per();
         while window < slot {
             candidates.push(window);
-            window += limit.per;
+            window += limit.per();
         }
-        candidates.extend(ledger.iter().map(|&(s, _)| s + limit.per).filter(|&t| t > start && t < slot));
+        candidates.extend(ledger.iter().map(|&(s, _)| s + limit.per()).filter(|&t| t > start && t < slot));
     }
     candidates
 }
@@ -199,24 +199,26 @@ fn earlier_feasible(
     slot: Millis,
 ) -> Option<Millis> {
     let promises_earliest =
-        limits.iter().all(|l| matches!(l.window, Window::Fixed(Placement::Start) | Window::Sliding));
+        limits.iter().all(|l| matches!(l.window(), Window::Fixed(Placement::Start) | Window::Sliding));
     if !promises_earliest {
         return None;
     }
     let has_room = |t: Millis| {
         limits.iter().all(|limit| {
-            let used: u64 = match limit.window {
-                Window::Sliding => ledger.iter().filter(|&&(s, _)| s > t - limit.per && s <= t).map(|&(_, c)| c).sum(),
+            let used: u64 = match limit.window() {
+                Window::Sliding => {
+                    ledger.iter().filter(|&&(s, _)| s > t - limit.per() && s <= t).map(|&(_, c)| c).sum()
+                }
                 _ => {
-                    let window = t.div_euclid(limit.per) * limit.per;
+                    let window = t.div_euclid(limit.per()) * limit.per();
                     ledger
                         .iter()
-                        .filter(|&&(s, _)| s.div_euclid(limit.per) * limit.per == window)
+                        .filter(|&&(s, _)| s.div_euclid(limit.per()) * limit.per() == window)
                         .map(|&(_, c)| c)
                         .sum()
                 }
             };
-            used + cost <= limit.limit
+            used + cost <= limit.limit()
         })
     };
     earliest_feasible_candidates(limits, ledger, start, slot).into_iter().filter(|&t| t < slot).find(|&t| has_room(t))

@@ -31,7 +31,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
     let redis = start();
     let connection = AnyConnection::connect(&settings(&redis, "s3cret", "ca.pem")).await.expect("TLS + AUTH connect");
     let store = RedisStore::new(connection, "drip");
-    let limits = [Limit { limit: 1, per: 60_000, window: Window::Fixed(Placement::Start) }];
+    let limits = [Limit::new(1, 60_000, Window::Fixed(Placement::Start)).unwrap()];
     let request = SlotRequest {
         rule: "tls",
         key: "k",
@@ -79,7 +79,7 @@ fn token_settings(url: String, cluster: bool, token: &str, refresh: Duration) ->
 
 async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
     let store = RedisStore::new(connection, unique("tokens"));
-    let limits = [Limit { limit: 5, per: 60_000, window: Window::Fixed(Placement::Start) }];
+    let limits = [Limit::new(5, 60_000, Window::Fixed(Placement::Start)).unwrap()];
     let request = SlotRequest {
         rule: "tokens",
         key: "k",
@@ -109,7 +109,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
         Err(_) => true,
         Ok(connection) => {
             let store = RedisStore::new(connection, "x");
-            let limits = [Limit { limit: 1, per: 1_000, window: Window::Fixed(Placement::Start) }];
+            let limits = [Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap()];
             let request = SlotRequest {
                 rule: "r",
                 key: "k",

@@ -96,7 +96,7 @@ fn seed_scenario() -> Scenario {
             redelivery: false,
         })
         .collect();
-    let limits = vec![Limit { limit: 100, per: MINUTE, window: Window::Fixed(Placement::Start) }];
+    let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
     Scenario { limits, max_delay: 120 * MINUTE, events }
 }
 
@@ -126,9 +126,9 @@ async fn every_key_an_entity_writes_expires() {
     let store = RedisStore::new(connection.clone(), "drip");
     let rule = unique("ttl");
     let limits = [
-        Limit { limit: 2, per: SECOND, window: Window::Fixed(Placement::Start) },
-        Limit { limit: 3, per: 10 * SECOND, window: Window::Sliding },
-        Limit { limit: 5, per: MINUTE, window: Window::Gcra { burst: 2 } },
+        Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+        Limit::new(3, 10 * SECOND, Window::Sliding).unwrap(),
+        Limit::new(5, MINUTE, Window::Gcra { burst: 2 }).unwrap(),
     ];
     for i in 0..6 {
         let id = format!("m{i}");
@@ -173,9 +173,9 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let store = RedisStore::new(connection.clone(), "drip");
     let limits = [
-        Limit { limit: 1, per: SECOND, window: Window::Fixed(Placement::Start) },
-        Limit { limit: 3, per: 5 * SECOND, window: Window::Sliding },
-        Limit { limit: 2, per: SECOND, window: Window::Gcra { burst: 1 } },
+        Limit::new(1, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+        Limit::new(3, 5 * SECOND, Window::Sliding).unwrap(),
+        Limit::new(2, SECOND, Window::Gcra { burst: 1 }).unwrap(),
     ];
     let max_delay = 30 * 24 * 60 * MINUTE;
     let mut commands_at = HashMap::new();
@@ -238,8 +238,8 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
     const PER_CLIENT: usize = 120;
     let rule = Arc::new(unique("concurrency"));
     let limits = Arc::new(vec![
-        Limit { limit: 20, per: SECOND, window: Window::Fixed(Placement::Start) },
-        Limit { limit: 60, per: 5 * SECOND, window: Window::Sliding },
+        Limit::new(20, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+        Limit::new(60, 5 * SECOND, Window::Sliding).unwrap(),
     ]);
     let mut tasks = Vec::new();
     for client in 0..CLIENTS {

@@ -25,7 +25,8 @@ struct Bare {
     sink: String,
 }
 
-const LIMITS: [Limit; 1] = [Limit { limit: 1_000_000, per: SECOND, window: Window::Fixed(Placement::Start) }];
+static LIMITS: std::sync::LazyLock<[Limit; 1]> =
+    std::sync::LazyLock::new(|| [Limit::new(1_000_000, SECOND, Window::Fixed(Placement::Start)).unwrap()]);
 
 async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
     let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(&body) else { return StatusCode::BAD_REQUEST };
@@ -38,7 +39,7 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
         key,
         message_id: id,
         cost: 1,
-        limits: &LIMITS,
+        limits: &*LIMITS,
         max_delay: DAY,
         now: None,
         lease: 0,

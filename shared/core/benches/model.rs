@@ -16,15 +16,15 @@ use drip_core::time::{DAY, MINUTE, SECOND};
 const T0: i64 = 1_785_758_400_000;
 
 fn limit_sets() -> Vec<(&'static str, Vec<Limit>)> {
-    let fixed = |limit, per| Limit { limit, per, window: Window::Fixed(Placement::Start) };
+    let fixed = |limit, per| Limit::new(limit, per, Window::Fixed(Placement::Start)).unwrap();
     vec![
         ("fixed 100 per min", vec![fixed(100, MINUTE)]),
         (
             "fixed 10 per s + 100 per min + 10000 per day",
             vec![fixed(10, SECOND), fixed(100, MINUTE), fixed(10_000, DAY)],
         ),
-        ("sliding 100 per min", vec![Limit { limit: 100, per: MINUTE, window: Window::Sliding }]),
-        ("gcra 10 per s burst 20", vec![Limit { limit: 10, per: SECOND, window: Window::Gcra { burst: 20 } }]),
+        ("sliding 100 per min", vec![Limit::new(100, MINUTE, Window::Sliding).unwrap()]),
+        ("gcra 10 per s burst 20", vec![Limit::new(10, SECOND, Window::Gcra { burst: 20 }).unwrap()]),
     ]
 }
 

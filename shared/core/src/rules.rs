@@ -23,7 +23,7 @@ pub const DEFAULT_INLINE_WAIT: Millis = SECOND;
 #[derive(Debug, Clone)]
 pub struct RuleSet {
     pub rules: Vec<Rule>,
-    pub default_dlq_topic: Option<String>,
+    pub default_dlq_topic: Option<TopicName>,
 }
 
 /// Rules a service can run: what no rule takes has a dead-letter topic too (the file's
@@ -31,7 +31,7 @@ pub struct RuleSet {
 #[derive(Debug, Clone)]
 pub struct ServiceRules {
     rules: RuleSet,
-    fallback_dlq_topic: String,
+    fallback_dlq_topic: TopicName,
 }
 
 impl ServiceRules {
@@ -44,7 +44,7 @@ impl ServiceRules {
                 message: "required when no catch-all rule (a rule without match) with a dlq_topic exists".into(),
             });
         };
-        Ok(Self { fallback_dlq_topic: fallback.to_owned(), rules })
+        Ok(Self { fallback_dlq_topic: fallback.clone(), rules })
     }
 
     /// The rule's dead-letter topic, or the fallback for what no rule takes.
@@ -72,18 +72,88 @@ pub struct Rule {
     pub max_delay: Millis,
     pub inline_wait: Millis,
     pub forward: Forward,
-    pub overflow_topic: String,
+    pub overflow_topic: TopicName,
     /// Its own `dlq_topic`, else the file's `default_dlq_topic` (resolved when the file loads).
-    pub dlq_topic: String,
+    pub dlq_topic: TopicName,
     pub on_missing_key: OnMissingKey,
     pub overflow_format: OverflowFormat,
 }
 
+/// A Pub/Sub topic: an id (`payouts-ready`, in the service's project) or a full
+/// `projects/<project>/topics/<id>`, valid by Pub/Sub's naming rules. Only [`TopicName::new`] makes
+/// one, so a rule's topics are checked once, when the file loads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicName(String);
+
+impl TopicName {
+    pub fn new(topic: impl Into<String>) -> Result<Self, String> {
+        let topic = topic.into();
+        check_topic(&topic)?;
+        Ok(Self(topic))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for TopicName {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TopicName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for TopicName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for TopicName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+/// At most `limit` cost per `per`, counted by `window`. Only [`Limit::new`] makes one (as
+/// governor's `Quota`), so every limit in the system has `limit` ≥ 1, 0 < `per` ≤ [`MAX_WINDOW`],
+/// and a GCRA burst ≥ 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
-    pub limit: u64,
-    pub per: Millis,
-    pub window: Window,
+    limit: u64,
+    per: Millis,
+    window: Window,
+}
+
+/// Why [`Limit::new`] refused; `field()` names the rules file's field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidLimit {
+    #[error("must be at least 1, got 0")]
+    ZeroLimit,
+    #[error("must be longer than 0")]
+    EmptyPeriod,
+    #[error("{:.1} days is over 31d, the longest supported window", *.0 as f64 / DAY as f64)]
+    PeriodTooLong(Millis),
+    #[error("must be at least 1, got 0")]
+    ZeroBurst,
+}
+
+impl InvalidLimit {
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::ZeroLimit => "limit",
+            Self::EmptyPeriod | Self::PeriodTooLong(_) => "per",
+            Self::ZeroBurst => "burst",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,7 +177,7 @@ pub enum Cost {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forward {
-    Topic(String),
+    Topic(TopicName),
     Url(String),
 }
 
@@ -136,6 +206,29 @@ impl Window {
 }
 
 impl Limit {
+    pub fn new(limit: u64, per: Millis, window: Window) -> Result<Self, InvalidLimit> {
+        match (limit, per, window) {
+            (0, _, _) => Err(InvalidLimit::ZeroLimit),
+            (_, ..=0, _) => Err(InvalidLimit::EmptyPeriod),
+            (_, per, _) if per > MAX_WINDOW => Err(InvalidLimit::PeriodTooLong(per)),
+            (_, _, Window::Gcra { burst: 0 }) => Err(InvalidLimit::ZeroBurst),
+            _ => Ok(Self { limit, per, window }),
+        }
+    }
+
+    /// The cost allowed per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn per(&self) -> Millis {
+        self.per
+    }
+
+    pub fn window(&self) -> Window {
+        self.window
+    }
+
     /// `RPS`, `RPM`, `RPH`, `RPD`, or `per 90s` for other periods (the seed's `windowType`).
     pub fn window_type(&self) -> String {
         match self.per {
@@ -185,10 +278,10 @@ impl RuleSet {
     }
 
     /// Where an event goes that no rule can take: `default_dlq_topic`, else the catch-all rule's.
-    pub fn fallback_dlq_topic(&self) -> Option<&str> {
+    pub fn fallback_dlq_topic(&self) -> Option<&TopicName> {
         self.default_dlq_topic
-            .as_deref()
-            .or_else(|| self.rules.iter().find(|r| r.matcher.is_none()).map(|r| r.dlq_topic.as_str()))
+            .as_ref()
+            .or_else(|| self.rules.iter().find(|r| r.matcher.is_none()).map(|r| &r.dlq_topic))
     }
 
     pub fn has_catch_all(&self) -> bool {
@@ -223,9 +316,13 @@ impl RuleSet {
                 }
             },
         };
-        if let Some(Err(message)) = top.default_dlq_topic.as_deref().map(check_topic) {
-            errors.top("default_dlq_topic", message);
-        }
+        let default_dlq_topic = match top.default_dlq_topic.map(TopicName::new).transpose() {
+            Ok(topic) => topic,
+            Err(message) => {
+                errors.top("default_dlq_topic", message);
+                None
+            }
+        };
         if top.rules.is_empty() {
             errors.top("rules", "at least one rule is required".into());
         }
@@ -235,7 +332,7 @@ impl RuleSet {
         for (index, raw) in top.rules.into_iter().enumerate() {
             let label = rule_label(&raw, index);
             let mut rule_errors = RuleErrors { errors: &mut errors, label: &label };
-            let Some(rule) = validate_rule(raw, &mut rule_errors, top.default_dlq_topic.as_deref()) else {
+            let Some(rule) = validate_rule(raw, &mut rule_errors, default_dlq_topic.as_ref()) else {
                 continue;
             };
             if let Some(first) = first_index_of.get(&rule.name) {
@@ -250,11 +347,7 @@ impl RuleSet {
             first_index_of.entry(rule.name.clone()).or_insert(index);
             rules.push(rule);
         }
-        if errors.list.is_empty() {
-            Ok(RuleSet { rules, default_dlq_topic: top.default_dlq_topic })
-        } else {
-            Err(errors.finish())
-        }
+        if errors.list.is_empty() { Ok(RuleSet { rules, default_dlq_topic }) } else { Err(errors.finish()) }
     }
 }
 
@@ -404,7 +497,7 @@ fn rule_label(raw: &Value, index: usize) -> String {
     }
 }
 
-fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Option<&str>) -> Option<Rule> {
+fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Option<&TopicName>) -> Option<Rule> {
     let raw: RawRule = match deserialize(raw) {
         Ok(raw) => raw,
         Err((field, message)) => {
@@ -464,20 +557,18 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         ),
     };
     let forward = match (raw.forward.topic, raw.forward.url) {
-        (Some(topic), None) => errors.check("forward.topic", check_topic(&topic)).map(|_| Forward::Topic(topic)),
+        (Some(topic), None) => errors.check("forward.topic", TopicName::new(topic)).map(Forward::Topic),
         (None, Some(url)) => errors.check("forward.url", check_url(&url)).map(|_| Forward::Url(url)),
         _ => {
             errors.push("forward", "set exactly one of topic or url".into());
             None
         }
     };
-    errors.check("overflow_topic", check_topic(&raw.overflow_topic));
-    let dlq_topic = match raw.dlq_topic.as_deref().or(default_dlq) {
-        Some(topic) if raw.dlq_topic.is_some() => {
-            errors.check("dlq_topic", check_topic(topic)).map(|()| topic.to_owned())
-        }
-        Some(topic) => Some(topic.to_owned()),
-        None => {
+    let overflow_topic = errors.check("overflow_topic", TopicName::new(raw.overflow_topic));
+    let dlq_topic = match (raw.dlq_topic, default_dlq) {
+        (Some(topic), _) => errors.check("dlq_topic", TopicName::new(topic)),
+        (None, Some(default)) => Some(default.clone()),
+        (None, None) => {
             errors.push("dlq_topic", "required unless default_dlq_topic is set".into());
             None
         }
@@ -507,7 +598,7 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         max_delay: max_delay?,
         inline_wait: inline_wait?,
         forward: forward?,
-        overflow_topic: raw.overflow_topic,
+        overflow_topic: overflow_topic?,
         dlq_topic: dlq_topic?,
         on_missing_key: on_missing_key?,
         overflow_format: overflow_format?,
@@ -525,20 +616,13 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
     for (i, raw) in raw.iter().enumerate() {
         let field = |name: &str| format!("limits[{i}].{name}");
         let limit = match u64::try_from(raw.limit) {
-            Ok(n) if n >= 1 => Some(n),
-            _ => {
+            Ok(n) => Some(n),
+            Err(_) => {
                 errors.push(&field("limit"), format!("must be at least 1, got {}", raw.limit));
                 None
             }
         };
-        let per = errors.check(
-            &field("per"),
-            parse_duration(&raw.per).and_then(|per| match per {
-                0 => Err("must be longer than 0".into()),
-                per if per > MAX_WINDOW => Err(format!("{} is over 31d, the longest supported window", raw.per)),
-                per => Ok(per),
-            }),
-        );
+        let per = errors.check(&field("per"), parse_duration(&raw.per));
         let window = match raw.window.as_deref().unwrap_or("fixed") {
             "fixed" => match raw.placement.as_deref().unwrap_or("start") {
                 "start" => Some(Window::Fixed(Placement::Start)),
@@ -549,9 +633,10 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
                 }
             },
             "sliding" => Some(Window::Sliding),
-            "gcra" => match raw.burst.unwrap_or(1) {
-                burst if burst >= 1 => Some(Window::Gcra { burst: burst as u64 }),
-                burst => {
+            "gcra" => match u64::try_from(raw.burst.unwrap_or(1)) {
+                Ok(burst) => Some(Window::Gcra { burst }),
+                Err(_) => {
+                    let burst = raw.burst.unwrap_or(1);
                     errors.push(&field("burst"), format!("must be at least 1, got {burst}"));
                     None
                 }
@@ -570,13 +655,19 @@ fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<
             ok = false;
         }
         match (limit, per, window) {
-            (Some(limit), Some(per), Some(window)) => {
-                if let Some(first) = seen.insert((window.kind(), per), i) {
-                    errors.push(&format!("limits[{i}]"), format!("repeats the window and per of limits[{first}]"));
+            (Some(limit), Some(per), Some(window)) => match Limit::new(limit, per, window) {
+                Ok(limit) => {
+                    if let Some(first) = seen.insert((window.kind(), per), i) {
+                        errors.push(&format!("limits[{i}]"), format!("repeats the window and per of limits[{first}]"));
+                        ok = false;
+                    }
+                    limits.push(limit);
+                }
+                Err(invalid) => {
+                    errors.push(&field(invalid.field()), invalid.to_string());
                     ok = false;
                 }
-                limits.push(Limit { limit, per, window });
-            }
+            },
             _ => ok = false,
         }
     }

@@ -65,10 +65,10 @@ pub enum LimitState {
 /// Names a limit's state inside its entity (also the Redis hash field and sliding key suffix).
 /// A changed `limit` keeps fixed and sliding usage; gcra's exact arithmetic depends on it.
 pub fn state_id(limit: &Limit) -> String {
-    match limit.window {
-        Window::Fixed(_) => format!("fixed:{}", limit.per),
-        Window::Sliding => format!("sliding:{}", limit.per),
-        Window::Gcra { .. } => format!("gcra:{}:{}", limit.per, limit.limit),
+    match limit.window() {
+        Window::Fixed(_) => format!("fixed:{}", limit.per()),
+        Window::Sliding => format!("sliding:{}", limit.per()),
+        Window::Gcra { .. } => format!("gcra:{}:{}", limit.per(), limit.limit()),
     }
 }
 
@@ -175,8 +175,8 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
 
 /// The earliest time ≥ `t` at which this one limit accepts `cost` more.
 fn earliest_accepted(limit: &Limit, state: Option<&LimitState>, cost: u64, t: Millis) -> Millis {
-    let (n, per) = (limit.limit, limit.per);
-    match limit.window {
+    let (n, per) = (limit.limit(), limit.per());
+    match limit.window() {
         Window::Fixed(placement) => {
             let window = t.div_euclid(per) * per;
             let used = match state {
@@ -219,9 +219,9 @@ fn earliest_accepted(limit: &Limit, state: Option<&LimitState>, cost: u64, t: Mi
 fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, slot: Millis) {
     let cost = request.cost;
     for limit in request.limits {
-        let (n, per) = (limit.limit, limit.per);
+        let (n, per) = (limit.limit(), limit.per());
         let entry = state.limits.entry(state_id(limit));
-        match limit.window {
+        match limit.window() {
             Window::Fixed(_) => {
                 let window = slot.div_euclid(per) * per;
                 let fresh = LimitState::Fixed { window, used: 0 };
@@ -277,7 +277,7 @@ mod tests {
     use crate::time::{MINUTE, SECOND};
 
     fn limit(limit: u64, per: Millis, window: Window) -> Limit {
-        Limit { limit, per, window }
+        Limit::new(limit, per, window).unwrap()
     }
 
     fn run(limits: &[Limit], arrivals: &[(Millis, u64)]) -> Vec<Millis> {
@@ -368,7 +368,7 @@ mod lease_tests {
 
     #[test]
     fn one_attempt_acts_at_a_time_and_a_failed_or_crashed_one_hands_over() {
-        let limits = [Limit { limit: 10, per: SECOND, window: Window::Fixed(crate::rules::Placement::Start) }];
+        let limits = [Limit::new(10, SECOND, Window::Fixed(crate::rules::Placement::Start)).unwrap()];
         let req =
             |now| ReserveRequest { message_id: "m", cost: 1, limits: &limits, max_delay: SECOND, now, lease: 100 };
         let mut s = Scheduler::new();

@@ -85,3 +85,35 @@ fn dead_letter_topics_are_resolved_when_the_file_loads() {
     let error = drip_core::rules::ServiceRules::new(parsed, "c.yaml").unwrap_err().to_string();
     assert!(error.contains("c.yaml") && error.contains("default_dlq_topic") && error.contains("required"), "{error}");
 }
+
+#[test]
+fn topic_names_are_checked_when_made() {
+    use drip_core::rules::TopicName;
+    for good in ["payouts-ready", "projects/p-1/topics/payouts.v2", "abc"] {
+        assert_eq!(TopicName::new(good).unwrap().as_str(), good);
+    }
+    for bad in ["ab", "9lives", "goog-topic", "has space", "projects//topics/x", "projects/p/subscriptions/x", ""] {
+        let error = TopicName::new(bad).unwrap_err();
+        assert!(error.contains(&format!("'{bad}'")), "{bad}: {error}");
+    }
+}
+
+#[test]
+fn a_limit_is_valid_when_made_or_not_at_all() {
+    use drip_core::rules::{InvalidLimit, Limit, MAX_WINDOW, Placement, Window};
+    use drip_core::time::MINUTE;
+    let fixed = Window::Fixed(Placement::Start);
+    let limit = Limit::new(100, MINUTE, fixed).unwrap();
+    assert_eq!((limit.limit(), limit.per(), limit.window()), (100, MINUTE, fixed));
+    assert_eq!(Limit::new(0, MINUTE, fixed), Err(InvalidLimit::ZeroLimit));
+    assert_eq!(Limit::new(1, 0, fixed), Err(InvalidLimit::EmptyPeriod));
+    assert_eq!(Limit::new(1, -5, Window::Sliding), Err(InvalidLimit::EmptyPeriod));
+    assert_eq!(Limit::new(1, MAX_WINDOW + 1, fixed), Err(InvalidLimit::PeriodTooLong(MAX_WINDOW + 1)));
+    assert!(Limit::new(1, MAX_WINDOW, fixed).is_ok());
+    assert_eq!(Limit::new(1, MINUTE, Window::Gcra { burst: 0 }), Err(InvalidLimit::ZeroBurst));
+    assert_eq!(InvalidLimit::ZeroBurst.field(), "burst");
+    assert_eq!(
+        InvalidLimit::PeriodTooLong(32 * 24 * 60 * MINUTE).to_string(),
+        "32.0 days is over 31d, the longest supported window"
+    );
+}

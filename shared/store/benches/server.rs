@@ -31,12 +31,12 @@ fn scaled(n: usize) -> usize {
 }
 
 fn configurations() -> Vec<(&'static str, Vec<Limit>)> {
-    let fixed = |limit, per| Limit { limit, per, window: Window::Fixed(Placement::Start) };
+    let fixed = |limit, per| Limit::new(limit, per, Window::Fixed(Placement::Start)).unwrap();
     vec![
         ("1 fixed limit (100/min)", vec![fixed(100, MINUTE)]),
-        ("gcra 10/s burst 100", vec![Limit { limit: 10, per: SECOND, window: Window::Gcra { burst: 100 } }]),
+        ("gcra 10/s burst 100", vec![Limit::new(10, SECOND, Window::Gcra { burst: 100 }).unwrap()]),
         ("10/s + 100/min + 10,000/day", vec![fixed(10, SECOND), fixed(100, MINUTE), fixed(10_000, DAY)]),
-        ("sliding 100/min", vec![Limit { limit: 100, per: MINUTE, window: Window::Sliding }]),
+        ("sliding 100/min", vec![Limit::new(100, MINUTE, Window::Sliding).unwrap()]),
     ]
 }
 
@@ -161,7 +161,7 @@ async fn used_memory(connection: &mut MultiplexedConnection) -> i64 {
 /// Bytes per in-flight message and per entity: `ENTITIES` entities with one message each, then
 /// `messages` more on them.
 async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) -> (f64, f64) {
-    let limits = [Limit { limit: 1_000_000, per: MINUTE, window: Window::Fixed(Placement::Start) }];
+    let limits = [Limit::new(1_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
     let messages = scaled(100_000);
     let published = wall_clock_millis();
     let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");

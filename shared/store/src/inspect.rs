@@ -61,7 +61,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let mut sliding_keys = keys.sliding.iter();
         for limit in limits {
             let id = state_id(limit);
-            let limit_state = match limit.window {
+            let limit_state = match limit.window() {
                 Window::Fixed(_) => match (field(&id, "w"), field(&id, "u")) {
                     (Some(window), Some(used)) => Some(LimitState::Fixed { window, used: used as u64 }),
                     _ => None,
@@ -100,7 +100,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
 pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -> EntityReport {
     let mut limits = Vec::new();
     for limit in &rule.limits {
-        let (n, per) = (limit.limit as i64, limit.per);
+        let (n, per) = (limit.limit() as i64, limit.per());
         let (used_now, ahead) = match state.limits.get(&state_id(limit)) {
             Some(LimitState::Fixed { window, used }) => {
                 let (window, used) = (*window, *used as i64);
@@ -129,7 +129,7 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
                 (used, ahead)
             }
             Some(LimitState::Gcra { tat, tat_rem }) => {
-                let burst = match limit.window {
+                let burst = match limit.window() {
                     Window::Gcra { burst } => burst as i64,
                     _ => 1,
                 };
@@ -142,7 +142,7 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
         limits.push(LimitReport {
             limit: limit.to_string(),
             used_now: used_now as u64,
-            capacity: limit.limit,
+            capacity: limit.limit(),
             ahead: ahead as u64,
         });
     }

@@ -40,7 +40,7 @@ impl EntityKeys {
             answer_field,
             sliding: limits
                 .iter()
-                .filter(|l| l.window == Window::Sliding)
+                .filter(|l| l.window() == Window::Sliding)
                 .map(|l| format!("{prefix}:{}", state_id(l)))
                 .collect(),
         }
@@ -76,8 +76,8 @@ mod tests {
     #[test]
     fn every_key_shares_one_hash_tag_even_for_hostile_keys() {
         let limits = [
-            Limit { limit: 1, per: 1_000, window: Window::Fixed(Placement::Start) },
-            Limit { limit: 1, per: 60_000, window: Window::Sliding },
+            Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap(),
+            Limit::new(1, 60_000, Window::Sliding).unwrap(),
         ];
         let keys = EntityKeys::new("drip", "payouts", "a}b{c%", "m1", 125_000, &limits);
         assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");

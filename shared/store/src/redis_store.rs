@@ -200,7 +200,7 @@ impl<C> RedisStore<C> {
     /// The script call that reserves `request`'s slot.
     pub fn reserve_call(&self, request: &SlotRequest<'_>) -> ReserveCall {
         let keys = self.keys(request);
-        let longest_window = request.limits.iter().map(|l| l.per).max().unwrap_or(0);
+        let longest_window = request.limits.iter().map(|l| l.per()).max().unwrap_or(0);
         let number = |n: i64| n.to_string().into_bytes();
         let mut args = vec![
             request.now.map(|now| now.to_string()).unwrap_or_default().into_bytes(),
@@ -218,7 +218,7 @@ impl<C> RedisStore<C> {
         let mut sliding_index = 2;
         for limit in request.limits {
             let id = state_id(limit);
-            let (extra, [a, b]) = match limit.window {
+            let (extra, [a, b]) = match limit.window() {
                 Window::Sliding => {
                     sliding_index += 1;
                     (sliding_index, [format!("{id}:b"), String::new()])
@@ -229,8 +229,8 @@ impl<C> RedisStore<C> {
             fields.extend([a.into_bytes(), b.into_bytes()]);
             parameters.extend([
                 script_kind(limit).as_bytes().to_vec(),
-                number(limit.per),
-                number(limit.limit as i64),
+                number(limit.per()),
+                number(limit.limit() as i64),
                 number(extra),
             ]);
         }
@@ -241,7 +241,7 @@ impl<C> RedisStore<C> {
 }
 
 fn script_kind(limit: &Limit) -> &'static str {
-    match limit.window {
+    match limit.window() {
         Window::Fixed(Placement::Start) => "fixed",
         Window::Fixed(Placement::Spread) => "spread",
         Window::Sliding => "sliding",
