@@ -19,6 +19,28 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}-{nanos}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The body Pub/Sub pushes for one message (the wrapped push format).
+pub fn push_envelope(
+    id: &str,
+    subscription: &str,
+    publish_time: &str,
+    attributes: &[(&str, &str)],
+    data: &[u8],
+) -> Vec<u8> {
+    use base64::Engine;
+    let attributes: std::collections::BTreeMap<&str, &str> = attributes.iter().copied().collect();
+    serde_json::to_vec(&serde_json::json!({
+        "message": {
+            "data": base64::engine::general_purpose::STANDARD.encode(data),
+            "attributes": attributes,
+            "messageId": id,
+            "publishTime": publish_time,
+        },
+        "subscription": subscription,
+    }))
+    .expect("a JSON value serializes")
+}
+
 /// `GET path` on a loopback port, blocking, without an HTTP client: the body when it answered 200.
 /// For readiness checks outside any runtime.
 pub fn get_ok(port: u16, path: &str) -> Option<String> {

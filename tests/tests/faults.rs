@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, Method, StatusCode as AxumStatus};
-use base64::Engine;
 use cloud_tasks_emulator::RetryConfig;
 use drip_core::time::{Millis, SECOND, parse_rfc3339};
 use drip_tests::pubsub_emulator::{PROJECT, Pubsub, PubsubEmulator, Pulled};
@@ -21,7 +20,6 @@ use drip_tests::stack::{
 };
 use drip_tests::unique;
 use reqwest::StatusCode;
-use serde_json::json;
 
 const RULES: &str = r#"
 default_dlq_topic: {p}-dlq
@@ -178,16 +176,8 @@ struct Harness {
 }
 
 fn envelope(id: &str, subscription: &str, attributes: &BTreeMap<String, String>, data: &[u8]) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "message": {
-            "data": base64::engine::general_purpose::STANDARD.encode(data),
-            "attributes": attributes,
-            "messageId": id,
-            "publishTime": "2026-08-03T12:00:01.000Z",
-        },
-        "subscription": subscription,
-    }))
-    .unwrap()
+    let pairs: Vec<(&str, &str)> = attributes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    drip_tests::push_envelope(id, subscription, "2026-08-03T12:00:01.000Z", &pairs, data)
 }
 
 fn attrs(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

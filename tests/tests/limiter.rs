@@ -91,17 +91,7 @@ async fn start() -> Test {
 }
 
 fn envelope(id: &str, attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
-    let attributes: BTreeMap<&str, &str> = attributes.iter().copied().collect();
-    serde_json::to_vec(&json!({
-        "message": {
-            "data": base64::engine::general_purpose::STANDARD.encode(data),
-            "attributes": attributes,
-            "messageId": id,
-            "publishTime": "2026-08-03T12:00:01.000Z",
-        },
-        "subscription": SUBSCRIPTION,
-    }))
-    .unwrap()
+    drip_tests::push_envelope(id, SUBSCRIPTION, "2026-08-03T12:00:01.000Z", attributes, data)
 }
 
 impl Test {

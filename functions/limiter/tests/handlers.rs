@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use base64::Engine;
 use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::time::parse_rfc3339;
@@ -20,7 +19,6 @@ use drip_limiter::{AppState, ForwardIdToken, ForwardIdTokenMode, app, task_id};
 use drip_service::metrics::ServiceMetrics;
 use drip_store::MemoryLimiterStore;
 use drip_tests::stack::SIGNING_KEY;
-use serde_json::json;
 use tower::ServiceExt;
 
 const SUBSCRIPTION: &str = "projects/drip-test/subscriptions/payouts-push";
@@ -149,17 +147,8 @@ fn limiter() -> Limiter {
 }
 
 fn envelope(id: &str, attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
-    let attributes: BTreeMap<&str, &str> = attributes.iter().copied().collect();
-    serde_json::to_vec(&json!({
-        "message": {
-            "data": base64::engine::general_purpose::STANDARD.encode(data),
-            "attributes": attributes,
-            "messageId": id,
-            "publishTime": drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis()),
-        },
-        "subscription": SUBSCRIPTION,
-    }))
-    .unwrap()
+    let now = drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis());
+    drip_tests::push_envelope(id, SUBSCRIPTION, &now, attributes, data)
 }
 
 impl Limiter {
