@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{Reservation, Status};
+use drip_core::schedule::{LimitState, Reservation, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
@@ -130,6 +130,7 @@ async fn every_key_an_entity_writes_expires() {
         Limit::new(3, 10 * SECOND, Window::Sliding).unwrap(),
         Limit::new(5, MINUTE, Window::Gcra { burst: 2 }).unwrap(),
     ];
+    let mut entity_prefix = String::new();
     for i in 0..6 {
         let id = format!("m{i}");
         let request = SlotRequest {
@@ -144,8 +145,10 @@ async fn every_key_an_entity_writes_expires() {
             published: None,
         };
         store.reserve(&request).await.unwrap();
+        entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
     }
-    let keys: Vec<String> = connection.keys(format!("drip:{{{rule}|*")).await.unwrap();
+    // Every key under the entity's prefix, not only those the store names: one it forgot would show.
+    let keys: Vec<String> = connection.keys(format!("{entity_prefix}*")).await.unwrap();
     let answers: Vec<&String> = keys.iter().filter(|k| k.contains(":a:")).collect();
     assert_eq!(keys.len(), 2 + answers.len(), "state, sliding set and the answers' minute hashes: {keys:?}");
     let mut answered = 0;
@@ -204,8 +207,9 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
         if i == 209 || i == 1_999 {
             let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
             commands_at.insert(i, script_commands(&stats));
-            let fields: usize = connection.hlen("drip:{r|hot}:state").await.unwrap();
-            let sliding: usize = connection.zcard("drip:{r|hot}:sliding:5000").await.unwrap();
+            let keys = store.keys(&request);
+            let fields: usize = connection.hlen(&keys.state).await.unwrap();
+            let sliding: usize = connection.zcard(&keys.sliding[0]).await.unwrap();
             sizes_at.insert(i, (fields, sliding));
         }
     }
@@ -282,14 +286,16 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
         assert!(answers.iter().all(|a| a.slot == answers[0].slot && a.status == Status::Reserved), "{id}: {answers:?}");
         ledgers.entry(key.clone()).or_default().push((answers[0].slot, 1));
     }
-    let mut connection = shared_connection().await;
+    let store = RedisStore::new(shared_connection().await, "drip");
     for (key, ledger) in &ledgers {
         check_limits(&limits, ledger).unwrap_or_else(|e| panic!("{key}: {e}"));
-        let state: HashMap<String, i64> = connection.hgetall(format!("drip:{{{rule}|{key}}}:state")).await.unwrap();
-        let window = state["fixed:1000:w"];
+        let state = store.entity_state(&rule, key, &limits).await.unwrap();
+        let Some(&LimitState::Fixed { window, used }) = state.limits.get(&state_id(&limits[0])) else {
+            panic!("{key}: no fixed-window state in {state:?}")
+        };
         let usage = fixed_window_usage(ledger, SECOND);
-        assert_eq!(state["fixed:1000:u"] as u64, usage[&window], "{key}: Redis counts what was handed out");
-        assert_eq!(state["last"], ledger.iter().map(|&(s, _)| s).max().unwrap());
+        assert_eq!(used, usage[&window], "{key}: Redis counts what was handed out");
+        assert_eq!(state.last_slot, ledger.iter().map(|&(s, _)| s).max());
     }
 }
 

@@ -14,7 +14,7 @@ use drip_core::overflow::TaskSigner;
 use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::oidc::OidcVerifier;
-use drip_gcp::pubsub::Publishers;
+use drip_gcp::Publish;
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
 use drip_store::{AnyConnection, RedisStore};
@@ -47,7 +47,7 @@ pub struct AppState {
     pub rules: Arc<ServiceRules>,
     pub store: RedisStore<AnyConnection>,
     /// For `/readyz`.
-    pub publishers: Arc<Publishers>,
+    pub publishers: Arc<dyn Publish>,
     pub oidc: Option<Arc<OidcVerifier>>,
     pub metrics: Arc<ServiceMetrics>,
     pub signer: TaskSigner,
