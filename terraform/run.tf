@@ -9,6 +9,9 @@ locals {
     REDIS_CLUSTER        = tostring(var.redis_cluster)
     REDIS_IAM_AUTH       = tostring(var.redis_cluster)
     DRIP_REDIS_NAMESPACE = "drip"
+    # The rules volume reads Secret Manager's latest version: a new version applies within this
+    # long, without a new revision (README: "Changing limits").
+    DRIP_RULES_POLL_MS = "10000"
   }
   limiter_env = merge(local.common_env, {
     DRIP_TASKS_QUEUES          = join(",", [for queue in google_cloud_tasks_queue.drip : queue.id])
@@ -140,8 +143,10 @@ resource "google_cloud_run_v2_service" "drip" {
       name = "rules"
       secret {
         secret = google_secret_manager_secret.drip["rules"].secret_id
+        # `latest`, not the version Terraform wrote: Cloud Run fetches the secret when the file is
+        # read, so `gcloud secrets versions add` (or the next apply) changes the rules in place.
         items {
-          version = google_secret_manager_secret_version.drip["rules"].version
+          version = "latest"
           path    = "rules.yaml"
         }
       }
@@ -159,5 +164,6 @@ resource "google_cloud_run_v2_service" "drip" {
     }
   }
 
-  depends_on = [google_secret_manager_secret_iam_member.services_read]
+  # The secrets' versions must exist before a revision reads them (the rules volume names `latest`).
+  depends_on = [google_secret_manager_secret_iam_member.services_read, google_secret_manager_secret_version.drip]
 }

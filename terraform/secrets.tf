@@ -1,5 +1,5 @@
-# Secrets the services read at start: the Redis URL (with the AUTH string), the Redis server CA,
-# the task signing key, and the rules file (not secret, but versioned with the deployment).
+# Secrets the services read: the Redis URL (with the AUTH string), the Redis server CA,
+# the task signing key, and the rules file (not secret, but versioned; re-read while they run).
 
 locals {
   # The names are listed apart from the values: for_each may not depend on the (sensitive) values.

@@ -195,6 +195,17 @@ def tasks_are_signed_with_a_secret(module: Module):
     return []
 
 
+def rules_reload_without_redeploy(module: Module):
+    """The rules reach both services from Secret Manager's latest version, re-read while they run."""
+    text = "".join(path.read_text() for path in sorted(module.directory.glob("*.tf")))
+    problems = []
+    if not re.search(r'name\s*=\s*"rules"\s*secret\s*{[^}]*?items\s*{[^}]*version\s*=\s*"latest"', text):
+        problems.append("the rules volume is pinned to one secret version: a rules change needs a new revision")
+    if "DRIP_RULES_POLL_MS" not in str(module.locals.get("common_env", "")):
+        problems.append("the services are not told to re-read the rules (DRIP_RULES_POLL_MS)")
+    return problems
+
+
 def dedicated_service_accounts(module: Module):
     problems = []
     accounts = module.of_type("google_service_account")
@@ -276,6 +287,7 @@ POLICIES = {
         redis_never_evicts,
         dispatcher_knows_the_last_attempt,
         tasks_are_signed_with_a_secret,
+        rules_reload_without_redeploy,
         dedicated_service_accounts,
         queues_survive_destroy,
         limiter_enqueues_with_least_privilege,

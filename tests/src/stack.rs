@@ -103,6 +103,8 @@ pub struct LimiterWiring {
     pub namespace: String,
     /// `redis_url` is a node of a Redis Cluster.
     pub redis_cluster: bool,
+    /// How often the limiter re-reads its rules file (0: never, in tests that do not change it).
+    pub rules_poll_ms: u64,
 }
 
 impl LimiterWiring {
@@ -126,6 +128,7 @@ impl LimiterWiring {
             timeouts_ms: 3_000,
             namespace: unique("drip"),
             redis_cluster: false,
+            rules_poll_ms: 0,
         }
     }
 }
@@ -137,6 +140,8 @@ pub struct LimiterUnderTest {
     pub state: AppState,
     pub namespace: String,
     pub redis_url: String,
+    /// The rules file it runs: rewrite it to change its rules (with `rules_poll_ms` set).
+    pub rules_path: std::path::PathBuf,
 }
 
 pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterUnderTest {
@@ -154,6 +159,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             redis_iam_auth: false,
             project: PROJECT.into(),
             rules: rules_path.display().to_string(),
+            rules_poll_ms: wiring.rules_poll_ms,
             pubsub_emulator_host: Some(wiring.pubsub_host.clone()),
             publish_timeout_ms: wiring.timeouts_ms,
             oidc_audience: wiring.oidc_audience.clone(),
@@ -178,7 +184,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
     let url = format!("http://{}", listener.local_addr().expect("address"));
     let router = app(state.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
-    LimiterUnderTest { url, state, namespace, redis_url: wiring.redis_url.clone() }
+    LimiterUnderTest { url, state, namespace, redis_url: wiring.redis_url.clone(), rules_path }
 }
 
 /// The queue index the limiter uses for a key (re-exported for assertions).
@@ -226,6 +232,7 @@ pub async fn spawn_dispatcher_with(
             redis_iam_auth: false,
             project: PROJECT.into(),
             rules: rules_path.display().to_string(),
+            rules_poll_ms: 0,
             pubsub_emulator_host: Some(pubsub_host.to_owned()),
             publish_timeout_ms: 3_000,
             oidc_audience: oidc.map(|(audience, _, _)| audience.to_owned()),

@@ -204,7 +204,8 @@ async fn a_limiter_that_fails_once_is_redelivered_without_a_double_reservation()
     assert_eq!(s.tasks.client.tasks().await.unwrap().len(), 1, "one task for the redelivered message");
     let connection = redis::Client::open(shared_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let store = drip_store::RedisStore::new(connection, s.limiter.namespace.clone());
-    let rule = s.limiter.state.rules.rule(&format!("{}-paced", s.prefix)).unwrap();
+    let rules = s.limiter.state.rules.current();
+    let rule = rules.rule(&format!("{}-paced", s.prefix)).unwrap();
     let state = store.entity_state(&rule.name, "merchant_7", &rule.limits).await.unwrap();
     let last = state.last_slot.expect("a reservation was made");
     let tat = match &state.limits[&drip_core::schedule::state_id(&rule.limits[0])] {

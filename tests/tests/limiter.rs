@@ -114,7 +114,7 @@ impl Test {
 
     /// The cost reserved for `key` in the current window of rule `name`'s first limit (fixed).
     async fn used(&self, name: &str, key: &str) -> u64 {
-        let rule = self.limiter.state.rules.rule(&self.rule(name)).unwrap().clone();
+        let rule = self.limiter.state.rules.current().rule(&self.rule(name)).unwrap().clone();
         let state = self.store().await.entity_state(&rule.name, key, &rule.limits).await.unwrap();
         match state.limits.get(&drip_core::schedule::state_id(&rule.limits[0])) {
             Some(drip_core::schedule::LimitState::Fixed { used, .. }) => *used,
@@ -598,4 +598,52 @@ async fn the_limiter_works_on_a_redis_cluster() {
         .await
         .unwrap();
     assert_eq!(report["backlog"], 1, "{report}");
+}
+
+/// A changed rules file applies without a restart (polled); one that does not validate is refused
+/// and the rules in force stay.
+#[tokio::test]
+async fn a_changed_rules_file_applies_and_a_bad_one_is_refused() {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
+    let version = || t.limiter.state.rules.version();
+    let first = version();
+    for id in ["a", "b", "c"] {
+        assert_eq!(t.payout(id, 11).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.pulled("ready", 2).await.len(), 2, "2 an hour");
+    assert_eq!(t.tasks().await.len(), 1, "the third waits for the next hour");
+
+    let rules = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    std::fs::write(&t.limiter.rules_path, rules.replacen("limit: 2, per: 1h", "limit: 4, per: 1h", 1)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while version() == first {
+        assert!(std::time::Instant::now() < deadline, "the new rules never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in ["d", "e"] {
+        assert_eq!(t.payout(id, 11).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.tasks().await.len(), 3, "FIFO: d and e queue behind c, even with room now");
+    assert_eq!(t.used("payouts", "merchant_11").await, 3, "the next hour holds c, d, e: under the new 4");
+    for id in ["g", "h", "i", "j", "k"] {
+        assert_eq!(t.payout(id, 12).await, StatusCode::NO_CONTENT);
+    }
+    let forwarded = t.pulled("ready", 4).await;
+    let ids: Vec<&str> = forwarded.iter().map(|m| m.attributes["drip-message-id"].as_str()).collect();
+    assert_eq!(ids, ["g", "h", "i", "j"], "4 an hour now");
+    assert_eq!(t.tasks().await.len(), 4, "k waits");
+    let readyz = reqwest::get(format!("{}/readyz", t.limiter.url)).await.unwrap().text().await.unwrap();
+    assert!(readyz.ends_with(&version()), "{readyz}");
+
+    let second = version();
+    std::fs::write(&t.limiter.rules_path, rules.replacen("max_delay: 3h", "max_delay: 45d", 1)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let metrics_url = format!("{}/metrics", t.limiter.url);
+    while !reqwest::get(&metrics_url).await.unwrap().text().await.unwrap().contains("drip_rules_refused 1") {
+        assert!(std::time::Instant::now() < deadline, "the bad file was never refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(version(), second, "the rules in force stay");
+    assert_eq!(t.payout("f", 11).await, StatusCode::NO_CONTENT);
+    assert_eq!(t.used("payouts", "merchant_11").await, 4, "still 4 an hour: f joins the next hour");
 }

@@ -16,7 +16,7 @@ use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload};
-use drip_core::rules::{OverflowFormat, Rule};
+use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::time::{parse_rfc3339, wall_clock_millis};
 use drip_store::{DispatchClaim, MessageOf};
 
@@ -78,9 +78,10 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         Err(error) => return dead_letter_malformed(&state, &delivery, &error.to_string()).await,
     };
     let meta = &task.rate_limit_meta;
-    let route = match owner_of(&state, &meta.rule, &meta.overflow_topic) {
+    let rules = state.rules.current();
+    let route = match owner_of(&rules, &meta.rule, &meta.overflow_topic) {
         Some(rule) => Route::Overflow(rule),
-        None if signed => Route::Retired(state.rules.rule(&meta.rule)),
+        None if signed => Route::Retired(rules.rule(&meta.rule)),
         None => {
             tracing::error!(task = delivery.task, topic = %meta.overflow_topic, rule = %meta.rule, "dispatch refused: an unsigned task names a topic no rule owns");
             state.metrics.count(&meta.rule, Outcome::UnknownOverflowTopic.as_str());
@@ -142,8 +143,8 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
 }
 
 /// The rule named in the task, if it owns the topic; else any rule that owns it.
-fn owner_of<'a>(state: &'a AppState, rule: &str, topic: &str) -> Option<&'a Rule> {
-    let owners = || state.rules.rules.iter().filter(|r| r.overflow_topic == topic);
+fn owner_of<'a>(rules: &'a ServiceRules, rule: &str, topic: &str) -> Option<&'a Rule> {
+    let owners = || rules.rules.iter().filter(|r| r.overflow_topic == topic);
     owners().find(|r| r.name == rule).or_else(|| owners().next())
 }
 
@@ -246,7 +247,8 @@ async fn publish_dead_letter(
     data: Vec<u8>,
     task_name: Option<&str>,
 ) -> anyhow::Result<()> {
-    let topic = state.rules.dlq_topic_for(rule);
+    let rules = state.rules.current();
+    let topic = rules.dlq_topic_for(rule);
     let stamp = Stamp { reason: Some((refused.reason, &refused.detail)), task: task_name, ..stamp_of(task, rule) };
     let (data, attributes) = stamp.dead_letter(&task.attributes, &data);
     state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await?;
@@ -268,7 +270,8 @@ async fn dead_letter_task(
 
 /// A body that is not a task of ours can never succeed: dead-letter it and stop the retries.
 async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error: &str) -> StatusCode {
-    let topic = state.rules.dlq_topic_for(None);
+    let rules = state.rules.current();
+    let topic = rules.dlq_topic_for(None);
     let stamp =
         Stamp { reason: Some((DlqReason::MalformedTask, error)), task: Some(delivery.task), ..Stamp::default() };
     let (data, attributes) = stamp.dead_letter(&Default::default(), delivery.body);

@@ -11,10 +11,10 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use drip_core::overflow::TaskSigner;
-use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
-use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::Publish;
+use drip_gcp::oidc::OidcVerifier;
+use drip_service::live_rules::LiveRules;
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
 use drip_store::{AnyConnection, RedisStore};
@@ -44,7 +44,7 @@ impl Settings {
 
 #[derive(Debug, Clone)]
 pub struct AppState {
-    pub rules: Arc<ServiceRules>,
+    pub rules: Arc<LiveRules>,
     pub store: RedisStore<AnyConnection>,
     /// For `/readyz`.
     pub publishers: Arc<dyn Publish>,
@@ -66,18 +66,19 @@ impl AppState {
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let common = &settings.common;
     let redis = common.connect_redis().await?;
+    let metrics = Arc::new(ServiceMetrics::new(
+        ("dispatches", "Tasks received, by rule and outcome"),
+        ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
+    ));
     Ok(AppState {
-        rules: common.load_rules()?,
+        rules: common.load_rules(Box::new(|_| Ok(())), metrics.shared.clone())?,
         store: RedisStore::new(redis, common.redis_namespace.clone()),
         signer: common.task_signer()?,
         max_attempts: settings.tasks_max_attempts,
         lease: (2 * common.publish_timeout_ms + 2 * common.redis_timeout_ms + LEASE_MARGIN_MS) as Millis,
         publishers: common.connect_pubsub().await?,
         oidc: common.oidc_verifier(),
-        metrics: Arc::new(ServiceMetrics::new(
-            ("dispatches", "Tasks received, by rule and outcome"),
-            ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
-        )),
+        metrics,
     })
 }
 
@@ -86,5 +87,5 @@ pub fn app(state: AppState) -> Router {
         .route("/dispatch", post(dispatch::dispatch))
         .layer(DefaultBodyLimit::max(MAX_TASK_BYTES))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, Arc::new(state.store), state.metrics.shared.clone())
+    drip_service::service_router(api, state.oidc, Arc::new(state.store), state.rules, state.metrics.shared.clone())
 }

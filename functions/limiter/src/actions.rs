@@ -107,7 +107,8 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, Failure> {
 
 impl AppState {
     pub(crate) async fn dead_letter(&self, letter: DeadLetter<'_>) -> anyhow::Result<()> {
-        let topic = self.rules.dlq_topic_for(letter.rule);
+        let rules = self.rules.current();
+        let topic = rules.dlq_topic_for(letter.rule);
         let stamp = Stamp {
             message_id: letter.message_id,
             subscription: letter.subscription,

@@ -21,6 +21,7 @@ use drip_core::time::Millis;
 use drip_gcp::oidc::OidcVerifier;
 use drip_gcp::tasks::{TaskCreator, TaskTarget};
 use drip_gcp::{CreateTask, Publish};
+use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_store::{LimiterStore, RedisStore};
 
@@ -38,7 +39,7 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// Everything a request needs; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
-    pub rules: Arc<ServiceRules>,
+    pub rules: Arc<LiveRules>,
     pub store: Arc<dyn LimiterStore>,
     pub publishers: Arc<dyn Publish>,
     pub tasks: Arc<dyn CreateTask>,
@@ -58,9 +59,29 @@ pub struct AppState {
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let common = &settings.common;
-    let rules = common.load_rules()?;
-    let longest_inline_wait = rules.rules.iter().map(|r| r.inline_wait).max().unwrap_or(0);
-    settings.check_shutdown_budget(longest_inline_wait as u64)?;
+    let metrics = Arc::new(ServiceMetrics::new(
+        ("decisions", "Events by rule and outcome (forward, delay or the dead-letter reason)"),
+        ("delay_seconds", "How far after its decision an event's slot lies"),
+    ));
+    // The attempt deadline (and so the lease) is sized for the longest inline wait at start-up: a
+    // reload may not lengthen it (that takes a new revision).
+    let deadline_sized_for = Arc::new(std::sync::OnceLock::new());
+    let accept: Acceptance = {
+        let (settings, sized_for) = (settings.clone(), deadline_sized_for.clone());
+        Box::new(move |rules: &ServiceRules| {
+            let longest = longest_inline_wait(rules);
+            settings.check_shutdown_budget(longest as u64).map_err(|e| e.to_string())?;
+            match sized_for.get() {
+                Some(&sized) if longest > sized => Err(format!(
+                    "an inline_wait of {longest} ms is longer than this revision's attempt deadline allows ({sized} ms): deploy a new revision to lengthen it"
+                )),
+                _ => Ok(()),
+            }
+        })
+    };
+    let rules = common.load_rules(accept, metrics.shared.clone())?;
+    let longest_inline_wait = longest_inline_wait(&rules.current());
+    let _ = deadline_sized_for.set(longest_inline_wait);
     let attempt_deadline = Duration::from_millis(
         longest_inline_wait as u64
             + settings.forward_timeout_ms.max(settings.tasks_timeout_ms).max(common.redis_timeout_ms)
@@ -93,15 +114,16 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         http,
         id_tokens: Arc::new(ForwardIdToken::new(settings.forward_id_token)),
         oidc: common.oidc_verifier(),
-        metrics: Arc::new(ServiceMetrics::new(
-            ("decisions", "Events by rule and outcome (forward, delay or the dead-letter reason)"),
-            ("delay_seconds", "How far after its decision an event's slot lies"),
-        )),
+        metrics,
         claim_check_max_bytes: settings.claim_check_max_bytes,
         signer: common.task_signer()?,
         attempt_deadline,
         lease: (attempt_deadline + LEASE_MARGIN).as_millis() as Millis,
     })
+}
+
+fn longest_inline_wait(rules: &ServiceRules) -> Millis {
+    rules.rules.iter().map(|r| r.inline_wait).max().unwrap_or(0)
 }
 
 /// `GET /v1/rules/{rule}/keys/{key}`: the entity's state, as `drip inspect --json` prints it.
@@ -110,7 +132,8 @@ async fn inspect_entity(
     axum::extract::Path((rule, key)): axum::extract::Path<(String, String)>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let Some(rule) = state.rules.rule(&rule) else {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else {
         return (axum::http::StatusCode::NOT_FOUND, "no such rule").into_response();
     };
     let key = drip_core::template::cap_key(key);
@@ -129,5 +152,5 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
         .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(inspect_entity))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, state.store, state.metrics.shared.clone())
+    drip_service::service_router(api, state.oidc, state.store, state.rules, state.metrics.shared.clone())
 }

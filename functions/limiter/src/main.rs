@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<()> {
     let state = build_state(&settings).await?;
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.common.port))).await?;
-    tracing::info!(address = %listener.local_addr()?, rules = state.rules.rules.len(), "drip-limiter listening");
+    tracing::info!(address = %listener.local_addr()?, rules = state.rules.current().rules.len(), rules_version = %state.rules.version(), "drip-limiter listening");
     drip_service::serve(listener, app(state)).await?;
     Ok(())
 }

@@ -59,7 +59,8 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes
 async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outcome> {
     let PushedMessage { id, subscription, publish_time, attributes, data } = message;
     let event = Event::new(id, attributes, data).with_subscription(subscription);
-    let (rule, key, cost) = match plan(&state.rules, &event) {
+    let rules = state.rules.current();
+    let (rule, key, cost) = match plan(&rules, &event) {
         Plan::Reserve { rule, key, cost } => (rule, key, cost),
         Plan::DeadLetter { rule, key, reason, detail } => {
             log_decision(&event, rule, key.as_deref(), Outcome::DeadLetter(reason), None, false);

@@ -131,3 +131,62 @@ fn serves_and_stops_cleanly_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The body of `/readyz` once it answers 200 (it names the rules version in force).
+fn readyz(port: u16, deadline: Instant) -> String {
+    loop {
+        if let Some(body) = drip_tests::get_ok(port, "/readyz") {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "the limiter never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sighup_reloads_the_rules_and_a_bad_file_is_refused() {
+    let pubsub = Pubsub::shared();
+    let port = free_port();
+    let rules = std::env::temp_dir().join(format!("{}.yaml", drip_tests::unique("sighup-rules")));
+    let original = std::fs::read_to_string(repo("examples/payouts.yaml")).unwrap();
+    std::fs::write(&rules, &original).unwrap();
+    let mut env = base_env(&pubsub.host, &rules.display().to_string(), port);
+    env.push(("DRIP_RULES_POLL_MS", "0".into()));
+    let log = std::env::temp_dir().join(format!("{}.log", drip_tests::unique("sighup-log")));
+    let mut child =
+        limiter(&as_refs(&env)).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    let hangup = || Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = readyz(port, deadline);
+    assert!(first.starts_with("ready; rules "), "{first}");
+
+    std::fs::write(&rules, original.replace("limit: 100,", "limit: 120,")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(readyz(port, deadline), first, "polling is off: nothing changes before SIGHUP");
+    hangup();
+    let second = loop {
+        let body = readyz(port, deadline);
+        if body != first {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "SIGHUP never reloaded the rules");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    std::fs::write(&rules, original.replace("limit: 100,", "limit: 0,")).unwrap();
+    hangup();
+    let refused = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("new rules refused") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the bad file was never refused: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(refused.contains("limits[0].limit"), "the ERROR names the field: {refused}");
+    assert_eq!(readyz(port, deadline), second, "the rules in force stay");
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_file(&rules);
+    let _ = std::fs::remove_file(&log);
+}

@@ -128,8 +128,9 @@ fn limiter() -> Limiter {
         Arc::new(RecordingPublisher::default()),
         Arc::new(RecordingTasks::default()),
     );
+    let metrics = Arc::new(ServiceMetrics::new(("decisions", "-"), ("delay_seconds", "-")));
     let state = AppState {
-        rules: Arc::new(rules),
+        rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
         store: store.clone(),
         publishers: pubsub.clone(),
         tasks: tasks.clone(),
@@ -137,7 +138,7 @@ fn limiter() -> Limiter {
         http: reqwest::Client::new(),
         id_tokens: Arc::new(ForwardIdToken::new(ForwardIdTokenMode::Never)),
         oidc: None,
-        metrics: Arc::new(ServiceMetrics::new(("decisions", "-"), ("delay_seconds", "-"))),
+        metrics,
         claim_check_max_bytes: 4 * 1024 * 1024,
         signer: TaskSigner::new(SIGNING_KEY),
         attempt_deadline: Duration::from_secs(5),
@@ -348,5 +349,8 @@ async fn the_entity_endpoint_and_readiness_answer_from_the_store() {
     let unknown = Request::get("/v1/rules/refunds/keys/merchant_9").body(Body::empty()).unwrap();
     assert_eq!(app(l.state.clone()).oneshot(unknown).await.unwrap().status(), StatusCode::NOT_FOUND);
     let ready = Request::get("/readyz").body(Body::empty()).unwrap();
-    assert_eq!(app(l.state.clone()).oneshot(ready).await.unwrap().status(), StatusCode::OK);
+    let ready = app(l.state.clone()).oneshot(ready).await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(ready.into_body(), usize::MAX).await.unwrap();
+    assert_eq!(body, "ready; rules fixed", "readiness names the rules version in force");
 }

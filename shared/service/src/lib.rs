@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod health;
+pub mod live_rules;
 pub mod metrics;
 pub mod settings;
 pub mod telemetry;
@@ -38,6 +39,7 @@ pub fn service_router(
     api: axum::Router,
     oidc: Option<std::sync::Arc<drip_gcp::oidc::OidcVerifier>>,
     store: std::sync::Arc<dyn drip_store::Ping>,
+    rules: std::sync::Arc<live_rules::LiveRules>,
     metrics: std::sync::Arc<metrics::Metrics>,
 ) -> axum::Router {
     axum::Router::new()
@@ -45,7 +47,7 @@ pub fn service_router(
             api.merge(metrics::Metrics::routes(metrics))
                 .route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)),
         )
-        .merge(health::routes(store))
+        .merge(health::routes(store, rules))
         .layer(telemetry::trace_layer())
 }
 

@@ -12,6 +12,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -28,10 +29,17 @@ pub fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 22))
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
     pub calls: HistogramFamily<CallLabels>,
+    rules_info: Family<VersionLabels, Gauge>,
+    rules_refused: Gauge,
 }
 
 impl Default for Metrics {
@@ -43,7 +51,15 @@ impl Default for Metrics {
             "Calls to Redis, Pub/Sub, Cloud Tasks and forward URLs",
             calls.clone(),
         );
-        Self { registry, calls }
+        let rules_info = Family::<VersionLabels, Gauge>::default();
+        registry.register("rules_info", "The version (hash) of the rules this instance runs: 1", rules_info.clone());
+        let rules_refused = Gauge::default();
+        registry.register(
+            "rules_refused",
+            "1 while the rules file holds a version that did not validate (the previous one stays in force)",
+            rules_refused.clone(),
+        );
+        Self { registry, calls, rules_info, rules_refused }
     }
 }
 
@@ -55,6 +71,18 @@ impl Metrics {
         let labels = CallLabels { dependency, result: if result.is_ok() { "ok" } else { "error" } };
         self.calls.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
         result
+    }
+
+    /// The rules in force changed from `from` (none at start-up) to `to`.
+    pub fn rules_version(&self, from: Option<&str>, to: &str) {
+        if let Some(from) = from {
+            self.rules_info.remove(&VersionLabels { version: from.to_owned() });
+        }
+        self.rules_info.get_or_create(&VersionLabels { version: to.to_owned() }).set(1);
+    }
+
+    pub fn rules_refused(&self, refused: bool) {
+        self.rules_refused.set(i64::from(refused));
     }
 
     pub fn render(&self) -> String {

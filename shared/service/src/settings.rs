@@ -1,12 +1,12 @@
 //! Settings both services read from the environment, and what they build from them at start-up.
 //! A bad setting stops start-up with a message that names it.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::live_rules::{Acceptance, LiveRules};
+use crate::metrics::Metrics;
 use anyhow::{Context, bail};
-use drip_core::rules::{RuleSet, ServiceRules};
 use drip_gcp::access_tokens::AccessTokens;
 use drip_gcp::oidc::{OidcSettings, OidcVerifier};
 use drip_gcp::pubsub::Publishers;
@@ -51,6 +51,9 @@ pub struct CommonSettings {
     /// Path of the rules file.
     #[envconfig(from = "DRIP_RULES")]
     pub rules: String,
+    /// How often the rules file is checked for a new version (0: only on SIGHUP).
+    #[envconfig(from = "DRIP_RULES_POLL_MS", default = "10000")]
+    pub rules_poll_ms: u64,
     /// `host:port` of the Pub/Sub emulator; unset for the real service.
     #[envconfig(from = "PUBSUB_EMULATOR_HOST")]
     pub pubsub_emulator_host: Option<String>,
@@ -92,10 +95,13 @@ impl CommonSettings {
 
     /// The rules file, validated, with somewhere to dead-letter what no rule can take (both
     /// services dead-letter: the limiter unmatched messages, the dispatcher tasks of retired rules).
-    pub fn load_rules(&self) -> anyhow::Result<Arc<ServiceRules>> {
-        let rules = RuleSet::load(Path::new(&self.rules))
+    /// They are re-read when the file changes and on SIGHUP (see [`LiveRules`]); `accept` is the
+    /// service's own check of every version.
+    pub fn load_rules(&self, accept: Acceptance, metrics: Arc<Metrics>) -> anyhow::Result<Arc<LiveRules>> {
+        let rules = LiveRules::load(&self.rules, accept, metrics)
             .map_err(|errors| anyhow::anyhow!("invalid rules (DRIP_RULES):\n{errors}"))?;
-        Ok(Arc::new(ServiceRules::new(rules, &self.rules).map_err(|e| anyhow::anyhow!("{e}"))?))
+        rules.watch(Duration::from_millis(self.rules_poll_ms));
+        Ok(rules)
     }
 
     pub fn redis_settings(&self) -> anyhow::Result<RedisSettings> {

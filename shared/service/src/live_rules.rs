@@ -1,0 +1,202 @@
+//! The rules in force, re-read without a redeploy: when the file changes (polled, which is how a
+//! Cloud Run volume mounted from Secret Manager's `latest` version shows a new version) and on
+//! SIGHUP. A file that does not validate is refused: the rules in force stay, and an ERROR line and
+//! the `drip_rules_refused` gauge say why. Each request takes one snapshot, so it sees one rule set.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use drip_core::rules::{RuleSet, ServiceRules};
+use sha2::{Digest, Sha256};
+
+use crate::metrics::Metrics;
+
+/// One version of the rules: what was loaded and the hash that names it.
+#[derive(Debug)]
+pub struct LoadedRules {
+    pub set: ServiceRules,
+    /// The first 12 hex digits of the file's SHA-256: the same file is the same version everywhere.
+    pub version: String,
+}
+
+impl std::ops::Deref for LoadedRules {
+    type Target = ServiceRules;
+
+    fn deref(&self) -> &ServiceRules {
+        &self.set
+    }
+}
+
+/// A check a service adds to validation (the limiter: no inline wait beyond its attempt deadline).
+pub type Acceptance = Box<dyn Fn(&ServiceRules) -> Result<(), String> + Send + Sync>;
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reloaded {
+    Unchanged,
+    Applied { from: String, to: String },
+}
+
+pub struct LiveRules {
+    path: Option<PathBuf>,
+    current: ArcSwap<LoadedRules>,
+    accept: Acceptance,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for LiveRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveRules").field("path", &self.path).field("version", &self.version()).finish()
+    }
+}
+
+fn version_of(text: &[u8]) -> String {
+    hex::encode(&Sha256::digest(text)[..6])
+}
+
+fn parse(path: &Path, text: &[u8], accept: &Acceptance) -> Result<LoadedRules, String> {
+    let file = path.display().to_string();
+    let text = std::str::from_utf8(text).map_err(|e| format!("{file}: not UTF-8: {e}"))?;
+    let rules = RuleSet::parse(&file, text).map_err(|errors| errors.to_string())?;
+    let rules = ServiceRules::new(rules, &file).map_err(|error| error.to_string())?;
+    accept(&rules).map_err(|message| format!("{file}: {message}"))?;
+    Ok(LoadedRules { set: rules, version: version_of(text.as_bytes()) })
+}
+
+impl LiveRules {
+    /// Loads `path` (start-up fails if it does not validate) and publishes its version.
+    pub fn load(path: impl Into<PathBuf>, accept: Acceptance, metrics: Arc<Metrics>) -> Result<Arc<Self>, String> {
+        let path = path.into();
+        let text = std::fs::read(&path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let loaded = parse(&path, &text, &accept)?;
+        metrics.rules_version(None, &loaded.version);
+        Ok(Arc::new(Self { path: Some(path), current: ArcSwap::from_pointee(loaded), accept, metrics }))
+    }
+
+    /// Rules that never change (tests that build a service's state by hand).
+    pub fn fixed(rules: ServiceRules, metrics: Arc<Metrics>) -> Arc<Self> {
+        let version = "fixed".to_owned();
+        metrics.rules_version(None, &version);
+        let accept: Acceptance = Box::new(|_| Ok(()));
+        Arc::new(Self {
+            path: None,
+            current: ArcSwap::from_pointee(LoadedRules { set: rules, version }),
+            accept,
+            metrics,
+        })
+    }
+
+    /// The rules in force now; hold the snapshot for the whole request.
+    pub fn current(&self) -> Arc<LoadedRules> {
+        self.current.load_full()
+    }
+
+    pub fn version(&self) -> String {
+        self.current.load().version.clone()
+    }
+
+    /// Re-reads the file: a new valid version replaces the rules in force; an invalid one is
+    /// refused (an ERROR line, `drip_rules_refused` 1) and changes nothing.
+    pub fn reload(&self) -> Result<Reloaded, String> {
+        let Some(path) = &self.path else { return Ok(Reloaded::Unchanged) };
+        let result =
+            std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display())).and_then(|text| {
+                let from = self.version();
+                if version_of(&text) == from {
+                    return Ok(Reloaded::Unchanged);
+                }
+                let loaded = parse(path, &text, &self.accept)?;
+                let to = loaded.version.clone();
+                self.current.store(Arc::new(loaded));
+                Ok(Reloaded::Applied { from, to })
+            });
+        match &result {
+            Ok(Reloaded::Applied { from, to }) => {
+                self.metrics.rules_version(Some(from), to);
+                self.metrics.rules_refused(false);
+                tracing::info!(from = %from, to = %to, file = %path.display(), "rules reloaded");
+            }
+            Ok(Reloaded::Unchanged) => self.metrics.rules_refused(false),
+            Err(error) => {
+                self.metrics.rules_refused(true);
+                tracing::error!(version = %self.version(), %error, "new rules refused: the rules in force stay");
+            }
+        }
+        result
+    }
+
+    /// Reloads every `poll` (none when zero) and on SIGHUP, for as long as the process runs.
+    pub fn watch(self: &Arc<Self>, poll: Duration) {
+        let live = self.clone();
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let mut ticker = tokio::time::interval(if poll.is_zero() { Duration::from_secs(3_600) } else { poll });
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                #[cfg(unix)]
+                let hangup_received = async {
+                    match hangup.as_mut() {
+                        Some(signal) => signal.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                #[cfg(not(unix))]
+                let hangup_received = std::future::pending::<Option<()>>();
+                tokio::select! {
+                    _ = ticker.tick(), if !poll.is_zero() => {}
+                    _ = hangup_received => tracing::info!("SIGHUP: re-reading the rules"),
+                }
+                let _ = live.reload();
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: &str = "default_dlq_topic: dlq\nrules:\n  - name: payouts\n    key: k\n    limits: [ { limit: LIMIT, per: 1m, window: fixed } ]\n    max_delay: 1h\n    forward: { topic: ready }\n    overflow_topic: overflow\n";
+
+    fn write(path: &Path, limit: &str) {
+        std::fs::write(path, RULES.replace("LIMIT", limit)).unwrap();
+    }
+
+    #[test]
+    fn a_valid_change_applies_and_an_invalid_one_is_refused() {
+        let path = std::env::temp_dir().join(format!("drip-live-rules-{}.yaml", std::process::id()));
+        write(&path, "100");
+        let metrics = Arc::new(Metrics::default());
+        let accept: Acceptance =
+            Box::new(|rules| if rules.rules[0].limits[0].limit() > 1_000 { Err("too high".into()) } else { Ok(()) });
+        let live = LiveRules::load(&path, accept, metrics.clone()).unwrap();
+        let first = live.version();
+        assert_eq!(live.reload(), Ok(Reloaded::Unchanged));
+
+        write(&path, "200");
+        let Ok(Reloaded::Applied { from, to }) = live.reload() else { panic!("not applied") };
+        assert_eq!((from.as_str(), to.as_str()), (first.as_str(), live.version().as_str()));
+        assert_eq!(live.current().rules[0].limits[0].limit(), 200);
+        let rendered = metrics.render();
+        assert!(rendered.contains(&format!("drip_rules_info{{version=\"{to}\"}} 1")), "{rendered}");
+        assert!(!rendered.contains(&format!("version=\"{first}\"")), "the old version is gone: {rendered}");
+
+        write(&path, "0");
+        let error = live.reload().unwrap_err();
+        assert!(error.contains("limits[0].limit") && error.contains(&path.display().to_string()), "{error}");
+        assert_eq!(live.current().rules[0].limits[0].limit(), 200, "the rules in force stay");
+        assert!(metrics.render().contains("drip_rules_refused 1"));
+
+        write(&path, "5000");
+        assert!(live.reload().unwrap_err().contains("too high"), "the service's own check refuses it too");
+
+        write(&path, "300");
+        assert!(matches!(live.reload(), Ok(Reloaded::Applied { .. })));
+        assert!(metrics.render().contains("drip_rules_refused 0"));
+        std::fs::remove_file(&path).unwrap();
+    }
+}
