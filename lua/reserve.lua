@@ -4,7 +4,8 @@
 --
 -- KEYS[1]  the entity's state hash                          drip:{rule|key}:state
 -- KEYS[2]  the answers of messages published in one minute   drip:{rule|key}:a:<minute>
--- KEYS[3..] one sorted set per sliding limit, in the order the limits name them
+-- KEYS[3]  the entity's overrides (drip limits set)            drip:{rule|key}:o
+-- KEYS[4..] one sorted set per sliding limit, in the order the limits name them
 --
 -- ARGV[1] now, or '' to use the server's TIME   ARGV[2] the message's answer field (8 bytes of a
 --         hash of its identity)                 ARGV[3] cost (1 <= cost <= every limit)
@@ -14,9 +15,11 @@
 -- ARGV[8] state TTL beyond the slot (longest window + margin)
 -- ARGV[9] number of limits; ARGV[10..12] 'last', 'exp', 'ab', then two state field names per limit (fixed: window,
 --         used; gcra: tat, remainder; sliding: base, unused); then four arguments per limit: kind
---         (fixed|spread|sliding|gcra), per, limit, and burst (gcra) or its KEYS index (sliding)
+--         (fixed|spread|sliding|gcra), per, limit, and burst (gcra) or its KEYS index (sliding); then
+--         two override field names per limit (its count, its until)
 --
--- Returns {slot, late (1 when beyond max_delay: nothing reserved), replayed (1 for a known message), now,
+-- Returns {slot, late (1 when beyond max_delay, 2 when the cost is over a limit in force: nothing
+-- reserved), replayed (1 for a known message), now,
 -- decided_at (the now of the first answer), completed (1 once complete.lua marked it acted upon),
 -- busy (1 when another attempt holds the message's lease: this one must not act)}.
 -- An answer is '<R|L><slot>:<decided_at>:<lease until>' (the lease 'd' once completed, 'r' once
@@ -42,7 +45,7 @@ local base, lease = tonumber(ARGV[5]), tonumber(ARGV[7])
 local recorded = redis.call('HGET', answers_key, field)
 if recorded then
   local kind, slot, decided_at, held = string.match(recorded, '^(%a)(%-?%d+):(%-?%d+):(%-?%w+)$')
-  local late = kind == 'L' and 1 or 0
+  local late = (kind == 'L' and 1) or (kind == 'C' and 2) or 0
   slot, decided_at = base + slot, base + decided_at
   if held == 'd' then
     return {slot, late, 1, now, decided_at, 1, 0}
@@ -69,6 +72,25 @@ local values = redis.call('HMGET', state_key, unpack(ARGV, 10, 12 + 2 * count))
 local params = 13 + 2 * count
 local last, expires, answers_expiry_set = tonumber(values[1]), tonumber(values[2]), tonumber(values[3]) == base
 
+-- The count of each limit in force now: the rule's, or the entity's override until its end.
+local overrides = redis.call('HMGET', KEYS[3], unpack(ARGV, params + 4 * count, params + 6 * count - 1))
+local limits = {}
+for i = 1, count do
+  local limit = tonumber(ARGV[params + (i - 1) * 4 + 2])
+  local override = tonumber(overrides[2 * i - 1])
+  if override then
+    local ends = tonumber(overrides[2 * i])
+    if not ends or now < ends then
+      limit = override
+    end
+  end
+  if cost > limit then
+    answer('C', now)
+    return {now, 2, 0, now, now, 0, 0}
+  end
+  limits[i] = limit
+end
+
 local slot = now
 if last and last > now then
   slot = last
@@ -81,7 +103,7 @@ for _ = 1, count + 2 do
   local next_slot = slot
   for i = 1, count do
     local at = params + (i - 1) * 4
-    local kind, per, limit = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    local kind, per, limit = ARGV[at], tonumber(ARGV[at + 1]), limits[i]
     local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
     local t = slot
     if kind == 'fixed' or kind == 'spread' then
@@ -166,7 +188,7 @@ for i = 1, count do
     if not tat or slot > tat + (rem > 0 and 1 or 0) then
       tat, rem = slot, 0
     end
-    local limit = tonumber(ARGV[at + 2])
+    local limit = limits[i]
     rem = rem + cost * per
     tat = tat + math.floor(rem / limit)
     rem = rem % limit

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{Reservation, Status, state_id};
+use drip_core::schedule::{LimitOverride, Reservation, Status, state_id};
 use drip_core::time::Millis;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -18,6 +18,23 @@ pub struct Scenario {
     pub limits: Vec<Limit>,
     pub max_delay: Millis,
     pub events: Vec<Arrival>,
+    /// Override changes, each made just before the event at its index.
+    pub overrides: Vec<OverrideOp>,
+}
+
+/// `drip limits set` (with `set`) or `delete` (without) of one entity's limit, before an event.
+#[derive(Debug, Clone, Copy)]
+pub struct OverrideOp {
+    pub before_event: usize,
+    pub entity: usize,
+    pub limit: usize,
+    pub set: Option<LimitOverride>,
+}
+
+impl OverrideOp {
+    pub fn key(&self) -> String {
+        format!("entity_{}", self.entity)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -94,9 +111,37 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                 };
                 events.push(event);
             }
-            Scenario { limits, max_delay, events }
+            Scenario { limits, max_delay, events, overrides: Vec::new() }
         },
     )
+}
+
+/// A scenario with overrides raising, lowering, ending and deleting the entities' limits between
+/// events (counts 1..=8, so some fall below an event's cost).
+pub fn scenario_with_overrides(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let ops = prop::collection::vec((any::<Index>(), 0..3usize, any::<Index>(), 0u8..4, 1u64..=8, 0i64..2_000), 0..8);
+    (scenario(Kinds::All, max_events), ops).prop_map(|(mut scenario, ops)| {
+        for (at, entity, limit, what, count, lasts) in ops {
+            let before_event = at.index(scenario.events.len());
+            let now = scenario.events[before_event].now;
+            // Ending exactly at a later event's time probes the boundary (`until` is exclusive).
+            let later = scenario.events[(before_event + (lasts as usize) % 5).min(scenario.events.len() - 1)].now;
+            let set = match what {
+                0 => None,
+                1 => Some(LimitOverride { limit: count, until: None }),
+                2 => Some(LimitOverride { limit: count, until: Some(now + lasts) }),
+                _ => Some(LimitOverride { limit: count, until: Some(later) }),
+            };
+            scenario.overrides.push(OverrideOp {
+                before_event,
+                entity,
+                limit: limit.index(scenario.limits.len()),
+                set,
+            });
+        }
+        scenario.overrides.sort_by_key(|op| op.before_event);
+        scenario
+    })
 }
 
 /// Checks one run's answers (one per arrival, in order) against every invariant that can be read
@@ -140,6 +185,51 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
     }
     for (entity, ledger) in &ledgers {
         check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// For scenarios with overrides: per entity, slots never go backwards, an event is refused for its
+/// cost only when some count in force was below it, and no fixed window or sliding interval holds
+/// more than the largest count its limit had during the scenario.
+pub fn check_overridden_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
+    for (arrival, answer) in scenario.events.iter().zip(answers) {
+        if answer.replayed || answer.status != Status::Reserved {
+            if answer.status == Status::CostExceedsLimit && !answer.replayed {
+                let lowered = scenario
+                    .overrides
+                    .iter()
+                    .any(|o| o.entity == arrival.entity && o.set.is_some_and(|set| set.limit < arrival.cost));
+                if !lowered {
+                    return Err(format!("{arrival:?} refused for its cost, but no override was below it"));
+                }
+            }
+            continue;
+        }
+        let ledger = ledgers.entry(arrival.entity).or_default();
+        if ledger.last().is_some_and(|&(last, _)| answer.slot < last) {
+            return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        ledger.push((answer.slot, arrival.cost));
+    }
+    for (entity, ledger) in &ledgers {
+        for (i, limit) in scenario.limits.iter().enumerate() {
+            let largest = scenario
+                .overrides
+                .iter()
+                .filter(|o| o.entity == *entity && o.limit == i)
+                .filter_map(|o| o.set.map(|set| set.limit))
+                .fold(limit.limit(), u64::max);
+            let used = match limit.window() {
+                Window::Fixed(_) => fixed_window_usage(ledger, limit.per()).into_values().max().unwrap_or(0),
+                Window::Sliding => max_sliding_usage(ledger, limit.per()),
+                Window::Gcra { .. } => continue,
+            };
+            if used > largest {
+                return Err(format!("entity {entity}, {limit:?}: a window holds {used}, over {largest}"));
+            }
+        }
     }
     Ok(())
 }

@@ -10,7 +10,10 @@ use drip_core::schedule::{LimitState, Reservation, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
-use drip_tests::scenario::{Arrival, Kinds, Scenario, T0, check_limits, check_schedule, scenario};
+use drip_tests::scenario::{
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_limits, check_overridden_bounds, check_schedule, scenario,
+    scenario_with_overrides,
+};
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
@@ -18,10 +21,13 @@ use redis::AsyncCommands;
 
 /// Every attempt takes a lease; a third of them complete, a third release (a failed attempt) and a
 /// third neither (a crashed one), so the model and the Lua must agree on `busy` as well.
-async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Reservation> {
+async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<Reservation> {
     const LEASE: Millis = 1_500;
     let mut answers = Vec::new();
-    for arrival in &scenario.events {
+    for (i, arrival) in scenario.events.iter().enumerate() {
+        for op in scenario.overrides.iter().filter(|op| op.before_event == i) {
+            store.apply(rule, op, &scenario.limits[op.limit], arrival.now).await;
+        }
         let key = arrival.key();
         let request = SlotRequest {
             rule,
@@ -46,19 +52,48 @@ async fn run(store: &impl SlotStore, rule: &str, scenario: &Scenario) -> Vec<Res
     answers
 }
 
-#[test]
-fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
+/// A store the differential test can also set overrides on.
+trait Overridable: SlotStore {
+    async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
+}
+
+impl Overridable for MemoryStore {
+    async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, _: Millis) {
+        match op.set {
+            Some(set) => self.set_override(rule, &op.key(), limit, set),
+            None => self.delete_override(rule, &op.key(), limit),
+        };
+    }
+}
+
+impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisStore<C> {
+    async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis) {
+        match op.set {
+            Some(set) => self.set_override(rule, &op.key(), limit, set, "test", Some(now)).await,
+            None => self.delete_override(rule, &op.key(), limit, "test", Some(now)).await,
+        }
+        .expect("override");
+    }
+}
+
+/// Runs `strategy`'s scenarios through the model and reserve.lua: identical answers and state,
+/// then `check` on the answers.
+fn differential(
+    strategy: impl Strategy<Value = Scenario>,
+    cases: u32,
+    check: impl Fn(&Scenario, &[Reservation]) -> Result<(), String>,
+) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
     let config = Config {
-        cases: 192,
+        cases,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/redis_reserve.proptest-regressions"
         )))),
         ..Config::default()
     };
-    let result = TestRunner::new(config).run(&scenario(Kinds::All, 60), |scenario| {
+    let result = TestRunner::new(config).run(&strategy, |scenario| {
         let rule = unique("differential");
         let memory = MemoryStore::new();
         let (model, lua) =
@@ -69,7 +104,8 @@ fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
             }
         }
         // The state each left behind, read back from Redis into the model's type.
-        let entities: std::collections::BTreeSet<String> = scenario.events.iter().map(|a| a.key()).collect();
+        let entities: std::collections::BTreeSet<String> =
+            scenario.events.iter().map(|a| a.key()).chain(scenario.overrides.iter().map(|o| o.key())).collect();
         for key in entities {
             let in_redis = runtime.block_on(redis.entity_state(&rule, &key, &scenario.limits)).expect("entity_state");
             let in_model = memory.entity_state(&rule, &key).unwrap_or_default();
@@ -77,11 +113,24 @@ fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
                 return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
             }
         }
-        check_schedule(&scenario, &lua).map_err(TestCaseError::fail)
+        check(&scenario, &lua).map_err(TestCaseError::fail)
     });
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+#[test]
+fn reserve_lua_gives_the_model_s_answer_for_every_random_sequence() {
+    differential(scenario(Kinds::All, 60), 192, check_schedule);
+}
+
+/// Overrides set, ended and deleted between events: the model and the Lua still agree, events whose
+/// cost exceeds a lowered limit are refused (and so on redelivery), and no window of a fixed or
+/// sliding limit holds more than the largest count that limit had.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_overrides() {
+    differential(scenario_with_overrides(60), 160, check_overridden_bounds);
 }
 
 /// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
@@ -97,7 +146,7 @@ fn seed_scenario() -> Scenario {
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
-    Scenario { limits, max_delay: 120 * MINUTE, events }
+    Scenario { limits, max_delay: 120 * MINUTE, events, overrides: Vec::new() }
 }
 
 fn assert_seed_schedule(answers: &[Reservation]) {

@@ -125,7 +125,10 @@ async fn act(
     let Acting { rule, key, event, slot, .. } = acting;
     let done = match Decision::of(reservation, rule.inline_wait) {
         Decision::DeadLetter(reason) => {
-            let detail = format!("the earliest slot {} is beyond max_delay", format_rfc3339(slot));
+            let detail = match reason {
+                DlqReason::CostExceedsLimit => "the cost is more than a limit in force for this key (an override)".into(),
+                _ => format!("the earliest slot {} is beyond max_delay", format_rfc3339(slot)),
+            };
             Err(Failure::Permanent(drip_core::attributes::Refused { reason, detail }))
         }
         Decision::Forward => {

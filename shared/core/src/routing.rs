@@ -65,6 +65,7 @@ impl Decision {
     pub fn of(reservation: &Reservation, inline_wait: Millis) -> Self {
         match reservation.status {
             Status::MaxDelayExceeded => Decision::DeadLetter(DlqReason::MaxDelayExceeded),
+            Status::CostExceedsLimit => Decision::DeadLetter(DlqReason::CostExceedsLimit),
             Status::Reserved if reservation.slot <= reservation.decided_at + inline_wait => Decision::Forward,
             Status::Reserved => Decision::Delay,
         }

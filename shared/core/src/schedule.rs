@@ -19,6 +19,9 @@ pub enum Status {
     Reserved,
     /// The earliest slot lies beyond `max_delay`: nothing was reserved.
     MaxDelayExceeded,
+    /// The cost is more than a limit in force for this entity (an override lowered it): no slot
+    /// can ever hold the event, so nothing was reserved.
+    CostExceedsLimit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,36 @@ pub enum LimitState {
     Sliding { base: u64, entries: VecDeque<(Millis, u64)> },
 }
 
+/// A per-entity limit set at run time (`drip limits set`): `limit` replaces the rule's count for
+/// that limit until `until` (none: until deleted). The limit's state is kept across the change:
+/// fixed and sliding usage counts against the new count; gcra's remainder is read in units of the
+/// count in force (a change moves its theoretical arrival time by less than a millisecond).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub limit: u64,
+    pub until: Option<Millis>,
+}
+
+impl LimitOverride {
+    pub fn in_force(&self, now: Millis) -> bool {
+        self.until.is_none_or(|until| now < until)
+    }
+}
+
+/// Names a limit of a rule for overrides: its kind and period (`fixed:60000`), unique within a
+/// rule, and the same whatever its count.
+pub fn override_id(limit: &Limit) -> String {
+    format!("{}:{}", limit.window().kind(), limit.per())
+}
+
+/// The count of `limit` in force at `now` for an entity with these overrides.
+pub fn effective_limit(limit: &Limit, overrides: &BTreeMap<String, LimitOverride>, now: Millis) -> u64 {
+    match overrides.get(&override_id(limit)) {
+        Some(o) if o.in_force(now) => o.limit,
+        _ => limit.limit(),
+    }
+}
+
 /// Names a limit's state inside its entity (also the Redis hash field and sliding key suffix).
 /// A changed `limit` keeps fixed and sliding usage; gcra's exact arithmetic depends on it.
 pub fn state_id(limit: &Limit) -> String {
@@ -76,6 +109,8 @@ pub fn state_id(limit: &Limit) -> String {
 pub struct EntityState {
     pub last_slot: Option<Millis>,
     pub limits: BTreeMap<String, LimitState>,
+    /// By [`override_id`]; kept apart from the state in Redis (they outlive an idle entity).
+    pub overrides: BTreeMap<String, LimitOverride>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -115,8 +150,14 @@ impl Scheduler {
             let Answer { slot, status, decided_at, completed, .. } = *answer;
             return Reservation { slot, status, replayed: true, decided_at, completed, busy };
         }
-        let slot = earliest_slot(&entity.state, request);
-        let status = if slot > request.now + request.max_delay {
+        let exceeded = request
+            .limits
+            .iter()
+            .any(|limit| request.cost > effective_limit(limit, &entity.state.overrides, request.now));
+        let slot = if exceeded { request.now } else { earliest_slot(&entity.state, request) };
+        let status = if exceeded {
+            Status::CostExceedsLimit
+        } else if slot > request.now + request.max_delay {
             Status::MaxDelayExceeded
         } else {
             commit(&mut entity.state, request, slot);
@@ -154,6 +195,19 @@ impl Scheduler {
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
         self.entities.get(&(rule.to_owned(), key.to_owned())).map(|e| &e.state)
     }
+
+    /// Sets (or replaces) an entity's override of the limit named `id` ([`override_id`]); returns
+    /// the one it replaced.
+    pub fn set_override(&mut self, rule: &str, key: &str, id: &str, set: LimitOverride) -> Option<LimitOverride> {
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        entity.state.overrides.insert(id.to_owned(), set)
+    }
+
+    /// Removes an entity's override; returns it.
+    pub fn delete_override(&mut self, rule: &str, key: &str, id: &str) -> Option<LimitOverride> {
+        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
+        entity.state.overrides.remove(id)
+    }
 }
 
 /// The slot the next event of this entity would get (nothing is changed).
@@ -163,7 +217,10 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
         let next = request
             .limits
             .iter()
-            .map(|limit| earliest_accepted(limit, state.limits.get(&state_id(limit)), request.cost, t))
+            .map(|limit| {
+                let n = effective_limit(limit, &state.overrides, request.now);
+                earliest_accepted(limit, n, state.limits.get(&state_id(limit)), request.cost, t)
+            })
             .fold(t, Millis::max);
         if next == t {
             return t;
@@ -173,9 +230,9 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
     unreachable!("each limit moves the slot forward at most once")
 }
 
-/// The earliest time ≥ `t` at which this one limit accepts `cost` more.
-fn earliest_accepted(limit: &Limit, state: Option<&LimitState>, cost: u64, t: Millis) -> Millis {
-    let (n, per) = (limit.limit(), limit.per());
+/// The earliest time ≥ `t` at which this one limit, with `n` in force, accepts `cost` more.
+fn earliest_accepted(limit: &Limit, n: u64, state: Option<&LimitState>, cost: u64, t: Millis) -> Millis {
+    let per = limit.per();
     match limit.window() {
         Window::Fixed(placement) => {
             let window = t.div_euclid(per) * per;
@@ -219,7 +276,7 @@ fn earliest_accepted(limit: &Limit, state: Option<&LimitState>, cost: u64, t: Mi
 fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, slot: Millis) {
     let cost = request.cost;
     for limit in request.limits {
-        let (n, per) = (limit.limit(), limit.per());
+        let (n, per) = (effective_limit(limit, &state.overrides, request.now), limit.per());
         let entry = state.limits.entry(state_id(limit));
         match limit.window() {
             Window::Fixed(_) => {

@@ -57,7 +57,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let mut connection = self.connection();
         let fields: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
         let field = |id: &str, suffix: &str| fields.get(&format!("{id}:{suffix}")).copied();
-        let mut state = EntityState { last_slot: fields.get("last").copied(), limits: BTreeMap::new() };
+        let overrides: BTreeMap<String, i64> =
+            redis::cmd("HGETALL").arg(&keys.overrides).query_async(&mut connection).await?;
+        let mut state = EntityState {
+            last_slot: fields.get("last").copied(),
+            limits: BTreeMap::new(),
+            overrides: crate::overrides::parse_overrides(&overrides),
+        };
         let mut sliding_keys = keys.sliding.iter();
         for limit in limits {
             let id = state_id(limit);

@@ -20,6 +20,9 @@ pub struct EntityKeys {
     pub answers_base: Millis,
     /// The message's field in it: 8 bytes of the SHA-256 of its identity.
     pub answer_field: [u8; 8],
+    /// The entity's per-limit overrides (`drip limits set`): a hash of `<override id>` → count and
+    /// `<override id>:u` → until (ms), with no TTL but the longest `until`.
+    pub overrides: String,
     /// One sorted set per sliding limit, in the order of the rule's limits.
     pub sliding: Vec<String>,
 }
@@ -38,6 +41,7 @@ impl EntityKeys {
             answers: format!("{prefix}:a:{bucket}"),
             answers_base: bucket * ANSWER_BUCKET,
             answer_field,
+            overrides: format!("{prefix}:o"),
             sliding: limits
                 .iter()
                 .filter(|l| l.window() == Window::Sliding)
@@ -55,6 +59,17 @@ pub fn payload_key(namespace: &str, rule: &str, key: &str, message: &str) -> Str
 /// The dispatcher's once-only marker: `<prefix>:d:<message identity>`.
 pub fn dispatch_key(namespace: &str, rule: &str, key: &str, message: &str) -> String {
     format!("{}:d:{message}", entity_prefix(namespace, rule, key))
+}
+
+/// The keys of a rule's entities that have overrides (a set, for `drip limits list`; on a cluster it
+/// lives on the rule's own slot, so it is kept up to date apart from the overrides themselves).
+pub fn overridden_keys(namespace: &str, rule: &str) -> String {
+    format!("{namespace}:{{{rule}}}:overridden")
+}
+
+/// The rule's audit list of override changes, newest first.
+pub fn overrides_log(namespace: &str, rule: &str) -> String {
+    format!("{namespace}:{{{rule}}}:overrides-log")
 }
 
 /// `<namespace>:{rule|key}`: the start of every Redis key of one entity.
@@ -84,6 +99,8 @@ mod tests {
         assert_eq!((keys.answers.as_str(), keys.answers_base), ("drip:{payouts|a%7Db%7Bc%25}:a:2", 120_000));
         assert_ne!(keys.answer_field, EntityKeys::new("drip", "payouts", "k", "m2", 0, &limits).answer_field);
         assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
+        assert_eq!(keys.overrides, "drip:{payouts|a%7Db%7Bc%25}:o");
+        assert_eq!(overridden_keys("drip", "payouts"), "drip:{payouts}:overridden");
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
     }

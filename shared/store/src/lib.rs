@@ -6,6 +6,7 @@ pub mod inspect;
 mod keys;
 mod limiter_store;
 mod memory;
+mod overrides;
 mod redis_store;
 
 use drip_core::rules::Limit;
@@ -16,6 +17,7 @@ pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, Token
 pub use keys::{ANSWER_BUCKET, EntityKeys};
 pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
+pub use overrides::{OverrideChange, OverrideView};
 pub use redis_store::{
     ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_reply,
     reserve_script,

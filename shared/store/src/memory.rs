@@ -1,6 +1,7 @@
 use std::sync::Mutex;
 
-use drip_core::schedule::{ReserveRequest, Scheduler};
+use drip_core::rules::Limit;
+use drip_core::schedule::{LimitOverride, ReserveRequest, Scheduler, override_id};
 use drip_core::time::wall_clock_millis;
 
 use crate::{Reserved, SlotRequest, SlotStore, StoreError};
@@ -47,6 +48,15 @@ impl MemoryStore {
     /// The model's state of one entity (what `RedisStore::entity_state` reads back from Redis).
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<drip_core::schedule::EntityState> {
         self.with(|s| s.entity_state(rule, key).cloned())
+    }
+
+    /// As `RedisStore::set_override`, on the model.
+    pub fn set_override(&self, rule: &str, key: &str, limit: &Limit, set: LimitOverride) -> Option<LimitOverride> {
+        self.with(|s| s.set_override(rule, key, &override_id(limit), set))
+    }
+
+    pub fn delete_override(&self, rule: &str, key: &str, limit: &Limit) -> Option<LimitOverride> {
+        self.with(|s| s.delete_override(rule, key, &override_id(limit)))
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {

@@ -1,7 +1,7 @@
 use std::sync::LazyLock;
 
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{Reservation, Status, state_id};
+use drip_core::schedule::{Reservation, Status, override_id, state_id};
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Script};
@@ -76,7 +76,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let keys = self.keys(request);
         let base = keys.answers_base;
         let Reservation { slot, status, decided_at, .. } = reserved.reservation;
-        let kind = if status == Status::MaxDelayExceeded { 'L' } else { 'R' };
+        let kind = answer_kind(status);
         let value = format!("{kind}{}:{}:d", slot - base, decided_at - base);
         let ttl = (base - reserved.now).max(0) + answers_keep(request.max_delay);
         let mut pipe = redis::pipe();
@@ -162,8 +162,8 @@ impl ReserveCall {
     /// The command (EVALSHA: the script must have been loaded; `SCRIPT LOAD` it with [`reserve_script`]).
     pub fn cmd(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(RESERVE.get_hash()).arg(2 + self.keys.sliding.len());
-        cmd.arg(&self.keys.state).arg(&self.keys.answers);
+        cmd.arg(RESERVE.get_hash()).arg(3 + self.keys.sliding.len());
+        cmd.arg(&self.keys.state).arg(&self.keys.answers).arg(&self.keys.overrides);
         for sliding in &self.keys.sliding {
             cmd.arg(sliding);
         }
@@ -190,7 +190,12 @@ pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
     let &[slot, late, replayed, now, decided_at, completed, busy] = reply else {
         return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
     };
-    let status = if late == 1 { Status::MaxDelayExceeded } else { Status::Reserved };
+    let status = match late {
+        0 => Status::Reserved,
+        1 => Status::MaxDelayExceeded,
+        2 => Status::CostExceedsLimit,
+        _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    };
     let reservation =
         Reservation { slot, status, replayed: replayed == 1, decided_at, completed: completed == 1, busy: busy == 1 };
     Ok(Reserved { reservation, now })
@@ -215,9 +220,12 @@ impl<C> RedisStore<C> {
         ];
         let mut fields = vec![b"last".to_vec(), b"exp".to_vec(), b"ab".to_vec()];
         let mut parameters = Vec::new();
-        let mut sliding_index = 2;
+        let mut override_fields = Vec::new();
+        let mut sliding_index = 3;
         for limit in request.limits {
             let id = state_id(limit);
+            let overridden = override_id(limit);
+            override_fields.extend([overridden.clone().into_bytes(), format!("{overridden}:u").into_bytes()]);
             let (extra, [a, b]) = match limit.window() {
                 Window::Sliding => {
                     sliding_index += 1;
@@ -236,7 +244,17 @@ impl<C> RedisStore<C> {
         }
         args.extend(fields);
         args.extend(parameters);
+        args.extend(override_fields);
         ReserveCall { keys, args }
+    }
+}
+
+/// How reserve.lua files a status in an answer: `R`eserved, `L`ate, or `C`ost over a limit in force.
+fn answer_kind(status: Status) -> char {
+    match status {
+        Status::Reserved => 'R',
+        Status::MaxDelayExceeded => 'L',
+        Status::CostExceedsLimit => 'C',
     }
 }
 

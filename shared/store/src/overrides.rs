@@ -1,0 +1,191 @@
+//! Per-entity limit overrides (`drip limits set`, `PUT /v1/rules/{rule}/keys/{key}/limits`): kept
+//! in the entity's own hash (`drip:{rule|key}:o`, same hash tag, read by reserve.lua in the same
+//! call), each change recorded in an audit list of the rule.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use drip_core::rules::Limit;
+use drip_core::schedule::{LimitOverride, override_id};
+use drip_core::time::{DAY, Millis};
+use redis::aio::ConnectionLike;
+use redis::{AsyncCommands, Script};
+use serde::Serialize;
+
+use crate::keys::{overridden_keys, overrides_log};
+use crate::{EntityKeys, RedisStore, StoreError};
+
+static OVERRIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/override.lua")));
+
+/// How long an overrides hash outlives the latest `until` in it.
+const OVERRIDE_MARGIN: Millis = DAY;
+/// How many changes each rule's audit list keeps.
+const AUDIT_LENGTH: isize = 1_000;
+
+/// One change of an override, as the audit list keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct OverrideChange {
+    pub at: Millis,
+    /// Who made it: the caller's verified email (API) or the operator's user name (CLI).
+    pub by: String,
+    pub rule: String,
+    pub key: String,
+    /// The limit, as the rule names it (`100 per 1m (fixed)`).
+    pub limit: String,
+    pub before: Option<OverrideView>,
+    pub after: Option<OverrideView>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct OverrideView {
+    pub limit: u64,
+    pub until: Option<Millis>,
+}
+
+impl From<LimitOverride> for OverrideView {
+    fn from(o: LimitOverride) -> Self {
+        Self { limit: o.limit, until: o.until }
+    }
+}
+
+/// Reads an overrides hash as the model holds it.
+pub(crate) fn parse_overrides(fields: &BTreeMap<String, i64>) -> BTreeMap<String, LimitOverride> {
+    fields
+        .iter()
+        .filter(|(name, _)| !name.ends_with(":u"))
+        .map(|(id, &limit)| {
+            let until = fields.get(&format!("{id}:u")).copied();
+            (id.clone(), LimitOverride { limit: limit.max(0) as u64, until })
+        })
+        .collect()
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+    fn override_keys(&self, rule: &str, key: &str) -> EntityKeys {
+        EntityKeys::new(self.namespace(), rule, key, "-", 0, &[])
+    }
+
+    /// Sets the entity's override of `limit` (one of `rule`'s) from the next reservation on, and
+    /// records the change. `now` as in reserve (None: Redis `TIME`).
+    pub async fn set_override(
+        &self,
+        rule: &str,
+        key: &str,
+        limit: &Limit,
+        set: LimitOverride,
+        by: &str,
+        now: Option<Millis>,
+    ) -> Result<OverrideChange, StoreError> {
+        let until = set.until.map(|u| u.to_string()).unwrap_or_default();
+        let before = self.change_override(rule, key, limit, ("set", set.limit.to_string(), until), now).await?;
+        let mut connection = self.connection();
+        let _: () = connection.sadd(overridden_keys(self.namespace(), rule), key).await?;
+        self.record(rule, key, limit, before, Some(set), by).await
+    }
+
+    /// Removes the entity's override of `limit`; the rule's count applies from the next reservation.
+    pub async fn delete_override(
+        &self,
+        rule: &str,
+        key: &str,
+        limit: &Limit,
+        by: &str,
+        now: Option<Millis>,
+    ) -> Result<OverrideChange, StoreError> {
+        let before = self.change_override(rule, key, limit, ("delete", String::new(), String::new()), now).await?;
+        if self.overrides(rule, key).await?.is_empty() {
+            let mut connection = self.connection();
+            let _: () = connection.srem(overridden_keys(self.namespace(), rule), key).await?;
+        }
+        self.record(rule, key, limit, before, None, by).await
+    }
+
+    async fn change_override(
+        &self,
+        rule: &str,
+        key: &str,
+        limit: &Limit,
+        (op, count, until): (&str, String, String),
+        now: Option<Millis>,
+    ) -> Result<Option<LimitOverride>, StoreError> {
+        let keys = self.override_keys(rule, key);
+        let mut invocation = OVERRIDE.prepare_invoke();
+        invocation
+            .key(&keys.overrides)
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(op)
+            .arg(override_id(limit))
+            .arg(count)
+            .arg(until)
+            .arg(OVERRIDE_MARGIN);
+        let previous: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        Ok(match previous.as_slice() {
+            [limit, until] => Some(LimitOverride { limit: *limit as u64, until: (*until >= 0).then_some(*until) }),
+            _ => None,
+        })
+    }
+
+    async fn record(
+        &self,
+        rule: &str,
+        key: &str,
+        limit: &Limit,
+        before: Option<LimitOverride>,
+        after: Option<LimitOverride>,
+        by: &str,
+    ) -> Result<OverrideChange, StoreError> {
+        let mut connection = self.connection();
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
+        let change = OverrideChange {
+            at: seconds * 1_000 + micros / 1_000,
+            by: by.to_owned(),
+            rule: rule.to_owned(),
+            key: key.to_owned(),
+            limit: limit.to_string(),
+            before: before.map(Into::into),
+            after: after.map(Into::into),
+        };
+        let log = overrides_log(self.namespace(), rule);
+        let entry = serde_json::to_string(&change).map_err(|e| StoreError::UnexpectedReply(e.to_string()))?;
+        let mut pipe = redis::pipe();
+        pipe.lpush(&log, entry).ignore().ltrim(&log, 0, AUDIT_LENGTH - 1).ignore();
+        let _: () = pipe.query_async(&mut connection).await?;
+        Ok(change)
+    }
+
+    /// The entity's overrides by override id (those whose `until` has passed included, until the
+    /// hash expires).
+    pub async fn overrides(&self, rule: &str, key: &str) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
+        let keys = self.override_keys(rule, key);
+        let fields: BTreeMap<String, i64> = self.connection().hgetall(&keys.overrides).await?;
+        Ok(parse_overrides(&fields))
+    }
+
+    /// Every entity of the rule with overrides, and its overrides.
+    pub async fn list_overrides(
+        &self,
+        rule: &str,
+    ) -> Result<BTreeMap<String, BTreeMap<String, LimitOverride>>, StoreError> {
+        let index = overridden_keys(self.namespace(), rule);
+        let mut keys: Vec<String> = self.connection().smembers(&index).await?;
+        keys.sort();
+        let mut all = BTreeMap::new();
+        for key in keys {
+            let overrides = self.overrides(rule, &key).await?;
+            if overrides.is_empty() {
+                // Expired with its hash: drop it from the index too.
+                let _: () = self.connection().srem(&index, &key).await?;
+            } else {
+                all.insert(key, overrides);
+            }
+        }
+        Ok(all)
+    }
+
+    /// The rule's most recent override changes, newest first.
+    pub async fn override_history(&self, rule: &str, count: usize) -> Result<Vec<OverrideChange>, StoreError> {
+        let entries: Vec<String> =
+            self.connection().lrange(overrides_log(self.namespace(), rule), 0, count as isize - 1).await?;
+        Ok(entries.iter().filter_map(|entry| serde_json::from_str(entry).ok()).collect())
+    }
+}
