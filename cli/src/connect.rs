@@ -5,7 +5,38 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use drip_store::{AnyConnection, RedisSettings};
+use drip_core::rules::{Rule, RuleSet};
+use drip_store::{AnyConnection, RedisSettings, RedisStore};
+
+/// Where the limiter's state is and what its rules are: what `inspect` and `limits` need.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// `redis://HOST:PORT/DB` (or `rediss://` with TLS).
+    #[arg(long)]
+    pub redis: String,
+    /// The rules file the limiter runs with.
+    #[arg(long)]
+    pub rules: PathBuf,
+    /// The limiter's DRIP_REDIS_NAMESPACE.
+    #[arg(long, default_value = "drip")]
+    pub namespace: String,
+    #[command(flatten)]
+    pub connection: RedisArgs,
+}
+
+impl StoreArgs {
+    pub fn rules(&self) -> anyhow::Result<RuleSet> {
+        RuleSet::load(&self.rules).map_err(|errors| anyhow::anyhow!("{errors}"))
+    }
+
+    pub fn rule<'r>(&self, rules: &'r RuleSet, name: &str) -> anyhow::Result<&'r Rule> {
+        rules.rule(name).with_context(|| format!("no rule named '{name}' in {}", self.rules.display()))
+    }
+
+    pub async fn store(&self) -> anyhow::Result<RedisStore<AnyConnection>> {
+        Ok(RedisStore::new(self.connection.connect(&self.redis).await?, self.namespace.clone()))
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RedisArgs {

@@ -1,32 +1,19 @@
 //! `drip inspect`: what Redis holds for one entity, for an operator asking "why is this merchant
 //! waiting, and until when?".
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use drip_core::rules::RuleSet;
-use drip_store::RedisStore;
 use drip_store::inspect::EntityReport;
 
-use crate::connect::RedisArgs;
+use crate::connect::StoreArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// `redis://HOST:PORT/DB` (or `rediss://` with TLS).
-    #[arg(long)]
-    redis: String,
-    /// The rules file the limiter runs with.
-    #[arg(long)]
-    rules: PathBuf,
-    /// The limiter's DRIP_REDIS_NAMESPACE.
-    #[arg(long, default_value = "drip")]
-    namespace: String,
+    #[command(flatten)]
+    target: StoreArgs,
     /// Print JSON (as the limiter's GET /v1/rules/{rule}/keys/{key}).
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    connection: RedisArgs,
     rule: String,
     key: String,
 }
@@ -49,15 +36,11 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn report(args: &Args) -> anyhow::Result<EntityReport> {
-    let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-    let rule =
-        rules.rule(&args.rule).with_context(|| format!("no rule named '{}' in {}", args.rule, args.rules.display()))?;
+    let rules = args.target.rules()?;
+    let rule = args.target.rule(&rules, &args.rule)?;
     let key = drip_core::template::cap_key(args.key.clone());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
-        let store = RedisStore::new(args.connection.connect(&args.redis).await?, args.namespace.clone());
-        Ok(store.inspect(rule, &key).await?)
-    })
+    runtime.block_on(async { Ok(args.target.store().await?.inspect(rule, &key).await?) })
 }
 
 fn render(report: &EntityReport) -> String {
@@ -73,6 +56,11 @@ fn render(report: &EntityReport) -> String {
             "  {:<28} {:>6} of {:<6} used now, ~{} ahead\n",
             limit.limit, limit.used_now, limit.capacity, limit.ahead
         );
+    }
+    for o in &report.overrides {
+        let until = o.until.as_deref().map_or(String::new(), |u| format!(" until {u}"));
+        let state = if o.in_force { "" } else { " (ended)" };
+        out += &format!("override   {} -> {}{until}{state}\n", o.limit, o.count);
     }
     out
 }

@@ -10,6 +10,7 @@ mod connect;
 mod decisions;
 mod demo;
 mod inspect;
+mod limits;
 mod plot;
 mod simulate;
 mod summary;
@@ -34,6 +35,8 @@ enum Command {
     Demo(demo::Args),
     /// Show what Redis holds for one entity: use of each limit, backlog, when it drains.
     Inspect(inspect::Args),
+    /// Per-entity limits at run time: set, get, list, delete, history.
+    Limits(limits::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,5 +45,6 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Limits(args) => limits::run(args),
     }
 }

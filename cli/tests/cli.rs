@@ -309,3 +309,77 @@ fn demo_drains_a_burst_and_exits_zero() {
     assert!(svg.contains("merchant m001"));
     std::fs::remove_dir_all(out).unwrap();
 }
+
+/// `drip limits` on `url`: an override set from the CLI applies to the next reservations, shows in
+/// `get`, `list`, `inspect` and `history`, and is gone after `delete`.
+fn limits_through_the_cli(url: &str, cluster: bool) {
+    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
+    let rules_path = repo("examples/seed.yaml");
+    let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
+    let rule = rules.rule("payouts").unwrap();
+    let namespace = unique("limits");
+    let limits = |args: &[&str]| {
+        let mut all = vec!["limits", args[0], "--redis", url, "--rules", rules_path.to_str().unwrap()];
+        all.extend(["--namespace", &namespace, "--rule", "payouts"]);
+        if cluster {
+            all.push("--redis-cluster");
+        }
+        all.extend_from_slice(&args[1..]);
+        let output = drip(&all);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        stdout(&output)
+    };
+    let set = limits(&["set", "--key", "merchant_8421:payout", "--limit", "150/1m", "--expires", "2099-12-31"]);
+    assert!(
+        set.contains(
+            "payouts merchant_8421:payout 100 per 1m (fixed): the rule's -> 150 until 2100-01-01T00:00:00.000Z"
+        ),
+        "{set}"
+    );
+    assert!(limits(&["get", "--key", "merchant_8421:payout"]).contains("100 per 1m (fixed): 150 until 2100-01-01"));
+    assert!(limits(&["list"]).starts_with("merchant_8421:payout\n  100 per 1m (fixed): 150"));
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let reserve = |key: &str, count: usize| {
+        runtime.block_on(async {
+            let settings = RedisSettings {
+                url: url.to_owned(),
+                ca_cert_pem: None,
+                cluster,
+                response_timeout: std::time::Duration::from_secs(5),
+                tokens: None,
+            };
+            let store = RedisStore::new(AnyConnection::connect(&settings).await.unwrap(), namespace.clone());
+            let now = drip_core::time::wall_clock_millis();
+            let mut slots = Vec::new();
+            for _ in 0..count {
+                let id = unique("m");
+                let request = SlotRequest::for_rule(rule, key, &id, 1, Some(now));
+                slots.push(store.reserve(&request).await.unwrap().reservation.slot);
+            }
+            slots.into_iter().filter(|&slot| slot == now).count()
+        })
+    };
+    assert_eq!(reserve("merchant_8421:payout", 200), 150, "150 this minute for the overridden merchant");
+    assert_eq!(reserve("merchant_7:payout", 200), 100, "the rule's 100 for another");
+
+    let deleted = limits(&["delete", "--key", "merchant_8421:payout", "--per", "1m"]);
+    assert!(deleted.contains("150 until 2100-01-01T00:00:00.000Z -> the rule's"), "{deleted}");
+    assert_eq!(limits(&["list"]), "no overrides for rule payouts\n");
+    let history = limits(&["history"]);
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines.len(), 2, "{history}");
+    assert!(lines[0].contains("-> the rule's") && lines[1].contains("the rule's -> 150"), "newest first: {history}");
+    assert!(lines[0].contains("(drip limits)"), "who: {history}");
+}
+
+#[test]
+fn limits_are_set_listed_and_deleted_from_the_cli() {
+    limits_through_the_cli(&shared_url(), false);
+}
+
+#[test]
+fn limits_work_on_a_redis_cluster() {
+    let cluster = drip_tests::redis_server::RedisCluster::start();
+    limits_through_the_cli(&cluster.urls()[0], true);
+}

@@ -518,6 +518,18 @@ async fn oidc_tokens_are_verified_when_enabled() {
     assert_eq!(metrics(Some(token)).await.unwrap().status(), StatusCode::OK);
     let health = t.http.get(format!("{}/healthz", t.limiter.url)).send().await.unwrap();
     assert_eq!(health.status(), StatusCode::OK, "probes need no token");
+
+    // The limits API: the same authentication, and the audit names the verified caller.
+    let limits = format!("{}/v1/rules/{}/keys/merchant_5/limits", t.limiter.url, t.rule("payouts"));
+    let set = t.http.put(&limits).json(&json!({ "limit": "3/1h" }));
+    assert_eq!(set.send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let token = signer.sign(email, "https://limiter.example", now, 3_600);
+    let response = t.http.put(&limits).bearer_auth(&token).json(&json!({ "limit": "3/1h" })).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let change: Value = response.json().await.unwrap();
+    assert_eq!(change["by"], email, "{change}");
+    let history = t.store().await.override_history(&t.rule("payouts"), 5).await.unwrap();
+    assert_eq!((history[0].by.as_str(), history[0].after.map(|a| a.limit)), (email, Some(3)), "kept in Redis too");
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! answers 204 only once that is done (5xx otherwise, so Pub/Sub redelivers).
 
 mod actions;
+mod entities;
 mod envelope;
 mod push;
 mod settings;
@@ -126,31 +127,15 @@ fn longest_inline_wait(rules: &ServiceRules) -> Millis {
     rules.rules.iter().map(|r| r.inline_wait).max().unwrap_or(0)
 }
 
-/// `GET /v1/rules/{rule}/keys/{key}`: the entity's state, as `drip inspect --json` prints it.
-async fn inspect_entity(
-    axum::extract::State(state): axum::extract::State<AppState>,
-    axum::extract::Path((rule, key)): axum::extract::Path<(String, String)>,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else {
-        return (axum::http::StatusCode::NOT_FOUND, "no such rule").into_response();
-    };
-    let key = drip_core::template::cap_key(key);
-    match state.store.inspect(rule, &key).await {
-        Ok(report) => axum::Json(report).into_response(),
-        Err(error) => {
-            tracing::warn!(%error, "inspect failed");
-            (axum::http::StatusCode::SERVICE_UNAVAILABLE, "redis unavailable").into_response()
-        }
-    }
-}
-
 pub fn app(state: AppState) -> Router {
     let api = Router::new()
         .route("/push", post(push::push))
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
-        .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(inspect_entity))
+        .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect))
+        .route(
+            "/v1/rules/{rule}/keys/{key}/limits",
+            axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
+        )
         .with_state(state.clone());
     drip_service::service_router(api, state.oidc, state.store, state.rules, state.metrics.shared.clone())
 }

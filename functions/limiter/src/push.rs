@@ -126,7 +126,9 @@ async fn act(
     let done = match Decision::of(reservation, rule.inline_wait) {
         Decision::DeadLetter(reason) => {
             let detail = match reason {
-                DlqReason::CostExceedsLimit => "the cost is more than a limit in force for this key (an override)".into(),
+                DlqReason::CostExceedsLimit => {
+                    "the cost is more than a limit in force for this key (an override)".into()
+                }
                 _ => format!("the earliest slot {} is beyond max_delay", format_rfc3339(slot)),
             };
             Err(Failure::Permanent(drip_core::attributes::Refused { reason, detail }))

@@ -36,6 +36,15 @@ rules:
     forward: { topic: payouts-ready }
     overflow_topic: payouts-overflow
     dlq_topic: payouts-dlq
+  - name: sms
+    match: { attributes: { event_type: sms } }
+    key: "user_{data.user}"
+    cost: "{data.parts}"
+    limits: [ { limit: 5, per: 1h, window: fixed } ]
+    max_delay: 1h
+    forward: { topic: sms-ready }
+    overflow_topic: sms-overflow
+    dlq_topic: sms-dlq
 "#;
 
 #[derive(Debug, Clone)]
@@ -353,4 +362,95 @@ async fn the_entity_endpoint_and_readiness_answer_from_the_store() {
     assert_eq!(ready.status(), StatusCode::OK);
     let body = axum::body::to_bytes(ready.into_body(), usize::MAX).await.unwrap();
     assert_eq!(body, "ready; rules fixed", "readiness names the rules version in force");
+}
+
+impl Limiter {
+    async fn send(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> (StatusCode, serde_json::Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        let response = app(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into()))
+    }
+}
+
+#[tokio::test]
+async fn an_override_raises_or_lowers_one_entity_s_limit_from_the_next_reservation() {
+    let l = limiter();
+    let path = "/v1/rules/payouts/keys/merchant_21/limits";
+    let (status, change) = l.send("PUT", path, Some(serde_json::json!({ "limit": "4/1h" }))).await;
+    assert_eq!(status, StatusCode::OK, "{change}");
+    assert_eq!(change["before"], serde_json::Value::Null);
+    assert_eq!(change["after"]["limit"], 4);
+    assert_eq!(change["by"], "anonymous", "no OIDC here: the change says so");
+    for id in ["a", "b", "c", "d", "e"] {
+        assert_eq!(l.payout(id, 21).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.published("payouts-ready").len(), 4, "4 an hour for merchant 21");
+    for id in ["f", "g", "h"] {
+        assert_eq!(l.payout(id, 22).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.published("payouts-ready").len(), 6, "the rule's 2 for merchant 22");
+
+    let (status, listed) = l.send("GET", path, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed, serde_json::json!([{ "limit": "2 per 1h (fixed)", "count": 4, "until": null }]));
+    let (_, report) = l.send("GET", "/v1/rules/payouts/keys/merchant_21", None).await;
+    assert_eq!(report["limits"][0]["capacity"], 4, "{report}");
+    assert_eq!(report["overrides"][0]["inForce"], true, "{report}");
+
+    let (status, change) = l.send("DELETE", &format!("{path}?per=1h"), None).await;
+    assert_eq!(status, StatusCode::OK, "{change}");
+    assert_eq!(change["before"]["limit"], 4);
+    assert_eq!(change["after"], serde_json::Value::Null);
+    assert_eq!(l.send("GET", path, None).await.1, serde_json::json!([]));
+}
+
+#[tokio::test]
+async fn an_override_below_an_event_s_cost_dead_letters_it_and_an_ended_one_is_not_in_force() {
+    let l = limiter();
+    let path = "/v1/rules/payouts/keys/merchant_31/limits";
+    let ended = drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis() - 1_000);
+    let (status, _) = l.send("PUT", path, Some(serde_json::json!({ "limit": "1/1h", "until": ended }))).await;
+    assert_eq!(status, StatusCode::OK);
+    for id in ["a", "b"] {
+        assert_eq!(l.payout(id, 31).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.published("payouts-ready").len(), 2, "the override ended: the rule's 2 apply");
+
+    let sms = "/v1/rules/sms/keys/user_7/limits";
+    let (status, _) = l.send("PUT", sms, Some(serde_json::json!({ "limit": "2/1h" }))).await;
+    assert_eq!(status, StatusCode::OK);
+    let kind = [("event_type", "sms")];
+    assert_eq!(l.push("s1", &kind, br#"{"user":7,"parts":3}"#).await, StatusCode::NO_CONTENT);
+    let dead = l.published("sms-dlq");
+    assert_eq!(dead.len(), 1, "3 parts can never fit 2 an hour");
+    assert_eq!(dead[0].attributes["drip-reason"], "cost_exceeds_limit");
+    assert!(dead[0].attributes["drip-detail"].contains("override"), "{:?}", dead[0].attributes);
+    assert_eq!(l.push("s1", &kind, br#"{"user":7,"parts":3}"#).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.published("sms-dlq").len(), 1, "its redelivery is acked, not dead-lettered again");
+    assert_eq!(l.push("s2", &kind, br#"{"user":8,"parts":3}"#).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.published("sms-ready").len(), 1, "another user keeps the rule's 5");
+}
+
+#[tokio::test]
+async fn override_requests_that_name_nothing_are_refused() {
+    let l = limiter();
+    let put = |limit: &str| Some(serde_json::json!({ "limit": limit }));
+    let (status, body) = l.send("PUT", "/v1/rules/refunds/keys/k/limits", put("5/1h")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::NOT_FOUND, Some("no such rule")));
+    let (status, body) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", put("5/1m")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.as_str().unwrap().contains("no limit per 1m"), "{body}");
+    let (status, body) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", put("0/1h")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.as_str().unwrap().contains("at least 1"), "{body}");
+    let bad_until = Some(serde_json::json!({ "limit": "5/1h", "until": "tomorrow" }));
+    assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", bad_until).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/k/limits?per=1d", None).await.0, StatusCode::BAD_REQUEST);
 }

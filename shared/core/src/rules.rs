@@ -241,6 +241,10 @@ impl Limit {
     }
 }
 
+fn per_text(per: Millis) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(per.unsigned_abs())).to_string()
+}
+
 /// `100 per 1m (fixed)`, `5 per 1s (gcra, burst 10)`.
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -260,6 +264,29 @@ impl Rule {
         self.matcher
             .as_ref()
             .is_none_or(|wanted| wanted.iter().all(|(name, value)| attributes.get(name) == Some(value)))
+    }
+
+    /// Which of this rule's limits `spec` overrides, and with what count: `500/1m` names the limit
+    /// whose period is 1m (`window` picks one when two share it: `fixed`, `sliding`, `gcra`).
+    pub fn override_target(&self, spec: &str, window: Option<&str>) -> Result<(&Limit, u64), String> {
+        let (count, per) = spec.split_once('/').ok_or_else(|| format!("'{spec}' is not COUNT/PERIOD, e.g. 500/1m"))?;
+        let count: u64 = match count.trim().parse() {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(format!("'{count}' is not a count of at least 1")),
+        };
+        let per = parse_duration(per.trim())?;
+        let candidates: Vec<&Limit> =
+            self.limits.iter().filter(|l| l.per() == per && window.is_none_or(|w| l.window().kind() == w)).collect();
+        match candidates.as_slice() {
+            [limit] => Ok((limit, count)),
+            [] => Err(format!(
+                "rule '{}' has no limit per {} to override (its limits: {})",
+                self.name,
+                per_text(per),
+                self.limits.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            )),
+            _ => Err(format!("rule '{}' has several limits per {}: name one with --window", self.name, per_text(per))),
+        }
     }
 
     pub fn smallest_limit(&self) -> u64 {

@@ -117,3 +117,18 @@ fn a_limit_is_valid_when_made_or_not_at_all() {
         "32.0 days is over 31d, the longest supported window"
     );
 }
+
+#[test]
+fn an_override_names_one_of_the_rule_s_limits_by_its_period() {
+    let text = "default_dlq_topic: dlq\nrules:\n  - name: payouts\n    key: k\n    limits:\n      - { limit: 100, per: 1m, window: fixed }\n      - { limit: 10, per: 1s, window: fixed }\n      - { limit: 50, per: 1s, window: sliding }\n    max_delay: 1h\n    forward: { topic: ready }\n    overflow_topic: overflow\n";
+    let rules = RuleSet::parse("o.yaml", text).unwrap();
+    let rule = rules.rule("payouts").unwrap();
+    let (limit, count) = rule.override_target("500/1m", None).unwrap();
+    assert_eq!((limit.limit(), limit.per(), count), (100, 60_000, 500));
+    let (limit, count) = rule.override_target("20/1s", Some("sliding")).unwrap();
+    assert_eq!((limit.limit(), count), (50, 20));
+    assert!(rule.override_target("20/1s", None).unwrap_err().contains("several limits per 1s"));
+    assert!(rule.override_target("20/1h", None).unwrap_err().contains("no limit per 1h"));
+    assert!(rule.override_target("0/1m", None).unwrap_err().contains("at least 1"));
+    assert!(rule.override_target("500", None).unwrap_err().contains("COUNT/PERIOD"));
+}

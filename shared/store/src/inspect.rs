@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use drip_core::rules::{Limit, Rule, Window};
-use drip_core::schedule::{EntityState, LimitState, state_id};
+use drip_core::schedule::{EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
 use serde::Serialize;
@@ -25,6 +25,19 @@ pub struct EntityReport {
     /// When the last reserved event goes (None: nothing is waiting).
     pub drains_at: Option<String>,
     pub limits: Vec<LimitReport>,
+    /// This entity's overrides (`drip limits set`), in force or ended.
+    pub overrides: Vec<OverrideReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OverrideReport {
+    /// The rule's limit it overrides, e.g. `100 per 1m (fixed)`.
+    pub limit: String,
+    /// The count that replaces the rule's.
+    pub count: u64,
+    pub until: Option<String>,
+    pub in_force: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +48,7 @@ pub struct LimitReport {
     /// Cost reserved in the current window (fixed: the epoch-aligned one holding now; sliding:
     /// the last `per`; gcra: what the bucket holds now).
     pub used_now: u64,
+    /// The count in force now: the rule's, or this entity's override.
     pub capacity: u64,
     /// Estimated cost this limit holds after now.
     pub ahead: u64,
@@ -105,8 +119,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
 /// Reads use, backlog and drain time off the state.
 pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -> EntityReport {
     let mut limits = Vec::new();
+    let mut overrides = Vec::new();
     for limit in &rule.limits {
-        let (n, per) = (limit.limit() as i64, limit.per());
+        if let Some(o) = state.overrides.get(&override_id(limit)) {
+            overrides.push(OverrideReport {
+                limit: limit.to_string(),
+                count: o.limit,
+                until: o.until.map(format_rfc3339),
+                in_force: o.in_force(now),
+            });
+        }
+        let capacity = effective_limit(limit, &state.overrides, now);
+        let (n, per) = (capacity as i64, limit.per());
         let (used_now, ahead) = match state.limits.get(&state_id(limit)) {
             Some(LimitState::Fixed { window, used }) => {
                 let (window, used) = (*window, *used as i64);
@@ -145,12 +169,7 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
             }
             None => (0, 0),
         };
-        limits.push(LimitReport {
-            limit: limit.to_string(),
-            used_now: used_now as u64,
-            capacity: limit.limit(),
-            ahead: ahead as u64,
-        });
+        limits.push(LimitReport { limit: limit.to_string(), used_now: used_now as u64, capacity, ahead: ahead as u64 });
     }
     let last_slot = state.last_slot;
     let waiting = last_slot.filter(|&slot| slot > now);
@@ -162,5 +181,6 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
         backlog: if waiting.is_some() { limits.iter().map(|l| l.ahead).max().unwrap_or(0).max(1) } else { 0 },
         drains_at: waiting.map(format_rfc3339),
         limits,
+        overrides,
     }
 }

@@ -1,17 +1,18 @@
 //! What the limiter needs of a store, as one object-safe trait, so its handlers run over Redis in
 //! production and over the reference model in tests that need no services.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 
-use drip_core::rules::Rule;
+use drip_core::rules::{Limit, Rule};
+use drip_core::schedule::LimitOverride;
 use drip_core::time::{Millis, wall_clock_millis};
 use redis::aio::ConnectionLike;
 
 use crate::inspect::{EntityReport, report};
-use crate::{MemoryStore, MessageOf, RedisStore, Reserved, SlotRequest, SlotStore, StoreError};
+use crate::{MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, SlotRequest, SlotStore, StoreError};
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -28,6 +29,16 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
     /// Keeps a payload too large for a task until its dispatch; returns the task's reference to it.
     fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String>;
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport>;
+    /// Sets (`Some`) or deletes (`None`) the entity's override of `limit`, recording who did it.
+    fn change_override<'a>(
+        &'a self,
+        rule: &'a str,
+        key: &'a str,
+        limit: &'a Limit,
+        set: Option<LimitOverride>,
+        by: &'a str,
+    ) -> StoreFuture<'a, OverrideChange>;
+    fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -58,6 +69,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
 
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
         Box::pin(RedisStore::inspect(self, rule, key))
+    }
+
+    fn change_override<'a>(
+        &'a self,
+        rule: &'a str,
+        key: &'a str,
+        limit: &'a Limit,
+        set: Option<LimitOverride>,
+        by: &'a str,
+    ) -> StoreFuture<'a, OverrideChange> {
+        Box::pin(async move {
+            match set {
+                Some(set) => self.set_override(rule, key, limit, set, by, None).await,
+                None => self.delete_override(rule, key, limit, by, None).await,
+            }
+        })
+    }
+
+    fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
+        Box::pin(RedisStore::overrides(self, rule, key))
     }
 }
 
@@ -107,5 +138,34 @@ impl LimiterStore for MemoryLimiterStore {
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
         let state = self.model.entity_state(&rule.name, key).unwrap_or_default();
         Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state)) })
+    }
+
+    fn change_override<'a>(
+        &'a self,
+        rule: &'a str,
+        key: &'a str,
+        limit: &'a Limit,
+        set: Option<LimitOverride>,
+        by: &'a str,
+    ) -> StoreFuture<'a, OverrideChange> {
+        let before = match set {
+            Some(set) => self.model.set_override(rule, key, limit, set),
+            None => self.model.delete_override(rule, key, limit),
+        };
+        let change = OverrideChange {
+            at: wall_clock_millis(),
+            by: by.to_owned(),
+            rule: rule.to_owned(),
+            key: key.to_owned(),
+            limit: limit.to_string(),
+            before: before.map(Into::into),
+            after: set.map(Into::into),
+        };
+        Box::pin(async move { Ok(change) })
+    }
+
+    fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
+        let overrides = self.model.entity_state(rule, key).map(|s| s.overrides).unwrap_or_default();
+        Box::pin(async move { Ok(overrides) })
     }
 }

@@ -1,0 +1,187 @@
+//! `drip limits`: per-entity limits at run time, in the Redis the limiter uses (the same as the
+//! limiter's `/v1/rules/{rule}/keys/{key}/limits`). A change applies from the entity's next
+//! reservation; each is recorded (who, what, before, after) in the rule's audit list.
+
+use std::process::ExitCode;
+
+use drip_core::schedule::{LimitOverride, override_id};
+use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
+use drip_store::{OverrideChange, OverrideView};
+
+use crate::connect::StoreArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: LimitsCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum LimitsCommand {
+    /// Override one limit of a rule for one key, e.g. `--limit 500/1m` (the rule's 1m limit).
+    Set {
+        #[command(flatten)]
+        target: StoreArgs,
+        #[arg(long)]
+        rule: String,
+        #[arg(long)]
+        key: String,
+        /// COUNT/PERIOD: the new count of the rule's limit with that period.
+        #[arg(long)]
+        limit: String,
+        /// fixed, sliding or gcra, when two of the rule's limits share the period.
+        #[arg(long)]
+        window: Option<String>,
+        /// When it ends: an RFC 3339 time, or a date (the override holds through that UTC day).
+        #[arg(long)]
+        expires: Option<String>,
+    },
+    /// Show one key's overrides.
+    Get {
+        #[command(flatten)]
+        target: StoreArgs,
+        #[arg(long)]
+        rule: String,
+        #[arg(long)]
+        key: String,
+    },
+    /// Every key of a rule with overrides.
+    List {
+        #[command(flatten)]
+        target: StoreArgs,
+        #[arg(long)]
+        rule: String,
+    },
+    /// Remove one key's override of the rule's limit with this period (e.g. `--per 1m`).
+    Delete {
+        #[command(flatten)]
+        target: StoreArgs,
+        #[arg(long)]
+        rule: String,
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        per: String,
+        #[arg(long)]
+        window: Option<String>,
+    },
+    /// The rule's latest override changes, newest first.
+    History {
+        #[command(flatten)]
+        target: StoreArgs,
+        #[arg(long)]
+        rule: String,
+        #[arg(long, default_value_t = 20)]
+        count: usize,
+    },
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(execute(args.command)));
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("drip limits: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `2026-12-31` → the end of that UTC day; an RFC 3339 time as it is.
+fn parse_expiry(text: &str) -> anyhow::Result<Millis> {
+    if let Ok(day_start) = parse_rfc3339(&format!("{text}T00:00:00Z")) {
+        return Ok(day_start + DAY);
+    }
+    parse_rfc3339(text).map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))
+}
+
+/// Who is making the change, for the audit list.
+fn operator() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    format!("{user}@{host} (drip limits)")
+}
+
+fn show(o: Option<&OverrideView>) -> String {
+    match o {
+        None => "the rule's".into(),
+        Some(OverrideView { limit, until: None }) => limit.to_string(),
+        Some(OverrideView { limit, until: Some(until) }) => format!("{limit} until {}", format_rfc3339(*until)),
+    }
+}
+
+fn describe(change: &OverrideChange) -> String {
+    format!(
+        "{} {} {}: {} -> {} (by {} at {})\n",
+        change.rule,
+        change.key,
+        change.limit,
+        show(change.before.as_ref()),
+        show(change.after.as_ref()),
+        change.by,
+        format_rfc3339(change.at)
+    )
+}
+
+async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
+    match command {
+        LimitsCommand::Set { target, rule, key, limit, window, expires } => {
+            let rules = target.rules()?;
+            let rule = target.rule(&rules, &rule)?;
+            let (limit, count) = rule.override_target(&limit, window.as_deref()).map_err(anyhow::Error::msg)?;
+            let until = expires.as_deref().map(parse_expiry).transpose()?;
+            let key = drip_core::template::cap_key(key);
+            let set = LimitOverride { limit: count, until };
+            let change = target.store().await?.set_override(&rule.name, &key, limit, set, &operator(), None).await?;
+            Ok(describe(&change))
+        }
+        LimitsCommand::Delete { target, rule, key, per, window } => {
+            let rules = target.rules()?;
+            let rule = target.rule(&rules, &rule)?;
+            let (limit, _) =
+                rule.override_target(&format!("1/{per}"), window.as_deref()).map_err(anyhow::Error::msg)?;
+            let key = drip_core::template::cap_key(key);
+            let change = target.store().await?.delete_override(&rule.name, &key, limit, &operator(), None).await?;
+            Ok(describe(&change))
+        }
+        LimitsCommand::Get { target, rule, key } => {
+            let rules = target.rules()?;
+            let rule = target.rule(&rules, &rule)?;
+            let overrides = target.store().await?.overrides(&rule.name, &drip_core::template::cap_key(key)).await?;
+            Ok(render(rule, &overrides))
+        }
+        LimitsCommand::List { target, rule } => {
+            let rules = target.rules()?;
+            let rule = target.rule(&rules, &rule)?;
+            let all = target.store().await?.list_overrides(&rule.name).await?;
+            if all.is_empty() {
+                return Ok(format!("no overrides for rule {}\n", rule.name));
+            }
+            Ok(all.iter().map(|(key, overrides)| format!("{key}\n{}", render(rule, overrides))).collect())
+        }
+        LimitsCommand::History { target, rule, count } => {
+            let changes = target.store().await?.override_history(&rule, count).await?;
+            Ok(changes.iter().map(describe).collect())
+        }
+    }
+}
+
+fn render(rule: &drip_core::rules::Rule, overrides: &std::collections::BTreeMap<String, LimitOverride>) -> String {
+    let now = drip_core::time::wall_clock_millis();
+    let mut out = String::new();
+    for limit in &rule.limits {
+        if let Some(o) = overrides.get(&override_id(limit)) {
+            let until = o.until.map_or(String::new(), |u| format!(" until {}", format_rfc3339(u)));
+            let ended = if o.in_force(now) { "" } else { " (ended)" };
+            out += &format!("  {limit}: {}{until}{ended}\n", o.limit);
+        }
+    }
+    if out.is_empty() { "  no overrides\n".into() } else { out }
+}

@@ -1,0 +1,156 @@
+//! An entity's state and its per-entity limits, on the limiter's API (same authentication as
+//! `/push`):
+//!
+//! - `GET /v1/rules/{rule}/keys/{key}`: what `drip inspect --json` prints;
+//! - `GET /v1/rules/{rule}/keys/{key}/limits`: its overrides;
+//! - `PUT /v1/rules/{rule}/keys/{key}/limits` `{"limit": "500/1m", "window"?: "fixed", "until"?: RFC 3339}`:
+//!   sets one, from the next reservation on;
+//! - `DELETE /v1/rules/{rule}/keys/{key}/limits?per=1m[&window=fixed]`: removes one.
+//!
+//! Each change is logged (who, what, before, after) and kept in the rule's audit list.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use drip_core::rules::{Limit, Rule};
+use drip_core::schedule::LimitOverride;
+use drip_core::template::cap_key;
+use drip_core::time::{format_rfc3339, parse_rfc3339};
+use drip_service::auth::Caller;
+use drip_store::OverrideChange;
+use serde::Deserialize;
+
+use crate::AppState;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, message.into()).into_response()
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
+    tracing::warn!(%error, "{what} failed");
+    self::error(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable")
+}
+
+pub async fn inspect(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    match state.store.inspect(rule, &cap_key(key)).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => unavailable("inspect", e),
+    }
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OverrideEntry {
+    /// The rule's limit, e.g. `100 per 1m (fixed)`.
+    limit: String,
+    count: u64,
+    until: Option<String>,
+}
+
+pub async fn get_limits(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    match state.store.overrides(&rule.name, &cap_key(key)).await {
+        Ok(overrides) => {
+            let entries: Vec<OverrideEntry> = rule
+                .limits
+                .iter()
+                .filter_map(|limit| {
+                    let o = overrides.get(&drip_core::schedule::override_id(limit))?;
+                    Some(OverrideEntry { limit: limit.to_string(), count: o.limit, until: o.until.map(format_rfc3339) })
+                })
+                .collect();
+            Json(entries).into_response()
+        }
+        Err(e) => unavailable("reading overrides", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SetLimit {
+    /// `COUNT/PERIOD`, e.g. `500/1m`.
+    limit: String,
+    window: Option<String>,
+    /// RFC 3339; none: until deleted.
+    until: Option<String>,
+}
+
+pub async fn put_limit(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    Path((rule, key)): Path<(String, String)>,
+    Json(body): Json<SetLimit>,
+) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    let (limit, count) = match rule.override_target(&body.limit, body.window.as_deref()) {
+        Ok(target) => target,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let until = match body.until.as_deref().map(parse_rfc3339).transpose() {
+        Ok(until) => until,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("until: {e}")),
+    };
+    change(&state, caller, rule, &cap_key(key), limit, Some(LimitOverride { limit: count, until })).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WhichLimit {
+    /// The overridden limit's period, e.g. `1m`.
+    per: String,
+    window: Option<String>,
+}
+
+pub async fn delete_limit(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    Path((rule, key)): Path<(String, String)>,
+    Query(which): Query<WhichLimit>,
+) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    let limit = match rule.override_target(&format!("1/{}", which.per), which.window.as_deref()) {
+        Ok((limit, _)) => limit,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    change(&state, caller, rule, &cap_key(key), limit, None).await
+}
+
+async fn change(
+    state: &AppState,
+    caller: Option<axum::Extension<Caller>>,
+    rule: &Rule,
+    key: &str,
+    limit: &Limit,
+    set: Option<LimitOverride>,
+) -> Response {
+    let by = caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email);
+    match state.store.change_override(&rule.name, key, limit, set, &by).await {
+        Ok(change) => {
+            log_change(&change);
+            Json(change).into_response()
+        }
+        Err(e) => unavailable("changing an override", e),
+    }
+}
+
+fn log_change(change: &OverrideChange) {
+    let show = |o: &Option<drip_store::OverrideView>| {
+        o.map_or("the rule's".to_owned(), |o| match o.until {
+            Some(until) => format!("{} until {}", o.limit, format_rfc3339(until)),
+            None => o.limit.to_string(),
+        })
+    };
+    tracing::info!(
+        by = %change.by,
+        rule = %change.rule,
+        key = %change.key,
+        limit = %change.limit,
+        before = %show(&change.before),
+        after = %show(&change.after),
+        "limit override changed"
+    );
+}
