@@ -34,6 +34,17 @@ resource "google_cloud_run_v2_service_iam_member" "push_invokes_limiter" {
   member   = google_service_account.push.member
 }
 
+# Operators' automation that changes per-entity limits calls the limiter's limits API.
+resource "google_cloud_run_v2_service_iam_member" "limits_callers_invoke_limiter" {
+  for_each = toset(var.limits_api_callers)
+
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.drip["limiter"].name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${each.value}"
+}
+
 resource "google_cloud_run_v2_service_iam_member" "tasks_invoke_dispatcher" {
   project  = var.project_id
   location = var.region

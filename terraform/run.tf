@@ -20,7 +20,7 @@ locals {
     DRIP_TASKS_SERVICE_ACCOUNT = google_service_account.tasks.email
     DRIP_TASKS_AUDIENCE        = local.dispatcher_url
     DRIP_OIDC_AUDIENCE         = local.limiter_url
-    DRIP_OIDC_ALLOWED_EMAILS   = google_service_account.push.email
+    DRIP_OIDC_ALLOWED_EMAILS   = join(",", concat([google_service_account.push.email], var.limits_api_callers))
   })
   dispatcher_env = merge(local.common_env, {
     DRIP_OIDC_AUDIENCE       = local.dispatcher_url

@@ -253,3 +253,9 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+variable "limits_api_callers" {
+  description = "Service accounts (emails) allowed to change per-entity limits through the limiter's /v1/rules/{rule}/keys/{key}/limits (README: \"Changing limits\"): they may invoke the limiter and pass its OIDC check, like the push account. Each change is logged and audited with the caller's email."
+  type        = list(string)
+  default     = []
+}

@@ -113,7 +113,14 @@ def cloud_run_is_private(module: Module):
         if not any(g.arg("path") == "/readyz" for p in probes for g in p.block("http_get")):
             problems.append(f"Cloud Run service {name} has no startup probe on /readyz")
     for name, grant in module.of_type("google_cloud_run_v2_service_iam_member").items():
-        if grant.arg("role") != "roles/run.invoker" or "google_service_account." not in str(grant.arguments.get("member")):
+        member = str(grant.arg("member"))
+        # The one exception: the service accounts named in var.limits_api_callers, on the limiter.
+        limits_caller = (
+            "var.limits_api_callers" in str(grant.arguments.get("for_each"))
+            and member.startswith("serviceAccount:")
+            and "limiter" in str(grant.arguments.get("name"))
+        )
+        if grant.arg("role") != "roles/run.invoker" or not ("google_service_account." in member or limits_caller):
             problems.append(f"invoker grant {name} is not run.invoker for one of the module's service accounts")
     return problems
 
