@@ -111,6 +111,9 @@ for _ = 1, count + 2 do
       local used = 0
       if a == window then
         used = b
+      elseif not a and last and last - last % per == window then
+        -- A limit gained by a rule edit counts as full up to the frontier (schedule.rs).
+        used = limit
       end
       if used + cost > limit then
         t = window + per
@@ -127,6 +130,8 @@ for _ = 1, count + 2 do
           local first_kept = redis.call('ZRANGEBYSCORE', key, threshold, '+inf', 'LIMIT', 0, 1)
           t = math.max(t, tonumber(first_kept[1]) + per)
         end
+      elseif last then
+        t = math.max(t, last + per)
       end
     elseif a then
       local x = b - (tonumber(ARGV[at + 3]) - 1) * per
@@ -136,6 +141,8 @@ for _ = 1, count + 2 do
         allowed = allowed + 1
       end
       t = math.max(t, allowed)
+    elseif last then
+      t = math.max(t, last + math.floor((per + limit - 1) / limit))
     end
     if t > next_slot then
       next_slot = t

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{LimitOverride, Reservation, Status, state_id};
+use drip_core::schedule::{LimitOverride, Reservation, Status, override_id, state_id};
 use drip_core::time::Millis;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -20,6 +20,25 @@ pub struct Scenario {
     pub events: Vec<Arrival>,
     /// Override changes, each made just before the event at its index.
     pub overrides: Vec<OverrideOp>,
+    /// A rule edit: from the event at this index on, the rule has these limits.
+    pub edit: Option<(usize, Vec<Limit>)>,
+}
+
+impl Scenario {
+    /// The rule's limits when the event at `index` arrives.
+    pub fn limits_at(&self, index: usize) -> &[Limit] {
+        match &self.edit {
+            Some((from, limits)) if index >= *from => limits,
+            _ => &self.limits,
+        }
+    }
+
+    /// Every limit the rule had, once per state (to read an entity's whole state back).
+    pub fn all_limits(&self) -> Vec<Limit> {
+        let mut seen = std::collections::HashSet::new();
+        let edited = self.edit.iter().flat_map(|(_, limits)| limits.iter());
+        self.limits.iter().chain(edited).filter(|l| seen.insert(state_id(l))).copied().collect()
+    }
 }
 
 /// `drip limits set` (with `set`) or `delete` (without) of one entity's limit, before an event.
@@ -111,7 +130,7 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                 };
                 events.push(event);
             }
-            Scenario { limits, max_delay, events, overrides: Vec::new() }
+            Scenario { limits, max_delay, events, overrides: Vec::new(), edit: None }
         },
     )
 }
@@ -142,6 +161,62 @@ pub fn scenario_with_overrides(max_events: usize) -> impl Strategy<Value = Scena
         scenario.overrides.sort_by_key(|op| op.before_event);
         scenario
     })
+}
+
+/// A scenario whose rule is edited once, at a random event, to another random set of limits
+/// (costs stay within both sets).
+pub fn scenario_with_an_edit(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let limits = prop::collection::vec(limit(Kinds::All), 1..=3).prop_map(|limits| {
+        let mut seen = std::collections::HashSet::new();
+        limits.into_iter().filter(|l| seen.insert(override_id(l))).collect::<Vec<_>>()
+    });
+    (scenario(Kinds::All, max_events), limits, any::<Index>()).prop_map(|(mut scenario, after, at)| {
+        let smallest = after.iter().map(|l| l.limit()).min().unwrap_or(1);
+        for event in &mut scenario.events {
+            event.cost = event.cost.min(smallest);
+        }
+        scenario.edit = Some((at.index(scenario.events.len()), after));
+        scenario
+    })
+}
+
+/// For scenarios with a rule edit: slots never go backwards per entity, and every window of a
+/// limit after the edit that holds a slot reserved after it holds no more than the larger of that
+/// limit and the one before with the same state (none when the edit changed its kind or period).
+pub fn check_edit_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let Some((from, after)) = &scenario.edit else { return check_schedule(scenario, answers) };
+    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64, bool)>> = BTreeMap::new();
+    for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
+        if answer.replayed || answer.status != Status::Reserved {
+            continue;
+        }
+        let ledger = ledgers.entry(arrival.entity).or_default();
+        if ledger.last().is_some_and(|&(last, _, _)| answer.slot < last) {
+            return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        ledger.push((answer.slot, arrival.cost, i >= *from));
+    }
+    for (entity, ledger) in &ledgers {
+        for limit in after {
+            let before = scenario.limits.iter().find(|l| state_id(l) == state_id(limit)).map_or(0, Limit::limit);
+            let bound = limit.limit().max(before);
+            let per = limit.per();
+            // Windows (fixed) or intervals starting at a slot (sliding) that hold a post-edit slot.
+            let starts: Vec<Millis> = match limit.window() {
+                Window::Fixed(_) => ledger.iter().filter(|e| e.2).map(|e| e.0.div_euclid(per) * per).collect(),
+                Window::Sliding => ledger.iter().map(|e| e.0).collect(),
+                Window::Gcra { .. } => continue,
+            };
+            for start in starts {
+                let inside: Vec<_> = ledger.iter().filter(|e| e.0 >= start && e.0 < start + per).collect();
+                let used: u64 = inside.iter().map(|e| e.1).sum();
+                if inside.iter().any(|e| e.2) && used > bound {
+                    return Err(format!("entity {entity}, {limit:?}: [{start}, +{per}) holds {used}, over {bound}"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks one run's answers (one per arrival, in order) against every invariant that can be read

@@ -11,8 +11,8 @@ use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_limits, check_overridden_bounds, check_schedule, scenario,
-    scenario_with_overrides,
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_edit_bounds, check_limits, check_overridden_bounds, check_schedule,
+    scenario, scenario_with_an_edit, scenario_with_overrides,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -34,7 +34,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
             key: &key,
             message_id: &arrival.id,
             cost: arrival.cost,
-            limits: &scenario.limits,
+            limits: scenario.limits_at(i),
             max_delay: scenario.max_delay,
             now: Some(arrival.now),
             lease: LEASE,
@@ -107,7 +107,8 @@ fn differential(
         let entities: std::collections::BTreeSet<String> =
             scenario.events.iter().map(|a| a.key()).chain(scenario.overrides.iter().map(|o| o.key())).collect();
         for key in entities {
-            let in_redis = runtime.block_on(redis.entity_state(&rule, &key, &scenario.limits)).expect("entity_state");
+            let limits = scenario.all_limits();
+            let in_redis = runtime.block_on(redis.entity_state(&rule, &key, &limits)).expect("entity_state");
             let in_model = memory.entity_state(&rule, &key).unwrap_or_default();
             if in_model != in_redis {
                 return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
@@ -133,6 +134,14 @@ fn reserve_lua_gives_the_model_s_answer_with_overrides() {
     differential(scenario_with_overrides(60), 160, check_overridden_bounds);
 }
 
+/// The rule edited once mid-sequence (limits added, removed, or changed in count, period or kind):
+/// the model and the Lua agree, FIFO holds across the edit, and no window of a limit after the edit
+/// that holds a new slot holds more than the larger of its old and new count.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_across_a_rule_edit() {
+    differential(scenario_with_an_edit(60), 160, check_edit_bounds);
+}
+
 /// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
 fn seed_scenario() -> Scenario {
     let events = (0..500)
@@ -146,7 +155,7 @@ fn seed_scenario() -> Scenario {
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
-    Scenario { limits, max_delay: 120 * MINUTE, events, overrides: Vec::new() }
+    Scenario { limits, max_delay: 120 * MINUTE, events, overrides: Vec::new(), edit: None }
 }
 
 fn assert_seed_schedule(answers: &[Reservation]) {

@@ -219,7 +219,7 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
             .iter()
             .map(|limit| {
                 let n = effective_limit(limit, &state.overrides, request.now);
-                earliest_accepted(limit, n, state.limits.get(&state_id(limit)), request.cost, t)
+                earliest_accepted(limit, n, state.limits.get(&state_id(limit)), state.last_slot, request.cost, t)
             })
             .fold(t, Millis::max);
         if next == t {
@@ -231,13 +231,27 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
 }
 
 /// The earliest time ≥ `t` at which this one limit, with `n` in force, accepts `cost` more.
-fn earliest_accepted(limit: &Limit, n: u64, state: Option<&LimitState>, cost: u64, t: Millis) -> Millis {
+///
+/// A limit with no state in an entity that has a frontier (`frontier`: its last slot) is one the
+/// rule gained by an edit (a new limit, or a changed period, kind or GCRA count): what the old
+/// limits let through up to the frontier is unknown to it, so it counts as full up to the frontier
+/// (fixed: the frontier's window; sliding: `per` after it; gcra: one interval after it). New events
+/// then never share a window of the new limit with the old backlog.
+fn earliest_accepted(
+    limit: &Limit,
+    n: u64,
+    state: Option<&LimitState>,
+    frontier: Option<Millis>,
+    cost: u64,
+    t: Millis,
+) -> Millis {
     let per = limit.per();
     match limit.window() {
         Window::Fixed(placement) => {
             let window = t.div_euclid(per) * per;
-            let used = match state {
-                Some(LimitState::Fixed { window: w, used }) if *w == window => *used,
+            let used = match (state, frontier) {
+                (Some(LimitState::Fixed { window: w, used }), _) if *w == window => *used,
+                (None, Some(last)) if last.div_euclid(per) * per == window => n,
                 _ => 0,
             };
             if used + cost > n {
@@ -260,6 +274,7 @@ fn earliest_accepted(limit: &Limit, n: u64, state: Option<&LimitState>, cost: u6
                     t.max(entries[first_kept].0 + per)
                 }
             }
+            None => frontier.map_or(t, |last| t.max(last + per)),
             _ => t,
         },
         Window::Gcra { burst } => match state {
@@ -268,6 +283,7 @@ fn earliest_accepted(limit: &Limit, n: u64, state: Option<&LimitState>, cost: u6
                 let allowed = tat + x.div_euclid(n as i64) + i64::from(x.rem_euclid(n as i64) > 0);
                 t.max(allowed)
             }
+            None => frontier.map_or(t, |last| t.max(last + (per as u64).div_ceil(n) as i64)),
             _ => t,
         },
     }
