@@ -139,7 +139,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let until = expires.as_deref().map(parse_expiry).transpose()?;
             let key = drip_core::template::cap_key(key);
             let set = LimitOverride { limit: count, until };
-            let change = target.store().await?.set_override(&rule.name, &key, limit, set, &operator(), None).await?;
+            let change = target.store().await?.set_override(&rule.id, &key, limit, set, &operator(), None).await?;
             Ok(describe(&change))
         }
         LimitsCommand::Delete { target, rule, key, per, window } => {
@@ -148,19 +148,19 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let (limit, _) =
                 rule.override_target(&format!("1/{per}"), window.as_deref()).map_err(anyhow::Error::msg)?;
             let key = drip_core::template::cap_key(key);
-            let change = target.store().await?.delete_override(&rule.name, &key, limit, &operator(), None).await?;
+            let change = target.store().await?.delete_override(&rule.id, &key, limit, &operator(), None).await?;
             Ok(describe(&change))
         }
         LimitsCommand::Get { target, rule, key } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
-            let overrides = target.store().await?.overrides(&rule.name, &drip_core::template::cap_key(key)).await?;
+            let overrides = target.store().await?.overrides(&rule.id, &drip_core::template::cap_key(key)).await?;
             Ok(render(rule, &overrides))
         }
         LimitsCommand::List { target, rule } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
-            let all = target.store().await?.list_overrides(&rule.name).await?;
+            let all = target.store().await?.list_overrides(&rule.id).await?;
             if all.is_empty() {
                 return Ok(format!("no overrides for rule {}\n", rule.name));
             }

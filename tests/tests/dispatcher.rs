@@ -62,6 +62,7 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
         rate_limit_meta: RateLimitMeta {
             key: "merchant_8421".into(),
             rule: format!("{prefix}-{rule}"),
+            rule_id: None,
             window_type: "RPS".into(),
             limit: 1,
             scheduled_for: drip_core::time::format_rfc3339(
@@ -229,7 +230,15 @@ async fn oidc_tokens_are_required_when_enabled() {
 #[tokio::test]
 async fn a_signed_task_whose_overflow_topic_was_retired_is_dead_lettered_not_refused() {
     let t = start_with(Pubsub::shared(), None).await;
-    let mut body = task_body(&t.prefix, "payouts", "overflow", "r1", br#"{"payoutId":"pay_9"}"#);
+    // Its rule changed its overflow topic while it waited: the rule's topic now.
+    let mut moved = task_body(&t.prefix, "payouts", "overflow", "r0", br#"{"payoutId":"pay_8"}"#);
+    moved.rate_limit_meta.overflow_topic = format!("{}-old-overflow", t.prefix);
+    assert_eq!(t.dispatch_signed(&serde_json::to_vec(&moved).unwrap(), 0).await, StatusCode::OK);
+    let published = t.pulled("overflow", 1).await;
+    assert_eq!(published[0].attributes["drip-message-id"], "r0");
+
+    // Its rule is gone: dead-lettered.
+    let mut body = task_body(&t.prefix, "removed-rule", "overflow", "r1", br#"{"payoutId":"pay_9"}"#);
     body.rate_limit_meta.overflow_topic = format!("{}-old-overflow", t.prefix);
     let encoded = serde_json::to_vec(&body).unwrap();
     assert_eq!(t.dispatch(&encoded, true, None).await, StatusCode::FORBIDDEN, "unsigned: refused, never relayed");

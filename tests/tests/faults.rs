@@ -461,21 +461,29 @@ async fn tasks_orphaned_by_a_rule_change_still_end_on_a_topic() {
             }
         }
     }
-    let dead = pubsub.pull_until(&format!("{prefix}-dlq"), 4, Duration::from_secs(20)).await;
+    let dead = pubsub.pull_until(&format!("{prefix}-dlq"), 2, Duration::from_secs(20)).await;
     let overflow = pubsub.pull_until(&format!("{prefix}-overflow"), 2, Duration::from_secs(20)).await;
+    let moved = pubsub.pull_until(&format!("{prefix}-new-overflow"), 2, Duration::from_secs(20)).await;
     let mut came_out: HashMap<String, String> = HashMap::new();
     for message in &dead {
         assert_eq!(message.attributes["drip-reason"], "overflow_topic_retired");
         came_out.insert(message.attributes["drip-message-id"].clone(), "dlq".into());
     }
-    for message in &overflow {
-        came_out.insert(message.attributes["drip-message-id"].clone(), "overflow".into());
+    for (messages, topic) in [(&overflow, "overflow"), (&moved, "new-overflow")] {
+        for message in messages {
+            came_out.insert(message.attributes["drip-message-id"].clone(), topic.into());
+        }
     }
     for (id, kind) in &delayed {
-        let expected = if *kind == "renamed" { "overflow" } else { "dlq" };
+        // Moved: its rule's overflow topic now. Renamed: the topic's owner. Removed: dead-lettered.
+        let expected = match *kind {
+            "moved" => "new-overflow",
+            "renamed" => "overflow",
+            _ => "dlq",
+        };
         assert_eq!(came_out.get(id).map(String::as_str), Some(expected), "{id} ({kind}): {came_out:?}");
     }
-    assert!(pubsub.pull(&format!("{prefix}-new-overflow"), 10).await.is_empty());
+    assert!(pubsub.pull(&format!("{prefix}-old-overflow"), 10).await.is_empty());
     let attempts = tasks.client.attempts().await.unwrap();
     assert!(attempts.iter().all(|a| a.status == Some(200)), "no task was refused: {attempts:?}");
 }

@@ -659,3 +659,37 @@ async fn a_changed_rules_file_applies_and_a_bad_one_is_refused() {
     assert_eq!(t.payout("f", 11).await, StatusCode::NO_CONTENT);
     assert_eq!(t.used("payouts", "merchant_11").await, 4, "still 4 an hour: f joins the next hour");
 }
+
+/// A rename that keeps the rule's `id` keeps every entity's state and backlog; one that does not
+/// starts the entities afresh (what `drip rules diff` warns about).
+#[tokio::test]
+async fn a_rename_that_keeps_the_id_keeps_the_backlog() {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
+    for id in ["a", "b", "c"] {
+        assert_eq!(t.payout(id, 13).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.pulled("ready", 2).await.len(), 2);
+    assert_eq!(t.tasks().await.len(), 1, "c waits for the next hour");
+    let original = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    let (old, renamed) = (t.rule("payouts"), t.rule("payouts-renamed"));
+    let reload = |text: String| async {
+        let before = t.limiter.state.rules.version();
+        std::fs::write(&t.limiter.rules_path, text).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while t.limiter.state.rules.version() == before {
+            assert!(std::time::Instant::now() < deadline, "the new rules never applied");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n    id: {old}\n"), 1)).await;
+    assert!(t.limiter.state.rules.current().rule(&renamed).is_some());
+    assert_eq!(t.payout("c", 13).await, StatusCode::NO_CONTENT, "c redelivered under the new name");
+    assert_eq!(t.payout("d", 13).await, StatusCode::NO_CONTENT);
+    let tasks = t.tasks().await;
+    assert_eq!(tasks.len(), 2, "no second task for c; d queues behind it: {tasks:?}");
+    assert!(t.pubsub.pull(&t.topic("ready"), 10).await.is_empty(), "nothing jumped the backlog");
+
+    reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n"), 1)).await;
+    assert_eq!(t.payout("e", 13).await, StatusCode::NO_CONTENT);
+    assert_eq!(t.pulled("ready", 1).await.len(), 1, "a new id is a new entity: e goes at once");
+}

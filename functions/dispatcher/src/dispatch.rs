@@ -79,9 +79,10 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
     };
     let meta = &task.rate_limit_meta;
     let rules = state.rules.current();
-    let route = match owner_of(&rules, &meta.rule, &meta.overflow_topic) {
+    let route = match owner_of(&rules, meta.rule_id(), &meta.overflow_topic) {
         Some(rule) => Route::Overflow(rule),
-        None if signed => Route::Retired(rules.rule(&meta.rule)),
+        // Ours, and its rule (by id) now overflows elsewhere: the rule's overflow topic now.
+        None if signed => rules.rule_by_id(meta.rule_id()).map_or(Route::Retired(None), Route::Overflow),
         None => {
             tracing::error!(task = delivery.task, topic = %meta.overflow_topic, rule = %meta.rule, "dispatch refused: an unsigned task names a topic no rule owns");
             state.metrics.count(&meta.rule, Outcome::UnknownOverflowTopic.as_str());
@@ -142,10 +143,10 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
     }
 }
 
-/// The rule named in the task, if it owns the topic; else any rule that owns it.
-fn owner_of<'a>(rules: &'a ServiceRules, rule: &str, topic: &str) -> Option<&'a Rule> {
+/// The rule the task names (by id), if it owns the topic; else any rule that owns it.
+fn owner_of<'a>(rules: &'a ServiceRules, rule_id: &str, topic: &str) -> Option<&'a Rule> {
     let owners = || rules.rules.iter().filter(|r| r.overflow_topic == topic);
-    owners().find(|r| r.name == rule).or_else(|| owners().next())
+    owners().find(|r| r.id == rule_id).or_else(|| owners().next())
 }
 
 /// Publishes the task's message once: a claim in Redis keeps a concurrent or repeated run of the
@@ -153,7 +154,7 @@ fn owner_of<'a>(rules: &'a ServiceRules, rule: &str, topic: &str) -> Option<&'a 
 async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow::Result<Outcome> {
     let meta = &task.rate_limit_meta;
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
-    let of = MessageOf { rule: &meta.rule, key: &meta.key, message: &identity };
+    let of = MessageOf { rule: meta.rule_id(), key: &meta.key, message: &identity };
     match state.metrics.time("redis", state.store.claim_dispatch(of, state.lease)).await? {
         DispatchClaim::Done => return Ok(Outcome::Duplicate),
         DispatchClaim::Busy => return Ok(Outcome::Busy),

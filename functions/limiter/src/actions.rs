@@ -195,6 +195,7 @@ impl AppState {
             rate_limit_meta: RateLimitMeta {
                 key: key.to_owned(),
                 rule: rule.name.clone(),
+                rule_id: (rule.id != rule.name).then(|| rule.id.clone()),
                 window_type: first.window_type(),
                 limit: first.limit(),
                 scheduled_for: format_rfc3339(slot),
@@ -216,18 +217,18 @@ impl AppState {
                 );
                 return Err(permanent(DlqReason::PayloadTooLarge, detail));
             }
-            let of = MessageOf { rule: &rule.name, key, message: identity };
+            let of = MessageOf { rule: &rule.id, key, message: identity };
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
             let reference = self.metrics.time("redis", self.store.put_payload(of, &event.data, ttl)).await?;
             body.payload = TaskPayload::ClaimCheck(reference);
             encoded = serde_json::to_vec(&body)?;
         }
-        let queue = &self.queues[queue_index(&rule.name, key, self.queues.len())];
+        let queue = &self.queues[queue_index(&rule.id, key, self.queues.len())];
         let headers = HashMap::from([
             ("Content-Type".to_owned(), "application/json".to_owned()),
             (SIGNATURE_HEADER.to_owned(), self.signer.sign(&encoded)),
         ]);
-        let name = task_id(&rule.name, identity);
+        let name = task_id(&rule.id, identity);
         let create = self.tasks.create(queue, &name, slot, encoded, headers);
         match self.metrics.time("cloud_tasks", create).await {
             Ok(created) => Ok(created),

@@ -53,7 +53,7 @@ struct OverrideEntry {
 pub async fn get_limits(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
     let rules = state.rules.current();
     let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
-    match state.store.overrides(&rule.name, &cap_key(key)).await {
+    match state.store.overrides(&rule.id, &cap_key(key)).await {
         Ok(overrides) => {
             let entries: Vec<OverrideEntry> = rule
                 .limits
@@ -128,7 +128,7 @@ async fn change(
     set: Option<LimitOverride>,
 ) -> Response {
     let by = caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email);
-    match state.store.change_override(&rule.name, key, limit, set, &by).await {
+    match state.store.change_override(&rule.id, key, limit, set, &by).await {
         Ok(change) => {
             log_change(&change);
             Json(change).into_response()

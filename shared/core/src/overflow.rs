@@ -140,6 +140,9 @@ impl Serialize for TaskBody {
 pub struct RateLimitMeta {
     pub key: String,
     pub rule: String,
+    /// The rule's `id`, when it is not its name: what the task's Redis keys hang on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_id: Option<String>,
     /// `RPS`, `RPM`, `RPD`... of the rule's first limit.
     pub window_type: String,
     pub limit: u64,
@@ -161,6 +164,13 @@ pub struct TaskSigner {
 impl fmt::Debug for TaskSigner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("TaskSigner(..)")
+    }
+}
+
+impl RateLimitMeta {
+    /// The rule's id (its name unless the rule sets one).
+    pub fn rule_id(&self) -> &str {
+        self.rule_id.as_deref().unwrap_or(&self.rule)
     }
 }
 
@@ -198,6 +208,7 @@ mod tests {
             rate_limit_meta: RateLimitMeta {
                 key: "merchant_8421:payout".into(),
                 rule: "payouts".into(),
+                rule_id: None,
                 window_type: "RPM".into(),
                 limit: 100,
                 scheduled_for: "2026-08-03T14:02:00.000Z".into(),

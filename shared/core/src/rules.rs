@@ -64,6 +64,9 @@ impl std::ops::Deref for ServiceRules {
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub name: String,
+    /// What its state, overrides, task names and claim-checks hang on: the `id` field, default the
+    /// name, so a rename that keeps the id keeps every entity's state and backlog.
+    pub id: String,
     /// Attribute values that must all match; `None` makes this a catch-all rule.
     pub matcher: Option<BTreeMap<String, String>>,
     pub key: Template,
@@ -304,6 +307,10 @@ impl RuleSet {
         self.rules.iter().find(|r| r.name == name)
     }
 
+    pub fn rule_by_id(&self, id: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.id == id)
+    }
+
     /// Where an event goes that no rule can take: `default_dlq_topic`, else the catch-all rule's.
     pub fn fallback_dlq_topic(&self) -> Option<&TopicName> {
         self.default_dlq_topic
@@ -355,6 +362,7 @@ impl RuleSet {
         }
         let mut rules: Vec<Rule> = Vec::new();
         let mut first_index_of: HashMap<String, usize> = HashMap::new();
+        let mut first_with_id: HashMap<String, usize> = HashMap::new();
         let mut catch_all: Option<String> = None;
         for (index, raw) in top.rules.into_iter().enumerate() {
             let label = rule_label(&raw, index);
@@ -364,7 +372,10 @@ impl RuleSet {
             };
             if let Some(first) = first_index_of.get(&rule.name) {
                 rule_errors.push("name", format!("duplicate rule name (first used by rules[{first}])"));
+            } else if let Some(first) = first_with_id.get(&rule.id) {
+                rule_errors.push("id", format!("duplicate rule id '{}' (first used by rules[{first}])", rule.id));
             }
+            first_with_id.entry(rule.id.clone()).or_insert(index);
             if let Some(earlier) = &catch_all {
                 rule_errors.push("match", format!("unreachable: the catch-all rule '{earlier}' comes before it"));
             }
@@ -465,6 +476,7 @@ struct RawTop {
 #[serde(deny_unknown_fields)]
 struct RawRule {
     name: String,
+    id: Option<String>,
     #[serde(rename = "match")]
     matcher: Option<RawMatch>,
     key: String,
@@ -536,6 +548,10 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
 
     if !valid_rule_name(&raw.name) {
         errors.push("name", "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
+    }
+    let id = raw.id.clone().unwrap_or_else(|| raw.name.clone());
+    if raw.id.is_some() && !valid_rule_name(&id) {
+        errors.push("id", "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
     }
     let matcher = match raw.matcher {
         Some(m) if m.attributes.is_empty() => {
@@ -618,6 +634,7 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
     }
     Some(Rule {
         name: raw.name,
+        id,
         matcher,
         key: key?,
         limits: limits?,

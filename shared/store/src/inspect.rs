@@ -60,7 +60,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let mut connection = self.connection();
         let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
         let now = seconds * 1_000 + micros / 1_000;
-        let state = self.entity_state(&rule.name, key, &rule.limits).await?;
+        let state = self.entity_state(&rule.id, key, &rule.limits).await?;
         Ok(report(rule, key, now, &state))
     }
 

@@ -52,7 +52,7 @@ impl<'a> SlotRequest<'a> {
         now: Option<Millis>,
     ) -> Self {
         Self {
-            rule: &rule.name,
+            rule: &rule.id,
             key,
             message_id,
             cost,

@@ -136,7 +136,7 @@ impl LimiterStore for MemoryLimiterStore {
     }
 
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
-        let state = self.model.entity_state(&rule.name, key).unwrap_or_default();
+        let state = self.model.entity_state(&rule.id, key).unwrap_or_default();
         Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state)) })
     }
 
