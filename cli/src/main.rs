@@ -12,6 +12,7 @@ mod demo;
 mod inspect;
 mod limits;
 mod plot;
+mod rules_cmd;
 mod simulate;
 mod summary;
 
@@ -37,6 +38,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Per-entity limits at run time: set, get, list, delete, history.
     Limits(limits::Args),
+    /// Rules files: `diff OLD NEW` says what each edit does to entities with a backlog.
+    Rules(rules_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,5 +49,6 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Limits(args) => limits::run(args),
+        Command::Rules(args) => rules_cmd::run(args),
     }
 }

@@ -383,3 +383,41 @@ fn limits_work_on_a_redis_cluster() {
     let cluster = drip_tests::redis_server::RedisCluster::start();
     limits_through_the_cli(&cluster.urls()[0], true);
 }
+
+#[test]
+fn rules_diff_says_which_edits_need_care() {
+    let old = repo("examples/payouts.yaml");
+    let text = std::fs::read_to_string(&old).unwrap();
+    let dir = std::env::temp_dir();
+    let write = |name: &str, text: String| {
+        let path = dir.join(format!("{}.yaml", unique(name)));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let same = drip(&["rules", "diff", old.to_str().unwrap(), old.to_str().unwrap(), "--check"]);
+    assert!(same.status.success());
+    assert_eq!(stdout(&same), "no rule changes\n");
+
+    let raised = write("raised", text.replacen("limit: 100,", "limit: 500,", 1));
+    let output = drip(&["rules", "diff", old.to_str().unwrap(), raised.to_str().unwrap(), "--check"]);
+    assert!(output.status.success(), "a raised limit is safe: {output:?}");
+    assert!(
+        stdout(&output).contains("payouts (id payouts)\n  safe        limit 100 per 1m (fixed) -> 500 per 1m (fixed)"),
+        "{}",
+        stdout(&output)
+    );
+
+    let rekeyed = write(
+        "rekeyed",
+        text.replacen("key: \"tenant_{data.merchant_id}:payouts\"", "key: \"m_{data.merchant_id}\"", 1),
+    );
+    let output = drip(&["rules", "diff", old.to_str().unwrap(), rekeyed.to_str().unwrap(), "--check"]);
+    assert_eq!(output.status.code(), Some(1), "a key change needs care: {output:?}");
+    assert!(
+        stdout(&output).contains("needs care  key \"tenant_{data.merchant_id}:payouts\" -> \"m_{data.merchant_id}\""),
+        "{}",
+        stdout(&output)
+    );
+    let without_check = drip(&["rules", "diff", old.to_str().unwrap(), rekeyed.to_str().unwrap()]);
+    assert!(without_check.status.success());
+}

@@ -9,6 +9,7 @@ pub mod outcome;
 pub mod overflow;
 pub mod routing;
 pub mod rules;
+pub mod rules_diff;
 pub mod schedule;
 pub mod template;
 pub mod time;

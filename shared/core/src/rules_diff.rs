@@ -1,0 +1,274 @@
+//! What an edit of the rules file does to entities that already have a backlog (README: "Changing
+//! limits"), rule by rule, matched by id: `drip rules diff OLD NEW`.
+
+use std::fmt;
+
+use crate::rules::{Cost, Rule, RuleSet, Window};
+use crate::schedule::{override_id, state_id};
+
+/// How an edit treats entities that already have a backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Safety {
+    /// The promise holds as it is: FIFO, and no window over the larger of the old and new count.
+    Safe,
+    /// The promise holds, at the cost of delay: entities with a backlog wait past their frontier.
+    Delays,
+    /// The promise can break for the old backlog (or events change rule): plan it.
+    NeedsCare,
+}
+
+impl fmt::Display for Safety {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Safety::Safe => "safe",
+            Safety::Delays => "delays",
+            Safety::NeedsCare => "needs care",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub safety: Safety,
+    /// What changed and what it does.
+    pub what: String,
+}
+
+/// The edits of one rule (by id); `name` is its name in the new file (or the old one, if removed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleDiff {
+    pub id: String,
+    pub name: String,
+    pub edits: Vec<Edit>,
+}
+
+fn edit(safety: Safety, what: impl Into<String>) -> Edit {
+    Edit { safety, what: what.into() }
+}
+
+/// Every rule that differs between `old` and `new`, in the new file's order, then removed rules.
+pub fn diff(old: &RuleSet, new: &RuleSet) -> Vec<RuleDiff> {
+    let mut diffs = Vec::new();
+    for rule in &new.rules {
+        let edits = match old.rule_by_id(&rule.id) {
+            Some(before) => rule_edits(before, rule),
+            None => {
+                let mut edits = vec![edit(Safety::Safe, "added: its entities start empty")];
+                if let Some(namesake) = old.rule(&rule.name) {
+                    edits.push(edit(
+                        Safety::NeedsCare,
+                        format!(
+                            "id changed from '{}': every entity starts empty, so until the old backlog drains a window can hold the old backlog and new events (keep `id: {}` to keep the state)",
+                            namesake.id, namesake.id
+                        ),
+                    ));
+                }
+                edits
+            }
+        };
+        if !edits.is_empty() {
+            diffs.push(RuleDiff { id: rule.id.clone(), name: rule.name.clone(), edits });
+        }
+    }
+    for rule in &old.rules {
+        if new.rule_by_id(&rule.id).is_none() && new.rule(&rule.name).is_none() {
+            diffs.push(RuleDiff {
+                id: rule.id.clone(),
+                name: rule.name.clone(),
+                edits: vec![edit(
+                    Safety::NeedsCare,
+                    "removed: its waiting tasks are dead-lettered (overflow_topic_retired) unless another rule owns their overflow topic; its messages now match another rule or none",
+                )],
+            });
+        }
+    }
+    diffs
+}
+
+fn cost_text(cost: &Cost) -> String {
+    match cost {
+        Cost::Fixed(n) => n.to_string(),
+        Cost::Template(template) => format!("\"{template}\""),
+    }
+}
+
+fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
+    let mut edits = Vec::new();
+    if old.name != new.name {
+        edits.push(edit(Safety::Safe, format!("renamed from '{}' (same id: state and backlog kept)", old.name)));
+    }
+    if old.matcher != new.matcher {
+        edits.push(edit(
+            Safety::NeedsCare,
+            "match changed: messages may move between rules, and each rule's entities count only its own",
+        ));
+    }
+    if old.key.to_string() != new.key.to_string() {
+        edits.push(edit(
+            Safety::NeedsCare,
+            format!(
+                "key \"{}\" -> \"{}\": every key is a new entity, so until the old backlog drains a window can hold the old backlog and new events (up to twice the limit)",
+                old.key, new.key
+            ),
+        ));
+    }
+    for limit in &new.limits {
+        match old.limits.iter().find(|l| override_id(l) == override_id(limit)) {
+            None => edits.push(edit(
+                Safety::Delays,
+                format!(
+                    "limit {limit} added: it counts as full up to each entity's frontier, so an entity with a backlog waits for its next window"
+                ),
+            )),
+            Some(before) if state_id(before) != state_id(limit) => edits.push(edit(
+                Safety::Delays,
+                format!(
+                    "limit {before} -> {limit}: a new GCRA state, full up to each entity's frontier (one interval of delay after a backlog)"
+                ),
+            )),
+            Some(before) if before.limit() != limit.limit() => edits.push(edit(
+                Safety::Safe,
+                format!(
+                    "limit {before} -> {limit}: usage carries over; windows in use hold at most {}",
+                    before.limit().max(limit.limit())
+                ),
+            )),
+            Some(before) if before != limit => {
+                let placement = matches!((before.window(), limit.window()), (Window::Fixed(_), Window::Fixed(_)));
+                let what = if placement { "placement" } else { "burst" };
+                edits.push(edit(Safety::Safe, format!("limit {before} -> {limit}: {what} only, usage carries over")));
+            }
+            Some(_) => {}
+        }
+    }
+    for limit in &old.limits {
+        if !new.limits.iter().any(|l| override_id(l) == override_id(limit)) {
+            edits.push(edit(Safety::Safe, format!("limit {limit} removed: one constraint less from the next event")));
+        }
+    }
+    if old.cost != new.cost {
+        edits.push(edit(
+            Safety::Safe,
+            format!("cost {} -> {}: from the next reservation", cost_text(&old.cost), cost_text(&new.cost)),
+        ));
+    }
+    let durations = [
+        ("max_delay", old.max_delay, new.max_delay, "applies to the next reservation"),
+        ("inline_wait", old.inline_wait, new.inline_wait, "a reload refuses one longer than the revision's deadline"),
+    ];
+    for (field, before, after, note) in durations {
+        if before != after {
+            edits.push(edit(Safety::Safe, format!("{field} {before} ms -> {after} ms: {note}")));
+        }
+    }
+    if old.forward != new.forward {
+        edits.push(edit(Safety::Safe, "forward changed: events forwarded from now on go to the new target"));
+    }
+    if old.overflow_topic != new.overflow_topic {
+        edits.push(edit(
+            Safety::Safe,
+            format!(
+                "overflow_topic {} -> {}: waiting tasks publish on the new topic (its consumers must be ready)",
+                old.overflow_topic, new.overflow_topic
+            ),
+        ));
+    }
+    if old.dlq_topic != new.dlq_topic {
+        edits.push(edit(Safety::Safe, format!("dlq_topic {} -> {}", old.dlq_topic, new.dlq_topic)));
+    }
+    if old.overflow_format != new.overflow_format || old.on_missing_key != new.on_missing_key {
+        edits.push(edit(Safety::Safe, "overflow_format or on_missing_key changed: from the next event"));
+    }
+    edits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: &str = r#"
+default_dlq_topic: dlq
+rules:
+  - name: payouts
+    match: { attributes: { t: payout } }
+    key: "m_{data.m}"
+    limits:
+      - { limit: 100, per: 1m, window: fixed }
+      - { limit: 10, per: 1s, window: gcra }
+    max_delay: 1h
+    forward: { topic: ready }
+    overflow_topic: overflow
+  - name: sms
+    match: { attributes: { t: sms } }
+    key: "u_{data.u}"
+    limits: [ { limit: 5, per: 1s, window: sliding } ]
+    max_delay: 1h
+    forward: { topic: ready }
+    overflow_topic: overflow
+  - name: kyc
+    match: { attributes: { t: kyc } }
+    key: "k"
+    limits: [ { limit: 5, per: 1s, window: fixed } ]
+    max_delay: 1h
+    forward: { topic: ready }
+    overflow_topic: overflow
+"#;
+
+    fn parse(text: &str) -> RuleSet {
+        RuleSet::parse("t.yaml", text).unwrap()
+    }
+
+    fn edits(diff: &[RuleDiff], name: &str) -> Vec<(Safety, String)> {
+        diff.iter()
+            .find(|d| d.name == name)
+            .map_or_else(Vec::new, |d| d.edits.iter().map(|e| (e.safety, e.what.clone())).collect())
+    }
+
+    #[test]
+    fn the_same_file_has_no_edits() {
+        assert!(diff(&parse(OLD), &parse(OLD)).is_empty());
+    }
+
+    #[test]
+    fn each_kind_of_edit_is_classified() {
+        let new = OLD
+            .replacen("  - name: payouts\n", "  - name: payouts-v2\n    id: payouts\n", 1)
+            .replacen("{ limit: 100, per: 1m, window: fixed }", "{ limit: 500, per: 1m, window: fixed }", 1)
+            .replacen("{ limit: 10, per: 1s, window: gcra }", "{ limit: 20, per: 1s, window: gcra }", 1)
+            .replacen("key: \"u_{data.u}\"", "key: \"user_{data.u}\"", 1)
+            .replacen(
+                "    limits: [ { limit: 5, per: 1s, window: fixed } ]\n",
+                "    limits: [ { limit: 5, per: 1h, window: fixed } ]\n",
+                1,
+            );
+        let diff = diff(&parse(OLD), &parse(&new));
+        let payouts = edits(&diff, "payouts-v2");
+        assert_eq!(payouts[0].0, Safety::Safe);
+        assert!(payouts[0].1.starts_with("renamed from 'payouts'"), "{payouts:?}");
+        assert!(payouts.iter().any(|(s, w)| *s == Safety::Safe && w.contains("windows in use hold at most 500")));
+        assert!(payouts.iter().any(|(s, w)| *s == Safety::Delays && w.contains("a new GCRA state")), "{payouts:?}");
+        let sms = edits(&diff, "sms");
+        assert_eq!(sms.len(), 1);
+        assert_eq!(sms[0].0, Safety::NeedsCare);
+        assert!(sms[0].1.contains("every key is a new entity"));
+        let kyc = edits(&diff, "kyc");
+        assert!(kyc.iter().any(|(s, w)| *s == Safety::Delays && w.contains("added")), "{kyc:?}");
+        assert!(kyc.iter().any(|(s, w)| *s == Safety::Safe && w.contains("removed")), "{kyc:?}");
+    }
+
+    #[test]
+    fn a_rename_without_the_id_and_a_removal_need_care() {
+        let new = OLD.replacen("  - name: payouts\n", "  - name: payouts-v2\n", 1);
+        let without_kyc = &new[..new.find("  - name: kyc").unwrap()];
+        let diff = diff(&parse(OLD), &parse(without_kyc));
+        let payouts = edits(&diff, "payouts-v2");
+        assert_eq!(payouts[0], (Safety::Safe, "added: its entities start empty".into()));
+        let renamed_new = new.replacen("  - name: payouts-v2\n", "  - name: payouts\n    id: payouts-2\n", 1);
+        let by_id = super::diff(&parse(OLD), &parse(&renamed_new));
+        assert!(edits(&by_id, "payouts").iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("id changed")));
+        let kyc = edits(&diff, "kyc");
+        assert_eq!(kyc.len(), 1);
+        assert_eq!(kyc[0].0, Safety::NeedsCare);
+        assert!(kyc[0].1.starts_with("removed"));
+    }
+}
