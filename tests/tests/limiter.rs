@@ -693,3 +693,66 @@ async fn a_rename_that_keeps_the_id_keeps_the_backlog() {
     assert_eq!(t.payout("e", 13).await, StatusCode::NO_CONTENT);
     assert_eq!(t.pulled("ready", 1).await.len(), 1, "a new id is a new entity: e goes at once");
 }
+
+/// A rolling deploy: two limiters with different counts for one rule (same id) on one Redis, the
+/// same messages pushed to both at once. No message is reserved twice (one action each) and the
+/// hour's window holds at most the larger count.
+#[tokio::test]
+async fn two_revisions_with_different_rules_on_one_redis() {
+    let t = start().await;
+    let mut wiring = LimiterWiring::new(
+        shared_url(),
+        t.pubsub.host.clone(),
+        &t.tasks,
+        t.tasks.queues(&format!("{}-b", t.prefix), 2),
+        format!("{}/dispatch", t.receiver.url),
+    );
+    wiring.namespace = t.limiter.namespace.clone();
+    let rules = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    let other = spawn_limiter(&rules.replacen("limit: 2, per: 1h", "limit: 5, per: 1h", 1), &wiring).await;
+    let ids: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    let push = |url: String, id: String| {
+        let body = envelope(&id, &[("event_type", "payout")], br#"{"merchant_id":41}"#);
+        let http = t.http.clone();
+        async move {
+            loop {
+                let status = http.post(format!("{url}/push")).body(body.clone()).send().await.unwrap().status();
+                if status != StatusCode::SERVICE_UNAVAILABLE {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await; // busy: the other revision is acting
+            }
+        }
+    };
+    let mut pushes = Vec::new();
+    for id in &ids {
+        pushes.push(tokio::spawn(push(t.limiter.url.clone(), id.clone())));
+        pushes.push(tokio::spawn(push(other.url.clone(), id.clone())));
+    }
+    for push in pushes {
+        assert_eq!(push.await.unwrap(), StatusCode::NO_CONTENT);
+    }
+    let mut forwarded: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        let batch = t.pubsub.pull(&t.topic("ready"), 100).await;
+        forwarded.extend(batch.iter().map(|m| m.attributes["drip-message-id"].clone()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tasks = t.tasks().await;
+    let mut delayed: Vec<String> =
+        tasks.iter().map(|task| body_of(task)["messageId"].as_str().unwrap().to_owned()).collect();
+    let (mut all, forwarded_count) = (forwarded.clone(), forwarded.len());
+    all.append(&mut delayed);
+    all.sort();
+    assert_eq!(
+        all,
+        {
+            let mut sorted = ids.clone();
+            sorted.sort();
+            sorted
+        },
+        "each message acted on exactly once"
+    );
+    assert!((2..=5).contains(&forwarded_count), "this hour holds at most the larger count: {forwarded_count}");
+}
