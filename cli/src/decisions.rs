@@ -14,6 +14,9 @@ pub struct Outcome {
     pub decision: &'static str,
     pub scheduled_for: Option<String>,
     pub reason: Option<&'static str>,
+    /// The rule is `mode: shadow`: `decision` is what enforcing would do; the event is forwarded.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
     #[serde(skip)]
     pub scheduled: Option<Scheduled>,
 }

@@ -128,6 +128,7 @@ pub async fn decide_all(
                 decision: "dlq",
                 scheduled_for: None,
                 reason: Some(reason.as_str()),
+                shadow: false,
                 scheduled: None,
             },
             Plan::Reserve { rule, key, cost } => {
@@ -149,6 +150,7 @@ pub async fn decide_all(
                         Decision::DeadLetter(reason) => Some(reason.as_str()),
                         _ => None,
                     },
+                    shadow: rule.mode == drip_core::rules::Mode::Shadow,
                     scheduled: reserved_now.then_some(Scheduled { slot: reservation.slot, cost }),
                 }
             }

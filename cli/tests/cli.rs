@@ -421,3 +421,25 @@ fn rules_diff_says_which_edits_need_care() {
     let without_check = drip(&["rules", "diff", old.to_str().unwrap(), rekeyed.to_str().unwrap()]);
     assert!(without_check.status.success());
 }
+
+#[test]
+fn simulate_says_what_a_shadow_rule_would_do() {
+    let dir = std::env::temp_dir().join(unique("simulate-shadow"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "default_dlq_topic: dlq\nrules:\n  - name: trial\n    mode: shadow\n    key: k\n    limits: [ { limit: 1, per: 1m, window: fixed } ]\n    max_delay: 1h\n    forward: { topic: ready }\n    overflow_topic: overflow\n",
+    )
+    .unwrap();
+    let events = dir.join("events.jsonl");
+    let line =
+        |id: &str| format!(r#"{{"id":"{id}","publishTime":"2026-08-03T12:00:00Z","attributes":{{}},"data":{{}}}}"#);
+    std::fs::write(&events, [line("a"), line("b")].join("\n")).unwrap();
+    let output = drip(&["simulate", "--rules", rules.to_str().unwrap(), "--events", events.to_str().unwrap()]);
+    assert!(output.status.success(), "{output:?}");
+    let lines: Vec<serde_json::Value> = stdout(&output).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!((lines[0]["decision"].as_str(), lines[0]["shadow"].as_bool()), (Some("forward"), Some(true)));
+    assert_eq!((lines[1]["decision"].as_str(), lines[1]["shadow"].as_bool()), (Some("delay"), Some(true)));
+    assert_eq!(lines[1]["scheduledFor"], "2026-08-03T12:01:00.000Z");
+}

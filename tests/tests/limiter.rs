@@ -44,6 +44,16 @@ rules:
     forward: { topic: {p}-ready }
     overflow_topic: {p}-overflow
     dlq_topic: {p}-dlq
+  - name: {p}-trial
+    mode: shadow
+    match: { attributes: { event_type: trial } }
+    key: "merchant_{data.merchant_id}"
+    limits: [{ limit: 2, per: 1h }]
+    max_delay: 3h
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
   - name: {p}-seed
     match: { attributes: { event_type: seed } }
     key: "merchant_{data.merchantId}:payout"
@@ -764,4 +774,22 @@ async fn two_revisions_with_different_rules_on_one_redis() {
         *per_hour.entry(task.schedule_time.div_euclid(3_600_000)).or_default() += 1;
     }
     assert!(per_hour.values().all(|&n| n <= 5), "no later hour over the larger count: {per_hour:?}");
+}
+
+/// `mode: shadow` through Redis and the emulator: every event forwarded at once with the decision
+/// enforcing would have taken; the reservations are recorded as if enforced.
+#[tokio::test]
+async fn a_shadow_rule_forwards_everything_and_says_what_it_would_have_done() {
+    let t = start().await;
+    for id in ["s1", "s2", "s3"] {
+        assert_eq!(t.push(id, &[("event_type", "trial")], br#"{"merchant_id":61}"#).await, StatusCode::NO_CONTENT);
+    }
+    let forwarded = t.pulled("ready", 3).await;
+    let decisions: BTreeMap<&str, &str> = forwarded
+        .iter()
+        .map(|m| (m.attributes["drip-message-id"].as_str(), m.attributes["drip-shadow-decision"].as_str()))
+        .collect();
+    assert_eq!(decisions, BTreeMap::from([("s1", "forward"), ("s2", "forward"), ("s3", "delay")]));
+    assert!(t.tasks().await.is_empty(), "no task: shadow never delays");
+    assert_eq!(t.used("trial", "merchant_61").await, 1, "s3's would-be slot is reserved in the next hour");
 }

@@ -53,6 +53,8 @@ pub struct Acting<'a> {
     /// `MessageRef::identity` of the event.
     pub identity: &'a str,
     pub slot: Millis,
+    /// A `mode: shadow` rule's would-be decision: forwarded at once, saying it.
+    pub shadow: Option<&'a str>,
 }
 
 impl Acting<'_> {
@@ -63,6 +65,7 @@ impl Acting<'_> {
             rule: Some(&self.rule.name),
             key: Some(self.key),
             scheduled_for: Some(self.slot),
+            shadow_decision: self.shadow,
             ..Stamp::default()
         }
     }
@@ -152,6 +155,9 @@ impl AppState {
                         header_value("the attributes", &serde_json::to_string(&event.attributes)?)?,
                     )
                     .body(event.data.clone());
+                if let Some(would) = acting.shadow {
+                    request = request.header("x-drip-shadow-decision", would);
+                }
                 if let Some(subscription) = &event.subscription {
                     request = request.header("x-drip-subscription", header_value("the subscription", subscription)?);
                 }
@@ -185,7 +191,7 @@ impl AppState {
         publish_time: Option<&str>,
         now: Millis,
     ) -> Result<Created, Failure> {
-        let Acting { rule, key, event, identity, slot } = acting;
+        let Acting { rule, key, event, identity, slot, .. } = acting;
         // The dispatcher adds these to the overflow message: refuse now what Pub/Sub would refuse then.
         let overflow = Stamp { ratelimited: true, ..acting.stamp() };
         overflow.apply(&event.attributes, event.data.len()).map_err(Failure::Permanent)?;

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use drip_core::event::Event;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
-use drip_core::rules::Rule;
+use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::Reservation;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
 use drip_store::SlotRequest;
@@ -85,7 +85,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         state.metrics.count(&rule.name, Outcome::Redelivered.as_str());
         return Ok(Outcome::Redelivered);
     }
-    let acting = Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot };
+    let acting = Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, shadow: None };
     let act = act(state, acting, &reservation, reserved.now, publish_time.as_deref());
     let result = match tokio::time::timeout(state.attempt_deadline, act).await {
         Ok(result) => result,
@@ -123,7 +123,18 @@ async fn act(
     publish_time: Option<&str>,
 ) -> anyhow::Result<Outcome> {
     let Acting { rule, key, event, slot, .. } = acting;
-    let done = match Decision::of(reservation, rule.inline_wait) {
+    let decision = Decision::of(reservation, rule.inline_wait);
+    let would = decision.shadow_text();
+    let done = match decision {
+        // Reserved and recorded as if enforced; the event goes now, saying what would have happened
+        // (a forward refused for good is dead-lettered, as when enforcing).
+        _ if rule.mode == Mode::Shadow => {
+            state.forward(Acting { shadow: Some(&would), ..acting }).await.map(|()| match decision {
+                Decision::Forward => Outcome::Forward,
+                Decision::Delay => Outcome::Delay,
+                Decision::DeadLetter(reason) => Outcome::DeadLetter(reason),
+            })
+        }
         Decision::DeadLetter(reason) => {
             let detail = match reason {
                 DlqReason::CostExceedsLimit => {
@@ -187,6 +198,8 @@ fn log_decision(
     reservation: Option<&Reservation>,
     replayed: bool,
 ) {
+    // A shadow rule's decision is what enforcing would have done; its event was forwarded.
+    let shadow = rule.is_some_and(|r| r.mode == Mode::Shadow);
     let rule = rule.map_or("-", |r| r.name.as_str());
     let key = key.unwrap_or("-");
     let decision = outcome.as_str();
@@ -195,7 +208,9 @@ fn log_decision(
         Some(r) => (format_rfc3339(r.slot), r.slot - r.decided_at),
         None => (String::new(), 0),
     };
-    if matches!(outcome, Outcome::DeadLetter(reason) if reason.is_alarming()) {
+    if shadow {
+        tracing::info!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, shadow, "shadow decision: forwarded at once");
+    } else if matches!(outcome, Outcome::DeadLetter(reason) if reason.is_alarming()) {
         tracing::error!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, "event dead-lettered");
     } else {
         tracing::info!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, "decision");

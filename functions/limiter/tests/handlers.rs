@@ -45,6 +45,16 @@ rules:
     forward: { topic: sms-ready }
     overflow_topic: sms-overflow
     dlq_topic: sms-dlq
+  - name: trial
+    mode: shadow
+    match: { attributes: { event_type: trial } }
+    key: "merchant_{data.merchant_id}"
+    limits: [ { limit: 2, per: 1h, window: fixed } ]
+    max_delay: 1h
+    inline_wait: 0s
+    forward: { topic: trial-ready }
+    overflow_topic: trial-overflow
+    dlq_topic: trial-dlq
 "#;
 
 #[derive(Debug, Clone)]
@@ -453,4 +463,36 @@ async fn override_requests_that_name_nothing_are_refused() {
     let bad_until = Some(serde_json::json!({ "limit": "5/1h", "until": "tomorrow" }));
     assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", bad_until).await.0, StatusCode::BAD_REQUEST);
     assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/k/limits?per=1d", None).await.0, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_shadow_rule_forwards_everything_at_once_and_records_what_it_would_have_done() {
+    let l = limiter();
+    let trial = [("event_type", "trial")];
+    for id in ["a", "b", "c", "d", "e", "a"] {
+        assert_eq!(l.push(id, &trial, br#"{"merchant_id":51}"#).await, StatusCode::NO_CONTENT, "{id}");
+    }
+    let forwarded = l.published("trial-ready");
+    let said: Vec<(&str, &str)> = forwarded
+        .iter()
+        .map(|m| (m.attributes["drip-message-id"].as_str(), m.attributes["drip-shadow-decision"].as_str()))
+        .collect();
+    assert_eq!(
+        said,
+        [("a", "forward"), ("b", "forward"), ("c", "delay"), ("d", "delay"), ("e", "dlq:max_delay_exceeded")],
+        "every event forwarded at once (a's redelivery acked, not forwarded again)"
+    );
+    assert!(l.tasks().is_empty(), "no task");
+    assert!(l.published("trial-dlq").is_empty(), "nothing dead-lettered");
+    let hour = drip_core::time::HOUR;
+    let next_hour = (drip_core::time::wall_clock_millis() / hour + 1) * hour;
+    let scheduled = parse_rfc3339(&forwarded[2].attributes["drip-scheduled-for"]).unwrap();
+    assert_eq!(scheduled, next_hour, "drip-scheduled-for is the slot it would have had");
+
+    let (_, report) = l.send("GET", "/v1/rules/trial/keys/merchant_51", None).await;
+    assert_eq!(report["limits"][0]["usedNow"], 2, "reserved as if enforced: {report}");
+    assert_eq!(report["backlog"], 2, "{report}");
+    let metrics = l.state.metrics.shared.render();
+    assert!(metrics.contains(r#"drip_decisions_total{rule="trial",outcome="delay"} 2"#), "{metrics}");
+    assert!(metrics.contains(r#"drip_decisions_total{rule="trial",outcome="max_delay_exceeded"} 1"#), "{metrics}");
 }

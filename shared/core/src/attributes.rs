@@ -19,6 +19,9 @@ pub const KEY: &str = "drip-key";
 pub const SCHEDULED_FOR: &str = "drip-scheduled-for";
 pub const REASON: &str = "drip-reason";
 pub const DETAIL: &str = "drip-detail";
+/// On a forward of a `mode: shadow` rule: what enforcing would have done (`forward`, `delay`, or
+/// `dlq:<reason>`); `drip-scheduled-for` is then the slot it would have had.
+pub const SHADOW_DECISION: &str = "drip-shadow-decision";
 /// On a dead letter of the dispatcher: the task's name.
 pub const TASK: &str = "drip-task";
 /// On a dead letter whose original attributes did not fit beside Drip's: the body is a JSON
@@ -46,6 +49,7 @@ pub struct Stamp<'a> {
     /// Dead letters: why, and the detail.
     pub reason: Option<(DlqReason, &'a str)>,
     pub task: Option<&'a str>,
+    pub shadow_decision: Option<&'a str>,
 }
 
 /// A message Pub/Sub would refuse; no retry can change that.
@@ -58,7 +62,7 @@ pub struct Refused {
 
 impl Stamp<'_> {
     fn pairs(&self) -> Vec<(&'static str, String)> {
-        let mut pairs = Vec::with_capacity(9);
+        let mut pairs = Vec::with_capacity(10);
         let mut add = |name: &'static str, value: Option<String>| {
             if let Some(value) = value {
                 pairs.push((name, truncate(&value, MAX_VALUE_BYTES)));
@@ -73,6 +77,7 @@ impl Stamp<'_> {
         add(REASON, self.reason.map(|(reason, _)| reason.as_str().to_owned()));
         add(DETAIL, self.reason.map(|(_, detail)| detail.to_owned()));
         add(TASK, self.task.map(str::to_owned));
+        add(SHADOW_DECISION, self.shadow_decision.map(str::to_owned));
         pairs
     }
 

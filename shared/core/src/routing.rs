@@ -78,6 +78,14 @@ impl Decision {
             Decision::DeadLetter(_) => "dlq",
         }
     }
+
+    /// As `drip-shadow-decision` says it: `forward`, `delay`, or `dlq:<reason>`.
+    pub fn shadow_text(&self) -> String {
+        match self {
+            Decision::DeadLetter(reason) => format!("dlq:{}", reason.as_str()),
+            other => other.as_str().to_owned(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -80,6 +80,16 @@ pub struct Rule {
     pub dlq_topic: TopicName,
     pub on_missing_key: OnMissingKey,
     pub overflow_format: OverflowFormat,
+    pub mode: Mode,
+}
+
+/// `enforce` (the default) acts on each decision; `shadow` reserves and records exactly as
+/// `enforce` does but forwards every event at once, saying what it would have done
+/// (`drip-shadow-decision`): a new limit tried on live traffic before it is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Shadow,
 }
 
 /// A Pub/Sub topic: an id (`payouts-ready`, in the service's project) or a full
@@ -489,6 +499,7 @@ struct RawRule {
     dlq_topic: Option<String>,
     on_missing_key: Option<Value>,
     overflow_format: Option<String>,
+    mode: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -620,6 +631,14 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         None => Some(OnMissingKey::Dlq),
         Some(value) => errors.check("on_missing_key", parse_on_missing_key(value)),
     };
+    let mode = match raw.mode.as_deref() {
+        None | Some("enforce") => Some(Mode::Enforce),
+        Some("shadow") => Some(Mode::Shadow),
+        Some(other) => {
+            errors.push("mode", format!("unknown mode '{other}', expected enforce or shadow"));
+            None
+        }
+    };
     let overflow_format = match raw.overflow_format.as_deref() {
         None | Some("enriched") => Some(OverflowFormat::Enriched),
         Some("original") => Some(OverflowFormat::Original),
@@ -646,6 +665,7 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         dlq_topic: dlq_topic?,
         on_missing_key: on_missing_key?,
         overflow_format: overflow_format?,
+        mode: mode?,
     })
 }
 
