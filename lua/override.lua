@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the entity's overrides hash   drip:{rule|key}:o
 -- ARGV[1]  now, or '' to use the server's TIME
--- ARGV[2]  'set' or 'delete'             ARGV[3] the override id (e.g. fixed:60000)
+-- ARGV[2]  'set', 'delete', or 'pause' (the entity waits until ARGV[5]; a later pause extends it)
+-- ARGV[3]  the override id (e.g. fixed:60000)
 -- ARGV[4]  the new count (set)           ARGV[5] until, ms since the epoch, or '' (none) (set)
 -- ARGV[6]  how long the hash outlives the latest `until`
 --
@@ -24,7 +25,12 @@ if before[1] then
   previous = {tonumber(before[1]), tonumber(before[2]) or -1}
 end
 
-if op == 'set' then
+if op == 'pause' then
+  local current = tonumber(redis.call('HGET', key, 'pause'))
+  if not current or current < tonumber(ARGV[5]) then
+    redis.call('HSET', key, 'pause', ARGV[5])
+  end
+elseif op == 'set' then
   redis.call('HSET', key, id, ARGV[4])
   if ARGV[5] == '' then
     redis.call('HDEL', key, id .. ':u')
@@ -40,7 +46,7 @@ local fields = redis.call('HGETALL', key)
 local latest, forever = nil, false
 for i = 1, #fields, 2 do
   local name = fields[i]
-  if string.sub(name, -2) == ':u' then
+  if name == 'pause' or string.sub(name, -2) == ':u' then
     local ends = tonumber(fields[i + 1])
     if not latest or ends > latest then
       latest = ends

@@ -16,7 +16,8 @@
 -- ARGV[9] number of limits; ARGV[10..12] 'last', 'exp', 'ab', then two state field names per limit (fixed: window,
 --         used; gcra: tat, remainder; sliding: base, unused); then four arguments per limit: kind
 --         (fixed|spread|sliding|gcra), per, limit, and burst (gcra) or its KEYS index (sliding); then
---         two override field names per limit (its count, its until)
+--         two override field names per limit (its count, its until); then 'reslot' to give a message
+--         that has an answer a new slot (the attempt holding its lease was told to wait), else ''
 --
 -- Returns {slot, late (1 when beyond max_delay, 2 when the cost is over a limit in force: nothing
 -- reserved), replayed (1 for a known message), now,
@@ -42,7 +43,10 @@ else
 end
 
 local base, lease = tonumber(ARGV[5]), tonumber(ARGV[7])
-local recorded = redis.call('HGET', answers_key, field)
+local count = tonumber(ARGV[9])
+local params = 13 + 2 * count
+local reslot = ARGV[params + 6 * count] == 'reslot'
+local recorded = not reslot and redis.call('HGET', answers_key, field)
 if recorded then
   local kind, slot, decided_at, held = string.match(recorded, '^(%a)(%-?%d+):(%-?%d+):(%-?%w+)$')
   local late = (kind == 'L' and 1) or (kind == 'C' and 2) or 0
@@ -64,22 +68,22 @@ local function answer(kind, slot)
 end
 
 local cost = tonumber(ARGV[3])
-local count = tonumber(ARGV[9])
 -- ARGV[10 .. 12 + 2 * count] are the state fields; the limits' parameters follow. 'exp' is when the
 -- state was last set to expire and 'ab' the answers minute whose expiry is set, so that most calls
 -- need neither PEXPIRE: every redis.call costs the script about as much as its own arithmetic.
 local values = redis.call('HMGET', state_key, unpack(ARGV, 10, 12 + 2 * count))
-local params = 13 + 2 * count
 local last, expires, answers_expiry_set = tonumber(values[1]), tonumber(values[2]), tonumber(values[3]) == base
 
 -- The count of each limit in force now: the rule's, or the entity's override until its end.
-local overrides = redis.call('HMGET', KEYS[3], unpack(ARGV, params + 4 * count, params + 6 * count - 1))
+-- The first field is 'pause': the downstream asked to wait until then (a 429 or 503 with Retry-After).
+local overrides = redis.call('HMGET', KEYS[3], 'pause', unpack(ARGV, params + 4 * count, params + 6 * count - 1))
+local paused_until = tonumber(overrides[1])
 local limits = {}
 for i = 1, count do
   local limit = tonumber(ARGV[params + (i - 1) * 4 + 2])
-  local override = tonumber(overrides[2 * i - 1])
+  local override = tonumber(overrides[2 * i])
   if override then
-    local ends = tonumber(overrides[2 * i])
+    local ends = tonumber(overrides[2 * i + 1])
     if not ends or now < ends then
       limit = override
     end
@@ -94,6 +98,9 @@ end
 local slot = now
 if last and last > now then
   slot = last
+end
+if paused_until and paused_until > slot then
+  slot = paused_until
 end
 -- The least common fixpoint of every limit's "earliest time >= t it accepts cost more" (see
 -- schedule.rs): each limit moves the slot forward at most once, so count + 1 rounds settle it.

@@ -22,6 +22,8 @@ pub struct Scenario {
     pub overrides: Vec<OverrideOp>,
     /// A rule edit: from the event at this index on, the rule has these limits.
     pub edit: Option<(usize, Vec<Limit>)>,
+    /// Pauses (the downstream said wait): before the event at `.0`, entity `.1` waits until `.2`.
+    pub pauses: Vec<(usize, usize, Millis)>,
 }
 
 impl Scenario {
@@ -66,6 +68,8 @@ pub struct Arrival {
     pub published: Millis,
     /// The same message id was delivered before.
     pub redelivery: bool,
+    /// A redelivery that asks for a new slot (its attempt was told to wait by the downstream).
+    pub reslot: bool,
 }
 
 impl Arrival {
@@ -126,11 +130,12 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                         now,
                         published: now,
                         redelivery: false,
+                        reslot: false,
                     },
                 };
                 events.push(event);
             }
-            Scenario { limits, max_delay, events, overrides: Vec::new(), edit: None }
+            Scenario { limits, max_delay, events, overrides: Vec::new(), edit: None, pauses: Vec::new() }
         },
     )
 }
@@ -257,6 +262,54 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
             }
             ledger.push((answer.slot, arrival.cost));
         }
+    }
+    for (entity, ledger) in &ledgers {
+        check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A scenario with pauses of the entities and redeliveries that ask for a new slot.
+pub fn scenario_with_pauses(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..6);
+    let reslots = prop::collection::vec(any::<Index>(), 0..6);
+    (scenario(Kinds::All, max_events), pauses, reslots).prop_map(|(mut scenario, pauses, reslots)| {
+        for (at, entity, lasts) in pauses {
+            let before = at.index(scenario.events.len());
+            scenario.pauses.push((before, entity, scenario.events[before].now + lasts));
+        }
+        for at in reslots {
+            let i = at.index(scenario.events.len());
+            if scenario.events[i].redelivery {
+                scenario.events[i].reslot = true;
+            }
+        }
+        scenario
+    })
+}
+
+/// For scenarios with pauses: per entity, slots never go backwards in reservation order, none
+/// reserved after a pause lies before its end, and every limit holds over everything reserved
+/// (a message given a new slot keeps its old one's capacity used).
+pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
+    let mut paused: HashMap<usize, Millis> = HashMap::new();
+    for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
+        for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
+            let current = paused.entry(entity).or_insert(until);
+            *current = (*current).max(until);
+        }
+        if answer.replayed || answer.status != Status::Reserved {
+            continue;
+        }
+        let ledger = ledgers.entry(arrival.entity).or_default();
+        if ledger.last().is_some_and(|&(last, _)| answer.slot < last) {
+            return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        if paused.get(&arrival.entity).is_some_and(|&until| answer.slot < until) {
+            return Err(format!("{arrival:?} got {answer:?}, inside a pause until {:?}", paused[&arrival.entity]));
+        }
+        ledger.push((answer.slot, arrival.cost));
     }
     for (entity, ledger) in &ledgers {
         check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;

@@ -42,6 +42,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
         now: Some(0),
         lease: 0,
         published: None,
+        reslot: false,
     };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
@@ -90,6 +91,7 @@ async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
         now: Some(0),
         lease: 0,
         published: None,
+        reslot: false,
     };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
@@ -120,6 +122,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
                 now: Some(0),
                 lease: 0,
                 published: None,
+                reslot: false,
             };
             store.reserve(&request).await.is_err()
         }

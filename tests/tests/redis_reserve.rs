@@ -11,8 +11,8 @@ use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_edit_bounds, check_limits, check_overridden_bounds, check_schedule,
-    scenario, scenario_with_an_edit, scenario_with_overrides,
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_edit_bounds, check_limits, check_overridden_bounds,
+    check_pause_bounds, check_schedule, scenario, scenario_with_an_edit, scenario_with_overrides, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -28,6 +28,9 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
         for op in scenario.overrides.iter().filter(|op| op.before_event == i) {
             store.apply(rule, op, &scenario.limits[op.limit], arrival.now).await;
         }
+        for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
+            store.pause_entity(rule, &format!("entity_{entity}"), until, arrival.now).await;
+        }
         let key = arrival.key();
         let request = SlotRequest {
             rule,
@@ -39,6 +42,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
             now: Some(arrival.now),
             lease: LEASE,
             published: Some(arrival.published),
+            reslot: arrival.reslot,
         };
         let reserved = store.reserve(&request).await.expect("reserve");
         let reservation = reserved.reservation;
@@ -55,6 +59,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
 /// A store the differential test can also set overrides on.
 trait Overridable: SlotStore {
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
+    async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis);
 }
 
 impl Overridable for MemoryStore {
@@ -63,6 +68,10 @@ impl Overridable for MemoryStore {
             Some(set) => self.set_override(rule, &op.key(), limit, set),
             None => self.delete_override(rule, &op.key(), limit),
         };
+    }
+
+    async fn pause_entity(&self, rule: &str, key: &str, until: Millis, _: Millis) {
+        self.pause(rule, key, until);
     }
 }
 
@@ -73,6 +82,10 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisS
             None => self.delete_override(rule, &op.key(), limit, "test", Some(now)).await,
         }
         .expect("override");
+    }
+
+    async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis) {
+        self.pause(rule, key, until, Some(now)).await.expect("pause");
     }
 }
 
@@ -104,8 +117,13 @@ fn differential(
             }
         }
         // The state each left behind, read back from Redis into the model's type.
-        let entities: std::collections::BTreeSet<String> =
-            scenario.events.iter().map(|a| a.key()).chain(scenario.overrides.iter().map(|o| o.key())).collect();
+        let entities: std::collections::BTreeSet<String> = scenario
+            .events
+            .iter()
+            .map(|a| a.key())
+            .chain(scenario.overrides.iter().map(|o| o.key()))
+            .chain(scenario.pauses.iter().map(|p| format!("entity_{}", p.1)))
+            .collect();
         for key in entities {
             let limits = scenario.all_limits();
             let in_redis = runtime.block_on(redis.entity_state(&rule, &key, &limits)).expect("entity_state");
@@ -142,6 +160,13 @@ fn reserve_lua_gives_the_model_s_answer_across_a_rule_edit() {
     differential(scenario_with_an_edit(60), 160, check_edit_bounds);
 }
 
+/// Pauses and new slots for redelivered messages: the model and the Lua agree, nothing lands inside a
+/// pause, FIFO holds, and the limits hold over everything reserved.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_pauses_and_new_slots() {
+    differential(scenario_with_pauses(60), 160, check_pause_bounds);
+}
+
 /// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
 fn seed_scenario() -> Scenario {
     let events = (0..500)
@@ -152,10 +177,11 @@ fn seed_scenario() -> Scenario {
             now: T0 + SECOND,
             published: T0,
             redelivery: false,
+            reslot: false,
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
-    Scenario { limits, max_delay: 120 * MINUTE, events, overrides: Vec::new(), edit: None }
+    Scenario { limits, max_delay: 120 * MINUTE, events, overrides: Vec::new(), edit: None, pauses: Vec::new() }
 }
 
 fn assert_seed_schedule(answers: &[Reservation]) {
@@ -201,6 +227,7 @@ async fn every_key_an_entity_writes_expires() {
             now: None,
             lease: 0,
             published: None,
+            reslot: false,
         };
         store.reserve(&request).await.unwrap();
         entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
@@ -253,6 +280,7 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
             now: Some(T0),
             lease: 0,
             published: None,
+            reslot: false,
         };
         // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
         // is refreshed only every so often, so single events may differ.
@@ -324,6 +352,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                     now: None,
                     lease: 0,
                     published: None,
+                    reslot: false,
                 };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }

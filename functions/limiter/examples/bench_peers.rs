@@ -44,6 +44,7 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
         now: None,
         lease: 0,
         published: None,
+        reslot: false,
     };
     if bare.store.reserve(&request).await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;

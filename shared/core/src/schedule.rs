@@ -111,6 +111,8 @@ pub struct EntityState {
     pub limits: BTreeMap<String, LimitState>,
     /// By [`override_id`]; kept apart from the state in Redis (they outlive an idle entity).
     pub overrides: BTreeMap<String, LimitOverride>,
+    /// The downstream asked to wait (a 429 or 503 with `Retry-After`): no slot before this.
+    pub paused_until: Option<Millis>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +152,25 @@ impl Scheduler {
             let Answer { slot, status, decided_at, completed, .. } = *answer;
             return Reservation { slot, status, replayed: true, decided_at, completed, busy };
         }
+        Self::decide(entity, request)
+    }
+
+    /// Reserves a new slot for a message that already has one (the attempt holding its lease was
+    /// told to wait by the downstream): the earliest slot now, after any pause, replaces the answer.
+    /// The old slot's capacity stays used: a window never gets more than its limit.
+    pub fn reslot(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        Self::decide(entity, request)
+    }
+
+    /// No slot of the entity before `until` (a later pause extends it, an earlier one changes nothing).
+    pub fn pause(&mut self, rule: &str, key: &str, until: Millis) {
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        entity.state.paused_until = Some(entity.state.paused_until.map_or(until, |p| p.max(until)));
+    }
+
+    /// A fresh decision for the request's message: its slot reserved (or why not) and its answer filed.
+    fn decide(entity: &mut Entity, request: &ReserveRequest<'_>) -> Reservation {
         let exceeded = request
             .limits
             .iter()
@@ -213,6 +234,7 @@ impl Scheduler {
 /// The slot the next event of this entity would get (nothing is changed).
 pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Millis {
     let mut t = state.last_slot.map_or(request.now, |last| last.max(request.now));
+    t = state.paused_until.map_or(t, |until| until.max(t));
     for _ in 0..=request.limits.len() + 1 {
         let next = request
             .limits

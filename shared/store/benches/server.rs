@@ -85,6 +85,7 @@ fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], pu
         now: None,
         lease: 15 * SECOND,
         published: Some(published),
+        reslot: false,
     }
 }
 

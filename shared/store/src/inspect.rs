@@ -77,6 +77,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
             last_slot: fields.get("last").copied(),
             limits: BTreeMap::new(),
             overrides: crate::overrides::parse_overrides(&overrides),
+            paused_until: overrides.get(crate::overrides::PAUSE).copied(),
         };
         let mut sliding_keys = keys.sliding.iter();
         for limit in limits {

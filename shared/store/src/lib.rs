@@ -40,6 +40,9 @@ pub struct SlotRequest<'a> {
     /// When the message was published (the same on every redelivery): its answer is filed under
     /// it. `None`: `now`, or the local clock.
     pub published: Option<Millis>,
+    /// Give a message that already has an answer a new slot (its attempt holds the lease and was
+    /// told to wait by the downstream); false for an ordinary reservation.
+    pub reslot: bool,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -61,6 +64,7 @@ impl<'a> SlotRequest<'a> {
             now,
             lease: 0,
             published: now,
+            reslot: false,
         }
     }
 }

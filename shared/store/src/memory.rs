@@ -29,7 +29,13 @@ impl SlotStore for MemoryStore {
             now,
             lease: request.lease,
         };
-        let reservation = self.with(|s| s.reserve(request.rule, request.key, &model_request));
+        let reservation = self.with(|s| {
+            if request.reslot {
+                s.reslot(request.rule, request.key, &model_request)
+            } else {
+                s.reserve(request.rule, request.key, &model_request)
+            }
+        });
         Ok(Reserved { reservation, now })
     }
 
@@ -57,6 +63,11 @@ impl MemoryStore {
 
     pub fn delete_override(&self, rule: &str, key: &str, limit: &Limit) -> Option<LimitOverride> {
         self.with(|s| s.delete_override(rule, key, &override_id(limit)))
+    }
+
+    /// As `RedisStore::pause`, on the model.
+    pub fn pause(&self, rule: &str, key: &str, until: drip_core::time::Millis) {
+        self.with(|s| s.pause(rule, key, until));
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {

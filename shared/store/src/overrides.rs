@@ -17,6 +17,9 @@ use crate::{EntityKeys, RedisStore, StoreError};
 
 static OVERRIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/override.lua")));
 
+/// The overrides hash's field holding when a pause of the entity ends.
+pub(crate) const PAUSE: &str = "pause";
+
 /// How long an overrides hash outlives the latest `until` in it.
 const OVERRIDE_MARGIN: Millis = DAY;
 /// How many changes each rule's audit list keeps.
@@ -52,7 +55,7 @@ impl From<LimitOverride> for OverrideView {
 pub(crate) fn parse_overrides(fields: &BTreeMap<String, i64>) -> BTreeMap<String, LimitOverride> {
     fields
         .iter()
-        .filter(|(name, _)| !name.ends_with(":u"))
+        .filter(|(name, _)| !name.ends_with(":u") && name.as_str() != PAUSE)
         .map(|(id, &limit)| {
             let until = fields.get(&format!("{id}:u")).copied();
             (id.clone(), LimitOverride { limit: limit.max(0) as u64, until })
@@ -151,6 +154,23 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         pipe.lpush(&log, entry).ignore().ltrim(&log, 0, AUDIT_LENGTH - 1).ignore();
         let _: () = pipe.query_async(&mut connection).await?;
         Ok(change)
+    }
+
+    /// No slot of the entity before `until` (the downstream said to wait); returns the pause in
+    /// force after the call (a later pause already set is kept).
+    pub async fn pause(&self, rule: &str, key: &str, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
+        let keys = self.override_keys(rule, key);
+        let mut invocation = OVERRIDE.prepare_invoke();
+        invocation
+            .key(&keys.overrides)
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg("pause")
+            .arg("")
+            .arg("")
+            .arg(until)
+            .arg(OVERRIDE_MARGIN);
+        let _: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        Ok(())
     }
 
     /// The entity's overrides by override id (those whose `until` has passed included, until the

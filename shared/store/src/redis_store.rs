@@ -245,6 +245,7 @@ impl<C> RedisStore<C> {
         args.extend(fields);
         args.extend(parameters);
         args.extend(override_fields);
+        args.push(if request.reslot { b"reslot".to_vec() } else { Vec::new() });
         ReserveCall { keys, args }
     }
 }
