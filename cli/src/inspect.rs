@@ -57,6 +57,9 @@ fn render(report: &EntityReport) -> String {
             limit.limit, limit.used_now, limit.capacity, limit.ahead
         );
     }
+    if let Some(until) = &report.paused_until {
+        out += &format!("paused     until {until} (the downstream said to wait)\n");
+    }
     for o in &report.overrides {
         let until = o.until.as_deref().map_or(String::new(), |u| format!(" until {u}"));
         let state = if o.in_force { "" } else { " (ended)" };

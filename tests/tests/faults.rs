@@ -277,13 +277,21 @@ async fn forward_url_answers_are_each_handled_as_promised() {
     assert_eq!(h.push("bad-request", &url, b"{}").await, StatusCode::NO_CONTENT);
     assert_eq!(h.dead_letters(1).await[0].attributes["drip-reason"], "forward_rejected");
 
-    let retryable = [
-        ("429-retry-after", Reply::Status(429, Some(("retry-after", "1".into())))),
-        ("429-bare", Reply::Status(429, None)),
-        ("500", Reply::Status(500, None)),
-        ("503", Reply::Status(503, None)),
-    ];
+    // The target says how long to wait: the key pauses and the event waits in a task (acked now).
+    let waiting = [("event_type", "url"), ("key", "throttled")];
+    h.target.then([Reply::Status(429, Some(("retry-after", "2".into())))]);
+    let before = drip_core::time::wall_clock_millis();
+    assert_eq!(h.push("429-retry-after", &waiting, b"{}").await, StatusCode::NO_CONTENT, "rescheduled, acked");
+    assert_eq!(h.push("429-retry-after", &waiting, b"{}").await, StatusCode::NO_CONTENT, "a redelivery is acked");
+    assert_eq!(h.target.received("429-retry-after").len(), 1, "no hot retry");
+    let tasks = h.tasks.client.tasks().await.unwrap();
+    assert_eq!(tasks.len(), 1, "one task, at the end of the pause");
+    assert!(tasks[0].schedule_time >= before + 2_000, "{} vs {before}", tasks[0].schedule_time);
+
+    let retryable =
+        [("429-bare", Reply::Status(429, None)), ("500", Reply::Status(500, None)), ("503", Reply::Status(503, None))];
     for (id, reply) in retryable {
+        let url = [("event_type", "url"), ("key", id)];
         h.target.then([reply]);
         assert_eq!(h.push(id, &url, b"{}").await, StatusCode::SERVICE_UNAVAILABLE, "{id}: Pub/Sub redelivers");
         assert_eq!(h.push(id, &url, b"{}").await, StatusCode::NO_CONTENT, "{id}: the redelivery goes through");

@@ -27,6 +27,9 @@ pub enum Failure {
     Transient(anyhow::Error),
     /// No retry can help: the event is dead-lettered with this reason.
     Permanent(Refused),
+    /// The downstream asked to wait (429 or 503 with `Retry-After`) until then: the entity pauses and
+    /// the event gets a new slot after the pause.
+    Wait { until: Millis, detail: String },
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -101,6 +104,16 @@ pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
     (u64::from_be_bytes(first) % queues.max(1) as u64) as usize
 }
 
+/// When a `Retry-After` (delta-seconds or an HTTP date) ends, capped at a day.
+pub fn retry_after_until(value: &str) -> Option<Millis> {
+    let now = drip_core::time::wall_clock_millis();
+    let until = match value.trim().parse::<u64>() {
+        Ok(seconds) => now + (seconds.min(86_400) * 1_000) as Millis,
+        Err(_) => drip_core::time::system_time_to_millis(httpdate::parse_http_date(value.trim()).ok()?)?,
+    };
+    Some(until.clamp(now, now + DAY))
+}
+
 fn header_value(name: &str, value: &str) -> Result<HeaderValue, Failure> {
     HeaderValue::from_str(value).map_err(|_| {
         let shown: String = value.chars().take(64).collect();
@@ -166,8 +179,17 @@ impl AppState {
                 }
                 let response = self.metrics.time("forward_url", request.send()).await?;
                 let status = response.status();
+                let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok());
                 if status.is_success() {
                     Ok(())
+                } else if let (429 | 503, Some(until)) = (status.as_u16(), retry_after.and_then(retry_after_until)) {
+                    Err(Failure::Wait {
+                        until,
+                        detail: format!(
+                            "forward URL answered {status}, Retry-After {}",
+                            retry_after.unwrap_or_default()
+                        ),
+                    })
                 } else if status.as_u16() == 429 || status.as_u16() == 408 || status.is_server_error() {
                     Err(Failure::Transient(anyhow::anyhow!("forward URL answered {status}")))
                 } else if status.is_redirection() {

@@ -8,6 +8,10 @@
 //! - `DELETE /v1/rules/{rule}/keys/{key}/limits?per=1m[&window=fixed]`: removes one.
 //!
 //! Each change is logged (who, what, before, after) and kept in the rule's audit list.
+//!
+//! - `POST /v1/feedback` `{"rule", "key", "status", "retryAfter"?}`: an overflow consumer that called
+//!   the downstream itself reports its answer; a 429 or 503 with `retryAfter` (seconds) pauses the
+//!   key as the limiter's own forwards do.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -153,4 +157,44 @@ fn log_change(change: &OverrideChange) {
         after = %show(&change.after),
         "limit override changed"
     );
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Feedback {
+    rule: String,
+    key: Option<String>,
+    budget: Option<String>,
+    status: u16,
+    /// Seconds, as the downstream's `Retry-After` said.
+    retry_after: Option<u64>,
+}
+
+pub async fn feedback(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    Json(body): Json<Feedback>,
+) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&body.rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    if body.budget.is_some() {
+        return error(StatusCode::BAD_REQUEST, "budgets are not supported yet: give a key");
+    }
+    let Some(key) = body.key else { return error(StatusCode::BAD_REQUEST, "key is required") };
+    let (429 | 503, Some(seconds)) = (body.status, body.retry_after) else {
+        // Only a 429 or 503 that says how long to wait changes anything (no adaptive limit yet).
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    let Some(until) = crate::actions::retry_after_until(&seconds.to_string()) else {
+        return error(StatusCode::BAD_REQUEST, "retryAfter: not a number of seconds");
+    };
+    let key = cap_key(key);
+    match state.store.pause(&rule.id, &key, until).await {
+        Ok(()) => {
+            let by = caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email);
+            tracing::warn!(%by, rule = %rule.name, key, status = body.status, until = %format_rfc3339(until), "feedback: key paused");
+            Json(serde_json::json!({ "pausedUntil": format_rfc3339(until) })).into_response()
+        }
+        Err(e) => unavailable("pausing a key", e),
+    }
 }

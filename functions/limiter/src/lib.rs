@@ -132,6 +132,7 @@ pub fn app(state: AppState) -> Router {
         .route("/push", post(push::push))
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
         .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect))
+        .route("/v1/feedback", post(entities::feedback))
         .route(
             "/v1/rules/{rule}/keys/{key}/limits",
             axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),

@@ -15,7 +15,7 @@ use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::Reservation;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
-use drip_store::SlotRequest;
+use drip_store::{Reserved, SlotRequest};
 
 use crate::AppState;
 use crate::actions::{Acting, DeadLetter, Failure};
@@ -86,13 +86,14 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         return Ok(Outcome::Redelivered);
     }
     let acting = Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, shadow: None };
-    let act = act(state, acting, &reservation, reserved.now, publish_time.as_deref());
+    let act = act(state, acting, &request, &reserved, publish_time.as_deref());
     let result = match tokio::time::timeout(state.attempt_deadline, act).await {
         Ok(result) => result,
         Err(_) => Err(anyhow::anyhow!("the attempt took longer than {:?}", state.attempt_deadline)),
     };
-    let outcome = match result {
-        Ok(outcome) => outcome,
+    // After a downstream's Retry-After, the message's answer is its new slot.
+    let (outcome, reserved) = match result {
+        Ok(done) => done,
         Err(error) => {
             if let Err(release) = state.store.release(&request, &reserved).await {
                 tracing::warn!(message_id = %event.id, %release, "could not release the message's lease; it expires by itself");
@@ -101,6 +102,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
             return Err(error);
         }
     };
+    let reservation = reserved.reservation;
     log_decision(&event, Some(rule), Some(&key), outcome, Some(&reservation), reservation.replayed);
     if !reservation.replayed && !matches!(outcome, Outcome::DeadLetter(DlqReason::MaxDelayExceeded)) {
         state.metrics.observe(&rule.name, (reservation.slot - reservation.decided_at) as f64 / 1_000.0);
@@ -114,15 +116,18 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     Ok(outcome)
 }
 
-/// Carries out the reservation's decision; a permanent failure becomes a dead letter.
+/// Carries out the reservation's decision; a permanent failure becomes a dead letter, a downstream's
+/// "wait" (429 or 503 with Retry-After) a pause of the entity and a task at the message's new slot.
+/// Returns the outcome and the reservation it ended on.
 async fn act(
     state: &AppState,
     acting: Acting<'_>,
-    reservation: &Reservation,
-    now: Millis,
+    request: &SlotRequest<'_>,
+    reserved: &Reserved,
     publish_time: Option<&str>,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<(Outcome, Reserved)> {
     let Acting { rule, key, event, slot, .. } = acting;
+    let (reservation, now) = (&reserved.reservation, reserved.now);
     let decision = Decision::of(reservation, rule.inline_wait);
     let would = decision.shadow_text();
     let done = match decision {
@@ -153,9 +158,34 @@ async fn act(
         }
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
     };
+    let (done, reserved) = match done {
+        Err(Failure::Wait { until, detail }) => {
+            // Never dropped, never hot-retried: no slot of the key before the pause ends, and this
+            // event's new slot goes to Cloud Tasks.
+            tracing::warn!(message_id = %event.id, rule = %rule.name, key, until = %format_rfc3339(until), %detail, "the downstream asked to wait: key paused, event rescheduled");
+            state.metrics.time("redis", state.store.pause(&rule.id, key, until)).await?;
+            let again = SlotRequest { reslot: true, ..*request };
+            let moved = state.metrics.time("redis", state.store.reserve(&again)).await?;
+            let acting = Acting { slot: moved.reservation.slot, ..acting };
+            let done = match Decision::of(&moved.reservation, 0) {
+                Decision::DeadLetter(reason) => Err(Failure::Permanent(drip_core::attributes::Refused {
+                    reason,
+                    detail: format!(
+                        "{detail}; the slot after the pause, {}, is beyond max_delay",
+                        format_rfc3339(acting.slot)
+                    ),
+                })),
+                _ => state.schedule(acting, publish_time, moved.now).await.map(|_| Outcome::Delay),
+            };
+            (done, moved)
+        }
+        done => (done, *reserved),
+    };
+    let slot = reserved.reservation.slot;
     match done {
-        Ok(outcome) => Ok(outcome),
+        Ok(outcome) => Ok((outcome, reserved)),
         Err(Failure::Transient(error)) => Err(error),
+        Err(Failure::Wait { detail, .. }) => Err(anyhow::anyhow!("{detail} again")),
         Err(Failure::Permanent(refused)) => {
             if refused.reason != DlqReason::MaxDelayExceeded {
                 tracing::error!(message_id = %event.id, rule = %rule.name, reason = %refused.reason, detail = %refused.detail, "no retry can deliver this event: dead-lettered");
@@ -163,7 +193,7 @@ async fn act(
             state
                 .dead_letter(letter(event, Some(rule), Some(key), refused.reason, &refused.detail, Some(slot)))
                 .await?;
-            Ok(Outcome::DeadLetter(refused.reason))
+            Ok((Outcome::DeadLetter(refused.reason), reserved))
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
 use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::time::parse_rfc3339;
@@ -45,6 +46,15 @@ rules:
     forward: { topic: sms-ready }
     overflow_topic: sms-overflow
     dlq_topic: sms-dlq
+  - name: hooks
+    match: { attributes: { event_type: hook } }
+    key: "endpoint_{attributes.endpoint}"
+    limits: [ { limit: 100, per: 1s, window: fixed } ]
+    max_delay: 1h
+    inline_wait: 0s
+    forward: { url: "TARGET" }
+    overflow_topic: hooks-overflow
+    dlq_topic: hooks-dlq
   - name: trial
     mode: shadow
     match: { attributes: { event_type: trial } }
@@ -141,7 +151,12 @@ struct Limiter {
 }
 
 fn limiter() -> Limiter {
-    let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", RULES).unwrap(), "handlers.yaml").unwrap();
+    limiter_forwarding_to("http://127.0.0.1:9/unused")
+}
+
+fn limiter_forwarding_to(target: &str) -> Limiter {
+    let rules = RULES.replace("TARGET", target);
+    let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", &rules).unwrap(), "handlers.yaml").unwrap();
     let (store, pubsub, tasks) = (
         Arc::new(MemoryLimiterStore::new()),
         Arc::new(RecordingPublisher::default()),
@@ -495,4 +510,76 @@ async fn a_shadow_rule_forwards_everything_at_once_and_records_what_it_would_hav
     let metrics = l.state.metrics.shared.render();
     assert!(metrics.contains(r#"drip_decisions_total{rule="trial",outcome="delay"} 2"#), "{metrics}");
     assert!(metrics.contains(r#"drip_decisions_total{rule="trial",outcome="max_delay_exceeded"} 1"#), "{metrics}");
+}
+
+/// A target that answers 429 with `Retry-After: 2` to its first `refusals` requests, then 204.
+async fn throttling_target(refusals: usize) -> (String, Arc<Mutex<usize>>) {
+    let calls = Arc::new(Mutex::new(0usize));
+    let counter = calls.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let counter = counter.clone();
+            async move {
+                let mut calls = counter.lock().unwrap();
+                *calls += 1;
+                if *calls <= refusals {
+                    (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "2")]).into_response()
+                } else {
+                    StatusCode::NO_CONTENT.into_response()
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, calls)
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_pauses_the_key_and_reschedules_the_event() {
+    let (url, calls) = throttling_target(1).await;
+    let l = limiter_forwarding_to(&url);
+    let hook = [("event_type", "hook"), ("endpoint", "partner")];
+    let before = drip_core::time::wall_clock_millis();
+    assert_eq!(l.push("h1", &hook, b"{}").await, StatusCode::NO_CONTENT, "acked: the event waits in a task");
+    assert_eq!(*calls.lock().unwrap(), 1);
+    let tasks = l.tasks();
+    assert_eq!(tasks.len(), 1, "rescheduled, not hot-retried and not dropped");
+    assert!(tasks[0].at >= before + 2_000, "not before the Retry-After: {} vs {before}", tasks[0].at);
+    assert!(l.published("hooks-dlq").is_empty());
+
+    assert_eq!(l.push("h2", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(*calls.lock().unwrap(), 1, "the paused key's next event is not sent to the target");
+    assert_eq!(l.tasks().len(), 2);
+    assert!(l.tasks()[1].at >= tasks[0].at, "FIFO behind the rescheduled one");
+    assert_eq!(l.push("h1", &hook, b"{}").await, StatusCode::NO_CONTENT, "h1 redelivered");
+    assert_eq!(l.tasks().len(), 2, "acked as done: no second task");
+
+    let (_, report) = l.send("GET", "/v1/rules/hooks/keys/endpoint_partner", None).await;
+    assert!(report["pausedUntil"].as_str().is_some(), "{report}");
+    let other = [("event_type", "hook"), ("endpoint", "other")];
+    assert_eq!(l.push("o1", &other, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(*calls.lock().unwrap(), 2, "another key is not paused");
+}
+
+#[tokio::test]
+async fn feedback_from_an_overflow_consumer_pauses_the_key() {
+    let (url, calls) = throttling_target(0).await;
+    let l = limiter_forwarding_to(&url);
+    let feedback = |status: u16, retry_after: Option<u64>| serde_json::json!({ "rule": "hooks", "key": "endpoint_partner", "status": status, "retryAfter": retry_after });
+    let (status, _) = l.send("POST", "/v1/feedback", Some(feedback(200, None))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "a success changes nothing");
+    let (status, body) = l.send("POST", "/v1/feedback", Some(feedback(429, Some(3)))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["pausedUntil"].as_str().is_some());
+    let hook = [("event_type", "hook"), ("endpoint", "partner")];
+    assert_eq!(l.push("f1", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(*calls.lock().unwrap(), 0, "paused: not forwarded");
+    assert_eq!(l.tasks().len(), 1, "delayed past the pause");
+    let unknown = serde_json::json!({ "rule": "nope", "key": "k", "status": 429, "retryAfter": 1 });
+    assert_eq!(l.send("POST", "/v1/feedback", Some(unknown)).await.0, StatusCode::NOT_FOUND);
+    let budget = serde_json::json!({ "rule": "hooks", "budget": "sms", "status": 429, "retryAfter": 1 });
+    assert_eq!(l.send("POST", "/v1/feedback", Some(budget)).await.0, StatusCode::BAD_REQUEST);
 }

@@ -27,6 +27,8 @@ pub struct EntityReport {
     pub limits: Vec<LimitReport>,
     /// This entity's overrides (`drip limits set`), in force or ended.
     pub overrides: Vec<OverrideReport>,
+    /// The downstream asked to wait (429/503 with Retry-After): no slot before this.
+    pub paused_until: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -183,5 +185,6 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
         drains_at: waiting.map(format_rfc3339),
         limits,
         overrides,
+        paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
     }
 }

@@ -39,6 +39,8 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
         by: &'a str,
     ) -> StoreFuture<'a, OverrideChange>;
     fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
+    /// No slot of the entity before `until` (the downstream said to wait).
+    fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -89,6 +91,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
 
     fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
         Box::pin(RedisStore::overrides(self, rule, key))
+    }
+
+    fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::pause(self, rule, key, until, None))
     }
 }
 
@@ -167,5 +173,10 @@ impl LimiterStore for MemoryLimiterStore {
     fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
         let overrides = self.model.entity_state(rule, key).map(|s| s.overrides).unwrap_or_default();
         Box::pin(async move { Ok(overrides) })
+    }
+
+    fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
+        self.model.pause(rule, key, until);
+        Box::pin(async { Ok(()) })
     }
 }
