@@ -16,16 +16,23 @@ pub struct Args {
     command: LimitsCommand,
 }
 
+/// One key of one rule, in the limiter's Redis.
+#[derive(Debug, clap::Args)]
+struct Entity {
+    #[command(flatten)]
+    target: StoreArgs,
+    #[arg(long)]
+    rule: String,
+    #[arg(long)]
+    key: String,
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum LimitsCommand {
     /// Override one limit of a rule for one key, e.g. `--limit 500/1m` (the rule's 1m limit).
     Set {
         #[command(flatten)]
-        target: StoreArgs,
-        #[arg(long)]
-        rule: String,
-        #[arg(long)]
-        key: String,
+        entity: Entity,
         /// COUNT/PERIOD: the new count of the rule's limit with that period.
         #[arg(long)]
         limit: String,
@@ -39,11 +46,7 @@ enum LimitsCommand {
     /// Show one key's overrides.
     Get {
         #[command(flatten)]
-        target: StoreArgs,
-        #[arg(long)]
-        rule: String,
-        #[arg(long)]
-        key: String,
+        entity: Entity,
     },
     /// Every key of a rule with overrides.
     List {
@@ -55,11 +58,7 @@ enum LimitsCommand {
     /// Remove one key's override of the rule's limit with this period (e.g. `--per 1m`).
     Delete {
         #[command(flatten)]
-        target: StoreArgs,
-        #[arg(long)]
-        rule: String,
-        #[arg(long)]
-        key: String,
+        entity: Entity,
         #[arg(long)]
         per: String,
         #[arg(long)]
@@ -132,7 +131,7 @@ fn describe(change: &OverrideChange) -> String {
 
 async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
     match command {
-        LimitsCommand::Set { target, rule, key, limit, window, expires } => {
+        LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let (limit, count) = rule.override_target(&limit, window.as_deref()).map_err(anyhow::Error::msg)?;
@@ -142,7 +141,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let change = target.store().await?.set_override(&rule.id, &key, limit, set, &operator(), None).await?;
             Ok(describe(&change))
         }
-        LimitsCommand::Delete { target, rule, key, per, window } => {
+        LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let (limit, _) =
@@ -151,7 +150,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let change = target.store().await?.delete_override(&rule.id, &key, limit, &operator(), None).await?;
             Ok(describe(&change))
         }
-        LimitsCommand::Get { target, rule, key } => {
+        LimitsCommand::Get { entity: Entity { target, rule, key } } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let overrides = target.store().await?.overrides(&rule.id, &drip_core::template::cap_key(key)).await?;
