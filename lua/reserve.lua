@@ -17,7 +17,8 @@
 --         used; gcra: tat, remainder; sliding: base, unused); then four arguments per limit: kind
 --         (fixed|spread|sliding|gcra), per, limit, and burst (gcra) or its KEYS index (sliding); then
 --         two override field names per limit (its count, its until); then 'reslot' to give a message
---         that has an answer a new slot (the attempt holding its lease was told to wait), else ''
+--         that has an answer a new slot (the attempt holding its lease was told to wait), else '';
+--         then a floor for the entity's frontier ('' for none: see `previous_key` in schedule.rs)
 --
 -- Returns {slot, late (1 when beyond max_delay, 2 when the cost is over a limit in force: nothing
 -- reserved), replayed (1 for a known message), now,
@@ -73,6 +74,10 @@ local cost = tonumber(ARGV[3])
 -- need neither PEXPIRE: every redis.call costs the script about as much as its own arithmetic.
 local values = redis.call('HMGET', state_key, unpack(ARGV, 10, 12 + 2 * count))
 local last, expires, answers_expiry_set = tonumber(values[1]), tonumber(values[2]), tonumber(values[3]) == base
+local floor = tonumber(ARGV[params + 6 * count + 1])
+if floor and (not last or floor > last) then
+  last = floor
+end
 
 -- The count of each limit in force now: the rule's, or the entity's override until its end.
 -- The first field is 'pause': the downstream asked to wait until then (a 429 or 503 with Retry-After).

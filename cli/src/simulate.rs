@@ -131,7 +131,7 @@ pub async fn decide_all(
                 shadow: false,
                 scheduled: None,
             },
-            Plan::Reserve { rule, key, cost } => {
+            Plan::Reserve { rule, key, cost, .. } => {
                 let request = SlotRequest::for_rule(rule, &key, &event.id, cost, Some(*now));
                 let reserved = store.reserve(&request).await.with_context(|| format!("reserving {}", event.id))?;
                 let reservation = reserved.reservation;

@@ -70,6 +70,8 @@ pub struct Arrival {
     pub redelivery: bool,
     /// A redelivery that asks for a new slot (its attempt was told to wait by the downstream).
     pub reslot: bool,
+    /// A frontier carried over from the rule's previous key.
+    pub floor: Option<Millis>,
 }
 
 impl Arrival {
@@ -131,6 +133,7 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                         published: now,
                         redelivery: false,
                         reslot: false,
+                        floor: None,
                     },
                 };
                 events.push(event);
@@ -269,11 +272,17 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
     Ok(())
 }
 
-/// A scenario with pauses of the entities and redeliveries that ask for a new slot.
+/// A scenario with pauses of the entities, redeliveries that ask for a new slot, and arrivals that
+/// carry a frontier over from a previous key.
 pub fn scenario_with_pauses(max_events: usize) -> impl Strategy<Value = Scenario> {
     let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..6);
     let reslots = prop::collection::vec(any::<Index>(), 0..6);
-    (scenario(Kinds::All, max_events), pauses, reslots).prop_map(|(mut scenario, pauses, reslots)| {
+    let floors = prop::collection::vec((any::<Index>(), -1_000i64..3_000), 0..6);
+    (scenario(Kinds::All, max_events), pauses, reslots, floors).prop_map(|(mut scenario, pauses, reslots, floors)| {
+        for (at, ahead) in floors {
+            let i = at.index(scenario.events.len());
+            scenario.events[i].floor = Some(scenario.events[i].now + ahead);
+        }
         for (at, entity, lasts) in pauses {
             let before = at.index(scenario.events.len());
             scenario.pauses.push((before, entity, scenario.events[before].now + lasts));
@@ -305,6 +314,9 @@ pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
         let ledger = ledgers.entry(arrival.entity).or_default();
         if ledger.last().is_some_and(|&(last, _)| answer.slot < last) {
             return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        if arrival.floor.is_some_and(|floor| answer.slot < floor) {
+            return Err(format!("{arrival:?} got {answer:?}, before the frontier it carried"));
         }
         if paused.get(&arrival.entity).is_some_and(|&until| answer.slot < until) {
             return Err(format!("{arrival:?} got {answer:?}, inside a pause until {:?}", paused[&arrival.entity]));

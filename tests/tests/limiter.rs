@@ -793,3 +793,37 @@ async fn a_shadow_rule_forwards_everything_and_says_what_it_would_have_done() {
     assert!(t.tasks().await.is_empty(), "no task: shadow never delays");
     assert_eq!(t.used("trial", "merchant_61").await, 1, "s3's would-be slot is reserved in the next hour");
 }
+
+/// A key template change with `previous_key`: the new key starts at the old key's frontier, so
+/// events never jump ahead of the backlog queued under the old key.
+#[tokio::test]
+async fn a_key_change_with_previous_key_keeps_the_backlog_s_frontier() {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
+    for id in ["a", "b", "c"] {
+        assert_eq!(t.payout(id, 17).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.pulled("ready", 2).await.len(), 2);
+    let first_task = t.tasks().await[0].schedule_time;
+    let original = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    let old_key = "key: \"merchant_{data.merchant_id}\"\n    limits: [{ limit: 2, per: 1h }]";
+    assert!(original.contains(old_key));
+    let edited = original.replacen(
+        old_key,
+        "key: \"m_{data.merchant_id}\"\n    previous_key: \"merchant_{data.merchant_id}\"\n    limits: [{ limit: 2, per: 1h }]",
+        1,
+    );
+    let before = t.limiter.state.rules.version();
+    std::fs::write(&t.limiter.rules_path, edited).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while t.limiter.state.rules.version() == before {
+        assert!(std::time::Instant::now() < deadline, "the new rules never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(t.payout("d", 17).await, StatusCode::NO_CONTENT);
+    assert!(t.pubsub.pull(&t.topic("ready"), 10).await.is_empty(), "d did not jump the old key's backlog");
+    let tasks = t.tasks().await;
+    assert_eq!(tasks.len(), 2);
+    let d = tasks.iter().find(|task| body_of(task)["messageId"] == "d").unwrap();
+    assert_eq!(body_of(d)["rateLimitMeta"]["key"], "m_17");
+    assert!(d.schedule_time > first_task, "d waits for the window after c's: {} vs {first_task}", d.schedule_time);
+}

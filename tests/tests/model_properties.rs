@@ -19,6 +19,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             max_delay: scenario.max_delay,
             now: arrival.now,
             lease: 0,
+            floor: None,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

@@ -43,6 +43,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
         lease: 0,
         published: None,
         reslot: false,
+        floor: None,
     };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
@@ -92,6 +93,7 @@ async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
         lease: 0,
         published: None,
         reslot: false,
+        floor: None,
     };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
@@ -123,6 +125,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
                 lease: 0,
                 published: None,
                 reslot: false,
+                floor: None,
             };
             store.reserve(&request).await.is_err()
         }

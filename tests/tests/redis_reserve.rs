@@ -43,6 +43,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
             lease: LEASE,
             published: Some(arrival.published),
             reslot: arrival.reslot,
+            floor: arrival.floor,
         };
         let reserved = store.reserve(&request).await.expect("reserve");
         let reservation = reserved.reservation;
@@ -178,6 +179,7 @@ fn seed_scenario() -> Scenario {
             published: T0,
             redelivery: false,
             reslot: false,
+            floor: None,
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
@@ -228,6 +230,7 @@ async fn every_key_an_entity_writes_expires() {
             lease: 0,
             published: None,
             reslot: false,
+            floor: None,
         };
         store.reserve(&request).await.unwrap();
         entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
@@ -281,6 +284,7 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
             lease: 0,
             published: None,
             reslot: false,
+            floor: None,
         };
         // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
         // is refreshed only every so often, so single events may differ.
@@ -353,6 +357,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                     lease: 0,
                     published: None,
                     reslot: false,
+                    floor: None,
                 };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }

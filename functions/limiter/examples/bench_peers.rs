@@ -45,6 +45,7 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
         lease: 0,
         published: None,
         reslot: false,
+        floor: None,
     };
     if bare.store.reserve(&request).await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;

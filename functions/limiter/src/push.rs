@@ -60,8 +60,8 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let PushedMessage { id, subscription, publish_time, attributes, data } = message;
     let event = Event::new(id, attributes, data).with_subscription(subscription);
     let rules = state.rules.current();
-    let (rule, key, cost) = match plan(&rules, &event) {
-        Plan::Reserve { rule, key, cost } => (rule, key, cost),
+    let (rule, key, cost, previous_key) = match plan(&rules, &event) {
+        Plan::Reserve { rule, key, cost, previous_key } => (rule, key, cost, previous_key),
         Plan::DeadLetter { rule, key, reason, detail } => {
             log_decision(&event, rule, key.as_deref(), Outcome::DeadLetter(reason), None, false);
             state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None)).await?;
@@ -72,8 +72,17 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let identity = event.message_ref().identity();
     // The publish time is the same on every redelivery: the answer is filed under it.
     let published = publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok());
-    let request =
-        SlotRequest { lease: state.lease, published, ..SlotRequest::for_rule(rule, &key, &identity, cost, None) };
+    // A rule whose key template changed: the subject's frontier under its previous key carries over.
+    let floor = match &previous_key {
+        Some(previous) => state.metrics.time("redis", state.store.frontier(&rule.id, previous)).await?,
+        None => None,
+    };
+    let request = SlotRequest {
+        lease: state.lease,
+        published,
+        floor,
+        ..SlotRequest::for_rule(rule, &key, &identity, cost, None)
+    };
     let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     if reservation.busy {

@@ -48,6 +48,7 @@ fn reserve(c: &mut Criterion) {
                         max_delay: 3_650 * DAY,
                         now: T0,
                         lease: 0,
+                        floor: None,
                     };
                     scheduler.reserve("bench", "hot", &request)
                 },

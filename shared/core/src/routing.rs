@@ -10,8 +10,20 @@ use crate::time::Millis;
 
 #[derive(Debug)]
 pub enum Plan<'r> {
-    Reserve { rule: &'r Rule, key: String, cost: u64 },
-    DeadLetter { rule: Option<&'r Rule>, key: Option<String>, reason: DlqReason, detail: String },
+    /// `previous_key`: the event's key under the rule's `previous_key` template, when it has one
+    /// and it renders to another key.
+    Reserve {
+        rule: &'r Rule,
+        key: String,
+        cost: u64,
+        previous_key: Option<String>,
+    },
+    DeadLetter {
+        rule: Option<&'r Rule>,
+        key: Option<String>,
+        reason: DlqReason,
+        detail: String,
+    },
 }
 
 pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
@@ -49,7 +61,13 @@ pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
         let detail = format!("cost {cost} exceeds the smallest limit {}", rule.smallest_limit());
         return dead_letter(Some(key), DlqReason::CostExceedsLimit, detail);
     }
-    Plan::Reserve { rule, key, cost }
+    let previous_key = rule
+        .previous_key
+        .as_ref()
+        .and_then(|template| template.render(event).ok())
+        .map(cap_key)
+        .filter(|previous| *previous != key);
+    Plan::Reserve { rule, key, cost, previous_key }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +148,7 @@ rules:
     fn routes_by_attributes_and_renders_key_and_cost() {
         let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
         match plan(&rules, &event("sms", r#"{"user_id":7,"parts":3}"#)) {
-            Plan::Reserve { rule, key, cost } => {
+            Plan::Reserve { rule, key, cost, .. } => {
                 assert_eq!((rule.name.as_str(), key.as_str(), cost), ("sms", "user_7", 3))
             }
             other => panic!("{other:?}"),

@@ -70,6 +70,9 @@ pub struct Rule {
     /// Attribute values that must all match; `None` makes this a catch-all rule.
     pub matcher: Option<BTreeMap<String, String>>,
     pub key: Template,
+    /// The key template before an edit: an entity's frontier under it carries over to the same
+    /// event's new key, so a key change keeps FIFO and the window bound (README: "Changing limits").
+    pub previous_key: Option<Template>,
     pub limits: Vec<Limit>,
     pub cost: Cost,
     pub max_delay: Millis,
@@ -490,6 +493,7 @@ struct RawRule {
     #[serde(rename = "match")]
     matcher: Option<RawMatch>,
     key: String,
+    previous_key: Option<String>,
     limits: Vec<RawLimit>,
     cost: Option<Value>,
     max_delay: String,
@@ -573,6 +577,10 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         None => None,
     };
     let key = errors.check("key", Template::parse(&raw.key));
+    let previous_key = match raw.previous_key.as_deref().map(Template::parse) {
+        None => Some(None),
+        Some(parsed) => errors.check("previous_key", parsed).map(Some),
+    };
     let limits = validate_limits(&raw.limits, errors);
     let cost = match raw.cost {
         None => Some(Cost::Fixed(1)),
@@ -656,6 +664,7 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         id,
         matcher,
         key: key?,
+        previous_key: previous_key?,
         limits: limits?,
         cost: cost?,
         max_delay: max_delay?,

@@ -104,13 +104,24 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         ));
     }
     if old.key.to_string() != new.key.to_string() {
-        edits.push(edit(
-            Safety::NeedsCare,
-            format!(
-                "key \"{}\" -> \"{}\": every key is a new entity, so until the old backlog drains a window can hold the old backlog and new events (up to twice the limit)",
-                old.key, new.key
-            ),
-        ));
+        let carried = new.previous_key.as_ref().is_some_and(|previous| previous.to_string() == old.key.to_string());
+        edits.push(if carried {
+            edit(
+                Safety::Delays,
+                format!(
+                    "key \"{}\" -> \"{}\" with previous_key: each new key starts at its old key's frontier, full up to it (FIFO and the window bound hold)",
+                    old.key, new.key
+                ),
+            )
+        } else {
+            edit(
+                Safety::NeedsCare,
+                format!(
+                    "key \"{}\" -> \"{}\": every key is a new entity, so until the old backlog drains a window can hold the old backlog and new events (up to twice the limit); set previous_key: \"{}\" to carry each frontier over",
+                    old.key, new.key, old.key
+                ),
+            )
+        });
     }
     for limit in &new.limits {
         match old.limits.iter().find(|l| override_id(l) == override_id(limit)) {
@@ -251,6 +262,10 @@ rules:
         assert_eq!(sms.len(), 1);
         assert_eq!(sms[0].0, Safety::NeedsCare);
         assert!(sms[0].1.contains("every key is a new entity"));
+        let carried =
+            new.replacen("key: \"user_{data.u}\"", "key: \"user_{data.u}\"\n    previous_key: \"u_{data.u}\"", 1);
+        let carried = super::diff(&parse(OLD), &parse(&carried));
+        assert_eq!(edits(&carried, "sms")[0].0, Safety::Delays, "{:?}", edits(&carried, "sms"));
         let kyc = edits(&diff, "kyc");
         assert!(kyc.iter().any(|(s, w)| *s == Safety::Delays && w.contains("added")), "{kyc:?}");
         assert!(kyc.iter().any(|(s, w)| *s == Safety::Safe && w.contains("removed")), "{kyc:?}");

@@ -50,6 +50,9 @@ pub struct ReserveRequest<'a> {
     /// How long the attempt that gets this answer may act alone on the message (0: no lease).
     /// A lease ends when the attempt completes or releases it, or when it expires (a crash).
     pub lease: Millis,
+    /// A frontier carried over from elsewhere (the rule's `previous_key`: the same subject's last
+    /// slot under the old key template): the entity's frontier is at least this.
+    pub floor: Option<Millis>,
 }
 
 /// The state of one limit of one entity. Its size never depends on the backlog: two numbers for
@@ -231,9 +234,18 @@ impl Scheduler {
     }
 }
 
+/// The entity's last slot, or the floor the request carries over if later.
+fn frontier(state: &EntityState, request: &ReserveRequest<'_>) -> Option<Millis> {
+    match (state.last_slot, request.floor) {
+        (Some(last), Some(floor)) => Some(last.max(floor)),
+        (last, floor) => last.or(floor),
+    }
+}
+
 /// The slot the next event of this entity would get (nothing is changed).
 pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Millis {
-    let mut t = state.last_slot.map_or(request.now, |last| last.max(request.now));
+    let frontier = frontier(state, request);
+    let mut t = frontier.map_or(request.now, |last| last.max(request.now));
     t = state.paused_until.map_or(t, |until| until.max(t));
     for _ in 0..=request.limits.len() + 1 {
         let next = request
@@ -241,7 +253,7 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
             .iter()
             .map(|limit| {
                 let n = effective_limit(limit, &state.overrides, request.now);
-                earliest_accepted(limit, n, state.limits.get(&state_id(limit)), state.last_slot, request.cost, t)
+                earliest_accepted(limit, n, state.limits.get(&state_id(limit)), frontier, request.cost, t)
             })
             .fold(t, Millis::max);
         if next == t {
@@ -382,7 +394,15 @@ mod tests {
             .enumerate()
             .map(|(i, &(now, cost))| {
                 let id = format!("m{i}");
-                let r = ReserveRequest { message_id: &id, cost, limits, max_delay: 1_000 * MINUTE, now, lease: 0 };
+                let r = ReserveRequest {
+                    message_id: &id,
+                    cost,
+                    limits,
+                    max_delay: 1_000 * MINUTE,
+                    now,
+                    lease: 0,
+                    floor: None,
+                };
                 s.reserve("r", "k", &r).slot
             })
             .collect()
@@ -441,6 +461,7 @@ mod tests {
             max_delay: 30 * SECOND,
             now,
             lease: 0,
+            floor: None,
         };
         assert_eq!(s.reserve("r", "k", &req("a", 0)).status, Status::Reserved);
         let before = s.entity_state("r", "k").cloned();
@@ -464,8 +485,15 @@ mod lease_tests {
     #[test]
     fn one_attempt_acts_at_a_time_and_a_failed_or_crashed_one_hands_over() {
         let limits = [Limit::new(10, SECOND, Window::Fixed(crate::rules::Placement::Start)).unwrap()];
-        let req =
-            |now| ReserveRequest { message_id: "m", cost: 1, limits: &limits, max_delay: SECOND, now, lease: 100 };
+        let req = |now| ReserveRequest {
+            message_id: "m",
+            cost: 1,
+            limits: &limits,
+            max_delay: SECOND,
+            now,
+            lease: 100,
+            floor: None,
+        };
         let mut s = Scheduler::new();
         assert!(!s.reserve("r", "k", &req(0)).busy);
         let concurrent = s.reserve("r", "k", &req(50));

@@ -86,6 +86,7 @@ fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], pu
         lease: 15 * SECOND,
         published: Some(published),
         reslot: false,
+        floor: None,
     }
 }
 

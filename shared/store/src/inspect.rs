@@ -66,6 +66,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         Ok(report(rule, key, now, &state))
     }
 
+    /// The entity's last slot (its FIFO frontier), if it remembers one.
+    pub async fn frontier(&self, rule: &str, key: &str) -> Result<Option<Millis>, StoreError> {
+        let keys = EntityKeys::new(self.namespace(), rule, key, "-", 0, &[]);
+        Ok(redis::cmd("HGET").arg(&keys.state).arg("last").query_async(&mut self.connection()).await?)
+    }
+
     /// The entity's state as the reference model holds it (`drip_core::schedule::EntityState`):
     /// the one place that reads reserve.lua's layout back.
     pub async fn entity_state(&self, rule: &str, key: &str, limits: &[Limit]) -> Result<EntityState, StoreError> {

@@ -43,6 +43,9 @@ pub struct SlotRequest<'a> {
     /// Give a message that already has an answer a new slot (its attempt holds the lease and was
     /// told to wait by the downstream); false for an ordinary reservation.
     pub reslot: bool,
+    /// The entity's frontier is at least this (the same subject's last slot under the rule's
+    /// `previous_key`, read first: a key template change keeps FIFO and the window bound).
+    pub floor: Option<Millis>,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -65,6 +68,7 @@ impl<'a> SlotRequest<'a> {
             lease: 0,
             published: now,
             reslot: false,
+            floor: None,
         }
     }
 }

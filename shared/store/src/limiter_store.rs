@@ -41,6 +41,8 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
     fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
     /// No slot of the entity before `until` (the downstream said to wait).
     fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
+    /// The entity's last slot, if it remembers one.
+    fn frontier<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -95,6 +97,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
 
     fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         Box::pin(RedisStore::pause(self, rule, key, until, None))
+    }
+
+    fn frontier<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(RedisStore::frontier(self, rule, key))
     }
 }
 
@@ -178,5 +184,10 @@ impl LimiterStore for MemoryLimiterStore {
     fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         self.model.pause(rule, key, until);
         Box::pin(async { Ok(()) })
+    }
+
+    fn frontier<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        let last = self.model.entity_state(rule, key).and_then(|state| state.last_slot);
+        Box::pin(async move { Ok(last) })
     }
 }

@@ -28,6 +28,7 @@ impl SlotStore for MemoryStore {
             max_delay: request.max_delay,
             now,
             lease: request.lease,
+            floor: request.floor,
         };
         let reservation = self.with(|s| {
             if request.reslot {

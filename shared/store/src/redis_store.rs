@@ -246,6 +246,7 @@ impl<C> RedisStore<C> {
         args.extend(parameters);
         args.extend(override_fields);
         args.push(if request.reslot { b"reslot".to_vec() } else { Vec::new() });
+        args.push(request.floor.map(|floor| floor.to_string().into_bytes()).unwrap_or_default());
         ReserveCall { keys, args }
     }
 }
