@@ -1,4 +1,5 @@
-//! Per-entity limit overrides (`drip limits set`, `PUT /v1/rules/{rule}/keys/{key}/limits`): kept
+//! Per-entity limit overrides (`drip limits set`, `PUT /v1/rules/{rule}/keys/{key}/limits`) and pauses
+//! (a downstream's Retry-After, `POST /v1/feedback`): kept
 //! in the entity's own hash (`drip:{rule|key}:o`, same hash tag, read by reserve.lua in the same
 //! call), each change recorded in an audit list of the rule.
 
@@ -156,8 +157,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Ok(change)
     }
 
-    /// No slot of the entity before `until` (the downstream said to wait); returns the pause in
-    /// force after the call (a later pause already set is kept).
+    /// No slot of the entity before `until` (the downstream said to wait); a later pause already
+    /// set is kept.
     pub async fn pause(&self, rule: &str, key: &str, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
         let keys = self.override_keys(rule, key);
         let mut invocation = OVERRIDE.prepare_invoke();
