@@ -1,7 +1,7 @@
-//! Per-entity limit overrides (`drip limits set`, `PUT /v1/rules/{rule}/keys/{key}/limits`) and pauses
-//! (a downstream's Retry-After, `POST /v1/feedback`): kept
-//! in the entity's own hash (`drip:{rule|key}:o`, same hash tag, read by reserve.lua in the same
-//! call), each change recorded in an audit list of the rule.
+//! Per-entity limit overrides (`drip limits set`, `PUT /v1/rules/{rule}/keys/{key}/limits`) and
+//! pauses (a downstream's Retry-After, `POST /v1/feedback`): kept in the entity's own hash
+//! (`drip:{rule|key}:o`, same hash tag, read by reserve.lua in the same call), each override change
+//! recorded in an audit list of the rule.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
