@@ -113,6 +113,22 @@ impl Test {
         format!("{}-{name}", self.prefix)
     }
 
+    /// The limiter's rules file as it is now.
+    fn rules_text(&self) -> String {
+        std::fs::read_to_string(&self.limiter.rules_path).unwrap()
+    }
+
+    /// Writes a new rules file and waits until the limiter (polling it) runs it.
+    async fn reload(&self, text: String) {
+        let before = self.limiter.state.rules.version();
+        std::fs::write(&self.limiter.rules_path, text).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.limiter.state.rules.version() == before {
+            assert!(std::time::Instant::now() < deadline, "the new rules never applied");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The limiter's own Redis, through the store (which alone knows the key layout).
     async fn store(&self) -> drip_store::RedisStore<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(self.limiter.redis_url.as_str()).unwrap();
@@ -628,20 +644,14 @@ async fn the_limiter_works_on_a_redis_cluster() {
 async fn a_changed_rules_file_applies_and_a_bad_one_is_refused() {
     let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
     let version = || t.limiter.state.rules.version();
-    let first = version();
     for id in ["a", "b", "c"] {
         assert_eq!(t.payout(id, 11).await, StatusCode::NO_CONTENT);
     }
     assert_eq!(t.pulled("ready", 2).await.len(), 2, "2 an hour");
     assert_eq!(t.tasks().await.len(), 1, "the third waits for the next hour");
 
-    let rules = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
-    std::fs::write(&t.limiter.rules_path, rules.replacen("limit: 2, per: 1h", "limit: 4, per: 1h", 1)).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while version() == first {
-        assert!(std::time::Instant::now() < deadline, "the new rules never applied");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let rules = t.rules_text();
+    t.reload(rules.replacen("limit: 2, per: 1h", "limit: 4, per: 1h", 1)).await;
     for id in ["d", "e"] {
         assert_eq!(t.payout(id, 11).await, StatusCode::NO_CONTENT);
     }
@@ -680,18 +690,9 @@ async fn a_rename_that_keeps_the_id_keeps_the_backlog() {
     }
     assert_eq!(t.pulled("ready", 2).await.len(), 2);
     assert_eq!(t.tasks().await.len(), 1, "c waits for the next hour");
-    let original = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    let original = t.rules_text();
     let (old, renamed) = (t.rule("payouts"), t.rule("payouts-renamed"));
-    let reload = |text: String| async {
-        let before = t.limiter.state.rules.version();
-        std::fs::write(&t.limiter.rules_path, text).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while t.limiter.state.rules.version() == before {
-            assert!(std::time::Instant::now() < deadline, "the new rules never applied");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n    id: {old}\n"), 1)).await;
+    t.reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n    id: {old}\n"), 1)).await;
     assert!(t.limiter.state.rules.current().rule(&renamed).is_some());
     assert_eq!(t.payout("c", 13).await, StatusCode::NO_CONTENT, "c redelivered under the new name");
     assert_eq!(t.payout("d", 13).await, StatusCode::NO_CONTENT);
@@ -699,7 +700,7 @@ async fn a_rename_that_keeps_the_id_keeps_the_backlog() {
     assert_eq!(tasks.len(), 2, "no second task for c; d queues behind it: {tasks:?}");
     assert!(t.pubsub.pull(&t.topic("ready"), 10).await.is_empty(), "nothing jumped the backlog");
 
-    reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n"), 1)).await;
+    t.reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n"), 1)).await;
     assert_eq!(t.payout("e", 13).await, StatusCode::NO_CONTENT);
     assert_eq!(t.pulled("ready", 1).await.len(), 1, "a new id is a new entity: e goes at once");
 }
@@ -718,7 +719,7 @@ async fn two_revisions_with_different_rules_on_one_redis() {
         format!("{}/dispatch", t.receiver.url),
     );
     wiring.namespace = t.limiter.namespace.clone();
-    let rules = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    let rules = t.rules_text();
     let other = spawn_limiter(&rules.replacen("limit: 2, per: 1h", "limit: 5, per: 1h", 1), &wiring).await;
     let ids: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
     let push = |url: String, id: String| {
@@ -804,7 +805,7 @@ async fn a_key_change_with_previous_key_keeps_the_backlog_s_frontier() {
     }
     assert_eq!(t.pulled("ready", 2).await.len(), 2);
     let first_task = t.tasks().await[0].schedule_time;
-    let original = std::fs::read_to_string(&t.limiter.rules_path).unwrap();
+    let original = t.rules_text();
     let old_key = "key: \"merchant_{data.merchant_id}\"\n    limits: [{ limit: 2, per: 1h }]";
     assert!(original.contains(old_key));
     let edited = original.replacen(
@@ -812,13 +813,7 @@ async fn a_key_change_with_previous_key_keeps_the_backlog_s_frontier() {
         "key: \"m_{data.merchant_id}\"\n    previous_key: \"merchant_{data.merchant_id}\"\n    limits: [{ limit: 2, per: 1h }]",
         1,
     );
-    let before = t.limiter.state.rules.version();
-    std::fs::write(&t.limiter.rules_path, edited).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while t.limiter.state.rules.version() == before {
-        assert!(std::time::Instant::now() < deadline, "the new rules never applied");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    t.reload(edited).await;
     assert_eq!(t.payout("d", 17).await, StatusCode::NO_CONTENT);
     assert!(t.pubsub.pull(&t.topic("ready"), 10).await.is_empty(), "d did not jump the old key's backlog");
     let tasks = t.tasks().await;
