@@ -100,6 +100,18 @@ async fn start() -> Test {
     start_with(Pubsub::shared(), shared_url(), |_| {}).await
 }
 
+/// A limiter that re-reads its rules every 50 ms, and one merchant with a backlog: of payouts a, b
+/// and c (2 an hour), a and b forwarded and c waiting for the next hour in a task.
+async fn with_a_backlog(merchant: u32) -> Test {
+    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
+    for id in ["a", "b", "c"] {
+        assert_eq!(t.payout(id, merchant).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(t.pulled("ready", 2).await.len(), 2, "2 an hour");
+    assert_eq!(t.tasks().await.len(), 1, "c waits for the next hour");
+    t
+}
+
 fn envelope(id: &str, attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
     drip_tests::push_envelope(id, SUBSCRIPTION, "2026-08-03T12:00:01.000Z", attributes, data)
 }
@@ -642,13 +654,8 @@ async fn the_limiter_works_on_a_redis_cluster() {
 /// and the rules in force stay.
 #[tokio::test]
 async fn a_changed_rules_file_applies_and_a_bad_one_is_refused() {
-    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
+    let t = with_a_backlog(11).await;
     let version = || t.limiter.state.rules.version();
-    for id in ["a", "b", "c"] {
-        assert_eq!(t.payout(id, 11).await, StatusCode::NO_CONTENT);
-    }
-    assert_eq!(t.pulled("ready", 2).await.len(), 2, "2 an hour");
-    assert_eq!(t.tasks().await.len(), 1, "the third waits for the next hour");
 
     let rules = t.rules_text();
     t.reload(rules.replacen("limit: 2, per: 1h", "limit: 4, per: 1h", 1)).await;
@@ -684,12 +691,7 @@ async fn a_changed_rules_file_applies_and_a_bad_one_is_refused() {
 /// starts the entities afresh (what `drip rules diff` warns about).
 #[tokio::test]
 async fn a_rename_that_keeps_the_id_keeps_the_backlog() {
-    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
-    for id in ["a", "b", "c"] {
-        assert_eq!(t.payout(id, 13).await, StatusCode::NO_CONTENT);
-    }
-    assert_eq!(t.pulled("ready", 2).await.len(), 2);
-    assert_eq!(t.tasks().await.len(), 1, "c waits for the next hour");
+    let t = with_a_backlog(13).await;
     let original = t.rules_text();
     let (old, renamed) = (t.rule("payouts"), t.rule("payouts-renamed"));
     t.reload(original.replacen(&format!("name: {old}\n"), &format!("name: {renamed}\n    id: {old}\n"), 1)).await;
@@ -799,11 +801,7 @@ async fn a_shadow_rule_forwards_everything_and_says_what_it_would_have_done() {
 /// events never jump ahead of the backlog queued under the old key.
 #[tokio::test]
 async fn a_key_change_with_previous_key_keeps_the_backlog_s_frontier() {
-    let t = start_with(Pubsub::shared(), shared_url(), |w| w.rules_poll_ms = 50).await;
-    for id in ["a", "b", "c"] {
-        assert_eq!(t.payout(id, 17).await, StatusCode::NO_CONTENT);
-    }
-    assert_eq!(t.pulled("ready", 2).await.len(), 2);
+    let t = with_a_backlog(17).await;
     let first_task = t.tasks().await[0].schedule_time;
     let original = t.rules_text();
     let old_key = "key: \"merchant_{data.merchant_id}\"\n    limits: [{ limit: 2, per: 1h }]";
