@@ -1,5 +1,5 @@
-# Alerts: an event dead-lettered for max_delay (an upstream flood, or limits too tight), and
-# dead-lettered messages waiting to be looked at.
+# Alerts: an event dead-lettered for max_delay (an upstream flood, or limits too tight),
+# dead-lettered messages waiting to be looked at, and a rules file the services refused.
 
 resource "google_logging_metric" "max_delay_exceeded" {
   project     = var.project_id
@@ -52,6 +52,53 @@ resource "google_monitoring_alert_policy" "max_delay_exceeded" {
   documentation {
     mime_type = "text/markdown"
     content   = "Drip dead-lettered events whose earliest slot lay beyond their rule's max_delay (attribute drip-reason=max_delay_exceeded). Look for an upstream publisher flooding one key (drip inspect shows the backlog), then replay the DLQ subscription once it drains."
+  }
+}
+
+# A new rules version that does not validate is refused and the old rules stay in force (README:
+# "Changing limits"): the operator who added it must hear of it.
+resource "google_logging_metric" "rules_refused" {
+  project     = var.project_id
+  name        = "${var.name}-rules-refused"
+  description = "Times a service refused a new version of the rules file (the rules in force stayed)."
+  filter      = <<-EOT
+    resource.type="cloud_run_revision"
+    resource.labels.service_name=("${local.limiter_name}" OR "${local.dispatcher_name}")
+    severity>=ERROR
+    jsonPayload.message="new rules refused: the rules in force stay"
+  EOT
+
+  metric_descriptor {
+    metric_kind = "DELTA"
+    value_type  = "INT64"
+    unit        = "1"
+  }
+}
+
+resource "google_monitoring_alert_policy" "rules_refused" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): a rules file was refused"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "new rules refused"
+    condition_threshold {
+      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"logging.googleapis.com/user/${google_logging_metric.rules_refused.name}\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_SUM"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "A service refused the newest version of the rules file (Secret Manager's latest) and keeps running the previous one. The ERROR line names the file, rule, field and reason; `drip check-config` shows the same. Add a fixed version; `drip_rules_info` and `/readyz` show which version each instance runs."
   }
 }
 

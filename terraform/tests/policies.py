@@ -262,6 +262,8 @@ def alerts_exist(module: Module):
     metrics = module.of_type("google_logging_metric")
     if not any("max_delay_exceeded" in str(m.arguments.get("filter")) for m in metrics.values()):
         problems.append("no log-based metric for max_delay_exceeded")
+    if not any("new rules refused" in str(m.arguments.get("filter")) for m in metrics.values()):
+        problems.append("no log-based metric for a refused rules file")
     policies = module.of_type("google_monitoring_alert_policy")
     if not any("num_undelivered_messages" in str(c_t.arguments.get("filter")) for p in policies.values() for c in p.block("conditions") for c_t in c.block("condition_threshold")):
         problems.append("no alert on the DLQ backlog")
