@@ -225,7 +225,7 @@ variable "push_max_delivery_attempts" {
 }
 
 variable "notification_channels" {
-  description = "Monitoring notification channel ids for the max_delay_exceeded and DLQ backlog alerts."
+  description = "Monitoring notification channel ids for the max_delay_exceeded, DLQ backlog, Redis memory and refused-rules alerts."
   type        = list(string)
   default     = []
 }
