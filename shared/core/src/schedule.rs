@@ -174,17 +174,17 @@ impl Scheduler {
 
     /// A fresh decision for the request's message: its slot reserved (or why not) and its answer filed.
     fn decide(entity: &mut Entity, request: &ReserveRequest<'_>) -> Reservation {
-        let exceeded = request
-            .limits
-            .iter()
-            .any(|limit| request.cost > effective_limit(limit, &entity.state.overrides, request.now));
-        let slot = if exceeded { request.now } else { earliest_slot(&entity.state, request) };
+        // The count of each limit in force now (the rule's, or the entity's override), once.
+        let counts: Vec<u64> =
+            request.limits.iter().map(|limit| effective_limit(limit, &entity.state.overrides, request.now)).collect();
+        let exceeded = counts.iter().any(|&n| request.cost > n);
+        let slot = if exceeded { request.now } else { earliest_slot(&entity.state, request, &counts) };
         let status = if exceeded {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
             Status::MaxDelayExceeded
         } else {
-            commit(&mut entity.state, request, slot);
+            commit(&mut entity.state, request, &counts, slot);
             Status::Reserved
         };
         let answer = Answer {
@@ -242,8 +242,9 @@ fn frontier(state: &EntityState, request: &ReserveRequest<'_>) -> Option<Millis>
     }
 }
 
-/// The slot the next event of this entity would get (nothing is changed).
-pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Millis {
+/// The slot the next event of this entity would get (nothing is changed); `counts` are the
+/// request's limits' counts in force.
+fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>, counts: &[u64]) -> Millis {
     let frontier = frontier(state, request);
     let mut t = frontier.map_or(request.now, |last| last.max(request.now));
     t = state.paused_until.map_or(t, |until| until.max(t));
@@ -251,8 +252,8 @@ pub fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>) -> Milli
         let next = request
             .limits
             .iter()
-            .map(|limit| {
-                let n = effective_limit(limit, &state.overrides, request.now);
+            .zip(counts)
+            .map(|(limit, &n)| {
                 earliest_accepted(limit, n, state.limits.get(&state_id(limit)), frontier, request.cost, t)
             })
             .fold(t, Millis::max);
@@ -323,10 +324,10 @@ fn earliest_accepted(
     }
 }
 
-fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, slot: Millis) {
+fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, counts: &[u64], slot: Millis) {
     let cost = request.cost;
-    for limit in request.limits {
-        let (n, per) = (effective_limit(limit, &state.overrides, request.now), limit.per());
+    for (limit, &n) in request.limits.iter().zip(counts) {
+        let per = limit.per();
         let entry = state.limits.entry(state_id(limit));
         match limit.window() {
             Window::Fixed(_) => {
