@@ -106,12 +106,17 @@ pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
 
 /// When a `Retry-After` (delta-seconds or an HTTP date) ends, capped at a day.
 pub fn retry_after_until(value: &str) -> Option<Millis> {
+    if let Ok(seconds) = value.trim().parse::<u64>() {
+        return Some(wait_seconds(seconds));
+    }
     let now = drip_core::time::wall_clock_millis();
-    let until = match value.trim().parse::<u64>() {
-        Ok(seconds) => now + (seconds.min(86_400) * 1_000) as Millis,
-        Err(_) => drip_core::time::system_time_to_millis(httpdate::parse_http_date(value.trim()).ok()?)?,
-    };
+    let until = drip_core::time::system_time_to_millis(httpdate::parse_http_date(value.trim()).ok()?)?;
     Some(until.clamp(now, now + DAY))
+}
+
+/// When a wait of `seconds` from now ends, capped at a day.
+pub fn wait_seconds(seconds: u64) -> Millis {
+    drip_core::time::wall_clock_millis() + (seconds.min(DAY as u64 / 1_000) * 1_000) as Millis
 }
 
 fn header_value(name: &str, value: &str) -> Result<HeaderValue, Failure> {

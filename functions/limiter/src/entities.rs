@@ -31,6 +31,11 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, message.into()).into_response()
 }
 
+/// Who called, for the logs and the audit: the verified email, or `anonymous` without OIDC.
+fn caller_name(caller: Option<axum::Extension<Caller>>) -> String {
+    caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email)
+}
+
 fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
     tracing::warn!(%error, "{what} failed");
     self::error(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable")
@@ -131,7 +136,7 @@ async fn change(
     limit: &Limit,
     set: Option<LimitOverride>,
 ) -> Response {
-    let by = caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email);
+    let by = caller_name(caller);
     match state.store.change_override(&rule.id, key, limit, set, &by).await {
         Ok(change) => {
             log_change(&change);
@@ -185,13 +190,11 @@ pub async fn feedback(
         // Only a 429 or 503 that says how long to wait changes anything (no adaptive limit yet).
         return StatusCode::NO_CONTENT.into_response();
     };
-    let Some(until) = crate::actions::retry_after_until(&seconds.to_string()) else {
-        return error(StatusCode::BAD_REQUEST, "retryAfter: not a number of seconds");
-    };
+    let until = crate::actions::wait_seconds(seconds);
     let key = cap_key(key);
     match state.store.pause(&rule.id, &key, until).await {
         Ok(()) => {
-            let by = caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email);
+            let by = caller_name(caller);
             tracing::warn!(%by, rule = %rule.name, key, status = body.status, until = %format_rfc3339(until), "feedback: key paused");
             Json(serde_json::json!({ "pausedUntil": format_rfc3339(until) })).into_response()
         }
