@@ -164,15 +164,7 @@ impl LimiterStore for MemoryLimiterStore {
             Some(set) => self.model.set_override(rule, key, limit, set),
             None => self.model.delete_override(rule, key, limit),
         };
-        let change = OverrideChange {
-            at: wall_clock_millis(),
-            by: by.to_owned(),
-            rule: rule.to_owned(),
-            key: key.to_owned(),
-            limit: limit.to_string(),
-            before: before.map(Into::into),
-            after: set.map(Into::into),
-        };
+        let change = OverrideChange::new(wall_clock_millis(), by, (rule, key, limit), before, set);
         Box::pin(async move { Ok(change) })
     }
 

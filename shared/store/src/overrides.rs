@@ -40,6 +40,26 @@ pub struct OverrideChange {
     pub after: Option<OverrideView>,
 }
 
+impl OverrideChange {
+    pub fn new(
+        at: Millis,
+        by: &str,
+        (rule, key, limit): (&str, &str, &Limit),
+        before: Option<LimitOverride>,
+        after: Option<LimitOverride>,
+    ) -> Self {
+        Self {
+            at,
+            by: by.to_owned(),
+            rule: rule.to_owned(),
+            key: key.to_owned(),
+            limit: limit.to_string(),
+            before: before.map(Into::into),
+            after: after.map(Into::into),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct OverrideView {
     pub limit: u64,
@@ -140,15 +160,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     ) -> Result<OverrideChange, StoreError> {
         let mut connection = self.connection();
         let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
-        let change = OverrideChange {
-            at: seconds * 1_000 + micros / 1_000,
-            by: by.to_owned(),
-            rule: rule.to_owned(),
-            key: key.to_owned(),
-            limit: limit.to_string(),
-            before: before.map(Into::into),
-            after: after.map(Into::into),
-        };
+        let change = OverrideChange::new(seconds * 1_000 + micros / 1_000, by, (rule, key, limit), before, after);
         let log = overrides_log(self.namespace(), rule);
         let entry = serde_json::to_string(&change).map_err(|e| StoreError::UnexpectedReply(e.to_string()))?;
         let mut pipe = redis::pipe();
