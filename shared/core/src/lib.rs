@@ -2,6 +2,7 @@
 //! the reference model of slot reservation. Nothing here does I/O or reads the clock.
 
 pub mod attributes;
+pub mod budgets;
 pub mod event;
 pub mod json_path;
 pub mod ledger;

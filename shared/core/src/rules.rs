@@ -5,10 +5,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
+use crate::budgets::{Adaptive, Budget, FeedbackTarget, fraction_ppm};
 use crate::template::Template;
 use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND, parse_duration};
 
@@ -24,6 +26,8 @@ pub const DEFAULT_INLINE_WAIT: Millis = SECOND;
 pub struct RuleSet {
     pub rules: Vec<Rule>,
     pub default_dlq_topic: Option<TopicName>,
+    /// The `budgets:` section, by name.
+    pub budgets: BTreeMap<String, Arc<Budget>>,
 }
 
 /// Rules a service can run: what no rule takes has a dead-letter topic too (the file's
@@ -84,6 +88,12 @@ pub struct Rule {
     pub on_missing_key: OnMissingKey,
     pub overflow_format: OverflowFormat,
     pub mode: Mode,
+    /// The shared budgets its events also draw from (README: "Shared budgets").
+    pub budgets: Vec<Arc<Budget>>,
+    /// Where the downstream's 429s and `Retry-After`s go: the key, or one of its budgets.
+    pub feedback: FeedbackTarget,
+    /// The entity's limits follow the downstream (AIMD) when set.
+    pub adaptive: Option<Adaptive>,
 }
 
 /// `enforce` (the default) acts on each decision; `shadow` reserves and records exactly as
@@ -305,8 +315,22 @@ impl Rule {
         }
     }
 
+    /// The smallest count of its own limits and of its budgets' limits: no event may cost more.
     pub fn smallest_limit(&self) -> u64 {
-        self.limits.iter().map(|l| l.limit).min().unwrap_or(0)
+        self.limits.iter().chain(self.budgets.iter().flat_map(|b| &b.limits)).map(|l| l.limit).min().unwrap_or(0)
+    }
+
+    /// The Redis Cluster hash tag its entities live under when it draws from a budget.
+    pub fn budget_tag(&self) -> Option<&str> {
+        self.budgets.first().map(|b| b.tag.as_str())
+    }
+
+    /// The budget its feedback goes to, when not the key.
+    pub fn feedback_budget(&self) -> Option<&Budget> {
+        match &self.feedback {
+            FeedbackTarget::Key => None,
+            FeedbackTarget::Budget(name) => self.budgets.iter().find(|b| &b.name == name).map(|b| &**b),
+        }
     }
 }
 
@@ -373,14 +397,17 @@ impl RuleSet {
         if top.rules.is_empty() {
             errors.top("rules", "at least one rule is required".into());
         }
+        let specs = validate_budgets(top.budgets.unwrap_or_default(), &mut errors);
         let mut rules: Vec<Rule> = Vec::new();
+        let mut drawn: Vec<Vec<String>> = Vec::new();
         let mut first_index_of: HashMap<String, usize> = HashMap::new();
         let mut first_with_id: HashMap<String, usize> = HashMap::new();
         let mut catch_all: Option<String> = None;
         for (index, raw) in top.rules.into_iter().enumerate() {
             let label = rule_label(&raw, index);
             let mut rule_errors = RuleErrors { errors: &mut errors, label: &label };
-            let Some(rule) = validate_rule(raw, &mut rule_errors, default_dlq_topic.as_ref()) else {
+            let Some((rule, budget_names)) = validate_rule(raw, &mut rule_errors, default_dlq_topic.as_ref(), &specs)
+            else {
                 continue;
             };
             if let Some(first) = first_index_of.get(&rule.name) {
@@ -397,8 +424,22 @@ impl RuleSet {
             }
             first_index_of.entry(rule.name.clone()).or_insert(index);
             rules.push(rule);
+            drawn.push(budget_names);
         }
-        if errors.list.is_empty() { Ok(RuleSet { rules, default_dlq_topic }) } else { Err(errors.finish()) }
+        let budgets = link_budgets(specs, &drawn);
+        for (rule, names) in rules.iter_mut().zip(&drawn) {
+            rule.budgets = names.iter().map(|name| budgets[name].clone()).collect();
+            if let Cost::Fixed(cost) = rule.cost
+                && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit < cost))
+            {
+                let label = format!("rule '{}'", rule.name);
+                RuleErrors { errors: &mut errors, label: &label }.push(
+                    "cost",
+                    format!("{cost} exceeds a limit of budget '{}', so no event could ever be scheduled", budget.name),
+                );
+            }
+        }
+        if errors.list.is_empty() { Ok(RuleSet { rules, default_dlq_topic, budgets }) } else { Err(errors.finish()) }
     }
 }
 
@@ -483,6 +524,32 @@ impl RuleErrors<'_, '_> {
 struct RawTop {
     rules: Vec<Value>,
     default_dlq_topic: Option<String>,
+    budgets: Option<BTreeMap<String, Value>>,
+}
+
+/// A budget: its limits, or `{ limits, max_share, adaptive }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawBudget {
+    Limits(Vec<RawLimit>),
+    Full(RawBudgetFields),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudgetFields {
+    limits: Vec<RawLimit>,
+    max_share: Option<f64>,
+    adaptive: Option<RawAdaptive>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdaptive {
+    margin: Option<f64>,
+    decrease: Option<f64>,
+    min: Option<f64>,
+    step: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -504,6 +571,9 @@ struct RawRule {
     on_missing_key: Option<Value>,
     overflow_format: Option<String>,
     mode: Option<String>,
+    budgets: Option<Vec<String>>,
+    feedback: Option<String>,
+    adaptive: Option<RawAdaptive>,
 }
 
 #[derive(Deserialize)]
@@ -551,7 +621,13 @@ fn rule_label(raw: &Value, index: usize) -> String {
     }
 }
 
-fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Option<&TopicName>) -> Option<Rule> {
+/// A rule and the names of the budgets it draws from (linked once every rule is read).
+fn validate_rule(
+    raw: Value,
+    errors: &mut RuleErrors<'_, '_>,
+    default_dlq: Option<&TopicName>,
+    budgets: &BTreeMap<String, Budget>,
+) -> Option<(Rule, Vec<String>)> {
     let raw: RawRule = match deserialize(raw) {
         Ok(raw) => raw,
         Err((field, message)) => {
@@ -656,10 +732,39 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         }
     };
 
+    let budget_names = raw.budgets.unwrap_or_default();
+    for (i, name) in budget_names.iter().enumerate() {
+        if !budgets.contains_key(name) {
+            let known = budgets.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+            errors.push(&format!("budgets[{i}]"), format!("unknown budget '{name}' (budgets: {known})"));
+        } else if budget_names[..i].contains(name) {
+            errors.push(&format!("budgets[{i}]"), format!("lists budget '{name}' twice"));
+        }
+    }
+    let feedback = match raw.feedback {
+        None => Some(FeedbackTarget::Key),
+        Some(key) if key == "key" => Some(FeedbackTarget::Key),
+        Some(name) if budget_names.contains(&name) => Some(FeedbackTarget::Budget(name)),
+        Some(name) => {
+            errors.push("feedback", format!("'{name}' is neither key nor a budget this rule lists"));
+            None
+        }
+    };
+    let adaptive = match raw.adaptive.map(|a| errors.check("adaptive", parse_adaptive(&a))) {
+        None => Some(None),
+        Some(parsed) => parsed.map(Some),
+    };
+    if let (Some(Some(_)), Some(FeedbackTarget::Budget(name))) = (&adaptive, &feedback) {
+        errors.push(
+            "adaptive",
+            format!("feedback goes to budget '{name}', so this would never adapt: set adaptive on the budget"),
+        );
+    }
+
     if errors.errors.list.len() > before {
         return None;
     }
-    Some(Rule {
+    let rule = Rule {
         name: raw.name,
         id,
         matcher,
@@ -675,7 +780,121 @@ fn validate_rule(raw: Value, errors: &mut RuleErrors<'_, '_>, default_dlq: Optio
         on_missing_key: on_missing_key?,
         overflow_format: overflow_format?,
         mode: mode?,
-    })
+        budgets: Vec::new(),
+        feedback: feedback?,
+        adaptive: adaptive?,
+    };
+    Some((rule, budget_names))
+}
+
+/// Each budget of the `budgets:` section, valid, without its hash tag yet (see [`link_budgets`]).
+fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors<'_>) -> BTreeMap<String, Budget> {
+    let mut budgets = BTreeMap::new();
+    for (name, value) in raw {
+        let label = format!("budget '{name}'");
+        let mut errors = RuleErrors { errors, label: &label };
+        if !valid_rule_name(&name) {
+            errors.push("", "a budget name must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
+            continue;
+        }
+        let fields = match deserialize::<RawBudget>(value) {
+            Ok(RawBudget::Limits(limits)) => RawBudgetFields { limits, max_share: None, adaptive: None },
+            Ok(RawBudget::Full(fields)) => fields,
+            Err(_) => {
+                errors.push(
+                    "",
+                    "expected a list of limits or { limits, max_share, adaptive } (fields: limit, per, placement)"
+                        .into(),
+                );
+                continue;
+            }
+        };
+        let Some(limits) = validate_limits(&fields.limits, &mut errors) else { continue };
+        let mut ok = true;
+        for (i, limit) in limits.iter().enumerate() {
+            if !matches!(limit.window(), Window::Fixed(_)) {
+                errors.push(
+                    &format!("limits[{i}].window"),
+                    format!(
+                        "a budget takes fixed windows (placement start or spread), not {}: slots from many entities arrive out of order, which only a count per window can take",
+                        limit.window().kind()
+                    ),
+                );
+                ok = false;
+            }
+        }
+        let max_share = match fields.max_share {
+            None => None,
+            Some(share) => match fraction_ppm(share).filter(|&ppm| ppm > 0) {
+                Some(ppm) => Some(ppm),
+                None => {
+                    errors.push("max_share", format!("must be a fraction above 0 and at most 1, got {share}"));
+                    ok = false;
+                    None
+                }
+            },
+        };
+        let adaptive = match fields.adaptive.map(|a| parse_adaptive(&a)) {
+            None => None,
+            Some(Ok(adaptive)) => Some(adaptive),
+            Some(Err(message)) => {
+                errors.push("adaptive", message);
+                ok = false;
+                None
+            }
+        };
+        if ok {
+            budgets.insert(name.clone(), Budget { name, limits, max_share, adaptive, tag: String::new() });
+        }
+    }
+    budgets
+}
+
+/// Gives every budget its hash tag: budgets that one rule draws from together must live on one
+/// Redis Cluster slot, so each group of budgets linked by rules takes its smallest name.
+fn link_budgets(specs: BTreeMap<String, Budget>, drawn: &[Vec<String>]) -> BTreeMap<String, Arc<Budget>> {
+    let mut tag: BTreeMap<&str, &str> = specs.keys().map(|name| (name.as_str(), name.as_str())).collect();
+    // Union by smallest name until nothing changes (budgets are few).
+    loop {
+        let mut changed = false;
+        for names in drawn {
+            let Some(smallest) = names.iter().filter_map(|n| tag.get(n.as_str()).copied()).min() else { continue };
+            for name in names {
+                let root = tag[name.as_str()];
+                for value in tag.values_mut().filter(|v| **v == root && root != smallest) {
+                    *value = smallest;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let tags: BTreeMap<String, String> = tag.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+    specs.into_iter().map(|(name, budget)| (name.clone(), Arc::new(Budget { tag: tags[&name].clone(), ..budget }))).collect()
+}
+
+fn parse_adaptive(raw: &RawAdaptive) -> Result<Adaptive, String> {
+    let fraction = |name: &str, value: Option<f64>, default: f64, open_low: bool, open_high: bool| {
+        let value = value.unwrap_or(default);
+        match fraction_ppm(value) {
+            Some(ppm) if !(open_low && ppm == 0) && !(open_high && ppm == crate::budgets::PPM) => Ok(ppm),
+            _ => Err(format!(
+                "{name} must be a fraction {} 0 and {} 1, got {value}",
+                if open_low { "above" } else { "from" },
+                if open_high { "below" } else { "at most" }
+            )),
+        }
+    };
+    let margin = fraction("margin", raw.margin, 0.1, false, true)?;
+    let decrease = fraction("decrease", raw.decrease, 0.9, true, true)?;
+    let min = fraction("min", raw.min, 0.2, true, false)?;
+    let step = fraction("step", raw.step, 0.1, true, false)?;
+    if min > crate::budgets::PPM - margin {
+        return Err(format!("min {} is above 1 - margin ({})", min as f64 / 1e6, 1.0 - margin as f64 / 1e6));
+    }
+    Ok(Adaptive { margin, decrease, min, step })
 }
 
 fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<Vec<Limit>> {

@@ -7,9 +7,15 @@
 //! never moves backwards, so iterating `t = max_i accept_i(t)` reaches that fixpoint, and because each
 //! limit can push `t` forward at most once, in at most `limits + 1` rounds: O(limits) per event,
 //! whatever the backlog.
+//!
+//! A shared budget is a calendar: a count per window, since events of many entities reserve its
+//! windows out of order. Its "earliest window ≥ t with room" is monotone too, so the same fixpoint
+//! holds; the search stops once `t` passes `now + max_delay` (the event is late either way).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 
+use crate::budgets::{Adaptive, AdaptiveState, Budget, adapted, adaptive_window};
 use crate::rules::{Limit, Placement, Window};
 use crate::time::Millis;
 
@@ -53,6 +59,10 @@ pub struct ReserveRequest<'a> {
     /// A frontier carried over from elsewhere (the rule's `previous_key`: the same subject's last
     /// slot under the old key template): the entity's frontier is at least this.
     pub floor: Option<Millis>,
+    /// The shared budgets the event also draws from (the rule's `budgets`).
+    pub budgets: &'a [Arc<Budget>],
+    /// The rule's adaptive limit (AIMD), if it has one: its entity's counts follow the downstream.
+    pub adaptive: Option<Adaptive>,
 }
 
 /// The state of one limit of one entity. Its size never depends on the backlog: two numbers for
@@ -116,6 +126,18 @@ pub struct EntityState {
     pub overrides: BTreeMap<String, LimitOverride>,
     /// The downstream asked to wait (a 429 or 503 with `Retry-After`): no slot before this.
     pub paused_until: Option<Millis>,
+    /// The adaptive limit's level after the last 429, 5xx or timeout (kept with the overrides).
+    pub adaptive: Option<AdaptiveState>,
+}
+
+/// The state of one shared budget: what each window of each limit holds, a pause and the
+/// adaptive level, shared by every entity that draws from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BudgetState {
+    /// By (per, window start): the cost reserved in that window.
+    pub windows: BTreeMap<(Millis, Millis), u64>,
+    pub paused_until: Option<Millis>,
+    pub adaptive: Option<AdaptiveState>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -138,6 +160,23 @@ struct Entity {
 #[derive(Debug, Clone, Default)]
 pub struct Scheduler {
     entities: HashMap<(String, String), Entity>,
+    budgets: HashMap<String, BudgetState>,
+}
+
+/// One limit on the entity's own state as it counts this reservation: a rule's limit or a fair
+/// share of a budget (a fixed window on the entity's slots), with the count in force.
+struct EntityLimit {
+    id: String,
+    limit: Limit,
+    count: u64,
+}
+
+/// One budget limit as it counts this reservation.
+struct BudgetLimit<'a> {
+    budget: &'a str,
+    per: Millis,
+    count: u64,
+    spread: bool,
 }
 
 impl Scheduler {
@@ -155,15 +194,14 @@ impl Scheduler {
             let Answer { slot, status, decided_at, completed, .. } = *answer;
             return Reservation { slot, status, replayed: true, decided_at, completed, busy };
         }
-        Self::decide(entity, request)
+        self.decide(rule, key, request)
     }
 
     /// Reserves a new slot for a message that already has one (the attempt holding its lease was
     /// told to wait by the downstream): the earliest slot now, after any pause, replaces the answer.
     /// The old slot's capacity stays used: a window never gets more than its limit.
     pub fn reslot(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
-        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        Self::decide(entity, request)
+        self.decide(rule, key, request)
     }
 
     /// No slot of the entity before `until` (a later pause extends it, an earlier one changes nothing).
@@ -172,19 +210,44 @@ impl Scheduler {
         entity.state.paused_until = Some(entity.state.paused_until.map_or(until, |p| p.max(until)));
     }
 
+    /// No slot of any entity drawing from the budget before `until`.
+    pub fn pause_budget(&mut self, budget: &str, until: Millis) {
+        let state = self.budgets.entry(budget.to_owned()).or_default();
+        state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
+    }
+
+    /// The downstream of an entity with an adaptive limit answered 429, 5xx or timed out at `now`.
+    pub fn signal(&mut self, rule: &str, key: &str, adaptive: &Adaptive, limits: &[Limit], now: Millis) {
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        entity.state.adaptive = Some(adaptive.signal(entity.state.adaptive, adaptive_window(limits), now));
+    }
+
+    /// The same for a budget with an adaptive limit.
+    pub fn signal_budget(&mut self, budget: &Budget, adaptive: &Adaptive, now: Millis) {
+        let state = self.budgets.entry(budget.name.clone()).or_default();
+        state.adaptive = Some(adaptive.signal(state.adaptive, adaptive_window(&budget.limits), now));
+    }
+
+    pub fn budget_state(&self, budget: &str) -> Option<&BudgetState> {
+        self.budgets.get(budget)
+    }
+
     /// A fresh decision for the request's message: its slot reserved (or why not) and its answer filed.
-    fn decide(entity: &mut Entity, request: &ReserveRequest<'_>) -> Reservation {
-        // The count of each limit in force now (the rule's, or the entity's override), once.
-        let counts: Vec<u64> =
-            request.limits.iter().map(|limit| effective_limit(limit, &entity.state.overrides, request.now)).collect();
-        let exceeded = counts.iter().any(|&n| request.cost > n);
-        let slot = if exceeded { request.now } else { earliest_slot(&entity.state, request, &counts) };
+    fn decide(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        let (exceeded, own) = entity_limits(&entity.state, request, &self.budgets);
+        let shared = budget_limits(&self.budgets, request);
+        let slot = if exceeded { request.now } else { earliest_slot(&entity.state, &self.budgets, request, &own, &shared) };
         let status = if exceeded {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
             Status::MaxDelayExceeded
         } else {
-            commit(&mut entity.state, request, &counts, slot);
+            commit(&mut entity.state, request, &own, slot);
+            for limit in &shared {
+                let state = self.budgets.entry(limit.budget.to_owned()).or_default();
+                *state.windows.entry((limit.per, slot.div_euclid(limit.per) * limit.per)).or_default() += request.cost;
+            }
             Status::Reserved
         };
         let answer = Answer {
@@ -242,27 +305,108 @@ fn frontier(state: &EntityState, request: &ReserveRequest<'_>) -> Option<Millis>
     }
 }
 
-/// The slot the next event of this entity would get (nothing is changed); `counts` are the
-/// request's limits' counts in force.
-fn earliest_slot(state: &EntityState, request: &ReserveRequest<'_>, counts: &[u64]) -> Millis {
+/// The entity's own limits with their counts in force now (the rule's, an override, the adaptive
+/// level), and each budget's fair share; `true` when the cost is over a count the entity cannot
+/// change (the rule's or an override: adaptive counts and shares never go below the cost).
+fn entity_limits(
+    state: &EntityState,
+    request: &ReserveRequest<'_>,
+    budgets: &HashMap<String, BudgetState>,
+) -> (bool, Vec<EntityLimit>) {
+    let level = request.adaptive.map(|a| a.level(state.adaptive, adaptive_window(request.limits), request.now));
+    let mut exceeded = false;
+    let mut own: Vec<EntityLimit> = request
+        .limits
+        .iter()
+        .map(|limit| {
+            let base = effective_limit(limit, &state.overrides, request.now);
+            exceeded |= request.cost > base;
+            let count = level.map_or(base, |level| adapted(base, level, request.cost));
+            EntityLimit { id: state_id(limit), limit: *limit, count }
+        })
+        .collect();
+    for budget in request.budgets {
+        let level = budget_level(budget, budgets.get(&budget.name), request.now);
+        for limit in &budget.limits {
+            let count = level.map_or(limit.limit(), |level| adapted(limit.limit(), level, request.cost));
+            if let Some(share) = budget.share_of(count, request.cost) {
+                let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
+                own.push(EntityLimit { id: budget.share_id(limit), limit: fixed, count: share });
+            }
+        }
+    }
+    (exceeded, own)
+}
+
+fn budget_level(budget: &Budget, state: Option<&BudgetState>, now: Millis) -> Option<u64> {
+    budget.adaptive.map(|a| a.level(state.and_then(|s| s.adaptive), adaptive_window(&budget.limits), now))
+}
+
+/// Every limit of every budget the request draws from, with its count in force now.
+fn budget_limits<'a>(budgets: &HashMap<String, BudgetState>, request: &ReserveRequest<'a>) -> Vec<BudgetLimit<'a>> {
+    let mut shared = Vec::new();
+    for budget in request.budgets {
+        let level = budget_level(budget, budgets.get(&budget.name), request.now);
+        for limit in &budget.limits {
+            let count = level.map_or(limit.limit(), |level| adapted(limit.limit(), level, request.cost));
+            let spread = limit.window() == Window::Fixed(Placement::Spread);
+            shared.push(BudgetLimit { budget: &budget.name, per: limit.per(), count, spread });
+        }
+    }
+    shared
+}
+
+/// The slot the next event of this entity would get (nothing is changed).
+fn earliest_slot(
+    state: &EntityState,
+    budgets: &HashMap<String, BudgetState>,
+    request: &ReserveRequest<'_>,
+    own: &[EntityLimit],
+    shared: &[BudgetLimit<'_>],
+) -> Millis {
     let frontier = frontier(state, request);
+    let horizon = request.now + request.max_delay;
     let mut t = frontier.map_or(request.now, |last| last.max(request.now));
-    t = state.paused_until.map_or(t, |until| until.max(t));
-    for _ in 0..=request.limits.len() + 1 {
-        let next = request
-            .limits
+    let pauses = request.budgets.iter().filter_map(|b| budgets.get(&b.name).and_then(|s| s.paused_until));
+    t = state.paused_until.into_iter().chain(pauses).fold(t, Millis::max);
+    loop {
+        let next = own
             .iter()
-            .zip(counts)
-            .map(|(limit, &n)| {
-                earliest_accepted(limit, n, state.limits.get(&state_id(limit)), frontier, request.cost, t)
-            })
+            .map(|l| earliest_accepted(&l.limit, l.count, state.limits.get(&l.id), frontier, request.cost, t))
+            .chain(shared.iter().map(|l| {
+                let windows = budgets.get(l.budget).map(|s| &s.windows);
+                budget_accepts(windows, l, request.cost, t, horizon)
+            }))
             .fold(t, Millis::max);
         if next == t {
             return t;
         }
         t = next;
     }
-    unreachable!("each limit moves the slot forward at most once")
+}
+
+/// The earliest time ≥ `t` at which one budget limit accepts `cost` more: the first window from
+/// `t`'s with room (a window past `horizon` ends the search: the event is late whatever it holds).
+fn budget_accepts(
+    windows: Option<&BTreeMap<(Millis, Millis), u64>>,
+    limit: &BudgetLimit<'_>,
+    cost: u64,
+    t: Millis,
+    horizon: Millis,
+) -> Millis {
+    let per = limit.per;
+    let mut window = t.div_euclid(per) * per;
+    loop {
+        if window > horizon {
+            return t.max(window);
+        }
+        let used = windows.and_then(|w| w.get(&(per, window)).copied()).unwrap_or(0);
+        if used + cost <= limit.count {
+            let placed = if limit.spread { window + (used as i64 * per).div_euclid(limit.count as i64) } else { window };
+            return t.max(placed);
+        }
+        window += per;
+    }
 }
 
 /// The earliest time ≥ `t` at which this one limit, with `n` in force, accepts `cost` more.
@@ -324,11 +468,11 @@ fn earliest_accepted(
     }
 }
 
-fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, counts: &[u64], slot: Millis) {
+fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, own: &[EntityLimit], slot: Millis) {
     let cost = request.cost;
-    for (limit, &n) in request.limits.iter().zip(counts) {
-        let per = limit.per();
-        let entry = state.limits.entry(state_id(limit));
+    for EntityLimit { id, limit, count: n } in own {
+        let (per, n) = (limit.per(), *n);
+        let entry = state.limits.entry(id.clone());
         match limit.window() {
             Window::Fixed(_) => {
                 let window = slot.div_euclid(per) * per;
@@ -403,6 +547,8 @@ mod tests {
                     now,
                     lease: 0,
                     floor: None,
+                    budgets: &[],
+                    adaptive: None,
                 };
                 s.reserve("r", "k", &r).slot
             })
@@ -463,6 +609,8 @@ mod tests {
             now,
             lease: 0,
             floor: None,
+            budgets: &[],
+            adaptive: None,
         };
         assert_eq!(s.reserve("r", "k", &req("a", 0)).status, Status::Reserved);
         let before = s.entity_state("r", "k").cloned();
@@ -494,6 +642,8 @@ mod lease_tests {
             now,
             lease: 100,
             floor: None,
+            budgets: &[],
+            adaptive: None,
         };
         let mut s = Scheduler::new();
         assert!(!s.reserve("r", "k", &req(0)).busy);
@@ -507,5 +657,82 @@ mod lease_tests {
         s.complete("r", "k", "m");
         let done = s.reserve("r", "k", &req(170));
         assert!(done.completed && !done.busy);
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+    use crate::budgets::Adaptive;
+    use crate::time::SECOND;
+
+    fn budget(limit: u64, placement: Placement, max_share: Option<u64>) -> Arc<Budget> {
+        Arc::new(Budget {
+            name: "gateway".into(),
+            limits: vec![Limit::new(limit, SECOND, Window::Fixed(placement)).unwrap()],
+            max_share,
+            adaptive: None,
+            tag: "gateway".into(),
+        })
+    }
+
+    fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let request = ReserveRequest {
+            message_id: id,
+            cost: 1,
+            limits: &limits,
+            max_delay: 10 * SECOND,
+            now,
+            lease: 0,
+            floor: None,
+            budgets,
+            adaptive: None,
+        };
+        s.reserve("r", key, &request)
+    }
+
+    #[test]
+    fn entities_share_a_budget_and_a_backlogged_one_does_not_block_the_others() {
+        let budgets = [budget(4, Placement::Start, None)];
+        let mut s = Scheduler::new();
+        let a: Vec<Millis> = (0..10).map(|i| reserve(&mut s, "a", &format!("a{i}"), 0, &budgets).slot).collect();
+        assert_eq!(a, [0, 0, 0, 0, 1_000, 1_000, 1_000, 1_000, 2_000, 2_000]);
+        // Window 2s holds 2 of a's; b takes the rest of it, then the first free window.
+        let b: Vec<Millis> = (0..3).map(|i| reserve(&mut s, "b", &format!("b{i}"), 500, &budgets).slot).collect();
+        assert_eq!(b, [2_000, 2_000, 3_000]);
+        assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 2_000)], 4);
+    }
+
+    #[test]
+    fn a_fair_share_leaves_the_others_room_and_a_paused_budget_waits() {
+        let budgets = [budget(10, Placement::Start, Some(300_000))];
+        let mut s = Scheduler::new();
+        let flood: Vec<Millis> = (0..7).map(|i| reserve(&mut s, "noisy", &format!("n{i}"), 0, &budgets).slot).collect();
+        assert_eq!(flood, [0, 0, 0, 1_000, 1_000, 1_000, 2_000], "3 of each window of 10");
+        assert_eq!(reserve(&mut s, "quiet", "q", 0, &budgets).slot, 0);
+        s.pause_budget("gateway", 5_500);
+        assert_eq!(reserve(&mut s, "other", "o", 100, &budgets).slot, 5_500);
+    }
+
+    #[test]
+    fn spread_places_out_of_order_events_by_what_the_window_holds() {
+        let budgets = [budget(4, Placement::Spread, None)];
+        let mut s = Scheduler::new();
+        let slots: Vec<Millis> =
+            (0..5).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 0, &budgets).slot).collect();
+        assert_eq!(slots, [0, 250, 500, 750, 1_000]);
+    }
+
+    #[test]
+    fn an_adaptive_budget_counts_less_after_a_signal() {
+        let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000 };
+        let budget = Arc::new(Budget { adaptive: Some(adaptive), ..(*budget(10, Placement::Start, None)).clone() });
+        let budgets = [budget.clone()];
+        let mut s = Scheduler::new();
+        s.signal_budget(&budget, &adaptive, 0);
+        let slots: Vec<Millis> =
+            (0..6).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 100, &budgets).slot).collect();
+        assert_eq!(slots, [100, 100, 100, 100, 100, 1_000], "5 of 10 in the window of the signal");
     }
 }
