@@ -3,7 +3,10 @@
 --
 -- KEYS[1]  the entity's overrides hash   drip:{rule|key}:o
 -- ARGV[1]  now, or '' to use the server's TIME
--- ARGV[2]  'set', 'delete', or 'pause' (the entity waits until ARGV[5]; a later pause extends it)
+-- ARGV[2]  'set', 'delete', 'pause' (the entity waits until ARGV[5]; a later pause extends it),
+--          or 'adapt' (a 429, 5xx or timeout for an adaptive limit: ARGV[4] is
+--          'ceiling:decrease:min:step:window', as budget.lua's; 'adapt' holds '<level>:<window
+--          number>' and 'adapt:u' when it stops mattering)
 -- ARGV[3]  the override id (e.g. fixed:60000)
 -- ARGV[4]  the new count (set)           ARGV[5] until, ms since the epoch, or '' (none) (set)
 -- ARGV[6]  how long the hash outlives the latest `until`
@@ -25,7 +28,25 @@ if before[1] then
   previous = {tonumber(before[1]), tonumber(before[2]) or -1}
 end
 
-if op == 'pause' then
+if op == 'adapt' then
+  local ceiling, decrease, min, step, window = string.match(ARGV[4], '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  ceiling, decrease, min, step, window =
+    tonumber(ceiling), tonumber(decrease), tonumber(min), tonumber(step), tonumber(window)
+  local current = math.floor(now / window)
+  local stored, at = string.match(redis.call('HGET', key, 'adapt') or '', '^(%d+):(%-?%d+)$')
+  stored, at = tonumber(stored), tonumber(at)
+  local level = stored
+  if at ~= current then
+    level = ceiling
+    if stored then
+      level = math.min(ceiling, stored + math.max(current - at - 1, 0) * step)
+    end
+    level = math.max(math.floor(level * decrease / 1000000), min)
+    redis.call('HSET', key, 'adapt', level .. ':' .. current)
+  end
+  redis.call('HSET', key, 'adapt:u', now + (math.ceil((ceiling - level) / step) + 2) * window)
+  previous = {level}
+elseif op == 'pause' then
   local current = tonumber(redis.call('HGET', key, 'pause'))
   if not current or current < tonumber(ARGV[5]) then
     redis.call('HSET', key, 'pause', ARGV[5])
@@ -46,7 +67,9 @@ local fields = redis.call('HGETALL', key)
 local latest, forever = nil, false
 for i = 1, #fields, 2 do
   local name = fields[i]
-  if name == 'pause' or string.sub(name, -2) == ':u' then
+  if name == 'adapt' then
+    -- Its end is 'adapt:u'.
+  elseif name == 'pause' or string.sub(name, -2) == ':u' then
     local ends = tonumber(fields[i + 1])
     if not latest or ends > latest then
       latest = ends

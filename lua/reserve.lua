@@ -5,7 +5,8 @@
 -- KEYS[1]  the entity's state hash                          drip:{rule|key}:state
 -- KEYS[2]  the answers of messages published in one minute   drip:{rule|key}:a:<minute>
 -- KEYS[3]  the entity's overrides (drip limits set)            drip:{rule|key}:o
--- KEYS[4..] one sorted set per sliding limit, in the order the limits name them
+-- KEYS[4..] one sorted set per sliding limit, in the order the limits name them, then one hash per
+--          shared budget the event draws from                 drip:{b:<tag>}:budget:<name>
 --
 -- ARGV[1] now, or '' to use the server's TIME   ARGV[2] the message's answer field (8 bytes of a
 --         hash of its identity)                 ARGV[3] cost (1 <= cost <= every limit)
@@ -18,7 +19,17 @@
 --         (fixed|spread|sliding|gcra), per, limit, and burst (gcra) or its KEYS index (sliding); then
 --         two override field names per limit (its count, its until); then 'reslot' to give a message
 --         that has an answer a new slot (the attempt holding its lease was told to wait), else '';
---         then a floor for the entity's frontier ('' for none: see `previous_key` in schedule.rs)
+--         then a floor for the entity's frontier ('' for none: see `previous_key` in schedule.rs);
+--         then the entity's adaptive limit: its ceiling (ppm; '' for none), step (ppm), window (ms);
+--         then the number of budgets, and for each: its KEYS index, adaptive ceiling ('' for none),
+--         step, window, max_share (ppm, '' for none), its number of limits, and for each limit:
+--         per, count, 'fixed' or 'spread'.
+-- A limit of kind 'share' is a budget's fair share (a fixed window on the entity's own slots): its
+-- count is the budget limit's count in force times max_share, its fourth argument the budget's
+-- number in the list above.
+-- A budget's hash holds 'pause', 'adapt' ('<level>:<window number>'), 'exp' (when its TTL was
+-- last set to end), 'lo:<per>' (the oldest window of that limit it may hold) and '<per>:<window>'
+-- (the cost reserved in that window): a calendar, since entities reserve its windows out of order.
 --
 -- Returns {slot, late (1 when beyond max_delay, 2 when the cost is over a limit in force: nothing
 -- reserved), replayed (1 for a known message), now,
@@ -79,23 +90,78 @@ if floor and (not last or floor > last) then
   last = floor
 end
 
--- The count of each limit in force now: the rule's, or the entity's override until its end.
--- The first field is 'pause': the downstream asked to wait until then (a 429 or 503 with Retry-After).
-local overrides = redis.call('HMGET', KEYS[3], 'pause', unpack(ARGV, params + 4 * count, params + 6 * count - 1))
+-- The adaptive level in force (budgets.rs): the last signal's, a step up per quiet window since.
+local function level_of(state, ceiling, step, window)
+  if not state then
+    return ceiling
+  end
+  local level, at = string.match(state, '^(%d+):(%-?%d+)$')
+  local quiet = math.max(math.floor(now / window) - tonumber(at) - 1, 0)
+  return math.min(ceiling, tonumber(level) + quiet * step)
+end
+local function adapted(base, level)
+  return math.max(math.floor(base * level / 1000000), cost, 1)
+end
+
+local extra = params + 6 * count + 2
+local horizon = now + tonumber(ARGV[4])
+local budget_count = tonumber(ARGV[extra + 3])
+local budgets = {}
+local at = extra + 4
+for b = 1, budget_count do
+  local key, ceiling = KEYS[tonumber(ARGV[at])], tonumber(ARGV[at + 1])
+  local limit_count = tonumber(ARGV[at + 5])
+  local fields = {'pause', 'adapt', 'exp'}
+  for j = 1, limit_count do
+    fields[3 + j] = 'lo:' .. ARGV[at + 3 + 3 * j]
+  end
+  local held = redis.call('HMGET', key, unpack(fields))
+  local level = ceiling and level_of(held[2], ceiling, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]))
+  local budget_limits = {}
+  for j = 1, limit_count do
+    local p = at + 3 + 3 * j
+    local n = tonumber(ARGV[p + 1])
+    if level then
+      n = adapted(n, level)
+    end
+    budget_limits[j] = {per = tonumber(ARGV[p]), n = n, spread = ARGV[p + 2] == 'spread', lo = tonumber(held[3 + j]), used = {}}
+  end
+  budgets[b] = {key = key, pause = tonumber(held[1]), exp = tonumber(held[3]), level = level,
+    share = tonumber(ARGV[at + 4]), limits = budget_limits}
+  at = at + 6 + 3 * limit_count
+end
+
+-- The count of each limit in force now: the rule's, or the entity's override until its end, at
+-- the adaptive level if the rule has one. The first fields are 'pause' (the downstream asked to
+-- wait until then: a 429 or 503 with Retry-After) and 'adapt' (the adaptive level's state).
+local overrides = redis.call('HMGET', KEYS[3], 'pause', 'adapt', unpack(ARGV, params + 4 * count, params + 6 * count - 1))
 local paused_until = tonumber(overrides[1])
+local entity_ceiling = tonumber(ARGV[extra])
+local entity_level = entity_ceiling and level_of(overrides[2], entity_ceiling, tonumber(ARGV[extra + 1]), tonumber(ARGV[extra + 2]))
 local limits = {}
 for i = 1, count do
   local limit = tonumber(ARGV[params + (i - 1) * 4 + 2])
-  local override = tonumber(overrides[2 * i])
-  if override then
-    local ends = tonumber(overrides[2 * i + 1])
-    if not ends or now < ends then
-      limit = override
+  if ARGV[params + (i - 1) * 4] == 'share' then
+    local budget = budgets[tonumber(ARGV[params + (i - 1) * 4 + 3])]
+    if budget.level then
+      limit = adapted(limit, budget.level)
     end
-  end
-  if cost > limit then
-    answer('C', now)
-    return {now, 2, 0, now, now, 0, 0}
+    limit = math.max(math.floor(limit * budget.share / 1000000), cost, 1)
+  else
+    local override = tonumber(overrides[2 * i + 1])
+    if override then
+      local ends = tonumber(overrides[2 * i + 2])
+      if not ends or now < ends then
+        limit = override
+      end
+    end
+    if cost > limit then
+      answer('C', now)
+      return {now, 2, 0, now, now, 0, 0}
+    end
+    if entity_level and ARGV[params + (i - 1) * 4] ~= 'gcra' then
+      limit = adapted(limit, entity_level)
+    end
   end
   limits[i] = limit
 end
@@ -107,18 +173,28 @@ end
 if paused_until and paused_until > slot then
   slot = paused_until
 end
+for b = 1, budget_count do
+  if budgets[b].pause and budgets[b].pause > slot then
+    slot = budgets[b].pause
+  end
+end
 -- The least common fixpoint of every limit's "earliest time >= t it accepts cost more" (see
--- schedule.rs): each limit moves the slot forward at most once, so count + 1 rounds settle it.
+-- schedule.rs): each of the entity's limits moves the slot forward at most once, so count + 1
+-- rounds settle it; a budget's calendar may move it again, never past the horizon.
 -- Written inline, without closures or per-limit tables: each costs the script time per call.
 local settled = false
-for _ = 1, count + 2 do
+local rounds = count + 2
+if budget_count > 0 then
+  rounds = 100000
+end
+for _ = 1, rounds do
   local next_slot = slot
   for i = 1, count do
     local at = params + (i - 1) * 4
     local kind, per, limit = ARGV[at], tonumber(ARGV[at + 1]), limits[i]
     local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
     local t = slot
-    if kind == 'fixed' or kind == 'spread' then
+    if kind == 'fixed' or kind == 'spread' or kind == 'share' then
       local window = t - t % per
       local used = 0
       if a == window then
@@ -160,6 +236,39 @@ for _ = 1, count + 2 do
       next_slot = t
     end
   end
+  -- Each budget limit: the first window from the slot's with room (a window past the horizon ends
+  -- the search: the event is late whatever that window holds).
+  for b = 1, budget_count do
+    local key = budgets[b].key
+    for _, l in ipairs(budgets[b].limits) do
+      local per = l.per
+      local window = slot - slot % per
+      local t = slot
+      while true do
+        if window > horizon then
+          t = math.max(t, window)
+          break
+        end
+        local used = l.used[window]
+        if not used then
+          used = tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0
+          l.used[window] = used
+        end
+        if used + cost <= l.n then
+          if l.spread then
+            t = math.max(t, window + math.floor(used * per / l.n))
+          else
+            t = math.max(t, window)
+          end
+          break
+        end
+        window = window + per
+      end
+      if t > next_slot then
+        next_slot = t
+      end
+    end
+  end
   if next_slot == slot then
     settled = true
     break
@@ -194,7 +303,7 @@ for i = 1, count do
   local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
   local fa, fb = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
   local n = #changes
-  if kind == 'fixed' or kind == 'spread' then
+  if kind == 'fixed' or kind == 'spread' or kind == 'share' then
     local window = slot - slot % per
     local used = cost
     if a == window then
@@ -239,6 +348,51 @@ if not expires or expires < slot + state_ttl then
   redis.call('PEXPIRE', state_key, ttl + state_ttl)
 else
   redis.call('HSET', state_key, unpack(changes))
+end
+-- Each budget: the slot's window of each limit takes the cost; windows before now's are dropped
+-- (no slot is ever placed before now); the hash outlives its latest window by the state TTL.
+for b = 1, budget_count do
+  local budget = budgets[b]
+  local key = budget.key
+  local set = {}
+  for _, l in ipairs(budget.limits) do
+    local per = l.per
+    redis.call('HINCRBY', key, per .. ':' .. (slot - slot % per), cost)
+    local current = now - now % per
+    if l.lo and l.lo < current then
+      local dead = {}
+      if (current - l.lo) / per <= 64 then
+        for window = l.lo, current - per, per do
+          dead[#dead + 1] = per .. ':' .. window
+        end
+      else
+        local prefix = per .. ':'
+        for _, name in ipairs(redis.call('HKEYS', key)) do
+          if string.sub(name, 1, #prefix) == prefix and tonumber(string.sub(name, #prefix + 1)) < current then
+            dead[#dead + 1] = name
+          end
+        end
+      end
+      if #dead > 0 then
+        redis.call('HDEL', key, unpack(dead))
+      end
+    end
+    if not l.lo or l.lo < current then
+      set[#set + 1], set[#set + 2] = 'lo:' .. per, current
+    end
+  end
+  if not budget.exp or budget.exp < slot + state_ttl then
+    set[#set + 1], set[#set + 2] = 'exp', slot + 2 * state_ttl
+  end
+  if #set > 0 then
+    redis.call('HSET', key, unpack(set))
+  end
+  if not budget.exp then
+    redis.call('PEXPIRE', key, slot + 2 * state_ttl - now)
+  elseif budget.exp < slot + state_ttl then
+    -- GT: a pause or an adaptive level (budget.lua) may need it to live longer.
+    redis.call('PEXPIRE', key, slot + 2 * state_ttl - now, 'GT')
+  end
 end
 answer('R', answers_expiry_set)
 return {slot, 0, 0, now, now, 0, 0}

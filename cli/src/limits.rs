@@ -138,7 +138,11 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let until = expires.as_deref().map(parse_expiry).transpose()?;
             let key = drip_core::template::cap_key(key);
             let set = LimitOverride { limit: count, until };
-            let change = target.store().await?.set_override(&rule.id, &key, limit, set, &operator(), None).await?;
+            let change = target
+                .store()
+                .await?
+                .set_override(drip_store::RuleRef::of(rule), &key, limit, set, &operator(), None)
+                .await?;
             Ok(describe(&change))
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window } => {
@@ -147,19 +151,27 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let (limit, _) =
                 rule.override_target(&format!("1/{per}"), window.as_deref()).map_err(anyhow::Error::msg)?;
             let key = drip_core::template::cap_key(key);
-            let change = target.store().await?.delete_override(&rule.id, &key, limit, &operator(), None).await?;
+            let change = target
+                .store()
+                .await?
+                .delete_override(drip_store::RuleRef::of(rule), &key, limit, &operator(), None)
+                .await?;
             Ok(describe(&change))
         }
         LimitsCommand::Get { entity: Entity { target, rule, key } } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
-            let overrides = target.store().await?.overrides(&rule.id, &drip_core::template::cap_key(key)).await?;
+            let overrides = target
+                .store()
+                .await?
+                .overrides(drip_store::RuleRef::of(rule), &drip_core::template::cap_key(key))
+                .await?;
             Ok(render(rule, &overrides))
         }
         LimitsCommand::List { target, rule } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
-            let all = target.store().await?.list_overrides(&rule.id).await?;
+            let all = target.store().await?.list_overrides(drip_store::RuleRef::of(rule)).await?;
             if all.is_empty() {
                 return Ok(format!("no overrides for rule {}\n", rule.name));
             }

@@ -2,7 +2,9 @@
 //! must satisfy (DESIGN.md, "Scheduling semantics"), checked against the schedule alone.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
+use drip_core::budgets::{Adaptive, Budget, PPM};
 use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{LimitOverride, Reservation, Status, override_id, state_id};
@@ -24,6 +26,20 @@ pub struct Scenario {
     pub edit: Option<(usize, Vec<Limit>)>,
     /// Pauses (the downstream said wait): before the event at `.0`, entity `.1` waits until `.2`.
     pub pauses: Vec<(usize, usize, Millis)>,
+    /// Shared budgets, adaptive limits and the feedback that moves them.
+    pub shared: Shared,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Shared {
+    /// The budgets every event draws from.
+    pub budgets: Vec<Arc<Budget>>,
+    /// The rule's adaptive limit.
+    pub adaptive: Option<Adaptive>,
+    /// Before the event at `.0`, a 429/5xx/timeout for entity `.1` (`None`: for the first budget).
+    pub signals: Vec<(usize, Option<usize>)>,
+    /// Before the event at `.0`, the budget at `.1` pauses until `.2`.
+    pub budget_pauses: Vec<(usize, usize, Millis)>,
 }
 
 impl Scenario {
@@ -138,7 +154,15 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                 };
                 events.push(event);
             }
-            Scenario { limits, max_delay, events, overrides: Vec::new(), edit: None, pauses: Vec::new() }
+            Scenario {
+                limits,
+                max_delay,
+                events,
+                overrides: Vec::new(),
+                edit: None,
+                pauses: Vec::new(),
+                shared: Shared::default(),
+            }
         },
     )
 }
@@ -452,4 +476,107 @@ fn earlier_feasible(
         })
     };
     earliest_feasible_candidates(limits, ledger, start, slot).into_iter().filter(|&t| t < slot).find(|&t| has_room(t))
+}
+
+fn adaptive() -> impl Strategy<Value = Adaptive> {
+    (0u64..300_000, 300_000u64..950_000, 50_000u64..500_000, 50_000u64..400_000)
+        .prop_map(|(margin, decrease, min, step)| Adaptive { margin, decrease, min: min.min(PPM - margin), step })
+}
+
+/// One or two shared budgets (fixed windows, start or spread; sometimes a fair share, sometimes
+/// adaptive) that every event also draws from, an adaptive rule sometimes, 429s for entities and
+/// the first budget between events, and pauses of the budgets.
+pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let budget_limit = (2u64..=8, prop::sample::select(vec![250i64, 500, 1_000, 2_000]), any::<bool>());
+    let budget = (
+        prop::collection::vec(budget_limit, 1..=2),
+        prop::option::weighted(0.5, 200_000u64..=900_000),
+        prop::option::weighted(0.4, adaptive()),
+    );
+    let budgets = prop::collection::vec(budget, 1..=2);
+    let signals = prop::collection::vec((any::<Index>(), prop::option::weighted(0.7, 0..3usize)), 0..6);
+    let pauses = prop::collection::vec((any::<Index>(), any::<Index>(), 0i64..3_000), 0..3);
+    (scenario(Kinds::All, max_events), budgets, prop::option::weighted(0.4, adaptive()), signals, pauses).prop_map(
+        |(mut scenario, budgets, adaptive, signals, pauses)| {
+            let budgets: Vec<Arc<Budget>> = budgets
+                .into_iter()
+                .enumerate()
+                .map(|(i, (limits, max_share, adaptive))| {
+                    let mut seen = std::collections::HashSet::new();
+                    let limits = limits
+                        .into_iter()
+                        .filter(|(_, per, _)| seen.insert(*per))
+                        .map(|(n, per, spread)| {
+                            let placement = if spread { Placement::Spread } else { Placement::Start };
+                            Limit::new(n, per, Window::Fixed(placement)).unwrap()
+                        })
+                        .collect();
+                    Arc::new(Budget { name: format!("b{i}"), limits, max_share, adaptive, tag: "b0".into() })
+                })
+                .collect();
+            let smallest = budgets.iter().flat_map(|b| &b.limits).map(Limit::limit).min().unwrap_or(1);
+            for event in &mut scenario.events {
+                event.cost = event.cost.min(smallest);
+            }
+            let n = scenario.events.len();
+            let mut signals: Vec<(usize, Option<usize>)> =
+                signals.into_iter().map(|(at, entity)| (at.index(n), entity)).collect();
+            signals.sort_by_key(|s| s.0);
+            let mut budget_pauses: Vec<(usize, usize, Millis)> = pauses
+                .into_iter()
+                .map(|(at, which, lasts)| {
+                    let before = at.index(n);
+                    (before, which.index(budgets.len()), scenario.events[before].now + lasts)
+                })
+                .collect();
+            budget_pauses.sort_by_key(|p| p.0);
+            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses };
+            scenario
+        },
+    )
+}
+
+/// For scenarios with budgets: per entity, slots never go backwards and the rule's limits hold;
+/// across every entity, no window of a budget limit holds more than its count; one entity takes
+/// no more of a budget window than its fair share (or one event's cost, when that is more); no
+/// slot lies inside a pause of a budget.
+pub fn check_budget_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
+    let mut everyone: Vec<(Millis, u64)> = Vec::new();
+    let mut paused: Vec<Millis> = vec![Millis::MIN; scenario.shared.budgets.len()];
+    for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
+        for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
+            paused[budget] = paused[budget].max(until);
+        }
+        if answer.replayed || answer.status != Status::Reserved {
+            continue;
+        }
+        let ledger = ledgers.entry(arrival.entity).or_default();
+        if ledger.last().is_some_and(|&(last, _)| answer.slot < last) {
+            return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        if let Some(until) = paused.iter().find(|&&until| answer.slot < until) {
+            return Err(format!("{arrival:?} got {answer:?}, inside a budget's pause until {until}"));
+        }
+        ledger.push((answer.slot, arrival.cost));
+        everyone.push((answer.slot, arrival.cost));
+    }
+    everyone.sort();
+    let largest_cost = scenario.events.iter().map(|e| e.cost).max().unwrap_or(1);
+    for budget in &scenario.shared.budgets {
+        check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {}: {e}", budget.name))?;
+        for (entity, ledger) in &ledgers {
+            for limit in &budget.limits {
+                if let Some(share) = budget.share_of(limit.limit(), largest_cost) {
+                    let fair = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).unwrap();
+                    check_limits(&[fair], ledger)
+                        .map_err(|e| format!("entity {entity}'s share of budget {}: {e}", budget.name))?;
+                }
+            }
+        }
+    }
+    for (entity, ledger) in &ledgers {
+        check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;
+    }
+    Ok(())
 }

@@ -206,7 +206,7 @@ async fn a_limiter_that_fails_once_is_redelivered_without_a_double_reservation()
     let store = drip_store::RedisStore::new(connection, s.limiter.namespace.clone());
     let rules = s.limiter.state.rules.current();
     let rule = rules.rule(&format!("{}-paced", s.prefix)).unwrap();
-    let state = store.entity_state(&rule.name, "merchant_7", &rule.limits).await.unwrap();
+    let state = store.entity_state(drip_store::RuleRef::of(rule), "merchant_7", &rule.limits).await.unwrap();
     let last = state.last_slot.expect("a reservation was made");
     let tat = match &state.limits[&drip_core::schedule::state_id(&rule.limits[0])] {
         &drip_core::schedule::LimitState::Gcra { tat, .. } => tat,

@@ -153,7 +153,7 @@ impl Test {
     /// The cost reserved for `key` in the current window of rule `name`'s first limit (fixed).
     async fn used(&self, name: &str, key: &str) -> u64 {
         let rule = self.limiter.state.rules.current().rule(&self.rule(name)).unwrap().clone();
-        let state = self.store().await.entity_state(&rule.name, key, &rule.limits).await.unwrap();
+        let state = self.store().await.entity_state(drip_store::RuleRef::of(&rule), key, &rule.limits).await.unwrap();
         match state.limits.get(&drip_core::schedule::state_id(&rule.limits[0])) {
             Some(drip_core::schedule::LimitState::Fixed { used, .. }) => *used,
             other => panic!("expected fixed-window state, found {other:?}"),

@@ -20,6 +20,8 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             now: arrival.now,
             lease: 0,
             floor: None,
+            budgets: &[],
+            adaptive: None,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

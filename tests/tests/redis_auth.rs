@@ -44,6 +44,9 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
         published: None,
         reslot: false,
         floor: None,
+        tag: None,
+        budgets: &[],
+        adaptive: None,
     };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
@@ -94,6 +97,9 @@ async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
         published: None,
         reslot: false,
         floor: None,
+        tag: None,
+        budgets: &[],
+        adaptive: None,
     };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
@@ -126,6 +132,9 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
                 published: None,
                 reslot: false,
                 floor: None,
+                tag: None,
+                budgets: &[],
+                adaptive: None,
             };
             store.reserve(&request).await.is_err()
         }

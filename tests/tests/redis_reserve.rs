@@ -4,15 +4,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use drip_core::budgets::Budget;
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{LimitState, Reservation, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
-use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
+use drip_store::{MemoryStore, RedisStore, RuleRef, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_edit_bounds, check_limits, check_overridden_bounds,
-    check_pause_bounds, check_schedule, scenario, scenario_with_an_edit, scenario_with_overrides, scenario_with_pauses,
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_edit_bounds, check_limits,
+    check_overridden_bounds, check_pause_bounds, check_schedule, scenario, scenario_with_an_edit,
+    scenario_with_budgets, scenario_with_overrides, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -31,6 +33,12 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
         for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
             store.pause_entity(rule, &format!("entity_{entity}"), until, arrival.now).await;
         }
+        for &(_, entity) in scenario.shared.signals.iter().filter(|s| s.0 == i) {
+            store.signal(rule, scenario, entity, arrival.now).await;
+        }
+        for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
+            store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
+        }
         let key = arrival.key();
         let request = SlotRequest {
             rule,
@@ -44,6 +52,9 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
             published: Some(arrival.published),
             reslot: arrival.reslot,
             floor: arrival.floor,
+            tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
+            budgets: &scenario.shared.budgets,
+            adaptive: scenario.shared.adaptive,
         };
         let reserved = store.reserve(&request).await.expect("reserve");
         let reservation = reserved.reservation;
@@ -61,6 +72,13 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
 trait Overridable: SlotStore {
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis);
+    /// A 429 for the entity (or, for `None`, the first budget), where it has an adaptive limit.
+    async fn signal(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis);
+    async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis);
+}
+
+fn rule_ref<'a>(rule: &'a str, scenario: &'a Scenario) -> RuleRef<'a> {
+    RuleRef { id: rule, tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()) }
 }
 
 impl Overridable for MemoryStore {
@@ -74,19 +92,55 @@ impl Overridable for MemoryStore {
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, _: Millis) {
         self.pause(rule, key, until);
     }
+
+    async fn signal(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
+        match entity {
+            Some(entity) => {
+                if let Some(adaptive) = &scenario.shared.adaptive {
+                    let key = format!("entity_{entity}");
+                    MemoryStore::signal(self, rule, &key, (adaptive, scenario.limits_at(0)), now);
+                }
+            }
+            None => self.signal_budget(&scenario.shared.budgets[0], now),
+        }
+    }
+
+    async fn pause_shared(&self, budget: &Budget, until: Millis, _: Millis) {
+        self.pause_budget(budget, until);
+    }
 }
 
 impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisStore<C> {
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis) {
         match op.set {
-            Some(set) => self.set_override(rule, &op.key(), limit, set, "test", Some(now)).await,
-            None => self.delete_override(rule, &op.key(), limit, "test", Some(now)).await,
+            Some(set) => self.set_override(RuleRef::plain(rule), &op.key(), limit, set, "test", Some(now)).await,
+            None => self.delete_override(RuleRef::plain(rule), &op.key(), limit, "test", Some(now)).await,
         }
         .expect("override");
     }
 
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis) {
-        self.pause(rule, key, until, Some(now)).await.expect("pause");
+        self.pause(RuleRef::plain(rule), key, until, Some(now)).await.expect("pause");
+    }
+
+    async fn signal(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
+        match entity {
+            Some(entity) => {
+                if let Some(adaptive) = &scenario.shared.adaptive {
+                    let key = format!("entity_{entity}");
+                    let limits = scenario.limits_at(0);
+                    let rule = rule_ref(rule, scenario);
+                    RedisStore::signal(self, rule, &key, (adaptive, limits), Some(now)).await.expect("signal");
+                }
+            }
+            None => {
+                self.signal_budget(&scenario.shared.budgets[0], Some(now)).await.expect("signal");
+            }
+        }
+    }
+
+    async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis) {
+        self.pause_budget(budget, until, Some(now)).await.expect("pause");
     }
 }
 
@@ -109,6 +163,12 @@ fn differential(
     };
     let result = TestRunner::new(config).run(&strategy, |scenario| {
         let rule = unique("differential");
+        // Budgets live apart from rules in Redis: each case gets its own.
+        let mut scenario = scenario;
+        let budgets = scenario.shared.budgets.iter().map(|b| {
+            Arc::new(Budget { name: format!("{rule}-{}", b.name), tag: format!("{rule}-{}", b.tag), ..(**b).clone() })
+        });
+        scenario.shared.budgets = budgets.collect();
         let memory = MemoryStore::new();
         let (model, lua) =
             runtime.block_on(async { (run(&memory, &rule, &scenario).await, run(&redis, &rule, &scenario).await) });
@@ -127,10 +187,31 @@ fn differential(
             .collect();
         for key in entities {
             let limits = scenario.all_limits();
-            let in_redis = runtime.block_on(redis.entity_state(&rule, &key, &limits)).expect("entity_state");
+            let in_redis =
+                runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), &key, &limits)).expect("entity_state");
             let in_model = memory.entity_state(&rule, &key).unwrap_or_default();
             if in_model != in_redis {
                 return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
+            }
+        }
+        // Each budget's calendar from the last event's window on (Redis drops older windows).
+        let last_now = scenario.events.last().map_or(0, |a| a.now);
+        for budget in &scenario.shared.budgets {
+            let current = |state: drip_core::schedule::BudgetState| drip_core::schedule::BudgetState {
+                windows: state
+                    .windows
+                    .into_iter()
+                    .filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per)
+                    .collect(),
+                ..state
+            };
+            let in_redis = current(runtime.block_on(redis.budget_state(budget)).expect("budget_state"));
+            let in_model = current(memory.budget_state(&budget.name).unwrap_or_default());
+            if in_model != in_redis {
+                return Err(TestCaseError::fail(format!(
+                    "budget {}: model {in_model:?}, lua {in_redis:?}",
+                    budget.name
+                )));
             }
         }
         check(&scenario, &lua).map_err(TestCaseError::fail)
@@ -168,6 +249,15 @@ fn reserve_lua_gives_the_model_s_answer_with_pauses_and_new_slots() {
     differential(scenario_with_pauses(60), 160, check_pause_bounds);
 }
 
+/// Shared budgets (calendars filled out of order by three entities, fair shares, spread
+/// placement), adaptive limits lowered by 429s and climbing back, and budget pauses: the model and
+/// the Lua agree on every answer and on the state left behind, no budget window holds more than its
+/// count, no entity more than its share, nothing lands inside a budget's pause, FIFO holds.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_budgets_and_adaptive_limits() {
+    differential(scenario_with_budgets(60), 192, check_budget_bounds);
+}
+
 /// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
 fn seed_scenario() -> Scenario {
     let events = (0..500)
@@ -183,7 +273,15 @@ fn seed_scenario() -> Scenario {
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
-    Scenario { limits, max_delay: 120 * MINUTE, events, overrides: Vec::new(), edit: None, pauses: Vec::new() }
+    Scenario {
+        limits,
+        max_delay: 120 * MINUTE,
+        events,
+        overrides: Vec::new(),
+        edit: None,
+        pauses: Vec::new(),
+        shared: Default::default(),
+    }
 }
 
 fn assert_seed_schedule(answers: &[Reservation]) {
@@ -231,6 +329,9 @@ async fn every_key_an_entity_writes_expires() {
             published: None,
             reslot: false,
             floor: None,
+            tag: None,
+            budgets: &[],
+            adaptive: None,
         };
         store.reserve(&request).await.unwrap();
         entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
@@ -285,6 +386,9 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
             published: None,
             reslot: false,
             floor: None,
+            tag: None,
+            budgets: &[],
+            adaptive: None,
         };
         // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
         // is refreshed only every so often, so single events may differ.
@@ -358,6 +462,9 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                     published: None,
                     reslot: false,
                     floor: None,
+                    tag: None,
+                    budgets: &[],
+                    adaptive: None,
                 };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }
@@ -381,7 +488,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
     let store = RedisStore::new(shared_connection().await, "drip");
     for (key, ledger) in &ledgers {
         check_limits(&limits, ledger).unwrap_or_else(|e| panic!("{key}: {e}"));
-        let state = store.entity_state(&rule, key, &limits).await.unwrap();
+        let state = store.entity_state(RuleRef::plain(&rule), key, &limits).await.unwrap();
         let Some(&LimitState::Fixed { window, used }) = state.limits.get(&state_id(&limits[0])) else {
             panic!("{key}: no fixed-window state in {state:?}")
         };

@@ -46,6 +46,9 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
         published: None,
         reslot: false,
         floor: None,
+        tag: None,
+        budgets: &[],
+        adaptive: None,
     };
     if bare.store.reserve(&request).await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;

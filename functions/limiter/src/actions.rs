@@ -29,7 +29,7 @@ pub enum Failure {
     Permanent(Refused),
     /// The downstream asked to wait (429 or 503 with `Retry-After`) until then: the entity pauses and
     /// the event gets a new slot after the pause.
-    Wait { until: Millis, detail: String },
+    Wait { until: Millis, status: u16, detail: String },
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -182,7 +182,13 @@ impl AppState {
                 if let Some(token) = self.id_tokens.token_for(url).await? {
                     request = request.bearer_auth(token);
                 }
-                let response = self.metrics.time("forward_url", request.send()).await?;
+                let response = match self.metrics.time("forward_url", request.send()).await {
+                    Ok(response) => response,
+                    Err(error) => {
+                        self.overloaded(rule, key, None).await;
+                        return Err(Failure::Transient(error.into()));
+                    }
+                };
                 let status = response.status();
                 let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok());
                 if status.is_success() {
@@ -190,12 +196,14 @@ impl AppState {
                 } else if let (429 | 503, Some(until)) = (status.as_u16(), retry_after.and_then(retry_after_until)) {
                     Err(Failure::Wait {
                         until,
+                        status: status.as_u16(),
                         detail: format!(
                             "forward URL answered {status}, Retry-After {}",
                             retry_after.unwrap_or_default()
                         ),
                     })
                 } else if status.as_u16() == 429 || status.as_u16() == 408 || status.is_server_error() {
+                    self.overloaded(rule, key, Some(status.as_u16())).await;
                     Err(Failure::Transient(anyhow::anyhow!("forward URL answered {status}")))
                 } else if status.is_redirection() {
                     // Following it would turn the POST into a bodiless GET: the event would be lost.
@@ -208,6 +216,15 @@ impl AppState {
                     Err(permanent(DlqReason::ForwardRejected, format!("forward URL answered {status}")))
                 }
             }
+        }
+    }
+
+    /// Lowers the adaptive level of the rule's feedback target after a 429, 408, 5xx or timeout
+    /// (the event itself is retried by Pub/Sub): a failure to record it is only logged.
+    async fn overloaded(&self, rule: &Rule, key: &str, status: Option<u16>) {
+        let signal = crate::feedback::Signal { status, until: None };
+        if let Err(error) = crate::feedback::apply(self, rule, key, None, signal).await {
+            tracing::warn!(rule = %rule.name, key, %error, "could not lower the adaptive limit");
         }
     }
 

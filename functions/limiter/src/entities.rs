@@ -62,7 +62,7 @@ struct OverrideEntry {
 pub async fn get_limits(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
     let rules = state.rules.current();
     let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
-    match state.store.overrides(&rule.id, &cap_key(key)).await {
+    match state.store.overrides(rule, &cap_key(key)).await {
         Ok(overrides) => {
             let entries: Vec<OverrideEntry> = rule
                 .limits
@@ -137,7 +137,7 @@ async fn change(
     set: Option<LimitOverride>,
 ) -> Response {
     let by = caller_name(caller);
-    match state.store.change_override(&rule.id, key, limit, set, &by).await {
+    match state.store.change_override(rule, key, limit, set, &by).await {
         Ok(change) => {
             log_change(&change);
             Json(change).into_response()
@@ -182,22 +182,38 @@ pub async fn feedback(
 ) -> Response {
     let rules = state.rules.current();
     let Some(rule) = rules.rule(&body.rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
-    if body.budget.is_some() {
-        return error(StatusCode::BAD_REQUEST, "budgets are not supported yet: give a key");
-    }
-    let Some(key) = body.key else { return error(StatusCode::BAD_REQUEST, "key is required") };
-    let (429 | 503, Some(seconds)) = (body.status, body.retry_after) else {
-        // Only a 429 or 503 that says how long to wait changes anything (no adaptive limit yet).
-        return StatusCode::NO_CONTENT.into_response();
+    let budget = match &body.budget {
+        None => None,
+        Some(name) => match rule.budgets.iter().find(|b| &b.name == name) {
+            Some(budget) => Some(&**budget),
+            None => {
+                return error(StatusCode::BAD_REQUEST, format!("rule '{}' draws from no budget '{name}'", rule.name));
+            }
+        },
     };
-    let until = crate::actions::wait_seconds(seconds);
-    let key = cap_key(key);
-    match state.store.pause(&rule.id, &key, until).await {
-        Ok(()) => {
+    let key = match (body.key, budget) {
+        (Some(key), _) => cap_key(key),
+        (None, Some(_)) => String::new(),
+        (None, None) => return error(StatusCode::BAD_REQUEST, "give a key or a budget"),
+    };
+    // Only a 429 or 503 that says how long to wait pauses; a 429, 408, 5xx or a timeout (status 0
+    // or 504) lowers an adaptive limit; anything else changes nothing.
+    let until = match (body.status, body.retry_after) {
+        (429 | 503, Some(seconds)) => Some(crate::actions::wait_seconds(seconds)),
+        _ => None,
+    };
+    let signal = crate::feedback::Signal { status: (body.status != 0).then_some(body.status), until };
+    match crate::feedback::apply(&state, rule, &key, budget, signal).await {
+        Ok(effect) => {
             let by = caller_name(caller);
-            tracing::warn!(%by, rule = %rule.name, key, status = body.status, until = %format_rfc3339(until), "feedback: key paused");
-            Json(serde_json::json!({ "pausedUntil": format_rfc3339(until) })).into_response()
+            tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status = body.status, "feedback");
+            Json(serde_json::json!({
+                "target": effect.target,
+                "pausedUntil": effect.paused_until.map(format_rfc3339),
+                "adaptiveLevel": effect.adaptive_level,
+            }))
+            .into_response()
         }
-        Err(e) => unavailable("pausing a key", e),
+        Err(e) => unavailable("feedback", e),
     }
 }

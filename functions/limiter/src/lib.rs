@@ -6,6 +6,7 @@
 mod actions;
 mod entities;
 mod envelope;
+mod feedback;
 mod push;
 mod settings;
 

@@ -74,7 +74,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let published = publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok());
     // A rule whose key template changed: the subject's frontier under its previous key carries over.
     let floor = match &previous_key {
-        Some(previous) => state.metrics.time("redis", state.store.frontier(&rule.id, previous)).await?,
+        Some(previous) => state.metrics.time("redis", state.store.frontier(rule, previous)).await?,
         None => None,
     };
     let request = SlotRequest {
@@ -168,11 +168,12 @@ async fn act(
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
     };
     let (done, reserved) = match done {
-        Err(Failure::Wait { until, detail }) => {
-            // Never dropped, never hot-retried: no slot of the key before the pause ends, and this
-            // event's new slot goes to Cloud Tasks.
-            tracing::warn!(message_id = %event.id, rule = %rule.name, key, until = %format_rfc3339(until), %detail, "the downstream asked to wait: key paused, event rescheduled");
-            state.metrics.time("redis", state.store.pause(&rule.id, key, until)).await?;
+        Err(Failure::Wait { until, status, detail }) => {
+            // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
+            // feedback names) before the pause ends, and this event's new slot goes to Cloud Tasks.
+            let signal = crate::feedback::Signal { status: Some(status), until: Some(until) };
+            let effect = crate::feedback::apply(state, rule, key, None, signal).await?;
+            tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = %format_rfc3339(until), %detail, "the downstream asked to wait: paused, event rescheduled");
             let again = SlotRequest { reslot: true, ..*request };
             let moved = state.metrics.time("redis", state.store.reserve(&again)).await?;
             let acting = Acting { slot: moved.reservation.slot, ..acting };

@@ -49,6 +49,8 @@ fn reserve(c: &mut Criterion) {
                         now: T0,
                         lease: 0,
                         floor: None,
+                        budgets: &[],
+                        adaptive: None,
                     };
                     scheduler.reserve("bench", "hot", &request)
                 },

@@ -754,6 +754,14 @@ fn validate_rule(
         None => Some(None),
         Some(parsed) => parsed.map(Some),
     };
+    if let (Some(Some(_)), Some(limits)) = (&adaptive, &limits)
+        && limits.iter().all(|l| matches!(l.window(), Window::Gcra { .. }))
+    {
+        errors.push(
+            "adaptive",
+            "applies to fixed and sliding limits, and this rule has only gcra ones (a gcra burst is a time measured at its count)".into(),
+        );
+    }
     if let (Some(Some(_)), Some(FeedbackTarget::Budget(name))) = (&adaptive, &feedback) {
         errors.push(
             "adaptive",
@@ -872,14 +880,17 @@ fn link_budgets(specs: BTreeMap<String, Budget>, drawn: &[Vec<String>]) -> BTree
         }
     }
     let tags: BTreeMap<String, String> = tag.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-    specs.into_iter().map(|(name, budget)| (name.clone(), Arc::new(Budget { tag: tags[&name].clone(), ..budget }))).collect()
+    specs
+        .into_iter()
+        .map(|(name, budget)| (name.clone(), Arc::new(Budget { tag: tags[&name].clone(), ..budget })))
+        .collect()
 }
 
 fn parse_adaptive(raw: &RawAdaptive) -> Result<Adaptive, String> {
     let fraction = |name: &str, value: Option<f64>, default: f64, open_low: bool, open_high: bool| {
         let value = value.unwrap_or(default);
         match fraction_ppm(value) {
-            Some(ppm) if !(open_low && ppm == 0) && !(open_high && ppm == crate::budgets::PPM) => Ok(ppm),
+            Some(ppm) if !((open_low && ppm == 0) || (open_high && ppm == crate::budgets::PPM)) => Ok(ppm),
             _ => Err(format!(
                 "{name} must be a fraction {} 0 and {} 1, got {value}",
                 if open_low { "above" } else { "from" },

@@ -237,7 +237,8 @@ impl Scheduler {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let (exceeded, own) = entity_limits(&entity.state, request, &self.budgets);
         let shared = budget_limits(&self.budgets, request);
-        let slot = if exceeded { request.now } else { earliest_slot(&entity.state, &self.budgets, request, &own, &shared) };
+        let slot =
+            if exceeded { request.now } else { earliest_slot(&entity.state, &self.budgets, request, &own, &shared) };
         let status = if exceeded {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
@@ -321,7 +322,12 @@ fn entity_limits(
         .map(|limit| {
             let base = effective_limit(limit, &state.overrides, request.now);
             exceeded |= request.cost > base;
-            let count = level.map_or(base, |level| adapted(base, level, request.cost));
+            // A gcra limit keeps its count: its burst tolerance is a time measured at the count, so a
+            // lower count would let a burst through (README: "Adaptive limits").
+            let count = match (level, limit.window()) {
+                (Some(level), Window::Fixed(_) | Window::Sliding) => adapted(base, level, request.cost),
+                _ => base,
+            };
             EntityLimit { id: state_id(limit), limit: *limit, count }
         })
         .collect();
@@ -402,7 +408,8 @@ fn budget_accepts(
         }
         let used = windows.and_then(|w| w.get(&(per, window)).copied()).unwrap_or(0);
         if used + cost <= limit.count {
-            let placed = if limit.spread { window + (used as i64 * per).div_euclid(limit.count as i64) } else { window };
+            let placed =
+                if limit.spread { window + (used as i64 * per).div_euclid(limit.count as i64) } else { window };
             return t.max(placed);
         }
         window += per;

@@ -3,6 +3,7 @@
 //! and forward URLs.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use axum::Router;
@@ -40,6 +41,13 @@ pub struct Metrics {
     pub calls: HistogramFamily<CallLabels>,
     rules_info: Family<VersionLabels, Gauge>,
     rules_refused: Gauge,
+    adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    /// `budget:<name>`, or `rule:<name>` for a rule's keys.
+    pub target: String,
 }
 
 impl Default for Metrics {
@@ -59,7 +67,13 @@ impl Default for Metrics {
             "1 while the rules file holds a version that did not validate (the previous one stays in force)",
             rules_refused.clone(),
         );
-        Self { registry, calls, rules_info, rules_refused }
+        let adaptive_level = Family::<TargetLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "adaptive_level",
+            "The adaptive limit's level (a fraction of each count) after the latest 429, 5xx or timeout, by budget or rule (per key: drip inspect)",
+            adaptive_level.clone(),
+        );
+        Self { registry, calls, rules_info, rules_refused, adaptive_level }
     }
 }
 
@@ -79,6 +93,10 @@ impl Metrics {
             self.rules_info.remove(&VersionLabels { version: from.to_owned() });
         }
         self.rules_info.get_or_create(&VersionLabels { version: to.to_owned() }).set(1);
+    }
+
+    pub fn adaptive_level(&self, target: String, level: f64) {
+        self.adaptive_level.get_or_create(&TargetLabels { target }).set(level);
     }
 
     pub fn rules_refused(&self, refused: bool) {

@@ -87,6 +87,9 @@ fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], pu
         published: Some(published),
         reslot: false,
         floor: None,
+        tag: None,
+        budgets: &[],
+        adaptive: None,
     }
 }
 

@@ -4,13 +4,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::Arc;
+
+use drip_core::budgets::{AdaptiveState, Budget, PPM, adapted, adaptive_window};
 use drip_core::rules::{Limit, Rule, Window};
-use drip_core::schedule::{EntityState, LimitState, effective_limit, override_id, state_id};
+use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
-use crate::{EntityKeys, StoreError};
+use crate::{EntityKeys, RuleRef, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -29,6 +32,21 @@ pub struct EntityReport {
     pub overrides: Vec<OverrideReport>,
     /// The downstream asked to wait (429/503 with Retry-After): no slot before this.
     pub paused_until: Option<String>,
+    /// The rule's adaptive level now (a fraction of each count), if it has one.
+    pub adaptive_level: Option<f64>,
+    /// The shared budgets the rule draws from, as everyone sees them.
+    pub budgets: Vec<BudgetReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetReport {
+    pub name: String,
+    /// Each limit: cost in the current window, the count in force, cost reserved in later windows.
+    pub limits: Vec<LimitReport>,
+    pub max_share: Option<f64>,
+    pub paused_until: Option<String>,
+    pub adaptive_level: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,31 +80,49 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let mut connection = self.connection();
         let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
         let now = seconds * 1_000 + micros / 1_000;
-        let state = self.entity_state(&rule.id, key, &rule.limits).await?;
-        Ok(report(rule, key, now, &state))
+        let state = self.entity_state(RuleRef::of(rule), key, &rule.limits).await?;
+        let mut budgets = Vec::new();
+        for budget in &rule.budgets {
+            budgets.push((budget.clone(), self.budget_state(budget).await?));
+        }
+        Ok(report(rule, key, now, &state, &budgets))
     }
 
     /// The entity's last slot (its FIFO frontier), if it remembers one.
-    pub async fn frontier(&self, rule: &str, key: &str) -> Result<Option<Millis>, StoreError> {
+    pub async fn frontier(&self, rule: RuleRef<'_>, key: &str) -> Result<Option<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), rule, key, "-", 0, &[]);
         Ok(redis::cmd("HGET").arg(&keys.state).arg("last").query_async(&mut self.connection()).await?)
     }
 
     /// The entity's state as the reference model holds it (`drip_core::schedule::EntityState`):
     /// the one place that reads reserve.lua's layout back.
-    pub async fn entity_state(&self, rule: &str, key: &str, limits: &[Limit]) -> Result<EntityState, StoreError> {
+    pub async fn entity_state(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+        limits: &[Limit],
+    ) -> Result<EntityState, StoreError> {
         let keys = EntityKeys::new(self.namespace(), rule, key, "-", 0, limits);
         let mut connection = self.connection();
         let fields: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
         let field = |id: &str, suffix: &str| fields.get(&format!("{id}:{suffix}")).copied();
-        let overrides: BTreeMap<String, i64> =
+        let overrides: BTreeMap<String, String> =
             redis::cmd("HGETALL").arg(&keys.overrides).query_async(&mut connection).await?;
         let mut state = EntityState {
             last_slot: fields.get("last").copied(),
             limits: BTreeMap::new(),
             overrides: crate::overrides::parse_overrides(&overrides),
-            paused_until: overrides.get(crate::overrides::PAUSE).copied(),
+            paused_until: overrides.get(crate::overrides::PAUSE).and_then(|p| p.parse().ok()),
+            adaptive: overrides.get(crate::overrides::ADAPT).and_then(|a| parse_adaptive(a)),
         };
+        // Fair shares of budgets: fixed windows named `share:<budget>:<per>`.
+        for (name, &window) in &fields {
+            if let Some(id) = name.strip_prefix("share:").and_then(|_| name.strip_suffix(":w"))
+                && let Some(&used) = fields.get(&format!("{id}:u"))
+            {
+                state.limits.insert(id.to_owned(), LimitState::Fixed { window, used: used as u64 });
+            }
+        }
         let mut sliding_keys = keys.sliding.iter();
         for limit in limits {
             let id = state_id(limit);
@@ -125,8 +161,20 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
     }
 }
 
+/// `<level>:<window number>`, as reserve.lua and override.lua keep an adaptive level.
+pub(crate) fn parse_adaptive(text: &str) -> Option<AdaptiveState> {
+    let (level, window) = text.split_once(':')?;
+    Some(AdaptiveState { level: level.parse().ok()?, window: window.parse().ok()? })
+}
+
 /// Reads use, backlog and drain time off the state.
-pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -> EntityReport {
+pub(crate) fn report(
+    rule: &Rule,
+    key: &str,
+    now: Millis,
+    state: &EntityState,
+    budgets: &[(Arc<Budget>, BudgetState)],
+) -> EntityReport {
     let mut limits = Vec::new();
     let mut overrides = Vec::new();
     for limit in &rule.limits {
@@ -138,7 +186,14 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
                 in_force: o.in_force(now),
             });
         }
-        let capacity = effective_limit(limit, &state.overrides, now);
+        let level = rule
+            .adaptive
+            .filter(|_| !matches!(limit.window(), Window::Gcra { .. }))
+            .map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
+        let capacity = level.map_or_else(
+            || effective_limit(limit, &state.overrides, now),
+            |level| adapted(effective_limit(limit, &state.overrides, now), level, 1),
+        );
         let (n, per) = (capacity as i64, limit.per());
         let (used_now, ahead) = match state.limits.get(&state_id(limit)) {
             Some(LimitState::Fixed { window, used }) => {
@@ -192,5 +247,36 @@ pub(crate) fn report(rule: &Rule, key: &str, now: Millis, state: &EntityState) -
         limits,
         overrides,
         paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
+        adaptive_level: rule
+            .adaptive
+            .map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now) as f64 / PPM as f64),
+        budgets: budgets.iter().map(|(budget, held)| budget_report(budget, held, now)).collect(),
+    }
+}
+
+fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetReport {
+    let level = budget.adaptive.map(|a| a.level(state.adaptive, adaptive_window(&budget.limits), now));
+    BudgetReport {
+        name: budget.name.clone(),
+        limits: budget
+            .limits
+            .iter()
+            .map(|limit| {
+                let per = limit.per();
+                let current = now.div_euclid(per) * per;
+                let held = |from: Millis| -> u64 {
+                    state.windows.range((per, from)..(per, Millis::MAX)).map(|(_, &used)| used).sum()
+                };
+                LimitReport {
+                    limit: limit.to_string(),
+                    used_now: state.windows.get(&(per, current)).copied().unwrap_or(0),
+                    capacity: level.map_or(limit.limit(), |level| adapted(limit.limit(), level, 1)),
+                    ahead: held(current + per),
+                }
+            })
+            .collect(),
+        max_share: budget.max_share.map(|share| share as f64 / PPM as f64),
+        paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
+        adaptive_level: level.map(|level| level as f64 / PPM as f64),
     }
 }

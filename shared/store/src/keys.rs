@@ -1,8 +1,10 @@
 //! Redis key names, known nowhere outside this crate. Every key of one entity shares the hash tag
 //! `{rule|key}`, so one script call touches one cluster slot (Memorystore for Redis Cluster runs
-//! it unchanged).
+//! it unchanged). A rule that draws from a shared budget keeps its entities under the budget's tag
+//! instead (`{b:<tag>}`), with the budget: one group of budgets, one slot (README: "Shared budgets").
 
-use drip_core::rules::{Limit, Window};
+use drip_core::budgets::Budget;
+use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::state_id;
 use drip_core::time::{MINUTE, Millis};
 use sha2::{Digest, Sha256};
@@ -10,6 +12,24 @@ use sha2::{Digest, Sha256};
 /// Answers are kept in one small hash per entity and minute of publication, which expires as a
 /// whole: a field costs ~30 bytes where a key of its own costs ~190.
 pub const ANSWER_BUCKET: Millis = MINUTE;
+
+/// A rule as its entities' keys name it: its id, and the hash tag of its budgets if it has any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleRef<'a> {
+    pub id: &'a str,
+    pub tag: Option<&'a str>,
+}
+
+impl<'a> RuleRef<'a> {
+    pub fn of(rule: &'a Rule) -> Self {
+        Self { id: &rule.id, tag: rule.budget_tag() }
+    }
+
+    /// A rule that draws from no budget.
+    pub fn plain(id: &'a str) -> Self {
+        Self { id, tag: None }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntityKeys {
@@ -30,8 +50,18 @@ pub struct EntityKeys {
 impl EntityKeys {
     /// `message` is the message's identity (`MessageRef::identity`), `published` the time its
     /// answers are filed under (its publish time: the same on every redelivery).
-    pub fn new(namespace: &str, rule: &str, key: &str, message: &str, published: Millis, limits: &[Limit]) -> Self {
-        let prefix = entity_prefix(namespace, rule, key);
+    pub fn new(
+        namespace: &str,
+        rule: RuleRef<'_>,
+        key: &str,
+        message: &str,
+        published: Millis,
+        limits: &[Limit],
+    ) -> Self {
+        let prefix = match rule.tag {
+            None => entity_prefix(namespace, rule.id, key),
+            Some(tag) => format!("{namespace}:{{b:{tag}}}:{}|{}", rule.id, escape(key)),
+        };
         let bucket = published.div_euclid(ANSWER_BUCKET);
         let digest = Sha256::digest(message.as_bytes());
         let mut answer_field = [0u8; 8];
@@ -49,6 +79,11 @@ impl EntityKeys {
                 .collect(),
         }
     }
+}
+
+/// A shared budget's hash (its calendar, pause and adaptive level), under its group's tag.
+pub fn budget_key(namespace: &str, budget: &Budget) -> String {
+    format!("{namespace}:{{b:{}}}:budget:{}", budget.tag, budget.name)
 }
 
 /// A claim-checked payload: `<prefix>:p:<message identity>`.
@@ -94,14 +129,21 @@ mod tests {
             Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap(),
             Limit::new(1, 60_000, Window::Sliding).unwrap(),
         ];
-        let keys = EntityKeys::new("drip", "payouts", "a}b{c%", "m1", 125_000, &limits);
+        let keys = EntityKeys::new("drip", RuleRef::plain("payouts"), "a}b{c%", "m1", 125_000, &limits);
         assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");
         assert_eq!((keys.answers.as_str(), keys.answers_base), ("drip:{payouts|a%7Db%7Bc%25}:a:2", 120_000));
-        assert_ne!(keys.answer_field, EntityKeys::new("drip", "payouts", "k", "m2", 0, &limits).answer_field);
+        assert_ne!(
+            keys.answer_field,
+            EntityKeys::new("drip", RuleRef::plain("payouts"), "k", "m2", 0, &limits).answer_field
+        );
         assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
         assert_eq!(keys.overrides, "drip:{payouts|a%7Db%7Bc%25}:o");
         assert_eq!(overridden_keys("drip", "payouts"), "drip:{payouts}:overridden");
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
+        let budgeted = RuleRef { id: "sms", tag: Some("gateway") };
+        let keys = EntityKeys::new("drip", budgeted, "u{1}", "m1", 0, &limits);
+        assert_eq!(keys.state, "drip:{b:gateway}:sms|u%7B1%7D:state");
+        assert!(keys.sliding[0].starts_with("drip:{b:gateway}:"), "every key of the entity under the budget's tag");
     }
 }

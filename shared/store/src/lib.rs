@@ -1,6 +1,7 @@
 //! Where reservations live: Redis in production (one `reserve.lua` call per event, atomic across
 //! every instance), or memory (the reference model) for the simulator and tests.
 
+mod budgets;
 mod connection;
 pub mod inspect;
 mod keys;
@@ -9,12 +10,15 @@ mod memory;
 mod overrides;
 mod redis_store;
 
+use std::sync::Arc;
+
+use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::Limit;
 use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
-pub use keys::{ANSWER_BUCKET, EntityKeys};
+pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef};
 pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
 pub use overrides::{OverrideChange, OverrideView};
@@ -46,9 +50,20 @@ pub struct SlotRequest<'a> {
     /// The entity's frontier is at least this (the same subject's last slot under the rule's
     /// `previous_key`, read first: a key template change keeps FIFO and the window bound).
     pub floor: Option<Millis>,
+    /// The hash tag of the rule's budgets (`RuleRef::tag`), if it draws from any.
+    pub tag: Option<&'a str>,
+    /// The shared budgets the event also draws from.
+    pub budgets: &'a [Arc<Budget>],
+    /// The rule's adaptive limit, if it has one.
+    pub adaptive: Option<Adaptive>,
 }
 
 impl<'a> SlotRequest<'a> {
+    /// The rule the request's entity belongs to, as keys name it.
+    pub fn rule_ref(&self) -> RuleRef<'a> {
+        RuleRef { id: self.rule, tag: self.tag }
+    }
+
     /// The request for one event of `rule`, with the rule's limits and max_delay.
     pub fn for_rule(
         rule: &'a drip_core::rules::Rule,
@@ -69,6 +84,9 @@ impl<'a> SlotRequest<'a> {
             published: now,
             reslot: false,
             floor: None,
+            tag: rule.budget_tag(),
+            budgets: &rule.budgets,
+            adaptive: rule.adaptive,
         }
     }
 }

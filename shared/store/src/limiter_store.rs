@@ -6,13 +6,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 
+use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::LimitOverride;
 use drip_core::time::{Millis, wall_clock_millis};
 use redis::aio::ConnectionLike;
 
 use crate::inspect::{EntityReport, report};
-use crate::{MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, SlotRequest, SlotStore, StoreError};
+use crate::{
+    MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest, SlotStore, StoreError,
+};
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -32,17 +35,24 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
     /// Sets (`Some`) or deletes (`None`) the entity's override of `limit`, recording who did it.
     fn change_override<'a>(
         &'a self,
-        rule: &'a str,
+        rule: &'a Rule,
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
         by: &'a str,
     ) -> StoreFuture<'a, OverrideChange>;
-    fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
+    fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
     /// No slot of the entity before `until` (the downstream said to wait).
-    fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
+    fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
+    /// No slot of any entity drawing from the budget before `until`.
+    fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()>;
+    /// A 429, 5xx or timeout from the entity's downstream: its adaptive level drops, if the rule
+    /// has one (returns it, ppm).
+    fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>>;
+    /// The same for a budget's adaptive level.
+    fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>>;
     /// The entity's last slot, if it remembers one.
-    fn frontier<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
+    fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -77,12 +87,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
 
     fn change_override<'a>(
         &'a self,
-        rule: &'a str,
+        rule: &'a Rule,
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
         by: &'a str,
     ) -> StoreFuture<'a, OverrideChange> {
+        let rule = RuleRef::of(rule);
         Box::pin(async move {
             match set {
                 Some(set) => self.set_override(rule, key, limit, set, by, None).await,
@@ -91,16 +102,31 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
         })
     }
 
-    fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
-        Box::pin(RedisStore::overrides(self, rule, key))
+    fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
+        Box::pin(RedisStore::overrides(self, RuleRef::of(rule), key))
     }
 
-    fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
-        Box::pin(RedisStore::pause(self, rule, key, until, None))
+    fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::pause(self, RuleRef::of(rule), key, until, None))
     }
 
-    fn frontier<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        Box::pin(RedisStore::frontier(self, rule, key))
+    fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::pause_budget(self, budget, until, None))
+    }
+
+    fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
+        Box::pin(async move {
+            let Some(adaptive) = &rule.adaptive else { return Ok(None) };
+            RedisStore::signal(self, RuleRef::of(rule), key, (adaptive, &rule.limits), None).await.map(Some)
+        })
+    }
+
+    fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
+        Box::pin(RedisStore::signal_budget(self, budget, None))
+    }
+
+    fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(RedisStore::frontier(self, RuleRef::of(rule), key))
     }
 }
 
@@ -149,37 +175,66 @@ impl LimiterStore for MemoryLimiterStore {
 
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
         let state = self.model.entity_state(&rule.id, key).unwrap_or_default();
-        Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state)) })
+        let budgets: Vec<_> =
+            rule.budgets.iter().map(|b| (b.clone(), self.model.budget_state(&b.name).unwrap_or_default())).collect();
+        Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state, &budgets)) })
     }
 
     fn change_override<'a>(
         &'a self,
-        rule: &'a str,
+        rule: &'a Rule,
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
         by: &'a str,
     ) -> StoreFuture<'a, OverrideChange> {
         let before = match set {
-            Some(set) => self.model.set_override(rule, key, limit, set),
-            None => self.model.delete_override(rule, key, limit),
+            Some(set) => self.model.set_override(&rule.id, key, limit, set),
+            None => self.model.delete_override(&rule.id, key, limit),
         };
-        let change = OverrideChange::new(wall_clock_millis(), by, (rule, key, limit), before, set);
+        let change = OverrideChange::new(wall_clock_millis(), by, (&rule.id, key, limit), before, set);
         Box::pin(async move { Ok(change) })
     }
 
-    fn overrides<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
-        let overrides = self.model.entity_state(rule, key).map(|s| s.overrides).unwrap_or_default();
+    fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
+        let overrides = self.model.entity_state(&rule.id, key).map(|s| s.overrides).unwrap_or_default();
         Box::pin(async move { Ok(overrides) })
     }
 
-    fn pause<'a>(&'a self, rule: &'a str, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
-        self.model.pause(rule, key, until);
+    fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
+        self.model.pause(&rule.id, key, until);
         Box::pin(async { Ok(()) })
     }
 
-    fn frontier<'a>(&'a self, rule: &'a str, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        let last = self.model.entity_state(rule, key).and_then(|state| state.last_slot);
+    fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
+        self.model.pause_budget(budget, until);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
+        let now = wall_clock_millis();
+        if let Some(adaptive) = &rule.adaptive {
+            self.model.signal(&rule.id, key, (adaptive, &rule.limits), now);
+        }
+        let level = rule.adaptive.map(|a| {
+            let state = self.model.entity_state(&rule.id, key).and_then(|s| s.adaptive);
+            a.level(state, drip_core::budgets::adaptive_window(&rule.limits), now)
+        });
+        Box::pin(async move { Ok(level) })
+    }
+
+    fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
+        let now = wall_clock_millis();
+        self.model.signal_budget(budget, now);
+        let level = budget.adaptive.map(|a| {
+            let state = self.model.budget_state(&budget.name).and_then(|s| s.adaptive);
+            a.level(state, drip_core::budgets::adaptive_window(&budget.limits), now)
+        });
+        Box::pin(async move { Ok(level) })
+    }
+
+    fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        let last = self.model.entity_state(&rule.id, key).and_then(|state| state.last_slot);
         Box::pin(async move { Ok(last) })
     }
 }

@@ -1,8 +1,9 @@
 use std::sync::Mutex;
 
+use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::Limit;
-use drip_core::schedule::{LimitOverride, ReserveRequest, Scheduler, override_id};
-use drip_core::time::wall_clock_millis;
+use drip_core::schedule::{BudgetState, LimitOverride, ReserveRequest, Scheduler, override_id};
+use drip_core::time::{Millis, wall_clock_millis};
 
 use crate::{Reserved, SlotRequest, SlotStore, StoreError};
 
@@ -29,6 +30,8 @@ impl SlotStore for MemoryStore {
             now,
             lease: request.lease,
             floor: request.floor,
+            budgets: request.budgets,
+            adaptive: request.adaptive,
         };
         let reservation = self.with(|s| {
             if request.reslot {
@@ -69,6 +72,28 @@ impl MemoryStore {
     /// As `RedisStore::pause`, on the model.
     pub fn pause(&self, rule: &str, key: &str, until: drip_core::time::Millis) {
         self.with(|s| s.pause(rule, key, until));
+    }
+
+    /// As `RedisStore::pause_budget`, on the model.
+    pub fn pause_budget(&self, budget: &Budget, until: drip_core::time::Millis) {
+        self.with(|s| s.pause_budget(&budget.name, until));
+    }
+
+    /// As `RedisStore::signal`, on the model: the entity's adaptive limit saw a 429, 5xx or timeout.
+    pub fn signal(&self, rule: &str, key: &str, (adaptive, limits): (&Adaptive, &[Limit]), now: Millis) {
+        self.with(|s| s.signal(rule, key, adaptive, limits, now));
+    }
+
+    /// As `RedisStore::signal_budget`, on the model.
+    pub fn signal_budget(&self, budget: &Budget, now: drip_core::time::Millis) {
+        if let Some(adaptive) = &budget.adaptive {
+            self.with(|s| s.signal_budget(budget, adaptive, now));
+        }
+    }
+
+    /// The model's state of one budget.
+    pub fn budget_state(&self, budget: &str) -> Option<BudgetState> {
+        self.with(|s| s.budget_state(budget).cloned())
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
+use drip_core::budgets::{Adaptive, adaptive_window};
 use drip_core::rules::Limit;
 use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::time::{DAY, Millis};
@@ -14,12 +15,15 @@ use redis::{AsyncCommands, Script};
 use serde::Serialize;
 
 use crate::keys::{overridden_keys, overrides_log};
-use crate::{EntityKeys, RedisStore, StoreError};
+use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
 static OVERRIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/override.lua")));
 
 /// The overrides hash's field holding when a pause of the entity ends.
 pub(crate) const PAUSE: &str = "pause";
+/// The overrides hash's field holding the adaptive level (`<level>:<window number>`; override.lua
+/// keeps when it stops mattering in `adapt:u`).
+pub(crate) const ADAPT: &str = "adapt";
 
 /// How long an overrides hash outlives the latest `until` in it.
 const OVERRIDE_MARGIN: Millis = DAY;
@@ -73,19 +77,25 @@ impl From<LimitOverride> for OverrideView {
 }
 
 /// Reads an overrides hash as the model holds it.
-pub(crate) fn parse_overrides(fields: &BTreeMap<String, i64>) -> BTreeMap<String, LimitOverride> {
+pub(crate) fn parse_overrides(fields: &BTreeMap<String, String>) -> BTreeMap<String, LimitOverride> {
     fields
         .iter()
-        .filter(|(name, _)| !name.ends_with(":u") && name.as_str() != PAUSE)
-        .map(|(id, &limit)| {
-            let until = fields.get(&format!("{id}:u")).copied();
-            (id.clone(), LimitOverride { limit: limit.max(0) as u64, until })
+        .filter(|(name, _)| !name.ends_with(":u") && ![PAUSE, ADAPT].contains(&name.as_str()))
+        .filter_map(|(id, limit)| {
+            let until = fields.get(&format!("{id}:u")).and_then(|u| u.parse().ok());
+            Some((id.clone(), LimitOverride { limit: limit.parse().ok()?, until }))
         })
         .collect()
 }
 
+/// An adaptive limit's parameters as override.lua's and budget.lua's 'adapt' read them.
+pub(crate) fn adapt_args(adaptive: &Adaptive, limits: &[Limit]) -> [String; 5] {
+    [adaptive.ceiling(), adaptive.decrease, adaptive.min, adaptive.step, adaptive_window(limits) as u64]
+        .map(|n| n.to_string())
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
-    fn override_keys(&self, rule: &str, key: &str) -> EntityKeys {
+    fn override_keys(&self, rule: RuleRef<'_>, key: &str) -> EntityKeys {
         EntityKeys::new(self.namespace(), rule, key, "-", 0, &[])
     }
 
@@ -93,7 +103,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// records the change. `now` as in reserve (None: Redis `TIME`).
     pub async fn set_override(
         &self,
-        rule: &str,
+        rule: RuleRef<'_>,
         key: &str,
         limit: &Limit,
         set: LimitOverride,
@@ -103,14 +113,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let until = set.until.map(|u| u.to_string()).unwrap_or_default();
         let before = self.change_override(rule, key, limit, ("set", set.limit.to_string(), until), now).await?;
         let mut connection = self.connection();
-        let _: () = connection.sadd(overridden_keys(self.namespace(), rule), key).await?;
-        self.record(rule, key, limit, before, Some(set), by).await
+        let _: () = connection.sadd(overridden_keys(self.namespace(), rule.id), key).await?;
+        self.record(rule.id, key, limit, before, Some(set), by).await
     }
 
     /// Removes the entity's override of `limit`; the rule's count applies from the next reservation.
     pub async fn delete_override(
         &self,
-        rule: &str,
+        rule: RuleRef<'_>,
         key: &str,
         limit: &Limit,
         by: &str,
@@ -119,14 +129,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let before = self.change_override(rule, key, limit, ("delete", String::new(), String::new()), now).await?;
         if self.overrides(rule, key).await?.is_empty() {
             let mut connection = self.connection();
-            let _: () = connection.srem(overridden_keys(self.namespace(), rule), key).await?;
+            let _: () = connection.srem(overridden_keys(self.namespace(), rule.id), key).await?;
         }
-        self.record(rule, key, limit, before, None, by).await
+        self.record(rule.id, key, limit, before, None, by).await
     }
 
     async fn change_override(
         &self,
-        rule: &str,
+        rule: RuleRef<'_>,
         key: &str,
         limit: &Limit,
         (op, count, until): (&str, String, String),
@@ -171,7 +181,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// No slot of the entity before `until` (the downstream said to wait); a later pause already
     /// set is kept.
-    pub async fn pause(&self, rule: &str, key: &str, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
+    pub async fn pause(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+        until: Millis,
+        now: Option<Millis>,
+    ) -> Result<(), StoreError> {
         let keys = self.override_keys(rule, key);
         let mut invocation = OVERRIDE.prepare_invoke();
         invocation
@@ -186,20 +202,44 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Ok(())
     }
 
+    /// The downstream of an entity of a rule with an adaptive limit (`adaptive`, over the rule's
+    /// `limits`) answered 429, 5xx or timed out: its level drops (once per window). Returns the
+    /// level after it (ppm).
+    pub async fn signal(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+        (adaptive, limits): (&Adaptive, &[Limit]),
+        now: Option<Millis>,
+    ) -> Result<u64, StoreError> {
+        let keys = self.override_keys(rule, key);
+        let mut invocation = OVERRIDE.prepare_invoke();
+        invocation
+            .key(&keys.overrides)
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(ADAPT)
+            .arg("")
+            .arg(adapt_args(adaptive, limits).join(":"))
+            .arg("")
+            .arg(OVERRIDE_MARGIN);
+        let level: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        level.first().map(|&l| l as u64).ok_or_else(|| StoreError::UnexpectedReply(format!("{level:?}")))
+    }
+
     /// The entity's overrides by override id (those whose `until` has passed included, until the
     /// hash expires).
-    pub async fn overrides(&self, rule: &str, key: &str) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
+    pub async fn overrides(&self, rule: RuleRef<'_>, key: &str) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
         let keys = self.override_keys(rule, key);
-        let fields: BTreeMap<String, i64> = self.connection().hgetall(&keys.overrides).await?;
+        let fields: BTreeMap<String, String> = self.connection().hgetall(&keys.overrides).await?;
         Ok(parse_overrides(&fields))
     }
 
     /// Every entity of the rule with overrides, and its overrides.
     pub async fn list_overrides(
         &self,
-        rule: &str,
+        rule: RuleRef<'_>,
     ) -> Result<BTreeMap<String, BTreeMap<String, LimitOverride>>, StoreError> {
-        let index = overridden_keys(self.namespace(), rule);
+        let index = overridden_keys(self.namespace(), rule.id);
         let mut keys: Vec<String> = self.connection().smembers(&index).await?;
         keys.sort();
         let mut all = BTreeMap::new();

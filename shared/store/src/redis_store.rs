@@ -1,12 +1,13 @@
 use std::sync::LazyLock;
 
+use drip_core::budgets::{Adaptive, Budget, adaptive_window};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{Reservation, Status, override_id, state_id};
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Script};
 
-use crate::keys::{ANSWER_BUCKET, dispatch_key, payload_key};
+use crate::keys::{ANSWER_BUCKET, budget_key, dispatch_key, payload_key};
 use crate::{EntityKeys, Reserved, SlotRequest, SlotStore, StoreError};
 
 /// How long a message's answer outlives `max_delay`, for redeliveries that come late.
@@ -56,7 +57,7 @@ impl<C> RedisStore<C> {
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
         let published = request.published.or(request.now).unwrap_or_else(drip_core::time::wall_clock_millis);
-        EntityKeys::new(&self.namespace, request.rule, request.key, request.message_id, published, request.limits)
+        EntityKeys::new(&self.namespace, request.rule_ref(), request.key, request.message_id, published, request.limits)
     }
 
     pub(crate) fn namespace(&self) -> &str {
@@ -155,6 +156,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
 #[derive(Debug, Clone)]
 pub struct ReserveCall {
     pub keys: EntityKeys,
+    /// The hash of each budget the event draws from.
+    pub budget_keys: Vec<String>,
     args: Vec<Vec<u8>>,
 }
 
@@ -162,10 +165,10 @@ impl ReserveCall {
     /// The command (EVALSHA: the script must have been loaded; `SCRIPT LOAD` it with [`reserve_script`]).
     pub fn cmd(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(RESERVE.get_hash()).arg(3 + self.keys.sliding.len());
+        cmd.arg(RESERVE.get_hash()).arg(3 + self.keys.sliding.len() + self.budget_keys.len());
         cmd.arg(&self.keys.state).arg(&self.keys.answers).arg(&self.keys.overrides);
-        for sliding in &self.keys.sliding {
-            cmd.arg(sliding);
+        for key in self.keys.sliding.iter().chain(&self.budget_keys) {
+            cmd.arg(key);
         }
         for arg in &self.args {
             cmd.arg(arg.as_slice());
@@ -205,7 +208,16 @@ impl<C> RedisStore<C> {
     /// The script call that reserves `request`'s slot.
     pub fn reserve_call(&self, request: &SlotRequest<'_>) -> ReserveCall {
         let keys = self.keys(request);
-        let longest_window = request.limits.iter().map(|l| l.per()).max().unwrap_or(0);
+        let budget_limits = request.budgets.iter().flat_map(|b| &b.limits);
+        let longest_window = request.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0);
+        // Each budget's fair share is one more fixed limit on the entity's own slots ('share').
+        let shares: Vec<(usize, &Budget, &Limit)> = request
+            .budgets
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.max_share.is_some())
+            .flat_map(|(i, b)| b.limits.iter().map(move |l| (i + 1, &**b, l)))
+            .collect();
         let number = |n: i64| n.to_string().into_bytes();
         let mut args = vec![
             request.now.map(|now| now.to_string()).unwrap_or_default().into_bytes(),
@@ -216,7 +228,7 @@ impl<C> RedisStore<C> {
             number(answers_keep(request.max_delay)),
             number(request.lease),
             number(longest_window + STATE_MARGIN),
-            number(request.limits.len() as i64),
+            number((request.limits.len() + shares.len()) as i64),
         ];
         let mut fields = vec![b"last".to_vec(), b"exp".to_vec(), b"ab".to_vec()];
         let mut parameters = Vec::new();
@@ -242,12 +254,46 @@ impl<C> RedisStore<C> {
                 number(extra),
             ]);
         }
+        for &(index, budget, limit) in &shares {
+            let id = budget.share_id(limit);
+            fields.extend([format!("{id}:w").into_bytes(), format!("{id}:u").into_bytes()]);
+            parameters.extend([
+                b"share".to_vec(),
+                number(limit.per()),
+                number(limit.limit() as i64),
+                number(index as i64),
+            ]);
+            // Never set: a share has no override.
+            override_fields.extend([id.clone().into_bytes(), format!("{id}:u").into_bytes()]);
+        }
         args.extend(fields);
         args.extend(parameters);
         args.extend(override_fields);
         args.push(if request.reslot { b"reslot".to_vec() } else { Vec::new() });
         args.push(request.floor.map(|floor| floor.to_string().into_bytes()).unwrap_or_default());
-        ReserveCall { keys, args }
+        args.extend(adaptive_args(request.adaptive.as_ref(), request.limits));
+        args.push(number(request.budgets.len() as i64));
+        let mut budget_keys = Vec::new();
+        for budget in request.budgets {
+            budget_keys.push(budget_key(&self.namespace, budget));
+            args.push(number((3 + keys.sliding.len() + budget_keys.len()) as i64));
+            args.extend(adaptive_args(budget.adaptive.as_ref(), &budget.limits));
+            args.push(budget.max_share.map(|share| share.to_string().into_bytes()).unwrap_or_default());
+            args.push(number(budget.limits.len() as i64));
+            for limit in &budget.limits {
+                let placement = if limit.window() == Window::Fixed(Placement::Spread) { "spread" } else { "fixed" };
+                args.extend([number(limit.per()), number(limit.limit() as i64), placement.as_bytes().to_vec()]);
+            }
+        }
+        ReserveCall { keys, budget_keys, args }
+    }
+}
+
+/// An adaptive limit as reserve.lua reads it: ceiling, step, window ('' for none).
+fn adaptive_args(adaptive: Option<&Adaptive>, limits: &[Limit]) -> [Vec<u8>; 3] {
+    match adaptive {
+        None => [Vec::new(), Vec::new(), Vec::new()],
+        Some(a) => [a.ceiling(), a.step, adaptive_window(limits) as u64].map(|n| n.to_string().into_bytes()),
     }
 }
 

@@ -1,0 +1,68 @@
+//! Shared budgets in Redis: one hash per budget under its group's hash tag (see reserve.lua for
+//! its fields), paused and adapted by `lua/budget.lua`.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use drip_core::budgets::Budget;
+use drip_core::schedule::BudgetState;
+use drip_core::time::Millis;
+use redis::Script;
+use redis::aio::ConnectionLike;
+
+use crate::inspect::parse_adaptive;
+use crate::keys::budget_key;
+use crate::overrides::adapt_args;
+use crate::redis_store::STATE_MARGIN;
+use crate::{RedisStore, StoreError};
+
+static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/budget.lua")));
+
+impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+    /// No slot of any entity drawing from the budget before `until` (a later pause is kept).
+    pub async fn pause_budget(&self, budget: &Budget, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
+        self.budget_op(budget, now, &["pause".into(), until.to_string()]).await.map(drop)
+    }
+
+    /// The budget's downstream answered 429, 5xx or timed out: its adaptive level drops (once per
+    /// window). Returns the level after it (ppm); nothing for a budget without an adaptive limit.
+    pub async fn signal_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<u64>, StoreError> {
+        let Some(adaptive) = &budget.adaptive else { return Ok(None) };
+        let mut args = vec!["adapt".to_owned()];
+        args.extend(adapt_args(adaptive, &budget.limits));
+        self.budget_op(budget, now, &args).await.map(|level| Some(level as u64))
+    }
+
+    async fn budget_op(&self, budget: &Budget, now: Option<Millis>, args: &[String]) -> Result<i64, StoreError> {
+        let mut invocation = BUDGET.prepare_invoke();
+        invocation.key(budget_key(self.namespace(), budget)).arg(now.map(|n| n.to_string()).unwrap_or_default());
+        for arg in args {
+            invocation.arg(arg);
+        }
+        // budget.lua reads its margin as ARGV[8].
+        for _ in args.len()..6 {
+            invocation.arg("");
+        }
+        invocation.arg(STATE_MARGIN);
+        Ok(invocation.invoke_async(&mut self.connection()).await?)
+    }
+
+    /// The budget's state as the reference model holds it.
+    pub async fn budget_state(&self, budget: &Budget) -> Result<BudgetState, StoreError> {
+        let fields: HashMap<String, String> =
+            redis::cmd("HGETALL").arg(budget_key(self.namespace(), budget)).query_async(&mut self.connection()).await?;
+        let mut state = BudgetState {
+            paused_until: fields.get("pause").and_then(|p| p.parse().ok()),
+            adaptive: fields.get("adapt").and_then(|a| parse_adaptive(a)),
+            ..BudgetState::default()
+        };
+        for (name, used) in &fields {
+            if let Some((per, window)) = name.split_once(':')
+                && let (Ok(per), Ok(window), Ok(used)) = (per.parse(), window.parse(), used.parse())
+            {
+                state.windows.insert((per, window), used);
+            }
+        }
+        Ok(state)
+    }
+}
