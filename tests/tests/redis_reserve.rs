@@ -144,6 +144,15 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisS
     }
 }
 
+/// Budgets live apart from rules in Redis: each run gets its own, named after `rule`.
+fn with_own_budgets(mut scenario: Scenario, rule: &str) -> Scenario {
+    let budgets = scenario.shared.budgets.iter().map(|b| {
+        Arc::new(Budget { name: format!("{rule}-{}", b.name), tag: format!("{rule}-{}", b.tag), ..(**b).clone() })
+    });
+    scenario.shared.budgets = budgets.collect();
+    scenario
+}
+
 /// Runs `strategy`'s scenarios through the model and reserve.lua: identical answers and state,
 /// then `check` on the answers.
 fn differential(
@@ -163,12 +172,7 @@ fn differential(
     };
     let result = TestRunner::new(config).run(&strategy, |scenario| {
         let rule = unique("differential");
-        // Budgets live apart from rules in Redis: each case gets its own.
-        let mut scenario = scenario;
-        let budgets = scenario.shared.budgets.iter().map(|b| {
-            Arc::new(Budget { name: format!("{rule}-{}", b.name), tag: format!("{rule}-{}", b.tag), ..(**b).clone() })
-        });
-        scenario.shared.budgets = budgets.collect();
+        let scenario = with_own_budgets(scenario, &rule);
         let memory = MemoryStore::new();
         let (model, lua) =
             runtime.block_on(async { (run(&memory, &rule, &scenario).await, run(&redis, &rule, &scenario).await) });
@@ -522,6 +526,20 @@ async fn reserve_lua_runs_unchanged_on_redis_cluster() {
         check_schedule(scenario, &cluster_answers).unwrap();
     }
     assert_seed_schedule(&run(&on_cluster, &unique("cluster-seed"), &seed_scenario()).await);
+    // Rules that draw from a budget: every entity lives on the budget's slot, so one script call
+    // still touches one slot (no CROSSSLOT), and the cluster answers as one node does.
+    let budgeted = scenario_with_budgets(60);
+    for _ in 0..6 {
+        let rule = unique("cluster-budget");
+        let mut generated = budgeted.new_tree(&mut runner).unwrap().current();
+        for (i, event) in generated.events.iter_mut().enumerate() {
+            event.entity += 10 * (i % 4);
+        }
+        let generated = with_own_budgets(generated, &rule);
+        let cluster_answers = run(&on_cluster, &rule, &generated).await;
+        assert_eq!(cluster_answers, run(&on_node, &rule, &generated).await);
+        check_budget_bounds(&generated, &cluster_answers).unwrap();
+    }
     let masters_with_keys =
         cluster.nodes.iter().filter(|node| node.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0")).count();
     assert!(masters_with_keys >= 2, "entities should land on more than one master");

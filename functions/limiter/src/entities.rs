@@ -204,6 +204,9 @@ pub async fn feedback(
     };
     let signal = crate::feedback::Signal { status: (body.status != 0).then_some(body.status), until };
     match crate::feedback::apply(&state, rule, &key, budget, signal).await {
+        Ok(effect) if effect.paused_until.is_none() && effect.adaptive_level.is_none() => {
+            StatusCode::NO_CONTENT.into_response()
+        }
         Ok(effect) => {
             let by = caller_name(caller);
             tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status = body.status, "feedback");

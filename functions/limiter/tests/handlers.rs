@@ -27,7 +27,30 @@ const QUEUE: &str = "projects/drip-test/locations/local/queues/q0";
 
 const RULES: &str = r#"
 default_dlq_topic: drip-dlq
+budgets:
+  partner:
+    limits: [ { limit: 4, per: 1d } ]
+    max_share: 0.5
+    adaptive: { margin: 0, decrease: 0.5, min: 0.25 }
 rules:
+  - name: alerts
+    match: { attributes: { event_type: alert } }
+    key: "tenant_{attributes.tenant}"
+    limits: [ { limit: 100, per: 1d, window: fixed } ]
+    budgets: [partner]
+    feedback: partner
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: alerts-ready }
+    overflow_topic: alerts-overflow
+  - name: kyc
+    match: { attributes: { event_type: kyc } }
+    key: "tenant_{attributes.tenant}"
+    limits: [ { limit: 10, per: 1d, window: fixed } ]
+    adaptive: { margin: 0.1, decrease: 0.8, min: 0.2 }
+    max_delay: 1h
+    forward: { topic: kyc-ready }
+    overflow_topic: kyc-overflow
   - name: payouts
     match: { attributes: { event_type: payout } }
     key: "merchant_{data.merchant_id}"
@@ -580,6 +603,67 @@ async fn feedback_from_an_overflow_consumer_pauses_the_key() {
     assert_eq!(l.tasks().len(), 1, "delayed past the pause");
     let unknown = serde_json::json!({ "rule": "nope", "key": "k", "status": 429, "retryAfter": 1 });
     assert_eq!(l.send("POST", "/v1/feedback", Some(unknown)).await.0, StatusCode::NOT_FOUND);
-    let budget = serde_json::json!({ "rule": "hooks", "budget": "sms", "status": 429, "retryAfter": 1 });
-    assert_eq!(l.send("POST", "/v1/feedback", Some(budget)).await.0, StatusCode::BAD_REQUEST);
+    let budget = serde_json::json!({ "rule": "hooks", "budget": "partner", "status": 429, "retryAfter": 1 });
+    assert_eq!(l.send("POST", "/v1/feedback", Some(budget)).await.0, StatusCode::BAD_REQUEST, "not its budget");
+}
+
+#[tokio::test]
+async fn a_flood_from_one_tenant_leaves_the_others_their_share_of_a_budget() {
+    let l = limiter();
+    let from = |tenant: &'static str| [("event_type", "alert"), ("tenant", tenant)];
+    for i in 0..4 {
+        assert_eq!(l.push(&format!("noisy{i}"), &from("noisy"), b"{}").await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.published("alerts-ready").len(), 2, "half of the budget's 4 a day, then the noisy tenant waits");
+    assert_eq!(l.tasks().len(), 2);
+    for i in 0..3 {
+        assert_eq!(l.push(&format!("quiet{i}"), &from("quiet"), b"{}").await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.published("alerts-ready").len(), 4, "the quiet tenant got the other half at once");
+    assert_eq!(l.tasks().len(), 3, "then the budget is full for everyone");
+    let (_, report) = l.send("GET", "/v1/rules/alerts/keys/tenant_quiet", None).await;
+    let budget = &report["budgets"][0];
+    assert_eq!(
+        (budget["name"].as_str(), budget["limits"][0]["usedNow"].as_u64()),
+        (Some("partner"), Some(4)),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn feedback_on_a_budget_pauses_and_lowers_it_for_every_tenant() {
+    let l = limiter();
+    let feedback = serde_json::json!({ "rule": "alerts", "budget": "partner", "status": 429, "retryAfter": 30 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(feedback)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((body["target"].as_str(), body["adaptiveLevel"].as_f64()), (Some("budget:partner"), Some(0.5)));
+    let alert = [("event_type", "alert"), ("tenant", "any")];
+    assert_eq!(l.push("a1", &alert, b"{}").await, StatusCode::NO_CONTENT);
+    assert!(l.published("alerts-ready").is_empty(), "the budget is paused for every tenant");
+    assert_eq!(l.tasks().len(), 1, "delayed past the pause, not dropped");
+    let (_, report) = l.send("GET", "/v1/rules/alerts/keys/tenant_any", None).await;
+    let budget = &report["budgets"][0];
+    assert!(budget["pausedUntil"].as_str().is_some(), "{report}");
+    assert_eq!((budget["adaptiveLevel"].as_f64(), budget["limits"][0]["capacity"].as_u64()), (Some(0.5), Some(2)));
+    // A key's feedback on a rule whose feedback names the budget reaches the budget too.
+    let by_key = serde_json::json!({ "rule": "alerts", "key": "tenant_any", "status": 500 });
+    let (_, body) = l.send("POST", "/v1/feedback", Some(by_key)).await;
+    assert_eq!(body["target"].as_str(), Some("budget:partner"), "{body}");
+    assert!(l.state.metrics.shared.render().contains("drip_adaptive_level{target=\"budget:partner\"} 0.5"));
+}
+
+#[tokio::test]
+async fn a_5xx_lowers_one_key_s_adaptive_limit_once_per_window() {
+    let l = limiter();
+    let (_, report) = l.send("GET", "/v1/rules/kyc/keys/tenant_t", None).await;
+    assert_eq!((report["adaptiveLevel"].as_f64(), report["limits"][0]["capacity"].as_u64()), (Some(0.9), Some(9)));
+    let feedback = serde_json::json!({ "rule": "kyc", "key": "tenant_t", "status": 503 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(feedback.clone())).await;
+    assert_eq!((status, body["adaptiveLevel"].as_f64()), (StatusCode::OK, Some(0.72)), "{body}");
+    let (_, body) = l.send("POST", "/v1/feedback", Some(feedback)).await;
+    assert_eq!(body["adaptiveLevel"].as_f64(), Some(0.72), "one decrease per window (a day here)");
+    let (_, report) = l.send("GET", "/v1/rules/kyc/keys/tenant_t", None).await;
+    assert_eq!(report["limits"][0]["capacity"].as_u64(), Some(7), "{report}");
+    let (_, other) = l.send("GET", "/v1/rules/kyc/keys/tenant_u", None).await;
+    assert_eq!(other["limits"][0]["capacity"].as_u64(), Some(9), "per key");
 }

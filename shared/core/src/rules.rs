@@ -397,6 +397,7 @@ impl RuleSet {
         if top.rules.is_empty() {
             errors.top("rules", "at least one rule is required".into());
         }
+        let declared: Vec<String> = top.budgets.iter().flat_map(|b| b.keys().cloned()).collect();
         let specs = validate_budgets(top.budgets.unwrap_or_default(), &mut errors);
         let mut rules: Vec<Rule> = Vec::new();
         let mut drawn: Vec<Vec<String>> = Vec::new();
@@ -406,7 +407,8 @@ impl RuleSet {
         for (index, raw) in top.rules.into_iter().enumerate() {
             let label = rule_label(&raw, index);
             let mut rule_errors = RuleErrors { errors: &mut errors, label: &label };
-            let Some((rule, budget_names)) = validate_rule(raw, &mut rule_errors, default_dlq_topic.as_ref(), &specs)
+            let Some((rule, budget_names)) =
+                validate_rule(raw, &mut rule_errors, default_dlq_topic.as_ref(), &declared)
             else {
                 continue;
             };
@@ -428,7 +430,8 @@ impl RuleSet {
         }
         let budgets = link_budgets(specs, &drawn);
         for (rule, names) in rules.iter_mut().zip(&drawn) {
-            rule.budgets = names.iter().map(|name| budgets[name].clone()).collect();
+            // A budget that did not validate is reported already (and the file refused).
+            rule.budgets = names.iter().filter_map(|name| budgets.get(name).cloned()).collect();
             if let Cost::Fixed(cost) = rule.cost
                 && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit < cost))
             {
@@ -626,7 +629,7 @@ fn validate_rule(
     raw: Value,
     errors: &mut RuleErrors<'_, '_>,
     default_dlq: Option<&TopicName>,
-    budgets: &BTreeMap<String, Budget>,
+    budgets: &[String],
 ) -> Option<(Rule, Vec<String>)> {
     let raw: RawRule = match deserialize(raw) {
         Ok(raw) => raw,
@@ -734,8 +737,8 @@ fn validate_rule(
 
     let budget_names = raw.budgets.unwrap_or_default();
     for (i, name) in budget_names.iter().enumerate() {
-        if !budgets.contains_key(name) {
-            let known = budgets.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+        if !budgets.contains(name) {
+            let known = budgets.join(", ");
             errors.push(&format!("budgets[{i}]"), format!("unknown budget '{name}' (budgets: {known})"));
         } else if budget_names[..i].contains(name) {
             errors.push(&format!("budgets[{i}]"), format!("lists budget '{name}' twice"));

@@ -42,9 +42,13 @@ fn every_invalid_fixture_fails_with_its_exact_messages() {
 
 #[test]
 fn the_example_rules_are_valid() {
-    for name in
-        ["examples/payouts.yaml", "examples/seed.yaml", "examples/demo.yaml", "terraform/examples/basic/rules.yaml"]
-    {
+    for name in [
+        "examples/payouts.yaml",
+        "examples/seed.yaml",
+        "examples/demo.yaml",
+        "examples/sms.yaml",
+        "terraform/examples/basic/rules.yaml",
+    ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(name);
         let text = fs::read_to_string(&path).unwrap();
         if let Err(errors) = RuleSet::parse(name, &text) {
@@ -131,4 +135,25 @@ fn an_override_names_one_of_the_rule_s_limits_by_its_period() {
     assert!(rule.override_target("20/1h", None).unwrap_err().contains("no limit per 1h"));
     assert!(rule.override_target("0/1m", None).unwrap_err().contains("at least 1"));
     assert!(rule.override_target("500", None).unwrap_err().contains("COUNT/PERIOD"));
+}
+
+#[test]
+fn budgets_linked_by_a_rule_share_one_hash_tag_and_rules_resolve_them() {
+    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sms.yaml")).unwrap();
+    let rules = RuleSet::parse("sms.yaml", &text).unwrap();
+    let sms = rules.rule("sms").unwrap();
+    assert_eq!(sms.budget_tag(), Some("sms-gateway"));
+    assert_eq!(sms.feedback_budget().map(|b| b.name.as_str()), Some("sms-gateway"));
+    assert_eq!(sms.budgets[0].max_share, Some(200_000));
+    assert!(rules.rule("kyc").unwrap().adaptive.is_some() && rules.rule("kyc").unwrap().budget_tag().is_none());
+
+    let linked = "budgets:\n  zeta: [ { limit: 5, per: 1s } ]\n  alpha: [ { limit: 5, per: 1s } ]\n  mid: [ { limit: 5, per: 1s } ]\n  alone: [ { limit: 5, per: 1s } ]\nrules:\n".to_owned()
+        + &["  - { name: a, match: { attributes: { t: a } }, key: k, limits: [ { limit: 1, per: 1s } ], max_delay: 1m, forward: { topic: ready }, overflow_topic: overflow, dlq_topic: dlq, budgets: [zeta, mid] }\n",
+            "  - { name: b, match: { attributes: { t: b } }, key: k, limits: [ { limit: 1, per: 1s } ], max_delay: 1m, forward: { topic: ready }, overflow_topic: overflow, dlq_topic: dlq, budgets: [alpha, mid] }\n"]
+            .concat();
+    let rules = RuleSet::parse("linked.yaml", &linked).unwrap();
+    let tag = |name: &str| rules.budgets[name].tag.clone();
+    assert_eq!((tag("zeta"), tag("mid"), tag("alpha")), ("alpha".into(), "alpha".into(), "alpha".into()));
+    assert_eq!(tag("alone"), "alone");
+    assert_eq!(rules.rule("a").unwrap().budget_tag(), Some("alpha"));
 }
