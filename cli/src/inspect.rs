@@ -65,5 +65,24 @@ fn render(report: &EntityReport) -> String {
         let state = if o.in_force { "" } else { " (ended)" };
         out += &format!("override   {} -> {}{until}{state}\n", o.limit, o.count);
     }
+    if let Some(level) = report.adaptive_level {
+        out += &format!("adaptive   level {level:.3} of each count\n");
+    }
+    for budget in &report.budgets {
+        let share = budget.max_share.map_or(String::new(), |s| format!(", max share {s}"));
+        out += &format!("budget     {}{share}\n", budget.name);
+        for limit in &budget.limits {
+            out += &format!(
+                "  {:<28} {:>6} of {:<6} used now by everyone, {} booked ahead\n",
+                limit.limit, limit.used_now, limit.capacity, limit.ahead
+            );
+        }
+        if let Some(until) = &budget.paused_until {
+            out += &format!("  paused until {until}\n");
+        }
+        if let Some(level) = budget.adaptive_level {
+            out += &format!("  adaptive level {level:.3}\n");
+        }
+    }
     out
 }
