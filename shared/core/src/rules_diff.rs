@@ -190,6 +190,47 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
     if old.overflow_format != new.overflow_format || old.on_missing_key != new.on_missing_key {
         edits.push(edit(Safety::Safe, "overflow_format or on_missing_key changed: from the next event"));
     }
+    edits.extend(budget_edits(old, new));
+    edits
+}
+
+/// Budgets the rule draws from, and where its entities live (a budget's hash tag).
+fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
+    let names = |rule: &Rule| rule.budgets.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+    let mut edits = Vec::new();
+    if old.budget_tag() != new.budget_tag() {
+        let home =
+            |rule: &Rule| rule.budget_tag().map_or("its own".to_owned(), |tag| format!("budget group '{tag}''s"));
+        edits.push(edit(
+            Safety::NeedsCare,
+            format!(
+                "its entities move from {} hash tag to {}: their state starts empty, so until the old backlog drains a window can hold the old backlog and new events",
+                home(old),
+                home(new)
+            ),
+        ));
+    } else if names(old) != names(new) {
+        edits.push(edit(
+            Safety::Safe,
+            format!("budgets {:?} -> {:?}: from the next reservation", names(old), names(new)),
+        ));
+    }
+    for (before, after) in
+        old.budgets.iter().filter_map(|b| new.budgets.iter().find(|n| n.name == b.name).map(|n| (b, n)))
+    {
+        if before.limits != after.limits || before.max_share != after.max_share || before.adaptive != after.adaptive {
+            edits.push(edit(
+                Safety::Safe,
+                format!(
+                    "budget '{}' changed: from the next reservation (windows already booked keep their use)",
+                    after.name
+                ),
+            ));
+        }
+    }
+    if old.adaptive != new.adaptive || old.feedback != new.feedback {
+        edits.push(edit(Safety::Safe, "adaptive or feedback changed: from the next signal and reservation"));
+    }
     edits
 }
 
@@ -269,6 +310,22 @@ rules:
         let kyc = edits(&diff, "kyc");
         assert!(kyc.iter().any(|(s, w)| *s == Safety::Delays && w.contains("added")), "{kyc:?}");
         assert!(kyc.iter().any(|(s, w)| *s == Safety::Safe && w.contains("removed")), "{kyc:?}");
+    }
+
+    #[test]
+    fn drawing_from_a_budget_moves_the_entities_and_needs_care() {
+        let with_budget = format!("budgets:\n  gateway: [ {{ limit: 50, per: 1s }} ]\n{OLD}").replacen(
+            "    key: \"k\"\n",
+            "    key: \"k\"\n    budgets: [gateway]\n",
+            1,
+        );
+        let diff = diff(&parse(OLD), &parse(&with_budget));
+        let kyc = edits(&diff, "kyc");
+        assert!(kyc.iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("budget group 'gateway'")), "{kyc:?}");
+        let raised = with_budget.replacen("limit: 50, per: 1s", "limit: 80, per: 1s", 1);
+        let kyc = edits(&super::diff(&parse(&with_budget), &parse(&raised)), "kyc");
+        assert_eq!(kyc.len(), 1);
+        assert_eq!(kyc[0].0, Safety::Safe, "{kyc:?}");
     }
 
     #[test]
