@@ -9,6 +9,7 @@ use cloud_tasks_emulator::client::EmulatorClient;
 use cloud_tasks_emulator::{Emulator, RetryConfig, Settings as EmulatorSettings};
 use drip_limiter::{AppState, Settings, app, build_state};
 use drip_service::settings::CommonSettings;
+use drip_service::tasks::TaskSettings;
 
 use crate::pubsub_emulator::PROJECT;
 use crate::unique;
@@ -167,16 +168,10 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             oidc_jwks_url: wiring.oidc_jwks_url.clone(),
             task_signing_key: SIGNING_KEY.into(),
         },
-        cloud_tasks_endpoint: Some(wiring.tasks_endpoint.clone()),
-        tasks_queues: wiring.queues.join(","),
-        tasks_location: LOCATION.into(),
-        dispatcher_url: wiring.dispatcher_url.clone(),
-        tasks_service_account: Some("drip-tasks@drip-test.iam.gserviceaccount.com".into()),
-        tasks_audience: None,
-        tasks_timeout_ms: wiring.timeouts_ms,
+        tasks: task_settings(&wiring.tasks_endpoint, &wiring.queues, &wiring.dispatcher_url, wiring.timeouts_ms),
         claim_check_max_bytes: wiring.claim_check_max_bytes,
         forward_timeout_ms: wiring.timeouts_ms,
-        forward_id_token: drip_limiter::ForwardIdTokenMode::Never,
+        forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
         shutdown_grace_ms: 10_000,
     };
     let state = build_state(&settings).await.expect("the limiter starts");
@@ -187,9 +182,22 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
     LimiterUnderTest { url, state, namespace, redis_url: wiring.redis_url.clone(), rules_path }
 }
 
+/// Cloud Tasks settings for the stand-in at `endpoint`.
+pub fn task_settings(endpoint: &str, queues: &[String], dispatcher_url: &str, timeout_ms: u64) -> TaskSettings {
+    TaskSettings {
+        cloud_tasks_endpoint: Some(endpoint.to_owned()),
+        tasks_queues: Some(queues.join(",")),
+        tasks_location: LOCATION.into(),
+        dispatcher_url: Some(dispatcher_url.to_owned()),
+        tasks_service_account: Some("drip-tasks@drip-test.iam.gserviceaccount.com".into()),
+        tasks_audience: None,
+        tasks_timeout_ms: timeout_ms,
+    }
+}
+
 /// The queue index the limiter uses for a key (re-exported for assertions).
 pub fn queue_of(rule: &str, key: &str, queues: usize) -> usize {
-    drip_limiter::queue_index(rule, key, queues)
+    drip_core::overflow::queue_index(rule, key, queues)
 }
 
 /// A dispatcher serving on loopback.
@@ -219,6 +227,41 @@ pub async fn spawn_dispatcher_with(
     oidc: Option<(&str, &str, &str)>,
     max_attempts: i64,
 ) -> DispatcherUnderTest {
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), oidc, max_attempts, None).await
+}
+
+/// A dispatcher that can give events new slots (an `overflow: { url }` that says wait): it
+/// creates tasks on `queues` of the stand-in at `tasks_endpoint`, calling itself.
+pub async fn spawn_rescheduling_dispatcher(
+    rules_yaml: &str,
+    (redis_url, namespace, pubsub_host): (&str, &str, &str),
+    tasks_endpoint: &str,
+    queues: &[String],
+) -> DispatcherUnderTest {
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, Some((tasks_endpoint, queues))).await
+}
+
+async fn start_dispatcher(
+    rules_yaml: &str,
+    (redis_url, namespace, pubsub_host): (&str, &str, &str),
+    oidc: Option<(&str, &str, &str)>,
+    max_attempts: i64,
+    tasks: Option<(&str, &[String])>,
+) -> DispatcherUnderTest {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let tasks = match tasks {
+        Some((endpoint, queues)) => task_settings(endpoint, queues, &format!("{url}/dispatch"), 3_000),
+        None => TaskSettings {
+            cloud_tasks_endpoint: None,
+            tasks_queues: None,
+            tasks_location: LOCATION.into(),
+            dispatcher_url: None,
+            tasks_service_account: None,
+            tasks_audience: None,
+            tasks_timeout_ms: 3_000,
+        },
+    };
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));
     std::fs::write(&rules_path, rules_yaml).expect("write rules");
     let settings = drip_dispatcher::Settings {
@@ -241,10 +284,11 @@ pub async fn spawn_dispatcher_with(
             task_signing_key: SIGNING_KEY.into(),
         },
         tasks_max_attempts: max_attempts,
+        tasks,
+        forward_timeout_ms: 3_000,
+        forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
     };
     let state = drip_dispatcher::build_state(&settings).await.expect("the dispatcher starts");
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
     let router = drip_dispatcher::app(state.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
     DispatcherUnderTest { url, state }

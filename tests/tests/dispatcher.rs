@@ -69,6 +69,7 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
                 drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() - 250,
             ),
             overflow_topic: format!("{prefix}-{topic}"),
+            cost: None,
         },
         payload: TaskPayload::inline(data),
         attributes: BTreeMap::from([("event_type".into(), "payout".into())]),

@@ -255,11 +255,11 @@ async fn over_limit_events_become_tasks_for_the_next_window_with_name_and_body()
     let next_hour = (now / (60 * MINUTE) + 1) * 60 * MINUTE;
     assert_eq!(task.schedule_time, next_hour, "the start of the next 1h window");
     let rule = t.rule("payouts");
-    let queue =
-        &t.limiter.state.queues[drip_tests::stack::queue_of(&rule, "merchant_42", t.limiter.state.queues.len())];
+    let queues = &t.limiter.state.tasks.queues;
+    let queue = &queues[drip_tests::stack::queue_of(&rule, "merchant_42", queues.len())];
     assert_eq!(&task.queue, queue);
     let identity = drip_core::event::MessageRef::new("d3", Some(SUBSCRIPTION.into())).identity();
-    assert_eq!(task.name, format!("{queue}/tasks/{}", drip_limiter::task_id(&rule, &identity)));
+    assert_eq!(task.name, format!("{queue}/tasks/{}", drip_core::overflow::task_id(&rule, &identity, None)));
     assert_eq!(task.url, format!("{}/dispatch", t.receiver.url));
     assert_eq!(task.oidc_service_account.as_deref(), Some("drip-tasks@drip-test.iam.gserviceaccount.com"));
     let body = body_of(task);

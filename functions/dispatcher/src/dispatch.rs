@@ -15,12 +15,18 @@ use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload};
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
-use drip_core::time::{parse_rfc3339, wall_clock_millis};
-use drip_store::{DispatchClaim, MessageOf};
+use drip_core::schedule::Status;
+use drip_core::time::{MINUTE, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_gcp::http_target::{Answer, EventPost, PostError};
+use drip_service::feedback;
+use drip_store::{DispatchClaim, LimiterStore, MessageOf, SlotRequest, SlotStore};
 
 use crate::AppState;
+
+/// How long a claim-checked payload outlives the slot of its new task.
+const CLAIM_CHECK_MARGIN: Millis = 10 * MINUTE;
 
 /// Cloud Tasks sets these on every dispatch; a request without them did not come from a queue.
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];
@@ -162,6 +168,12 @@ async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
     }
     let result = publish(state, task, route).await;
     match &result {
+        // The event's new task publishes it: it must be able to claim it.
+        Ok(Outcome::Rescheduled) => {
+            if let Err(error) = state.store.release_dispatch(of).await {
+                tracing::warn!(%error, "could not release the dispatch claim; it expires by itself");
+            }
+        }
         Ok(_) => {
             if let Err(error) = state.metrics.time("redis", state.store.finish_dispatch(of)).await {
                 tracing::warn!(%error, "could not record the dispatch; a second run would publish again");
@@ -223,9 +235,135 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
             return Ok(Outcome::DeadLetter(reason));
         }
     };
+    // A pause that began after this task was made (its slot was reserved before it) holds it too.
+    if state.tasks.is_some()
+        && let Some(until) =
+            state.metrics.time("redis", state.store.paused_until(rule, &task.rate_limit_meta.key)).await?
+        && until > wall_clock_millis()
+    {
+        let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
+        return reschedule(state, task, rule, &why).await;
+    }
+    if let Some(url) = &rule.overflow_url {
+        return deliver_to_url(state, task, rule, url, data).await;
+    }
     let message = enriched.unwrap_or(data);
     state.metrics.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
     Ok(Outcome::Published)
+}
+
+/// POSTs the event to the rule's `overflow: { url }`, and acts on the answer: a wait pauses the
+/// rule's feedback target (key or budget) and gives the event a new slot after it in a new task; a
+/// 429 without `Retry-After` gives it a new slot now (its adaptive limit lowered); a 408, 5xx or
+/// timeout is retried by Cloud Tasks; any other refusal dead-letters it.
+async fn deliver_to_url(
+    state: &AppState,
+    task: &TaskBody,
+    rule: &Rule,
+    url: &str,
+    data: Vec<u8>,
+) -> anyhow::Result<Outcome> {
+    let meta = &task.rate_limit_meta;
+    let post = EventPost {
+        message_id: &task.message_id,
+        subscription: task.subscription.as_deref(),
+        rule: &rule.name,
+        key: &meta.key,
+        scheduled_for: parse_rfc3339(&meta.scheduled_for).unwrap_or_else(|_| wall_clock_millis()),
+        attributes: &task.attributes,
+        shadow: None,
+        data: &data,
+    };
+    let refused = |reason, detail: String| Refused { reason, detail };
+    let answer = match state.metrics.time("overflow_url", state.target.post(url, post)).await {
+        Ok(answer) => answer,
+        Err(PostError::InvalidHeader(detail)) => {
+            publish_dead_letter(state, task, Some(rule), refused(DlqReason::InvalidHeaderValue, detail), data, None)
+                .await?;
+            return Ok(Outcome::DeadLetter(DlqReason::InvalidHeaderValue));
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let feedback = |status: Option<u16>, until: Option<Millis>| {
+        let signal = feedback::Signal { status, until };
+        feedback::apply((&state.store as &dyn LimiterStore, &state.metrics), rule, &meta.key, None, signal)
+    };
+    match answer {
+        Answer::Delivered => Ok(Outcome::Published),
+        Answer::Wait { status, until, retry_after } => {
+            let effect = feedback(Some(status), Some(until)).await?;
+            tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, retry_after, "the overflow URL asked to wait: paused, event rescheduled");
+            reschedule(state, task, rule, &format!("the overflow URL answered {status}, Retry-After {retry_after}"))
+                .await
+        }
+        Answer::Overloaded { status: Some(429), detail } => {
+            feedback(Some(429), None).await?;
+            reschedule(state, task, rule, &detail).await
+        }
+        Answer::Overloaded { status, detail } => {
+            feedback(status, None).await?;
+            Err(anyhow::anyhow!("{detail}"))
+        }
+        Answer::Redirected { status, location } => {
+            let detail = format!("overflow URL answered {status}; Location: {location}");
+            publish_dead_letter(state, task, Some(rule), refused(DlqReason::ForwardRejected, detail), data, None)
+                .await?;
+            Ok(Outcome::DeadLetter(DlqReason::ForwardRejected))
+        }
+        Answer::Rejected { status } => {
+            let detail = format!("overflow URL answered {status}");
+            publish_dead_letter(state, task, Some(rule), refused(DlqReason::ForwardRejected, detail), data, None)
+                .await?;
+            Ok(Outcome::DeadLetter(DlqReason::ForwardRejected))
+        }
+    }
+}
+
+/// Gives the task's event a new slot (after any pause, within the rule's limits and budgets, the
+/// old slot's capacity still used) and a new task at it; the event's answer records it, so a
+/// redelivered push is acked as it is. Beyond `max_delay`, the event is dead-lettered.
+async fn reschedule(state: &AppState, task: &TaskBody, rule: &Rule, why: &str) -> anyhow::Result<Outcome> {
+    let Some(tasks) = &state.tasks else {
+        anyhow::bail!(
+            "{why}; DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set, so Cloud Tasks retries it instead"
+        );
+    };
+    let meta = &task.rate_limit_meta;
+    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
+    let request = SlotRequest {
+        reslot: true,
+        published: task.publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok()),
+        ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1), None)
+    };
+    let reserved = state.metrics.time("redis", SlotStore::reserve(&state.store, &request)).await?;
+    let slot = reserved.reservation.slot;
+    let late = match reserved.reservation.status {
+        Status::Reserved => None,
+        Status::MaxDelayExceeded => Some(DlqReason::MaxDelayExceeded),
+        Status::CostExceedsLimit => Some(DlqReason::CostExceedsLimit),
+    };
+    if let Some(reason) = late {
+        let detail = format!("{why}; the next slot, {}, cannot be had ({reason})", format_rfc3339(slot));
+        let data = match &task.payload {
+            TaskPayload::ClaimCheck(reference) => state.store.get_payload(reference).await?.unwrap_or_default(),
+            payload => payload.data().unwrap_or_default(),
+        };
+        publish_dead_letter(state, task, Some(rule), Refused { reason, detail }, data, None).await?;
+        return Ok(Outcome::DeadLetter(reason));
+    }
+    let now = reserved.now;
+    if let TaskPayload::ClaimCheck(reference) = &task.payload {
+        state.metrics.time("redis", state.store.keep_payload(reference, slot - now + CLAIM_CHECK_MARGIN)).await?;
+    }
+    let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..meta.clone() };
+    let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() })?;
+    let name = task_id(&rule.id, &identity, Some(slot));
+    state.metrics.time("cloud_tasks", tasks.create((&rule.id, &meta.key), &name, slot, body)).await?;
+    if let Err(error) = SlotStore::complete(&state.store, &request, &reserved).await {
+        tracing::warn!(%error, "could not record the new slot as acted upon");
+    }
+    tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, slot = %format_rfc3339(slot), "rescheduled");
+    Ok(Outcome::Rescheduled)
 }
 
 fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {

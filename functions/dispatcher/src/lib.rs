@@ -1,6 +1,7 @@
 //! The dispatcher: Cloud Tasks calls `POST /dispatch` at each delayed event's slot, and it
-//! publishes the event to the overflow topic of its rule, answering 200 only once published
-//! (5xx otherwise, so Cloud Tasks retries with backoff).
+//! publishes the event to the overflow topic of its rule (or POSTs it to the rule's
+//! `overflow: { url }`), answering 200 only once done (5xx otherwise, so Cloud Tasks retries with
+//! backoff). A URL that says wait gets the event back later: a new slot, a new task.
 
 mod dispatch;
 
@@ -11,12 +12,15 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use drip_core::overflow::TaskSigner;
+use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::Publish;
+use drip_gcp::http_target::{HttpTarget, IdTokenMode};
 use drip_gcp::oidc::OidcVerifier;
-use drip_service::live_rules::LiveRules;
+use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
+use drip_service::tasks::{TaskSettings, Tasks};
 use drip_store::{AnyConnection, RedisStore};
 
 /// Cloud Tasks sends at most 1 MB per task.
@@ -34,6 +38,15 @@ pub struct Settings {
     /// dead-lettered instead of deleted by Cloud Tasks. -1: unlimited (no attempt is the last).
     #[envconfig(from = "DRIP_TASKS_MAX_ATTEMPTS", default = "100")]
     pub tasks_max_attempts: i64,
+    /// To give an event a new slot when an `overflow: { url }` target says wait (optional when no
+    /// rule has one).
+    #[envconfig(nested)]
+    pub tasks: TaskSettings,
+    #[envconfig(from = "DRIP_FORWARD_TIMEOUT_MS", default = "5000")]
+    pub forward_timeout_ms: u64,
+    /// `auto` (a Google ID token for `*.run.app` URLs), `always` or `never`.
+    #[envconfig(from = "DRIP_FORWARD_ID_TOKEN", default = "auto")]
+    pub forward_id_token: IdTokenMode,
 }
 
 impl Settings {
@@ -54,6 +67,10 @@ pub struct AppState {
     pub max_attempts: i64,
     /// How long one attempt publishes a task's message alone.
     pub lease: Millis,
+    /// `overflow: { url }` targets.
+    pub target: Arc<HttpTarget>,
+    /// For new slots of events such a target told to wait; `None` when not configured.
+    pub tasks: Option<Tasks>,
 }
 
 impl AppState {
@@ -70,15 +87,40 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         ("dispatches", "Tasks received, by rule and outcome"),
         ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
     ));
+    let tasks = match settings.tasks.configured() {
+        true => Some(settings.tasks.connect(&common.project, common.task_signer()?).await?),
+        false => None,
+    };
+    // An `overflow: { url }` target may say wait: then this service creates the event's next task.
+    let can_reschedule = tasks.is_some();
+    let accept: Acceptance = Box::new(move |rules: &ServiceRules| {
+        match rules.rules.iter().find(|r| r.overflow_url.is_some()) {
+            Some(rule) if !can_reschedule => Err(format!(
+                "rule '{}' has overflow: {{ url }}, which needs DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL on the dispatcher",
+                rule.name
+            )),
+            _ => Ok(()),
+        }
+    });
     Ok(AppState {
-        rules: common.load_rules(Box::new(|_| Ok(())), metrics.shared.clone())?,
+        rules: common.load_rules(accept, metrics.shared.clone())?,
         store: RedisStore::new(redis, common.redis_namespace.clone()),
         signer: common.task_signer()?,
         max_attempts: settings.tasks_max_attempts,
-        lease: (2 * common.publish_timeout_ms + 2 * common.redis_timeout_ms + LEASE_MARGIN_MS) as Millis,
+        // A publish or a delivery, a dead letter, a new slot and its task, and Redis around them.
+        lease: (2 * common.publish_timeout_ms
+            + settings.forward_timeout_ms
+            + settings.tasks.tasks_timeout_ms
+            + 4 * common.redis_timeout_ms
+            + LEASE_MARGIN_MS) as Millis,
         publishers: common.connect_pubsub().await?,
         oidc: common.oidc_verifier(),
         metrics,
+        target: Arc::new(HttpTarget::new(
+            std::time::Duration::from_millis(settings.forward_timeout_ms),
+            settings.forward_id_token,
+        )?),
+        tasks,
     })
 }
 

@@ -22,6 +22,7 @@ use drip_core::schedule::LimitOverride;
 use drip_core::template::cap_key;
 use drip_core::time::{format_rfc3339, parse_rfc3339};
 use drip_service::auth::Caller;
+use drip_service::feedback;
 use drip_store::OverrideChange;
 use serde::Deserialize;
 
@@ -199,11 +200,11 @@ pub async fn feedback(
     // Only a 429 or 503 that says how long to wait pauses; a 429, 408, 5xx or a timeout (status 0
     // or 504) lowers an adaptive limit; anything else changes nothing.
     let until = match (body.status, body.retry_after) {
-        (429 | 503, Some(seconds)) => Some(crate::actions::wait_seconds(seconds)),
+        (429 | 503, Some(seconds)) => Some(drip_gcp::http_target::wait_seconds(seconds)),
         _ => None,
     };
-    let signal = crate::feedback::Signal { status: (body.status != 0).then_some(body.status), until };
-    match crate::feedback::apply(&state, rule, &key, budget, signal).await {
+    let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
+    match feedback::apply((&*state.store, &state.metrics), rule, &key, budget, signal).await {
         Ok(effect) if effect.paused_until.is_none() && effect.adaptive_level.is_none() => {
             StatusCode::NO_CONTENT.into_response()
         }

@@ -6,30 +6,28 @@
 mod actions;
 mod entities;
 mod envelope;
-mod feedback;
 mod push;
 mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
-use drip_core::overflow::TaskSigner;
 use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
+use drip_gcp::Publish;
+use drip_gcp::http_target::HttpTarget;
 use drip_gcp::oidc::OidcVerifier;
-use drip_gcp::tasks::{TaskCreator, TaskTarget};
-use drip_gcp::{CreateTask, Publish};
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
+use drip_service::tasks::Tasks;
 use drip_store::{LimiterStore, RedisStore};
 
-pub use actions::{ForwardIdToken, MAX_INLINE_TASK_BODY, queue_index, task_id};
+pub use actions::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
-pub use settings::{ForwardIdTokenMode, Settings};
+pub use settings::Settings;
 
 /// Pub/Sub push requests carry up to 10 MB of data, base64-encoded (×4/3) in JSON, plus up to 100
 /// attributes of at most 1,280 bytes each.
@@ -44,14 +42,12 @@ pub struct AppState {
     pub rules: Arc<LiveRules>,
     pub store: Arc<dyn LimiterStore>,
     pub publishers: Arc<dyn Publish>,
-    pub tasks: Arc<dyn CreateTask>,
-    pub queues: Arc<Vec<String>>,
-    pub http: reqwest::Client,
-    pub id_tokens: Arc<ForwardIdToken>,
+    pub tasks: Tasks,
+    /// Forward URLs.
+    pub target: Arc<HttpTarget>,
     pub oidc: Option<Arc<OidcVerifier>>,
     pub metrics: Arc<ServiceMetrics>,
     pub claim_check_max_bytes: usize,
-    pub signer: TaskSigner,
     /// How long an attempt may take to act (the inline wait, the forward or task creation, and a
     /// dead letter); it is then answered 503 and its lease released.
     pub attempt_deadline: Duration,
@@ -86,39 +82,21 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let _ = deadline_sized_for.set(longest_inline_wait);
     let attempt_deadline = Duration::from_millis(
         longest_inline_wait as u64
-            + settings.forward_timeout_ms.max(settings.tasks_timeout_ms).max(common.redis_timeout_ms)
+            + settings.forward_timeout_ms.max(settings.tasks.tasks_timeout_ms).max(common.redis_timeout_ms)
             + common.publish_timeout_ms,
     );
     let redis = common.connect_redis().await?;
-    let target = TaskTarget {
-        url: settings.dispatcher_url.clone(),
-        service_account: settings.tasks_service_account.clone(),
-        audience: settings.tasks_audience(),
-    };
-    let tasks = TaskCreator::connect(
-        settings.cloud_tasks_endpoint.as_deref(),
-        target,
-        Duration::from_millis(settings.tasks_timeout_ms),
-    )
-    .await
-    .context("creating the Cloud Tasks client (CLOUD_TASKS_ENDPOINT / credentials)")?;
-    // Never follow redirects: reqwest would turn the POST into a bodiless GET and lose the event.
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_millis(settings.forward_timeout_ms))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()?;
+    let tasks = settings.tasks.connect(&common.project, common.task_signer()?).await?;
+    let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
     Ok(AppState {
         rules,
         store: Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
         publishers: common.connect_pubsub().await?,
-        tasks: Arc::new(tasks),
-        queues: Arc::new(settings.queues()?),
-        http,
-        id_tokens: Arc::new(ForwardIdToken::new(settings.forward_id_token)),
+        tasks,
+        target: Arc::new(target),
         oidc: common.oidc_verifier(),
         metrics,
         claim_check_max_bytes: settings.claim_check_max_bytes,
-        signer: common.task_signer()?,
         attempt_deadline,
         lease: (attempt_deadline + LEASE_MARGIN).as_millis() as Millis,
     })

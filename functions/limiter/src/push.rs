@@ -15,6 +15,7 @@ use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::Reservation;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
+use drip_service::feedback;
 use drip_store::{Reserved, SlotRequest};
 
 use crate::AppState;
@@ -94,7 +95,8 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         state.metrics.count(&rule.name, Outcome::Redelivered.as_str());
         return Ok(Outcome::Redelivered);
     }
-    let acting = Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, shadow: None };
+    let acting =
+        Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, cost, shadow: None };
     let act = act(state, acting, &request, &reserved, publish_time.as_deref());
     let result = match tokio::time::timeout(state.attempt_deadline, act).await {
         Ok(result) => result,
@@ -171,8 +173,8 @@ async fn act(
         Err(Failure::Wait { until, status, detail }) => {
             // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
             // feedback names) before the pause ends, and this event's new slot goes to Cloud Tasks.
-            let signal = crate::feedback::Signal { status: Some(status), until: Some(until) };
-            let effect = crate::feedback::apply(state, rule, key, None, signal).await?;
+            let signal = feedback::Signal { status: Some(status), until: Some(until) };
+            let effect = feedback::apply((&*state.store, &state.metrics), rule, key, None, signal).await?;
             tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = %format_rfc3339(until), %detail, "the downstream asked to wait: paused, event rescheduled");
             let again = SlotRequest { reslot: true, ..*request };
             let moved = state.metrics.time("redis", state.store.reserve(&again)).await?;

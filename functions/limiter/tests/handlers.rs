@@ -10,14 +10,17 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
+use drip_core::overflow::task_id;
 use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::time::parse_rfc3339;
+use drip_gcp::http_target::{HttpTarget, IdTokenMode};
 use drip_gcp::pubsub::PublishError;
 use drip_gcp::tasks::{CreateTaskError, Created};
 use drip_gcp::{CreateTask, GcpFuture, Publish};
-use drip_limiter::{AppState, ForwardIdToken, ForwardIdTokenMode, app, task_id};
+use drip_limiter::{AppState, app};
 use drip_service::metrics::ServiceMetrics;
+use drip_service::tasks::Tasks;
 use drip_store::MemoryLimiterStore;
 use drip_tests::stack::SIGNING_KEY;
 use tower::ServiceExt;
@@ -190,14 +193,11 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
         store: store.clone(),
         publishers: pubsub.clone(),
-        tasks: tasks.clone(),
-        queues: Arc::new(vec![QUEUE.to_owned()]),
-        http: reqwest::Client::new(),
-        id_tokens: Arc::new(ForwardIdToken::new(ForwardIdTokenMode::Never)),
+        tasks: Tasks::new(tasks.clone(), vec![QUEUE.to_owned()], TaskSigner::new(SIGNING_KEY)),
+        target: Arc::new(HttpTarget::new(Duration::from_secs(5), IdTokenMode::Never).unwrap()),
         oidc: None,
         metrics,
         claim_check_max_bytes: 4 * 1024 * 1024,
-        signer: TaskSigner::new(SIGNING_KEY),
         attempt_deadline: Duration::from_secs(5),
         lease: 10_000,
     };
@@ -315,7 +315,7 @@ async fn over_the_limit_a_signed_task_is_created_for_the_slot_and_beyond_max_del
         assert_eq!(task.queue, QUEUE);
         assert_eq!(task.at, next_window, "{id} waits for the next window");
         let identity = drip_core::event::MessageRef::new(id, Some(SUBSCRIPTION.to_owned())).identity();
-        assert_eq!(task.id, task_id("payouts", &identity));
+        assert_eq!(task.id, task_id("payouts", &identity, None));
         assert!(TaskSigner::new(SIGNING_KEY).verify(&task.body, &task.headers[SIGNATURE_HEADER]), "signed");
         let body: TaskBody = serde_json::from_slice(&task.body).unwrap();
         assert_eq!(body.message_id, id);

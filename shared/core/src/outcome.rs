@@ -113,6 +113,8 @@ pub enum Outcome {
     Published,
     /// Dispatcher: a second run of a task already published.
     Duplicate,
+    /// Dispatcher: the `overflow: { url }` target said to wait; a new task holds the event's new slot.
+    Rescheduled,
     /// A transient failure: answered 5xx, retried.
     Retry,
     /// Dispatcher: a request without Cloud Tasks' headers, or with a bad signature.
@@ -131,6 +133,7 @@ impl Outcome {
             Self::Busy => "busy",
             Self::Published => "published",
             Self::Duplicate => "duplicate",
+            Self::Rescheduled => "rescheduled",
             Self::Retry => "retry",
             Self::NotATask => "not_a_task",
             Self::UnknownOverflowTopic => "unknown_overflow_topic",

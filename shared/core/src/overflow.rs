@@ -8,7 +8,7 @@ use std::fmt;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 /// What the limiter hands the dispatcher through a Cloud Task. On the wire (the seed's format) the
 /// payload is one of three fields; here it is one [`TaskPayload`], so a body with two of them never
@@ -148,6 +148,30 @@ pub struct RateLimitMeta {
     pub limit: u64,
     pub scheduled_for: String,
     pub overflow_topic: String,
+    /// The event's cost, for a new slot the dispatcher reserves (an `overflow: { url }` that
+    /// answered 429); absent in tasks made before it existed (cost 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+}
+
+/// The task's name within its queue, derived from (rule, message identity) so a retried create for
+/// a redelivered message is refused as ALREADY_EXISTS instead of scheduling the event twice, while
+/// one id from two subscriptions makes two tasks. A task the dispatcher makes for a new slot adds
+/// the slot, so that each new slot has its own task and a retried creation its own name again.
+pub fn task_id(rule: &str, identity: &str, reslotted_for: Option<i64>) -> String {
+    let digest = Sha256::digest(format!("{rule}\0{identity}").as_bytes());
+    match reslotted_for {
+        None => format!("{}-{rule}", hex::encode(&digest[..16])),
+        Some(slot) => format!("{}-{rule}-at-{slot}", hex::encode(&digest[..16])),
+    }
+}
+
+/// A key's tasks always go to the same queue.
+pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
+    let digest = Sha256::digest(format!("{rule}|{key}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    (u64::from_be_bytes(first) % queues.max(1) as u64) as usize
 }
 
 /// The header that carries a task body's signature: `sha256=<hex HMAC-SHA256 of the body>`.
@@ -202,6 +226,26 @@ impl TaskSigner {
 mod tests {
     use super::*;
 
+    #[test]
+    fn task_names_are_stable_valid_and_distinct() {
+        let id = task_id("payouts", "1234@aaaaaaaaaaaa", None);
+        assert_eq!(id, task_id("payouts", "1234@aaaaaaaaaaaa", None));
+        assert_ne!(id, task_id("payouts", "1234@bbbbbbbbbbbb", None));
+        assert_ne!(id, task_id("payouts", "1235@aaaaaaaaaaaa", None));
+        assert_ne!(id, task_id("kyc", "1234@aaaaaaaaaaaa", None));
+        assert_ne!(id, task_id("payouts", "1234@aaaaaaaaaaaa", Some(1_785_758_400_000)));
+        for id in [id, task_id("payouts", "1234@aaaaaaaaaaaa", Some(1_785_758_400_000))] {
+            assert!(id.len() <= 500 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        }
+    }
+
+    #[test]
+    fn a_key_always_maps_to_one_queue_and_keys_spread() {
+        assert_eq!(queue_index("r", "k", 4), queue_index("r", "k", 4));
+        let used: std::collections::HashSet<usize> = (0..64).map(|i| queue_index("r", &format!("k{i}"), 4)).collect();
+        assert_eq!(used.len(), 4);
+    }
+
     fn body() -> TaskBody {
         TaskBody {
             is_ratelimited: true,
@@ -213,6 +257,7 @@ mod tests {
                 limit: 100,
                 scheduled_for: "2026-08-03T14:02:00.000Z".into(),
                 overflow_topic: "payout-events-overflow".into(),
+                cost: None,
             },
             payload: TaskPayload::Bytes(Vec::new()),
             attributes: BTreeMap::from([("event_type".into(), "payout".into())]),

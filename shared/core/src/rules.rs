@@ -83,6 +83,10 @@ pub struct Rule {
     pub inline_wait: Millis,
     pub forward: Forward,
     pub overflow_topic: TopicName,
+    /// `overflow: { url }`: the dispatcher POSTs each delayed event to this URL at its slot
+    /// instead of publishing it on `overflow_topic` (which still names the rule's tasks), sees the
+    /// answer, and reschedules the event itself when told to wait.
+    pub overflow_url: Option<String>,
     /// Its own `dlq_topic`, else the file's `default_dlq_topic` (resolved when the file loads).
     pub dlq_topic: TopicName,
     pub on_missing_key: OnMissingKey,
@@ -570,6 +574,7 @@ struct RawRule {
     inline_wait: Option<String>,
     forward: RawForward,
     overflow_topic: String,
+    overflow: Option<RawOverflow>,
     dlq_topic: Option<String>,
     on_missing_key: Option<Value>,
     overflow_format: Option<String>,
@@ -593,6 +598,12 @@ struct RawLimit {
     window: Option<String>,
     burst: Option<i64>,
     placement: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverflow {
+    url: String,
 }
 
 #[derive(Deserialize)]
@@ -706,6 +717,10 @@ fn validate_rule(
         }
     };
     let overflow_topic = errors.check("overflow_topic", TopicName::new(raw.overflow_topic));
+    let overflow_url = match raw.overflow.map(|o| o.url) {
+        None => Some(None),
+        Some(url) => errors.check("overflow.url", check_url(&url)).map(|()| Some(url)),
+    };
     let dlq_topic = match (raw.dlq_topic, default_dlq) {
         (Some(topic), _) => errors.check("dlq_topic", TopicName::new(topic)),
         (None, Some(default)) => Some(default.clone()),
@@ -787,6 +802,7 @@ fn validate_rule(
         inline_wait: inline_wait?,
         forward: forward?,
         overflow_topic: overflow_topic?,
+        overflow_url: overflow_url?,
         dlq_topic: dlq_topic?,
         on_missing_key: on_missing_key?,
         overflow_format: overflow_format?,

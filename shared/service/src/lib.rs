@@ -3,10 +3,12 @@
 //! authentication of callers, and graceful shutdown on SIGTERM.
 
 pub mod auth;
+pub mod feedback;
 pub mod health;
 pub mod live_rules;
 pub mod metrics;
 pub mod settings;
+pub mod tasks;
 pub mod telemetry;
 
 /// Resolves when the process is asked to stop (SIGTERM from Cloud Run, or Ctrl-C).

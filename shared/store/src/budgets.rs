@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use drip_core::budgets::Budget;
+use drip_core::rules::Rule;
 use drip_core::schedule::BudgetState;
 use drip_core::time::Millis;
 use redis::Script;
@@ -14,7 +15,7 @@ use crate::inspect::parse_adaptive;
 use crate::keys::budget_key;
 use crate::overrides::adapt_args;
 use crate::redis_store::STATE_MARGIN;
-use crate::{RedisStore, StoreError};
+use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
 static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/budget.lua")));
 
@@ -45,6 +46,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         }
         invocation.arg(STATE_MARGIN);
         Ok(invocation.invoke_async(&mut self.connection()).await?)
+    }
+
+    /// The latest end of a pause of the rule's key or of any budget it draws from, if any.
+    pub async fn paused_until(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
+        let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", 0, &[]);
+        let mut pipe = redis::pipe();
+        pipe.hget(&keys.overrides, "pause");
+        for budget in &rule.budgets {
+            pipe.hget(budget_key(self.namespace(), budget), "pause");
+        }
+        let ends: Vec<Option<Millis>> = pipe.query_async(&mut self.connection()).await?;
+        Ok(ends.into_iter().flatten().max())
     }
 
     /// The budget's state as the reference model holds it.

@@ -95,6 +95,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Ok(reference)
     }
 
+    /// Keeps a claim-checked payload at least `ttl` more (its task got a later slot).
+    pub async fn keep_payload(&self, reference: &str, ttl: Millis) -> Result<(), StoreError> {
+        let _: i64 =
+            redis::cmd("PEXPIRE").arg(reference).arg(ttl.max(1)).arg("GT").query_async(&mut self.connection()).await?;
+        Ok(())
+    }
+
     /// The payload a task refers to, or `None` when it expired or never existed.
     pub async fn get_payload(&self, reference: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.connection().get(reference).await?)

@@ -1,14 +1,15 @@
 //! What the downstream's answers do to the limits (README: "When the downstream says wait"): a 429
 //! or 503 with `Retry-After` pauses the rule's feedback target (its key, or the budget it names);
 //! a 429, 408, 5xx or a timeout lowers the target's adaptive level when it has one. Used for the
-//! limiter's own forwards and for `POST /v1/feedback`.
+//! limiter's own forwards, the dispatcher's deliveries to `overflow: { url }` targets, and for
+//! `POST /v1/feedback`.
 
 use drip_core::budgets::{Budget, PPM};
 use drip_core::rules::Rule;
 use drip_core::time::Millis;
-use drip_store::StoreError;
+use drip_store::{LimiterStore, StoreError};
 
-use crate::AppState;
+use crate::metrics::ServiceMetrics;
 
 /// One answer of the downstream.
 #[derive(Debug, Clone, Copy)]
@@ -27,8 +28,7 @@ impl Signal {
 }
 
 /// What a signal changed.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default)]
 pub struct Effect {
     /// `key` or `budget:<name>`.
     pub target: String,
@@ -40,30 +40,29 @@ pub struct Effect {
 /// Applies `signal` to the key, or to `budget` when given, else to the budget the rule's
 /// feedback names.
 pub async fn apply(
-    state: &AppState,
+    (store, metrics): (&dyn LimiterStore, &ServiceMetrics),
     rule: &Rule,
     key: &str,
     budget: Option<&Budget>,
     signal: Signal,
 ) -> Result<Effect, StoreError> {
     let budget = budget.or_else(|| rule.feedback_budget());
-    let store = &state.store;
     let target = budget.map_or_else(|| "key".to_owned(), |b| format!("budget:{}", b.name));
     if let Some(until) = signal.until {
         match budget {
-            Some(budget) => state.metrics.time("redis", store.pause_budget(budget, until)).await?,
-            None => state.metrics.time("redis", store.pause(rule, key, until)).await?,
+            Some(budget) => metrics.time("redis", store.pause_budget(budget, until)).await?,
+            None => metrics.time("redis", store.pause(rule, key, until)).await?,
         }
     }
     let level = match (signal.overloaded(), budget) {
         (false, _) => None,
-        (true, Some(budget)) => state.metrics.time("redis", store.signal_budget(budget)).await?,
-        (true, None) => state.metrics.time("redis", store.signal(rule, key)).await?,
+        (true, Some(budget)) => metrics.time("redis", store.signal_budget(budget)).await?,
+        (true, None) => metrics.time("redis", store.signal(rule, key)).await?,
     };
     let adaptive_level = level.map(|level| level as f64 / PPM as f64);
     if let Some(level) = adaptive_level {
         let gauge = budget.map_or_else(|| format!("rule:{}", rule.name), |b| format!("budget:{}", b.name));
-        state.metrics.shared.adaptive_level(gauge, level);
+        metrics.shared.adaptive_level(gauge, level);
         tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, level, "the downstream is overloaded: adaptive limit lowered");
     }
     Ok(Effect { target, paused_until: signal.until, adaptive_level })

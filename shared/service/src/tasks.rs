@@ -1,0 +1,146 @@
+//! Creating the signed Cloud Task that carries a delayed event to the dispatcher at its slot: the
+//! limiter for each delayed event, the dispatcher for an event an `overflow: { url }` target told
+//! to wait (README: "Overflow to an HTTP target").
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use drip_core::overflow::{SIGNATURE_HEADER, TaskSigner, queue_index};
+use drip_core::time::Millis;
+use drip_gcp::tasks::{CreateTask, CreateTaskError, Created, TaskCreator, TaskTarget};
+use envconfig::Envconfig;
+
+/// Cloud Tasks settings (README: "Settings").
+#[derive(Debug, Clone, Envconfig)]
+pub struct TaskSettings {
+    /// The Cloud Tasks stand-in's URL; unset for the real service.
+    #[envconfig(from = "CLOUD_TASKS_ENDPOINT")]
+    pub cloud_tasks_endpoint: Option<String>,
+    /// Comma-separated queues, as ids (in DRIP_TASKS_LOCATION) or full names. A key's tasks always
+    /// go to the same queue; more queues lift Cloud Tasks' 500 dispatches/s per queue.
+    #[envconfig(from = "DRIP_TASKS_QUEUES")]
+    pub tasks_queues: Option<String>,
+    #[envconfig(from = "DRIP_TASKS_LOCATION", default = "us-central1")]
+    pub tasks_location: String,
+    /// The dispatcher's `/dispatch` URL that tasks call.
+    #[envconfig(from = "DRIP_DISPATCHER_URL")]
+    pub dispatcher_url: Option<String>,
+    /// The service account whose OIDC token tasks carry to the dispatcher.
+    #[envconfig(from = "DRIP_TASKS_SERVICE_ACCOUNT")]
+    pub tasks_service_account: Option<String>,
+    /// The audience of that token; defaults to the dispatcher URL's origin.
+    #[envconfig(from = "DRIP_TASKS_AUDIENCE")]
+    pub tasks_audience: Option<String>,
+    #[envconfig(from = "DRIP_TASKS_TIMEOUT_MS", default = "10000")]
+    pub tasks_timeout_ms: u64,
+}
+
+impl TaskSettings {
+    /// Whether tasks can be created at all (the dispatcher needs them only for `overflow: { url }`).
+    pub fn configured(&self) -> bool {
+        self.tasks_queues.is_some() || self.dispatcher_url.is_some()
+    }
+
+    /// Full queue names.
+    pub fn queues(&self, project: &str) -> anyhow::Result<Vec<String>> {
+        let queues: Vec<String> = self
+            .tasks_queues
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|q| !q.is_empty())
+            .map(|q| {
+                if q.starts_with("projects/") {
+                    q.to_owned()
+                } else {
+                    format!("projects/{project}/locations/{}/queues/{q}", self.tasks_location)
+                }
+            })
+            .collect();
+        if queues.is_empty() {
+            bail!("DRIP_TASKS_QUEUES names no queue");
+        }
+        Ok(queues)
+    }
+
+    pub fn dispatcher_url(&self) -> anyhow::Result<&str> {
+        match self.dispatcher_url.as_deref() {
+            Some(url) if url.starts_with("https://") || url.starts_with("http://") => Ok(url),
+            Some(url) => bail!("DRIP_DISPATCHER_URL must be an http(s) URL, got '{url}'"),
+            None => bail!("DRIP_DISPATCHER_URL is not set"),
+        }
+    }
+
+    pub fn tasks_audience(&self) -> anyhow::Result<String> {
+        Ok(self.tasks_audience.clone().unwrap_or_else(|| origin(self.dispatcher_url().unwrap_or_default())))
+    }
+
+    /// Checks every setting a service that creates tasks needs.
+    pub fn check(&self, project: &str) -> anyhow::Result<()> {
+        self.queues(project)?;
+        self.dispatcher_url()?;
+        Ok(())
+    }
+
+    pub async fn connect(&self, project: &str, signer: TaskSigner) -> anyhow::Result<Tasks> {
+        let target = TaskTarget {
+            url: self.dispatcher_url()?.to_owned(),
+            service_account: self.tasks_service_account.clone(),
+            audience: self.tasks_audience()?,
+        };
+        let client = TaskCreator::connect(
+            self.cloud_tasks_endpoint.as_deref(),
+            target,
+            Duration::from_millis(self.tasks_timeout_ms),
+        )
+        .await
+        .context("creating the Cloud Tasks client (CLOUD_TASKS_ENDPOINT / credentials)")?;
+        Ok(Tasks::new(Arc::new(client), self.queues(project)?, signer))
+    }
+}
+
+/// `https://host/path` → `https://host`.
+pub fn origin(url: &str) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find('/') {
+        Some(slash) => url[..after_scheme + slash].to_owned(),
+        None => url.to_owned(),
+    }
+}
+
+/// Creates signed tasks on the queue of their key.
+#[derive(Debug, Clone)]
+pub struct Tasks {
+    pub client: Arc<dyn CreateTask>,
+    pub queues: Arc<Vec<String>>,
+    signer: TaskSigner,
+}
+
+impl Tasks {
+    pub fn new(client: Arc<dyn CreateTask>, queues: Vec<String>, signer: TaskSigner) -> Self {
+        Self { client, queues: Arc::new(queues), signer }
+    }
+
+    pub fn signer(&self) -> &TaskSigner {
+        &self.signer
+    }
+
+    /// Creates task `name` for (rule id, key) at `slot` with `body` (an encoded `TaskBody`), signed.
+    pub async fn create(
+        &self,
+        (rule, key): (&str, &str),
+        name: &str,
+        slot: Millis,
+        body: Vec<u8>,
+    ) -> Result<Created, CreateTaskError> {
+        let queue = &self.queues[queue_index(rule, key, self.queues.len())];
+        let headers = HashMap::from([
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            (SIGNATURE_HEADER.to_owned(), self.signer.sign(&body)),
+        ]);
+        self.client.create(queue, name, slot, body, headers).await
+    }
+}
