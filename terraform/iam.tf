@@ -78,6 +78,24 @@ resource "google_service_account_iam_member" "limiter_acts_as_tasks" {
   member             = google_service_account.limiter.member
 }
 
+# The dispatcher gives an event a new slot in a new task when a rule's `overflow: { url }` target
+# answers 429 or 503 (README: "Overflow to an HTTP target").
+resource "google_cloud_tasks_queue_iam_member" "dispatcher_enqueues" {
+  for_each = google_cloud_tasks_queue.drip
+
+  project  = var.project_id
+  location = var.region
+  name     = each.value.name
+  role     = "roles/cloudtasks.enqueuer"
+  member   = google_service_account.dispatcher.member
+}
+
+resource "google_service_account_iam_member" "dispatcher_acts_as_tasks" {
+  service_account_id = google_service_account.tasks.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = google_service_account.dispatcher.member
+}
+
 # Publishers on exactly the topics each service writes to.
 resource "google_pubsub_topic_iam_member" "limiter_publishes" {
   for_each = merge(google_pubsub_topic.forward, google_pubsub_topic.dlq)

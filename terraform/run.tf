@@ -13,16 +13,20 @@ locals {
     # long, without a new revision (README: "Changing limits").
     DRIP_RULES_POLL_MS = "10000"
   }
-  limiter_env = merge(local.common_env, {
+  # Both create tasks: the limiter for each delayed event, the dispatcher for an event an
+  # `overflow: { url }` target told to wait.
+  tasks_env = {
     DRIP_TASKS_QUEUES          = join(",", [for queue in google_cloud_tasks_queue.drip : queue.id])
     DRIP_TASKS_LOCATION        = var.region
     DRIP_DISPATCHER_URL        = "${local.dispatcher_url}/dispatch"
     DRIP_TASKS_SERVICE_ACCOUNT = google_service_account.tasks.email
     DRIP_TASKS_AUDIENCE        = local.dispatcher_url
-    DRIP_OIDC_AUDIENCE         = local.limiter_url
-    DRIP_OIDC_ALLOWED_EMAILS   = join(",", concat([google_service_account.push.email], var.limits_api_callers))
+  }
+  limiter_env = merge(local.common_env, local.tasks_env, {
+    DRIP_OIDC_AUDIENCE       = local.limiter_url
+    DRIP_OIDC_ALLOWED_EMAILS = join(",", concat([google_service_account.push.email], var.limits_api_callers))
   })
-  dispatcher_env = merge(local.common_env, {
+  dispatcher_env = merge(local.common_env, local.tasks_env, {
     DRIP_OIDC_AUDIENCE       = local.dispatcher_url
     DRIP_OIDC_ALLOWED_EMAILS = google_service_account.tasks.email
     DRIP_TASKS_MAX_ATTEMPTS  = tostring(var.tasks_max_attempts)

@@ -250,6 +250,11 @@ def limiter_enqueues_with_least_privilege(module: Module):
     act_as = [g for g in module.of_type("google_service_account_iam_member").values() if g.arg("role") == "roles/iam.serviceAccountUser"]
     if not any("google_service_account.tasks" in str(g.arguments.get("service_account_id")) and "limiter" in str(g.arguments.get("member")) for g in act_as):
         problems.append("the limiter cannot act as the tasks service account")
+    # The dispatcher reschedules events an `overflow: { url }` target told to wait.
+    if not any("google_service_account.dispatcher" in str(g.arguments.get("member")) for g in enqueuers):
+        problems.append("the dispatcher cannot enqueue tasks (overflow: { url } reschedules)")
+    if not any("google_service_account.tasks" in str(g.arguments.get("service_account_id")) and "dispatcher" in str(g.arguments.get("member")) for g in act_as):
+        problems.append("the dispatcher cannot act as the tasks service account")
     token_creators = [g for g in module.of_type("google_service_account_iam_member").values() if g.arg("role") == "roles/iam.serviceAccountTokenCreator"]
     for grant in token_creators:
         if "google_service_account.push" not in str(grant.arguments.get("service_account_id")):
