@@ -21,7 +21,8 @@
 --         that has an answer a new slot (the attempt holding its lease was told to wait), else '';
 --         then a floor for the entity's frontier ('' for none: see `previous_key` in schedule.rs);
 --         then the entity's adaptive limit: its ceiling (ppm; '' for none), step (ppm), window (ms);
---         then the number of budgets, and for each: its KEYS index, adaptive ceiling ('' for none),
+--         then the delivery margin (ms: no slot in a fixed window's last margin, sliding intervals
+--         per + margin long; see schedule.rs); then the number of budgets, and for each: its KEYS index, adaptive ceiling ('' for none),
 --         step, window, max_share (ppm, '' for none), its number of limits, and for each limit:
 --         per, count, 'fixed' or 'spread'.
 -- A limit of kind 'share' is a budget's fair share (a fixed window on the entity's own slots): its
@@ -105,9 +106,10 @@ end
 
 local extra = params + 6 * count + 2
 local horizon = now + tonumber(ARGV[4])
-local budget_count = tonumber(ARGV[extra + 3])
+local margin = tonumber(ARGV[extra + 3])
+local budget_count = tonumber(ARGV[extra + 4])
 local budgets = {}
-local at = extra + 4
+local at = extra + 5
 for b = 1, budget_count do
   local key, ceiling = KEYS[tonumber(ARGV[at])], tonumber(ARGV[at + 1])
   local limit_count = tonumber(ARGV[at + 5])
@@ -196,6 +198,10 @@ for _ = 1, rounds do
     local t = slot
     if kind == 'fixed' or kind == 'spread' or kind == 'share' then
       local window = t - t % per
+      if t >= window + per - margin then
+        window = window + per
+        t = window
+      end
       local used = 0
       if a == window then
         used = b
@@ -206,7 +212,7 @@ for _ = 1, rounds do
       if used + cost > limit then
         t = window + per
       elseif kind == 'spread' then
-        t = math.max(t, window + math.floor(used * per / limit))
+        t = math.max(t, window + math.floor(used * (per - margin) / limit))
       end
     elseif kind == 'sliding' then
       if a then
@@ -216,10 +222,10 @@ for _ = 1, rounds do
         local threshold = (tonumber(newest[2]) or a) - (limit - cost)
         if threshold > a then
           local first_kept = redis.call('ZRANGEBYSCORE', key, threshold, '+inf', 'LIMIT', 0, 1)
-          t = math.max(t, tonumber(first_kept[1]) + per)
+          t = math.max(t, tonumber(first_kept[1]) + per + margin)
         end
       elseif last then
-        t = math.max(t, last + per)
+        t = math.max(t, last + per + margin)
       end
     elseif a then
       local x = b - (tonumber(ARGV[at + 3]) - 1) * per
@@ -244,6 +250,10 @@ for _ = 1, rounds do
       local per = l.per
       local window = slot - slot % per
       local t = slot
+      if t >= window + per - margin then
+        window = window + per
+        t = window
+      end
       while true do
         if window > horizon then
           t = math.max(t, window)
@@ -256,7 +266,7 @@ for _ = 1, rounds do
         end
         if used + cost <= l.n then
           if l.spread then
-            t = math.max(t, window + math.floor(used * per / l.n))
+            t = math.max(t, window + math.floor(used * (per - margin) / l.n))
           else
             t = math.max(t, window)
           end
@@ -330,7 +340,7 @@ for i = 1, count do
     redis.call('ZADD', key, total + cost, slot)
     while true do
       local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      if not oldest[1] or tonumber(oldest[1]) > slot - per then
+      if not oldest[1] or tonumber(oldest[1]) > slot - per - margin then
         break
       end
       base_cost = tonumber(oldest[2])

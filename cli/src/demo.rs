@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use axum::response::IntoResponse;
 use drip_core::rules::{Forward, Rule, RuleSet, TopicName};
 use drip_core::time::{Millis, parse_rfc3339, wall_clock_millis};
 use plotters::prelude::*;
@@ -42,6 +43,10 @@ pub struct Args {
     /// Give up waiting after this many seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
+    /// The feedback scenario: serve the rule's forward and overflow URL at this address, answering
+    /// 429 with `Retry-After: 3` from 1 s to 7 s after the burst, then 204.
+    #[arg(long)]
+    throttle: Option<String>,
 }
 
 struct Delivery {
@@ -84,9 +89,12 @@ struct Burst {
     started: Millis,
 }
 
-/// What came out at the topics.
+/// What came out at the topics (or the throttling target).
 #[derive(Default)]
 struct Outcome {
+    /// The feedback scenario: the target's answers, and the first merchant's adaptive level and
+    /// pause as the limiter's entity endpoint showed them over time.
+    feedback: Feedback,
     deliveries: HashMap<String, Delivery>,
     /// Messages seen again at the forward or overflow topic (same message id: one source
     /// subscription, so the id is the message's identity here).
@@ -101,8 +109,15 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
         rules.rule(&args.rule).with_context(|| format!("no rule '{}' in {}", args.rule, args.rules.display()))?;
     let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
     let topics = set_up(args, rule, &pubsub).await?;
+    let target = match &args.throttle {
+        Some(address) => Some(Throttle::serve(address).await?),
+        None => None,
+    };
     let burst = publish_burst(args, &pubsub).await?;
-    let outcome = watch(args, rule, &pubsub, &topics, &burst).await?;
+    if let Some(target) = &target {
+        target.start(burst.started);
+    }
+    let outcome = watch(args, rule, &pubsub, &topics, &burst, target.as_ref()).await?;
     let (summary, ok) = summarize(args, rule, &burst, &outcome)?;
     print!("{summary}");
     std::fs::write(args.out.join("summary.txt"), &summary)?;
@@ -111,10 +126,14 @@ async fn demo(args: &Args) -> anyhow::Result<bool> {
 
 /// Creates the rule's topics and the source topic, whose push subscription feeds the limiter.
 async fn set_up(args: &Args, rule: &Rule, pubsub: &EmulatorClient) -> anyhow::Result<Topics> {
-    let Forward::Topic(forward) = &rule.forward else { bail!("the demo rule must forward to a topic") };
-    let topics =
-        Topics { forward: forward.clone(), overflow: rule.overflow_topic.clone(), dlq: rule.dlq_topic.clone() };
-    for topic in [&topics.forward, &topics.overflow, &topics.dlq] {
+    let forward = match &rule.forward {
+        Forward::Topic(forward) => forward.clone(),
+        Forward::Url(_) if args.throttle.is_some() => rule.overflow_topic.clone(),
+        Forward::Url(_) => bail!("the demo rule must forward to a topic (or run with --throttle)"),
+    };
+    let topics = Topics { forward, overflow: rule.overflow_topic.clone(), dlq: rule.dlq_topic.clone() };
+    let distinct: std::collections::BTreeSet<&TopicName> = [&topics.forward, &topics.overflow, &topics.dlq].into();
+    for topic in distinct {
         pubsub.topic_with_subscription(topic).await?;
     }
     pubsub.create_topic(SOURCE).await?;
@@ -164,7 +183,9 @@ async fn watch(
     pubsub: &EmulatorClient,
     topics: &Topics,
     burst: &Burst,
+    target: Option<&Throttle>,
 ) -> anyhow::Result<Outcome> {
+    let http = reqwest::Client::new();
     let live = std::io::stdout().is_terminal();
     let mut outcome = Outcome::default();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
@@ -179,6 +200,19 @@ async fn watch(
                 if outcome.deliveries.insert(id, delivery).is_some() {
                     outcome.duplicates += 1;
                 }
+            }
+        }
+        if let Some(target) = target {
+            outcome.feedback.refusals = target.take_deliveries(&burst.merchant_of, &mut outcome.deliveries);
+            outcome.duplicates = target.duplicates();
+            let first = format!("merchant_{}", burst.merchants[0]);
+            let url = format!("{}/v1/rules/{}/keys/{first}", args.limiter.trim_end_matches('/'), rule.name);
+            if let Ok(response) = http.get(&url).send().await
+                && let Ok(report) = response.json::<serde_json::Value>().await
+            {
+                let at = wall_clock_millis() - burst.started;
+                let level = report["adaptiveLevel"].as_f64().unwrap_or(1.0);
+                outcome.feedback.levels.push((at, level, report["pausedUntil"].as_str().is_some()));
             }
         }
         for message in pubsub.pull(&topics.dlq, 1_000).await? {
@@ -215,7 +249,7 @@ async fn watch(
 /// merchant's slots over the limit. Writes the chart.
 fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyhow::Result<(String, bool)> {
     let limit = rule.limits[0];
-    let Outcome { deliveries, duplicates, dead } = outcome;
+    let Outcome { deliveries, duplicates, dead, feedback } = outcome;
     let mut scheduled: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
     let mut observed: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
     for delivery in deliveries.values() {
@@ -230,18 +264,21 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
         .map(|d| d.max(0))
         .collect();
     let mut lateness: Vec<Millis> =
-        deliveries.values().filter(|d| d.route == "delay").map(|d| d.delivered_at - d.scheduled_for).collect();
+        deliveries.values().filter(|d| d.route != "forward").map(|d| d.delivered_at - d.scheduled_for).collect();
     delays.sort_unstable();
     lateness.sort_unstable();
     let lost = args.events.saturating_sub(deliveries.len() + dead.len());
     let forwarded = deliveries.values().filter(|d| d.route == "forward").count();
     let mut summary = String::new();
     summary += &format!("\nevents in:            {}\n", args.events);
+    let routes = if args.throttle.is_some() {
+        format!("{} delivered to the partner", deliveries.len())
+    } else {
+        format!("{forwarded} forwarded at once, {} delayed", deliveries.len() - forwarded)
+    };
     summary += &format!(
-        "events out:           {} ({} forwarded at once, {} delayed, {} dead-lettered{})\n",
+        "events out:           {} ({routes}, {} dead-lettered{})\n",
         deliveries.len() + dead.len(),
-        forwarded,
-        deliveries.len() - forwarded,
         dead.len(),
         if dead.is_empty() { String::new() } else { format!(": {:?}", dead.values().collect::<HashSet<_>>()) }
     );
@@ -254,26 +291,56 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
         percentile(&delays, 0.99) as f64 / 1e3
     );
     summary += &format!(
-        "dispatch lateness:    p50 {} ms / p99 {} ms (Cloud Tasks stand-in -> dispatcher -> overflow topic)\n",
+        "dispatch lateness:    p50 {} ms / p99 {} ms (Cloud Tasks stand-in -> dispatcher -> overflow)\n",
         percentile(&lateness, 0.5),
         percentile(&lateness, 0.99)
     );
     summary += &format!(
-        "max per window:       {max_scheduled} scheduled, {max_observed} observed at the topics, limit {} ({limit})\n",
-        limit.limit()
+        "max per window:       {max_scheduled} scheduled, {max_observed} observed at the topics, limit {} ({limit}; delivery_margin {} ms)\n",
+        limit.limit(),
+        rule.delivery_margin
     );
+    if args.throttle.is_some() {
+        let lowest = feedback.levels.iter().map(|l| l.1).fold(f64::INFINITY, f64::min);
+        let last = feedback.levels.last().map_or(1.0, |l| l.1);
+        let paused = feedback.levels.iter().filter(|l| l.2).map(|l| l.0).collect::<Vec<_>>();
+        summary += &format!(
+            "downstream:           answered 429 (Retry-After: 3) {} times, from 1 s to 7 s\n",
+            feedback.refusals
+        );
+        summary += &format!(
+            "merchant {}:         paused {}; adaptive level lowest {lowest:.2}, at the end {last:.2}\n",
+            burst.merchants[0],
+            match (paused.first(), paused.last()) {
+                (Some(a), Some(b)) => format!("from {:.1} s to {:.1} s", *a as f64 / 1e3, *b as f64 / 1e3),
+                _ => "never".into(),
+            }
+        );
+        let samples: Vec<String> = feedback
+            .levels
+            .iter()
+            .step_by((feedback.levels.len() / 12).max(1))
+            .map(|(at, level, _)| format!("{:.0}s {level:.2}", *at as f64 / 1e3))
+            .collect();
+        summary += &format!("adaptive level:       {}\n", samples.join(", "));
+    }
     let chart = args.out.join("drip-demo.svg");
     std::fs::create_dir_all(&args.out)?;
     draw_chart(&chart, burst, deliveries, limit)?;
     summary += &format!("chart:                {}\n", chart.display());
-    let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit();
+    // With a delivery margin the promise is made where the downstream observes it.
+    let observed_ok = rule.delivery_margin == 0 || max_observed <= limit.limit();
+    let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit() && observed_ok;
     summary += if ok {
         "result:               OK: nothing lost, nothing doubled, no window over its limit\n"
     } else {
         "result:               FAILED\n"
     };
     if max_observed > limit.limit() {
-        summary += "note:                 a window saw more deliveries than the limit: dispatch lateness moved slots into the next window\n";
+        summary += &format!(
+            "note:                 a window saw more deliveries than the limit: a delivery was later than the rule's delivery_margin ({} ms)\n",
+            rule.delivery_margin
+        );
     }
     Ok((summary, ok))
 }
@@ -326,7 +393,101 @@ fn render_frame(args: &Args, rule: &Rule, merchants: &[String], outcome: &Outcom
     }
     let done = deliveries.len() + outcome.dead.len();
     frame += &format!("\n  backlog  {} {done}/{} delivered\n", bar(done * 40 / args.events.max(1), 40), args.events);
+    if let Some(&(_, level, paused)) = outcome.feedback.levels.last() {
+        let refusing = now - started >= THROTTLE_FROM && now - started < THROTTLE_UNTIL;
+        frame += &format!(
+            "\n  downstream  {}   merchant {}: {}, adaptive level {level:.2} ({:.0} a second)\n",
+            if refusing { "429 Retry-After: 3" } else { "204 OK            " },
+            merchants[0],
+            if paused { "PAUSED" } else { "going " },
+            level * limit.limit() as f64
+        );
+    }
     frame
+}
+
+/// The feedback scenario's target refuses from 1 s to 7 s after the burst.
+const THROTTLE_FROM: Millis = 1_000;
+const THROTTLE_UNTIL: Millis = 7_000;
+
+#[derive(Default)]
+struct Feedback {
+    /// How many requests the target answered 429.
+    refusals: usize,
+    /// (ms since the burst, the first merchant's adaptive level, whether it was paused).
+    levels: Vec<(Millis, f64, bool)>,
+}
+
+/// One request the throttling target answered.
+struct Hit {
+    id: String,
+    scheduled_for: Millis,
+    at: Millis,
+    accepted: bool,
+}
+
+/// The feedback scenario's downstream: the rule's forward and overflow URL.
+struct Throttle {
+    hits: std::sync::Arc<std::sync::Mutex<Vec<Hit>>>,
+    started: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Throttle {
+    async fn serve(address: &str) -> anyhow::Result<Self> {
+        let hits: std::sync::Arc<std::sync::Mutex<Vec<Hit>>> = Default::default();
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(Millis::MAX));
+        let (log, since) = (hits.clone(), started.clone());
+        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let (log, since) = (log.clone(), since.clone());
+            async move {
+                let header =
+                    |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+                let at = wall_clock_millis();
+                let elapsed = at - since.load(std::sync::atomic::Ordering::Relaxed);
+                let accepted = !(THROTTLE_FROM..THROTTLE_UNTIL).contains(&elapsed);
+                let scheduled_for = parse_rfc3339(&header("x-drip-scheduled-for")).unwrap_or(at);
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(Hit {
+                    id: header("x-drip-message-id"),
+                    scheduled_for,
+                    at,
+                    accepted,
+                });
+                if accepted {
+                    axum::http::StatusCode::NO_CONTENT.into_response()
+                } else {
+                    (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "3")]).into_response()
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { hits, started })
+    }
+
+    fn start(&self, at: Millis) {
+        self.started.store(at, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Files each accepted request as a delivery; returns how many were refused so far.
+    fn take_deliveries(&self, merchant_of: &HashMap<String, String>, into: &mut HashMap<String, Delivery>) -> usize {
+        let hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
+        for hit in hits.iter().filter(|h| h.accepted) {
+            into.entry(hit.id.clone()).or_insert_with(|| Delivery {
+                merchant: merchant_of.get(&hit.id).cloned().unwrap_or_default(),
+                route: "target",
+                scheduled_for: hit.scheduled_for,
+                delivered_at: hit.at,
+            });
+        }
+        hits.iter().filter(|h| !h.accepted).count()
+    }
+
+    /// Messages the target accepted more than once.
+    fn duplicates(&self) -> usize {
+        let hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
+        let accepted: Vec<&String> = hits.iter().filter(|h| h.accepted).map(|h| &h.id).collect();
+        accepted.len() - accepted.iter().collect::<HashSet<_>>().len()
+    }
 }
 
 fn draw_chart(

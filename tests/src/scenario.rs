@@ -40,6 +40,8 @@ pub struct Shared {
     pub signals: Vec<(usize, Option<usize>)>,
     /// Before the event at `.0`, the budget at `.1` pauses until `.2`.
     pub budget_pauses: Vec<(usize, usize, Millis)>,
+    /// The rule's `delivery_margin`.
+    pub margin: Millis,
 }
 
 impl Scenario {
@@ -530,7 +532,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                 })
                 .collect();
             budget_pauses.sort_by_key(|p| p.0);
-            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses };
+            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses, margin: 0 };
             scenario
         },
     )
@@ -579,4 +581,61 @@ pub fn check_budget_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resu
         check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;
     }
     Ok(())
+}
+
+/// A scenario whose rule has a delivery margin (at most half of its shortest fixed or sliding
+/// window), sometimes with a shared budget too.
+pub fn scenario_with_margin(max_events: usize) -> impl Strategy<Value = Scenario> {
+    (prop_oneof![scenario(Kinds::All, max_events), scenario_with_budgets(max_events)], 1i64..=60).prop_map(
+        |(mut scenario, margin)| {
+            let budget_limits = scenario.shared.budgets.iter().flat_map(|b| b.limits.clone());
+            let shortest = scenario
+                .limits
+                .iter()
+                .copied()
+                .chain(budget_limits)
+                .filter(|l| !matches!(l.window(), Window::Gcra { .. }))
+                .map(|l| l.per())
+                .min()
+                .unwrap_or(1_000);
+            scenario.shared.margin = margin.min(shortest / 2);
+            scenario
+        },
+    )
+}
+
+/// For scenarios with a delivery margin: every fixed window and sliding interval holds at most
+/// its limit when each reserved event is delivered up to the margin late (lateness spread over
+/// [0, margin) by event), for the entity's limits and the budgets alike.
+pub fn check_delivery_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let margin = scenario.shared.margin;
+    let mut delivered: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
+    let mut everyone = Vec::new();
+    for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
+        if answer.replayed || answer.status != Status::Reserved {
+            continue;
+        }
+        let late = if margin > 0 { (i as i64 * 37) % margin } else { 0 };
+        delivered.entry(arrival.entity).or_default().push((answer.slot + late, arrival.cost));
+        everyone.push((answer.slot + late, arrival.cost));
+    }
+    let not_gcra: Vec<Limit> =
+        scenario.limits.iter().copied().filter(|l| !matches!(l.window(), Window::Gcra { .. })).collect();
+    everyone.sort();
+    for budget in &scenario.shared.budgets {
+        check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {} at delivery: {e}", budget.name))?;
+    }
+    for (entity, ledger) in &mut delivered {
+        ledger.sort();
+        check_limits(&not_gcra, ledger).map_err(|e| format!("entity {entity} at delivery: {e}"))?;
+    }
+    check_schedule_or_budgets(scenario, answers)
+}
+
+fn check_schedule_or_budgets(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    if scenario.shared.budgets.is_empty() && scenario.shared.margin == 0 {
+        check_schedule(scenario, answers)
+    } else {
+        check_budget_bounds(scenario, answers)
+    }
 }

@@ -22,6 +22,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             floor: None,
             budgets: &[],
             adaptive: None,
+            margin: 0,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

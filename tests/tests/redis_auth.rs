@@ -47,6 +47,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
         tag: None,
         budgets: &[],
         adaptive: None,
+        margin: 0,
     };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
@@ -100,6 +101,7 @@ async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
         tag: None,
         budgets: &[],
         adaptive: None,
+        margin: 0,
     };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
@@ -135,6 +137,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
                 tag: None,
                 budgets: &[],
                 adaptive: None,
+                margin: 0,
             };
             store.reserve(&request).await.is_err()
         }

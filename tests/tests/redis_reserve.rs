@@ -12,9 +12,9 @@ use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, RuleRef, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_edit_bounds, check_limits,
-    check_overridden_bounds, check_pause_bounds, check_schedule, scenario, scenario_with_an_edit,
-    scenario_with_budgets, scenario_with_overrides, scenario_with_pauses,
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_delivery_bounds, check_edit_bounds,
+    check_limits, check_overridden_bounds, check_pause_bounds, check_schedule, scenario, scenario_with_an_edit,
+    scenario_with_budgets, scenario_with_margin, scenario_with_overrides, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -55,6 +55,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
             tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
             budgets: &scenario.shared.budgets,
             adaptive: scenario.shared.adaptive,
+            margin: scenario.shared.margin,
         };
         let reserved = store.reserve(&request).await.expect("reserve");
         let reservation = reserved.reservation;
@@ -262,6 +263,13 @@ fn reserve_lua_gives_the_model_s_answer_with_budgets_and_adaptive_limits() {
     differential(scenario_with_budgets(60), 192, check_budget_bounds);
 }
 
+/// A delivery margin: the model and the Lua agree, and every fixed window and sliding interval
+/// holds its limit at the delivery times too, each delivery up to the margin late.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_a_delivery_margin() {
+    differential(scenario_with_margin(60), 160, check_delivery_bounds);
+}
+
 /// 500 events at 12:00:01 under 100 per minute: 100 now, then 100 at the start of each next minute.
 fn seed_scenario() -> Scenario {
     let events = (0..500)
@@ -336,6 +344,7 @@ async fn every_key_an_entity_writes_expires() {
             tag: None,
             budgets: &[],
             adaptive: None,
+            margin: 0,
         };
         store.reserve(&request).await.unwrap();
         entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
@@ -393,6 +402,7 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
             tag: None,
             budgets: &[],
             adaptive: None,
+            margin: 0,
         };
         // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
         // is refreshed only every so often, so single events may differ.
@@ -469,6 +479,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                     tag: None,
                     budgets: &[],
                     adaptive: None,
+                    margin: 0,
                 };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }

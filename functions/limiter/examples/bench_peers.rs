@@ -49,6 +49,7 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
         tag: None,
         budgets: &[],
         adaptive: None,
+        margin: 0,
     };
     if bare.store.reserve(&request).await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;

@@ -51,6 +51,7 @@ fn reserve(c: &mut Criterion) {
                         floor: None,
                         budgets: &[],
                         adaptive: None,
+                        margin: 0,
                     };
                     scheduler.reserve("bench", "hot", &request)
                 },

@@ -98,6 +98,8 @@ pub struct Rule {
     pub feedback: FeedbackTarget,
     /// The entity's limits follow the downstream (AIMD) when set.
     pub adaptive: Option<Adaptive>,
+    /// How late a delivery may be and still count in its slot's window (`ReserveRequest::margin`).
+    pub delivery_margin: Millis,
 }
 
 /// `enforce` (the default) acts on each decision; `shadow` reserves and records exactly as
@@ -436,6 +438,13 @@ impl RuleSet {
         for (rule, names) in rules.iter_mut().zip(&drawn) {
             // A budget that did not validate is reported already (and the file refused).
             rule.budgets = names.iter().filter_map(|name| budgets.get(name).cloned()).collect();
+            if let Some(limit) =
+                rule.budgets.iter().flat_map(|b| &b.limits).find(|l| 2 * rule.delivery_margin > l.per())
+            {
+                let label = format!("rule '{}'", rule.name);
+                RuleErrors { errors: &mut errors, label: &label }
+                    .push("delivery_margin", format!("must be at most half of every window of its budgets ({limit})"));
+            }
             if let Cost::Fixed(cost) = rule.cost
                 && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit < cost))
             {
@@ -582,6 +591,7 @@ struct RawRule {
     budgets: Option<Vec<String>>,
     feedback: Option<String>,
     adaptive: Option<RawAdaptive>,
+    delivery_margin: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -750,6 +760,24 @@ fn validate_rule(
         }
     };
 
+    let delivery_margin = match raw.delivery_margin.as_deref().map(parse_duration) {
+        None => Some(0),
+        Some(Err(message)) => errors.check("delivery_margin", Err(message)),
+        Some(Ok(margin)) => {
+            let fixed =
+                limits.iter().flatten().find(|l| !matches!(l.window(), Window::Gcra { .. }) && 2 * margin > l.per());
+            match fixed {
+                Some(limit) => {
+                    errors.push(
+                        "delivery_margin",
+                        format!("must be at most half of every fixed and sliding window ({limit})"),
+                    );
+                    None
+                }
+                None => Some(margin),
+            }
+        }
+    };
     let budget_names = raw.budgets.unwrap_or_default();
     for (i, name) in budget_names.iter().enumerate() {
         if !budgets.contains(name) {
@@ -810,6 +838,7 @@ fn validate_rule(
         budgets: Vec::new(),
         feedback: feedback?,
         adaptive: adaptive?,
+        delivery_margin: delivery_margin?,
     };
     Some((rule, budget_names))
 }

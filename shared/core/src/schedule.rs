@@ -63,6 +63,11 @@ pub struct ReserveRequest<'a> {
     pub budgets: &'a [Arc<Budget>],
     /// The rule's adaptive limit (AIMD), if it has one: its entity's counts follow the downstream.
     pub adaptive: Option<Adaptive>,
+    /// The rule's `delivery_margin`: how late a delivery may be and still count in its slot's
+    /// window. No slot lies in the last `margin` of a fixed window (spread placement spaces a
+    /// window's events over the rest), and a sliding interval is `per + margin` long, so the limit
+    /// holds at delivery times as well as at slots. 0: the limit holds at the slots.
+    pub margin: Millis,
 }
 
 /// The state of one limit of one entity. Its size never depends on the backlog: two numbers for
@@ -378,10 +383,13 @@ fn earliest_slot(
     loop {
         let next = own
             .iter()
-            .map(|l| earliest_accepted(&l.limit, l.count, state.limits.get(&l.id), frontier, request.cost, t))
+            .map(|l| {
+                let held = state.limits.get(&l.id);
+                earliest_accepted(&l.limit, (l.count, held), frontier, (request.cost, request.margin), t)
+            })
             .chain(shared.iter().map(|l| {
                 let windows = budgets.get(l.budget).map(|s| &s.windows);
-                budget_accepts(windows, l, request.cost, t, horizon)
+                budget_accepts(windows, l, (request.cost, request.margin), t, horizon)
             }))
             .fold(t, Millis::max);
         if next == t {
@@ -396,20 +404,21 @@ fn earliest_slot(
 fn budget_accepts(
     windows: Option<&BTreeMap<(Millis, Millis), u64>>,
     limit: &BudgetLimit<'_>,
-    cost: u64,
+    (cost, margin): (u64, Millis),
     t: Millis,
     horizon: Millis,
 ) -> Millis {
     let per = limit.per;
-    let mut window = t.div_euclid(per) * per;
+    let (mut window, t) = outside_margin(t, per, margin);
     loop {
         if window > horizon {
             return t.max(window);
         }
         let used = windows.and_then(|w| w.get(&(per, window)).copied()).unwrap_or(0);
         if used + cost <= limit.count {
+            let span = per - margin;
             let placed =
-                if limit.spread { window + (used as i64 * per).div_euclid(limit.count as i64) } else { window };
+                if limit.spread { window + (used as i64 * span).div_euclid(limit.count as i64) } else { window };
             return t.max(placed);
         }
         window += per;
@@ -425,16 +434,15 @@ fn budget_accepts(
 /// then never share a window of the new limit with the old backlog.
 fn earliest_accepted(
     limit: &Limit,
-    n: u64,
-    state: Option<&LimitState>,
+    (n, state): (u64, Option<&LimitState>),
     frontier: Option<Millis>,
-    cost: u64,
+    (cost, margin): (u64, Millis),
     t: Millis,
 ) -> Millis {
     let per = limit.per();
     match limit.window() {
         Window::Fixed(placement) => {
-            let window = t.div_euclid(per) * per;
+            let (window, t) = outside_margin(t, per, margin);
             let used = match (state, frontier) {
                 (Some(LimitState::Fixed { window: w, used }), _) if *w == window => *used,
                 (None, Some(last)) if last.div_euclid(per) * per == window => n,
@@ -443,7 +451,7 @@ fn earliest_accepted(
             if used + cost > n {
                 window + per
             } else if placement == Placement::Spread {
-                t.max(window + (used as i64 * per).div_euclid(n as i64))
+                t.max(window + (used as i64 * (per - margin)).div_euclid(n as i64))
             } else {
                 t
             }
@@ -457,10 +465,10 @@ fn earliest_accepted(
                     t
                 } else {
                     let first_kept = entries.partition_point(|&(_, cum)| (cum as i64) < threshold);
-                    t.max(entries[first_kept].0 + per)
+                    t.max(entries[first_kept].0 + per + margin)
                 }
             }
-            None => frontier.map_or(t, |last| t.max(last + per)),
+            None => frontier.map_or(t, |last| t.max(last + per + margin)),
             _ => t,
         },
         Window::Gcra { burst } => match state {
@@ -473,6 +481,13 @@ fn earliest_accepted(
             _ => t,
         },
     }
+}
+
+/// The window of `t` and `t` itself, or, when `t` lies in the window's last `margin`, the next
+/// window and its start: a delivery up to `margin` late still lands in its slot's window.
+fn outside_margin(t: Millis, per: Millis, margin: Millis) -> (Millis, Millis) {
+    let window = t.div_euclid(per) * per;
+    if t >= window + per - margin { (window + per, window + per) } else { (window, t) }
 }
 
 fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, own: &[EntityLimit], slot: Millis) {
@@ -517,7 +532,7 @@ fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, own: &[EntityLi
                         }
                     }
                     while let Some(&(time, cum)) = entries.front() {
-                        if time > slot - per {
+                        if time > slot - per - request.margin {
                             break;
                         }
                         *base = cum;
@@ -556,6 +571,7 @@ mod tests {
                     floor: None,
                     budgets: &[],
                     adaptive: None,
+                    margin: 0,
                 };
                 s.reserve("r", "k", &r).slot
             })
@@ -618,6 +634,7 @@ mod tests {
             floor: None,
             budgets: &[],
             adaptive: None,
+            margin: 0,
         };
         assert_eq!(s.reserve("r", "k", &req("a", 0)).status, Status::Reserved);
         let before = s.entity_state("r", "k").cloned();
@@ -651,6 +668,7 @@ mod lease_tests {
             floor: None,
             budgets: &[],
             adaptive: None,
+            margin: 0,
         };
         let mut s = Scheduler::new();
         assert!(!s.reserve("r", "k", &req(0)).busy);
@@ -695,6 +713,7 @@ mod budget_tests {
             floor: None,
             budgets,
             adaptive: None,
+            margin: 0,
         };
         s.reserve("r", key, &request)
     }

@@ -90,6 +90,7 @@ fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], pu
         tag: None,
         budgets: &[],
         adaptive: None,
+        margin: 0,
     }
 }
 

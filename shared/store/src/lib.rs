@@ -56,6 +56,8 @@ pub struct SlotRequest<'a> {
     pub budgets: &'a [Arc<Budget>],
     /// The rule's adaptive limit, if it has one.
     pub adaptive: Option<Adaptive>,
+    /// The rule's `delivery_margin` (`ReserveRequest::margin`).
+    pub margin: Millis,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -87,6 +89,7 @@ impl<'a> SlotRequest<'a> {
             tag: rule.budget_tag(),
             budgets: &rule.budgets,
             adaptive: rule.adaptive,
+            margin: rule.delivery_margin,
         }
     }
 }

@@ -32,6 +32,7 @@ impl SlotStore for MemoryStore {
             floor: request.floor,
             budgets: request.budgets,
             adaptive: request.adaptive,
+            margin: request.margin,
         };
         let reservation = self.with(|s| {
             if request.reslot {

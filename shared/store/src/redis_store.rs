@@ -216,7 +216,8 @@ impl<C> RedisStore<C> {
     pub fn reserve_call(&self, request: &SlotRequest<'_>) -> ReserveCall {
         let keys = self.keys(request);
         let budget_limits = request.budgets.iter().flat_map(|b| &b.limits);
-        let longest_window = request.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0);
+        let longest_window =
+            request.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0) + request.margin;
         // Each budget's fair share is one more fixed limit on the entity's own slots ('share').
         let shares: Vec<(usize, &Budget, &Limit)> = request
             .budgets
@@ -279,6 +280,7 @@ impl<C> RedisStore<C> {
         args.push(if request.reslot { b"reslot".to_vec() } else { Vec::new() });
         args.push(request.floor.map(|floor| floor.to_string().into_bytes()).unwrap_or_default());
         args.extend(adaptive_args(request.adaptive.as_ref(), request.limits));
+        args.push(number(request.margin));
         args.push(number(request.budgets.len() as i64));
         let mut budget_keys = Vec::new();
         for budget in request.budgets {
