@@ -136,3 +136,97 @@ async fn an_overflow_target_that_says_wait_pauses_the_budget_and_gets_every_even
     assert!(metrics.contains("outcome=\"rescheduled\""), "{metrics}");
     assert!(metrics.contains(&format!("drip_adaptive_level{{target=\"budget:{prefix}-partner\"}}")), "{metrics}");
 }
+
+/// `POST /v1/feedback` on a limiter over Redis: a budget's pause and adaptive level are stored
+/// where every instance reads them, show on the entity endpoint of any key, and hold a new event
+/// of another key (delayed past the pause, not dropped); a key's adaptive limit drops alone.
+#[tokio::test]
+async fn feedback_through_the_api_pauses_and_lowers_a_budget_in_redis() {
+    const FEEDBACK_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+budgets:
+  {p}-partner:
+    limits: [ { limit: 100, per: 1s } ]
+    adaptive: { margin: 0, decrease: 0.5, min: 0.25 }
+rules:
+  - name: {p}-alerts
+    match: { attributes: { event_type: alert } }
+    key: "tenant_{attributes.tenant}"
+    limits: [ { limit: 100, per: 1s } ]
+    budgets: [{p}-partner]
+    feedback: {p}-partner
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+  - name: {p}-kyc
+    match: { attributes: { event_type: kyc } }
+    key: "tenant_{attributes.tenant}"
+    limits: [ { limit: 10, per: 1h } ]
+    adaptive: { margin: 0.1, decrease: 0.8, min: 0.2 }
+    max_delay: 5m
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+"#;
+    let prefix = unique("api-feedback");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let rules = FEEDBACK_RULES.replace("{p}", &prefix);
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    // Nothing dispatches within the test: the pause is 30 s.
+    let wiring =
+        LimiterWiring::new(shared_url(), pubsub.host.clone(), &tasks, queues, "http://127.0.0.1:9/dispatch".into());
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| http.post(format!("{}/v1/feedback", limiter.url)).json(&body).send();
+
+    let budget = format!("{prefix}-partner");
+    let alerts = format!("{prefix}-alerts");
+    let answer =
+        post(serde_json::json!({ "rule": alerts, "budget": budget, "status": 429, "retryAfter": 30 })).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let answer: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(answer["target"].as_str(), Some(format!("budget:{budget}").as_str()));
+    assert_eq!(answer["adaptiveLevel"].as_f64(), Some(0.5));
+
+    let report: serde_json::Value = http
+        .get(format!("{}/v1/rules/{alerts}/keys/tenant_any", limiter.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let held = &report["budgets"][0];
+    assert!(held["pausedUntil"].as_str().is_some(), "{report}");
+    assert_eq!((held["adaptiveLevel"].as_f64(), held["limits"][0]["capacity"].as_u64()), (Some(0.5), Some(50)));
+
+    let before = wall_clock_millis();
+    let envelope = drip_tests::push_envelope(
+        "a1",
+        "projects/p/subscriptions/s",
+        "2026-11-30T00:00:00Z",
+        &[("event_type", "alert"), ("tenant", "other")],
+        b"{}",
+    );
+    let pushed = http.post(format!("{}/push", limiter.url)).body(envelope).send().await.unwrap();
+    assert_eq!(pushed.status(), 204);
+    assert!(pubsub.pull(&format!("{prefix}-ready"), 10).await.is_empty(), "paused: not forwarded");
+    let created = tasks.client.tasks().await.unwrap();
+    assert_eq!(created.len(), 1, "delayed past the pause, not dropped");
+    assert!(created[0].schedule_time >= before + 29_000, "{created:?}");
+
+    let kyc = format!("{prefix}-kyc");
+    let answer: serde_json::Value =
+        post(serde_json::json!({ "rule": kyc, "key": "tenant_t", "status": 503 })).await.unwrap().json().await.unwrap();
+    assert_eq!((answer["target"].as_str(), answer["adaptiveLevel"].as_f64()), (Some("key"), Some(0.72)));
+    let lowered: serde_json::Value =
+        http.get(format!("{}/v1/rules/{kyc}/keys/tenant_t", limiter.url)).send().await.unwrap().json().await.unwrap();
+    let untouched: serde_json::Value =
+        http.get(format!("{}/v1/rules/{kyc}/keys/tenant_u", limiter.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(lowered["limits"][0]["capacity"].as_u64(), Some(7), "{lowered}");
+    assert_eq!(untouched["limits"][0]["capacity"].as_u64(), Some(9), "{untouched}");
+}

@@ -1,7 +1,10 @@
 //! Properties of the reference model over random rules, costs, arrival times and redeliveries.
 
 use drip_core::schedule::{ReserveRequest, Scheduler, Status};
-use drip_tests::scenario::{Kinds, Scenario, check_schedule, scenario};
+use drip_tests::scenario::{
+    Kinds, Scenario, check_budget_bounds, check_delivery_bounds, check_schedule, scenario, scenario_with_budgets,
+    scenario_with_margin,
+};
 use proptest::prelude::*;
 
 /// Runs a scenario through the model, also checking what only the model can show: a dead-lettered
@@ -9,7 +12,24 @@ use proptest::prelude::*;
 fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation>, String> {
     let mut scheduler = Scheduler::new();
     let mut answers = Vec::new();
-    for arrival in &scenario.events {
+    let shared = &scenario.shared;
+    for (i, arrival) in scenario.events.iter().enumerate() {
+        for &(_, budget, until) in shared.budget_pauses.iter().filter(|p| p.0 == i) {
+            scheduler.pause_budget(&shared.budgets[budget].name, until);
+        }
+        for &(_, entity) in shared.signals.iter().filter(|s| s.0 == i) {
+            match (entity, &shared.adaptive, shared.budgets.first()) {
+                (Some(entity), Some(adaptive), _) => {
+                    scheduler.signal("rule", &format!("entity_{entity}"), adaptive, &scenario.limits, arrival.now)
+                }
+                (None, _, Some(budget)) => {
+                    if let Some(adaptive) = &budget.adaptive {
+                        scheduler.signal_budget(budget, adaptive, arrival.now);
+                    }
+                }
+                _ => {}
+            }
+        }
         let key = arrival.key();
         let before = scheduler.entity_state("rule", &key).cloned();
         let request = ReserveRequest {
@@ -20,9 +40,9 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             now: arrival.now,
             lease: 0,
             floor: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
+            budgets: &shared.budgets,
+            adaptive: shared.adaptive,
+            margin: shared.margin,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =
@@ -42,6 +62,21 @@ proptest! {
     fn every_kind_of_limit_holds_and_redeliveries_change_nothing(scenario in scenario(Kinds::All, 80)) {
         let answers = run_model(&scenario).map_err(TestCaseError::fail)?;
         check_schedule(&scenario, &answers).map_err(TestCaseError::fail)?;
+    }
+
+    /// Shared budgets, fair shares, adaptive limits, 429s and budget pauses: no budget window over
+    /// its count across every key, no key over its share, nothing in a budget's pause, FIFO.
+    #[test]
+    fn budgets_hold_across_keys_and_shares_hold_per_key(scenario in scenario_with_budgets(80)) {
+        let answers = run_model(&scenario).map_err(TestCaseError::fail)?;
+        check_budget_bounds(&scenario, &answers).map_err(TestCaseError::fail)?;
+    }
+
+    /// With a delivery margin, every window and interval holds at the delivery times.
+    #[test]
+    fn a_delivery_margin_keeps_the_limit_where_it_is_observed(scenario in scenario_with_margin(80)) {
+        let answers = run_model(&scenario).map_err(TestCaseError::fail)?;
+        check_delivery_bounds(&scenario, &answers).map_err(TestCaseError::fail)?;
     }
 
     #[test]
