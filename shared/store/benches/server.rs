@@ -10,8 +10,10 @@
 //!
 //! DRIP_BENCH_SCALE (default 1.0) scales every count; CI runs it small so it cannot rot.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
 use drip_store::{RedisStore, SlotRequest, SlotStore};
@@ -30,13 +32,24 @@ fn scaled(n: usize) -> usize {
     ((n as f64 * scale()) as usize).max(10)
 }
 
-fn configurations() -> Vec<(&'static str, Vec<Limit>)> {
+type Configuration = (&'static str, Vec<Limit>, Vec<Arc<Budget>>);
+
+fn configurations() -> Vec<Configuration> {
     let fixed = |limit, per| Limit::new(limit, per, Window::Fixed(Placement::Start)).unwrap();
+    // A shared gateway ceiling with a fair share and an adaptive level, as seed 003's SMS gateway.
+    let gateway = Arc::new(Budget {
+        name: "bench-gateway".into(),
+        limits: vec![Limit::new(1_000_000, SECOND, Window::Fixed(Placement::Spread)).unwrap()],
+        max_share: Some(200_000),
+        adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000 }),
+        tag: "bench-gateway".into(),
+    });
     vec![
-        ("1 fixed limit (100/min)", vec![fixed(100, MINUTE)]),
-        ("gcra 10/s burst 100", vec![Limit::new(10, SECOND, Window::Gcra { burst: 100 }).unwrap()]),
-        ("10/s + 100/min + 10,000/day", vec![fixed(10, SECOND), fixed(100, MINUTE), fixed(10_000, DAY)]),
-        ("sliding 100/min", vec![Limit::new(100, MINUTE, Window::Sliding).unwrap()]),
+        ("1 fixed limit (100/min)", vec![fixed(100, MINUTE)], vec![]),
+        ("gcra 10/s burst 100", vec![Limit::new(10, SECOND, Window::Gcra { burst: 100 }).unwrap()], vec![]),
+        ("10/s + 100/min + 10,000/day", vec![fixed(10, SECOND), fixed(100, MINUTE), fixed(10_000, DAY)], vec![]),
+        ("sliding 100/min", vec![Limit::new(100, MINUTE, Window::Sliding).unwrap()], vec![]),
+        ("1 fixed + a shared budget (fair share, adaptive)", vec![fixed(100, MINUTE)], vec![gateway]),
     ]
 }
 
@@ -74,7 +87,13 @@ async fn measure(
     (usec as f64 / n.max(1) as f64, calls as f64 / elapsed.as_secs_f64())
 }
 
-fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], published: Millis) -> SlotRequest<'a> {
+fn request<'a>(
+    rule: &'a str,
+    key: &'a str,
+    id: &'a str,
+    (limits, budgets): (&'a [Limit], &'a [Arc<Budget>]),
+    published: Millis,
+) -> SlotRequest<'a> {
     SlotRequest {
         rule,
         key,
@@ -87,8 +106,8 @@ fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit], pu
         published: Some(published),
         reslot: false,
         floor: None,
-        tag: None,
-        budgets: &[],
+        tag: budgets.first().map(|b| b.tag.as_str()),
+        budgets,
         adaptive: None,
         margin: 0,
     }
@@ -125,12 +144,12 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     .await;
     rows.push(Row { name: "token bucket of seed 001 (HMGET, refill, HMSET, EXPIRE)".into(), usec, per_second });
     load(connection, drip_store::reserve_script()).await;
-    for (n, (name, limits)) in configurations().into_iter().enumerate() {
+    for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
         let rule = format!("bench{n}");
         let published = wall_clock_millis();
         let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
             let (key, id) = (format!("merchant_{}", i % ENTITIES), format!("{i}"));
-            store.reserve_call(&request(&rule, &key, &id, &limits, published)).cmd()
+            store.reserve_call(&request(&rule, &key, &id, (&limits, &budgets), published)).cmd()
         })
         .await;
         rows.push(Row { name: format!("reserve.lua, {name}"), usec, per_second });
@@ -179,7 +198,8 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
             for &i in chunk {
                 let (key, id) =
                     (format!("merchant_{}", i % ENTITIES), format!("{}", 1_000_000_000_000_000u64 + i as u64));
-                pipe.add_command(store.reserve_call(&request("memory", &key, &id, &limits, published)).cmd()).ignore();
+                pipe.add_command(store.reserve_call(&request("memory", &key, &id, (&limits, &[]), published)).cmd())
+                    .ignore();
             }
             let _: () = pipe.query_async(connection).await.expect("pipeline");
         }
@@ -192,7 +212,7 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
     let per_entity = (with_entities - before) as f64 / ENTITIES as f64 - per_message;
     // What an idle entity keeps (its answers expire): the state hash, beside the same hash without
     // the two bookkeeping fields this version added ('exp', 'ab'), as the previous layout kept it.
-    let state = store.keys(&request("memory", "merchant_0", "-", &limits, published)).state;
+    let state = store.keys(&request("memory", "merchant_0", "-", (&limits, &[]), published)).state;
     let fields: Vec<(String, String)> =
         redis::cmd("HGETALL").arg(&state).query_async(connection).await.expect("HGETALL");
     let mut previous = redis::cmd("HSET");
@@ -222,7 +242,7 @@ async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize) -
         tasks.push(tokio::spawn(async move {
             for i in 0..events / clients {
                 let (key, id) = (format!("merchant_{}", (c * 7_919 + i) % ENTITIES), format!("t{c}-{i}"));
-                store.reserve(&request("throughput", &key, &id, &limits, published)).await.expect("reserve");
+                store.reserve(&request("throughput", &key, &id, (&limits, &[]), published)).await.expect("reserve");
             }
         }));
     }
@@ -249,12 +269,12 @@ async fn backlog(
         let fill = depth - depth_so_far.min(depth);
         let (offset, now_s) = (depth_so_far, wall_clock_millis() / 1_000);
         measure(connection, "evalsha", fill, |i| {
-            store.reserve_call(&request("hot", "hot", &format!("fill{}", offset + i), &limits, published)).cmd()
+            store.reserve_call(&request("hot", "hot", &format!("fill{}", offset + i), (&limits, &[]), published)).cmd()
         })
         .await;
         depth_so_far = depth;
         let (drip, _) = measure(connection, "evalsha", probe, |i| {
-            store.reserve_call(&request("hot", "hot", &format!("probe{depth}-{i}"), &limits, published)).cmd()
+            store.reserve_call(&request("hot", "hot", &format!("probe{depth}-{i}"), (&limits, &[]), published)).cmd()
         })
         .await;
         depth_so_far += probe;
