@@ -228,6 +228,12 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
             ));
         }
     }
+    if old.delivery_margin != new.delivery_margin || old.overflow_url != new.overflow_url {
+        edits.push(edit(
+            Safety::Safe,
+            "delivery_margin or overflow url changed: from the next reservation and dispatch (slots already reserved keep their place)",
+        ));
+    }
     if old.adaptive != new.adaptive || old.feedback != new.feedback {
         edits.push(edit(Safety::Safe, "adaptive or feedback changed: from the next signal and reservation"));
     }
@@ -326,6 +332,9 @@ rules:
         let kyc = edits(&super::diff(&parse(&with_budget), &parse(&raised)), "kyc");
         assert_eq!(kyc.len(), 1);
         assert_eq!(kyc[0].0, Safety::Safe, "{kyc:?}");
+        let margin = OLD.replacen("    key: \"k\"\n", "    key: \"k\"\n    delivery_margin: 100ms\n", 1);
+        let kyc = edits(&super::diff(&parse(OLD), &parse(&margin)), "kyc");
+        assert!(matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("delivery_margin")), "{kyc:?}");
     }
 
     #[test]
