@@ -283,7 +283,7 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
         if dead.is_empty() { String::new() } else { format!(": {:?}", dead.values().collect::<HashSet<_>>()) }
     );
     summary +=
-        &format!("duplicates:           {duplicates} (a message id seen twice at the forward and overflow topics)\n");
+        &format!("duplicates:           {duplicates} (a message id delivered twice)\n");
     summary += &format!("lost:                 {lost}\n");
     summary += &format!(
         "delay p50 / p99:      {:.1} s / {:.1} s\n",
@@ -296,7 +296,7 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
         percentile(&lateness, 0.99)
     );
     summary += &format!(
-        "max per window:       {max_scheduled} scheduled, {max_observed} observed at the topics, limit {} ({limit}; delivery_margin {} ms)\n",
+        "max per window:       {max_scheduled} scheduled, {max_observed} observed downstream, limit {} ({limit}; delivery_margin {} ms)\n",
         limit.limit(),
         rule.delivery_margin
     );
@@ -309,7 +309,7 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
             feedback.refusals
         );
         summary += &format!(
-            "merchant {}:         paused {}; adaptive level lowest {lowest:.2}, at the end {last:.2}\n",
+            "merchant {}:        paused {}; adaptive level lowest {lowest:.2}, at the end {last:.2}\n",
             burst.merchants[0],
             match (paused.first(), paused.last()) {
                 (Some(a), Some(b)) => format!("from {:.1} s to {:.1} s", *a as f64 / 1e3, *b as f64 / 1e3),
