@@ -282,8 +282,7 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
         dead.len(),
         if dead.is_empty() { String::new() } else { format!(": {:?}", dead.values().collect::<HashSet<_>>()) }
     );
-    summary +=
-        &format!("duplicates:           {duplicates} (a message id delivered twice)\n");
+    summary += &format!("duplicates:           {duplicates} (a message id delivered twice)\n");
     summary += &format!("lost:                 {lost}\n");
     summary += &format!(
         "delay p50 / p99:      {:.1} s / {:.1} s\n",

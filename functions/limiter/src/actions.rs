@@ -26,7 +26,8 @@ pub enum Failure {
     Permanent(Refused),
     /// The downstream asked to wait (429 or 503 with `Retry-After`) until then: the entity pauses and
     /// the event gets a new slot after the pause.
-    Wait { until: Millis, status: u16, detail: String },
+    /// `status` is the downstream's answer; `None` when the entity was found paused already.
+    Wait { until: Millis, status: Option<u16>, detail: String },
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -136,7 +137,7 @@ impl AppState {
                     Answer::Delivered => Ok(()),
                     Answer::Wait { status, until, retry_after } => Err(Failure::Wait {
                         until,
-                        status,
+                        status: Some(status),
                         detail: format!("forward URL answered {status}, Retry-After {retry_after}"),
                     }),
                     Answer::Overloaded { status, detail } => {

@@ -14,7 +14,7 @@ use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::Reservation;
-use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
+use drip_core::time::{Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_service::feedback;
 use drip_store::{Reserved, SlotRequest};
 
@@ -165,7 +165,17 @@ async fn act(
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait as u64)).await;
             }
-            state.forward(acting).await.map(|()| Outcome::Forward)
+            // A pause that began while the event waited holds it too (the reservation saw none).
+            let paused = match wait {
+                0 => None,
+                _ => state.metrics.time("redis", state.store.paused_until(rule, key)).await?,
+            };
+            match paused.filter(|&until| until > wall_clock_millis()) {
+                Some(until) => {
+                    Err(Failure::Wait { until, status: None, detail: "paused while it waited inline".into() })
+                }
+                None => state.forward(acting).await.map(|()| Outcome::Forward),
+            }
         }
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
     };
@@ -173,9 +183,11 @@ async fn act(
         Err(Failure::Wait { until, status, detail }) => {
             // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
             // feedback names) before the pause ends, and this event's new slot goes to Cloud Tasks.
-            let signal = feedback::Signal { status: Some(status), until: Some(until) };
-            let effect = feedback::apply((&*state.store, &state.metrics), rule, key, None, signal).await?;
-            tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = %format_rfc3339(until), %detail, "the downstream asked to wait: paused, event rescheduled");
+            if status.is_some() {
+                let signal = feedback::Signal { status, until: Some(until) };
+                let effect = feedback::apply((&*state.store, &state.metrics), rule, key, None, signal).await?;
+                tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = %format_rfc3339(until), %detail, "the downstream asked to wait: paused, event rescheduled");
+            }
             let again = SlotRequest { reslot: true, ..*request };
             let moved = state.metrics.time("redis", state.store.reserve(&again)).await?;
             let acting = Acting { slot: moved.reservation.slot, ..acting };

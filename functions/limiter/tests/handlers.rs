@@ -36,6 +36,14 @@ budgets:
     max_share: 0.5
     adaptive: { margin: 0, decrease: 0.5, min: 0.25 }
 rules:
+  - name: inline
+    match: { attributes: { event_type: inline } }
+    key: "merchant_{attributes.merchant}"
+    limits: [ { limit: 1, per: 2s, window: fixed } ]
+    max_delay: 1h
+    inline_wait: 3s
+    forward: { topic: inline-ready }
+    overflow_topic: inline-overflow
   - name: alerts
     match: { attributes: { event_type: alert } }
     key: "tenant_{attributes.tenant}"
@@ -666,4 +674,27 @@ async fn a_5xx_lowers_one_key_s_adaptive_limit_once_per_window() {
     assert_eq!(report["limits"][0]["capacity"].as_u64(), Some(7), "{report}");
     let (_, other) = l.send("GET", "/v1/rules/kyc/keys/tenant_u", None).await;
     assert_eq!(other["limits"][0]["capacity"].as_u64(), Some(9), "per key");
+}
+
+#[tokio::test]
+async fn a_pause_that_begins_during_an_inline_wait_holds_the_event() {
+    let l = limiter();
+    // Start early in a 2 s window, so that the second event waits ~2 s inline for the next one.
+    while drip_core::time::wall_clock_millis() % 2_000 > 100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let event = [("event_type", "inline"), ("merchant", "x")];
+    assert_eq!(l.push("i1", &event, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(l.published("inline-ready").len(), 1, "the first goes at once");
+    let feedback = serde_json::json!({ "rule": "inline", "key": "merchant_x", "status": 429, "retryAfter": 5 });
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        l.send("POST", "/v1/feedback", Some(feedback)).await.0
+    };
+    let (pushed, fed_back) = tokio::join!(l.push("i2", &event, b"{}"), later);
+    assert_eq!((pushed, fed_back), (StatusCode::NO_CONTENT, StatusCode::OK));
+    assert_eq!(l.published("inline-ready").len(), 1, "not forwarded inside the pause");
+    let tasks = l.tasks();
+    assert_eq!(tasks.len(), 1, "a task after the pause instead");
+    assert!(tasks[0].at >= drip_core::time::wall_clock_millis() + 2_500, "{}", tasks[0].at);
 }

@@ -53,6 +53,8 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>>;
     /// The entity's last slot, if it remembers one.
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
+    /// The latest end of a pause of the key or of one of its rule's budgets, if any.
+    fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -127,6 +129,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
 
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(RedisStore::frontier(self, RuleRef::of(rule), key))
+    }
+
+    fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(RedisStore::paused_until(self, rule, key))
     }
 }
 
@@ -236,5 +242,12 @@ impl LimiterStore for MemoryLimiterStore {
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         let last = self.model.entity_state(&rule.id, key).and_then(|state| state.last_slot);
         Box::pin(async move { Ok(last) })
+    }
+
+    fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        let own = self.model.entity_state(&rule.id, key).and_then(|state| state.paused_until);
+        let budgets = rule.budgets.iter().filter_map(|b| self.model.budget_state(&b.name).and_then(|s| s.paused_until));
+        let until = own.into_iter().chain(budgets).max();
+        Box::pin(async move { Ok(until) })
     }
 }
