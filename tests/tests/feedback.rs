@@ -192,14 +192,7 @@ rules:
     assert_eq!(answer["target"].as_str(), Some(format!("budget:{budget}").as_str()));
     assert_eq!(answer["adaptiveLevel"].as_f64(), Some(0.5));
 
-    let report: serde_json::Value = http
-        .get(format!("{}/v1/rules/{alerts}/keys/tenant_any", limiter.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = get_json(&http, format!("{}/v1/rules/{alerts}/keys/tenant_any", limiter.url)).await;
     let held = &report["budgets"][0];
     assert!(held["pausedUntil"].as_str().is_some(), "{report}");
     assert_eq!((held["adaptiveLevel"].as_f64(), held["limits"][0]["capacity"].as_u64()), (Some(0.5), Some(50)));
@@ -223,10 +216,12 @@ rules:
     let answer: serde_json::Value =
         post(serde_json::json!({ "rule": kyc, "key": "tenant_t", "status": 503 })).await.unwrap().json().await.unwrap();
     assert_eq!((answer["target"].as_str(), answer["adaptiveLevel"].as_f64()), (Some("key"), Some(0.72)));
-    let lowered: serde_json::Value =
-        http.get(format!("{}/v1/rules/{kyc}/keys/tenant_t", limiter.url)).send().await.unwrap().json().await.unwrap();
-    let untouched: serde_json::Value =
-        http.get(format!("{}/v1/rules/{kyc}/keys/tenant_u", limiter.url)).send().await.unwrap().json().await.unwrap();
+    let lowered: serde_json::Value = get_json(&http, format!("{}/v1/rules/{kyc}/keys/tenant_t", limiter.url)).await;
+    let untouched: serde_json::Value = get_json(&http, format!("{}/v1/rules/{kyc}/keys/tenant_u", limiter.url)).await;
     assert_eq!(lowered["limits"][0]["capacity"].as_u64(), Some(7), "{lowered}");
     assert_eq!(untouched["limits"][0]["capacity"].as_u64(), Some(9), "{untouched}");
+}
+
+async fn get_json(http: &reqwest::Client, url: String) -> serde_json::Value {
+    http.get(url).send().await.unwrap().json().await.unwrap()
 }
