@@ -327,6 +327,11 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
     std::fs::create_dir_all(&args.out)?;
     draw_chart(&chart, burst, deliveries, limit)?;
     summary += &format!("chart:                {}\n", chart.display());
+    if args.throttle.is_some() {
+        let levels = args.out.join("drip-feedback.svg");
+        draw_feedback_chart(&levels, feedback, limit)?;
+        summary += &format!("adaptive chart:       {}\n", levels.display());
+    }
     // With a delivery margin the promise is made where the downstream observes it.
     let observed_ok = rule.delivery_margin == 0 || max_observed <= limit.limit();
     let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit() && observed_ok;
@@ -487,6 +492,57 @@ impl Throttle {
         let accepted: Vec<&String> = hits.iter().filter(|h| h.accepted).map(|h| &h.id).collect();
         accepted.len() - accepted.iter().collect::<HashSet<_>>().len()
     }
+}
+
+/// The feedback scenario: the first merchant's count in force per window (level × limit) over
+/// time, its pauses shaded, and when the partner refused.
+fn draw_feedback_chart(
+    path: &std::path::Path,
+    feedback: &Feedback,
+    limit: drip_core::rules::Limit,
+) -> anyhow::Result<()> {
+    let seconds = |t: Millis| t as f64 / 1e3;
+    let end = feedback.levels.last().map_or(1.0, |l| seconds(l.0)).max(1.0);
+    let top = limit.limit() as f64 * 1.1;
+    let root = SVGBackend::new(path, (1100, 360)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("The partner's 429s, the pause and the adaptive limit (merchant m001)", ("sans-serif", 20))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0f64..end, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the burst was published")
+        .y_desc(format!("count in force per {} ms", limit.per()))
+        .draw()?;
+    chart
+        .draw_series([Rectangle::new(
+            [(seconds(THROTTLE_FROM), 0.0), (seconds(THROTTLE_UNTIL), top)],
+            RED.mix(0.08).filled(),
+        )])?
+        .label("the partner answers 429, Retry-After: 3")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.mix(0.2).filled()));
+    let paused: Vec<f64> = feedback.levels.iter().filter(|l| l.2).map(|l| seconds(l.0)).collect();
+    chart
+        .draw_series(paused.iter().map(|&t| Rectangle::new([(t - 0.05, 0.0), (t + 0.05, top * 0.05)], BLACK.filled())))?
+        .label("the key is paused")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLACK.filled()));
+    let steps: Vec<(f64, f64)> =
+        feedback.levels.iter().map(|&(at, level, _)| (seconds(at), level * limit.limit() as f64)).collect();
+    chart
+        .draw_series(LineSeries::new(steps, BLUE.stroke_width(2)))?
+        .label("the adaptive count in force (level × limit)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLUE.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()?;
+    root.present()?;
+    Ok(())
 }
 
 fn draw_chart(
