@@ -50,7 +50,8 @@ impl PubsubEmulator {
             .spawn()
             .expect("the Pub/Sub emulator of the Cloud SDK");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // The JVM takes seconds to start, and minutes on a loaded 2-core machine.
+        let deadline = Instant::now() + Duration::from_secs(180);
         while !answers_ok(self.port) {
             assert!(Instant::now() < deadline, "the Pub/Sub emulator on port {} never answered", self.port);
             std::thread::sleep(Duration::from_millis(100));
