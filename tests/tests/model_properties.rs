@@ -20,12 +20,10 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
         for &(_, entity) in shared.signals.iter().filter(|s| s.0 == i) {
             match (entity, &shared.adaptive, shared.budgets.first()) {
                 (Some(entity), Some(adaptive), _) => {
-                    scheduler.signal("rule", &format!("entity_{entity}"), adaptive, &scenario.limits, arrival.now)
+                    scheduler.signal("rule", &format!("entity_{entity}"), adaptive, &scenario.limits, arrival.now);
                 }
                 (None, _, Some(budget)) => {
-                    if let Some(adaptive) = &budget.adaptive {
-                        scheduler.signal_budget(budget, adaptive, arrival.now);
-                    }
+                    scheduler.signal_budget(budget, arrival.now);
                 }
                 _ => {}
             }

@@ -102,7 +102,9 @@ impl Overridable for MemoryStore {
                     MemoryStore::signal(self, rule, &key, (adaptive, scenario.limits_at(0)), now);
                 }
             }
-            None => self.signal_budget(&scenario.shared.budgets[0], now),
+            None => {
+                self.signal_budget(&scenario.shared.budgets[0], now);
+            }
         }
     }
 

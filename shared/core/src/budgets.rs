@@ -2,7 +2,7 @@
 //! (a count that follows the downstream's 429s, 5xx and timeouts: AIMD). The arithmetic here is
 //! integer only (fractions in parts per million), so `lua/reserve.lua` can repeat it exactly.
 
-use crate::rules::Limit;
+use crate::rules::{Limit, Window};
 use crate::time::Millis;
 
 /// Fractions (`max_share`, the adaptive parameters) are kept in parts per million.
@@ -104,10 +104,15 @@ impl Adaptive {
     }
 }
 
-/// The count of a limit in force with `level` ppm of `base` (never below the event's cost, so the
-/// adaptive limit delays an event but never makes it impossible).
-pub fn adapted(base: u64, level: u64, cost: u64) -> u64 {
-    (base * level / PPM).max(cost).max(1)
+/// The count of `limit` in force at the adaptive `level` (ppm), from `base` (the rule's count or an
+/// override): never below the event's cost, so the adaptive limit delays an event but never makes
+/// it impossible. A gcra limit keeps its count: its burst tolerance is a time measured at the
+/// count, so a lower count would let a burst through (README: "Adaptive limits").
+pub fn adapted_count(limit: &Limit, base: u64, level: Option<u64>, cost: u64) -> u64 {
+    match (level, limit.window()) {
+        (Some(level), Window::Fixed(_) | Window::Sliding) => (base * level / PPM).max(cost).max(1),
+        _ => base,
+    }
 }
 
 /// The adaptive window of a set of limits: the shortest period.
@@ -139,7 +144,11 @@ mod tests {
         assert_eq!(AIMD.level(Some(second), 1_000, 7_000), 225_000, "window 7 has not passed yet");
         assert_eq!(AIMD.level(Some(second), 1_000, 8_000), 325_000, "window 7 passed quietly");
         assert_eq!(AIMD.level(Some(second), 1_000, 60_000), 900_000, "back to the ceiling, not above");
-        assert_eq!(adapted(100, 225_000, 1), 22);
-        assert_eq!(adapted(100, 225_000, 30), 30, "never below the cost");
+        let fixed = Limit::new(100, 1_000, Window::Fixed(crate::rules::Placement::Start)).unwrap();
+        assert_eq!(adapted_count(&fixed, 100, Some(225_000), 1), 22);
+        assert_eq!(adapted_count(&fixed, 100, Some(225_000), 30), 30, "never below the cost");
+        assert_eq!(adapted_count(&fixed, 100, None, 1), 100, "no adaptive limit");
+        let gcra = Limit::new(100, 1_000, Window::Gcra { burst: 5 }).unwrap();
+        assert_eq!(adapted_count(&gcra, 100, Some(225_000), 1), 100, "a gcra limit keeps its count");
     }
 }

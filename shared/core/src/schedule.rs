@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::budgets::{Adaptive, AdaptiveState, Budget, adapted, adaptive_window};
+use crate::budgets::{Adaptive, AdaptiveState, Budget, adapted_count, adaptive_window};
 use crate::rules::{Limit, Placement, Window};
 use crate::time::Millis;
 
@@ -178,10 +178,9 @@ struct EntityLimit {
 
 /// One budget limit as it counts this reservation.
 struct BudgetLimit<'a> {
-    budget: &'a str,
-    per: Millis,
+    budget: &'a Budget,
+    limit: &'a Limit,
     count: u64,
-    spread: bool,
 }
 
 impl Scheduler {
@@ -221,16 +220,22 @@ impl Scheduler {
         state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
     }
 
-    /// The downstream of an entity with an adaptive limit answered 429, 5xx or timed out at `now`.
-    pub fn signal(&mut self, rule: &str, key: &str, adaptive: &Adaptive, limits: &[Limit], now: Millis) {
+    /// The downstream of an entity with an adaptive limit answered 429, 5xx or timed out at `now`;
+    /// returns the level after it (ppm).
+    pub fn signal(&mut self, rule: &str, key: &str, adaptive: &Adaptive, limits: &[Limit], now: Millis) -> u64 {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        entity.state.adaptive = Some(adaptive.signal(entity.state.adaptive, adaptive_window(limits), now));
+        let after = adaptive.signal(entity.state.adaptive, adaptive_window(limits), now);
+        entity.state.adaptive = Some(after);
+        after.level
     }
 
-    /// The same for a budget with an adaptive limit.
-    pub fn signal_budget(&mut self, budget: &Budget, adaptive: &Adaptive, now: Millis) {
+    /// The same for a budget; nothing for a budget without an adaptive limit.
+    pub fn signal_budget(&mut self, budget: &Budget, now: Millis) -> Option<u64> {
+        let adaptive = budget.adaptive?;
         let state = self.budgets.entry(budget.name.clone()).or_default();
-        state.adaptive = Some(adaptive.signal(state.adaptive, adaptive_window(&budget.limits), now));
+        let after = adaptive.signal(state.adaptive, adaptive_window(&budget.limits), now);
+        state.adaptive = Some(after);
+        Some(after.level)
     }
 
     pub fn budget_state(&self, budget: &str) -> Option<&BudgetState> {
@@ -240,8 +245,8 @@ impl Scheduler {
     /// A fresh decision for the request's message: its slot reserved (or why not) and its answer filed.
     fn decide(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        let (exceeded, own) = entity_limits(&entity.state, request, &self.budgets);
         let shared = budget_limits(&self.budgets, request);
+        let (exceeded, own) = entity_limits(&entity.state, request, &shared);
         let slot =
             if exceeded { request.now } else { earliest_slot(&entity.state, &self.budgets, request, &own, &shared) };
         let status = if exceeded {
@@ -250,9 +255,9 @@ impl Scheduler {
             Status::MaxDelayExceeded
         } else {
             commit(&mut entity.state, request, &own, slot);
-            for limit in &shared {
-                let state = self.budgets.entry(limit.budget.to_owned()).or_default();
-                *state.windows.entry((limit.per, slot.div_euclid(limit.per) * limit.per)).or_default() += request.cost;
+            for BudgetLimit { budget, limit, .. } in &shared {
+                let (state, per) = (self.budgets.entry(budget.name.clone()).or_default(), limit.per());
+                *state.windows.entry((per, slot.div_euclid(per) * per)).or_default() += request.cost;
             }
             Status::Reserved
         };
@@ -312,12 +317,13 @@ fn frontier(state: &EntityState, request: &ReserveRequest<'_>) -> Option<Millis>
 }
 
 /// The entity's own limits with their counts in force now (the rule's, an override, the adaptive
-/// level), and each budget's fair share; `true` when the cost is over a count the entity cannot
-/// change (the rule's or an override: adaptive counts and shares never go below the cost).
+/// level), and its fair share of each budget limit in `shared`; `true` when the cost is over a
+/// count the entity cannot change (the rule's or an override: adaptive counts and shares never go
+/// below the cost).
 fn entity_limits(
     state: &EntityState,
     request: &ReserveRequest<'_>,
-    budgets: &HashMap<String, BudgetState>,
+    shared: &[BudgetLimit<'_>],
 ) -> (bool, Vec<EntityLimit>) {
     let level = request.adaptive.map(|a| a.level(state.adaptive, adaptive_window(request.limits), request.now));
     let mut exceeded = false;
@@ -327,23 +333,13 @@ fn entity_limits(
         .map(|limit| {
             let base = effective_limit(limit, &state.overrides, request.now);
             exceeded |= request.cost > base;
-            // A gcra limit keeps its count: its burst tolerance is a time measured at the count, so a
-            // lower count would let a burst through (README: "Adaptive limits").
-            let count = match (level, limit.window()) {
-                (Some(level), Window::Fixed(_) | Window::Sliding) => adapted(base, level, request.cost),
-                _ => base,
-            };
-            EntityLimit { id: state_id(limit), limit: *limit, count }
+            EntityLimit { id: state_id(limit), limit: *limit, count: adapted_count(limit, base, level, request.cost) }
         })
         .collect();
-    for budget in request.budgets {
-        let level = budget_level(budget, budgets.get(&budget.name), request.now);
-        for limit in &budget.limits {
-            let count = level.map_or(limit.limit(), |level| adapted(limit.limit(), level, request.cost));
-            if let Some(share) = budget.share_of(count, request.cost) {
-                let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
-                own.push(EntityLimit { id: budget.share_id(limit), limit: fixed, count: share });
-            }
+    for BudgetLimit { budget, limit, count } in shared {
+        if let Some(share) = budget.share_of(*count, request.cost) {
+            let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
+            own.push(EntityLimit { id: budget.share_id(limit), limit: fixed, count: share });
         }
     }
     (exceeded, own)
@@ -359,9 +355,7 @@ fn budget_limits<'a>(budgets: &HashMap<String, BudgetState>, request: &ReserveRe
     for budget in request.budgets {
         let level = budget_level(budget, budgets.get(&budget.name), request.now);
         for limit in &budget.limits {
-            let count = level.map_or(limit.limit(), |level| adapted(limit.limit(), level, request.cost));
-            let spread = limit.window() == Window::Fixed(Placement::Spread);
-            shared.push(BudgetLimit { budget: &budget.name, per: limit.per(), count, spread });
+            shared.push(BudgetLimit { budget, limit, count: adapted_count(limit, limit.limit(), level, request.cost) });
         }
     }
     shared
@@ -388,7 +382,7 @@ fn earliest_slot(
                 earliest_accepted(&l.limit, (l.count, held), frontier, (request.cost, request.margin), t)
             })
             .chain(shared.iter().map(|l| {
-                let windows = budgets.get(l.budget).map(|s| &s.windows);
+                let windows = budgets.get(&l.budget.name).map(|s| &s.windows);
                 budget_accepts(windows, l, (request.cost, request.margin), t, horizon)
             }))
             .fold(t, Millis::max);
@@ -408,18 +402,16 @@ fn budget_accepts(
     t: Millis,
     horizon: Millis,
 ) -> Millis {
-    let per = limit.per;
+    let (per, n) = (limit.limit.per(), limit.count);
     let (mut window, t) = outside_margin(t, per, margin);
     loop {
         if window > horizon {
             return t.max(window);
         }
         let used = windows.and_then(|w| w.get(&(per, window)).copied()).unwrap_or(0);
-        if used + cost <= limit.count {
-            let span = per - margin;
-            let placed =
-                if limit.spread { window + (used as i64 * span).div_euclid(limit.count as i64) } else { window };
-            return t.max(placed);
+        if used + cost <= n {
+            let spread = limit.limit.window() == Window::Fixed(Placement::Spread);
+            return t.max(if spread { spread_position(window, used, per - margin, n) } else { window });
         }
         window += per;
     }
@@ -451,7 +443,7 @@ fn earliest_accepted(
             if used + cost > n {
                 window + per
             } else if placement == Placement::Spread {
-                t.max(window + (used as i64 * (per - margin)).div_euclid(n as i64))
+                t.max(spread_position(window, used, per - margin, n))
             } else {
                 t
             }
@@ -481,6 +473,12 @@ fn earliest_accepted(
             _ => t,
         },
     }
+}
+
+/// Where `spread` placement puts the next event of a window holding `used` of `n`: evenly over the
+/// window's first `span` milliseconds.
+fn spread_position(window: Millis, used: u64, span: Millis, n: u64) -> Millis {
+    window + (used as i64 * span).div_euclid(n as i64)
 }
 
 /// The window of `t` and `t` itself, or, when `t` lies in the window's last `margin`, the next
@@ -756,7 +754,7 @@ mod budget_tests {
         let budget = Arc::new(Budget { adaptive: Some(adaptive), ..(*budget(10, Placement::Start, None)).clone() });
         let budgets = [budget.clone()];
         let mut s = Scheduler::new();
-        s.signal_budget(&budget, &adaptive, 0);
+        s.signal_budget(&budget, 0);
         let slots: Vec<Millis> =
             (0..6).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 100, &budgets).slot).collect();
         assert_eq!(slots, [100, 100, 100, 100, 100, 1_000], "5 of 10 in the window of the signal");

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::sync::Arc;
 
-use drip_core::budgets::{AdaptiveState, Budget, PPM, adapted, adaptive_window};
+use drip_core::budgets::{AdaptiveState, Budget, PPM, adapted_count, adaptive_window};
 use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
@@ -177,6 +177,7 @@ pub(crate) fn report(
 ) -> EntityReport {
     let mut limits = Vec::new();
     let mut overrides = Vec::new();
+    let level = rule.adaptive.map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
     for limit in &rule.limits {
         if let Some(o) = state.overrides.get(&override_id(limit)) {
             overrides.push(OverrideReport {
@@ -186,14 +187,7 @@ pub(crate) fn report(
                 in_force: o.in_force(now),
             });
         }
-        let level = rule
-            .adaptive
-            .filter(|_| !matches!(limit.window(), Window::Gcra { .. }))
-            .map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
-        let capacity = level.map_or_else(
-            || effective_limit(limit, &state.overrides, now),
-            |level| adapted(effective_limit(limit, &state.overrides, now), level, 1),
-        );
+        let capacity = adapted_count(limit, effective_limit(limit, &state.overrides, now), level, 1);
         let (n, per) = (capacity as i64, limit.per());
         let (used_now, ahead) = match state.limits.get(&state_id(limit)) {
             Some(LimitState::Fixed { window, used }) => {
@@ -247,9 +241,7 @@ pub(crate) fn report(
         limits,
         overrides,
         paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
-        adaptive_level: rule
-            .adaptive
-            .map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now) as f64 / PPM as f64),
+        adaptive_level: level.map(|level| level as f64 / PPM as f64),
         budgets: budgets.iter().map(|(budget, held)| budget_report(budget, held, now)).collect(),
     }
 }
@@ -270,7 +262,7 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
                 LimitReport {
                     limit: limit.to_string(),
                     used_now: state.windows.get(&(per, current)).copied().unwrap_or(0),
-                    capacity: level.map_or(limit.limit(), |level| adapted(limit.limit(), level, 1)),
+                    capacity: adapted_count(limit, limit.limit(), level, 1),
                     ahead: held(current + per),
                 }
             })

@@ -218,24 +218,12 @@ impl LimiterStore for MemoryLimiterStore {
     }
 
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
-        let now = wall_clock_millis();
-        if let Some(adaptive) = &rule.adaptive {
-            self.model.signal(&rule.id, key, (adaptive, &rule.limits), now);
-        }
-        let level = rule.adaptive.map(|a| {
-            let state = self.model.entity_state(&rule.id, key).and_then(|s| s.adaptive);
-            a.level(state, drip_core::budgets::adaptive_window(&rule.limits), now)
-        });
+        let level = rule.adaptive.map(|a| self.model.signal(&rule.id, key, (&a, &rule.limits), wall_clock_millis()));
         Box::pin(async move { Ok(level) })
     }
 
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
-        let now = wall_clock_millis();
-        self.model.signal_budget(budget, now);
-        let level = budget.adaptive.map(|a| {
-            let state = self.model.budget_state(&budget.name).and_then(|s| s.adaptive);
-            a.level(state, drip_core::budgets::adaptive_window(&budget.limits), now)
-        });
+        let level = self.model.signal_budget(budget, wall_clock_millis());
         Box::pin(async move { Ok(level) })
     }
 

@@ -81,15 +81,14 @@ impl MemoryStore {
     }
 
     /// As `RedisStore::signal`, on the model: the entity's adaptive limit saw a 429, 5xx or timeout.
-    pub fn signal(&self, rule: &str, key: &str, (adaptive, limits): (&Adaptive, &[Limit]), now: Millis) {
-        self.with(|s| s.signal(rule, key, adaptive, limits, now));
+    /// Returns the level after it (ppm).
+    pub fn signal(&self, rule: &str, key: &str, (adaptive, limits): (&Adaptive, &[Limit]), now: Millis) -> u64 {
+        self.with(|s| s.signal(rule, key, adaptive, limits, now))
     }
 
     /// As `RedisStore::signal_budget`, on the model.
-    pub fn signal_budget(&self, budget: &Budget, now: drip_core::time::Millis) {
-        if let Some(adaptive) = &budget.adaptive {
-            self.with(|s| s.signal_budget(budget, adaptive, now));
-        }
+    pub fn signal_budget(&self, budget: &Budget, now: Millis) -> Option<u64> {
+        self.with(|s| s.signal_budget(budget, now))
     }
 
     /// The model's state of one budget.
