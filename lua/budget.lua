@@ -2,14 +2,14 @@
 --
 -- KEYS[1]  the budget's hash   drip:{b:<tag>}:budget:<name>   (see reserve.lua for its fields)
 -- ARGV[1]  now, or '' to use the server's TIME
--- ARGV[2]  'pause': no slot before ARGV[3] (a later pause already set is kept)
---          'adapt': a 429, 5xx or timeout: ARGV[3..7] ceiling, decrease, min, step (ppm) and the
+-- ARGV[2]  how long the hash outlives what it holds (ms)
+-- ARGV[3]  'pause': no slot before ARGV[4] (a later pause already set is kept)
+--          'adapt': a 429, 5xx or timeout: ARGV[4..8] ceiling, decrease, min, step (ppm) and the
 --          window (ms); the level is multiplied by decrease (not below min) once per window
--- ARGV[8]  how long the hash outlives what it holds (ms)
 --
 -- Returns the level after the signal (ppm), or 0 for a pause.
 
-local key, op = KEYS[1], ARGV[2]
+local key, op = KEYS[1], ARGV[3]
 local now
 if ARGV[1] == '' then
   local time = redis.call('TIME')
@@ -17,19 +17,19 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
-local margin = tonumber(ARGV[8])
+local margin = tonumber(ARGV[2])
 
 local held = redis.call('HMGET', key, 'pause', 'adapt', 'exp')
 local needed, level = now + margin, 0
 if op == 'pause' then
-  local until_ = tonumber(ARGV[3])
+  local until_ = tonumber(ARGV[4])
   if not tonumber(held[1]) or tonumber(held[1]) < until_ then
     redis.call('HSET', key, 'pause', until_)
   end
   needed = math.max(until_, now) + margin
 else
   local ceiling, decrease, min, step, window =
-    tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+    tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
   local current = math.floor(now / window)
   local stored, at
   if held[2] then

@@ -242,7 +242,7 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
         && until > wall_clock_millis()
     {
         let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
-        return reschedule(state, task, rule, &why).await;
+        return reschedule(state, task, rule, &why, data).await;
     }
     if let Some(url) = &rule.overflow_url {
         return deliver_to_url(state, task, rule, url, data).await;
@@ -293,25 +293,19 @@ async fn deliver_to_url(
         Answer::Wait { status, until, retry_after } => {
             let effect = feedback(Some(status), Some(until)).await?;
             tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, retry_after, "the overflow URL asked to wait: paused, event rescheduled");
-            reschedule(state, task, rule, &format!("the overflow URL answered {status}, Retry-After {retry_after}"))
-                .await
+            let why = format!("the overflow URL answered {status}, Retry-After {retry_after}");
+            reschedule(state, task, rule, &why, data).await
         }
         Answer::Overloaded { status: Some(429), detail } => {
             feedback(Some(429), None).await?;
-            reschedule(state, task, rule, &detail).await
+            reschedule(state, task, rule, &detail, data).await
         }
         Answer::Overloaded { status, detail } => {
             feedback(status, None).await?;
             Err(anyhow::anyhow!("{detail}"))
         }
-        Answer::Redirected { status, location } => {
-            let detail = format!("overflow URL answered {status}; Location: {location}");
-            publish_dead_letter(state, task, Some(rule), refused(DlqReason::ForwardRejected, detail), data, None)
-                .await?;
-            Ok(Outcome::DeadLetter(DlqReason::ForwardRejected))
-        }
-        Answer::Rejected { status } => {
-            let detail = format!("overflow URL answered {status}");
+        Answer::Refused { detail } => {
+            let detail = format!("overflow URL {detail}");
             publish_dead_letter(state, task, Some(rule), refused(DlqReason::ForwardRejected, detail), data, None)
                 .await?;
             Ok(Outcome::DeadLetter(DlqReason::ForwardRejected))
@@ -321,8 +315,14 @@ async fn deliver_to_url(
 
 /// Gives the task's event a new slot (after any pause, within the rule's limits and budgets, the
 /// old slot's capacity still used) and a new task at it; the event's answer records it, so a
-/// redelivered push is acked as it is. Beyond `max_delay`, the event is dead-lettered.
-async fn reschedule(state: &AppState, task: &TaskBody, rule: &Rule, why: &str) -> anyhow::Result<Outcome> {
+/// redelivered push is acked as it is. Beyond `max_delay`, the event (its `data`) is dead-lettered.
+async fn reschedule(
+    state: &AppState,
+    task: &TaskBody,
+    rule: &Rule,
+    why: &str,
+    data: Vec<u8>,
+) -> anyhow::Result<Outcome> {
     let Some(tasks) = &state.tasks else {
         anyhow::bail!(
             "{why}; DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set, so Cloud Tasks retries it instead"
@@ -344,10 +344,6 @@ async fn reschedule(state: &AppState, task: &TaskBody, rule: &Rule, why: &str) -
     };
     if let Some(reason) = late {
         let detail = format!("{why}; the next slot, {}, cannot be had ({reason})", format_rfc3339(slot));
-        let data = match &task.payload {
-            TaskPayload::ClaimCheck(reference) => state.store.get_payload(reference).await?.unwrap_or_default(),
-            payload => payload.data().unwrap_or_default(),
-        };
         publish_dead_letter(state, task, Some(rule), Refused { reason, detail }, data, None).await?;
         return Ok(Outcome::DeadLetter(reason));
     }

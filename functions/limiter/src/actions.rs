@@ -144,13 +144,8 @@ impl AppState {
                         self.overloaded(rule, key, status).await;
                         Err(Failure::Transient(anyhow::anyhow!("{detail}")))
                     }
-                    // Following it would turn the POST into a bodiless GET: the event would be lost.
-                    Answer::Redirected { status, location } => Err(permanent(
-                        DlqReason::ForwardRejected,
-                        format!("forward URL answered {status}; Location: {location}"),
-                    )),
-                    Answer::Rejected { status } => {
-                        Err(permanent(DlqReason::ForwardRejected, format!("forward URL answered {status}")))
+                    Answer::Refused { detail } => {
+                        Err(permanent(DlqReason::ForwardRejected, format!("forward URL {detail}")))
                     }
                 }
             }

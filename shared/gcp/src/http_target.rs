@@ -62,14 +62,10 @@ pub enum Answer {
         status: Option<u16>,
         detail: String,
     },
-    /// A 3xx: following it would turn the POST into a bodiless GET, so it is refused for good.
-    Redirected {
-        status: u16,
-        location: String,
-    },
-    /// Any other 4xx: refused for good.
-    Rejected {
-        status: u16,
+    /// Refused for good: a 3xx (following it would turn the POST into a bodiless GET and lose the
+    /// event; `detail` names its `Location`) or any other 4xx. `detail`: `answered 302 …; Location: …`.
+    Refused {
+        detail: String,
     },
 }
 
@@ -137,10 +133,10 @@ impl HttpTarget {
             (408 | 429, _) | (500..=599, _) => {
                 Answer::Overloaded { status: Some(code), detail: format!("{url} answered {status}") }
             }
-            _ if status.is_redirection() => {
-                Answer::Redirected { status: code, location: header("location").unwrap_or_else(|| "-".into()) }
-            }
-            _ => Answer::Rejected { status: code },
+            _ if status.is_redirection() => Answer::Refused {
+                detail: format!("answered {status}; Location: {}", header("location").as_deref().unwrap_or("-")),
+            },
+            _ => Answer::Refused { detail: format!("answered {code}") },
         })
     }
 }

@@ -36,15 +36,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     async fn budget_op(&self, budget: &Budget, now: Option<Millis>, args: &[String]) -> Result<i64, StoreError> {
         let mut invocation = BUDGET.prepare_invoke();
-        invocation.key(budget_key(self.namespace(), budget)).arg(now.map(|n| n.to_string()).unwrap_or_default());
+        invocation
+            .key(budget_key(self.namespace(), budget))
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(STATE_MARGIN);
         for arg in args {
             invocation.arg(arg);
         }
-        // budget.lua reads its margin as ARGV[8].
-        for _ in args.len()..6 {
-            invocation.arg("");
-        }
-        invocation.arg(STATE_MARGIN);
         Ok(invocation.invoke_async(&mut self.connection()).await?)
     }
 
