@@ -494,6 +494,42 @@ impl Throttle {
     }
 }
 
+type SecondsChart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The demo's charts: seconds since the burst (0..end) across, 0..top up, on white.
+fn seconds_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    (end, top): (f64, f64),
+) -> anyhow::Result<SecondsChart<'a, 'b>> {
+    root.fill(&WHITE)?;
+    Ok(ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0f64..end, 0f64..top)?)
+}
+
+/// The legend at the lower right, and the file written.
+fn finish<'a, 'b: 'a>(
+    mut chart: SecondsChart<'a, 'b>,
+    root: &DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 /// The feedback scenario: the first merchant's count in force per window (level × limit) over
 /// time, its pauses shaded, and when the partner refused.
 fn draw_feedback_chart(
@@ -505,13 +541,8 @@ fn draw_feedback_chart(
     let end = feedback.levels.last().map_or(1.0, |l| seconds(l.0)).max(1.0);
     let top = limit.limit() as f64 * 1.1;
     let root = SVGBackend::new(path, (1100, 360)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("The partner's 429s, the pause and the adaptive limit (merchant m001)", ("sans-serif", 20))
-        .margin(14)
-        .x_label_area_size(40)
-        .y_label_area_size(52)
-        .build_cartesian_2d(0f64..end, 0f64..top)?;
+    let caption = "The partner's 429s, the pause and the adaptive limit (merchant m001)";
+    let mut chart = seconds_chart(&root, caption, (end, top))?;
     chart
         .configure_mesh()
         .x_desc("seconds since the burst was published")
@@ -535,14 +566,7 @@ fn draw_feedback_chart(
         .draw_series(LineSeries::new(steps, BLUE.stroke_width(2)))?
         .label("the adaptive count in force (level × limit)")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLUE.stroke_width(2)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(chart, &root)
 }
 
 fn draw_chart(
@@ -559,16 +583,8 @@ fn draw_chart(
         * 1.1)
         .max(1.0);
     let root = SVGBackend::new(path, (1100, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("Arrivals vs deliveries per merchant (limit {limit} per {} s)", per as f64 / 1e3),
-            ("sans-serif", 20),
-        )
-        .margin(14)
-        .x_label_area_size(40)
-        .y_label_area_size(52)
-        .build_cartesian_2d(0f64..end, 0f64..top)?;
+    let caption = format!("Arrivals vs deliveries per merchant (limit {limit} per {} s)", per as f64 / 1e3);
+    let mut chart = seconds_chart(&root, &caption, (end, top))?;
     chart
         .configure_mesh()
         .x_desc("seconds since the burst was published")
@@ -611,12 +627,5 @@ fn draw_chart(
         ))?
         .label(format!("the limit: {limit} at once, then {slope:.0} per second"))
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(chart, &root)
 }
