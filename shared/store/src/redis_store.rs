@@ -290,8 +290,12 @@ impl<C> RedisStore<C> {
             args.push(budget.max_share.map(|share| share.to_string().into_bytes()).unwrap_or_default());
             args.push(number(budget.limits.len() as i64));
             for limit in &budget.limits {
-                let placement = if limit.window() == Window::Fixed(Placement::Spread) { "spread" } else { "fixed" };
-                args.extend([number(limit.per()), number(limit.limit() as i64), placement.as_bytes().to_vec()]);
+                // 'fixed' or 'spread': a budget takes fixed windows only.
+                args.extend([
+                    number(limit.per()),
+                    number(limit.limit() as i64),
+                    script_kind(limit).as_bytes().to_vec(),
+                ]);
             }
         }
         ReserveCall { keys, budget_keys, args }
