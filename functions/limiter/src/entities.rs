@@ -9,9 +9,11 @@
 //!
 //! Each change is logged (who, what, before, after) and kept in the rule's audit list.
 //!
-//! - `POST /v1/feedback` `{"rule", "key", "status", "retryAfter"?}`: an overflow consumer that called
-//!   the downstream itself reports its answer; a 429 or 503 with `retryAfter` (seconds) pauses the
-//!   key as the limiter's own forwards do.
+//! - `POST /v1/feedback` `{"rule", "key" | "budget", "status", "retryAfter"?}`: an overflow consumer
+//!   that called the downstream itself reports its answer, with the effect the limiter's own
+//!   forwards have (`drip_service::feedback`): a 429 or 503 with `retryAfter` (seconds) pauses the
+//!   key (or the budget the rule's feedback names, or the one given); a 429, 408, 5xx or a timeout
+//!   (status 0) lowers an adaptive level.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};

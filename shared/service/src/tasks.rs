@@ -124,10 +124,6 @@ impl Tasks {
         Self { client, queues: Arc::new(queues), signer }
     }
 
-    pub fn signer(&self) -> &TaskSigner {
-        &self.signer
-    }
-
     /// Creates task `name` for (rule id, key) at `slot` with `body` (an encoded `TaskBody`), signed.
     pub async fn create(
         &self,
