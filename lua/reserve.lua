@@ -123,6 +123,10 @@ for b = 1, budget_count do
   for j = 1, limit_count do
     local p = at + 3 + 3 * j
     local n = tonumber(ARGV[p + 1])
+    if cost > n then
+      answer('C', now)
+      return {now, 2, 0, now, now, 0, 0}
+    end
     if level then
       n = adapted(n, level)
     end
@@ -157,7 +161,8 @@ for i = 1, count do
         limit = override
       end
     end
-    if cost > limit then
+    -- A gcra limit lets at most `burst` units out at once: a larger cost can never conform.
+    if cost > limit or (ARGV[params + (i - 1) * 4] == 'gcra' and cost > tonumber(ARGV[params + (i - 1) * 4 + 3])) then
       answer('C', now)
       return {now, 2, 0, now, now, 0, 0}
     end
@@ -228,7 +233,8 @@ for _ = 1, rounds do
         t = math.max(t, last + per + margin)
       end
     elseif a then
-      local x = b - (tonumber(ARGV[at + 3]) - 1) * per
+      -- An event of cost c waits until c units conform: TAT - (burst - c) * T (schedule.rs).
+      local x = b - (tonumber(ARGV[at + 3]) - cost) * per
       local q = math.floor(x / limit)
       local allowed = a + q
       if x - q * limit > 0 then

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use drip_core::budgets::{Adaptive, Budget, PPM};
 use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
 use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::ANSWER_MINUTE;
 use drip_core::schedule::{LimitOverride, Reservation, Status, override_id, state_id};
 use drip_core::time::Millis;
 use proptest::prelude::*;
@@ -128,20 +129,23 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
         limits.into_iter().filter(|l| seen.insert(state_id(l))).collect::<Vec<_>>()
     });
     let arrivals = prop::collection::vec(
-        (0..3usize, 0i64..300, 0u64..6, prop::option::weighted(0.15, any::<Index>())),
+        (0..3usize, 0i64..300, 0u64..6, prop::option::weighted(0.15, (any::<Index>(), prop::bool::weighted(0.2)))),
         1..max_events,
     );
     (limits, prop_oneof![Just(0i64), 0i64..3_000, 0i64..30_000], 0i64..60_000, arrivals).prop_map(
         |(limits, max_delay, offset, arrivals)| {
-            let smallest = limits.iter().map(|l| l.limit()).min().unwrap_or(1);
+            let smallest = limits.iter().map(|l| l.max_cost(l.limit())).min().unwrap_or(1);
             let mut now = T0 + offset;
             let mut events: Vec<Arrival> = Vec::new();
             for (i, (entity, gap, cost_seed, redeliver)) in arrivals.into_iter().enumerate() {
                 now += gap;
                 let event = match redeliver {
-                    Some(index) if !events.is_empty() => {
+                    // A republished id (same id, a later publish time) is another message for both
+                    // stores: answers are filed by id and minute of publication.
+                    Some((index, republished)) if !events.is_empty() => {
                         let first = &events[index.index(events.len())];
-                        Arrival { now, redelivery: true, ..first.clone() }
+                        let published = if republished { now } else { first.published };
+                        Arrival { now, redelivery: true, published, ..first.clone() }
                     }
                     _ => Arrival {
                         entity,
@@ -205,7 +209,7 @@ pub fn scenario_with_an_edit(max_events: usize) -> impl Strategy<Value = Scenari
         limits.into_iter().filter(|l| seen.insert(override_id(l))).collect::<Vec<_>>()
     });
     (scenario(Kinds::All, max_events), limits, any::<Index>()).prop_map(|(mut scenario, after, at)| {
-        let smallest = after.iter().map(|l| l.limit()).min().unwrap_or(1);
+        let smallest = after.iter().map(|l| l.max_cost(l.limit())).min().unwrap_or(1);
         for event in &mut scenario.events {
             event.cost = event.cost.min(smallest);
         }
@@ -259,11 +263,12 @@ pub fn check_edit_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result
 /// kinds that promise it, each slot is the earliest feasible one.
 pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
     assert_eq!(scenario.events.len(), answers.len());
-    let mut first_answer: HashMap<(usize, &str), Reservation> = HashMap::new();
+    let mut first_answer: HashMap<(usize, &str, Millis), Reservation> = HashMap::new();
     let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
     for (arrival, answer) in scenario.events.iter().zip(answers) {
         let at = format!("{arrival:?} got {answer:?}");
-        if let Some(first) = first_answer.get(&(arrival.entity, arrival.id.as_str())) {
+        let filed = (arrival.entity, arrival.id.as_str(), arrival.published.div_euclid(ANSWER_MINUTE));
+        if let Some(first) = first_answer.get(&filed) {
             if !answer.replayed
                 || (answer.slot, answer.status, answer.decided_at) != (first.slot, first.status, first.decided_at)
             {
@@ -274,7 +279,7 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
         if answer.replayed || answer.decided_at != arrival.now {
             return Err(format!("a new message was treated as a redelivery: {at}"));
         }
-        first_answer.insert((arrival.entity, arrival.id.as_str()), *answer);
+        first_answer.insert(filed, *answer);
         let ledger = ledgers.entry(arrival.entity).or_default();
         let previous = ledger.last().map(|&(slot, _)| slot);
         let start = previous.map_or(arrival.now, |p| p.max(arrival.now));

@@ -32,6 +32,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
         let before = scheduler.entity_state("rule", &key).cloned();
         let request = ReserveRequest {
             message_id: &arrival.id,
+            published: Some(arrival.published),
             cost: arrival.cost,
             limits: &scenario.limits,
             max_delay: scenario.max_delay,

@@ -557,3 +557,46 @@ async fn reserve_lua_runs_unchanged_on_redis_cluster() {
         cluster.nodes.iter().filter(|node| node.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0")).count();
     assert!(masters_with_keys >= 2, "entities should land on more than one master");
 }
+
+/// Answers are filed by id and minute of publication in both stores: m1 published at 12:00:59, an
+/// m1 published at 12:01:00 and m2 at 12:01:01 under 1 a minute are three messages for both; a
+/// message's redelivery in a later minute (its publish time unchanged) finds its answer.
+#[test]
+fn both_stores_file_answers_by_the_minute_of_publication() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
+    let noon = T0 - T0 % (60 * MINUTE) + 12 * 60 * MINUTE;
+    let arrival = |id: &str, now: Millis, published: Millis, redelivery: bool| Arrival {
+        entity: 0,
+        id: id.into(),
+        cost: 1,
+        now,
+        published,
+        redelivery,
+        reslot: false,
+        floor: None,
+    };
+    let (t0, t1, t2) = (noon + 59 * SECOND, noon + MINUTE, noon + MINUTE + SECOND);
+    let scenario = Scenario {
+        limits: vec![Limit::new(1, MINUTE, Window::Fixed(Placement::Start)).unwrap()],
+        max_delay: 10 * MINUTE,
+        events: vec![
+            arrival("m1", t0, t0, false),
+            arrival("m1", t1, t1, true),
+            arrival("m2", t2, t2, false),
+            arrival("m1", t2 + 3 * MINUTE, t0, true),
+        ],
+        overrides: Vec::new(),
+        edit: None,
+        pauses: Vec::new(),
+        shared: Default::default(),
+    };
+    let rule = unique("filing");
+    let memory = MemoryStore::new();
+    let (model, lua) =
+        runtime.block_on(async { (run(&memory, &rule, &scenario).await, run(&redis, &rule, &scenario).await) });
+    assert_eq!(model, lua);
+    let slots: Vec<Millis> = lua.iter().map(|r| r.slot).collect();
+    assert_eq!(slots, [t0, noon + MINUTE, noon + 2 * MINUTE, t0]);
+    assert!(lua[3].replayed, "{:?}", lua[3]);
+}

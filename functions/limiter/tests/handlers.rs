@@ -99,6 +99,16 @@ rules:
     forward: { topic: trial-ready }
     overflow_topic: trial-overflow
     dlq_topic: trial-dlq
+  - name: trial_sms
+    mode: shadow
+    match: { attributes: { event_type: trial_sms } }
+    key: "user_{data.user}"
+    cost: "{data.parts}"
+    limits: [ { limit: 3, per: 1s, window: gcra, burst: 3 } ]
+    max_delay: 1h
+    forward: { topic: trial-sms-ready }
+    overflow_topic: trial-sms-overflow
+    dlq_topic: trial-sms-dlq
 "#;
 
 #[derive(Debug, Clone)]
@@ -509,6 +519,24 @@ async fn override_requests_that_name_nothing_are_refused() {
     let bad_until = Some(serde_json::json!({ "limit": "5/1h", "until": "tomorrow" }));
     assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", bad_until).await.0, StatusCode::BAD_REQUEST);
     assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/k/limits?per=1d", None).await.0, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_shadow_rule_forwards_an_event_that_costs_more_than_its_limit_and_says_what_enforcing_would_do() {
+    let l = limiter();
+    let sms = [("event_type", "trial_sms")];
+    for id in ["big", "big", "small"] {
+        let data = if id == "big" { br#"{"user":7,"parts":5}"#.as_slice() } else { br#"{"user":7,"parts":1}"# };
+        assert_eq!(l.push(id, &sms, data).await, StatusCode::NO_CONTENT, "{id}");
+    }
+    let said: Vec<(String, String)> = l
+        .published("trial-sms-ready")
+        .iter()
+        .map(|m| (m.attributes["drip-message-id"].clone(), m.attributes["drip-shadow-decision"].clone()))
+        .collect();
+    let said: Vec<(&str, &str)> = said.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    assert_eq!(said, [("big", "dlq:cost_exceeds_limit"), ("small", "forward")], "forwarded once each");
+    assert!(l.published("trial-sms-dlq").is_empty(), "nothing dead-lettered for the limit's sake");
 }
 
 #[tokio::test]

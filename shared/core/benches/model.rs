@@ -43,6 +43,7 @@ fn reserve(c: &mut Criterion) {
                 |id| {
                     let request = ReserveRequest {
                         message_id: &id,
+                        published: None,
                         cost: 1,
                         limits: &limits,
                         max_delay: 3_650 * DAY,

@@ -30,16 +30,17 @@ pub fn max_sliding_usage(slots: &[(Millis, u64)], per: Millis) -> u64 {
     best
 }
 
-/// GCRA's promise in exact integers: for events i < j of one entity, the cost of events i..j-1
-/// takes at most `slot_j - slot_i` plus the burst tolerance (and under 1 ms of rounding), at one
-/// unit of cost per `per / limit`. Returns the first violating pair.
+/// GCRA's promise in exact integers, as a token bucket that takes a quantity checks it: for events
+/// i ≤ j of one entity, the cost of events i..=j fits in `slot_j - slot_i` at one unit per
+/// `per / limit` plus the burst (and under 1 ms of rounding), so no instant sees more than `burst`
+/// units and the rate holds with costs. Returns the first violating pair.
 pub fn gcra_violation(slots: &[(Millis, u64)], limit: u64, per: Millis, burst: u64) -> Option<(usize, usize)> {
     for i in 0..slots.len() {
         let mut cost = 0u128;
-        for j in i + 1..slots.len() {
-            cost += u128::from(slots[j - 1].1);
+        for j in i..slots.len() {
+            cost += u128::from(slots[j].1);
             let span = (slots[j].0 - slots[i].0 + 1) as u128;
-            if cost * per as u128 >= span * u128::from(limit) + u128::from(burst - 1) * per as u128 {
+            if cost * per as u128 > span * u128::from(limit) + u128::from(burst) * per as u128 {
                 return Some((i, j));
             }
         }
@@ -66,5 +67,8 @@ mod tests {
         assert_eq!(gcra_violation(&[(0, 1), (1_000, 1), (2_000, 1)], 1, 1_000, 1), None);
         assert_eq!(gcra_violation(&[(0, 1), (500, 1)], 1, 1_000, 1), Some((0, 1)));
         assert_eq!(gcra_violation(&[(0, 1), (0, 1)], 1, 1_000, 2), None);
+        // Three units at one instant against a burst of two (the pay-later reading allowed it).
+        assert_eq!(gcra_violation(&[(0, 1), (0, 2)], 2, 1_000, 2), Some((0, 1)));
+        assert_eq!(gcra_violation(&[(0, 1), (500, 2)], 2, 1_000, 2), None);
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::event::Event;
 pub use crate::outcome::DlqReason;
-use crate::rules::{Cost, OnMissingKey, Rule, RuleSet};
+use crate::rules::{Cost, Mode, OnMissingKey, Rule, RuleSet};
 use crate::schedule::{Reservation, Status};
 use crate::template::{RenderError, cap_key};
 use crate::time::Millis;
@@ -57,8 +57,10 @@ pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
             Err(e) => return dead_letter(Some(key), DlqReason::InvalidCost, format!("cost: {e}")),
         },
     };
-    if cost > rule.smallest_limit() {
-        let detail = format!("cost {cost} exceeds the smallest limit {}", rule.smallest_limit());
+    // A shadow rule reserves it anyway: the store answers that the cost exceeds a limit, which is
+    // recorded as the would-be decision while the event is forwarded.
+    if cost > rule.max_cost() && rule.mode == Mode::Enforce {
+        let detail = format!("cost {cost} exceeds the largest the rule's limits allow, {}", rule.max_cost());
         return dead_letter(Some(key), DlqReason::CostExceedsLimit, detail);
     }
     let previous_key = rule

@@ -253,6 +253,16 @@ impl Limit {
         self.limit
     }
 
+    /// The largest cost one event may have under this limit with `count` in force: the count, and
+    /// for gcra also the burst (an event of cost c waits until c units conform, and no more than
+    /// `burst` ever conform at once).
+    pub fn max_cost(&self, count: u64) -> u64 {
+        match self.window {
+            Window::Gcra { burst } => count.min(burst),
+            _ => count,
+        }
+    }
+
     pub fn per(&self) -> Millis {
         self.per
     }
@@ -321,9 +331,11 @@ impl Rule {
         }
     }
 
-    /// The smallest count of its own limits and of its budgets' limits: no event may cost more.
-    pub fn smallest_limit(&self) -> u64 {
-        self.limits.iter().chain(self.budgets.iter().flat_map(|b| &b.limits)).map(|l| l.limit).min().unwrap_or(0)
+    /// The largest cost an event may have: the smallest count of its own limits and of its
+    /// budgets' limits, and of its gcra limits' bursts.
+    pub fn max_cost(&self) -> u64 {
+        let limits = self.limits.iter().chain(self.budgets.iter().flat_map(|b| &b.limits));
+        limits.map(|l| l.max_cost(l.limit)).min().unwrap_or(0)
     }
 
     /// The Redis Cluster hash tag its entities live under when it draws from a budget.
@@ -687,13 +699,17 @@ fn validate_rule(
         Some(value) => errors.check("cost", parse_cost(&value)),
     };
     if let (Some(Cost::Fixed(cost)), Some(limits)) = (&cost, &limits)
-        && let Some((index, smallest)) =
-            limits.iter().enumerate().filter(|(_, l)| l.limit < *cost).min_by_key(|(_, l)| l.limit)
+        && let Some((index, smallest)) = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.max_cost(l.limit) < *cost)
+            .min_by_key(|(_, l)| l.max_cost(l.limit))
     {
-        errors.push(
-            "cost",
-            format!("{cost} exceeds limits[{index}].limit {}, so no event could ever be scheduled", smallest.limit),
-        );
+        let what = match smallest.window {
+            Window::Gcra { burst } if burst < smallest.limit => format!("burst {burst}"),
+            _ => format!("limit {}", smallest.limit),
+        };
+        errors.push("cost", format!("{cost} exceeds limits[{index}].{what}, so no event could ever be scheduled"));
     }
     let max_delay = errors.check(
         "max_delay",
@@ -915,8 +931,9 @@ fn link_budgets(specs: BTreeMap<String, Budget>, drawn: &[Vec<String>]) -> BTree
         let mut changed = false;
         for names in drawn {
             let Some(smallest) = names.iter().filter_map(|n| tag.get(n.as_str()).copied()).min() else { continue };
+            // A budget that did not validate has no tag (its error is reported already).
             for name in names {
-                let root = tag[name.as_str()];
+                let Some(&root) = tag.get(name.as_str()) else { continue };
                 for value in tag.values_mut().filter(|v| **v == root && root != smallest) {
                     *value = smallest;
                     changed = true;

@@ -48,7 +48,12 @@ pub struct Reservation {
 #[derive(Debug, Clone, Copy)]
 pub struct ReserveRequest<'a> {
     pub message_id: &'a str,
-    /// At least 1 and at most every limit's `limit` (the router dead-letters larger costs).
+    /// When the message was published (the same on every delivery of it): its answer is filed
+    /// under its id and this time's minute (`ANSWER_MINUTE`), as Redis files it; `None` (a message
+    /// that did not come from Pub/Sub) files it with the entity's undated answers.
+    pub published: Option<Millis>,
+    /// At least 1. Above a limit's count in force (or a gcra limit's burst) nothing is reserved:
+    /// [`Status::CostExceedsLimit`] (the router dead-letters costs above the rule's counts first).
     pub cost: u64,
     pub limits: &'a [Limit],
     pub max_delay: Millis,
@@ -158,7 +163,18 @@ struct Answer {
 #[derive(Debug, Clone, Default)]
 struct Entity {
     state: EntityState,
-    answers: HashMap<String, Answer>,
+    answers: HashMap<AnswerFile, Answer>,
+}
+
+/// Answers are filed by the minute of their message's publication (Redis keeps one hash per
+/// minute, so that old answers expire together).
+pub const ANSWER_MINUTE: Millis = 60_000;
+
+/// Where a message's answer is filed: the minute it was published (`None`: undated) and its id.
+type AnswerFile = (Option<Millis>, String);
+
+fn answer_file(message_id: &str, published: Option<Millis>) -> AnswerFile {
+    (published.map(|at| at.div_euclid(ANSWER_MINUTE)), message_id.to_owned())
 }
 
 /// The reference scheduler: every entity's state in memory.
@@ -190,7 +206,7 @@ impl Scheduler {
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        if let Some(answer) = entity.answers.get_mut(request.message_id) {
+        if let Some(answer) = entity.answers.get_mut(&answer_file(request.message_id, request.published)) {
             let busy = !answer.completed && answer.lease_until > request.now;
             if !answer.completed && !busy {
                 answer.lease_until = request.now + request.lease;
@@ -268,24 +284,26 @@ impl Scheduler {
             completed: false,
             lease_until: request.now + request.lease,
         };
-        entity.answers.insert(request.message_id.to_owned(), answer);
+        entity.answers.insert(answer_file(request.message_id, request.published), answer);
         Reservation { slot, status, replayed: false, decided_at: request.now, completed: false, busy: false }
     }
 
-    fn answer_mut(&mut self, rule: &str, key: &str, message_id: &str) -> Option<&mut Answer> {
-        self.entities.get_mut(&(rule.to_owned(), key.to_owned())).and_then(|entity| entity.answers.get_mut(message_id))
+    fn answer_mut(&mut self, rule: &str, key: &str, (id, published): (&str, Option<Millis>)) -> Option<&mut Answer> {
+        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
+        entity.answers.get_mut(&answer_file(id, published))
     }
 
     /// Records that the message was acted upon (forwarded, scheduled or dead-lettered).
-    pub fn complete(&mut self, rule: &str, key: &str, message_id: &str) {
-        if let Some(answer) = self.answer_mut(rule, key, message_id) {
+    /// `message` is the message's id and publish time, as its reservation named them.
+    pub fn complete(&mut self, rule: &str, key: &str, message: (&str, Option<Millis>)) {
+        if let Some(answer) = self.answer_mut(rule, key, message) {
             answer.completed = true;
         }
     }
 
     /// Ends the lease of an attempt that failed, so that a retry may act at once.
-    pub fn release(&mut self, rule: &str, key: &str, message_id: &str) {
-        if let Some(answer) = self.answer_mut(rule, key, message_id) {
+    pub fn release(&mut self, rule: &str, key: &str, message: (&str, Option<Millis>)) {
+        if let Some(answer) = self.answer_mut(rule, key, message) {
             answer.lease_until = 0;
         }
     }
@@ -332,11 +350,12 @@ fn entity_limits(
         .iter()
         .map(|limit| {
             let base = effective_limit(limit, &state.overrides, request.now);
-            exceeded |= request.cost > base;
+            exceeded |= request.cost > limit.max_cost(base);
             EntityLimit { id: state_id(limit), limit: *limit, count: adapted_count(limit, base, level, request.cost) }
         })
         .collect();
     for BudgetLimit { budget, limit, count } in shared {
+        exceeded |= request.cost > limit.limit();
         if let Some(share) = budget.share_of(*count, request.cost) {
             let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
             own.push(EntityLimit { id: budget.share_id(limit), limit: fixed, count: share });
@@ -465,7 +484,8 @@ fn earliest_accepted(
         },
         Window::Gcra { burst } => match state {
             Some(LimitState::Gcra { tat, tat_rem }) => {
-                let x = *tat_rem as i64 - (burst as i64 - 1) * per;
+                // An event of cost c waits until c units conform: TAT − (burst − c)·T.
+                let x = *tat_rem as i64 - (burst as i64 - cost as i64) * per;
                 let allowed = tat + x.div_euclid(n as i64) + i64::from(x.rem_euclid(n as i64) > 0);
                 t.max(allowed)
             }
@@ -561,6 +581,7 @@ mod tests {
                 let id = format!("m{i}");
                 let r = ReserveRequest {
                     message_id: &id,
+                    published: None,
                     cost,
                     limits,
                     max_delay: 1_000 * MINUTE,
@@ -601,12 +622,67 @@ mod tests {
     }
 
     #[test]
-    fn gcra_allows_a_burst_then_one_per_interval_and_cost_delays_what_follows() {
+    fn gcra_allows_a_burst_then_one_per_interval_and_cost_waits_until_its_units_conform() {
         let limits = [limit(3, 3 * SECOND, Window::Gcra { burst: 2 })];
         assert_eq!(run(&limits, &[(0, 1); 5]), [0, 0, 1_000, 2_000, 3_000]);
-        assert_eq!(run(&limits, &[(0, 3), (0, 1), (0, 1)]), [0, 2_000, 3_000]);
+        // Cost c goes once c units conform (TAT − (burst − c)·T), never more than `burst` at once.
+        assert_eq!(run(&limits, &[(0, 2), (0, 1), (0, 1)]), [0, 1_000, 2_000]);
+        assert_eq!(run(&limits, &[(0, 1), (0, 2), (0, 1)]), [0, 1_000, 2_000]);
+        let two = [limit(2, SECOND, Window::Gcra { burst: 2 })];
+        assert_eq!(run(&two, &[(0, 1), (0, 2)]), [0, 500]);
         let thirds = [limit(3, SECOND, Window::Gcra { burst: 1 })];
         assert_eq!(run(&thirds, &[(0, 1); 4]), [0, 334, 667, 1_000]);
+    }
+
+    #[test]
+    fn a_cost_above_a_gcra_burst_can_never_conform() {
+        let limits = [limit(10, SECOND, Window::Gcra { burst: 2 })];
+        let mut s = Scheduler::new();
+        let request = ReserveRequest {
+            message_id: "big",
+            published: None,
+            cost: 3,
+            limits: &limits,
+            max_delay: MINUTE,
+            now: 0,
+            lease: 0,
+            floor: None,
+            budgets: &[],
+            adaptive: None,
+            margin: 0,
+        };
+        assert_eq!(s.reserve("r", "k", &request).status, Status::CostExceedsLimit);
+        assert_eq!(s.entity_state("r", "k").and_then(|e| e.last_slot), None, "nothing reserved");
+    }
+
+    #[test]
+    fn answers_are_filed_by_id_and_minute_of_publication() {
+        let limits = [limit(1, MINUTE, Window::Fixed(Placement::Start))];
+        let mut s = Scheduler::new();
+        let at = |id: &'static str, now: Millis, published: Option<Millis>| ReserveRequest {
+            message_id: id,
+            published,
+            cost: 1,
+            limits: &limits,
+            max_delay: 10 * MINUTE,
+            now,
+            lease: 0,
+            floor: None,
+            budgets: &[],
+            adaptive: None,
+            margin: 0,
+        };
+        // m1 published at 12:00:59 and an m1 published at 12:01:00 are filed apart, as in Redis.
+        let (t0, t1, t2) = (59 * SECOND, MINUTE, MINUTE + SECOND);
+        let slots: Vec<_> = [at("m1", t0, Some(t0)), at("m1", t1, Some(t1)), at("m2", t2, Some(t2))]
+            .iter()
+            .map(|r| s.reserve("r", "k", r).slot)
+            .collect();
+        assert_eq!(slots, [t0, MINUTE, 2 * MINUTE]);
+        // An undated message's redelivery in a later minute finds its answer.
+        let first = s.reserve("r", "u", &at("x", t0, None));
+        let again = s.reserve("r", "u", &at("x", 5 * MINUTE, None));
+        assert!(again.replayed && again.slot == first.slot);
     }
 
     #[test]
@@ -624,6 +700,7 @@ mod tests {
         let mut s = Scheduler::new();
         let req = |id: &'static str, now| ReserveRequest {
             message_id: id,
+            published: None,
             cost: 1,
             limits: &limits,
             max_delay: 30 * SECOND,
@@ -643,7 +720,7 @@ mod tests {
         assert_eq!((again.slot, again.status, again.replayed, again.decided_at), (0, Status::Reserved, true, 0));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
         assert!(!again.completed);
-        s.complete("r", "k", "a");
+        s.complete("r", "k", ("a", None));
         assert!(s.reserve("r", "k", &req("a", 6 * MINUTE)).completed);
     }
 }
@@ -658,6 +735,7 @@ mod lease_tests {
         let limits = [Limit::new(10, SECOND, Window::Fixed(crate::rules::Placement::Start)).unwrap()];
         let req = |now| ReserveRequest {
             message_id: "m",
+            published: None,
             cost: 1,
             limits: &limits,
             max_delay: SECOND,
@@ -672,12 +750,12 @@ mod lease_tests {
         assert!(!s.reserve("r", "k", &req(0)).busy);
         let concurrent = s.reserve("r", "k", &req(50));
         assert!(concurrent.busy && concurrent.replayed);
-        s.release("r", "k", "m");
+        s.release("r", "k", ("m", None));
         let retry = s.reserve("r", "k", &req(60));
         assert!(!retry.busy && retry.replayed, "a released lease is taken by the retry");
         assert!(s.reserve("r", "k", &req(100)).busy, "the retry holds it until 160");
         assert!(!s.reserve("r", "k", &req(160)).busy, "an expired lease (a crashed attempt) is taken over");
-        s.complete("r", "k", "m");
+        s.complete("r", "k", ("m", None));
         let done = s.reserve("r", "k", &req(170));
         assert!(done.completed && !done.busy);
     }
@@ -703,6 +781,7 @@ mod budget_tests {
         let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
         let request = ReserveRequest {
             message_id: id,
+            published: None,
             cost: 1,
             limits: &limits,
             max_delay: 10 * SECOND,

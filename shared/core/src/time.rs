@@ -10,14 +10,62 @@ pub const MINUTE: Millis = 60 * SECOND;
 pub const HOUR: Millis = 60 * MINUTE;
 pub const DAY: Millis = 24 * HOUR;
 
-/// Parses `90s`, `1m`, `2h`, `1d`, `500ms`, `1h30m`. Errors say why in words fit for a config error.
+/// The units a duration may use: each is a fixed length whose windows (aligned to the Unix epoch)
+/// start where a reader expects them to. Weeks, months and years are refused: a week window would
+/// start on Thursdays (1970-01-01 was one), and months and years have no fixed length.
+const UNITS: [(&str, Millis); 5] = [("ms", 1), ("s", SECOND), ("m", MINUTE), ("h", HOUR), ("d", DAY)];
+
+/// Parses `90s`, `1m`, `2h`, `1d`, `500ms`, `1h30m`: whole numbers, each with one of the units
+/// `ms`, `s`, `m`, `h`, `d`. Errors say why in words fit for a config error, and for a unit a person
+/// could misread (`1M`, `1mo`, `1w`, `1y`, `0.5s`) what it would have meant.
 pub fn parse_duration(text: &str) -> Result<Millis, String> {
-    let duration = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("invalid duration '{text}' ({e}); use e.g. 500ms, 1s, 90s, 1m, 2h, 1d"))?;
-    if duration.subsec_nanos() % 1_000_000 != 0 {
-        return Err(format!("invalid duration '{text}': finer than a millisecond"));
+    let invalid = |why: String| format!("invalid duration '{text}': {why}; use e.g. 500ms, 1s, 90s, 1m, 2h, 1d");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(invalid("it is empty".into()));
     }
-    Millis::try_from(duration.as_millis()).map_err(|_| format!("invalid duration '{text}': too long"))
+    let mut total: Millis = 0;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(invalid(format!("expected a number at '{rest}'")));
+        }
+        let (number, after) = rest.split_at(digits);
+        if after.starts_with('.') {
+            return Err(invalid("fractions are not accepted (0.5s would be 500ms: write that)".into()));
+        }
+        let after = after.trim_start();
+        let unit_len = after.find(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace()).unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let Some(&(_, length)) = UNITS.iter().find(|(name, _)| *name == unit) else {
+            return Err(invalid(misread_unit(unit)));
+        };
+        let number: Millis = number.parse().map_err(|_| invalid("too long".into()))?;
+        total = number
+            .checked_mul(length)
+            .and_then(|part| total.checked_add(part))
+            .ok_or_else(|| invalid("too long".into()))?;
+        rest = after.trim_start();
+    }
+    Ok(total)
+}
+
+/// Why `unit` is refused, saying what it would have meant where a person could misread it.
+fn misread_unit(unit: &str) -> String {
+    match unit {
+        "" => "a number needs a unit (ms, s, m, h or d)".into(),
+        "M" | "mo" | "mon" | "month" | "months" => format!(
+            "'{unit}' would be a month of 30.44 days in windows aligned to 1970, not a calendar month; write days (30d) if a fixed length is meant"
+        ),
+        "y" | "yr" | "year" | "years" => format!(
+            "'{unit}' would be a year of 365.25 days in windows aligned to 1970, not a calendar year; write days (365d) if a fixed length is meant"
+        ),
+        "w" | "week" | "weeks" => format!(
+            "'{unit}' would be a week whose windows start on Thursdays (1970-01-01 was one); write 7d if that is meant"
+        ),
+        "us" | "µs" | "ns" => format!("'{unit}' is finer than a millisecond, the unit of every slot"),
+        _ => format!("unknown unit '{unit}' (accepted: ms, s, m, h, d)"),
+    }
 }
 
 /// RFC 3339 in UTC with milliseconds, e.g. `2026-08-03T12:01:00.000Z`.
@@ -55,8 +103,31 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(2 * HOUR));
         assert_eq!(parse_duration("1d"), Ok(DAY));
         assert_eq!(parse_duration("250ms"), Ok(250));
+        assert_eq!(parse_duration("1h30m"), Ok(90 * MINUTE));
+        assert_eq!(parse_duration(" 1h 30m "), Ok(90 * MINUTE));
         assert!(parse_duration("1x").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("99999999999999999d").unwrap_err().contains("too long"));
+    }
+
+    #[test]
+    fn units_a_person_could_misread_are_refused_with_what_they_would_mean() {
+        for (text, says) in [
+            ("1M", "month of 30.44 days"),
+            ("1mo", "month of 30.44 days"),
+            ("1 month", "month of 30.44 days"),
+            ("1y", "year of 365.25 days"),
+            ("1w", "start on Thursdays"),
+            ("0.5s", "500ms"),
+            ("1.5h", "fractions"),
+            ("10", "needs a unit"),
+            ("5us", "finer than a millisecond"),
+            ("1min", "unknown unit 'min'"),
+        ] {
+            let error = parse_duration(text).unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+            assert!(error.contains(&format!("'{text}'")), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -48,7 +48,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// The latest end of a pause of the rule's key or of any budget it draws from, if any.
     pub async fn paused_until(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
-        let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", 0, &[]);
+        let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
         let mut pipe = redis::pipe();
         pipe.hget(&keys.overrides, "pause");
         for budget in &rule.budgets {

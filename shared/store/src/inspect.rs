@@ -90,7 +90,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
 
     /// The entity's last slot (its FIFO frontier), if it remembers one.
     pub async fn frontier(&self, rule: RuleRef<'_>, key: &str) -> Result<Option<Millis>, StoreError> {
-        let keys = EntityKeys::new(self.namespace(), rule, key, "-", 0, &[]);
+        let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, &[]);
         Ok(redis::cmd("HGET").arg(&keys.state).arg("last").query_async(&mut self.connection()).await?)
     }
 
@@ -102,7 +102,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         key: &str,
         limits: &[Limit],
     ) -> Result<EntityState, StoreError> {
-        let keys = EntityKeys::new(self.namespace(), rule, key, "-", 0, limits);
+        let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, limits);
         let mut connection = self.connection();
         let fields: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
         let field = |id: &str, suffix: &str| fields.get(&format!("{id}:{suffix}")).copied();

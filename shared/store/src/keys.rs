@@ -6,12 +6,12 @@
 use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::state_id;
-use drip_core::time::{MINUTE, Millis};
+use drip_core::time::Millis;
 use sha2::{Digest, Sha256};
 
 /// Answers are kept in one small hash per entity and minute of publication, which expires as a
 /// whole: a field costs ~30 bytes where a key of its own costs ~190.
-pub const ANSWER_BUCKET: Millis = MINUTE;
+pub const ANSWER_BUCKET: Millis = drip_core::schedule::ANSWER_MINUTE;
 
 /// A rule as its entities' keys name it: its id, and the hash tag of its budgets if it has any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,27 +49,35 @@ pub struct EntityKeys {
 
 impl EntityKeys {
     /// `message` is the message's identity (`MessageRef::identity`), `published` the time its
-    /// answers are filed under (its publish time: the same on every redelivery).
+    /// answers are filed under (its publish time: the same on every redelivery). An undated
+    /// message (not from Pub/Sub) is filed in the entity's undated answers (`a:u`, base 0), which
+    /// live as long as undated messages keep coming, plus a minute, max_delay and a margin.
     pub fn new(
         namespace: &str,
         rule: RuleRef<'_>,
         key: &str,
         message: &str,
-        published: Millis,
+        published: Option<Millis>,
         limits: &[Limit],
     ) -> Self {
         let prefix = match rule.tag {
             None => entity_prefix(namespace, rule.id, key),
             Some(tag) => format!("{namespace}:{{b:{tag}}}:{}|{}", rule.id, escape(key)),
         };
-        let bucket = published.div_euclid(ANSWER_BUCKET);
+        let (answers, answers_base) = match published {
+            Some(at) => {
+                let bucket = at.div_euclid(ANSWER_BUCKET);
+                (format!("{prefix}:a:{bucket}"), bucket * ANSWER_BUCKET)
+            }
+            None => (format!("{prefix}:a:u"), 0),
+        };
         let digest = Sha256::digest(message.as_bytes());
         let mut answer_field = [0u8; 8];
         answer_field.copy_from_slice(&digest[..8]);
         Self {
             state: format!("{prefix}:state"),
-            answers: format!("{prefix}:a:{bucket}"),
-            answers_base: bucket * ANSWER_BUCKET,
+            answers,
+            answers_base,
             answer_field,
             overrides: format!("{prefix}:o"),
             sliding: limits
@@ -129,12 +137,12 @@ mod tests {
             Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap(),
             Limit::new(1, 60_000, Window::Sliding).unwrap(),
         ];
-        let keys = EntityKeys::new("drip", RuleRef::plain("payouts"), "a}b{c%", "m1", 125_000, &limits);
+        let keys = EntityKeys::new("drip", RuleRef::plain("payouts"), "a}b{c%", "m1", Some(125_000), &limits);
         assert_eq!(keys.state, "drip:{payouts|a%7Db%7Bc%25}:state");
         assert_eq!((keys.answers.as_str(), keys.answers_base), ("drip:{payouts|a%7Db%7Bc%25}:a:2", 120_000));
         assert_ne!(
             keys.answer_field,
-            EntityKeys::new("drip", RuleRef::plain("payouts"), "k", "m2", 0, &limits).answer_field
+            EntityKeys::new("drip", RuleRef::plain("payouts"), "k", "m2", Some(0), &limits).answer_field
         );
         assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
         assert_eq!(keys.overrides, "drip:{payouts|a%7Db%7Bc%25}:o");
@@ -142,7 +150,7 @@ mod tests {
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
         let budgeted = RuleRef { id: "sms", tag: Some("gateway") };
-        let keys = EntityKeys::new("drip", budgeted, "u{1}", "m1", 0, &limits);
+        let keys = EntityKeys::new("drip", budgeted, "u{1}", "m1", Some(0), &limits);
         assert_eq!(keys.state, "drip:{b:gateway}:sms|u%7B1%7D:state");
         assert!(keys.sliding[0].starts_with("drip:{b:gateway}:"), "every key of the entity under the budget's tag");
     }

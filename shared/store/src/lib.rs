@@ -42,7 +42,8 @@ pub struct SlotRequest<'a> {
     /// How long the attempt that gets the answer acts alone on the message (0: no lease).
     pub lease: Millis,
     /// When the message was published (the same on every redelivery): its answer is filed under
-    /// it. `None`: `now`, or the local clock.
+    /// its minute. `None`: undated (a message not from Pub/Sub), filed with the entity's undated
+    /// answers, so a redelivery in another minute still finds it.
     pub published: Option<Millis>,
     /// Give a message that already has an answer a new slot (its attempt holds the lease and was
     /// told to wait by the downstream); false for an ordinary reservation.

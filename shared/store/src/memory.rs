@@ -24,6 +24,7 @@ impl SlotStore for MemoryStore {
         let now = request.now.unwrap_or_else(wall_clock_millis);
         let model_request = ReserveRequest {
             message_id: request.message_id,
+            published: request.published,
             cost: request.cost,
             limits: request.limits,
             max_delay: request.max_delay,
@@ -45,12 +46,12 @@ impl SlotStore for MemoryStore {
     }
 
     async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        self.with(|s| s.complete(request.rule, request.key, request.message_id));
+        self.with(|s| s.complete(request.rule, request.key, (request.message_id, request.published)));
         Ok(())
     }
 
     async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        self.with(|s| s.release(request.rule, request.key, request.message_id));
+        self.with(|s| s.release(request.rule, request.key, (request.message_id, request.published)));
         Ok(())
     }
 }

@@ -96,7 +96,7 @@ pub(crate) fn adapt_args(adaptive: &Adaptive, limits: &[Limit]) -> [String; 5] {
 
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     fn override_keys(&self, rule: RuleRef<'_>, key: &str) -> EntityKeys {
-        EntityKeys::new(self.namespace(), rule, key, "-", 0, &[])
+        EntityKeys::new(self.namespace(), rule, key, "-", None, &[])
     }
 
     /// Sets the entity's override of `limit` (one of `rule`'s) from the next reservation on, and

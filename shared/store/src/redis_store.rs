@@ -56,8 +56,14 @@ impl<C> RedisStore<C> {
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
-        let published = request.published.or(request.now).unwrap_or_else(drip_core::time::wall_clock_millis);
-        EntityKeys::new(&self.namespace, request.rule_ref(), request.key, request.message_id, published, request.limits)
+        EntityKeys::new(
+            &self.namespace,
+            request.rule_ref(),
+            request.key,
+            request.message_id,
+            request.published,
+            request.limits,
+        )
     }
 
     pub(crate) fn namespace(&self) -> &str {
