@@ -167,6 +167,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             oidc_allowed_emails: wiring.oidc_allowed_emails.clone(),
             oidc_jwks_url: wiring.oidc_jwks_url.clone(),
             task_signing_key: SIGNING_KEY.into(),
+            task_signing_key_previous: None,
         },
         tasks: task_settings(&wiring.tasks_endpoint, &wiring.queues, &wiring.dispatcher_url, wiring.timeouts_ms),
         claim_check_max_bytes: wiring.claim_check_max_bytes,
@@ -192,6 +193,7 @@ pub fn task_settings(endpoint: &str, queues: &[String], dispatcher_url: &str, ti
         tasks_service_account: Some("drip-tasks@drip-test.iam.gserviceaccount.com".into()),
         tasks_audience: None,
         tasks_timeout_ms: timeout_ms,
+        tasks_retry_span_ms: drip_service::tasks::DEFAULT_RETRY_SPAN as u64,
     }
 }
 
@@ -227,7 +229,17 @@ pub async fn spawn_dispatcher_with(
     oidc: Option<(&str, &str, &str)>,
     max_attempts: i64,
 ) -> DispatcherUnderTest {
-    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), oidc, max_attempts, None).await
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), oidc, max_attempts, None, None).await
+}
+
+/// As [`spawn_dispatcher`], publishing unsealed tasks (to owned topics) until `until` (RFC 3339):
+/// DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL, the upgrade window.
+pub async fn spawn_dispatcher_accepting_unsigned(
+    rules_yaml: &str,
+    (redis_url, namespace, pubsub_host): (&str, &str, &str),
+    until: &str,
+) -> DispatcherUnderTest {
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, None, Some(until)).await
 }
 
 /// A dispatcher that can give events new slots (an `overflow: { url }` that says wait): it
@@ -238,7 +250,8 @@ pub async fn spawn_rescheduling_dispatcher(
     tasks_endpoint: &str,
     queues: &[String],
 ) -> DispatcherUnderTest {
-    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, Some((tasks_endpoint, queues))).await
+    let tasks = Some((tasks_endpoint, queues));
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, tasks, None).await
 }
 
 async fn start_dispatcher(
@@ -247,6 +260,7 @@ async fn start_dispatcher(
     oidc: Option<(&str, &str, &str)>,
     max_attempts: i64,
     tasks: Option<(&str, &[String])>,
+    accept_unsigned_until: Option<&str>,
 ) -> DispatcherUnderTest {
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("address"));
@@ -260,6 +274,7 @@ async fn start_dispatcher(
             tasks_service_account: None,
             tasks_audience: None,
             tasks_timeout_ms: 3_000,
+            tasks_retry_span_ms: drip_service::tasks::DEFAULT_RETRY_SPAN as u64,
         },
     };
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));
@@ -282,11 +297,14 @@ async fn start_dispatcher(
             oidc_allowed_emails: oidc.map(|(_, emails, _)| emails.to_owned()).unwrap_or_default(),
             oidc_jwks_url: oidc.map(|(_, _, jwks)| jwks.to_owned()),
             task_signing_key: SIGNING_KEY.into(),
+            task_signing_key_previous: None,
         },
         tasks_max_attempts: max_attempts,
         tasks,
         forward_timeout_ms: 3_000,
         forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
+        early_tolerance_ms: 1_000,
+        accept_unsigned_tasks_until: accept_unsigned_until.map(str::to_owned),
     };
     let state = drip_dispatcher::build_state(&settings).await.expect("the dispatcher starts");
     let router = drip_dispatcher::app(state.clone());

@@ -5,10 +5,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cloud_tasks_emulator::TokenSigner;
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSigner};
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSeal, TaskSigner};
+use drip_core::time::{HOUR, Millis, wall_clock_millis};
 use drip_tests::pubsub_emulator::{Pubsub, PubsubEmulator};
 use drip_tests::redis_server::shared_url;
-use drip_tests::stack::{DispatcherUnderTest, SIGNING_KEY, TasksStandIn, spawn_dispatcher_with};
+use drip_tests::stack::{
+    DispatcherUnderTest, SIGNING_KEY, TasksStandIn, spawn_dispatcher_accepting_unsigned, spawn_dispatcher_with,
+};
 use drip_tests::unique;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -79,14 +82,45 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
     }
 }
 
+/// The task name the tests' requests carry (`X-CloudTasks-TaskName`).
+const TASK_NAME: &str = "abc-payouts";
+
+/// The limiter's seal for `body` as task [`TASK_NAME`]: at the body's slot (now for a body that is
+/// not a task), expiring an hour later.
+fn seal(body: &[u8]) -> String {
+    let slot = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v["rateLimitMeta"]["scheduledFor"].as_str().map(str::to_owned))
+        .and_then(|at| drip_core::time::parse_rfc3339(&at).ok())
+        .unwrap_or_else(wall_clock_millis);
+    seal_as(SIGNING_KEY, TASK_NAME, slot, slot + HOUR, body)
+}
+
+fn seal_as(key: &str, name: &str, slot: Millis, expires: Millis, body: &[u8]) -> String {
+    TaskSigner::new(key).sign(&TaskSeal { name, slot, expires }, body)
+}
+
+/// A signature over the body alone, as versions before sealed tasks made them.
+fn body_only_signature(body: &[u8]) -> String {
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(SIGNING_KEY.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
 impl Test {
+    /// As Cloud Tasks would run a task the limiter sealed (`task_headers`: with Cloud Tasks' headers).
     async fn dispatch(&self, body: &[u8], task_headers: bool, token: Option<&str>) -> StatusCode {
-        self.send(body, task_headers, token, None, 0).await
+        self.send(body, task_headers, token, Some(seal(body)), 0).await
     }
 
-    /// As Cloud Tasks would run a task the limiter signed, on attempt `retry_count + 1`.
+    async fn dispatch_unsigned(&self, body: &[u8]) -> StatusCode {
+        self.send(body, true, None, None, 0).await
+    }
+
+    /// As Cloud Tasks would run a task the limiter sealed, on attempt `retry_count + 1`.
     async fn dispatch_signed(&self, body: &[u8], retry_count: u32) -> StatusCode {
-        self.send(body, true, None, Some(TaskSigner::new(SIGNING_KEY).sign(body)), retry_count).await
+        self.send(body, true, None, Some(seal(body)), retry_count).await
     }
 
     async fn send(
@@ -101,7 +135,7 @@ impl Test {
         if task_headers {
             request = request
                 .header("X-CloudTasks-QueueName", "drip-0")
-                .header("X-CloudTasks-TaskName", "abc-payouts")
+                .header("X-CloudTasks-TaskName", TASK_NAME)
                 .header("X-CloudTasks-TaskRetryCount", retry_count.to_string());
         }
         if let Some(signature) = signature {
@@ -162,9 +196,9 @@ async fn refuses_topics_no_rule_owns_and_requests_not_from_cloud_tasks() {
     let t = start_with(Pubsub::shared(), None).await;
     let mut body = task_body(&t.prefix, "payouts", "overflow", "x1", b"{}");
     body.rate_limit_meta.overflow_topic = format!("{}-ready", t.prefix);
-    assert_eq!(t.dispatch(&serde_json::to_vec(&body).unwrap(), true, None).await, StatusCode::FORBIDDEN);
+    assert_eq!(t.dispatch_unsigned(&serde_json::to_vec(&body).unwrap()).await, StatusCode::FORBIDDEN);
     body.rate_limit_meta.overflow_topic = "projects/victim/topics/anything".into();
-    assert_eq!(t.dispatch(&serde_json::to_vec(&body).unwrap(), true, None).await, StatusCode::FORBIDDEN);
+    assert_eq!(t.dispatch_unsigned(&serde_json::to_vec(&body).unwrap()).await, StatusCode::FORBIDDEN);
     let good = task_body(&t.prefix, "payouts", "overflow", "x2", b"{}");
     assert_eq!(t.dispatch(&serde_json::to_vec(&good).unwrap(), false, None).await, StatusCode::FORBIDDEN);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -242,16 +276,12 @@ async fn a_signed_task_whose_overflow_topic_was_retired_is_dead_lettered_not_ref
     let mut body = task_body(&t.prefix, "removed-rule", "overflow", "r1", br#"{"payoutId":"pay_9"}"#);
     body.rate_limit_meta.overflow_topic = format!("{}-old-overflow", t.prefix);
     let encoded = serde_json::to_vec(&body).unwrap();
-    assert_eq!(t.dispatch(&encoded, true, None).await, StatusCode::FORBIDDEN, "unsigned: refused, never relayed");
+    assert_eq!(t.dispatch_unsigned(&encoded).await, StatusCode::FORBIDDEN, "unsigned: refused, never relayed");
     let mut forged = encoded.clone();
     forged.extend(b" ");
-    let signature = TaskSigner::new(SIGNING_KEY).sign(&encoded);
-    assert_eq!(
-        t.send(&forged, true, None, Some(signature), 0).await,
-        StatusCode::FORBIDDEN,
-        "signature of another body"
-    );
-    let other_key = TaskSigner::new("another-key-another-key-another-key").sign(&encoded);
+    assert_eq!(t.send(&forged, true, None, Some(seal(&encoded)), 0).await, StatusCode::FORBIDDEN, "another body");
+    let slot = wall_clock_millis();
+    let other_key = seal_as("another-key-another-key-another-key", TASK_NAME, slot, slot + HOUR, &encoded);
     assert_eq!(t.send(&encoded, true, None, Some(other_key), 0).await, StatusCode::FORBIDDEN, "another key");
 
     assert_eq!(t.dispatch_signed(&encoded, 0).await, StatusCode::OK);
@@ -296,4 +326,98 @@ async fn overflow_attributes_over_pubsub_s_limits_are_dead_lettered_with_the_rea
     assert_eq!(dead[0].attributes["drip-wrapped"], "json");
     let wrapped: Value = serde_json::from_slice(&dead[0].data).unwrap();
     assert_eq!(wrapped["attributes"].as_object().unwrap().len(), 99, "no attribute lost");
+}
+
+/// What an attacker who can create tasks (or read one) can try: an unsigned copy with another
+/// amount, an invented message, a signed body under another name or before its slot, a replay
+/// after its expiry. None is published; the real task still is, once.
+#[tokio::test]
+async fn only_the_limiter_s_sealed_task_is_published_at_its_slot_and_once() {
+    let t = start_with(Pubsub::shared(), None).await;
+    let slot = wall_clock_millis() + 6_000;
+    let mut real = task_body(&t.prefix, "payouts", "overflow", "s1", br#"{"amount":10}"#);
+    real.rate_limit_meta.scheduled_for = drip_core::time::format_rfc3339(slot);
+    let encoded = serde_json::to_vec(&real).unwrap();
+    let sealed = seal_as(SIGNING_KEY, TASK_NAME, slot, slot + HOUR, &encoded);
+
+    let forged = serde_json::to_vec(&task_body(&t.prefix, "payouts", "overflow", "s1", br#"{"amount":9999}"#)).unwrap();
+    assert_eq!(t.dispatch_unsigned(&forged).await, StatusCode::FORBIDDEN, "an unsigned copy, amount changed");
+    let invented = serde_json::to_vec(&task_body(&t.prefix, "payouts", "overflow", "made-up", b"{}")).unwrap();
+    assert_eq!(t.dispatch_unsigned(&invented).await, StatusCode::FORBIDDEN, "an invented message");
+    assert_eq!(
+        t.send(&encoded, true, None, Some(body_only_signature(&encoded)), 0).await,
+        StatusCode::FORBIDDEN,
+        "a body-only signature outside the upgrade window"
+    );
+    let mut other_name = t.http.post(format!("{}/dispatch", t.dispatcher.url)).body(encoded.clone());
+    other_name = other_name
+        .header("X-CloudTasks-QueueName", "drip-0")
+        .header("X-CloudTasks-TaskName", "copied-under-another-name")
+        .header(SIGNATURE_HEADER, &sealed);
+    assert_eq!(other_name.send().await.unwrap().status(), StatusCode::FORBIDDEN, "the seal names its task");
+    assert_eq!(
+        t.send(&encoded, true, None, Some(sealed.clone()), 0).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "6 s before its slot: Cloud Tasks tries again later"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(t.pubsub.pull(&format!("{}-overflow", t.prefix), 10).await.is_empty(), "nothing published early");
+
+    let expired = seal_as(SIGNING_KEY, TASK_NAME, slot - 2 * HOUR, slot - HOUR, &encoded);
+    assert_eq!(t.send(&encoded, true, None, Some(expired), 0).await, StatusCode::FORBIDDEN, "past its expiry");
+
+    // Within the early tolerance (1 s) the dispatcher waits for the slot.
+    let soon = wall_clock_millis() + 700;
+    let mut due = task_body(&t.prefix, "payouts", "overflow", "s2", br#"{"amount":10}"#);
+    due.rate_limit_meta.scheduled_for = drip_core::time::format_rfc3339(soon);
+    let due = serde_json::to_vec(&due).unwrap();
+    let due_seal = seal_as(SIGNING_KEY, TASK_NAME, soon, soon + HOUR, &due);
+    assert_eq!(t.send(&due, true, None, Some(due_seal.clone()), 0).await, StatusCode::OK);
+    assert!(wall_clock_millis() >= soon, "answered only once its slot came");
+    let published = t.pulled("overflow", 1).await;
+    assert_eq!(published[0].attributes["drip-message-id"], "s2");
+    let published_at = drip_core::time::parse_rfc3339(&published[0].publish_time).unwrap();
+    assert!(published_at >= soon, "published at {published_at}, its slot {soon}");
+    assert_eq!(t.send(&due, true, None, Some(due_seal), 1).await, StatusCode::OK, "a replay: a duplicate");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(t.pubsub.pull(&format!("{}-overflow", t.prefix), 10).await.is_empty(), "published once");
+    // The once-only marker outlives the seal, so the captured body can never publish again.
+    let identity = drip_core::event::MessageRef::new("s2", real.subscription.clone()).identity();
+    let marker = drip_store::dispatch_key(
+        t.dispatcher.state.store.namespace(),
+        &format!("{}-payouts", t.prefix),
+        "merchant_8421",
+        &identity,
+    );
+    let mut redis = drip_tests::redis_server::shared_connection().await;
+    let ttl: i64 = redis::cmd("PTTL").arg(&marker).query_async(&mut redis).await.unwrap();
+    assert!(ttl > (soon + HOUR) - wall_clock_millis(), "marker ttl {ttl} ms");
+}
+
+#[tokio::test]
+async fn the_upgrade_window_publishes_unsealed_tasks_to_owned_topics_only_and_never_reseals_them() {
+    let prefix = unique("dis");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "kyc-overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let until = drip_core::time::format_rfc3339(wall_clock_millis() + HOUR);
+    let dispatcher = spawn_dispatcher_accepting_unsigned(
+        &RULES.replace("{p}", &prefix),
+        (&shared_url(), &unique("drip"), &pubsub.host),
+        &until,
+    )
+    .await;
+    let t = Test { prefix, pubsub, dispatcher, http: reqwest::Client::new() };
+    let owned = serde_json::to_vec(&task_body(&t.prefix, "payouts", "overflow", "u1", b"{}")).unwrap();
+    assert_eq!(t.dispatch_unsigned(&owned).await, StatusCode::OK, "an unsigned task of the old version");
+    let old = serde_json::to_vec(&task_body(&t.prefix, "payouts", "overflow", "u2", b"{}")).unwrap();
+    assert_eq!(t.send(&old, true, None, Some(body_only_signature(&old)), 0).await, StatusCode::OK);
+    let mut elsewhere = task_body(&t.prefix, "payouts", "overflow", "u3", b"{}");
+    elsewhere.rate_limit_meta.overflow_topic = "projects/victim/topics/anything".into();
+    assert_eq!(t.dispatch_unsigned(&serde_json::to_vec(&elsewhere).unwrap()).await, StatusCode::FORBIDDEN);
+    let mut ids: Vec<String> =
+        t.pulled("overflow", 2).await.iter().map(|m| m.attributes["drip-message-id"].clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["u1", "u2"]);
 }

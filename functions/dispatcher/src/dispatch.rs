@@ -1,11 +1,16 @@
 //! `POST /dispatch`: one task in, one message out — on the rule's overflow topic, or on a
 //! dead-letter topic with the reason. A task Drip made always ends up on a topic:
 //!
-//! - it is recognised by its signature (`x-drip-signature`, an HMAC of the body with the key only
-//!   the services hold), so a task whose overflow topic no rule names any more (rule edited,
-//!   renamed or removed) is dead-lettered as `overflow_topic_retired`, never refused forever;
-//! - an unsigned body is published only to a topic a configured rule owns, and a badly signed one
-//!   never: the dispatcher is not an open relay;
+//! - it is recognised by its seal (`x-drip-signature`, an HMAC with a key only the services hold
+//!   over the task's name, slot, expiry and body), so a task whose overflow topic no rule names any
+//!   more (rule edited, renamed or removed) is dead-lettered as `overflow_topic_retired`, never
+//!   refused forever;
+//! - an unsealed task is refused (403): a copied body under another name, a forged one, or one
+//!   past its expiry is never published. Only while `DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL` lasts (an
+//!   upgrade from a version that did not seal tasks) is an unsigned or body-only signed task
+//!   published, and then only to a topic a configured rule owns, and never re-signed;
+//! - a sealed task that arrives more than the early tolerance before its slot is answered 503, so
+//!   Cloud Tasks tries it again later (a RunTask, or a replay); one inside it waits for its slot;
 //! - a failure on the queue's last attempt (`X-CloudTasks-TaskRetryCount` + 1 = max attempts) is
 //!   dead-lettered as `dispatch_failed` instead of letting Cloud Tasks delete the task.
 
@@ -15,10 +20,10 @@ use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, task_id};
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::Status;
-use drip_core::time::{MINUTE, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_core::time::{DAY, HOUR, MINUTE, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::{Answer, EventPost, PostError};
 use drip_service::feedback;
 use drip_store::{DispatchClaim, LimiterStore, MessageOf, SlotRequest, SlotStore};
@@ -38,6 +43,16 @@ struct Delivery<'a> {
     /// 0 on the first attempt.
     retry_count: i64,
     body: &'a [u8],
+    /// Its seal's expiry, when it came sealed; `None` for a legacy (unsealed) task.
+    sealed_until: Option<Millis>,
+}
+
+impl Delivery<'_> {
+    /// How long the once-only marker must outlive now: past the seal's expiry, so that a captured
+    /// body can never be published a second time.
+    fn marker_memory(&self, now: Millis) -> Millis {
+        self.sealed_until.map_or(DAY, |expires| (expires - now + HOUR).max(DAY))
+    }
 }
 
 /// Where a task's message goes.
@@ -65,19 +80,45 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         state.metrics.count("-", Outcome::NotATask.as_str());
         return StatusCode::FORBIDDEN;
     }
-    let signed = match header(SIGNATURE_HEADER) {
-        None => false,
-        Some(signature) if state.signer.verify(&body, signature) => true,
-        Some(_) => {
-            tracing::error!("dispatch refused: the task's signature is not ours");
-            state.metrics.count("-", Outcome::NotATask.as_str());
-            return StatusCode::FORBIDDEN;
+    let task_name = header("x-cloudtasks-taskname").unwrap_or_default();
+    let now = wall_clock_millis();
+    let refuse = |outcome: Outcome, status: StatusCode| {
+        state.metrics.count("-", outcome.as_str());
+        status
+    };
+    let (signed, sealed_until) = match state.signer.verify(header(SIGNATURE_HEADER), task_name, &body) {
+        Signature::Sealed { expires, .. } if now > expires => {
+            tracing::error!(task = task_name, expired = %format_rfc3339(expires), "dispatch refused: the task's seal has expired (a replay, or a queue that outlived its retry span)");
+            return refuse(Outcome::TaskExpired, StatusCode::FORBIDDEN);
+        }
+        Signature::Sealed { slot, .. } if slot - now > state.early_tolerance => {
+            tracing::warn!(task = task_name, slot = %format_rfc3339(slot), early_ms = slot - now, "task ran before its slot; Cloud Tasks will try it again");
+            return refuse(Outcome::Early, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        Signature::Sealed { slot, expires } => {
+            if slot > now {
+                tokio::time::sleep(std::time::Duration::from_millis((slot - now) as u64)).await;
+            }
+            (true, Some(expires))
+        }
+        Signature::Forged => {
+            tracing::error!(task = task_name, "dispatch refused: the task's signature is not ours for this task");
+            return refuse(Outcome::NotATask, StatusCode::FORBIDDEN);
+        }
+        legacy if state.accepts_unsigned(now) => (legacy == Signature::BodyOnly, None),
+        _ => {
+            tracing::error!(
+                task = task_name,
+                "dispatch refused: an unsealed task (DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL is not in force)"
+            );
+            return refuse(Outcome::NotATask, StatusCode::FORBIDDEN);
         }
     };
     let delivery = Delivery {
-        task: header("x-cloudtasks-taskname").unwrap_or_default(),
+        task: task_name,
         retry_count: header("x-cloudtasks-taskretrycount").and_then(|v| v.parse().ok()).unwrap_or(0),
         body: &body,
+        sealed_until,
     };
     let task: TaskBody = match serde_json::from_slice(&body) {
         Ok(task) => task,
@@ -99,7 +140,7 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         Route::Overflow(rule) => rule.name.clone(),
         Route::Retired(_) => meta.rule.clone(),
     };
-    let outcome = match deliver(&state, &task, &route).await {
+    let outcome = match deliver(&state, &task, &route, &delivery).await {
         Ok(outcome) => Ok(outcome),
         Err(error) if state.is_last_attempt(delivery.retry_count) => {
             let detail = format!("attempt {} of {}: {error:#}", delivery.retry_count + 1, state.max_attempts);
@@ -157,7 +198,12 @@ fn owner_of<'a>(rules: &'a ServiceRules, rule_id: &str, topic: &str) -> Option<&
 
 /// Publishes the task's message once: a claim in Redis keeps a concurrent or repeated run of the
 /// task (Cloud Tasks runs one twice, rarely) from publishing it again.
-async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow::Result<Outcome> {
+async fn deliver(
+    state: &AppState,
+    task: &TaskBody,
+    route: &Route<'_>,
+    delivery: &Delivery<'_>,
+) -> anyhow::Result<Outcome> {
     let meta = &task.rate_limit_meta;
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
     let of = MessageOf { rule: meta.rule_id(), key: &meta.key, message: &identity };
@@ -166,7 +212,7 @@ async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
         DispatchClaim::Busy => return Ok(Outcome::Busy),
         DispatchClaim::Acquired => {}
     }
-    let result = publish(state, task, route).await;
+    let result = publish(state, task, route, delivery).await;
     match &result {
         // The event's new task publishes it: it must be able to claim it.
         Ok(Outcome::Rescheduled) => {
@@ -175,7 +221,8 @@ async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
             }
         }
         Ok(_) => {
-            if let Err(error) = state.metrics.time("redis", state.store.finish_dispatch(of)).await {
+            let memory = delivery.marker_memory(wall_clock_millis());
+            if let Err(error) = state.metrics.time("redis", state.store.finish_dispatch(of, memory)).await {
                 tracing::warn!(%error, "could not record the dispatch; a second run would publish again");
             }
         }
@@ -188,7 +235,12 @@ async fn deliver(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
     result
 }
 
-async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow::Result<Outcome> {
+async fn publish(
+    state: &AppState,
+    task: &TaskBody,
+    route: &Route<'_>,
+    delivery: &Delivery<'_>,
+) -> anyhow::Result<Outcome> {
     let data = match &task.payload {
         TaskPayload::Json(_) | TaskPayload::Bytes(_) => task.payload.data().unwrap_or_default(),
         TaskPayload::ClaimCheck(reference) => {
@@ -242,10 +294,10 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
         && until > wall_clock_millis()
     {
         let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
-        return reschedule(state, task, rule, &why, data).await;
+        return reschedule(state, task, (rule, delivery), &why, data).await;
     }
     if let Some(url) = &rule.overflow_url {
-        return deliver_to_url(state, task, rule, url, data).await;
+        return deliver_to_url(state, task, (rule, delivery), url, data).await;
     }
     let message = enriched.unwrap_or(data);
     state.metrics.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
@@ -259,7 +311,7 @@ async fn publish(state: &AppState, task: &TaskBody, route: &Route<'_>) -> anyhow
 async fn deliver_to_url(
     state: &AppState,
     task: &TaskBody,
-    rule: &Rule,
+    (rule, delivery): (&Rule, &Delivery<'_>),
     url: &str,
     data: Vec<u8>,
 ) -> anyhow::Result<Outcome> {
@@ -294,11 +346,11 @@ async fn deliver_to_url(
             let effect = feedback(Some(status), Some(until)).await?;
             tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, retry_after, "the overflow URL asked to wait: paused, event rescheduled");
             let why = format!("the overflow URL answered {status}, Retry-After {retry_after}");
-            reschedule(state, task, rule, &why, data).await
+            reschedule(state, task, (rule, delivery), &why, data).await
         }
         Answer::Overloaded { status: Some(429), detail } => {
             feedback(Some(429), None).await?;
-            reschedule(state, task, rule, &detail, data).await
+            reschedule(state, task, (rule, delivery), &detail, data).await
         }
         Answer::Overloaded { status, detail } => {
             feedback(status, None).await?;
@@ -319,7 +371,7 @@ async fn deliver_to_url(
 async fn reschedule(
     state: &AppState,
     task: &TaskBody,
-    rule: &Rule,
+    (rule, delivery): (&Rule, &Delivery<'_>),
     why: &str,
     data: Vec<u8>,
 ) -> anyhow::Result<Outcome> {
@@ -328,6 +380,11 @@ async fn reschedule(
             "{why}; DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set, so Cloud Tasks retries it instead"
         );
     };
+    if delivery.sealed_until.is_none() {
+        anyhow::bail!(
+            "{why}; the task came unsealed, and Drip never signs what it did not seal: Cloud Tasks retries it"
+        );
+    }
     let meta = &task.rate_limit_meta;
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
     let request = SlotRequest {

@@ -47,11 +47,31 @@ pub struct Settings {
     /// `auto` (a Google ID token for `*.run.app` URLs), `always` or `never`.
     #[envconfig(from = "DRIP_FORWARD_ID_TOKEN", default = "auto")]
     pub forward_id_token: IdTokenMode,
+    /// A sealed task that runs at most this long before its slot waits for it; earlier, it is
+    /// answered 503 and Cloud Tasks tries again later.
+    #[envconfig(from = "DRIP_DISPATCH_EARLY_TOLERANCE_MS", default = "1000")]
+    pub early_tolerance_ms: u64,
+    /// Until this time (RFC 3339), tasks made by a version that did not seal them (unsigned, or
+    /// signed over the body alone) are still published, to topics a rule owns (README: "Upgrading").
+    /// Unset: every unsealed task is refused.
+    #[envconfig(from = "DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL")]
+    pub accept_unsigned_tasks_until: Option<String>,
 }
 
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
-        Self::init_from_env().context("reading settings from the environment")
+        let settings = Self::init_from_env().context("reading settings from the environment")?;
+        settings.accept_unsigned_until()?;
+        Ok(settings)
+    }
+
+    pub fn accept_unsigned_until(&self) -> anyhow::Result<Option<Millis>> {
+        match self.accept_unsigned_tasks_until.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+            None => Ok(None),
+            Some(text) => drip_core::time::parse_rfc3339(text).map(Some).map_err(|e| {
+                anyhow::anyhow!("DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL: {e} (expected e.g. 2027-01-15T00:00:00Z)")
+            }),
+        }
     }
 }
 
@@ -71,12 +91,20 @@ pub struct AppState {
     pub target: Arc<HttpTarget>,
     /// For new slots of events such a target told to wait; `None` when not configured.
     pub tasks: Option<Tasks>,
+    /// How long before its slot a sealed task may run (it then waits for the slot).
+    pub early_tolerance: Millis,
+    /// Unsealed tasks are published until then (an upgrade window); `None`: never.
+    pub accept_unsigned_until: Option<Millis>,
 }
 
 impl AppState {
     /// `retry_count` is `X-CloudTasks-TaskRetryCount` (0 on the first attempt).
     pub fn is_last_attempt(&self, retry_count: i64) -> bool {
         self.max_attempts > 0 && retry_count + 1 >= self.max_attempts
+    }
+
+    pub fn accepts_unsigned(&self, now: Millis) -> bool {
+        self.accept_unsigned_until.is_some_and(|until| now < until)
     }
 }
 
@@ -121,6 +149,8 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             settings.forward_id_token,
         )?),
         tasks,
+        early_tolerance: settings.early_tolerance_ms as Millis,
+        accept_unsigned_until: settings.accept_unsigned_until()?,
     })
 }
 

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
 use drip_core::overflow::task_id;
-use drip_core::overflow::{SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSigner};
+use drip_core::overflow::{SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::time::parse_rfc3339;
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
@@ -334,7 +334,13 @@ async fn over_the_limit_a_signed_task_is_created_for_the_slot_and_beyond_max_del
         assert_eq!(task.at, next_window, "{id} waits for the next window");
         let identity = drip_core::event::MessageRef::new(id, Some(SUBSCRIPTION.to_owned())).identity();
         assert_eq!(task.id, task_id("payouts", &identity, None));
-        assert!(TaskSigner::new(SIGNING_KEY).verify(&task.body, &task.headers[SIGNATURE_HEADER]), "signed");
+        let seal = TaskSigner::new(SIGNING_KEY).verify(Some(&task.headers[SIGNATURE_HEADER]), &task.id, &task.body);
+        let span = drip_service::tasks::DEFAULT_RETRY_SPAN;
+        assert_eq!(
+            seal,
+            Signature::Sealed { slot: next_window, expires: next_window + span },
+            "sealed for its name and slot"
+        );
         let body: TaskBody = serde_json::from_slice(&task.body).unwrap();
         assert_eq!(body.message_id, id);
         assert_eq!(parse_rfc3339(&body.rate_limit_meta.scheduled_for), Ok(next_window));

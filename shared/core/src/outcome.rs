@@ -117,8 +117,12 @@ pub enum Outcome {
     Rescheduled,
     /// A transient failure: answered 5xx, retried.
     Retry,
-    /// Dispatcher: a request without Cloud Tasks' headers, or with a bad signature.
+    /// Dispatcher: a request without Cloud Tasks' headers, unsealed, or with a bad signature.
     NotATask,
+    /// Dispatcher: a sealed task run after its seal's expiry (a replay): refused.
+    TaskExpired,
+    /// Dispatcher: a sealed task run before its slot: answered 503, tried again later.
+    Early,
     /// Dispatcher: an unsigned task naming a topic no rule owns (refused; never an open relay).
     UnknownOverflowTopic,
     DeadLetter(DlqReason),
@@ -136,6 +140,8 @@ impl Outcome {
             Self::Rescheduled => "rescheduled",
             Self::Retry => "retry",
             Self::NotATask => "not_a_task",
+            Self::TaskExpired => "task_expired",
+            Self::Early => "early",
             Self::UnknownOverflowTopic => "unknown_overflow_topic",
             Self::DeadLetter(reason) => reason.as_str(),
         }

@@ -174,15 +174,44 @@ pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
     (u64::from_be_bytes(first) % queues.max(1) as u64) as usize
 }
 
-/// The header that carries a task body's signature: `sha256=<hex HMAC-SHA256 of the body>`.
+/// The header that carries a task's signature: `v2;slot=<ms>;exp=<ms>;sig=<hex HMAC-SHA256>` over
+/// the task's name, its slot, its expiry and its body ([`TaskSigner::sign`]).
 pub const SIGNATURE_HEADER: &str = "x-drip-signature";
 
-/// Signs and checks task bodies with a key only the limiter and the dispatcher hold, so the
-/// dispatcher knows a task is the limiter's (and may then dead-letter it when its overflow topic is
-/// retired) without becoming an open relay for whoever can create tasks.
+/// What a signature binds a body to: a captured body cannot be run under another task name, at
+/// another time, or after the queue's retries for it are over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskSeal<'a> {
+    /// The task's short name (`X-CloudTasks-TaskName`), which names the message it carries.
+    pub name: &'a str,
+    /// When it may run: its message's slot.
+    pub slot: i64,
+    /// After this it is refused: the slot plus the queue's whole retry span.
+    pub expires: i64,
+}
+
+/// What the dispatcher may believe about a task from its signature header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signature {
+    /// Signed by a key the services hold for this name: its slot and expiry can be trusted.
+    Sealed { slot: i64, expires: i64 },
+    /// The body alone signed with a key the services hold (`sha256=<hex>`, before tasks were
+    /// sealed): trusted only while unsigned tasks are (`DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL`).
+    BodyOnly,
+    /// No signature header.
+    Unsigned,
+    /// A signature no key of ours made for this name and body.
+    Forged,
+}
+
+/// Signs and checks tasks with the keys only the limiter and the dispatcher hold, so the
+/// dispatcher publishes only what the limiter scheduled, under the task's own name, not before its
+/// slot and not after its expiry. It signs with the current key and verifies with it or the
+/// previous one, so a key rotation is two ordinary rollouts.
 #[derive(Clone)]
 pub struct TaskSigner {
-    key: Vec<u8>,
+    current: Vec<u8>,
+    previous: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for TaskSigner {
@@ -198,28 +227,69 @@ impl RateLimitMeta {
     }
 }
 
+fn mac(key: &[u8]) -> Hmac<Sha256> {
+    <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length")
+}
+
+fn sealed_mac(key: &[u8], seal: &TaskSeal<'_>, body: &[u8]) -> Hmac<Sha256> {
+    let mut mac = mac(key);
+    mac.update(format!("drip-task-v2\n{}\n{}\n{}\n", seal.name, seal.slot, seal.expires).as_bytes());
+    mac.update(body);
+    mac
+}
+
 impl TaskSigner {
     pub fn new(key: impl AsRef<[u8]>) -> Self {
-        Self { key: key.as_ref().to_vec() }
+        Self { current: key.as_ref().to_vec(), previous: None }
     }
 
-    fn mac(&self, body: &[u8]) -> Hmac<Sha256> {
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.key).expect("HMAC takes keys of any length");
-        mac.update(body);
-        mac
+    /// Also accepts what `previous` signed (the key before a rotation).
+    pub fn with_previous(self, previous: impl AsRef<[u8]>) -> Self {
+        Self { previous: Some(previous.as_ref().to_vec()), ..self }
     }
 
-    /// The value of [`SIGNATURE_HEADER`] for `body`.
-    pub fn sign(&self, body: &[u8]) -> String {
-        let tag = self.mac(body).finalize().into_bytes();
-        format!("sha256={}", hex::encode(tag))
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.current.as_slice()).chain(self.previous.as_deref())
     }
 
-    /// Whether `signature` is this key's for `body` (compared in constant time).
-    pub fn verify(&self, body: &[u8], signature: &str) -> bool {
-        let tag = signature.strip_prefix("sha256=").and_then(|tag| hex::decode(tag).ok());
-        tag.is_some_and(|tag| self.mac(body).verify_slice(&tag).is_ok())
+    /// The value of [`SIGNATURE_HEADER`] for the task `seal` names, with `body`.
+    pub fn sign(&self, seal: &TaskSeal<'_>, body: &[u8]) -> String {
+        let tag = sealed_mac(&self.current, seal, body).finalize().into_bytes();
+        format!("v2;slot={};exp={};sig={}", seal.slot, seal.expires, hex::encode(tag))
     }
+
+    /// What `header` (the signature header, if any) says of the task named `name` with `body`;
+    /// tags are compared in constant time.
+    pub fn verify(&self, header: Option<&str>, name: &str, body: &[u8]) -> Signature {
+        let Some(header) = header else { return Signature::Unsigned };
+        if let Some(tag) = header.strip_prefix("sha256=") {
+            let Ok(tag) = hex::decode(tag) else { return Signature::Forged };
+            let mut macs = self.keys().map(|key| {
+                let mut mac = mac(key);
+                mac.update(body);
+                mac
+            });
+            return match macs.any(|mac| mac.verify_slice(&tag).is_ok()) {
+                true => Signature::BodyOnly,
+                false => Signature::Forged,
+            };
+        }
+        let Some((slot, expires, tag)) = parse_sealed(header) else { return Signature::Forged };
+        let seal = TaskSeal { name, slot, expires };
+        match self.keys().any(|key| sealed_mac(key, &seal, body).verify_slice(&tag).is_ok()) {
+            true => Signature::Sealed { slot, expires },
+            false => Signature::Forged,
+        }
+    }
+}
+
+/// `v2;slot=<ms>;exp=<ms>;sig=<hex>` → (slot, expiry, tag).
+fn parse_sealed(header: &str) -> Option<(i64, i64, Vec<u8>)> {
+    let mut parts = header.strip_prefix("v2;")?.split(';');
+    let slot = parts.next()?.strip_prefix("slot=")?.parse().ok()?;
+    let expires = parts.next()?.strip_prefix("exp=")?.parse().ok()?;
+    let tag = hex::decode(parts.next()?.strip_prefix("sig=")?).ok()?;
+    parts.next().is_none().then_some((slot, expires, tag))
 }
 
 #[cfg(test)]
@@ -268,15 +338,43 @@ mod tests {
     }
 
     #[test]
-    fn signatures_hold_only_for_the_same_key_and_body() {
+    fn a_seal_holds_only_for_its_key_name_slot_expiry_and_body() {
         let signer = TaskSigner::new("k1");
-        let signature = signer.sign(b"body");
-        assert!(signature.starts_with("sha256=") && signature.len() == 7 + 64);
-        assert!(signer.verify(b"body", &signature));
-        assert!(!signer.verify(b"body!", &signature));
-        assert!(!TaskSigner::new("k2").verify(b"body", &signature));
-        assert!(!signer.verify(b"body", "sha256=zz"));
-        assert!(!signer.verify(b"body", ""));
+        let seal = TaskSeal { name: "t1", slot: 1_000, expires: 9_000 };
+        let header = signer.sign(&seal, b"body");
+        assert!(header.starts_with("v2;slot=1000;exp=9000;sig=") && header.len() == 26 + 64, "{header}");
+        assert_eq!(signer.verify(Some(&header), "t1", b"body"), Signature::Sealed { slot: 1_000, expires: 9_000 });
+        assert_eq!(signer.verify(Some(&header), "t2", b"body"), Signature::Forged, "another task's name");
+        assert_eq!(signer.verify(Some(&header), "t1", b"body!"), Signature::Forged, "another body");
+        let earlier = header.replace("slot=1000", "slot=0");
+        assert_eq!(signer.verify(Some(&earlier), "t1", b"body"), Signature::Forged, "another slot");
+        let later = header.replace("exp=9000", "exp=99000");
+        assert_eq!(signer.verify(Some(&later), "t1", b"body"), Signature::Forged, "another expiry");
+        assert_eq!(TaskSigner::new("k2").verify(Some(&header), "t1", b"body"), Signature::Forged);
+        assert_eq!(signer.verify(None, "t1", b"body"), Signature::Unsigned);
+        for junk in ["", "v2;", "v2;slot=x;exp=1;sig=00", "sha256=zz", "v2;slot=1;exp=2;sig=00;more"] {
+            assert_eq!(signer.verify(Some(junk), "t1", b"body"), Signature::Forged, "{junk}");
+        }
+    }
+
+    #[test]
+    fn a_rotation_verifies_with_either_key_and_signs_with_the_current() {
+        let seal = TaskSeal { name: "t1", slot: 1, expires: 2 };
+        let old = TaskSigner::new("old").sign(&seal, b"body");
+        let rotated = TaskSigner::new("new").with_previous("old");
+        assert!(matches!(rotated.verify(Some(&old), "t1", b"body"), Signature::Sealed { .. }));
+        let new = rotated.sign(&seal, b"body");
+        assert!(matches!(TaskSigner::new("new").verify(Some(&new), "t1", b"body"), Signature::Sealed { .. }));
+        assert_eq!(TaskSigner::new("old").verify(Some(&new), "t1", b"body"), Signature::Forged);
+    }
+
+    #[test]
+    fn a_body_only_signature_of_an_earlier_version_is_recognised_as_such() {
+        let mut mac = mac(b"k1");
+        mac.update(b"body");
+        let header = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        assert_eq!(TaskSigner::new("k1").verify(Some(&header), "any", b"body"), Signature::BodyOnly);
+        assert_eq!(TaskSigner::new("k1").verify(Some(&header), "any", b"other"), Signature::Forged);
     }
 
     #[test]

@@ -72,6 +72,11 @@ pub struct CommonSettings {
     /// the dispatcher publishes only what it signed (README: "How the dispatcher trusts a task").
     #[envconfig(from = "DRIP_TASK_SIGNING_KEY")]
     pub task_signing_key: String,
+    /// The key before a rotation, still accepted (never used to sign): set it to the old key and
+    /// DRIP_TASK_SIGNING_KEY to the new one, roll out, and drop it once the old tasks are gone
+    /// (README: "Rotating the task signing key").
+    #[envconfig(from = "DRIP_TASK_SIGNING_KEY_PREVIOUS")]
+    pub task_signing_key_previous: Option<String>,
 }
 
 impl CommonSettings {
@@ -90,7 +95,14 @@ impl CommonSettings {
         if self.task_signing_key.len() < 32 {
             bail!("DRIP_TASK_SIGNING_KEY must be at least 32 characters (e.g. `openssl rand -hex 32`)");
         }
-        Ok(drip_core::overflow::TaskSigner::new(&self.task_signing_key))
+        let signer = drip_core::overflow::TaskSigner::new(&self.task_signing_key);
+        match self.task_signing_key_previous.as_deref().filter(|k| !k.is_empty()) {
+            None => Ok(signer),
+            Some(previous) if previous.len() < 32 => {
+                bail!("DRIP_TASK_SIGNING_KEY_PREVIOUS must be at least 32 characters, as the key it was")
+            }
+            Some(previous) => Ok(signer.with_previous(previous)),
+        }
     }
 
     /// The rules file, validated, with somewhere to dead-letter what no rule can take (both

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use drip_core::overflow::{SIGNATURE_HEADER, TaskSigner, queue_index};
+use drip_core::overflow::{SIGNATURE_HEADER, TaskSeal, TaskSigner, queue_index};
 use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTask, CreateTaskError, Created, TaskCreator, TaskTarget};
 use envconfig::Envconfig;
@@ -35,6 +35,11 @@ pub struct TaskSettings {
     pub tasks_audience: Option<String>,
     #[envconfig(from = "DRIP_TASKS_TIMEOUT_MS", default = "10000")]
     pub tasks_timeout_ms: u64,
+    /// How long after its slot the queues may still run a task: its attempts times the longest
+    /// backoff, and a margin (Terraform sets it from the queues' retry config; the default fits
+    /// 100 attempts of at most 300 s). A task's signature expires then.
+    #[envconfig(from = "DRIP_TASKS_RETRY_SPAN_MS", default = "32400000")]
+    pub tasks_retry_span_ms: u64,
 }
 
 impl TaskSettings {
@@ -98,7 +103,8 @@ impl TaskSettings {
         )
         .await
         .context("creating the Cloud Tasks client (CLOUD_TASKS_ENDPOINT / credentials)")?;
-        Ok(Tasks::new(Arc::new(client), self.queues(project)?, signer))
+        let tasks = Tasks::new(Arc::new(client), self.queues(project)?, signer);
+        Ok(tasks.with_retry_span(self.tasks_retry_span_ms as Millis))
     }
 }
 
@@ -111,20 +117,30 @@ pub fn origin(url: &str) -> String {
     }
 }
 
+/// The default of DRIP_TASKS_RETRY_SPAN_MS.
+pub const DEFAULT_RETRY_SPAN: Millis = 9 * drip_core::time::HOUR;
+
 /// Creates signed tasks on the queue of their key.
 #[derive(Debug, Clone)]
 pub struct Tasks {
     pub client: Arc<dyn CreateTask>,
     pub queues: Arc<Vec<String>>,
     signer: TaskSigner,
+    retry_span: Millis,
 }
 
 impl Tasks {
     pub fn new(client: Arc<dyn CreateTask>, queues: Vec<String>, signer: TaskSigner) -> Self {
-        Self { client, queues: Arc::new(queues), signer }
+        Self { client, queues: Arc::new(queues), signer, retry_span: DEFAULT_RETRY_SPAN }
     }
 
-    /// Creates task `name` for (rule id, key) at `slot` with `body` (an encoded `TaskBody`), signed.
+    /// How long after its slot a task may still run (and its signature hold).
+    pub fn with_retry_span(self, retry_span: Millis) -> Self {
+        Self { retry_span, ..self }
+    }
+
+    /// Creates task `name` for (rule id, key) at `slot` with `body` (an encoded `TaskBody`),
+    /// sealed: its signature covers the name, the slot, the expiry (slot + retry span) and the body.
     pub async fn create(
         &self,
         (rule, key): (&str, &str),
@@ -135,7 +151,10 @@ impl Tasks {
         let queue = &self.queues[queue_index(rule, key, self.queues.len())];
         let headers = HashMap::from([
             ("Content-Type".to_owned(), "application/json".to_owned()),
-            (SIGNATURE_HEADER.to_owned(), self.signer.sign(&body)),
+            (
+                SIGNATURE_HEADER.to_owned(),
+                self.signer.sign(&TaskSeal { name, slot, expires: slot + self.retry_span }, &body),
+            ),
         ]);
         self.client.create(queue, name, slot, body, headers).await
     }

@@ -66,7 +66,7 @@ impl<C> RedisStore<C> {
         )
     }
 
-    pub(crate) fn namespace(&self) -> &str {
+    pub fn namespace(&self) -> &str {
         &self.namespace
     }
 }
@@ -130,8 +130,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     /// Records the message as published and deletes its claim-checked payload.
-    pub async fn finish_dispatch(&self, of: MessageOf<'_>) -> Result<(), StoreError> {
-        self.dispatch_op(of, "done", DISPATCHED_MEMORY).await.map(drop)
+    /// `memory`: how long the marker is kept (at least [`DISPATCHED_MEMORY`]; past the task's
+    /// seal, so that a captured task can never publish again).
+    pub async fn finish_dispatch(&self, of: MessageOf<'_>, memory: Millis) -> Result<(), StoreError> {
+        self.dispatch_op(of, "done", memory.max(DISPATCHED_MEMORY)).await.map(drop)
     }
 
     /// Lets a retry publish at once after this attempt failed.
