@@ -21,15 +21,24 @@ locals {
     DRIP_DISPATCHER_URL        = "${local.dispatcher_url}/dispatch"
     DRIP_TASKS_SERVICE_ACCOUNT = google_service_account.tasks.email
     DRIP_TASKS_AUDIENCE        = local.dispatcher_url
+    # A sealed task expires this long after its slot: every attempt at the queues' longest
+    # backoff (300 s), and an hour.
+    DRIP_TASKS_RETRY_SPAN_MS = tostring((var.tasks_max_attempts * 300 + 3600) * 1000)
   }
+  # Each route class has its own callers: the push subscriptions' account may only push, operators
+  # may only inspect and change limits, overflow consumers may only report feedback.
   limiter_env = merge(local.common_env, local.tasks_env, {
-    DRIP_OIDC_AUDIENCE       = local.limiter_url
-    DRIP_OIDC_ALLOWED_EMAILS = join(",", concat([google_service_account.push.email], var.limits_api_callers))
+    DRIP_AUTH             = "oidc"
+    DRIP_OIDC_AUDIENCE    = local.limiter_url
+    DRIP_PUSH_CALLERS     = google_service_account.push.email
+    DRIP_ADMIN_CALLERS    = join(",", var.limits_api_callers)
+    DRIP_FEEDBACK_CALLERS = join(",", var.feedback_callers)
   })
   dispatcher_env = merge(local.common_env, local.tasks_env, {
-    DRIP_OIDC_AUDIENCE       = local.dispatcher_url
-    DRIP_OIDC_ALLOWED_EMAILS = google_service_account.tasks.email
-    DRIP_TASKS_MAX_ATTEMPTS  = tostring(var.tasks_max_attempts)
+    DRIP_AUTH               = "oidc"
+    DRIP_OIDC_AUDIENCE      = local.dispatcher_url
+    DRIP_TASK_CALLERS       = google_service_account.tasks.email
+    DRIP_TASKS_MAX_ATTEMPTS = tostring(var.tasks_max_attempts)
   })
   services = {
     limiter = {
@@ -105,13 +114,28 @@ resource "google_cloud_run_v2_service" "drip" {
       }
 
       dynamic "env" {
-        for_each = { REDIS_URL = "redis_url", DRIP_TASK_SIGNING_KEY = "task_signing_key" }
+        for_each = { REDIS_URL = "redis_url" }
         content {
           name = env.key
           value_source {
             secret_key_ref {
               secret  = google_secret_manager_secret.drip[env.value].secret_id
               version = google_secret_manager_secret_version.drip[env.value].version
+            }
+          }
+        }
+      }
+
+      # DRIP_TASK_SIGNING_KEY (and DRIP_TASK_SIGNING_KEY_PREVIOUS during a rotation) from the
+      # secret made outside Terraform.
+      dynamic "env" {
+        for_each = local.signing_key_env
+        content {
+          name = env.key
+          value_source {
+            secret_key_ref {
+              secret  = var.task_signing_key_secret
+              version = env.value
             }
           }
         }

@@ -1,15 +1,21 @@
-# Secrets the services read: the Redis URL (with the AUTH string), the Redis server CA,
-# the task signing key, and the rules file (not secret, but versioned; re-read while they run).
+# Secrets the services read: the Redis URL (with the AUTH string), the Redis server CA and the
+# rules file (not secret, but versioned; re-read while they run). The task signing key lives in a
+# secret made outside Terraform (var.task_signing_key_secret), so its value never enters the state.
 
 locals {
   # The names are listed apart from the values: for_each may not depend on the (sensitive) values.
-  secret_names = toset(["redis_url", "redis_ca", "rules", "task_signing_key"])
+  secret_names = toset(["redis_url", "redis_ca", "rules"])
   secrets = {
-    redis_url        = local.redis_url
-    redis_ca         = local.redis_ca
-    rules            = file(var.rules_file)
-    task_signing_key = var.task_signing_key
+    redis_url = local.redis_url
+    redis_ca  = local.redis_ca
+    rules     = file(var.rules_file)
   }
+  # The signing key's versions the services read: the one they seal with, and during a rotation
+  # the one that sealed the tasks still queued.
+  signing_key_env = merge(
+    { DRIP_TASK_SIGNING_KEY = var.task_signing_key_version },
+    var.task_signing_key_previous_version == null ? {} : { DRIP_TASK_SIGNING_KEY_PREVIOUS = var.task_signing_key_previous_version },
+  )
 }
 
 resource "google_secret_manager_secret" "drip" {
@@ -43,4 +49,16 @@ resource "google_secret_manager_secret_iam_member" "services_read" {
   secret_id = google_secret_manager_secret.drip[each.value.secret].secret_id
   role      = "roles/secretmanager.secretAccessor"
   member    = each.value.member
+}
+
+resource "google_secret_manager_secret_iam_member" "services_read_signing_key" {
+  for_each = {
+    limiter    = google_service_account.limiter.member
+    dispatcher = google_service_account.dispatcher.member
+  }
+
+  project   = var.project_id
+  secret_id = var.task_signing_key_secret
+  role      = "roles/secretmanager.secretAccessor"
+  member    = each.value
 }

@@ -104,14 +104,30 @@ variable "tasks_max_attempts" {
   }
 }
 
-variable "task_signing_key" {
-  description = "The secret with which the limiter signs task bodies and the dispatcher checks them (at least 32 characters, e.g. `openssl rand -hex 32`). Stored in Secret Manager; changing it makes tasks signed with the old key unrecognisable: rotate only with an empty queue."
+variable "task_signing_key_secret" {
+  description = "The Secret Manager secret (id in this project) holding the key with which the limiter seals tasks and the dispatcher checks them (at least 32 characters, e.g. `openssl rand -hex 32 | gcloud secrets versions add ID --data-file=-`). Made outside Terraform, so the key never enters its state; the services read its versions."
   type        = string
-  sensitive   = true
 
   validation {
-    condition     = length(var.task_signing_key) >= 32
-    error_message = "task_signing_key must be at least 32 characters."
+    condition     = can(regex("^[A-Za-z0-9_-]{1,255}$", var.task_signing_key_secret))
+    error_message = "task_signing_key_secret must be a secret id (letters, digits, - and _)."
+  }
+}
+
+variable "task_signing_key_version" {
+  description = "The version of task_signing_key_secret the services seal with (\"latest\", or a number to pin it). A new revision reads it."
+  type        = string
+  default     = "latest"
+}
+
+variable "task_signing_key_previous_version" {
+  description = "During a key rotation, the version of task_signing_key_secret that sealed the tasks still waiting in the queues: still accepted, never used to seal (README: \"Rotating the task signing key\"). null once they are gone."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.task_signing_key_previous_version == null || can(regex("^[0-9]+$", var.task_signing_key_previous_version))
+    error_message = "task_signing_key_previous_version must be a version number."
   }
 }
 
@@ -255,7 +271,13 @@ variable "labels" {
 }
 
 variable "limits_api_callers" {
-  description = "Service accounts (emails) allowed to change per-entity limits through the limiter's /v1/rules/{rule}/keys/{key}/limits (README: \"Changing limits\"): they may invoke the limiter and pass its OIDC check, like the push account. Each change is logged and audited with the caller's email."
+  description = "Service accounts (emails) of operators allowed to inspect keys and change their limits through the limiter's /v1/rules/{rule}/keys/{key}[/limits] (README: \"Changing limits\"), and only that: they may invoke the limiter, and its OIDC check lets them on those routes alone. Each change is logged and audited with the caller's email."
+  type        = list(string)
+  default     = []
+}
+
+variable "feedback_callers" {
+  description = "Service accounts (emails) of overflow consumers allowed to report a downstream's answers through the limiter's POST /v1/feedback, and only that. Each report is audited with the caller's email."
   type        = list(string)
   default     = []
 }

@@ -193,13 +193,42 @@ def dispatcher_knows_the_last_attempt(module: Module):
 
 
 def tasks_are_signed_with_a_secret(module: Module):
-    """Both services get DRIP_TASK_SIGNING_KEY from Secret Manager (a secret_key_ref of the
-    task_signing_key secret, in the one container block both services share)."""
+    """Both services get DRIP_TASK_SIGNING_KEY (and the previous key during a rotation) from the
+    secret made outside Terraform (var.task_signing_key_secret), so the key's value never passes
+    through Terraform: no variable holds it and no secret version of the module stores it."""
     text = "".join(path.read_text() for path in sorted(module.directory.glob("*.tf")))
-    secret_env = re.search(r'DRIP_TASK_SIGNING_KEY\s*=\s*"task_signing_key"[^}]*}\s*content\s*{[^}]*value_source\s*{\s*secret_key_ref', text)
-    if not secret_env or "task_signing_key" not in str(module.locals.get("secret_names", "")):
-        return ["the services get no DRIP_TASK_SIGNING_KEY from Secret Manager"]
-    return []
+    problems = []
+    signing_env = str(module.locals.get("signing_key_env", ""))
+    if "DRIP_TASK_SIGNING_KEY" not in signing_env or "DRIP_TASK_SIGNING_KEY_PREVIOUS" not in signing_env:
+        problems.append("local.signing_key_env does not name DRIP_TASK_SIGNING_KEY and its previous key")
+    if not re.search(r'for_each\s*=\s*local\.signing_key_env\s*content\s*{[^}]*value_source\s*{\s*secret_key_ref\s*{\s*secret\s*=\s*var\.task_signing_key_secret', text):
+        problems.append("the services get no DRIP_TASK_SIGNING_KEY from var.task_signing_key_secret")
+    if re.search(r'variable\s+"task_signing_key"\s*{', text) or "task_signing_key" in str(module.locals.get("secret_names", "")):
+        problems.append("the task signing key's value passes through Terraform (a variable or a module secret)")
+    if "task_signing_key_secret" not in str(module.of_type("google_secret_manager_secret_iam_member")):
+        problems.append("the services may not read var.task_signing_key_secret")
+    return problems
+
+
+def each_route_class_has_its_own_callers(module: Module):
+    """The limiter's push, admin and feedback routes and the dispatcher's tasks each name their own
+    callers, with authentication on: no one allow-list covers every route."""
+    limiter_env = str(module.locals.get("limiter_env", ""))
+    dispatcher_env = str(module.locals.get("dispatcher_env", ""))
+    problems = []
+    if "DRIP_OIDC_ALLOWED_EMAILS" in limiter_env + dispatcher_env:
+        problems.append("DRIP_OIDC_ALLOWED_EMAILS (one list for every route) is set")
+    for name in ("DRIP_PUSH_CALLERS", "DRIP_ADMIN_CALLERS", "DRIP_FEEDBACK_CALLERS"):
+        if name not in limiter_env:
+            problems.append(f"the limiter is not given {name}")
+    if not re.search(r"DRIP_PUSH_CALLERS\W+google_service_account\.push\.email", limiter_env):
+        problems.append("DRIP_PUSH_CALLERS is not the push subscriptions' account")
+    if "DRIP_TASK_CALLERS" not in dispatcher_env or "google_service_account.tasks.email" not in dispatcher_env:
+        problems.append("the dispatcher's DRIP_TASK_CALLERS is not the tasks account")
+    for env in (limiter_env, dispatcher_env):
+        if not re.search(r"DRIP_AUTH\W+oidc", env):
+            problems.append("a service runs without DRIP_AUTH = oidc")
+    return problems
 
 
 def rules_reload_without_redeploy(module: Module):
@@ -301,6 +330,7 @@ POLICIES = {
         redis_never_evicts,
         dispatcher_knows_the_last_attempt,
         tasks_are_signed_with_a_secret,
+        each_route_class_has_its_own_callers,
         rules_reload_without_redeploy,
         dedicated_service_accounts,
         queues_survive_destroy,

@@ -87,6 +87,15 @@ impl RecordingTarget {
     }
 }
 
+/// Each route class's callers (comma-separated emails).
+#[derive(Debug, Clone, Default)]
+pub struct Callers {
+    pub push: String,
+    pub admin: String,
+    pub feedback: String,
+    pub metrics: String,
+}
+
 /// How to wire a limiter under test.
 #[derive(Debug, Clone)]
 pub struct LimiterWiring {
@@ -95,9 +104,11 @@ pub struct LimiterWiring {
     pub tasks_endpoint: String,
     pub queues: Vec<String>,
     pub dispatcher_url: String,
+    /// With an audience, OIDC is on (DRIP_AUTH=oidc); without, off.
     pub oidc_audience: Option<String>,
-    pub oidc_allowed_emails: String,
     pub oidc_jwks_url: Option<String>,
+    /// DRIP_PUSH_CALLERS, DRIP_ADMIN_CALLERS, DRIP_FEEDBACK_CALLERS and DRIP_METRICS_CALLERS.
+    pub callers: Callers,
     pub claim_check_max_bytes: usize,
     pub timeouts_ms: u64,
     /// The Redis key namespace (a dispatcher working with this limiter must share it).
@@ -123,8 +134,8 @@ impl LimiterWiring {
             queues,
             dispatcher_url,
             oidc_audience: None,
-            oidc_allowed_emails: String::new(),
             oidc_jwks_url: None,
+            callers: Callers::default(),
             claim_check_max_bytes: 1024 * 1024,
             timeouts_ms: 3_000,
             namespace: unique("drip"),
@@ -163,8 +174,10 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             rules_poll_ms: wiring.rules_poll_ms,
             pubsub_emulator_host: Some(wiring.pubsub_host.clone()),
             publish_timeout_ms: wiring.timeouts_ms,
+            auth: if wiring.oidc_audience.is_some() { "oidc" } else { "off" }.into(),
             oidc_audience: wiring.oidc_audience.clone(),
-            oidc_allowed_emails: wiring.oidc_allowed_emails.clone(),
+            oidc_allowed_emails: None,
+            metrics_callers: wiring.callers.metrics.clone(),
             oidc_jwks_url: wiring.oidc_jwks_url.clone(),
             task_signing_key: SIGNING_KEY.into(),
             task_signing_key_previous: None,
@@ -174,6 +187,9 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
         forward_timeout_ms: wiring.timeouts_ms,
         forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
         shutdown_grace_ms: 10_000,
+        push_callers: wiring.callers.push.clone(),
+        admin_callers: wiring.callers.admin.clone(),
+        feedback_callers: wiring.callers.feedback.clone(),
     };
     let state = build_state(&settings).await.expect("the limiter starts");
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
@@ -293,8 +309,10 @@ async fn start_dispatcher(
             rules_poll_ms: 0,
             pubsub_emulator_host: Some(pubsub_host.to_owned()),
             publish_timeout_ms: 3_000,
+            auth: if oidc.is_some() { "oidc" } else { "off" }.into(),
             oidc_audience: oidc.map(|(audience, _, _)| audience.to_owned()),
-            oidc_allowed_emails: oidc.map(|(_, emails, _)| emails.to_owned()).unwrap_or_default(),
+            oidc_allowed_emails: None,
+            metrics_callers: String::new(),
             oidc_jwks_url: oidc.map(|(_, _, jwks)| jwks.to_owned()),
             task_signing_key: SIGNING_KEY.into(),
             task_signing_key_previous: None,
@@ -305,6 +323,7 @@ async fn start_dispatcher(
         forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
         early_tolerance_ms: 1_000,
         accept_unsigned_tasks_until: accept_unsigned_until.map(str::to_owned),
+        task_callers: oidc.map(|(_, emails, _)| emails.to_owned()).unwrap_or_default(),
     };
     let state = drip_dispatcher::build_state(&settings).await.expect("the dispatcher starts");
     let router = drip_dispatcher::app(state.clone());

@@ -10,7 +10,7 @@ use cloud_tasks_emulator::{Fault, Faults, TaskSnapshot, TokenSigner};
 use drip_core::time::{MINUTE, Millis, format_rfc3339};
 use drip_tests::pubsub_emulator::{Pubsub, PubsubEmulator, Pulled};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_url};
-use drip_tests::stack::{LimiterUnderTest, LimiterWiring, RecordingTarget, TasksStandIn, spawn_limiter};
+use drip_tests::stack::{Callers, LimiterUnderTest, LimiterWiring, RecordingTarget, TasksStandIn, spawn_limiter};
 use drip_tests::unique;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -499,7 +499,7 @@ async fn oidc_tokens_are_verified_when_enabled() {
     let email = "push@drip-test.iam.gserviceaccount.com";
     let t = start_with(Pubsub::shared(), shared_url(), |w| {
         w.oidc_audience = Some("https://limiter.example".into());
-        w.oidc_allowed_emails = email.into();
+        w.callers = callers();
         w.oidc_jwks_url = Some(jwks);
     })
     .await;
@@ -552,7 +552,7 @@ async fn oidc_tokens_are_verified_when_enabled() {
         request.send()
     };
     assert_eq!(metrics(None).await.unwrap().status(), StatusCode::UNAUTHORIZED, "metrics are not public");
-    let token = signer.sign(email, "https://limiter.example", now, 3_600);
+    let token = signer.sign(COLLECTOR, "https://limiter.example", now, 3_600);
     assert_eq!(metrics(Some(token)).await.unwrap().status(), StatusCode::OK);
     let health = t.http.get(format!("{}/healthz", t.limiter.url)).send().await.unwrap();
     assert_eq!(health.status(), StatusCode::OK, "probes need no token");
@@ -561,13 +561,106 @@ async fn oidc_tokens_are_verified_when_enabled() {
     let limits = format!("{}/v1/rules/{}/keys/merchant_5/limits", t.limiter.url, t.rule("payouts"));
     let set = t.http.put(&limits).json(&json!({ "limit": "3/1h" }));
     assert_eq!(set.send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    let token = signer.sign(email, "https://limiter.example", now, 3_600);
+    let token = signer.sign(OPERATOR, "https://limiter.example", now, 3_600);
     let response = t.http.put(&limits).bearer_auth(&token).json(&json!({ "limit": "3/1h" })).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let change: Value = response.json().await.unwrap();
-    assert_eq!(change["by"], email, "{change}");
+    assert_eq!(change["by"], OPERATOR, "{change}");
     let history = t.store().await.override_history(&t.rule("payouts"), 5).await.unwrap();
-    assert_eq!((history[0].by.as_str(), history[0].after.map(|a| a.limit)), (email, Some(3)), "kept in Redis too");
+    assert_eq!((history[0].by.as_str(), history[0].after.map(|a| a.limit)), (OPERATOR, Some(3)), "kept in Redis too");
+}
+
+const PUSHER: &str = "push@drip-test.iam.gserviceaccount.com";
+const OPERATOR: &str = "ops@drip-test.iam.gserviceaccount.com";
+const CONSUMER: &str = "consumer@drip-test.iam.gserviceaccount.com";
+const COLLECTOR: &str = "collector@drip-test.iam.gserviceaccount.com";
+
+fn callers() -> Callers {
+    Callers { push: PUSHER.into(), admin: OPERATOR.into(), feedback: CONSUMER.into(), metrics: COLLECTOR.into() }
+}
+
+/// Each route class takes its own callers' tokens and refuses every other class's (403).
+#[tokio::test]
+async fn each_route_class_takes_only_its_own_callers() {
+    let tasks_for_jwks = TasksStandIn::start().await;
+    let jwks = tasks_for_jwks.client.jwks_url();
+    let t = start_with(Pubsub::shared(), shared_url(), |w| {
+        w.oidc_audience = Some("https://limiter.example".into());
+        w.callers = callers();
+        w.oidc_jwks_url = Some(jwks);
+    })
+    .await;
+    let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
+    let token = |email: &str| TokenSigner::test_key().sign(email, "https://limiter.example", now, 3_600);
+    let rule = t.rule("payouts");
+    let base = t.limiter.url.clone();
+    for (i, caller) in [PUSHER, OPERATOR, CONSUMER, COLLECTOR].into_iter().enumerate() {
+        let bearer = token(caller);
+        let routes: Vec<(&str, reqwest::RequestBuilder)> = vec![
+            (
+                PUSHER,
+                t.http.post(format!("{base}/push")).header("content-type", "application/json").body(envelope(
+                    &format!("rc{i}"),
+                    &[("event_type", "webhook"), ("endpoint", "rc")],
+                    b"{}",
+                )),
+            ),
+            (OPERATOR, t.http.get(format!("{base}/v1/rules/{rule}/keys/merchant_1"))),
+            (
+                OPERATOR,
+                t.http.put(format!("{base}/v1/rules/{rule}/keys/merchant_1/limits")).json(&json!({"limit": "5/1h"})),
+            ),
+            (
+                CONSUMER,
+                t.http
+                    .post(format!("{base}/v1/feedback"))
+                    .json(&json!({"rule": rule, "key": "merchant_1", "status": 503})),
+            ),
+            (COLLECTOR, t.http.get(format!("{base}/metrics"))),
+        ];
+        for (owner, request) in routes {
+            let status = request.bearer_auth(&bearer).send().await.unwrap().status();
+            if owner == caller {
+                assert!(status.is_success(), "{caller} on its own route: {status}");
+            } else {
+                assert_eq!(status, StatusCode::FORBIDDEN, "{caller} on a route of {owner}");
+            }
+        }
+    }
+}
+
+/// Tokens naming keys nobody published cause one key fetch at a time, and none within a minute of
+/// the last: 50 of them after a valid one fetch nothing more.
+#[tokio::test]
+async fn unknown_key_ids_cannot_make_the_limiter_hammer_the_key_endpoint() {
+    let tasks_for_jwks = TasksStandIn::start().await;
+    let jwks = tasks_for_jwks.client.jwks_url();
+    let t = start_with(Pubsub::shared(), shared_url(), |w| {
+        w.oidc_audience = Some("https://limiter.example".into());
+        w.callers = callers();
+        w.oidc_jwks_url = Some(jwks);
+    })
+    .await;
+    let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
+    let good = TokenSigner::test_key().sign(PUSHER, "https://limiter.example", now, 3_600);
+    let body = || envelope(&unique("k"), &[("event_type", "webhook"), ("endpoint", "kid")], b"{}");
+    assert_eq!(t.post(body(), Some(&good)).await, StatusCode::NO_CONTENT);
+    let fetches = t.limiter.state.auth.push.key_fetches();
+    assert_eq!(fetches, 1, "one fetch for the first token");
+    let storm = (0..50).map(|i| {
+        let kid = format!("invented-{i}-{}", unique("kid"));
+        let token = TokenSigner::from_pem(cloud_tasks_emulator::TEST_SIGNING_KEY_PEM, &kid).sign(
+            PUSHER,
+            "https://limiter.example",
+            now,
+            600,
+        );
+        let t = &t;
+        async move { t.post(body(), Some(&token)).await }
+    });
+    let answers = futures_util::future::join_all(storm).await;
+    assert!(answers.iter().all(|s| *s == StatusCode::UNAUTHORIZED), "{answers:?}");
+    assert_eq!(t.limiter.state.auth.push.key_fetches(), 1, "no fetch for 50 unknown kids within a minute");
 }
 
 #[tokio::test]
@@ -583,6 +676,7 @@ async fn a_hanging_key_endpoint_fails_verification_in_time_and_blocks_no_cached_
     });
     let t = start_with(Pubsub::shared(), shared_url(), |w| {
         w.oidc_audience = Some("https://limiter.example".into());
+        w.callers = callers();
         w.oidc_jwks_url = Some(jwks);
     })
     .await;

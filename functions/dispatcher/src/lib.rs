@@ -16,7 +16,7 @@ use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::Publish;
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
-use drip_gcp::oidc::OidcVerifier;
+use drip_service::auth::RouteAuth;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
@@ -56,13 +56,26 @@ pub struct Settings {
     /// Unset: every unsealed task is refused.
     #[envconfig(from = "DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL")]
     pub accept_unsigned_tasks_until: Option<String>,
+    /// Service accounts whose tokens Cloud Tasks sends to `/dispatch`; required with OIDC on.
+    #[envconfig(from = "DRIP_TASK_CALLERS", default = "")]
+    pub task_callers: String,
 }
 
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
         let settings = Self::init_from_env().context("reading settings from the environment")?;
         settings.accept_unsigned_until()?;
+        settings.route_auth()?;
         Ok(settings)
+    }
+
+    /// `/dispatch`'s callers and `/metrics`'.
+    pub fn route_auth(&self) -> anyhow::Result<(RouteAuth, RouteAuth)> {
+        let auth = self.common.auth()?;
+        Ok((
+            auth.route("DRIP_TASK_CALLERS", &self.task_callers, true)?,
+            auth.route("DRIP_METRICS_CALLERS", &self.common.metrics_callers, false)?,
+        ))
     }
 
     pub fn accept_unsigned_until(&self) -> anyhow::Result<Option<Millis>> {
@@ -81,7 +94,8 @@ pub struct AppState {
     pub store: RedisStore<AnyConnection>,
     /// For `/readyz`.
     pub publishers: Arc<dyn Publish>,
-    pub oidc: Option<Arc<OidcVerifier>>,
+    /// Who may run tasks (`/dispatch`) and read `/metrics`.
+    pub auth: (RouteAuth, RouteAuth),
     pub metrics: Arc<ServiceMetrics>,
     pub signer: TaskSigner,
     pub max_attempts: i64,
@@ -142,7 +156,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             + 4 * common.redis_timeout_ms
             + LEASE_MARGIN_MS) as Millis,
         publishers: common.connect_pubsub().await?,
-        oidc: common.oidc_verifier(),
+        auth: settings.route_auth()?,
         metrics,
         target: Arc::new(HttpTarget::new(
             std::time::Duration::from_millis(settings.forward_timeout_ms),
@@ -155,9 +169,9 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
 }
 
 pub fn app(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/dispatch", post(dispatch::dispatch))
-        .layer(DefaultBodyLimit::max(MAX_TASK_BYTES))
-        .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, Arc::new(state.store), state.rules, state.metrics.shared.clone())
+    let (tasks, metrics) = &state.auth;
+    let dispatch =
+        Router::new().route("/dispatch", post(dispatch::dispatch)).layer(DefaultBodyLimit::max(MAX_TASK_BYTES));
+    let api = tasks.protect(dispatch).with_state(state.clone());
+    drip_service::service_router(api, metrics, Arc::new(state.store), state.rules, state.metrics.shared.clone())
 }

@@ -19,7 +19,6 @@ use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::Publish;
 use drip_gcp::http_target::HttpTarget;
-use drip_gcp::oidc::OidcVerifier;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::tasks::Tasks;
@@ -27,7 +26,7 @@ use drip_store::{LimiterStore, RedisStore};
 
 pub use actions::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
-pub use settings::Settings;
+pub use settings::{LimiterAuth, Settings};
 
 /// Pub/Sub push requests carry up to 10 MB of data, base64-encoded (×4/3) in JSON, plus up to 100
 /// attributes of at most 1,280 bytes each.
@@ -45,7 +44,8 @@ pub struct AppState {
     pub tasks: Tasks,
     /// Forward URLs.
     pub target: Arc<HttpTarget>,
-    pub oidc: Option<Arc<OidcVerifier>>,
+    /// Who may call each route class.
+    pub auth: LimiterAuth,
     pub metrics: Arc<ServiceMetrics>,
     pub claim_check_max_bytes: usize,
     /// How long an attempt may take to act (the inline wait, the forward or task creation, and a
@@ -94,7 +94,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         publishers: common.connect_pubsub().await?,
         tasks,
         target: Arc::new(target),
-        oidc: common.oidc_verifier(),
+        auth: settings.route_auth()?,
         metrics,
         claim_check_max_bytes: settings.claim_check_max_bytes,
         attempt_deadline,
@@ -106,16 +106,21 @@ fn longest_inline_wait(rules: &ServiceRules) -> Millis {
     rules.rules.iter().map(|r| r.inline_wait).max().unwrap_or(0)
 }
 
+/// Each route class behind its own callers: `/push` (push subscriptions), `/v1/rules/...`
+/// (operators), `/v1/feedback` (overflow consumers), `/metrics` (the collector).
 pub fn app(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/push", post(push::push))
-        .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
-        .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect))
-        .route("/v1/feedback", post(entities::feedback))
-        .route(
-            "/v1/rules/{rule}/keys/{key}/limits",
-            axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
-        )
+    let auth = &state.auth;
+    let push = Router::new().route("/push", post(push::push)).layer(DefaultBodyLimit::max(MAX_PUSH_BYTES));
+    let admin = Router::new().route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect)).route(
+        "/v1/rules/{rule}/keys/{key}/limits",
+        axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
+    );
+    let feedback = Router::new().route("/v1/feedback", post(entities::feedback));
+    let api = auth
+        .push
+        .protect(push)
+        .merge(auth.admin.protect(admin))
+        .merge(auth.feedback.protect(feedback))
         .with_state(state.clone());
-    drip_service::service_router(api, state.oidc, state.store, state.rules, state.metrics.shared.clone())
+    drip_service::service_router(api, &auth.metrics, state.store, state.rules, state.metrics.shared.clone())
 }

@@ -23,13 +23,50 @@ pub struct Settings {
     /// forward timeout must fit in it, so no request is cut off in the middle.
     #[envconfig(from = "DRIP_SHUTDOWN_GRACE_MS", default = "10000")]
     pub shutdown_grace_ms: u64,
+    /// Service accounts that may `POST /push` (the push subscriptions'); required with OIDC on.
+    #[envconfig(from = "DRIP_PUSH_CALLERS", default = "")]
+    pub push_callers: String,
+    /// Service accounts that may inspect keys and change their limits (`/v1/rules/...`): operators.
+    #[envconfig(from = "DRIP_ADMIN_CALLERS", default = "")]
+    pub admin_callers: String,
+    /// Service accounts that may report a downstream's answers (`POST /v1/feedback`): overflow consumers.
+    #[envconfig(from = "DRIP_FEEDBACK_CALLERS", default = "")]
+    pub feedback_callers: String,
+}
+
+/// Each route class's callers.
+#[derive(Debug, Clone)]
+pub struct LimiterAuth {
+    pub push: drip_service::auth::RouteAuth,
+    pub admin: drip_service::auth::RouteAuth,
+    pub feedback: drip_service::auth::RouteAuth,
+    pub metrics: drip_service::auth::RouteAuth,
+}
+
+impl LimiterAuth {
+    /// Every caller passes (tests of handlers in process).
+    pub fn off() -> Self {
+        let off = drip_service::auth::RouteAuth::off;
+        Self { push: off(), admin: off(), feedback: off(), metrics: off() }
+    }
 }
 
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
         let settings = Self::init_from_env().context("reading settings from the environment")?;
         settings.tasks.check(&settings.common.project)?;
+        settings.route_auth()?;
         Ok(settings)
+    }
+
+    pub fn route_auth(&self) -> anyhow::Result<LimiterAuth> {
+        let auth = self.common.auth()?;
+        Ok(LimiterAuth {
+            push: auth.route("DRIP_PUSH_CALLERS", &self.push_callers, true)?,
+            admin: auth.route("DRIP_ADMIN_CALLERS", &self.admin_callers, false)?,
+            feedback: auth.route("DRIP_FEEDBACK_CALLERS", &self.feedback_callers, false)?,
+            metrics: auth.route("DRIP_METRICS_CALLERS", &self.common.metrics_callers, false)?,
+        })
     }
 
     /// The longest inline wait plus the forward timeout must end before SIGKILL follows SIGTERM.

@@ -31,6 +31,7 @@ fn base_env(pubsub: &str, rules: &str, port: u16) -> Vec<(&'static str, String)>
         ("DRIP_TASKS_QUEUES", "drip-0".into()),
         ("DRIP_DISPATCHER_URL", "http://127.0.0.1:9/dispatch".into()),
         ("DRIP_TASK_SIGNING_KEY", drip_tests::stack::SIGNING_KEY.into()),
+        ("DRIP_AUTH", "off".into()),
     ]
 }
 
@@ -67,6 +68,21 @@ fn refuses_a_missing_or_short_task_signing_key() {
     assert!(missing.contains("DRIP_TASK_SIGNING_KEY"), "{missing}");
     let short = refusal(|env| env.push(("DRIP_TASK_SIGNING_KEY", "short".into())));
     assert!(short.contains("DRIP_TASK_SIGNING_KEY must be at least 32 characters"), "{short}");
+}
+
+#[test]
+fn authentication_fails_closed() {
+    let unsaid = refusal(|env| env.retain(|(k, _)| *k != "DRIP_AUTH"));
+    assert!(unsaid.contains("DRIP_OIDC_AUDIENCE is not set") && unsaid.contains("DRIP_AUTH=off"), "{unsaid}");
+    let no_callers = refusal(|env| {
+        env.retain(|(k, _)| *k != "DRIP_AUTH");
+        env.push(("DRIP_OIDC_AUDIENCE", "https://limiter.example".into()));
+    });
+    assert!(no_callers.contains("DRIP_PUSH_CALLERS names no caller"), "{no_callers}");
+    let old_list = refusal(|env| env.push(("DRIP_OIDC_ALLOWED_EMAILS", "a@b.iam.gserviceaccount.com".into())));
+    assert!(old_list.contains("DRIP_OIDC_ALLOWED_EMAILS allowed its callers on every route"), "{old_list}");
+    let typo = refusal(|env| env.push(("DRIP_AUTH", "of".into())));
+    assert!(typo.contains("DRIP_AUTH must be oidc or off, got 'of'"), "{typo}");
 }
 
 #[test]

@@ -102,6 +102,7 @@ async fn stack() -> Stack {
         ("DRIP_TASKS_QUEUES", queues.join(",")),
         ("DRIP_DISPATCHER_URL", format!("{}/dispatch", dispatcher.url)),
         ("DRIP_TASK_SIGNING_KEY", SIGNING_KEY.to_owned()),
+        ("DRIP_AUTH", "off".to_owned()),
         // Short timeouts keep the lease short, so redeliveries of what the killed process held
         // are taken over within seconds.
         ("DRIP_TASKS_TIMEOUT_MS", "2000".to_owned()),

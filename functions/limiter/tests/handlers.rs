@@ -213,7 +213,7 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         publishers: pubsub.clone(),
         tasks: Tasks::new(tasks.clone(), vec![QUEUE.to_owned()], TaskSigner::new(SIGNING_KEY)),
         target: Arc::new(HttpTarget::new(Duration::from_secs(5), IdTokenMode::Never).unwrap()),
-        oidc: None,
+        auth: drip_limiter::LimiterAuth::off(),
         metrics,
         claim_check_max_bytes: 4 * 1024 * 1024,
         attempt_deadline: Duration::from_secs(5),

@@ -1,9 +1,12 @@
 //! Verifying the Google-signed OIDC tokens that Pub/Sub push and Cloud Tasks send.
 //!
 //! jsonwebtoken checks each token against Google's published keys (JWKS), which are cached and
-//! fetched with a timeout and without holding any lock across the fetch, so a slow key endpoint
-//! never stalls requests whose key is cached. (google-cloud-auth's `Verifier` takes a write lock
-//! for every verification, cache hits included, and holds it across an untimed fetch.)
+//! fetched with a timeout, so a slow key endpoint never stalls requests whose key is cached.
+//! (google-cloud-auth's `Verifier` takes a write lock for every verification, cache hits
+//! included, and holds it across an untimed fetch.) A token naming a key not in the cache causes
+//! at most one fetch at a time (single-flight), and at most one a minute while the cache is fresh
+//! (a negative cache): a storm of tokens with invented `kid`s cannot make the service hammer the
+//! key endpoint. Who may call which route is the caller's business (`drip_service::auth`).
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -14,8 +17,10 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 const GOOGLE_JWKS_URL: &str = "https://www.googleapis.com/oauth2/v3/certs";
 const GOOGLE_ISSUERS: [&str; 2] = ["https://accounts.google.com", "accounts.google.com"];
-/// Google rotates its keys over days; an unknown `kid` refetches at once.
+/// Google rotates its keys over days and publishes a new one well before it signs with it.
 const KEYS_TTL: Duration = Duration::from_secs(3600);
+/// An unknown `kid` refetches the keys at most this often.
+const UNKNOWN_KID_REFETCH: Duration = Duration::from_secs(60);
 const JWKS_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
@@ -23,8 +28,6 @@ pub struct OidcSettings {
     /// The `aud` claim every token must carry (the service URL, or the audience set on the push
     /// subscription or task).
     pub audience: String,
-    /// Service accounts allowed to call; empty allows any verified Google-signed token.
-    pub allowed_emails: Vec<String>,
     /// Where the signing keys are; `None` for Google's.
     pub jwks_url: Option<String>,
 }
@@ -34,7 +37,7 @@ pub enum AuthError {
     /// 401: no token, or one that does not verify (signature, issuer, audience, expiry).
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
-    /// 403: a valid token of a caller not allowed here.
+    /// 403: a valid token of a caller not allowed on the route.
     #[error("forbidden: {0}")]
     Forbidden(String),
 }
@@ -49,6 +52,10 @@ pub struct OidcVerifier {
     validation: Validation,
     http: reqwest::Client,
     keys: RwLock<Option<CachedKeys>>,
+    /// Held across a fetch: one at a time.
+    fetching: tokio::sync::Mutex<()>,
+    /// Key fetches made (for tests and the negative cache's proof).
+    fetches: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for OidcVerifier {
@@ -64,16 +71,51 @@ impl OidcVerifier {
         validation.set_issuer(&GOOGLE_ISSUERS);
         validation.set_required_spec_claims(&["exp", "aud", "iss"]);
         let http = reqwest::Client::builder().timeout(JWKS_TIMEOUT).build().unwrap_or_default();
-        Self { settings, validation, http, keys: RwLock::new(None) }
+        Self {
+            settings,
+            validation,
+            http,
+            keys: RwLock::new(None),
+            fetching: tokio::sync::Mutex::new(()),
+            fetches: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
-    fn cached(&self, kid: &str) -> Option<DecodingKey> {
+    /// How many times the key set was fetched.
+    pub fn fetches(&self) -> u64 {
+        self.fetches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The key from a fresh cache; `Err` when the cache is fresh, lacks it and was fetched less than
+    /// a minute ago (the negative cache); `Ok(None)` when a fetch may help.
+    fn cached(&self, kid: &str) -> Result<Option<DecodingKey>, AuthError> {
         let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
-        keys.as_ref().filter(|k| k.fetched_at.elapsed() < KEYS_TTL).and_then(|k| k.by_kid.get(kid).cloned())
+        let Some(keys) = keys.as_ref().filter(|k| k.fetched_at.elapsed() < KEYS_TTL) else { return Ok(None) };
+        match keys.by_kid.get(kid) {
+            Some(key) => Ok(Some(key.clone())),
+            None if keys.fetched_at.elapsed() < UNKNOWN_KID_REFETCH => {
+                Err(AuthError::Unauthenticated(format!("no signing key '{kid}'")))
+            }
+            None => Ok(None),
+        }
     }
 
-    /// Fetches the key set (no lock held meanwhile; concurrent fetches are harmless) and caches it.
+    /// The key for `kid`: from the cache, or from one fetch at a time (a request that waited for
+    /// another's fetch reads its result instead of fetching again).
+    async fn key(&self, kid: &str) -> Result<DecodingKey, AuthError> {
+        if let Some(key) = self.cached(kid)? {
+            return Ok(key);
+        }
+        let _one_at_a_time = self.fetching.lock().await;
+        if let Some(key) = self.cached(kid)? {
+            return Ok(key);
+        }
+        self.fetch(kid).await
+    }
+
+    /// Fetches the key set and caches it.
     async fn fetch(&self, kid: &str) -> Result<DecodingKey, AuthError> {
+        self.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let url = self.settings.jwks_url.as_deref().unwrap_or(GOOGLE_JWKS_URL);
         let unauthenticated = |what: String| AuthError::Unauthenticated(format!("signing keys from {url}: {what}"));
         let response = self.http.get(url).send().await.map_err(|e| unauthenticated(e.to_string()))?;
@@ -93,27 +135,21 @@ impl OidcVerifier {
         key.ok_or_else(|| AuthError::Unauthenticated(format!("no signing key '{kid}'")))
     }
 
-    /// Checks an `Authorization` header value; returns the caller's email.
+    /// Checks an `Authorization` header value; returns the caller's verified email.
     pub async fn verify(&self, authorization: Option<&str>) -> Result<String, AuthError> {
         let token = authorization
             .and_then(|value| value.strip_prefix("Bearer "))
             .ok_or_else(|| AuthError::Unauthenticated("no bearer token".into()))?;
         let header = jsonwebtoken::decode_header(token).map_err(|e| AuthError::Unauthenticated(e.to_string()))?;
         let kid = header.kid.ok_or_else(|| AuthError::Unauthenticated("the token names no key (kid)".into()))?;
-        let key = match self.cached(&kid) {
-            Some(key) => key,
-            None => self.fetch(&kid).await?,
-        };
+        let key = self.key(&kid).await?;
         let claims = jsonwebtoken::decode::<serde_json::Value>(token, &key, &self.validation)
             .map_err(|e| AuthError::Unauthenticated(e.to_string()))?
             .claims;
         let email = claims.get("email").and_then(|v| v.as_str()).unwrap_or_default().to_owned();
         let verified = claims.get("email_verified").and_then(|v| v.as_bool()).unwrap_or(false);
-        if self.settings.allowed_emails.is_empty() {
-            return Ok(email);
-        }
-        if !verified || !self.settings.allowed_emails.contains(&email) {
-            return Err(AuthError::Forbidden(format!("caller '{email}' is not allowed")));
+        if email.is_empty() || !verified {
+            return Err(AuthError::Forbidden(format!("the token carries no verified email ('{email}')")));
         }
         Ok(email)
     }

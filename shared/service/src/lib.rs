@@ -34,21 +34,19 @@ pub async fn shutdown_signal() {
     tracing::info!("shutting down: finishing requests in flight");
 }
 
-/// A service's whole router: its own routes and `/metrics` (behind OIDC when `oidc` is set: metrics
-/// name rules and keys, so they are not public), `/healthz` and `/readyz` (open, for probes), and a
-/// request span carrying the Cloud Trace context.
+/// A service's whole router: its own routes (each class behind its own callers already),
+/// `/metrics` behind `metrics_auth` (metrics name rules and keys, so they are not public),
+/// `/healthz` and `/readyz` (open, for probes), and a request span carrying the Cloud Trace context.
 pub fn service_router(
     api: axum::Router,
-    oidc: Option<std::sync::Arc<drip_gcp::oidc::OidcVerifier>>,
+    metrics_auth: &auth::RouteAuth,
     store: std::sync::Arc<dyn drip_store::Ping>,
     rules: std::sync::Arc<live_rules::LiveRules>,
     metrics: std::sync::Arc<metrics::Metrics>,
 ) -> axum::Router {
     axum::Router::new()
-        .merge(
-            api.merge(metrics::Metrics::routes(metrics))
-                .route_layer(axum::middleware::from_fn_with_state(oidc, auth::require_oidc)),
-        )
+        .merge(api)
+        .merge(metrics_auth.protect(metrics::Metrics::routes(metrics)))
         .merge(health::routes(store, rules))
         .layer(telemetry::trace_layer())
 }

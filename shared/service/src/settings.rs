@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::Auth;
 use crate::live_rules::{Acceptance, LiveRules};
 use crate::metrics::Metrics;
 use anyhow::{Context, bail};
@@ -59,12 +60,20 @@ pub struct CommonSettings {
     pub pubsub_emulator_host: Option<String>,
     #[envconfig(from = "DRIP_PUBLISH_TIMEOUT_MS", default = "10000")]
     pub publish_timeout_ms: u64,
-    /// When set, callers must present a Google-signed OIDC token with this audience.
+    /// `oidc` (the default): every route but the probes takes only a Google-signed token of one of
+    /// its own callers; `off`: every caller passes (local runs, tests).
+    #[envconfig(from = "DRIP_AUTH", default = "oidc")]
+    pub auth: String,
+    /// The `aud` callers' tokens must carry (the service's URL); required with DRIP_AUTH=oidc.
     #[envconfig(from = "DRIP_OIDC_AUDIENCE")]
     pub oidc_audience: Option<String>,
-    /// Comma-separated service accounts allowed to call (empty: any verified Google token).
-    #[envconfig(from = "DRIP_OIDC_ALLOWED_EMAILS", default = "")]
-    pub oidc_allowed_emails: String,
+    /// Replaced by one list per route class; refused at start-up so that nobody keeps a list that
+    /// no longer means what it did.
+    #[envconfig(from = "DRIP_OIDC_ALLOWED_EMAILS")]
+    pub oidc_allowed_emails: Option<String>,
+    /// Comma-separated service accounts that may read `/metrics` (the collector).
+    #[envconfig(from = "DRIP_METRICS_CALLERS", default = "")]
+    pub metrics_callers: String,
     /// JWKS of the token signer; unset for Google's.
     #[envconfig(from = "DRIP_OIDC_JWKS_URL")]
     pub oidc_jwks_url: Option<String>,
@@ -149,14 +158,16 @@ impl CommonSettings {
         Ok(Arc::new(publishers))
     }
 
-    pub fn oidc_verifier(&self) -> Option<Arc<OidcVerifier>> {
-        let audience = self.oidc_audience.clone().filter(|a| !a.is_empty())?;
-        let allowed_emails =
-            self.oidc_allowed_emails.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
-        Some(Arc::new(OidcVerifier::new(OidcSettings {
-            audience,
-            allowed_emails,
-            jwks_url: self.oidc_jwks_url.clone(),
-        })))
+    /// How callers are authenticated (fails closed: OIDC unless DRIP_AUTH=off says otherwise).
+    pub fn auth(&self) -> anyhow::Result<Auth> {
+        if self.oidc_allowed_emails.as_deref().is_some_and(|list| !list.trim().is_empty()) {
+            bail!(
+                "DRIP_OIDC_ALLOWED_EMAILS allowed its callers on every route and is no longer read: list them per route instead (DRIP_PUSH_CALLERS, DRIP_ADMIN_CALLERS, DRIP_FEEDBACK_CALLERS, DRIP_TASK_CALLERS, DRIP_METRICS_CALLERS)"
+            );
+        }
+        let verifier = self.oidc_audience.clone().filter(|a| !a.is_empty()).map(|audience| {
+            Arc::new(OidcVerifier::new(OidcSettings { audience, jwks_url: self.oidc_jwks_url.clone() }))
+        });
+        Auth::from_settings(&self.auth, verifier)
     }
 }

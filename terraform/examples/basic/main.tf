@@ -28,10 +28,10 @@ variable "image_tag" {
   type        = string
 }
 
-variable "task_signing_key" {
-  description = "The task signing key (TF_VAR_task_signing_key=$(openssl rand -hex 32))."
+variable "task_signing_key_secret" {
+  description = "The secret holding the task signing key, made once outside Terraform: gcloud secrets create drip-task-signing-key && openssl rand -hex 32 | gcloud secrets versions add drip-task-signing-key --data-file=-"
   type        = string
-  sensitive   = true
+  default     = "drip-task-signing-key"
 }
 
 variable "notification_channels" {
@@ -48,18 +48,18 @@ provider "google" {
 module "drip" {
   source = "../.."
 
-  project_id            = var.project_id
-  region                = var.region
-  name                  = "drip"
-  image                 = "${var.region}-docker.pkg.dev/${var.project_id}/drip/drip:${var.image_tag}"
-  rules_file            = "${path.module}/rules.yaml"
-  source_topics         = ["payout-events", "sms-events"]
-  create_source_topics  = true
-  network               = "projects/${var.project_id}/global/networks/default"
-  subnetwork            = "projects/${var.project_id}/regions/${var.region}/subnetworks/default"
-  tasks_queue_count     = 2
-  task_signing_key      = var.task_signing_key
-  notification_channels = var.notification_channels
+  project_id              = var.project_id
+  region                  = var.region
+  name                    = "drip"
+  image                   = "${var.region}-docker.pkg.dev/${var.project_id}/drip/drip:${var.image_tag}"
+  rules_file              = "${path.module}/rules.yaml"
+  source_topics           = ["payout-events", "sms-events"]
+  create_source_topics    = true
+  network                 = "projects/${var.project_id}/global/networks/default"
+  subnetwork              = "projects/${var.project_id}/regions/${var.region}/subnetworks/default"
+  tasks_queue_count       = 2
+  task_signing_key_secret = var.task_signing_key_secret
+  notification_channels   = var.notification_channels
 }
 
 output "limiter_url" {
