@@ -161,3 +161,50 @@ resource "google_monitoring_alert_policy" "redis_memory" {
     content   = "Drip's Redis is filling up. Its maxmemory-policy is noeviction, so when full, every write fails and the limiter answers 503 (Pub/Sub redelivers; nothing is lost, but nothing moves). Resize the instance (README: Capacity: bytes per in-flight message and per entity) or shorten max_delay."
   }
 }
+
+# One downstream answer pauses a key or budget for at most the rule's max_pause (README: "When the
+# downstream says wait"). An answer that asked for longer was capped: a partner in trouble, or a
+# misconfigured Retry-After, that someone should look at before the backlog builds up.
+resource "google_logging_metric" "long_pauses" {
+  project     = var.project_id
+  name        = "${var.name}-long-pauses"
+  description = "Downstream answers whose Retry-After was longer than the rule's max_pause (capped)."
+  filter      = <<-EOT
+    resource.type="cloud_run_revision"
+    resource.labels.service_name=("${local.limiter_name}" OR "${local.dispatcher_name}")
+    jsonPayload.message="the downstream asked to wait longer than max_pause: pause capped, read as overload"
+  EOT
+
+  metric_descriptor {
+    metric_kind = "DELTA"
+    value_type  = "INT64"
+    unit        = "1"
+  }
+}
+
+resource "google_monitoring_alert_policy" "long_pauses" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): a downstream asked to wait longer than max_pause"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "pause capped at max_pause"
+    condition_threshold {
+      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"logging.googleapis.com/user/${google_logging_metric.long_pauses.name}\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_SUM"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "A partner answered 429/503 with a Retry-After longer than the rule's `max_pause` (or a `/v1/feedback` call asked for it). Drip paused the key or budget for `max_pause` only and lowered its adaptive level. The WARN line names the rule, key and target; `drip inspect RULE KEY` shows the pause and the backlog. Ask the partner about the outage; if it lasts, raise `max_delay` or pause the source subscription."
+  }
+}

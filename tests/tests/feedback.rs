@@ -213,6 +213,15 @@ rules:
     assert!(created[0].schedule_time >= before + 29_000, "{created:?}");
 
     let kyc = format!("{prefix}-kyc");
+    // Feedback reaches only keys Drip has scheduled: tenant_t gets one event first.
+    let envelope = drip_tests::push_envelope(
+        "k1",
+        "projects/p/subscriptions/s",
+        "2026-11-30T00:00:00Z",
+        &[("event_type", "kyc"), ("tenant", "t")],
+        b"{}",
+    );
+    assert_eq!(http.post(format!("{}/push", limiter.url)).body(envelope).send().await.unwrap().status(), 204);
     let answer: serde_json::Value =
         post(serde_json::json!({ "rule": kyc, "key": "tenant_t", "status": 503 })).await.unwrap().json().await.unwrap();
     assert_eq!((answer["target"].as_str(), answer["adaptiveLevel"].as_f64()), (Some("key"), Some(0.72)));

@@ -621,7 +621,8 @@ async fn each_route_class_takes_only_its_own_callers() {
         for (owner, request) in routes {
             let status = request.bearer_auth(&bearer).send().await.unwrap().status();
             if owner == caller {
-                assert!(status.is_success(), "{caller} on its own route: {status}");
+                // Past the check: the handler answered (a 404 for a key with no state counts).
+                assert!(status.is_success() || status == StatusCode::NOT_FOUND, "{caller} on its own route: {status}");
             } else {
                 assert_eq!(status, StatusCode::FORBIDDEN, "{caller} on a route of {owner}");
             }

@@ -205,14 +205,29 @@ pub async fn feedback(
         (429 | 503, Some(seconds)) => Some(drip_gcp::http_target::wait_seconds(seconds)),
         _ => None,
     };
-    let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
-    match feedback::apply((&*state.store, &state.metrics), rule, &key, budget, signal).await {
-        Ok(effect) if effect.paused_until.is_none() && effect.adaptive_level.is_none() => {
-            StatusCode::NO_CONTENT.into_response()
+    // A key Drip has never scheduled has nothing to pause: no state is made for it.
+    if budget.is_none() && rule.feedback_budget().is_none() {
+        match state.store.frontier(rule, &key).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return error(StatusCode::NOT_FOUND, format!("rule '{}' has no state for key '{key}'", rule.name));
+            }
+            Err(e) => return unavailable("feedback", e),
         }
+    }
+    let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
+    let before = match budget.or(rule.feedback_budget()) {
+        None => state.store.paused_until(rule, &key).await.ok().flatten(),
+        Some(_) => None,
+    };
+    let by = caller_name(caller);
+    match feedback::apply((&*state.store, &state.metrics), rule, &key, budget, signal).await {
         Ok(effect) => {
-            let by = caller_name(caller);
-            tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status = body.status, "feedback");
+            // Audited like an override change: who, what, before and after.
+            tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status = body.status, retry_after = body.retry_after, paused_before = before.map(format_rfc3339), paused_after = effect.paused_until.map(format_rfc3339), adaptive_level = effect.adaptive_level, "feedback");
+            if effect.paused_until.is_none() && effect.adaptive_level.is_none() {
+                return StatusCode::NO_CONTENT.into_response();
+            }
             Json(serde_json::json!({
                 "target": effect.target,
                 "pausedUntil": effect.paused_until.map(format_rfc3339),

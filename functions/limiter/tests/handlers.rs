@@ -634,19 +634,46 @@ async fn feedback_from_an_overflow_consumer_pauses_the_key() {
     let (url, calls) = throttling_target(0).await;
     let l = limiter_forwarding_to(&url);
     let feedback = |status: u16, retry_after: Option<u64>| serde_json::json!({ "rule": "hooks", "key": "endpoint_partner", "status": status, "retryAfter": retry_after });
+    let hook = [("event_type", "hook"), ("endpoint", "partner")];
+    assert_eq!(l.push("f0", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(*calls.lock().unwrap(), 1, "forwarded before any feedback");
     let (status, _) = l.send("POST", "/v1/feedback", Some(feedback(200, None))).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "a success changes nothing");
     let (status, body) = l.send("POST", "/v1/feedback", Some(feedback(429, Some(3)))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["pausedUntil"].as_str().is_some());
-    let hook = [("event_type", "hook"), ("endpoint", "partner")];
     assert_eq!(l.push("f1", &hook, b"{}").await, StatusCode::NO_CONTENT);
-    assert_eq!(*calls.lock().unwrap(), 0, "paused: not forwarded");
+    assert_eq!(*calls.lock().unwrap(), 1, "paused: not forwarded");
     assert_eq!(l.tasks().len(), 1, "delayed past the pause");
     let unknown = serde_json::json!({ "rule": "nope", "key": "k", "status": 429, "retryAfter": 1 });
     assert_eq!(l.send("POST", "/v1/feedback", Some(unknown)).await.0, StatusCode::NOT_FOUND);
     let budget = serde_json::json!({ "rule": "hooks", "budget": "partner", "status": 429, "retryAfter": 1 });
     assert_eq!(l.send("POST", "/v1/feedback", Some(budget)).await.0, StatusCode::BAD_REQUEST, "not its budget");
+}
+
+/// One answer pauses a key for at most max_pause (here half of max_delay's hour): a Retry-After of
+/// 10^12 s leaves its events delayed, not dead-lettered; feedback on a key Drip never saw makes no state.
+#[tokio::test]
+async fn one_answer_pauses_for_at_most_max_pause_and_unknown_keys_get_no_state() {
+    let (url, _calls) = throttling_target(0).await;
+    let l = limiter_forwarding_to(&url);
+    let hook = [("event_type", "hook"), ("endpoint", "capped")];
+    assert_eq!(l.push("c0", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    let huge = serde_json::json!({ "rule": "hooks", "key": "endpoint_capped", "status": 503, "retryAfter": 1_000_000_000_000u64 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(huge)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let until = parse_rfc3339(body["pausedUntil"].as_str().unwrap()).unwrap();
+    let cap = drip_core::time::wall_clock_millis() + 30 * drip_core::time::MINUTE;
+    assert!(until <= cap && until > cap - drip_core::time::MINUTE, "capped at max_pause: {body}");
+    assert_eq!(l.push("c1", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(l.tasks().len(), 1, "delayed until the capped pause ends");
+    assert!(l.published("hooks-dlq").is_empty(), "not dead-lettered as beyond max_delay");
+
+    let stranger =
+        serde_json::json!({ "rule": "hooks", "key": "endpoint_never_seen", "status": 429, "retryAfter": 60 });
+    assert_eq!(l.send("POST", "/v1/feedback", Some(stranger)).await.0, StatusCode::NOT_FOUND);
+    let (_, report) = l.send("GET", "/v1/rules/hooks/keys/endpoint_never_seen", None).await;
+    assert!(report["pausedUntil"].is_null(), "no pause made for it: {report}");
 }
 
 #[tokio::test]
@@ -699,6 +726,7 @@ async fn a_5xx_lowers_one_key_s_adaptive_limit_once_per_window() {
     let l = limiter();
     let (_, report) = l.send("GET", "/v1/rules/kyc/keys/tenant_t", None).await;
     assert_eq!((report["adaptiveLevel"].as_f64(), report["limits"][0]["capacity"].as_u64()), (Some(0.9), Some(9)));
+    assert_eq!(l.push("k0", &[("event_type", "kyc"), ("tenant", "t")], b"{}").await, StatusCode::NO_CONTENT);
     let feedback = serde_json::json!({ "rule": "kyc", "key": "tenant_t", "status": 503 });
     let (status, body) = l.send("POST", "/v1/feedback", Some(feedback.clone())).await;
     assert_eq!((status, body["adaptiveLevel"].as_f64()), (StatusCode::OK, Some(0.72)), "{body}");
@@ -731,4 +759,11 @@ async fn a_pause_that_begins_during_an_inline_wait_holds_the_event() {
     let tasks = l.tasks();
     assert_eq!(tasks.len(), 1, "a task after the pause instead");
     assert!(tasks[0].at >= drip_core::time::wall_clock_millis() + 2_500, "{}", tasks[0].at);
+}
+
+#[test]
+fn the_capped_pause_log_line_is_the_one_the_alert_filters_on() {
+    let monitoring = include_str!("../../../terraform/monitoring.tf");
+    let filter = format!("jsonPayload.message=\"{}\"", drip_service::feedback::LONG_PAUSE_CAPPED);
+    assert!(monitoring.contains(&filter), "terraform/monitoring.tf filters on: {filter}");
 }

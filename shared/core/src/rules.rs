@@ -80,6 +80,9 @@ pub struct Rule {
     pub limits: Vec<Limit>,
     pub cost: Cost,
     pub max_delay: Millis,
+    /// The longest pause one downstream answer (a `Retry-After`, a `/v1/feedback` call) may set:
+    /// `max_pause`, by default half of `max_delay`. A longer wait is capped and read as overload.
+    pub max_pause: Millis,
     pub inline_wait: Millis,
     pub forward: Forward,
     pub overflow_topic: TopicName,
@@ -329,6 +332,13 @@ impl Rule {
             )),
             _ => Err(format!("rule '{}' has several limits per {}: name one with --window", self.name, per_text(per))),
         }
+    }
+
+    /// When a pause the downstream asked for until `until` ends, at most `max_pause` after `now`;
+    /// `true` when it was capped (the downstream asked for longer: an overload signal).
+    pub fn capped_pause(&self, until: Millis, now: Millis) -> (Millis, bool) {
+        let cap = now.saturating_add(self.max_pause);
+        if until > cap { (cap, true) } else { (until, false) }
     }
 
     /// The largest cost an event may have: the smallest count of its own limits and of its
@@ -592,6 +602,7 @@ struct RawRule {
     limits: Vec<RawLimit>,
     cost: Option<Value>,
     max_delay: String,
+    max_pause: Option<String>,
     inline_wait: Option<String>,
     forward: RawForward,
     overflow_topic: String,
@@ -721,6 +732,19 @@ fn validate_rule(
             }
         }),
     );
+    let max_pause = match (&raw.max_pause, max_delay) {
+        (None, Some(max_delay)) => Some(max_delay / 2),
+        (None, None) => None,
+        (Some(text), max_delay) => errors.check(
+            "max_pause",
+            parse_duration(text).and_then(|pause| match max_delay {
+                Some(max_delay) if pause > max_delay => {
+                    Err(format!("{text} is longer than max_delay: a pause that long would dead-letter every event"))
+                }
+                _ => Ok(pause),
+            }),
+        ),
+    };
     let inline_wait = match &raw.inline_wait {
         None => Some(DEFAULT_INLINE_WAIT),
         Some(text) => errors.check(
@@ -843,6 +867,7 @@ fn validate_rule(
         limits: limits?,
         cost: cost?,
         max_delay: max_delay?,
+        max_pause: max_pause?,
         inline_wait: inline_wait?,
         forward: forward?,
         overflow_topic: overflow_topic?,

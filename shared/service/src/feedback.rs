@@ -6,7 +6,11 @@
 
 use drip_core::budgets::{Budget, PPM};
 use drip_core::rules::Rule;
-use drip_core::time::Millis;
+use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
+
+/// The log line of a capped pause (an alert in terraform/monitoring.tf filters on it).
+pub const LONG_PAUSE_CAPPED: &str =
+    "the downstream asked to wait longer than max_pause: pause capped, read as overload";
 use drip_store::{LimiterStore, StoreError};
 
 use crate::metrics::ServiceMetrics;
@@ -48,13 +52,24 @@ pub async fn apply(
 ) -> Result<Effect, StoreError> {
     let budget = budget.or_else(|| rule.feedback_budget());
     let target = budget.map_or_else(|| "key".to_owned(), |b| format!("budget:{}", b.name));
-    if let Some(until) = signal.until {
+    // One answer pauses for at most max_pause: a longer Retry-After would dead-letter every event
+    // of the target without the downstream being asked again. Asking that much is overload.
+    let mut overloaded = signal.overloaded();
+    let until = signal.until.map(|until| {
+        let (until, capped) = rule.capped_pause(until, wall_clock_millis());
+        if capped {
+            overloaded = true;
+            tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, until = %format_rfc3339(until), "{LONG_PAUSE_CAPPED}");
+        }
+        until
+    });
+    if let Some(until) = until {
         match budget {
             Some(budget) => metrics.time("redis", store.pause_budget(budget, until)).await?,
             None => metrics.time("redis", store.pause(rule, key, until)).await?,
         }
     }
-    let level = match (signal.overloaded(), budget) {
+    let level = match (overloaded, budget) {
         (false, _) => None,
         (true, Some(budget)) => metrics.time("redis", store.signal_budget(budget)).await?,
         (true, None) => metrics.time("redis", store.signal(rule, key)).await?,
@@ -65,5 +80,5 @@ pub async fn apply(
         metrics.shared.adaptive_level(gauge, level);
         tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, level, "the downstream is overloaded: adaptive limit lowered");
     }
-    Ok(Effect { target, paused_until: signal.until, adaptive_level })
+    Ok(Effect { target, paused_until: until, adaptive_level })
 }
