@@ -146,9 +146,10 @@ local entity_ceiling = tonumber(ARGV[extra])
 local entity_level = entity_ceiling and level_of(overrides[2], entity_ceiling, tonumber(ARGV[extra + 1]), tonumber(ARGV[extra + 2]))
 local limits = {}
 for i = 1, count do
-  local limit = tonumber(ARGV[params + (i - 1) * 4 + 2])
-  if ARGV[params + (i - 1) * 4] == 'share' then
-    local budget = budgets[tonumber(ARGV[params + (i - 1) * 4 + 3])]
+  local at = params + (i - 1) * 4
+  local kind, limit = ARGV[at], tonumber(ARGV[at + 2])
+  if kind == 'share' then
+    local budget = budgets[tonumber(ARGV[at + 3])]
     if budget.level then
       limit = adapted(limit, budget.level)
     end
@@ -162,11 +163,11 @@ for i = 1, count do
       end
     end
     -- A gcra limit lets at most `burst` units out at once: a larger cost can never conform.
-    if cost > limit or (ARGV[params + (i - 1) * 4] == 'gcra' and cost > tonumber(ARGV[params + (i - 1) * 4 + 3])) then
+    if cost > limit or (kind == 'gcra' and cost > tonumber(ARGV[at + 3])) then
       answer('C', now)
       return {now, 2, 0, now, now, 0, 0}
     end
-    if entity_level and ARGV[params + (i - 1) * 4] ~= 'gcra' then
+    if entity_level and kind ~= 'gcra' then
       limit = adapted(limit, entity_level)
     end
   end

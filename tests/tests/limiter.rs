@@ -100,6 +100,17 @@ async fn start() -> Test {
     start_with(Pubsub::shared(), shared_url(), |_| {}).await
 }
 
+/// A limiter with OIDC on for audience `https://limiter.example`, each route class with its own
+/// caller ([`callers`]), verifying tokens against the keys at `jwks`.
+async fn start_with_oidc(jwks: String) -> Test {
+    start_with(Pubsub::shared(), shared_url(), |w| {
+        w.oidc_audience = Some("https://limiter.example".into());
+        w.callers = callers();
+        w.oidc_jwks_url = Some(jwks);
+    })
+    .await
+}
+
 /// A limiter that re-reads its rules every 50 ms, and one merchant with a backlog: of payouts a, b
 /// and c (2 an hour), a and b forwarded and c waiting for the next hour in a task.
 async fn with_a_backlog(merchant: u32) -> Test {
@@ -497,12 +508,7 @@ async fn oidc_tokens_are_verified_when_enabled() {
     let tasks_for_jwks = TasksStandIn::start().await;
     let jwks = tasks_for_jwks.client.jwks_url();
     let email = "push@drip-test.iam.gserviceaccount.com";
-    let t = start_with(Pubsub::shared(), shared_url(), |w| {
-        w.oidc_audience = Some("https://limiter.example".into());
-        w.callers = callers();
-        w.oidc_jwks_url = Some(jwks);
-    })
-    .await;
+    let t = start_with_oidc(jwks).await;
     let signer = TokenSigner::test_key();
     let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
     let claims = |iss: &str, aud: &str, email: &str, exp: i64| json!({"iss": iss, "aud": aud, "sub": email, "email": email, "email_verified": true, "iat": now - 10, "exp": exp});
@@ -584,12 +590,7 @@ fn callers() -> Callers {
 async fn each_route_class_takes_only_its_own_callers() {
     let tasks_for_jwks = TasksStandIn::start().await;
     let jwks = tasks_for_jwks.client.jwks_url();
-    let t = start_with(Pubsub::shared(), shared_url(), |w| {
-        w.oidc_audience = Some("https://limiter.example".into());
-        w.callers = callers();
-        w.oidc_jwks_url = Some(jwks);
-    })
-    .await;
+    let t = start_with_oidc(jwks).await;
     let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
     let token = |email: &str| TokenSigner::test_key().sign(email, "https://limiter.example", now, 3_600);
     let rule = t.rule("payouts");
@@ -636,12 +637,7 @@ async fn each_route_class_takes_only_its_own_callers() {
 async fn unknown_key_ids_cannot_make_the_limiter_hammer_the_key_endpoint() {
     let tasks_for_jwks = TasksStandIn::start().await;
     let jwks = tasks_for_jwks.client.jwks_url();
-    let t = start_with(Pubsub::shared(), shared_url(), |w| {
-        w.oidc_audience = Some("https://limiter.example".into());
-        w.callers = callers();
-        w.oidc_jwks_url = Some(jwks);
-    })
-    .await;
+    let t = start_with_oidc(jwks).await;
     let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
     let good = TokenSigner::test_key().sign(PUSHER, "https://limiter.example", now, 3_600);
     let body = || envelope(&unique("k"), &[("event_type", "webhook"), ("endpoint", "kid")], b"{}");
@@ -675,12 +671,7 @@ async fn a_hanging_key_endpoint_fails_verification_in_time_and_blocks_no_cached_
             open.push(socket);
         }
     });
-    let t = start_with(Pubsub::shared(), shared_url(), |w| {
-        w.oidc_audience = Some("https://limiter.example".into());
-        w.callers = callers();
-        w.oidc_jwks_url = Some(jwks);
-    })
-    .await;
+    let t = start_with_oidc(jwks).await;
     let now = drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() / 1_000;
     let token =
         TokenSigner::test_key().sign("push@drip-test.iam.gserviceaccount.com", "https://limiter.example", now, 600);

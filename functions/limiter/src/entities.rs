@@ -205,20 +205,18 @@ pub async fn feedback(
         (429 | 503, Some(seconds)) => Some(drip_gcp::http_target::wait_seconds(seconds)),
         _ => None,
     };
-    // A key Drip has never scheduled has nothing to pause: no state is made for it.
-    if budget.is_none() && rule.feedback_budget().is_none() {
-        match state.store.frontier(rule, &key).await {
-            Ok(Some(_)) => {}
+    let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
+    // A key's pause before this answer, for the audit. A key Drip has never scheduled has nothing
+    // to pause: no state is made for it.
+    let before = match budget.or(rule.feedback_budget()) {
+        Some(_) => None,
+        None => match state.store.frontier(rule, &key).await {
+            Ok(Some(_)) => state.store.paused_until(rule, &key).await.ok().flatten(),
             Ok(None) => {
                 return error(StatusCode::NOT_FOUND, format!("rule '{}' has no state for key '{key}'", rule.name));
             }
             Err(e) => return unavailable("feedback", e),
-        }
-    }
-    let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
-    let before = match budget.or(rule.feedback_budget()) {
-        None => state.store.paused_until(rule, &key).await.ok().flatten(),
-        Some(_) => None,
+        },
     };
     let by = caller_name(caller);
     match feedback::apply((&*state.store, &state.metrics), rule, &key, budget, signal).await {

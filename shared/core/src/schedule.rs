@@ -572,6 +572,24 @@ mod tests {
         Limit::new(limit, per, window).unwrap()
     }
 
+    /// A request of cost 1 for `id` at `now` under `limits`: no lease, floor, budget, adaptive
+    /// limit or margin; tests change what they need with `..request(..)`.
+    pub(super) fn request<'a>(id: &'a str, limits: &'a [Limit], now: Millis) -> ReserveRequest<'a> {
+        ReserveRequest {
+            message_id: id,
+            published: None,
+            cost: 1,
+            limits,
+            max_delay: MINUTE,
+            now,
+            lease: 0,
+            floor: None,
+            budgets: &[],
+            adaptive: None,
+            margin: 0,
+        }
+    }
+
     fn run(limits: &[Limit], arrivals: &[(Millis, u64)]) -> Vec<Millis> {
         let mut s = Scheduler::new();
         arrivals
@@ -579,19 +597,7 @@ mod tests {
             .enumerate()
             .map(|(i, &(now, cost))| {
                 let id = format!("m{i}");
-                let r = ReserveRequest {
-                    message_id: &id,
-                    published: None,
-                    cost,
-                    limits,
-                    max_delay: 1_000 * MINUTE,
-                    now,
-                    lease: 0,
-                    floor: None,
-                    budgets: &[],
-                    adaptive: None,
-                    margin: 0,
-                };
+                let r = ReserveRequest { cost, max_delay: 1_000 * MINUTE, ..request(&id, limits, now) };
                 s.reserve("r", "k", &r).slot
             })
             .collect()
@@ -638,19 +644,7 @@ mod tests {
     fn a_cost_above_a_gcra_burst_can_never_conform() {
         let limits = [limit(10, SECOND, Window::Gcra { burst: 2 })];
         let mut s = Scheduler::new();
-        let request = ReserveRequest {
-            message_id: "big",
-            published: None,
-            cost: 3,
-            limits: &limits,
-            max_delay: MINUTE,
-            now: 0,
-            lease: 0,
-            floor: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        };
+        let request = ReserveRequest { cost: 3, ..request("big", &limits, 0) };
         assert_eq!(s.reserve("r", "k", &request).status, Status::CostExceedsLimit);
         assert_eq!(s.entity_state("r", "k").and_then(|e| e.last_slot), None, "nothing reserved");
     }
@@ -660,17 +654,9 @@ mod tests {
         let limits = [limit(1, MINUTE, Window::Fixed(Placement::Start))];
         let mut s = Scheduler::new();
         let at = |id: &'static str, now: Millis, published: Option<Millis>| ReserveRequest {
-            message_id: id,
             published,
-            cost: 1,
-            limits: &limits,
             max_delay: 10 * MINUTE,
-            now,
-            lease: 0,
-            floor: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
+            ..request(id, &limits, now)
         };
         // m1 published at 12:00:59 and an m1 published at 12:01:00 are filed apart, as in Redis.
         let (t0, t1, t2) = (59 * SECOND, MINUTE, MINUTE + SECOND);
@@ -698,19 +684,7 @@ mod tests {
     fn beyond_max_delay_nothing_is_reserved_and_replays_return_the_first_answer() {
         let limits = [limit(1, MINUTE, Window::Fixed(Placement::Start))];
         let mut s = Scheduler::new();
-        let req = |id: &'static str, now| ReserveRequest {
-            message_id: id,
-            published: None,
-            cost: 1,
-            limits: &limits,
-            max_delay: 30 * SECOND,
-            now,
-            lease: 0,
-            floor: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        };
+        let req = |id: &'static str, now| ReserveRequest { max_delay: 30 * SECOND, ..request(id, &limits, now) };
         assert_eq!(s.reserve("r", "k", &req("a", 0)).status, Status::Reserved);
         let before = s.entity_state("r", "k").cloned();
         let late = s.reserve("r", "k", &req("b", 0));
@@ -727,25 +701,14 @@ mod tests {
 
 #[cfg(test)]
 mod lease_tests {
+    use super::tests::request;
     use super::*;
     use crate::time::SECOND;
 
     #[test]
     fn one_attempt_acts_at_a_time_and_a_failed_or_crashed_one_hands_over() {
         let limits = [Limit::new(10, SECOND, Window::Fixed(crate::rules::Placement::Start)).unwrap()];
-        let req = |now| ReserveRequest {
-            message_id: "m",
-            published: None,
-            cost: 1,
-            limits: &limits,
-            max_delay: SECOND,
-            now,
-            lease: 100,
-            floor: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        };
+        let req = |now| ReserveRequest { max_delay: SECOND, lease: 100, ..request("m", &limits, now) };
         let mut s = Scheduler::new();
         assert!(!s.reserve("r", "k", &req(0)).busy);
         let concurrent = s.reserve("r", "k", &req(50));
@@ -763,6 +726,7 @@ mod lease_tests {
 
 #[cfg(test)]
 mod budget_tests {
+    use super::tests::request;
     use super::*;
     use crate::budgets::Adaptive;
     use crate::time::SECOND;
@@ -779,19 +743,7 @@ mod budget_tests {
 
     fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
         let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
-        let request = ReserveRequest {
-            message_id: id,
-            published: None,
-            cost: 1,
-            limits: &limits,
-            max_delay: 10 * SECOND,
-            now,
-            lease: 0,
-            floor: None,
-            budgets,
-            adaptive: None,
-            margin: 0,
-        };
+        let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
         s.reserve("r", key, &request)
     }
 

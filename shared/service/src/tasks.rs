@@ -159,3 +159,14 @@ impl Tasks {
         self.client.create(queue, name, slot, body, headers).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_span_setting_defaults_to_the_span_tasks_are_made_with() {
+        let settings = TaskSettings::init_from_hashmap(&HashMap::new()).unwrap();
+        assert_eq!(settings.tasks_retry_span_ms as Millis, DEFAULT_RETRY_SPAN);
+    }
+}
