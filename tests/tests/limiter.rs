@@ -676,9 +676,15 @@ async fn a_hanging_key_endpoint_fails_verification_in_time_and_blocks_no_cached_
     let token =
         TokenSigner::test_key().sign("push@drip-test.iam.gserviceaccount.com", "https://limiter.example", now, 600);
     let started = std::time::Instant::now();
-    let body = envelope("h1", &[("event_type", "webhook"), ("endpoint", "oidc")], b"{}");
-    assert_eq!(t.post(body, Some(&token)).await, StatusCode::UNAUTHORIZED);
+    // Five at once: one fetch, whose failure the others waited for and share.
+    let pushes = (0..5).map(|i| {
+        let body = envelope(&format!("h{i}"), &[("event_type", "webhook"), ("endpoint", "oidc")], b"{}");
+        t.post(body, Some(&token))
+    });
+    let answers = futures_util::future::join_all(pushes).await;
+    assert!(answers.iter().all(|s| *s == StatusCode::UNAUTHORIZED), "{answers:?}");
     assert!(started.elapsed() < Duration::from_secs(20), "the key fetch has a timeout: {:?}", started.elapsed());
+    assert_eq!(t.limiter.state.auth.push.key_fetches(), 1, "requests waiting for a failed fetch do not each retry it");
 }
 
 #[tokio::test]

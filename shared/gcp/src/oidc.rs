@@ -54,7 +54,7 @@ pub struct OidcVerifier {
     keys: RwLock<Option<CachedKeys>>,
     /// Held across a fetch: one at a time.
     fetching: tokio::sync::Mutex<()>,
-    /// Key fetches made (for tests and the negative cache's proof).
+    /// Key fetches ended, whether they brought keys or failed (what a waiting request compares).
     fetches: std::sync::atomic::AtomicU64,
 }
 
@@ -81,7 +81,7 @@ impl OidcVerifier {
         }
     }
 
-    /// How many times the key set was fetched.
+    /// How many times the key set was fetched (or a fetch failed).
     pub fn fetches(&self) -> u64 {
         self.fetches.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -106,16 +106,23 @@ impl OidcVerifier {
         if let Some(key) = self.cached(kid)? {
             return Ok(key);
         }
+        let fetches_before = self.fetches();
         let _one_at_a_time = self.fetching.lock().await;
         if let Some(key) = self.cached(kid)? {
             return Ok(key);
         }
-        self.fetch(kid).await
+        // A fetch ended while this request waited and did not bring the key (the endpoint failed):
+        // the requests that waited for it share its failure instead of each trying again in turn.
+        if self.fetches() != fetches_before {
+            return Err(AuthError::Unauthenticated(format!("no signing key '{kid}': the key fetch just made failed")));
+        }
+        let fetched = self.fetch(kid).await;
+        self.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        fetched
     }
 
     /// Fetches the key set and caches it.
     async fn fetch(&self, kid: &str) -> Result<DecodingKey, AuthError> {
-        self.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let url = self.settings.jwks_url.as_deref().unwrap_or(GOOGLE_JWKS_URL);
         let unauthenticated = |what: String| AuthError::Unauthenticated(format!("signing keys from {url}: {what}"));
         let response = self.http.get(url).send().await.map_err(|e| unauthenticated(e.to_string()))?;
