@@ -193,5 +193,9 @@ resource "google_cloud_run_v2_service" "drip" {
   }
 
   # The secrets' versions must exist before a revision reads them (the rules volume names `latest`).
-  depends_on = [google_secret_manager_secret_iam_member.services_read, google_secret_manager_secret_version.drip]
+  depends_on = [
+    google_secret_manager_secret_iam_member.services_read,
+    google_secret_manager_secret_iam_member.services_read_signing_key,
+    google_secret_manager_secret_version.drip,
+  ]
 }

@@ -207,6 +207,10 @@ def tasks_are_signed_with_a_secret(module: Module):
         problems.append("the task signing key's value passes through Terraform (a variable or a module secret)")
     if "task_signing_key_secret" not in str(module.of_type("google_secret_manager_secret_iam_member")):
         problems.append("the services may not read var.task_signing_key_secret")
+    # A revision that starts before its account may read the secret fails to deploy.
+    for name, service in module.of_type("google_cloud_run_v2_service").items():
+        if "services_read_signing_key" not in str(service.arguments.get("depends_on")):
+            problems.append(f"{name} does not wait for the grant to read the signing key's secret")
     return problems
 
 
