@@ -29,8 +29,10 @@
 -- count is the budget limit's count in force times max_share, its fourth argument the budget's
 -- number in the list above.
 -- A budget's hash holds 'pause', 'adapt' ('<level>:<window number>'), 'exp' (when its TTL was
--- last set to end), 'lo:<per>' (the oldest window of that limit it may hold) and '<per>:<window>'
--- (the cost reserved in that window): a calendar, since entities reserve its windows out of order.
+-- last set to end), 'lo:<per>' (the oldest window of that limit it may hold), 'run:<per>'
+-- ('<from>:<through>:<least>', the limit's run of full windows: schedule.rs's FullRun) and
+-- '<per>:<window>' (the cost reserved in that window): a calendar, since entities reserve its
+-- windows out of order.
 --
 -- Returns {slot, late (1 when beyond max_delay, 2 when the cost is over a limit in force: nothing
 -- reserved), replayed (1 for a known message), now,
@@ -116,6 +118,7 @@ for b = 1, budget_count do
   local fields = {'pause', 'adapt', 'exp'}
   for j = 1, limit_count do
     fields[3 + j] = 'lo:' .. ARGV[at + 3 + 3 * j]
+    fields[3 + limit_count + j] = 'run:' .. ARGV[at + 3 + 3 * j]
   end
   local held = redis.call('HMGET', key, unpack(fields))
   local level = ceiling and level_of(held[2], ceiling, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]))
@@ -130,7 +133,13 @@ for b = 1, budget_count do
     if level then
       n = adapted(n, level)
     end
-    budget_limits[j] = {per = tonumber(ARGV[p]), n = n, spread = ARGV[p + 2] == 'spread', lo = tonumber(held[3 + j]), used = {}}
+    local run
+    if held[3 + limit_count + j] then
+      local from, through, least = string.match(held[3 + limit_count + j], '^(%-?%d+):(%-?%d+):(%d+)$')
+      run = {from = tonumber(from), through = tonumber(through), least = tonumber(least)}
+    end
+    budget_limits[j] = {per = tonumber(ARGV[p]), n = n, spread = ARGV[p + 2] == 'spread', lo = tonumber(held[3 + j]),
+      run = run, used = {}}
   end
   budgets[b] = {key = key, pause = tonumber(held[1]), exp = tonumber(held[3]), level = level,
     share = tonumber(ARGV[at + 4]), limits = budget_limits}
@@ -250,36 +259,67 @@ for _ = 1, rounds do
     end
   end
   -- Each budget limit: the first window from the slot's with room (a window past the horizon ends
-  -- the search: the event is late whatever that window holds).
+  -- the search: the event is late whatever that window holds), jumping over the limit's run of
+  -- full windows when the cost cannot fit beside what they hold; what it walks updates the run
+  -- exactly as schedule.rs's budget_accepts does.
   for b = 1, budget_count do
     local key = budgets[b].key
     for _, l in ipairs(budgets[b].limits) do
-      local per = l.per
+      local per, n, run = l.per, l.n, l.run
       local window = slot - slot % per
       local t = slot
       if t >= window + per - margin then
         window = window + per
         t = window
       end
+      local jumpable = run and run.least + cost > n
+      local walked_from, walked_through, walked_least, jumped
       while true do
         if window > horizon then
           t = math.max(t, window)
           break
         end
-        local used = l.used[window]
-        if not used then
-          used = tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0
-          l.used[window] = used
-        end
-        if used + cost <= l.n then
-          if l.spread then
-            t = math.max(t, window + math.floor(used * (per - margin) / l.n))
-          else
-            t = math.max(t, window)
+        if jumpable and window >= run.from and window <= run.through then
+          window, jumped = run.through + per, true
+        else
+          local used = l.used[window]
+          if not used then
+            used = tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0
+            l.used[window] = used
           end
-          break
+          if used + cost <= n then
+            if l.spread then
+              t = math.max(t, window + math.floor(used * (per - margin) / n))
+            else
+              t = math.max(t, window)
+            end
+            break
+          end
+          if not walked_from then
+            walked_from, walked_least = window, used
+          elseif used < walked_least then
+            walked_least = used
+          end
+          walked_through = window
+          window = window + per
         end
-        window = window + per
+      end
+      if walked_from then
+        local kept
+        if not run then
+          kept = {from = walked_from, through = walked_through, least = walked_least}
+        elseif jumped then
+          if walked_least >= run.least then
+            kept = {from = math.min(walked_from, run.from), through = math.max(walked_through, run.through), least = run.least}
+          end
+        elseif run.through < now - now % per or run.least + cost <= n or walked_from < run.from then
+          kept = {from = walked_from, through = walked_through, least = walked_least}
+        elseif walked_from == run.through + per and walked_least >= run.least then
+          kept = {from = run.from, through = walked_through, least = run.least}
+        end
+        if kept then
+          l.run, l.run_changed = kept, true
+        end
       end
       if t > next_slot then
         next_slot = t
@@ -306,7 +346,25 @@ local function answer(kind, expiry_set)
   end
 end
 
+-- The runs of full windows the search changed, as HSET arguments of each budget's hash.
+local function changed_runs(budget)
+  local set = {}
+  for _, l in ipairs(budget.limits) do
+    if l.run_changed then
+      set[#set + 1], set[#set + 2] = 'run:' .. l.per, l.run.from .. ':' .. l.run.through .. ':' .. l.run.least
+    end
+  end
+  return set
+end
+
 if slot > now + tonumber(ARGV[4]) then
+  -- Nothing is reserved, but what the search walked is kept: the next search jumps over it.
+  for b = 1, budget_count do
+    local set = changed_runs(budgets[b])
+    if #set > 0 then
+      redis.call('HSET', budgets[b].key, unpack(set))
+    end
+  end
   answer('L', false)
   return {slot, 1, 0, now, now, 0, 0}
 end
@@ -371,7 +429,7 @@ end
 for b = 1, budget_count do
   local budget = budgets[b]
   local key = budget.key
-  local set = {}
+  local set = changed_runs(budget)
   for _, l in ipairs(budget.limits) do
     local per = l.per
     redis.call('HINCRBY', key, per .. ':' .. (slot - slot % per), cost)

@@ -432,6 +432,74 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
     assert!(sizes_at[&1_999].1 <= 3, "sliding keeps at most `limit` entries: {:?}", sizes_at[&1_999]);
 }
 
+/// A shared budget whose calendar is full far ahead: the first search walks it once and records
+/// the run of full windows; a new key's search after it does the same Redis work whether 1,000 or
+/// 360,000 windows are full (and, at 360,000, takes milliseconds where the walk took seconds).
+#[tokio::test]
+async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
+    let server = RedisServer::start(&[]);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let store = RedisStore::new(connection.clone(), "drip");
+    let limits = [Limit::new(1_000, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let mut work = Vec::new();
+    for full in [1_000i64, 360_000] {
+        let budget = Arc::new(Budget {
+            name: format!("gateway{full}"),
+            limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+            max_share: None,
+            adaptive: None,
+            tag: format!("gateway{full}"),
+        });
+        let key = drip_store::budget_key("drip", &budget);
+        let budgets = [budget];
+        let reserve = async |entity: String| {
+            let request = SlotRequest {
+                rule: "r",
+                key: &entity,
+                message_id: "m",
+                cost: 1,
+                limits: &limits,
+                max_delay: 5 * 24 * 60 * MINUTE,
+                now: Some(T0),
+                lease: 0,
+                published: None,
+                reslot: false,
+                floor: None,
+                tag: Some(budgets[0].tag.as_str()),
+                budgets: &budgets,
+                adaptive: None,
+                margin: 0,
+            };
+            store.reserve(&request).await.unwrap().reservation
+        };
+        // The calendar fills 1,000 windows at a time (written here, as many tenants' events would
+        // leave it), and after each a tenant's search walks the new ones and records them.
+        let (mut filled, mut walk) = (0, std::time::Duration::ZERO);
+        while filled < full {
+            let windows: Vec<(String, u64)> =
+                (filled..filled + 1_000).map(|w| (format!("{SECOND}:{}", T0 + w * SECOND), 2)).collect();
+            let _: () = connection.hset_multiple(&key, &windows).await.unwrap();
+            filled += 1_000;
+            let started = std::time::Instant::now();
+            assert_eq!(reserve(format!("fill{filled}")).await.slot, T0 + filled * SECOND, "the first window with room");
+            walk = walk.max(started.elapsed());
+        }
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
+        let started = std::time::Instant::now();
+        let next = reserve("new".into()).await;
+        let jump = started.elapsed();
+        assert_eq!((next.slot, next.status), (T0 + full * SECOND, Status::Reserved), "beside the last filler");
+        let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
+        eprintln!(
+            "{full} full windows ahead: a search walking 1,000 new ones took at most {walk:?}, a new key's {jump:?}"
+        );
+        work.push(script_commands(&stats));
+    }
+    assert!(work[0].get("hget").is_some_and(|&calls| calls <= 2), "{:?}", work[0]);
+    assert_eq!(work[0], work[1], "the same commands with 1,000 and 360,000 full windows ahead");
+}
+
 /// `cmdstat_<name>:calls=N` for the commands the script calls (the EVALSHA itself excluded).
 fn script_commands(stats: &str) -> BTreeMap<String, u64> {
     stats

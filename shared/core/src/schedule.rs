@@ -11,6 +11,14 @@
 //! A shared budget is a calendar: a count per window, since events of many entities reserve its
 //! windows out of order. Its "earliest window ≥ t with room" is monotone too, so the same fixpoint
 //! holds; the search stops once `t` passes `now + max_delay` (the event is late either way).
+//!
+//! A calendar can be full far ahead (a backlog of many tenants), so the search must not walk it
+//! window by window: each budget limit keeps one [`FullRun`], the consecutive full windows the
+//! last searches walked, and a search that meets it jumps to its end. Each full window is then
+//! walked about once, not once per event: a search walks only the windows between its start and
+//! the run, past the run's end up to the first with room, and, when its cost fits beside what
+//! the run's windows hold, the run itself (after which the run it records is one that cost cannot
+//! fit beside).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -146,8 +154,20 @@ pub struct EntityState {
 pub struct BudgetState {
     /// By (per, window start): the cost reserved in that window.
     pub windows: BTreeMap<(Millis, Millis), u64>,
+    /// By per: the run of full windows the last searches of that limit walked.
+    pub runs: BTreeMap<Millis, FullRun>,
     pub paused_until: Option<Millis>,
     pub adaptive: Option<AdaptiveState>,
+}
+
+/// Consecutive windows `from..=through` of one budget limit, each holding at least `least`: a
+/// search for a cost that cannot fit beside `least` jumps over them. Windows only ever gain cost,
+/// so a run stays true until its windows pass; it only speeds the search up, never changes a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullRun {
+    pub from: Millis,
+    pub through: Millis,
+    pub least: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -263,8 +283,14 @@ impl Scheduler {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let shared = budget_limits(&self.budgets, request);
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
-        let slot =
-            if exceeded { request.now } else { earliest_slot(&entity.state, &self.budgets, request, &own, &shared) };
+        let (slot, runs) = if exceeded {
+            (request.now, Vec::new())
+        } else {
+            earliest_slot(&entity.state, &self.budgets, request, &own, &shared)
+        };
+        for ((budget, per), run) in runs {
+            self.budgets.entry(budget.to_owned()).or_default().runs.insert(per, run);
+        }
         let status = if exceeded {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
@@ -380,60 +406,94 @@ fn budget_limits<'a>(budgets: &HashMap<String, BudgetState>, request: &ReserveRe
     shared
 }
 
-/// The slot the next event of this entity would get (nothing is changed).
-fn earliest_slot(
+/// A budget limit's run of full windows after a search: (budget name, per) and the run.
+type WalkedRun<'a> = ((&'a str, Millis), FullRun);
+
+/// The slot the next event of this entity would get, and the runs of full windows its search
+/// walked, by budget and per (nothing is changed).
+fn earliest_slot<'a>(
     state: &EntityState,
     budgets: &HashMap<String, BudgetState>,
     request: &ReserveRequest<'_>,
     own: &[EntityLimit],
-    shared: &[BudgetLimit<'_>],
-) -> Millis {
+    shared: &[BudgetLimit<'a>],
+) -> (Millis, Vec<WalkedRun<'a>>) {
+    let mut runs: Vec<Option<FullRun>> =
+        shared.iter().map(|l| budgets.get(&l.budget.name).and_then(|s| s.runs.get(&l.limit.per()).copied())).collect();
     let frontier = frontier(state, request);
-    let horizon = request.now + request.max_delay;
     let mut t = frontier.map_or(request.now, |last| last.max(request.now));
     let pauses = request.budgets.iter().filter_map(|b| budgets.get(&b.name).and_then(|s| s.paused_until));
     t = state.paused_until.into_iter().chain(pauses).fold(t, Millis::max);
     loop {
-        let next = own
+        let mut next = own
             .iter()
             .map(|l| {
                 let held = state.limits.get(&l.id);
                 earliest_accepted(&l.limit, (l.count, held), frontier, (request.cost, request.margin), t)
             })
-            .chain(shared.iter().map(|l| {
-                let windows = budgets.get(&l.budget.name).map(|s| &s.windows);
-                budget_accepts(windows, l, (request.cost, request.margin), t, horizon)
-            }))
             .fold(t, Millis::max);
+        for (l, run) in shared.iter().zip(&mut runs) {
+            let windows = budgets.get(&l.budget.name).map(|s| &s.windows);
+            let accepted;
+            (accepted, *run) = budget_accepts(windows, *run, l, request, t);
+            next = next.max(accepted);
+        }
         if next == t {
-            return t;
+            let walked = shared.iter().zip(runs).filter_map(|(l, run)| Some(((&*l.budget.name, l.limit.per()), run?)));
+            return (t, walked.collect());
         }
         t = next;
     }
 }
 
-/// The earliest time ≥ `t` at which one budget limit accepts `cost` more: the first window from
-/// `t`'s with room (a window past `horizon` ends the search: the event is late whatever it holds).
+/// The earliest time ≥ `t` at which one budget limit accepts the request's cost more: the first
+/// window from `t`'s with room (a window past the horizon ends the search: the event is late
+/// whatever it holds), and the limit's run of full windows after this search.
 fn budget_accepts(
     windows: Option<&BTreeMap<(Millis, Millis), u64>>,
+    run: Option<FullRun>,
     limit: &BudgetLimit<'_>,
-    (cost, margin): (u64, Millis),
+    request: &ReserveRequest<'_>,
     t: Millis,
-    horizon: Millis,
-) -> Millis {
-    let (per, n) = (limit.limit.per(), limit.count);
+) -> (Millis, Option<FullRun>) {
+    let (per, n, cost, margin) = (limit.limit.per(), limit.count, request.cost, request.margin);
+    let horizon = request.now + request.max_delay;
     let (mut window, t) = outside_margin(t, per, margin);
-    loop {
+    let jumpable = run.filter(|r| r.least + cost > n);
+    let (mut walked, mut jumped): (Option<FullRun>, bool) = (None, false);
+    let accepted = loop {
         if window > horizon {
-            return t.max(window);
+            break t.max(window);
+        }
+        if let Some(r) = jumpable
+            && (r.from..=r.through).contains(&window)
+        {
+            (window, jumped) = (r.through + per, true);
+            continue;
         }
         let used = windows.and_then(|w| w.get(&(per, window)).copied()).unwrap_or(0);
         if used + cost <= n {
             let spread = limit.limit.window() == Window::Fixed(Placement::Spread);
-            return t.max(if spread { spread_position(window, used, per - margin, n) } else { window });
+            break t.max(if spread { spread_position(window, used, per - margin, n) } else { window });
         }
+        walked = Some(match walked {
+            None => FullRun { from: window, through: window, least: used },
+            Some(w) => FullRun { through: window, least: w.least.min(used), ..w },
+        });
         window += per;
-    }
+    };
+    let Some(w) = walked else { return (accepted, run) };
+    let Some(r) = run else { return (accepted, Some(w)) };
+    let kept = if jumped {
+        // The walk went around the run: one stretch, if what it walked holds as much.
+        (w.least >= r.least).then(|| FullRun { from: w.from.min(r.from), through: w.through.max(r.through), ..r })
+    } else if r.through < request.now.div_euclid(per) * per || r.least + cost <= n || w.from < r.from {
+        // The run has passed, this cost fits beside it, or the walk lies nearer now.
+        Some(w)
+    } else {
+        (w.from == r.through + per && w.least >= r.least).then_some(FullRun { through: w.through, ..r })
+    };
+    (accepted, Some(kept.unwrap_or(r)))
 }
 
 /// The earliest time ≥ `t` at which this one limit, with `n` in force, accepts `cost` more.
@@ -777,6 +837,80 @@ mod budget_tests {
         let slots: Vec<Millis> =
             (0..5).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 0, &budgets).slot).collect();
         assert_eq!(slots, [0, 250, 500, 750, 1_000]);
+    }
+
+    /// A scheduler whose budgets forget their runs before every search gives the same slots: the
+    /// runs only speed the search up.
+    fn without_runs(s: &mut Scheduler) -> &mut Scheduler {
+        s.budgets.values_mut().for_each(|b| b.runs.clear());
+        s
+    }
+
+    #[test]
+    fn a_calendar_full_far_ahead_is_walked_once_then_jumped() {
+        let budgets = [budget(2, Placement::Start, None)];
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let reserve = |s: &mut Scheduler, key: &str| {
+            s.reserve(
+                "r",
+                key,
+                &ReserveRequest { max_delay: 1_000 * SECOND, budgets: &budgets, ..request("m", &limits, 0) },
+            )
+        };
+        let mut s = Scheduler::new();
+        // 1,000 tenants fill 500 windows; each search starts at now's window.
+        for i in 0..1_000 {
+            reserve(&mut s, &format!("k{i}"));
+        }
+        let run = s.budget_state("gateway").unwrap().runs[&SECOND];
+        assert_eq!(run, FullRun { from: 0, through: 498_000, least: 2 }, "the last search walked to window 499");
+        let mut plain = s.clone();
+        assert_eq!(reserve(&mut s, "new").slot, 500_000);
+        assert_eq!(reserve(without_runs(&mut plain), "new").slot, 500_000);
+        assert_eq!(s.budget_state("gateway").unwrap().runs[&SECOND].through, 499_000, "extended by the window walked");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        #[test]
+        fn runs_of_full_windows_never_change_a_slot(
+            events in proptest::collection::vec((0u8..6, 1u64..4, 0i64..4_000, 0u8..3), 1..120),
+            count in 2u64..6,
+            adaptive_signals in proptest::collection::vec(0usize..120, 0..3),
+        ) {
+            let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 200_000, step: 100_000 };
+            let budget = Arc::new(Budget {
+                limits: vec![
+                    Limit::new(count, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+                    Limit::new(count * 3, 5 * SECOND, Window::Fixed(Placement::Spread)).unwrap(),
+                ],
+                adaptive: Some(adaptive),
+                ..(*budget(count, Placement::Start, None)).clone()
+            });
+            let budgets = [budget.clone()];
+            let own = [Limit::new(3, 2 * SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let (mut fast, mut plain) = (Scheduler::new(), Scheduler::new());
+            let mut now = 0;
+            for (i, (key, cost, step, margin)) in events.into_iter().enumerate() {
+                now += step / 8;
+                if adaptive_signals.contains(&i) {
+                    fast.signal_budget(&budget, now);
+                    plain.signal_budget(&budget, now);
+                }
+                let id = format!("m{i}");
+                let request = ReserveRequest {
+                    cost: cost.min(count),
+                    max_delay: 60 * SECOND,
+                    budgets: &budgets,
+                    margin: Millis::from(margin) * 100,
+                    ..request(&id, &own, now)
+                };
+                let key = format!("k{key}");
+                let a = fast.reserve("r", &key, &request);
+                let b = without_runs(&mut plain).reserve("r", &key, &request);
+                proptest::prop_assert_eq!((a.slot, a.status), (b.slot, b.status), "event {}", i);
+            }
+        }
     }
 
     #[test]

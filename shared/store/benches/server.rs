@@ -6,7 +6,8 @@
 //!   count): INCR, the seed-001 token bucket, and reserve.lua in each configuration;
 //! - Redis bytes per in-flight message and per entity (`used_memory`);
 //! - reservations per second on one shard with 1, 8 and 32 clients;
-//! - µs per call against backlog depth, as a table and an SVG chart (DRIP_BENCH_OUT).
+//! - µs per call against backlog depth, as a table and an SVG chart (DRIP_BENCH_OUT);
+//! - µs per call of a new key against a shared budget whose calendar is full far ahead.
 //!
 //! DRIP_BENCH_SCALE (default 1.0) scales every count; CI runs it small so it cannot rot.
 
@@ -286,6 +287,56 @@ async fn backlog(
     rows
 }
 
+/// Server µs per call of new keys against a budget (2 per second) whose calendar is full `ahead`
+/// windows from now. The calendar is written 1,000 windows at a time, each followed by a tenant's
+/// search that walks them (as the tenants that filled them would have), then `probe` new keys
+/// reserve.
+async fn full_calendar(
+    connection: &mut MultiplexedConnection,
+    store: &RedisStore<MultiplexedConnection>,
+) -> Vec<(i64, f64)> {
+    let limits = [Limit::new(1_000, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let probe = scaled(200);
+    let mut rows = Vec::new();
+    for ahead in [3_600, 36_000, 360_000].map(|n| scaled(n) as i64) {
+        let budget = Arc::new(Budget {
+            name: format!("bench-calendar-{ahead}"),
+            limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+            max_share: None,
+            adaptive: None,
+            tag: format!("bench-calendar-{ahead}"),
+        });
+        let key = drip_store::budget_key("bench", &budget);
+        let budgets = [budget];
+        let start = wall_clock_millis().div_euclid(SECOND) * SECOND;
+        let mut filled = 0;
+        while filled < ahead {
+            let windows: Vec<(String, u64)> = (filled..(filled + 1_000).min(ahead))
+                .map(|w| (format!("{SECOND}:{}", start + w * SECOND), 2))
+                .collect();
+            let _: () = redis::AsyncCommands::hset_multiple(connection, &key, &windows).await.expect("HSET");
+            filled += 1_000;
+            let id = format!("fill{filled}");
+            let filler = SlotRequest {
+                max_delay: 400 * 3_600 * SECOND,
+                ..request("calendar", &id, "m", (&limits, &budgets), start)
+            };
+            store.reserve(&filler).await.expect("reserve");
+        }
+        let (usec, _) = measure(connection, "evalsha", probe, |i| {
+            let id = format!("new{i}");
+            let call = SlotRequest {
+                max_delay: 400 * 3_600 * SECOND,
+                ..request("calendar", &id, "m", (&limits, &budgets), start)
+            };
+            store.reserve_call(&call).cmd()
+        })
+        .await;
+        rows.push((ahead, usec));
+    }
+    rows
+}
+
 fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -355,6 +406,10 @@ async fn main() {
     println!("\n| backlog ahead (one hot key) | reserve.lua µs/call | token bucket µs/call |\n|---|---|---|");
     for (depth, drip, bucket) in &depths {
         println!("| {depth} | {drip:.2} | {bucket:.2} |");
+    }
+    println!("\n| full 1 s windows ahead in a shared budget | reserve.lua µs/call for a new key |\n|---|---|");
+    for (ahead, usec) in full_calendar(&mut connection, &store).await {
+        println!("| {ahead} | {usec:.2} |");
     }
     let out = std::env::var("DRIP_BENCH_OUT").unwrap_or_else(|_| "target/bench".into());
     std::fs::create_dir_all(&out).expect("the output directory");

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use drip_core::budgets::Budget;
 use drip_core::rules::Rule;
-use drip_core::schedule::BudgetState;
+use drip_core::schedule::{BudgetState, FullRun};
 use drip_core::time::Millis;
 use redis::Script;
 use redis::aio::ConnectionLike;
@@ -67,13 +67,25 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             adaptive: fields.get("adapt").and_then(|a| parse_adaptive(a)),
             ..BudgetState::default()
         };
-        for (name, used) in &fields {
-            if let Some((per, window)) = name.split_once(':')
-                && let (Ok(per), Ok(window), Ok(used)) = (per.parse(), window.parse(), used.parse())
+        for (name, value) in &fields {
+            if let Some(per) = name.strip_prefix("run:")
+                && let Some(run) = parse_run(value)
+                && let Ok(per) = per.parse()
+            {
+                state.runs.insert(per, run);
+            } else if let Some((per, window)) = name.split_once(':')
+                && let (Ok(per), Ok(window), Ok(used)) = (per.parse(), window.parse(), value.parse())
             {
                 state.windows.insert((per, window), used);
             }
         }
         Ok(state)
     }
+}
+
+/// A budget limit's `run:<per>` field, `<from>:<through>:<least>` (reserve.lua writes it).
+fn parse_run(value: &str) -> Option<FullRun> {
+    let mut parts = value.splitn(3, ':');
+    let (from, through, least) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(FullRun { from: from.parse().ok()?, through: through.parse().ok()?, least: least.parse().ok()? })
 }

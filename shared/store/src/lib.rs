@@ -18,7 +18,7 @@ use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
-pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, dispatch_key};
+pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key};
 pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
 pub use overrides::{OverrideChange, OverrideView};
