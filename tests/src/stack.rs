@@ -174,6 +174,9 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             rules_poll_ms: wiring.rules_poll_ms,
             pubsub_emulator_host: Some(wiring.pubsub_host.clone()),
             publish_timeout_ms: wiring.timeouts_ms,
+            // Generous: these in-process services never get SIGTERM, and their 3 s timeouts
+            // add up to more than Cloud Run's 10 s.
+            shutdown_grace_ms: 60_000,
             auth: if wiring.oidc_audience.is_some() { "oidc" } else { "off" }.into(),
             oidc_audience: wiring.oidc_audience.clone(),
             oidc_allowed_emails: None,
@@ -186,7 +189,6 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
         claim_check_max_bytes: wiring.claim_check_max_bytes,
         forward_timeout_ms: wiring.timeouts_ms,
         forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
-        shutdown_grace_ms: 10_000,
         push_callers: wiring.callers.push.clone(),
         admin_callers: wiring.callers.admin.clone(),
         feedback_callers: wiring.callers.feedback.clone(),
@@ -309,6 +311,7 @@ async fn start_dispatcher(
             rules_poll_ms: 0,
             pubsub_emulator_host: Some(pubsub_host.to_owned()),
             publish_timeout_ms: 3_000,
+            shutdown_grace_ms: 10_000,
             auth: if oidc.is_some() { "oidc" } else { "off" }.into(),
             oidc_audience: oidc.map(|(audience, _, _)| audience.to_owned()),
             oidc_allowed_emails: None,

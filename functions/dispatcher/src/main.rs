@@ -3,6 +3,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use drip_dispatcher::{Settings, app, build_state};
+use drip_service::shutdown::Shutdown;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -12,6 +13,9 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.common.port))).await?;
     tracing::info!(address = %listener.local_addr()?, "drip-dispatcher listening");
-    drip_service::serve(listener, app(state)).await?;
+    let grace = std::time::Duration::from_millis(settings.common.shutdown_grace_ms);
+    // Its requests are not cut short: Cloud Tasks retries one that SIGKILL ends, and its once-only
+    // claim keeps that from publishing twice.
+    drip_service::serve(listener, app(state), Shutdown::new(grace, grace)).await?;
     Ok(())
 }

@@ -21,6 +21,7 @@ use drip_gcp::Publish;
 use drip_gcp::http_target::HttpTarget;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
+use drip_service::shutdown::Shutdown;
 use drip_service::tasks::Tasks;
 use drip_store::{LimiterStore, RedisStore};
 
@@ -53,6 +54,8 @@ pub struct AppState {
     pub attempt_deadline: Duration,
     /// How long an attempt acts alone on its message: the deadline plus a margin.
     pub lease: Millis,
+    /// After SIGTERM, what is left of each request is bounded by the time left.
+    pub shutdown: Arc<Shutdown>,
 }
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
@@ -80,11 +83,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let rules = common.load_rules(accept, metrics.shared.clone())?;
     let longest_inline_wait = longest_inline_wait(&rules.current());
     let _ = deadline_sized_for.set(longest_inline_wait);
-    let attempt_deadline = Duration::from_millis(
-        longest_inline_wait as u64
-            + settings.forward_timeout_ms.max(settings.tasks.tasks_timeout_ms).max(common.redis_timeout_ms)
-            + common.publish_timeout_ms,
-    );
+    let attempt_deadline = settings.attempt_deadline(longest_inline_wait as u64);
     let redis = common.connect_redis().await?;
     let tasks = settings.tasks.connect(&common.project, common.task_signer()?).await?;
     let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
@@ -99,6 +98,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         claim_check_max_bytes: settings.claim_check_max_bytes,
         attempt_deadline,
         lease: (attempt_deadline + LEASE_MARGIN).as_millis() as Millis,
+        shutdown: settings.shutdown(),
     })
 }
 

@@ -12,6 +12,7 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.common.port))).await?;
     tracing::info!(address = %listener.local_addr()?, rules = state.rules.current().rules.len(), rules_version = %state.rules.version(), "drip-limiter listening");
-    drip_service::serve(listener, app(state)).await?;
+    let shutdown = state.shutdown.clone();
+    drip_service::serve(listener, app(state), shutdown).await?;
     Ok(())
 }

@@ -25,8 +25,25 @@ use crate::envelope::{self, PushedMessage};
 /// 204 once the event is forwarded, scheduled or dead-lettered; 503 when any of that failed
 /// transiently or another attempt is acting on it. Never 202: the Pub/Sub emulator takes it for a nack.
 pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let result = match envelope::parse(&headers, &body) {
-        Ok(message) => handle(&state, message).await,
+    // Whatever hangs, the push answers before SIGKILL (each step below is cut earlier still).
+    let result =
+        state.shutdown.before_kill(respond(&state, &headers, &body)).await.unwrap_or_else(|cut| Err(cut.into()));
+    match result {
+        Ok(Outcome::Busy) => {
+            state.metrics.count("-", Outcome::Busy.as_str());
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Ok(_) => StatusCode::NO_CONTENT,
+        Err(error) => {
+            tracing::warn!(error = format!("{error:#}"), "push failed; Pub/Sub will redeliver");
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}
+
+async fn respond(state: &AppState, headers: &HeaderMap, body: &Bytes) -> anyhow::Result<Outcome> {
+    match envelope::parse(headers, body) {
+        Ok(message) => handle(state, message).await,
         Err(unusable) => {
             tracing::warn!(reason = %unusable.reason, detail = %unusable.detail, "unusable push request");
             state.metrics.count("-", unusable.reason.as_str());
@@ -41,18 +58,9 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes
                 attributes: &unusable.attributes,
                 data: &unusable.data,
             };
-            state.dead_letter(letter).await.map(|()| Outcome::DeadLetter(unusable.reason))
-        }
-    };
-    match result {
-        Ok(Outcome::Busy) => {
-            state.metrics.count("-", Outcome::Busy.as_str());
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        Ok(_) => StatusCode::NO_CONTENT,
-        Err(error) => {
-            tracing::warn!(error = format!("{error:#}"), "push failed; Pub/Sub will redeliver");
-            StatusCode::SERVICE_UNAVAILABLE
+            let dead_letter = state.dead_letter(letter);
+            state.shutdown.bound(state.attempt_deadline, dead_letter).await??;
+            Ok(Outcome::DeadLetter(unusable.reason))
         }
     }
 }
@@ -65,7 +73,8 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         Plan::Reserve { rule, key, cost, previous_key } => (rule, key, cost, previous_key),
         Plan::DeadLetter { rule, key, reason, detail } => {
             log_decision(&event, rule, key.as_deref(), Outcome::DeadLetter(reason), None, false);
-            state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None)).await?;
+            let dead_letter = state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None));
+            state.shutdown.bound(state.attempt_deadline, dead_letter).await??;
             state.metrics.count(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
             return Ok(Outcome::DeadLetter(reason));
         }
@@ -75,7 +84,10 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let published = publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok());
     // A rule whose key template changed: the subject's frontier under its previous key carries over.
     let floor = match &previous_key {
-        Some(previous) => state.metrics.time("redis", state.store.frontier(rule, previous)).await?,
+        Some(previous) => {
+            let frontier = state.metrics.time("redis", state.store.frontier(rule, previous));
+            state.shutdown.bound(state.attempt_deadline, frontier).await??
+        }
         None => None,
     };
     let request = SlotRequest {
@@ -84,7 +96,8 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         floor,
         ..SlotRequest::for_rule(rule, &key, &identity, cost, None)
     };
-    let reserved = state.metrics.time("redis", state.store.reserve(&request)).await?;
+    let reserve = state.metrics.time("redis", state.store.reserve(&request));
+    let reserved = state.shutdown.bound(state.attempt_deadline, reserve).await??;
     let reservation = reserved.reservation;
     if reservation.busy {
         tracing::info!(message_id = %event.id, rule = %rule.name, key, "another attempt is acting on this message: 503");
@@ -98,10 +111,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let acting =
         Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, cost, shadow: None };
     let act = act(state, acting, &request, &reserved, publish_time.as_deref());
-    let result = match tokio::time::timeout(state.attempt_deadline, act).await {
-        Ok(result) => result,
-        Err(_) => Err(anyhow::anyhow!("the attempt took longer than {:?}", state.attempt_deadline)),
-    };
+    let result = state.shutdown.bound(state.attempt_deadline, act).await.unwrap_or_else(|cut| Err(cut.into()));
     // After a downstream's Retry-After, the message's answer is its new slot.
     let (outcome, reserved) = match result {
         Ok(done) => done,

@@ -1,6 +1,10 @@
+use std::sync::Arc;
+use std::time::Duration;
+
 use anyhow::{Context, bail};
 use drip_gcp::http_target::IdTokenMode;
 use drip_service::settings::CommonSettings;
+use drip_service::shutdown::Shutdown;
 use drip_service::tasks::TaskSettings;
 use envconfig::Envconfig;
 
@@ -14,15 +18,11 @@ pub struct Settings {
     /// Payloads too large for a task wait in Redis up to this size; larger ones are dead-lettered.
     #[envconfig(from = "DRIP_CLAIM_CHECK_MAX_BYTES", default = "1048576")]
     pub claim_check_max_bytes: usize,
-    #[envconfig(from = "DRIP_FORWARD_TIMEOUT_MS", default = "5000")]
+    #[envconfig(from = "DRIP_FORWARD_TIMEOUT_MS", default = "2500")]
     pub forward_timeout_ms: u64,
     /// `auto` (a Google ID token for `*.run.app` URLs), `always` or `never`.
     #[envconfig(from = "DRIP_FORWARD_ID_TOKEN", default = "auto")]
     pub forward_id_token: IdTokenMode,
-    /// The time between SIGTERM and SIGKILL (Cloud Run: 10 s): the longest inline wait plus the
-    /// forward timeout must fit in it, so no request is cut off in the middle.
-    #[envconfig(from = "DRIP_SHUTDOWN_GRACE_MS", default = "10000")]
-    pub shutdown_grace_ms: u64,
     /// Service accounts that may `POST /push` (the push subscriptions'); required with OIDC on.
     #[envconfig(from = "DRIP_PUSH_CALLERS", default = "")]
     pub push_callers: String,
@@ -69,18 +69,40 @@ impl Settings {
         })
     }
 
-    /// The longest inline wait plus the forward timeout must end before SIGKILL follows SIGTERM.
+    /// How long an attempt may take to act: the inline wait, the forward or the task's creation
+    /// (whichever may take longer), then a dead letter's publish.
+    pub fn attempt_deadline(&self, longest_inline_wait: u64) -> Duration {
+        let act = self.forward_timeout_ms.max(self.tasks.tasks_timeout_ms).max(self.common.redis_timeout_ms);
+        Duration::from_millis(longest_inline_wait + act + self.common.publish_timeout_ms)
+    }
+
+    /// The whole attempt must end before SIGKILL follows SIGTERM: its action, and the Redis calls
+    /// before it (the previous key's frontier, the reservation) and after it (completion or release).
     pub fn check_shutdown_budget(&self, longest_inline_wait: u64) -> anyhow::Result<()> {
-        let needed = longest_inline_wait + self.forward_timeout_ms;
-        if needed >= self.shutdown_grace_ms {
+        let common = &self.common;
+        let whole = self.attempt_deadline(longest_inline_wait).as_millis() as u64 + 3 * common.redis_timeout_ms;
+        if whole >= common.shutdown_grace_ms {
             bail!(
-                "the longest inline_wait ({longest_inline_wait} ms) plus DRIP_FORWARD_TIMEOUT_MS ({} ms) must be under \
-                 DRIP_SHUTDOWN_GRACE_MS ({} ms, Cloud Run's time between SIGTERM and SIGKILL)",
+                "a push may take {whole} ms, which must be under DRIP_SHUTDOWN_GRACE_MS ({} ms, Cloud Run's time between \
+                 SIGTERM and SIGKILL): the longest inline_wait ({longest_inline_wait} ms), the longest of \
+                 DRIP_FORWARD_TIMEOUT_MS ({} ms) and DRIP_TASKS_TIMEOUT_MS ({} ms), DRIP_PUBLISH_TIMEOUT_MS ({} ms) for a \
+                 dead letter, and three times DRIP_REDIS_TIMEOUT_MS ({} ms)",
+                common.shutdown_grace_ms,
                 self.forward_timeout_ms,
-                self.shutdown_grace_ms
+                self.tasks.tasks_timeout_ms,
+                common.publish_timeout_ms,
+                common.redis_timeout_ms,
             );
         }
         Ok(())
+    }
+
+    /// After SIGTERM, a request's steps end while a Redis call (releasing its lease) and its
+    /// answer still fit before SIGKILL.
+    pub fn shutdown(&self) -> Arc<Shutdown> {
+        let common = &self.common;
+        let reserve = Duration::from_millis(common.redis_timeout_ms + 500);
+        Shutdown::new(Duration::from_millis(common.shutdown_grace_ms), reserve)
     }
 }
 

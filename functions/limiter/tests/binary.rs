@@ -85,10 +85,23 @@ fn authentication_fails_closed() {
     assert!(typo.contains("DRIP_AUTH must be oidc or off, got 'of'"), "{typo}");
 }
 
+/// The whole attempt (payouts.yaml's longest inline wait, 1 s, the action, a dead letter, three
+/// Redis calls) must end before SIGKILL: the defaults fit in 10 s (9 s), a longer publish timeout
+/// or a shorter grace does not.
 #[test]
-fn refuses_an_inline_wait_and_forward_timeout_longer_than_the_shutdown_grace() {
-    let stderr = refusal(|env| env.push(("DRIP_FORWARD_TIMEOUT_MS", "9500".into())));
-    assert!(stderr.contains("plus DRIP_FORWARD_TIMEOUT_MS (9500 ms) must be under DRIP_SHUTDOWN_GRACE_MS"), "{stderr}");
+fn refuses_an_attempt_that_could_outlast_the_shutdown_grace() {
+    let stderr = refusal(|env| env.push(("DRIP_PUBLISH_TIMEOUT_MS", "10000".into())));
+    assert!(
+        stderr.contains("a push may take 16500 ms, which must be under DRIP_SHUTDOWN_GRACE_MS (10000 ms")
+            && stderr.contains("the longest inline_wait (1000 ms)")
+            && stderr.contains("DRIP_PUBLISH_TIMEOUT_MS (10000 ms)"),
+        "{stderr}"
+    );
+    let stderr = refusal(|env| env.push(("DRIP_SHUTDOWN_GRACE_MS", "9000".into())));
+    assert!(
+        stderr.contains("a push may take 9000 ms, which must be under DRIP_SHUTDOWN_GRACE_MS (9000 ms"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -20,6 +20,7 @@ use drip_gcp::tasks::{CreateTaskError, Created};
 use drip_gcp::{CreateTask, GcpFuture, Publish};
 use drip_limiter::{AppState, app};
 use drip_service::metrics::ServiceMetrics;
+use drip_service::shutdown::Shutdown;
 use drip_service::tasks::Tasks;
 use drip_store::MemoryLimiterStore;
 use drip_tests::stack::SIGNING_KEY;
@@ -123,6 +124,8 @@ struct RecordingPublisher {
     published: Mutex<Vec<Published>>,
     /// Topics whose publishes time out.
     failing: Mutex<Vec<String>>,
+    /// Topics whose publishes never answer.
+    hanging: Mutex<Vec<String>>,
 }
 
 impl Publish for RecordingPublisher {
@@ -132,6 +135,9 @@ impl Publish for RecordingPublisher {
         data: Vec<u8>,
         attributes: BTreeMap<String, String>,
     ) -> GcpFuture<'a, String, PublishError> {
+        if self.hanging.lock().unwrap().iter().any(|t| t == topic) {
+            return Box::pin(std::future::pending());
+        }
         let result = if self.failing.lock().unwrap().iter().any(|t| t == topic) {
             Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: Duration::from_secs(1) })
         } else {
@@ -218,6 +224,7 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         claim_check_max_bytes: 4 * 1024 * 1024,
         attempt_deadline: Duration::from_secs(5),
         lease: 10_000,
+        shutdown: Shutdown::new(Duration::from_secs(10), Duration::from_secs(1)),
     };
     Limiter { state, store, pubsub, tasks }
 }
@@ -385,6 +392,28 @@ async fn a_failed_publish_is_a_503_and_its_retry_acts_at_once() {
     assert_eq!(l.published("payouts-ready").len(), 1);
     assert_eq!(l.payout("b", 4).await, StatusCode::NO_CONTENT);
     assert_eq!(l.published("payouts-ready").len(), 2, "the retried a kept its one reservation: b still fits");
+}
+
+/// SIGTERM 0.5 s into a push whose publish hangs: with a 4 s grace and 1 s kept for releasing the
+/// lease, the push answers 503 at 3.5 s, not at its 5 s attempt deadline (after SIGKILL).
+#[tokio::test(start_paused = true)]
+async fn after_sigterm_a_hanging_publish_is_cut_before_the_kill_and_its_lease_released() {
+    let mut l = limiter();
+    l.state.shutdown = Shutdown::new(Duration::from_secs(4), Duration::from_secs(1));
+    l.pubsub.hanging.lock().unwrap().push("payouts-ready".into());
+    let stopping = l.state.shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stopping.begin();
+    });
+    let started = tokio::time::Instant::now();
+    assert_eq!(l.payout("a", 4).await, StatusCode::SERVICE_UNAVAILABLE, "Pub/Sub redelivers");
+    assert_eq!(started.elapsed(), Duration::from_millis(3_500));
+    l.pubsub.hanging.lock().unwrap().clear();
+    // The next instance (a fresh shutdown clock) takes the redelivery over at once.
+    l.state.shutdown = Shutdown::new(Duration::from_secs(10), Duration::from_secs(1));
+    assert_eq!(l.payout("a", 4).await, StatusCode::NO_CONTENT, "the lease was released: no wait for it");
+    assert_eq!(l.published("payouts-ready").len(), 1);
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ pub mod health;
 pub mod live_rules;
 pub mod metrics;
 pub mod settings;
+pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;
 
@@ -51,7 +52,16 @@ pub fn service_router(
         .layer(telemetry::trace_layer())
 }
 
-/// Serves `router` on `listener` until [`shutdown_signal`].
-pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await
+/// Serves `router` on `listener` until [`shutdown_signal`], then finishes the requests in flight,
+/// which `shutdown` bounds by the time left.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: std::sync::Arc<shutdown::Shutdown>,
+) -> std::io::Result<()> {
+    let stop = async move {
+        shutdown_signal().await;
+        shutdown.begin();
+    };
+    axum::serve(listener, router).with_graceful_shutdown(stop).await
 }

@@ -41,7 +41,7 @@ pub struct CommonSettings {
     pub redis_cluster: bool,
     #[envconfig(from = "DRIP_REDIS_NAMESPACE", default = "drip")]
     pub redis_namespace: String,
-    #[envconfig(from = "DRIP_REDIS_TIMEOUT_MS", default = "2000")]
+    #[envconfig(from = "DRIP_REDIS_TIMEOUT_MS", default = "1000")]
     pub redis_timeout_ms: u64,
     /// Authenticate to Redis with the service account's access tokens (Memorystore for Redis
     /// Cluster's IAM authentication) instead of a password in REDIS_URL.
@@ -58,8 +58,12 @@ pub struct CommonSettings {
     /// `host:port` of the Pub/Sub emulator; unset for the real service.
     #[envconfig(from = "PUBSUB_EMULATOR_HOST")]
     pub pubsub_emulator_host: Option<String>,
-    #[envconfig(from = "DRIP_PUBLISH_TIMEOUT_MS", default = "10000")]
+    #[envconfig(from = "DRIP_PUBLISH_TIMEOUT_MS", default = "2500")]
     pub publish_timeout_ms: u64,
+    /// The time between SIGTERM and SIGKILL (Cloud Run: 10 s). The limiter's whole attempt must
+    /// fit in it; after SIGTERM, what is left of a request is bounded by what is left of it.
+    #[envconfig(from = "DRIP_SHUTDOWN_GRACE_MS", default = "10000")]
+    pub shutdown_grace_ms: u64,
     /// `oidc` (the default): every route but the probes takes only a Google-signed token of one of
     /// its own callers; `off`: every caller passes (local runs, tests).
     #[envconfig(from = "DRIP_AUTH", default = "oidc")]

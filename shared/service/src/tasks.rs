@@ -33,7 +33,7 @@ pub struct TaskSettings {
     /// The audience of that token; defaults to the dispatcher URL's origin.
     #[envconfig(from = "DRIP_TASKS_AUDIENCE")]
     pub tasks_audience: Option<String>,
-    #[envconfig(from = "DRIP_TASKS_TIMEOUT_MS", default = "10000")]
+    #[envconfig(from = "DRIP_TASKS_TIMEOUT_MS", default = "2500")]
     pub tasks_timeout_ms: u64,
     /// How long after its slot the queues may still run a task: its attempts times the longest
     /// backoff, and a margin (Terraform sets it from the queues' retry config; the default fits
