@@ -171,8 +171,9 @@ for i = 1, count do
         limit = override
       end
     end
-    -- A gcra limit lets at most `burst` units out at once: a larger cost can never conform.
-    if cost > limit or (kind == 'gcra' and cost > tonumber(ARGV[at + 3])) then
+    -- A gcra limit lets at most `burst` units out at once (whatever its rate): a larger cost can
+    -- never conform. A window never holds more than its count.
+    if (kind == 'gcra' and cost > tonumber(ARGV[at + 3])) or (kind ~= 'gcra' and cost > limit) then
       answer('C', now)
       return {now, 2, 0, now, now, 0, 0}
     end

@@ -256,12 +256,12 @@ impl Limit {
         self.limit
     }
 
-    /// The largest cost one event may have under this limit with `count` in force: the count, and
-    /// for gcra also the burst (an event of cost c waits until c units conform, and no more than
-    /// `burst` ever conform at once).
+    /// The largest cost one event may have under this limit with `count` in force: the count of a
+    /// window, the burst of a gcra limit (an event of cost c waits until c units conform, and
+    /// `burst` units conform at once, whatever the rate: a token bucket's `check_n`).
     pub fn max_cost(&self, count: u64) -> u64 {
         match self.window {
-            Window::Gcra { burst } => count.min(burst),
+            Window::Gcra { burst } => burst,
             _ => count,
         }
     }
