@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
-use drip_store::{OverrideChange, OverrideView};
+use drip_store::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
 
 use crate::connect::StoreArgs;
 
@@ -116,7 +116,14 @@ fn show(o: Option<&OverrideView>) -> String {
     }
 }
 
-fn describe(change: &OverrideChange) -> String {
+fn describe(entry: &AuditEntry) -> String {
+    match entry {
+        AuditEntry::Override(change) => describe_override(change),
+        AuditEntry::Feedback(call) => describe_feedback(call),
+    }
+}
+
+fn describe_override(change: &OverrideChange) -> String {
     format!(
         "{} {} {}: {} -> {} (by {} at {})\n",
         change.rule,
@@ -126,6 +133,24 @@ fn describe(change: &OverrideChange) -> String {
         show(change.after.as_ref()),
         change.by,
         format_rfc3339(change.at)
+    )
+}
+
+/// `payouts merchant_7 feedback 429 (Retry-After 30 s): paused until … (was none), level 0.5 (by … at …)`.
+fn describe_feedback(call: &FeedbackChange) -> String {
+    let paused = |at: Option<Millis>| at.map_or("none".to_owned(), format_rfc3339);
+    let retry_after = call.retry_after.map_or(String::new(), |s| format!(" (Retry-After {s} s)"));
+    let level = call.adaptive_level.map_or(String::new(), |l| format!(", adaptive level {l}"));
+    format!(
+        "{} {} feedback {}{retry_after} on {}: paused until {} (was {}){level} (by {} at {})\n",
+        call.rule,
+        call.key,
+        call.status,
+        call.target,
+        paused(call.paused_after),
+        paused(call.paused_before),
+        call.by,
+        format_rfc3339(call.at)
     )
 }
 
@@ -143,7 +168,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
                 .await?
                 .set_override(drip_store::RuleRef::of(rule), &key, limit, set, &operator(), None)
                 .await?;
-            Ok(describe(&change))
+            Ok(describe_override(&change))
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window } => {
             let rules = target.rules()?;
@@ -156,7 +181,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
                 .await?
                 .delete_override(drip_store::RuleRef::of(rule), &key, limit, &operator(), None)
                 .await?;
-            Ok(describe(&change))
+            Ok(describe_override(&change))
         }
         LimitsCommand::Get { entity: Entity { target, rule, key } } => {
             let rules = target.rules()?;
@@ -178,7 +203,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             Ok(all.iter().map(|(key, overrides)| format!("{key}\n{}", render(rule, overrides))).collect())
         }
         LimitsCommand::History { target, rule, count } => {
-            let changes = target.store().await?.override_history(&rule, count).await?;
+            let changes = target.store().await?.audit_history(&rule, count).await?;
             Ok(changes.iter().map(describe).collect())
         }
     }

@@ -340,16 +340,19 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     assert!(limits(&["list"]).starts_with("merchant_8421:payout\n  100 per 1m (fixed): 150"));
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let connect = async || {
+        let settings = RedisSettings {
+            url: url.to_owned(),
+            ca_cert_pem: None,
+            cluster,
+            response_timeout: std::time::Duration::from_secs(5),
+            tokens: None,
+        };
+        RedisStore::new(AnyConnection::connect(&settings).await.unwrap(), namespace.clone())
+    };
     let reserve = |key: &str, count: usize| {
         runtime.block_on(async {
-            let settings = RedisSettings {
-                url: url.to_owned(),
-                ca_cert_pem: None,
-                cluster,
-                response_timeout: std::time::Duration::from_secs(5),
-                tokens: None,
-            };
-            let store = RedisStore::new(AnyConnection::connect(&settings).await.unwrap(), namespace.clone());
+            let store = connect().await;
             let now = drip_core::time::wall_clock_millis();
             let mut slots = Vec::new();
             for _ in 0..count {
@@ -366,11 +369,33 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     let deleted = limits(&["delete", "--key", "merchant_8421:payout", "--per", "1m"]);
     assert!(deleted.contains("150 until 2100-01-01T00:00:00.000Z -> the rule's"), "{deleted}");
     assert_eq!(limits(&["list"]), "no overrides for rule payouts\n");
+    // A /v1/feedback call, as the limiter records it, is in the same history.
+    runtime.block_on(async {
+        let store = connect().await;
+        let call = drip_store::FeedbackChange {
+            at: 0,
+            by: "consumer@example.iam.gserviceaccount.com".into(),
+            rule: rule.id.clone(),
+            key: "merchant_7:payout".into(),
+            target: "key".into(),
+            status: 429,
+            retry_after: Some(30),
+            paused_before: None,
+            paused_after: Some(30_000),
+            adaptive_level: None,
+        };
+        store.record_feedback(&call).await.unwrap();
+    });
     let history = limits(&["history"]);
     let lines: Vec<&str> = history.lines().collect();
-    assert_eq!(lines.len(), 2, "{history}");
-    assert!(lines[0].contains("-> the rule's") && lines[1].contains("the rule's -> 150"), "newest first: {history}");
-    assert!(lines[0].contains("(drip limits)"), "who: {history}");
+    assert_eq!(lines.len(), 3, "{history}");
+    assert_eq!(
+        lines[0],
+        "payouts merchant_7:payout feedback 429 (Retry-After 30 s) on key: paused until 1970-01-01T00:00:30.000Z \
+         (was none) (by consumer@example.iam.gserviceaccount.com at 1970-01-01T00:00:00.000Z)"
+    );
+    assert!(lines[1].contains("-> the rule's") && lines[2].contains("the rule's -> 150"), "newest first: {history}");
+    assert!(lines[1].contains("(drip limits)"), "who: {history}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use drip_core::time::{Millis, wall_clock_millis};
+use drip_store::{AuditEntry, RedisStore};
 use drip_tests::pubsub_emulator::Pubsub;
 use drip_tests::redis_server::shared_url;
 use drip_tests::stack::{LimiterWiring, TasksStandIn, spawn_limiter, spawn_rescheduling_dispatcher};
@@ -229,6 +230,27 @@ rules:
     let untouched: serde_json::Value = get_json(&http, format!("{}/v1/rules/{kyc}/keys/tenant_u", limiter.url)).await;
     assert_eq!(lowered["limits"][0]["capacity"].as_u64(), Some(7), "{lowered}");
     assert_eq!(untouched["limits"][0]["capacity"].as_u64(), Some(9), "{untouched}");
+
+    // Each call is in its rule's audit list in Redis, as override changes are.
+    let client = redis::Client::open(limiter.redis_url.as_str()).unwrap();
+    let store = RedisStore::new(client.get_multiplexed_async_connection().await.unwrap(), limiter.namespace.clone());
+    let audit = |rule: String| {
+        let store = store.clone();
+        async move { store.audit_history(&rule, 10).await.unwrap() }
+    };
+    let budget_calls = audit(alerts).await;
+    let [AuditEntry::Feedback(on_budget)] = budget_calls.as_slice() else {
+        panic!("one budget call: {budget_calls:?}")
+    };
+    assert_eq!((on_budget.by.as_str(), on_budget.target.as_str()), ("anonymous", format!("budget:{budget}").as_str()));
+    assert_eq!((on_budget.status, on_budget.retry_after, on_budget.adaptive_level), (429, Some(30), Some(0.5)));
+    assert!(on_budget.paused_after.is_some_and(|until| until >= before + 29_000), "{on_budget:?}");
+    let key_calls = audit(kyc).await;
+    let [AuditEntry::Feedback(on_key)] = key_calls.as_slice() else { panic!("one key call: {key_calls:?}") };
+    assert_eq!(
+        (on_key.key.as_str(), on_key.status, on_key.paused_after, on_key.adaptive_level),
+        ("tenant_t", 503, None, Some(0.72))
+    );
 }
 
 async fn get_json(http: &reqwest::Client, url: String) -> serde_json::Value {

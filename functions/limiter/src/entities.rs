@@ -22,10 +22,10 @@ use axum::response::{IntoResponse, Response};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::LimitOverride;
 use drip_core::template::cap_key;
-use drip_core::time::{format_rfc3339, parse_rfc3339};
+use drip_core::time::{format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_service::auth::Caller;
 use drip_service::feedback;
-use drip_store::OverrideChange;
+use drip_store::{FeedbackChange, OverrideChange};
 use serde::Deserialize;
 
 use crate::AppState;
@@ -221,8 +221,26 @@ pub async fn feedback(
     let by = caller_name(caller);
     match feedback::apply((&*state.store, &state.metrics), rule, &key, budget, signal).await {
         Ok(effect) => {
-            // Audited like an override change: who, what, before and after.
+            // Audited like an override change: who, what, before and after, logged and kept in
+            // the rule's audit list (`drip limits history`).
             tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status = body.status, retry_after = body.retry_after, paused_before = before.map(format_rfc3339), paused_after = effect.paused_until.map(format_rfc3339), adaptive_level = effect.adaptive_level, "feedback");
+            let change = FeedbackChange {
+                at: wall_clock_millis(),
+                by: by.to_owned(),
+                rule: rule.id.clone(),
+                key: key.clone(),
+                target: effect.target.clone(),
+                status: body.status,
+                retry_after: body.retry_after,
+                paused_before: before,
+                paused_after: effect.paused_until,
+                adaptive_level: effect.adaptive_level,
+            };
+            // The signal is applied: a lost audit entry is logged, not answered with a 5xx that
+            // would make the consumer report it again.
+            if let Err(error) = state.store.record_feedback(&change).await {
+                tracing::warn!(%error, rule = %rule.name, key, "could not keep the feedback call in the audit list");
+            }
             if effect.paused_until.is_none() && effect.adaptive_level.is_none() {
                 return StatusCode::NO_CONTENT.into_response();
             }

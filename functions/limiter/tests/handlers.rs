@@ -674,6 +674,25 @@ async fn feedback_from_an_overflow_consumer_pauses_the_key() {
     assert_eq!(l.push("f1", &hook, b"{}").await, StatusCode::NO_CONTENT);
     assert_eq!(*calls.lock().unwrap(), 1, "paused: not forwarded");
     assert_eq!(l.tasks().len(), 1, "delayed past the pause");
+    // Each call is audited: who, what, before and after.
+    let audit = l.store.feedback_history();
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    let pause = &audit[1];
+    assert_eq!(
+        (pause.by.as_str(), pause.key.as_str(), pause.status, pause.retry_after),
+        ("anonymous", "endpoint_partner", 429, Some(3))
+    );
+    assert_eq!(
+        (pause.paused_before, pause.paused_after.map(drip_core::time::format_rfc3339)),
+        (None, body["pausedUntil"].as_str().map(str::to_owned))
+    );
+    let (_, again) = l.send("POST", "/v1/feedback", Some(feedback(429, Some(30)))).await;
+    let longer = &l.store.feedback_history()[2];
+    assert_eq!(longer.paused_before, pause.paused_after, "the pause before it, as the first call left it");
+    assert_eq!(
+        longer.paused_after.map(drip_core::time::format_rfc3339),
+        again["pausedUntil"].as_str().map(str::to_owned)
+    );
     let unknown = serde_json::json!({ "rule": "nope", "key": "k", "status": 429, "retryAfter": 1 });
     assert_eq!(l.send("POST", "/v1/feedback", Some(unknown)).await.0, StatusCode::NOT_FOUND);
     let budget = serde_json::json!({ "rule": "hooks", "budget": "partner", "status": 429, "retryAfter": 1 });
@@ -697,6 +716,8 @@ async fn one_answer_pauses_for_at_most_max_pause_and_unknown_keys_get_no_state()
     assert_eq!(l.push("c1", &hook, b"{}").await, StatusCode::NO_CONTENT);
     assert_eq!(l.tasks().len(), 1, "delayed until the capped pause ends");
     assert!(l.published("hooks-dlq").is_empty(), "not dead-lettered as beyond max_delay");
+    let metrics = l.state.metrics.shared.render();
+    assert!(metrics.contains("drip_pauses_capped_total{target=\"rule:hooks\"} 1"), "counted: {metrics}");
 
     let stranger =
         serde_json::json!({ "rule": "hooks", "key": "endpoint_never_seen", "status": 429, "retryAfter": 60 });

@@ -52,6 +52,8 @@ pub async fn apply(
 ) -> Result<Effect, StoreError> {
     let budget = budget.or_else(|| rule.feedback_budget());
     let target = budget.map_or_else(|| "key".to_owned(), |b| format!("budget:{}", b.name));
+    // The metrics' label: a key's answers count for its rule (keys are too many for labels).
+    let labelled = budget.map_or_else(|| format!("rule:{}", rule.name), |b| format!("budget:{}", b.name));
     // One answer pauses for at most max_pause: a longer Retry-After would dead-letter every event
     // of the target without the downstream being asked again. Asking that much is overload.
     let mut overloaded = signal.overloaded();
@@ -59,6 +61,7 @@ pub async fn apply(
         let (until, capped) = rule.capped_pause(until, wall_clock_millis());
         if capped {
             overloaded = true;
+            metrics.shared.pause_capped(labelled.clone());
             tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, until = %format_rfc3339(until), "{LONG_PAUSE_CAPPED}");
         }
         until
@@ -76,8 +79,7 @@ pub async fn apply(
     };
     let adaptive_level = level.map(|level| level as f64 / PPM as f64);
     if let Some(level) = adaptive_level {
-        let gauge = budget.map_or_else(|| format!("rule:{}", rule.name), |b| format!("budget:{}", b.name));
-        metrics.shared.adaptive_level(gauge, level);
+        metrics.shared.adaptive_level(labelled, level);
         tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, level, "the downstream is overloaded: adaptive limit lowered");
     }
     Ok(Effect { target, paused_until: until, adaptive_level })

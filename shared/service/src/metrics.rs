@@ -42,6 +42,7 @@ pub struct Metrics {
     rules_info: Family<VersionLabels, Gauge>,
     rules_refused: Gauge,
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+    pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -73,7 +74,13 @@ impl Default for Metrics {
             "The adaptive limit's level (a fraction of each count) after the latest 429, 5xx or timeout, by budget or rule (per key: drip inspect)",
             adaptive_level.clone(),
         );
-        Self { registry, calls, rules_info, rules_refused, adaptive_level }
+        let pauses_capped = Family::<TargetLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "pauses_capped",
+            "Answers that asked to wait longer than the rule's max_pause (capped, read as overload), by budget or rule",
+            pauses_capped.clone(),
+        );
+        Self { registry, calls, rules_info, rules_refused, adaptive_level, pauses_capped }
     }
 }
 
@@ -97,6 +104,10 @@ impl Metrics {
 
     pub fn adaptive_level(&self, target: String, level: f64) {
         self.adaptive_level.get_or_create(&TargetLabels { target }).set(level);
+    }
+
+    pub fn pause_capped(&self, target: String) {
+        self.pauses_capped.get_or_create(&TargetLabels { target }).inc();
     }
 
     pub fn rules_refused(&self, refused: bool) {

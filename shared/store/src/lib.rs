@@ -21,7 +21,7 @@ pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, Token
 pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key};
 pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
-pub use overrides::{OverrideChange, OverrideView};
+pub use overrides::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
 pub use redis_store::{
     ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_reply,
     reserve_script,

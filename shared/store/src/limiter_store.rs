@@ -14,7 +14,8 @@ use redis::aio::ConnectionLike;
 
 use crate::inspect::{EntityReport, report};
 use crate::{
-    MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest, SlotStore, StoreError,
+    FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest, SlotStore,
+    StoreError,
 };
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -55,6 +56,8 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
     /// The latest end of a pause of the key or of one of its rule's budgets, if any.
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
+    /// Keeps a `/v1/feedback` call in its rule's audit list.
+    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -134,6 +137,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(RedisStore::paused_until(self, rule, key))
     }
+
+    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::record_feedback(self, change))
+    }
 }
 
 /// The reference model with claim-checked payloads in a map: one process, no persistence.
@@ -141,11 +148,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
 pub struct MemoryLimiterStore {
     pub model: MemoryStore,
     payloads: Mutex<HashMap<String, Vec<u8>>>,
+    feedback: Mutex<Vec<FeedbackChange>>,
 }
 
 impl MemoryLimiterStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The feedback calls recorded, oldest first.
+    pub fn feedback_history(&self) -> Vec<FeedbackChange> {
+        self.feedback.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// A payload `put_payload` kept, by its reference.
@@ -237,5 +250,10 @@ impl LimiterStore for MemoryLimiterStore {
         let budgets = rule.budgets.iter().filter_map(|b| self.model.budget_state(&b.name).and_then(|s| s.paused_until));
         let until = own.into_iter().chain(budgets).max();
         Box::pin(async move { Ok(until) })
+    }
+
+    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
+        self.feedback.lock().unwrap_or_else(|e| e.into_inner()).push(change.clone());
+        Box::pin(async { Ok(()) })
     }
 }

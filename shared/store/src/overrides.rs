@@ -64,6 +64,35 @@ impl OverrideChange {
     }
 }
 
+/// One `/v1/feedback` call, as the rule's audit list keeps it beside the override changes: who
+/// paused or lowered what, from what to what.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct FeedbackChange {
+    pub at: Millis,
+    /// The caller's verified email (or `anonymous` without OIDC).
+    pub by: String,
+    pub rule: String,
+    /// The key it named (empty for a budget).
+    pub key: String,
+    /// What it changed: `key` or `budget:<name>`.
+    pub target: String,
+    /// The downstream's answer it reported (0: a timeout) and its Retry-After, in seconds.
+    pub status: u16,
+    pub retry_after: Option<u64>,
+    pub paused_before: Option<Millis>,
+    pub paused_after: Option<Millis>,
+    /// The target's adaptive level after it, when it has one.
+    pub adaptive_level: Option<f64>,
+}
+
+/// An entry of a rule's audit list.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum AuditEntry {
+    Override(OverrideChange),
+    Feedback(FeedbackChange),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct OverrideView {
     pub limit: u64,
@@ -168,15 +197,24 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         after: Option<LimitOverride>,
         by: &str,
     ) -> Result<OverrideChange, StoreError> {
-        let mut connection = self.connection();
-        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.connection()).await?;
         let change = OverrideChange::new(seconds * 1_000 + micros / 1_000, by, (rule, key, limit), before, after);
+        self.audit(rule, &AuditEntry::Override(change.clone())).await?;
+        Ok(change)
+    }
+
+    /// Keeps a `/v1/feedback` call in its rule's audit list.
+    pub async fn record_feedback(&self, change: &FeedbackChange) -> Result<(), StoreError> {
+        self.audit(&change.rule, &AuditEntry::Feedback(change.clone())).await
+    }
+
+    async fn audit(&self, rule: &str, entry: &AuditEntry) -> Result<(), StoreError> {
         let log = overrides_log(self.namespace(), rule);
-        let entry = serde_json::to_string(&change).map_err(|e| StoreError::UnexpectedReply(e.to_string()))?;
+        let entry = serde_json::to_string(entry).map_err(|e| StoreError::UnexpectedReply(e.to_string()))?;
         let mut pipe = redis::pipe();
         pipe.lpush(&log, entry).ignore().ltrim(&log, 0, AUDIT_LENGTH - 1).ignore();
-        let _: () = pipe.query_async(&mut connection).await?;
-        Ok(change)
+        let _: () = pipe.query_async(&mut self.connection()).await?;
+        Ok(())
     }
 
     /// No slot of the entity before `until` (the downstream said to wait); a later pause already
@@ -255,10 +293,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Ok(all)
     }
 
-    /// The rule's most recent override changes, newest first.
-    pub async fn override_history(&self, rule: &str, count: usize) -> Result<Vec<OverrideChange>, StoreError> {
+    /// The rule's most recent override changes and feedback calls, newest first.
+    pub async fn audit_history(&self, rule: &str, count: usize) -> Result<Vec<AuditEntry>, StoreError> {
         let entries: Vec<String> =
             self.connection().lrange(overrides_log(self.namespace(), rule), 0, count as isize - 1).await?;
         Ok(entries.iter().filter_map(|entry| serde_json::from_str(entry).ok()).collect())
+    }
+
+    /// The rule's most recent override changes, newest first.
+    pub async fn override_history(&self, rule: &str, count: usize) -> Result<Vec<OverrideChange>, StoreError> {
+        let entries = self.audit_history(rule, count).await?.into_iter();
+        Ok(entries.filter_map(|e| if let AuditEntry::Override(change) = e { Some(change) } else { None }).collect())
     }
 }
