@@ -121,7 +121,7 @@ variable "task_signing_key_version" {
 }
 
 variable "task_signing_key_previous_version" {
-  description = "During a key rotation, the version of task_signing_key_secret that sealed the tasks still waiting in the queues: still accepted, never used to seal (README: \"Rotating the task signing key\"). null once they are gone."
+  description = "During a key rotation, the version of task_signing_key_secret that sealed the tasks still waiting in the queues: still accepted, never used to seal (README: \"How the dispatcher trusts a task\", rotating the key). null once they are gone."
   type        = string
   default     = null
 

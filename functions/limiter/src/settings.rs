@@ -8,7 +8,7 @@ use drip_service::shutdown::Shutdown;
 use drip_service::tasks::TaskSettings;
 use envconfig::Envconfig;
 
-/// The limiter's settings, from the environment (README: "Limiter settings").
+/// The limiter's settings, from the environment (README: "Settings").
 #[derive(Debug, Clone, Envconfig)]
 pub struct Settings {
     #[envconfig(nested)]

@@ -122,7 +122,7 @@ async fn a_limiter_killed_in_the_middle_of_a_burst_loses_nothing() {
     let mut limiter = Limiter::spawn(&s.env, port);
     let source = format!("{}-source", s.prefix);
     s.pubsub.create_topic(&source).await;
-    // No retryPolicy: the emulator then redelivers every push that failed (DESIGN.md).
+    // No retryPolicy: the emulator then redelivers every push that failed.
     s.pubsub.create_subscription(&source, &source, Some(&format!("http://127.0.0.1:{port}/push"))).await;
     // Killed while the emulator is still pushing: halfway through publishing the burst.
     let events = 600;

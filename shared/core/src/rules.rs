@@ -1,4 +1,4 @@
-//! The rules file: parsing and validation of the YAML contract in DESIGN.md ("Rules").
+//! The rules file: parsing and validation of the YAML contract (README: "Rules").
 //!
 //! Every problem is reported, not only the first, each naming the file, the rule, the field and why.
 

@@ -87,7 +87,7 @@ pub struct CommonSettings {
     pub task_signing_key: String,
     /// The key before a rotation, still accepted (never used to sign): set it to the old key and
     /// DRIP_TASK_SIGNING_KEY to the new one, roll out, and drop it once the old tasks are gone
-    /// (README: "Rotating the task signing key").
+    /// (README: "How the dispatcher trusts a task", rotating the key).
     #[envconfig(from = "DRIP_TASK_SIGNING_KEY_PREVIOUS")]
     pub task_signing_key_previous: Option<String>,
 }

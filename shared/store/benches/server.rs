@@ -411,7 +411,9 @@ async fn main() {
     for (ahead, usec) in full_calendar(&mut connection, &store).await {
         println!("| {ahead} | {usec:.2} |");
     }
-    let out = std::env::var("DRIP_BENCH_OUT").unwrap_or_else(|_| "target/bench".into());
+    // `cargo bench` runs in the crate's directory: the default is the workspace's target/.
+    let out = std::env::var("DRIP_BENCH_OUT")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/bench").into());
     std::fs::create_dir_all(&out).expect("the output directory");
     let path = format!("{out}/backlog.svg");
     match chart(&path, &depths) {
