@@ -4,21 +4,22 @@
 --
 -- KEYS[1]  the dispatch marker        drip:{rule|key}:d:<message identity>
 -- KEYS[2]  the claim-checked payload  drip:{rule|key}:p:<message identity> (may not exist)
--- ARGV[1]  'claim' | 'done' | 'release'    ARGV[2] TTL in ms (claim: the lease; done: the memory)
+-- Arguments, in order: 'claim' | 'done' | 'release', and a TTL in ms (claim: the lease; done: the
+-- memory).
 --
 -- Returns for 'claim': 'acquired', 'busy' (another attempt holds the lease) or 'done'.
+local op, ttl = str(), int()
 local marker = redis.call('GET', KEYS[1])
-local op = ARGV[1]
 if op == 'claim' then
   if marker == 'done' then
     return 'done'
   elseif marker then
     return 'busy'
   end
-  redis.call('SET', KEYS[1], 'lease', 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], 'lease', 'PX', ttl)
   return 'acquired'
 elseif op == 'done' then
-  redis.call('SET', KEYS[1], 'done', 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], 'done', 'PX', ttl)
   redis.call('DEL', KEYS[2])
   return 'done'
 end

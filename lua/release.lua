@@ -3,14 +3,15 @@
 -- recorded meanwhile.) A missing answer (expired, or Redis restarted) stays missing.
 --
 -- KEYS[1]  the answers hash of the message's minute   drip:{rule|key}:a:<minute>
--- ARGV[1]  the message's answer field
-local answer = redis.call('HGET', KEYS[1], ARGV[1])
+-- Argument: the message's answer field.
+local field = str()
+local answer = redis.call('HGET', KEYS[1], field)
 if not answer then
   return 0
 end
-local head, held = string.match(answer, '^(.*):(%-?%w+)$')
+local kind, slot, decided, held = parse_answer(answer)
 if held == 'd' then
   return 0
 end
-redis.call('HSET', KEYS[1], ARGV[1], head .. ':r')
+redis.call('HSET', KEYS[1], field, kind .. slot .. ':' .. decided .. ':r')
 return 1

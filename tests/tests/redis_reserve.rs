@@ -2,6 +2,7 @@
 //! clients, bounded state whatever the backlog, and unchanged on a 3-master Redis Cluster.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 
 use drip_core::budgets::Budget;
@@ -9,7 +10,7 @@ use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{LimitState, Reservation, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
-use drip_store::{MemoryStore, RedisStore, RuleRef, SlotRequest, SlotStore};
+use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, SlotStore};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
     Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_delivery_bounds, check_edit_bounds,
@@ -22,11 +23,15 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestR
 use redis::AsyncCommands;
 
 /// Every attempt takes a lease; a third of them complete, a third release (a failed attempt) and a
-/// third neither (a crashed one), so the model and the Lua must agree on `busy` as well.
-async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<Reservation> {
+/// third neither (a crashed one), so the model and the Lua must agree on `busy` as well. `batches`:
+/// the events each script call carries (every event alone when empty); the model reserves them one
+/// after another, which is what a batch means. Completions and releases follow each call.
+async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Vec<Reservation> {
     const LEASE: Millis = 1_500;
+    let alone: Vec<Range<usize>> = (0..scenario.events.len()).map(|i| i..i + 1).collect();
     let mut answers = Vec::new();
-    for (i, arrival) in scenario.events.iter().enumerate() {
+    for batch in if batches.is_empty() { &alone } else { batches } {
+        let (i, arrival) = (batch.start, &scenario.events[batch.start]);
         for op in scenario.overrides.iter().filter(|op| op.before_event == i) {
             store.apply(rule, op, &scenario.limits[op.limit], arrival.now).await;
         }
@@ -39,38 +44,79 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario) -> Vec<R
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
         }
-        let key = arrival.key();
-        let request = SlotRequest {
-            rule,
-            key: &key,
-            message_id: &arrival.id,
-            cost: arrival.cost,
-            limits: scenario.limits_at(i),
-            max_delay: scenario.max_delay,
-            now: Some(arrival.now),
-            lease: LEASE,
-            published: Some(arrival.published),
-            reslot: arrival.reslot,
-            floor: arrival.floor,
-            tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
-            budgets: &scenario.shared.budgets,
-            adaptive: scenario.shared.adaptive,
-            margin: scenario.shared.margin,
-        };
-        let reserved = store.reserve(&request).await.expect("reserve");
-        let reservation = reserved.reservation;
-        match answers.len() % 3 {
-            0 => store.complete(&request, &reserved).await.expect("complete"),
-            1 => store.release(&request, &reserved).await.expect("release"),
-            _ => {}
+        let keys: Vec<String> = scenario.events[batch.clone()].iter().map(Arrival::key).collect();
+        let requests: Vec<SlotRequest> = batch
+            .clone()
+            .zip(&keys)
+            .map(|(j, key)| {
+                let arrival = &scenario.events[j];
+                SlotRequest {
+                    rule,
+                    key,
+                    message_id: &arrival.id,
+                    cost: arrival.cost,
+                    limits: scenario.limits_at(j),
+                    max_delay: scenario.max_delay,
+                    now: Some(arrival.now),
+                    lease: LEASE,
+                    published: Some(arrival.published),
+                    reslot: arrival.reslot,
+                    floor: arrival.floor,
+                    tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
+                    budgets: &scenario.shared.budgets,
+                    adaptive: scenario.shared.adaptive,
+                    margin: scenario.shared.margin,
+                }
+            })
+            .collect();
+        let reserved = store.reserve_all(&requests).await;
+        for (request, reserved) in requests.iter().zip(reserved) {
+            match answers.len() % 3 {
+                0 => store.complete(request, &reserved).await.expect("complete"),
+                1 => store.release(request, &reserved).await.expect("release"),
+                _ => {}
+            }
+            answers.push(reserved.reservation);
         }
-        answers.push(reservation);
     }
     answers
 }
 
+/// Cuts the events into consecutive batches of the given sizes (cycled), each ending before an
+/// operation between events (an override, a pause, a signal), and gives every event of a batch its
+/// first event's `now`: one script call has one clock.
+fn batched(mut scenario: Scenario, sizes: &[usize]) -> (Scenario, Vec<Range<usize>>) {
+    let between = |i: usize| {
+        scenario.overrides.iter().any(|op| op.before_event == i)
+            || scenario.pauses.iter().any(|p| p.0 == i)
+            || scenario.shared.signals.iter().any(|s| s.0 == i)
+            || scenario.shared.budget_pauses.iter().any(|p| p.0 == i)
+    };
+    let (mut batches, mut start, n) = (Vec::new(), 0, scenario.events.len());
+    for &size in sizes.iter().cycle() {
+        if start == n {
+            break;
+        }
+        let mut end = start + 1;
+        while end < n && end - start < size && !between(end) {
+            end += 1;
+        }
+        batches.push(start..end);
+        start = end;
+    }
+    for batch in &batches {
+        let now = scenario.events[batch.start].now;
+        for arrival in &mut scenario.events[batch.clone()] {
+            arrival.now = now;
+        }
+    }
+    (scenario, batches)
+}
+
 /// A store the differential test can also set overrides on.
 trait Overridable: SlotStore {
+    /// Reserves each request in order: one script call for Redis, one after another for the model.
+    async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved>;
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis);
     /// A 429 for the entity (or, for `None`, the first budget), where it has an adaptive limit.
@@ -83,6 +129,14 @@ fn rule_ref<'a>(rule: &'a str, scenario: &'a Scenario) -> RuleRef<'a> {
 }
 
 impl Overridable for MemoryStore {
+    async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
+        let mut reserved = Vec::new();
+        for request in requests {
+            reserved.push(self.reserve(request).await.expect("reserve"));
+        }
+        reserved
+    }
+
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, _: Millis) {
         match op.set {
             Some(set) => self.set_override(rule, &op.key(), limit, set),
@@ -114,6 +168,10 @@ impl Overridable for MemoryStore {
 }
 
 impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisStore<C> {
+    async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
+        self.reserve_batch(requests).await.expect("reserve_batch")
+    }
+
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis) {
         match op.set {
             Some(set) => self.set_override(RuleRef::plain(rule), &op.key(), limit, set, "test", Some(now)).await,
@@ -163,6 +221,15 @@ fn differential(
     cases: u32,
     check: impl Fn(&Scenario, &[Reservation]) -> Result<(), String>,
 ) {
+    differential_in_batches(strategy.prop_map(|s| (s, Vec::new())), cases, check);
+}
+
+/// The same, with the Lua reserving the events in batches (`batched`) and the model one by one.
+fn differential_in_batches(
+    strategy: impl Strategy<Value = (Scenario, Vec<usize>)>,
+    cases: u32,
+    check: impl Fn(&Scenario, &[Reservation]) -> Result<(), String>,
+) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
     let config = Config {
@@ -173,12 +240,14 @@ fn differential(
         )))),
         ..Config::default()
     };
-    let result = TestRunner::new(config).run(&strategy, |scenario| {
+    let result = TestRunner::new(config).run(&strategy, |(scenario, sizes)| {
         let rule = unique("differential");
+        let (scenario, batches) = if sizes.is_empty() { (scenario, Vec::new()) } else { batched(scenario, &sizes) };
         let scenario = with_own_budgets(scenario, &rule);
         let memory = MemoryStore::new();
-        let (model, lua) =
-            runtime.block_on(async { (run(&memory, &rule, &scenario).await, run(&redis, &rule, &scenario).await) });
+        let (model, lua) = runtime.block_on(async {
+            (run(&memory, &rule, &scenario, &batches).await, run(&redis, &rule, &scenario, &batches).await)
+        });
         for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
             if m != l {
                 return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
@@ -265,6 +334,17 @@ fn reserve_lua_gives_the_model_s_answer_with_budgets_and_adaptive_limits() {
     differential(scenario_with_budgets(60), 192, check_budget_bounds);
 }
 
+/// Batches of 1 to 64 events per script call (mixed entities, redeliveries and republished ids
+/// inside a batch, budgets, fair shares, adaptive limits; a batch ends before a pause or a signal):
+/// reserve.lua gives each event the answer the model gives it reserving them one after another,
+/// and leaves the same state.
+#[test]
+fn reserve_lua_gives_each_event_of_a_batch_the_model_s_answer() {
+    let sizes = || proptest::collection::vec(1usize..=64, 1..8);
+    differential_in_batches((scenario(Kinds::All, 60), sizes()), 96, check_schedule);
+    differential_in_batches((scenario_with_budgets(60), sizes()), 96, check_budget_bounds);
+}
+
 /// A delivery margin: the model and the Lua agree, and every fixed window and sliding interval
 /// holds its limit at the delivery times too, each delivery up to the margin late.
 #[test]
@@ -315,7 +395,7 @@ fn assert_seed_schedule(answers: &[Reservation]) {
 #[tokio::test]
 async fn the_seed_example_through_redis() {
     let store = RedisStore::new(shared_connection().await, "drip");
-    assert_seed_schedule(&run(&store, &unique("seed"), &seed_scenario()).await);
+    assert_seed_schedule(&run(&store, &unique("seed"), &seed_scenario(), &[]).await);
 }
 
 #[tokio::test]
@@ -477,8 +557,9 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
         // leave it), and after each a tenant's search walks the new ones and records them.
         let (mut filled, mut walk) = (0, std::time::Duration::ZERO);
         while filled < full {
-            let windows: Vec<(String, u64)> =
-                (filled..filled + 1_000).map(|w| (format!("{SECOND}:{}", T0 + w * SECOND), 2)).collect();
+            let windows: Vec<(String, u64)> = (filled..filled + 1_000)
+                .map(|w| (drip_store::field::budget_window(SECOND, T0 + w * SECOND), 2))
+                .collect();
             let _: () = connection.hset_multiple(&key, &windows).await.unwrap();
             filled += 1_000;
             let started = std::time::Instant::now();
@@ -602,11 +683,11 @@ async fn reserve_lua_runs_unchanged_on_redis_cluster() {
     }
     for scenario in &scenarios {
         let rule = unique("cluster");
-        let cluster_answers = run(&on_cluster, &rule, scenario).await;
-        assert_eq!(cluster_answers, run(&on_node, &format!("{rule}-node"), scenario).await);
+        let cluster_answers = run(&on_cluster, &rule, scenario, &[]).await;
+        assert_eq!(cluster_answers, run(&on_node, &format!("{rule}-node"), scenario, &[]).await);
         check_schedule(scenario, &cluster_answers).unwrap();
     }
-    assert_seed_schedule(&run(&on_cluster, &unique("cluster-seed"), &seed_scenario()).await);
+    assert_seed_schedule(&run(&on_cluster, &unique("cluster-seed"), &seed_scenario(), &[]).await);
     // Rules that draw from a budget: every entity lives on the budget's slot, so one script call
     // still touches one slot (no CROSSSLOT), and the cluster answers as one node does.
     let budgeted = scenario_with_budgets(60);
@@ -617,8 +698,8 @@ async fn reserve_lua_runs_unchanged_on_redis_cluster() {
             event.entity += 10 * (i % 4);
         }
         let generated = with_own_budgets(generated, &rule);
-        let cluster_answers = run(&on_cluster, &rule, &generated).await;
-        assert_eq!(cluster_answers, run(&on_node, &rule, &generated).await);
+        let cluster_answers = run(&on_cluster, &rule, &generated, &[]).await;
+        assert_eq!(cluster_answers, run(&on_node, &rule, &generated, &[]).await);
         check_budget_bounds(&generated, &cluster_answers).unwrap();
     }
     let masters_with_keys =
@@ -661,8 +742,8 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
     };
     let rule = unique("filing");
     let memory = MemoryStore::new();
-    let (model, lua) =
-        runtime.block_on(async { (run(&memory, &rule, &scenario).await, run(&redis, &rule, &scenario).await) });
+    let (model, lua) = runtime
+        .block_on(async { (run(&memory, &rule, &scenario, &[]).await, run(&redis, &rule, &scenario, &[]).await) });
     assert_eq!(model, lua);
     let slots: Vec<Millis> = lua.iter().map(|r| r.slot).collect();
     assert_eq!(slots, [t0, noon + MINUTE, noon + 2 * MINUTE, t0]);

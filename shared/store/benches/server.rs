@@ -155,6 +155,23 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
         .await;
         rows.push(Row { name: format!("reserve.lua, {name}"), usec, per_second });
     }
+    // The same first configuration, BATCH events of different keys per call: µs per event.
+    const BATCH: usize = 16;
+    let limits = configurations().remove(0).1;
+    let published = wall_clock_millis();
+    let (usec, per_second) = measure(connection, "evalsha", calls / BATCH, |i| {
+        let keys: Vec<String> = (0..BATCH).map(|j| format!("merchant_{}", (i * BATCH + j) % ENTITIES)).collect();
+        let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
+        let requests: Vec<SlotRequest> =
+            keys.iter().zip(&ids).map(|(key, id)| request("bench-batch", key, id, (&limits, &[]), published)).collect();
+        store.reserve_batch_call(&requests).cmd()
+    })
+    .await;
+    rows.push(Row {
+        name: format!("reserve.lua, 1 fixed limit, {BATCH} events of 16 keys per call (per event)"),
+        usec: usec / BATCH as f64,
+        per_second: per_second * BATCH as f64,
+    });
     rows
 }
 
@@ -312,7 +329,7 @@ async fn full_calendar(
         let mut filled = 0;
         while filled < ahead {
             let windows: Vec<(String, u64)> = (filled..(filled + 1_000).min(ahead))
-                .map(|w| (format!("{SECOND}:{}", start + w * SECOND), 2))
+                .map(|w| (drip_store::field::budget_window(SECOND, start + w * SECOND), 2))
                 .collect();
             let _: () = redis::AsyncCommands::hset_multiple(connection, &key, &windows).await.expect("HSET");
             filled += 1_000;

@@ -2,22 +2,18 @@
 //! its fields), paused and adapted by `lua/budget.lua`.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 
 use drip_core::budgets::Budget;
 use drip_core::rules::Rule;
-use drip_core::schedule::{BudgetState, FullRun};
+use drip_core::schedule::BudgetState;
 use drip_core::time::Millis;
-use redis::Script;
 use redis::aio::ConnectionLike;
 
-use crate::inspect::parse_adaptive;
-use crate::keys::budget_key;
+use crate::keys::{budget_key, field};
 use crate::overrides::adapt_args;
 use crate::redis_store::STATE_MARGIN;
+use crate::scripts::BUDGET;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
-
-static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/budget.lua")));
 
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// No slot of any entity drawing from the budget before `until` (a later pause is kept).
@@ -63,29 +59,19 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let fields: HashMap<String, String> =
             redis::cmd("HGETALL").arg(budget_key(self.namespace(), budget)).query_async(&mut self.connection()).await?;
         let mut state = BudgetState {
-            paused_until: fields.get("pause").and_then(|p| p.parse().ok()),
-            adaptive: fields.get("adapt").and_then(|a| parse_adaptive(a)),
+            paused_until: fields.get(field::PAUSE).and_then(|p| p.parse().ok()),
+            adaptive: fields.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),
             ..BudgetState::default()
         };
         for (name, value) in &fields {
-            if let Some(per) = name.strip_prefix("run:")
-                && let Some(run) = parse_run(value)
-                && let Ok(per) = per.parse()
-            {
+            if let Some((per, run)) = field::parse_budget_run(name, value) {
                 state.runs.insert(per, run);
-            } else if let Some((per, window)) = name.split_once(':')
-                && let (Ok(per), Ok(window), Ok(used)) = (per.parse(), window.parse(), value.parse())
+            } else if let Some(window) = field::parse_budget_window(name)
+                && let Ok(used) = value.parse()
             {
-                state.windows.insert((per, window), used);
+                state.windows.insert(window, used);
             }
         }
         Ok(state)
     }
-}
-
-/// A budget limit's `run:<per>` field, `<from>:<through>:<least>` (reserve.lua writes it).
-fn parse_run(value: &str) -> Option<FullRun> {
-    let mut parts = value.splitn(3, ':');
-    let (from, through, least) = (parts.next()?, parts.next()?, parts.next()?);
-    Some(FullRun { from: from.parse().ok()?, through: through.parse().ok()?, least: least.parse().ok()? })
 }

@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::sync::Arc;
 
-use drip_core::budgets::{AdaptiveState, Budget, PPM, adapted_count, adaptive_window};
+use drip_core::budgets::{Budget, PPM, adapted_count, adaptive_window};
 use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
+use crate::keys::field;
 use crate::{EntityKeys, RuleRef, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,20 +106,20 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, limits);
         let mut connection = self.connection();
         let fields: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
-        let field = |id: &str, suffix: &str| fields.get(&format!("{id}:{suffix}")).copied();
+        let held = |limit: &Limit| field::limit_state(limit).map(|name| fields.get(&name).copied());
         let overrides: BTreeMap<String, String> =
             redis::cmd("HGETALL").arg(&keys.overrides).query_async(&mut connection).await?;
         let mut state = EntityState {
-            last_slot: fields.get("last").copied(),
+            last_slot: fields.get(field::LAST).copied(),
             limits: BTreeMap::new(),
             overrides: crate::overrides::parse_overrides(&overrides),
-            paused_until: overrides.get(crate::overrides::PAUSE).and_then(|p| p.parse().ok()),
-            adaptive: overrides.get(crate::overrides::ADAPT).and_then(|a| parse_adaptive(a)),
+            paused_until: overrides.get(field::PAUSE).and_then(|p| p.parse().ok()),
+            adaptive: overrides.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),
         };
         // Fair shares of budgets: fixed windows named `share:<budget>:<per>`.
         for (name, &window) in &fields {
             if let Some(id) = name.strip_prefix("share:").and_then(|_| name.strip_suffix(":w"))
-                && let Some(&used) = fields.get(&format!("{id}:u"))
+                && let Some(&used) = fields.get(&field::fixed_state(id)[1])
             {
                 state.limits.insert(id.to_owned(), LimitState::Fixed { window, used: used as u64 });
             }
@@ -126,16 +127,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let mut sliding_keys = keys.sliding.iter();
         for limit in limits {
             let id = state_id(limit);
-            let limit_state = match limit.window() {
-                Window::Fixed(_) => match (field(&id, "w"), field(&id, "u")) {
-                    (Some(window), Some(used)) => Some(LimitState::Fixed { window, used: used as u64 }),
-                    _ => None,
-                },
-                Window::Gcra { .. } => match (field(&id, "t"), field(&id, "r")) {
-                    (Some(tat), Some(rem)) => Some(LimitState::Gcra { tat, tat_rem: rem as u64 }),
-                    _ => None,
-                },
-                Window::Sliding => {
+            let limit_state = match (limit.window(), held(limit)) {
+                (Window::Fixed(_), [Some(window), Some(used)]) => Some(LimitState::Fixed { window, used: used as u64 }),
+                (Window::Gcra { .. }, [Some(tat), Some(rem)]) => Some(LimitState::Gcra { tat, tat_rem: rem as u64 }),
+                (Window::Fixed(_) | Window::Gcra { .. }, _) => None,
+                (Window::Sliding, [base, _]) => {
                     let zset = sliding_keys.next().cloned().unwrap_or_default();
                     let entries: Vec<(String, i64)> = redis::cmd("ZRANGE")
                         .arg(&zset)
@@ -144,7 +140,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
                         .arg("WITHSCORES")
                         .query_async(&mut connection)
                         .await?;
-                    field(&id, "b").map(|base| LimitState::Sliding {
+                    base.map(|base| LimitState::Sliding {
                         base: base as u64,
                         entries: entries
                             .into_iter()
@@ -159,12 +155,6 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         }
         Ok(state)
     }
-}
-
-/// `<level>:<window number>`, as reserve.lua and override.lua keep an adaptive level.
-pub(crate) fn parse_adaptive(text: &str) -> Option<AdaptiveState> {
-    let (level, window) = text.split_once(':')?;
-    Some(AdaptiveState { level: level.parse().ok()?, window: window.parse().ok()? })
 }
 
 /// Reads use, backlog and drain time off the state.

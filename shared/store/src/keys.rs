@@ -155,3 +155,89 @@ mod tests {
         assert!(keys.sliding[0].starts_with("drip:{b:gateway}:"), "every key of the entity under the budget's tag");
     }
 }
+
+/// Field names and value encodings of the hashes the scripts keep: the one place Rust spells them
+/// (the encoder, `inspect` and the plain commands use these; the scripts and their prelude are the
+/// other half).
+pub mod field {
+    use drip_core::budgets::AdaptiveState;
+    use drip_core::rules::{Limit, Window};
+    use drip_core::schedule::{FullRun, Reservation, Status, state_id};
+    use drip_core::time::Millis;
+
+    /// The entity's state hash (and a budget's, `exp`): its frontier, when its TTL was last set to
+    /// end, the answers minute whose expiry is set.
+    pub const LAST: &str = "last";
+    pub const EXPIRES: &str = "exp";
+    pub const ANSWERS_EXPIRY: &str = "ab";
+    /// The overrides and budget hashes: when a pause ends, and the adaptive level.
+    pub const PAUSE: &str = "pause";
+    pub const ADAPT: &str = "adapt";
+
+    /// A limit's two fields in the entity's state hash: fixed window and cost used in it, gcra TAT
+    /// and remainder, sliding base (and nothing).
+    pub fn limit_state(limit: &Limit) -> [String; 2] {
+        let id = state_id(limit);
+        match limit.window() {
+            Window::Sliding => [format!("{id}:b"), String::new()],
+            Window::Gcra { .. } => [format!("{id}:t"), format!("{id}:r")],
+            Window::Fixed(_) => fixed_state(&id),
+        }
+    }
+
+    /// A fixed window's fields under `id` (a limit, or a budget's fair share `share:<budget>:<per>`).
+    pub fn fixed_state(id: &str) -> [String; 2] {
+        [format!("{id}:w"), format!("{id}:u")]
+    }
+
+    /// An override's count and end fields in the overrides hash.
+    pub fn override_fields(id: &str) -> [String; 2] {
+        [id.to_owned(), format!("{id}:u")]
+    }
+
+    /// A budget limit's window `<per>:<window>` (the cost reserved in it).
+    pub fn budget_window(per: Millis, window: Millis) -> String {
+        format!("{per}:{window}")
+    }
+
+    /// A budget field as a window `(per, window)`, if it is one.
+    pub fn parse_budget_window(name: &str) -> Option<(Millis, Millis)> {
+        let (per, window) = name.split_once(':')?;
+        Some((per.parse().ok()?, window.parse().ok()?))
+    }
+
+    /// A budget limit's oldest window the hash may hold (older ones are dropped when it moves).
+    pub fn budget_oldest(per: Millis) -> String {
+        format!("lo:{per}")
+    }
+
+    /// A budget limit's run of full windows: field `run:<per>`, value `<from>:<through>:<least>`.
+    pub fn budget_run(per: Millis) -> String {
+        format!("run:{per}")
+    }
+
+    /// A `run:<per>` field and its value, read back.
+    pub fn parse_budget_run(name: &str, value: &str) -> Option<(Millis, FullRun)> {
+        let per = name.strip_prefix("run:")?.parse().ok()?;
+        let mut parts = value.splitn(3, ':');
+        let (from, through, least) = (parts.next()?, parts.next()?, parts.next()?);
+        Some((per, FullRun { from: from.parse().ok()?, through: through.parse().ok()?, least: least.parse().ok()? }))
+    }
+
+    /// An adaptive level: `<level>:<window number>` (the prelude's `parse_level`).
+    pub fn parse_adaptive(text: &str) -> Option<AdaptiveState> {
+        let (level, window) = text.split_once(':')?;
+        Some(AdaptiveState { level: level.parse().ok()?, window: window.parse().ok()? })
+    }
+
+    /// A completed answer, `<R|L|C><slot>:<decided>:d`, times relative to the answers' `base` (the
+    /// prelude's `answer_value`).
+    pub fn completed_answer(reservation: &Reservation, base: Millis) -> String {
+        let kind = match reservation.status {
+            Status::Reserved => 'R',
+            Status::MaxDelayExceeded => 'L',
+            Status::CostExceedsLimit => 'C',
+        };
+        format!("{kind}{}:{}:d", reservation.slot - base, reservation.decided_at - base)
+    }
+}

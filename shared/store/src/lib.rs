@@ -1,6 +1,7 @@
 //! Where reservations live: Redis in production (one `reserve.lua` call per event, atomic across
 //! every instance), or memory (the reference model) for the simulator and tests.
 
+pub mod args;
 mod budgets;
 mod connection;
 pub mod inspect;
@@ -9,6 +10,7 @@ mod limiter_store;
 mod memory;
 mod overrides;
 mod redis_store;
+mod scripts;
 
 use std::sync::Arc;
 
@@ -18,13 +20,13 @@ use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
-pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key};
+pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key, field};
 pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
 pub use overrides::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
 pub use redis_store::{
-    ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_reply,
-    reserve_script,
+    ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_replies,
+    parse_reply, reserve_script,
 };
 
 /// One event's reservation request for one entity.

@@ -4,26 +4,18 @@
 //! recorded in an audit list of the rule.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
 use drip_core::budgets::{Adaptive, adaptive_window};
 use drip_core::rules::Limit;
 use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::time::{DAY, Millis};
+use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
-use redis::{AsyncCommands, Script};
 use serde::Serialize;
 
-use crate::keys::{overridden_keys, overrides_log};
+use crate::keys::{field, overridden_keys, overrides_log};
+use crate::scripts::OVERRIDE;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
-
-static OVERRIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/override.lua")));
-
-/// The overrides hash's field holding when a pause of the entity ends.
-pub(crate) const PAUSE: &str = "pause";
-/// The overrides hash's field holding the adaptive level (`<level>:<window number>`; override.lua
-/// keeps when it stops mattering in `adapt:u`).
-pub(crate) const ADAPT: &str = "adapt";
 
 /// How long an overrides hash outlives the latest `until` in it.
 const OVERRIDE_MARGIN: Millis = DAY;
@@ -109,7 +101,7 @@ impl From<LimitOverride> for OverrideView {
 pub(crate) fn parse_overrides(fields: &BTreeMap<String, String>) -> BTreeMap<String, LimitOverride> {
     fields
         .iter()
-        .filter(|(name, _)| !name.ends_with(":u") && ![PAUSE, ADAPT].contains(&name.as_str()))
+        .filter(|(name, _)| !name.ends_with(":u") && ![field::PAUSE, field::ADAPT].contains(&name.as_str()))
         .filter_map(|(id, limit)| {
             let until = fields.get(&format!("{id}:u")).and_then(|u| u.parse().ok());
             Some((id.clone(), LimitOverride { limit: limit.parse().ok()?, until }))
@@ -255,7 +247,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         invocation
             .key(&keys.overrides)
             .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(ADAPT)
+            .arg(field::ADAPT)
             .arg("")
             .arg(adapt_args(adaptive, limits).join(":"))
             .arg("")

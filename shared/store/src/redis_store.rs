@@ -1,13 +1,11 @@
-use std::sync::LazyLock;
-
-use drip_core::budgets::{Adaptive, Budget, adaptive_window};
-use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{Reservation, Status, override_id, state_id};
+use drip_core::schedule::{Reservation, Status};
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
+use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
-use redis::{AsyncCommands, Script};
 
-use crate::keys::{ANSWER_BUCKET, budget_key, dispatch_key, payload_key};
+use crate::args::{ReserveArgs, answers_keep};
+use crate::keys::{dispatch_key, field, payload_key};
+use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
 use crate::{EntityKeys, Reserved, SlotRequest, SlotStore, StoreError};
 
 /// How long a message's answer outlives `max_delay`, for redeliveries that come late.
@@ -16,10 +14,6 @@ pub const ANSWER_MARGIN: Millis = HOUR;
 pub const STATE_MARGIN: Millis = MINUTE;
 /// How long the dispatcher remembers a published task (Cloud Tasks rarely runs one twice, soon).
 pub const DISPATCHED_MEMORY: Millis = DAY;
-
-static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/reserve.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/release.lua")));
-static DISPATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/dispatch.lua")));
 
 /// What the dispatcher may do with a task's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,9 +76,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     async fn mark_completed(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
         let keys = self.keys(request);
         let base = keys.answers_base;
-        let Reservation { slot, status, decided_at, .. } = reserved.reservation;
-        let kind = answer_kind(status);
-        let value = format!("{kind}{}:{}:d", slot - base, decided_at - base);
+        let value = field::completed_answer(&reserved.reservation, base);
         let ttl = (base - reserved.now).max(0) + answers_keep(request.max_delay);
         let mut pipe = redis::pipe();
         pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
@@ -142,16 +134,26 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
-    async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        let reply: Vec<i64> = match self.reserve_call(request).cmd().query_async(&mut self.connection()).await {
+impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+    /// Reserves each request's slot, one after another in order, in one script call (every key of
+    /// every request in one hash slot, on a Cluster). Each gets its own answer, as if reserved alone.
+    pub async fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Result<Vec<Reserved>, StoreError> {
+        let call = self.reserve_batch_call(requests);
+        let reply: Vec<i64> = match call.cmd().query_async(&mut self.connection()).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let _: String = RESERVE.prepare_invoke().load_async(&mut self.connection()).await?;
-                self.reserve_call(request).cmd().query_async(&mut self.connection()).await?
+                call.cmd().query_async(&mut self.connection()).await?
             }
             reply => reply?,
         };
-        parse_reply(&reply)
+        parse_replies(&reply)
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
+    async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
+        let mut reserved = self.reserve_batch(std::slice::from_ref(request)).await?;
+        reserved.pop().filter(|_| reserved.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
     }
 
     async fn complete(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
@@ -167,43 +169,39 @@ impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
     }
 }
 
-/// One `EVALSHA reserve.lua` with its keys and arguments, for one request or a pipeline of them.
+/// One `EVALSHA reserve.lua` with its keys and arguments, for one request or a batch of them.
 #[derive(Debug, Clone)]
-pub struct ReserveCall {
-    pub keys: EntityKeys,
-    /// The hash of each budget the event draws from.
-    pub budget_keys: Vec<String>,
-    args: Vec<Vec<u8>>,
-}
+pub struct ReserveCall(ReserveArgs);
 
 impl ReserveCall {
     /// The command (EVALSHA: the script must have been loaded; `SCRIPT LOAD` it with [`reserve_script`]).
     pub fn cmd(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(RESERVE.get_hash()).arg(3 + self.keys.sliding.len() + self.budget_keys.len());
-        cmd.arg(&self.keys.state).arg(&self.keys.answers).arg(&self.keys.overrides);
-        for key in self.keys.sliding.iter().chain(&self.budget_keys) {
+        cmd.arg(RESERVE.get_hash()).arg(self.0.keys.len());
+        for key in &self.0.keys {
             cmd.arg(key);
         }
-        for arg in &self.args {
+        for arg in self.0.args().values() {
             cmd.arg(arg.as_slice());
         }
         cmd
     }
 }
 
-/// How long an answers hash outlives max(its minute's start, the time of its last answer): the
-/// minute itself, `max_delay`, and a margin for late redeliveries.
-fn answers_keep(max_delay: Millis) -> Millis {
-    ANSWER_BUCKET + max_delay + ANSWER_MARGIN
-}
-
-/// The source of `reserve.lua`, for `SCRIPT LOAD`.
+/// The source of `reserve.lua` as it runs (after the prelude), for `SCRIPT LOAD`.
 pub fn reserve_script() -> &'static str {
-    include_str!("../../../lua/reserve.lua")
+    &RESERVE_SOURCE
 }
 
-/// Reads `reserve.lua`'s reply.
+/// Reads `reserve.lua`'s reply: seven numbers per event.
+pub fn parse_replies(reply: &[i64]) -> Result<Vec<Reserved>, StoreError> {
+    if reply.is_empty() || !reply.len().is_multiple_of(7) {
+        return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
+    }
+    reply.chunks(7).map(parse_reply).collect()
+}
+
+/// Reads one event's seven numbers of `reserve.lua`'s reply.
 pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
     let &[slot, late, replayed, now, decided_at, completed, busy] = reply else {
         return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
@@ -222,117 +220,16 @@ pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
 impl<C> RedisStore<C> {
     /// The script call that reserves `request`'s slot.
     pub fn reserve_call(&self, request: &SlotRequest<'_>) -> ReserveCall {
-        let keys = self.keys(request);
-        let budget_limits = request.budgets.iter().flat_map(|b| &b.limits);
-        let longest_window =
-            request.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0) + request.margin;
-        // Each budget's fair share is one more fixed limit on the entity's own slots ('share').
-        let shares: Vec<(usize, &Budget, &Limit)> = request
-            .budgets
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.max_share.is_some())
-            .flat_map(|(i, b)| b.limits.iter().map(move |l| (i + 1, &**b, l)))
-            .collect();
-        let number = |n: i64| n.to_string().into_bytes();
-        let mut args = vec![
-            request.now.map(|now| now.to_string()).unwrap_or_default().into_bytes(),
-            keys.answer_field.to_vec(),
-            number(request.cost as i64),
-            number(request.max_delay),
-            number(keys.answers_base),
-            number(answers_keep(request.max_delay)),
-            number(request.lease),
-            number(longest_window + STATE_MARGIN),
-            number((request.limits.len() + shares.len()) as i64),
-        ];
-        let mut fields = vec![b"last".to_vec(), b"exp".to_vec(), b"ab".to_vec()];
-        let mut parameters = Vec::new();
-        let mut override_fields = Vec::new();
-        let mut sliding_index = 3;
-        for limit in request.limits {
-            let id = state_id(limit);
-            let overridden = override_id(limit);
-            override_fields.extend([overridden.clone().into_bytes(), format!("{overridden}:u").into_bytes()]);
-            let (extra, [a, b]) = match limit.window() {
-                Window::Sliding => {
-                    sliding_index += 1;
-                    (sliding_index, [format!("{id}:b"), String::new()])
-                }
-                Window::Gcra { burst } => (burst as i64, [format!("{id}:t"), format!("{id}:r")]),
-                Window::Fixed(_) => (0, [format!("{id}:w"), format!("{id}:u")]),
-            };
-            fields.extend([a.into_bytes(), b.into_bytes()]);
-            parameters.extend([
-                script_kind(limit).as_bytes().to_vec(),
-                number(limit.per()),
-                number(limit.limit() as i64),
-                number(extra),
-            ]);
-        }
-        for &(index, budget, limit) in &shares {
-            let id = budget.share_id(limit);
-            fields.extend([format!("{id}:w").into_bytes(), format!("{id}:u").into_bytes()]);
-            parameters.extend([
-                b"share".to_vec(),
-                number(limit.per()),
-                number(limit.limit() as i64),
-                number(index as i64),
-            ]);
-            // Never set: a share has no override.
-            override_fields.extend([id.clone().into_bytes(), format!("{id}:u").into_bytes()]);
-        }
-        args.extend(fields);
-        args.extend(parameters);
-        args.extend(override_fields);
-        args.push(if request.reslot { b"reslot".to_vec() } else { Vec::new() });
-        args.push(request.floor.map(|floor| floor.to_string().into_bytes()).unwrap_or_default());
-        args.extend(adaptive_args(request.adaptive.as_ref(), request.limits));
-        args.push(number(request.margin));
-        args.push(number(request.budgets.len() as i64));
-        let mut budget_keys = Vec::new();
-        for budget in request.budgets {
-            budget_keys.push(budget_key(&self.namespace, budget));
-            args.push(number((3 + keys.sliding.len() + budget_keys.len()) as i64));
-            args.extend(adaptive_args(budget.adaptive.as_ref(), &budget.limits));
-            args.push(budget.max_share.map(|share| share.to_string().into_bytes()).unwrap_or_default());
-            args.push(number(budget.limits.len() as i64));
-            for limit in &budget.limits {
-                // 'fixed' or 'spread': a budget takes fixed windows only.
-                args.extend([
-                    number(limit.per()),
-                    number(limit.limit() as i64),
-                    script_kind(limit).as_bytes().to_vec(),
-                ]);
-            }
-        }
-        ReserveCall { keys, budget_keys, args }
+        self.reserve_batch_call(std::slice::from_ref(request))
     }
-}
 
-/// An adaptive limit as reserve.lua reads it: ceiling, step, window ('' for none).
-fn adaptive_args(adaptive: Option<&Adaptive>, limits: &[Limit]) -> [Vec<u8>; 3] {
-    match adaptive {
-        None => [Vec::new(), Vec::new(), Vec::new()],
-        Some(a) => [a.ceiling(), a.step, adaptive_window(limits) as u64].map(|n| n.to_string().into_bytes()),
-    }
-}
-
-/// How reserve.lua files a status in an answer: `R`eserved, `L`ate, or `C`ost over a limit in force.
-fn answer_kind(status: Status) -> char {
-    match status {
-        Status::Reserved => 'R',
-        Status::MaxDelayExceeded => 'L',
-        Status::CostExceedsLimit => 'C',
-    }
-}
-
-fn script_kind(limit: &Limit) -> &'static str {
-    match limit.window() {
-        Window::Fixed(Placement::Start) => "fixed",
-        Window::Fixed(Placement::Spread) => "spread",
-        Window::Sliding => "sliding",
-        Window::Gcra { .. } => "gcra",
+    /// The script call that reserves each of `requests` in order (at the first one's `now`).
+    pub fn reserve_batch_call(&self, requests: &[SlotRequest<'_>]) -> ReserveCall {
+        let mut args = ReserveArgs::new(requests.first().and_then(|r| r.now));
+        for request in requests {
+            args.event(&self.namespace, &self.keys(request), request);
+        }
+        ReserveCall(args)
     }
 }
 
@@ -340,7 +237,7 @@ fn script_kind(limit: &Limit) -> &'static str {
 mod tests {
     #[test]
     fn the_script_knows_the_answers_minute() {
-        let line = format!("local ANSWER_MINUTE = {}", super::ANSWER_BUCKET);
+        let line = format!("local ANSWER_MINUTE = {}", crate::ANSWER_BUCKET);
         assert!(super::reserve_script().contains(&line), "reserve.lua must say `{line}`");
     }
 }

@@ -1,0 +1,72 @@
+-- Prepended to every script of drip-store (scripts.rs) when it is built: what they share.
+--
+-- The arguments are read in order with a cursor, as drip-store's args.rs writes them; a section is
+-- a count followed by that many records. No script does offset arithmetic on ARGV.
+local arg_at = 0
+local function str()
+  arg_at = arg_at + 1
+  return ARGV[arg_at]
+end
+-- A number, or nil for '' (none).
+local function int()
+  arg_at = arg_at + 1
+  return tonumber(ARGV[arg_at])
+end
+-- The next n values, as the bounds of `unpack(ARGV, from, to)` (field names for an HMGET).
+local function span(n)
+  local from = arg_at + 1
+  arg_at = arg_at + n
+  return from, arg_at
+end
+
+-- The caller's time when it gives one (a simulated clock), else the server's.
+local function clock(given)
+  if given then
+    return given
+  end
+  local time = redis.call('TIME')
+  return time[1] * 1000 + math.floor(time[2] / 1000)
+end
+
+-- An answer: '<R|L|C><slot>:<decided>:<held>', times relative to the answers hash's base; held is
+-- the lease's end (relative), 'd' once completed or 'r' once released (keys.rs: Answer).
+local function answer_value(kind, slot, decided, held, base)
+  return kind .. (slot - base) .. ':' .. (decided - base) .. ':' .. held
+end
+local function parse_answer(value)
+  return string.match(value, '^(%a)(%-?%d+):(%-?%d+):(%-?%w+)$')
+end
+
+-- An adaptive level (ppm) as stored: '<level>:<window number>' (budgets.rs: AdaptiveState).
+local function parse_level(state)
+  local level, at = string.match(state or '', '^(%d+):(%-?%d+)$')
+  return tonumber(level), tonumber(at)
+end
+-- The level in force at `now`: the last signal's, a step up per quiet window since, at most the ceiling.
+local function level_in_force(state, ceiling, step, window, now)
+  local level, at = parse_level(state)
+  if not level then
+    return ceiling
+  end
+  local quiet = math.max(math.floor(now / window) - at - 1, 0)
+  return math.min(ceiling, level + quiet * step)
+end
+-- A 429, 5xx or timeout at `now`: the level drops by `decrease` (not below min) once per window.
+-- Returns the level after it and the state to store ('' when it is unchanged).
+local function level_after_signal(state, ceiling, decrease, min, step, window, now)
+  local stored, at = parse_level(state)
+  local current = math.floor(now / window)
+  if at == current then
+    return stored, ''
+  end
+  local level = ceiling
+  if stored then
+    level = math.min(ceiling, stored + math.max(current - at - 1, 0) * step)
+  end
+  level = math.max(math.floor(level * decrease / 1000000), min)
+  return level, level .. ':' .. current
+end
+-- How long a lowered level matters: until it is back at the ceiling.
+local function level_matters_until(level, ceiling, step, window, now)
+  return now + (math.ceil((ceiling - level) / step) + 2) * window
+end

@@ -1,0 +1,204 @@
+//! The writing half of the argument contract with the Lua scripts; `lua/prelude.lua`'s cursor
+//! (`str()`, `int()`) is the reading half, and each script's `read_*` function names what it reads
+//! in this order. Values are written in order; a section is a count, then that many records; `''`
+//! is "none". A golden test pins the arguments of one rich request, so that a change to the
+//! contract is a visible diff.
+
+use drip_core::budgets::{Adaptive, adaptive_window};
+use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::override_id;
+use drip_core::time::Millis;
+
+use crate::keys::{ANSWER_BUCKET, budget_key, field};
+use crate::redis_store::{ANSWER_MARGIN, STATE_MARGIN};
+use crate::{EntityKeys, SlotRequest};
+
+/// Arguments in the order a script reads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Args(Vec<Vec<u8>>);
+
+impl Args {
+    pub fn int(&mut self, n: impl Into<i64>) -> &mut Self {
+        self.0.push(n.into().to_string().into_bytes());
+        self
+    }
+
+    pub fn opt(&mut self, n: Option<impl Into<i64>>) -> &mut Self {
+        self.0.push(n.map(|n| n.into().to_string().into_bytes()).unwrap_or_default());
+        self
+    }
+
+    pub fn str(&mut self, s: impl AsRef<[u8]>) -> &mut Self {
+        self.0.push(s.as_ref().to_vec());
+        self
+    }
+
+    /// A count-prefixed section: `items.len()`, then each item as `write` writes it.
+    pub fn section<T>(&mut self, items: &[T], mut write: impl FnMut(&mut Self, &T)) -> &mut Self {
+        self.int(items.len() as i64);
+        for item in items {
+            write(self, item);
+        }
+        self
+    }
+
+    pub fn values(&self) -> &[Vec<u8>] {
+        &self.0
+    }
+}
+
+/// One reserve.lua call: the keys of every event in it (each event's group starting where its
+/// first argument says) and the arguments. `events` events, reserved one after another in order.
+#[derive(Debug, Clone)]
+pub struct ReserveArgs {
+    pub keys: Vec<String>,
+    pub events: Vec<Args>,
+    now: Option<Millis>,
+}
+
+/// How reserve.lua names a limit's kind (a budget limit's placement: `fixed` or `spread`).
+pub fn script_kind(limit: &Limit) -> &'static str {
+    match limit.window() {
+        Window::Fixed(Placement::Start) => "fixed",
+        Window::Fixed(Placement::Spread) => "spread",
+        Window::Sliding => "sliding",
+        Window::Gcra { .. } => "gcra",
+    }
+}
+
+/// How long an answers hash outlives max(its minute's start, the time of its last answer): the
+/// minute itself, `max_delay`, and a margin for late redeliveries.
+pub fn answers_keep(max_delay: Millis) -> Millis {
+    ANSWER_BUCKET + max_delay + ANSWER_MARGIN
+}
+
+/// An adaptive limit as the scripts read it: ceiling, step (ppm) and window (ms), or three nones.
+fn adaptive(args: &mut Args, adaptive: Option<&Adaptive>, limits: &[Limit]) {
+    match adaptive {
+        None => args.str("").str("").str(""),
+        Some(a) => args.int(a.ceiling() as i64).int(a.step as i64).int(adaptive_window(limits)),
+    };
+}
+
+/// One limit of the entity's own state as reserve.lua's `read_event` reads it.
+struct EntityLimit {
+    kind: &'static str,
+    limit: Limit,
+    /// gcra: its burst; sliding: its sorted set's number among the event's; share: its budget's.
+    extra: i64,
+    state_fields: [String; 2],
+    /// Its override's count and end fields (a share has none that are ever set).
+    override_fields: [String; 2],
+}
+
+impl ReserveArgs {
+    /// A call at `now` (`None`: the server's `TIME`).
+    pub fn new(now: Option<Millis>) -> Self {
+        Self { keys: Vec::new(), events: Vec::new(), now }
+    }
+
+    /// Adds `request`'s event, its keys `keys` (the entity's) and its budgets' hashes.
+    pub fn event(&mut self, namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> &mut Self {
+        let base = self.keys.len() as i64 + 1;
+        self.keys.extend([keys.state.clone(), keys.answers.clone(), keys.overrides.clone()]);
+        self.keys.extend(keys.sliding.iter().cloned());
+        let budgets_at = self.keys.len() as i64 + 1 - base;
+        self.keys.extend(request.budgets.iter().map(|b| budget_key(namespace, b)));
+
+        let budget_limits = request.budgets.iter().flat_map(|b| &b.limits);
+        let longest_window =
+            request.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0) + request.margin;
+        let mut sliding = 0;
+        let mut limits: Vec<EntityLimit> = request
+            .limits
+            .iter()
+            .map(|limit| {
+                let extra = match limit.window() {
+                    Window::Sliding => {
+                        sliding += 1;
+                        sliding
+                    }
+                    Window::Gcra { burst } => burst as i64,
+                    Window::Fixed(_) => 0,
+                };
+                EntityLimit {
+                    kind: script_kind(limit),
+                    limit: *limit,
+                    extra,
+                    state_fields: field::limit_state(limit),
+                    override_fields: field::override_fields(&override_id(limit)),
+                }
+            })
+            .collect();
+        // Each budget's fair share is one more fixed limit on the entity's own slots.
+        for (number, budget) in request.budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some()) {
+            for limit in &budget.limits {
+                let id = budget.share_id(limit);
+                limits.push(EntityLimit {
+                    kind: "share",
+                    limit: *limit,
+                    extra: number as i64 + 1,
+                    state_fields: field::fixed_state(&id),
+                    // Never set: a share has no override.
+                    override_fields: field::override_fields(&id),
+                });
+            }
+        }
+
+        let mut args = Args::default();
+        args.int(base)
+            .str(keys.answer_field)
+            .int(request.cost as i64)
+            .int(request.max_delay)
+            .int(keys.answers_base)
+            .int(answers_keep(request.max_delay))
+            .int(request.lease)
+            .int(longest_window + STATE_MARGIN)
+            .str(if request.reslot { "reslot" } else { "" })
+            .opt(request.floor)
+            .int(request.margin);
+        adaptive(&mut args, request.adaptive.as_ref(), request.limits);
+        args.section(&limits, |args, l| {
+            args.str(l.kind).int(l.limit.per()).int(l.limit.limit() as i64).int(l.extra);
+        });
+        // The fields each HMGET names, in order: the state's, then the overrides'.
+        args.str(field::LAST).str(field::EXPIRES).str(field::ANSWERS_EXPIRY);
+        for name in limits.iter().flat_map(|l| &l.state_fields) {
+            args.str(name);
+        }
+        args.str(field::PAUSE).str(field::ADAPT);
+        for name in limits.iter().flat_map(|l| &l.override_fields) {
+            args.str(name);
+        }
+        let numbered: Vec<(i64, &_)> =
+            request.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
+        args.section(&numbered, |args, (key, budget)| {
+            args.int(*key);
+            adaptive(args, budget.adaptive.as_ref(), &budget.limits);
+            args.opt(budget.max_share.map(|share| share as i64));
+            args.section(&budget.limits, |args, limit| {
+                args.int(limit.per()).int(limit.limit() as i64).str(script_kind(limit));
+            });
+            // The fields its HMGET names: pause, adaptive level, expiry, each limit's oldest window
+            // and each limit's run of full windows.
+            args.str(field::PAUSE).str(field::ADAPT).str(field::EXPIRES);
+            for limit in &budget.limits {
+                args.str(field::budget_oldest(limit.per()));
+            }
+            for limit in &budget.limits {
+                args.str(field::budget_run(limit.per()));
+            }
+        });
+        self.events.push(args);
+        self
+    }
+
+    /// The arguments in order: now, then the section of events.
+    pub fn args(&self) -> Args {
+        let mut args = Args::default();
+        args.opt(self.now).section(&self.events, |args, event| {
+            args.0.extend(event.0.iter().cloned());
+        });
+        args
+    }
+}
