@@ -13,7 +13,7 @@ use drip_core::event::Event;
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::RuleSet;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
-use drip_store::{MemoryStore, RedisStore, SlotRequest, SlotStore};
+use drip_store::{MemoryStore, RedisStore, SlotRequest, Store};
 use serde::Deserialize;
 
 use crate::decisions::{Outcome, Scheduled};
@@ -116,7 +116,7 @@ fn read_events(path: &PathBuf) -> anyhow::Result<Vec<(Event, Millis)>> {
 pub async fn decide_all(
     rules: &RuleSet,
     events: &[(Event, Millis)],
-    store: &impl SlotStore,
+    store: &dyn Store,
 ) -> anyhow::Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(events.len());
     for (event, now) in events {

@@ -171,7 +171,7 @@ fn simulate_names_the_line_of_a_malformed_event() {
 /// of the CA for `rediss://`), then runs `drip inspect` against it with the services' connection
 /// code: 100 now, 100 next minute, 50 after.
 fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>) {
-    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
+    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
     let rules_path = repo("examples/seed.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
@@ -313,7 +313,7 @@ fn demo_drains_a_burst_and_exits_zero() {
 /// `drip limits` on `url`: an override set from the CLI applies to the next reservations, shows in
 /// `get`, `list`, `inspect` and `history`, and is gone after `delete`.
 fn limits_through_the_cli(url: &str, cluster: bool) {
-    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
+    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
     let rules_path = repo("examples/seed.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();

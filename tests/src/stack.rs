@@ -225,6 +225,8 @@ pub fn queue_of(rule: &str, key: &str, queues: usize) -> usize {
 pub struct DispatcherUnderTest {
     pub url: String,
     pub state: drip_dispatcher::AppState,
+    /// Its Redis namespace.
+    pub namespace: String,
 }
 
 /// Starts a dispatcher reading the same rules, Redis namespace and emulator as a limiter.
@@ -331,7 +333,7 @@ async fn start_dispatcher(
     let state = drip_dispatcher::build_state(&settings).await.expect("the dispatcher starts");
     let router = drip_dispatcher::app(state.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
-    DispatcherUnderTest { url, state }
+    DispatcherUnderTest { url, state, namespace: namespace.to_owned() }
 }
 
 /// A proxy that answers 500 to the first `failures` requests, then passes them to `target`:

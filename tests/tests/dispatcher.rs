@@ -383,12 +383,8 @@ async fn only_the_limiter_s_sealed_task_is_published_at_its_slot_and_once() {
     assert!(t.pubsub.pull(&format!("{}-overflow", t.prefix), 10).await.is_empty(), "published once");
     // The once-only marker outlives the seal, so the captured body can never publish again.
     let identity = drip_core::event::MessageRef::new("s2", real.subscription.clone()).identity();
-    let marker = drip_store::dispatch_key(
-        t.dispatcher.state.store.namespace(),
-        &format!("{}-payouts", t.prefix),
-        "merchant_8421",
-        &identity,
-    );
+    let marker =
+        drip_store::dispatch_key(&t.dispatcher.namespace, &format!("{}-payouts", t.prefix), "merchant_8421", &identity);
     let mut redis = drip_tests::redis_server::shared_connection().await;
     let ttl: i64 = redis::cmd("PTTL").arg(&marker).query_async(&mut redis).await.unwrap();
     assert!(ttl > (soon + HOUR) - wall_clock_millis(), "marker ttl {ttl} ms");

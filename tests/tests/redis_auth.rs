@@ -9,9 +9,7 @@ use drip_core::rules::{Limit, Placement, Window};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use drip_store::{
-    AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore, TokenAuth, TokenFuture, TokenSource,
-};
+use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, TokenAuth, TokenFuture, TokenSource};
 use drip_tests::redis_server::{RedisCluster, RedisServer};
 use drip_tests::redis_tls::{TlsRedis, start};
 use drip_tests::unique;

@@ -10,7 +10,7 @@ use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{LimitState, Reservation, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
-use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, SlotStore};
+use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
     Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_delivery_bounds, check_edit_bounds,
@@ -39,7 +39,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
             store.pause_entity(rule, &format!("entity_{entity}"), until, arrival.now).await;
         }
         for &(_, entity) in scenario.shared.signals.iter().filter(|s| s.0 == i) {
-            store.signal(rule, scenario, entity, arrival.now).await;
+            store.signal_for(rule, scenario, entity, arrival.now).await;
         }
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
@@ -114,13 +114,13 @@ fn batched(mut scenario: Scenario, sizes: &[usize]) -> (Scenario, Vec<Range<usiz
 }
 
 /// A store the differential test can also set overrides on.
-trait Overridable: SlotStore {
+trait Overridable: Store {
     /// Reserves each request in order: one script call for Redis, one after another for the model.
     async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved>;
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis);
     /// A 429 for the entity (or, for `None`, the first budget), where it has an adaptive limit.
-    async fn signal(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis);
+    async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis);
     async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis);
 }
 
@@ -148,7 +148,7 @@ impl Overridable for MemoryStore {
         self.pause(rule, key, until);
     }
 
-    async fn signal(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
+    async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
         match entity {
             Some(entity) => {
                 if let Some(adaptive) = &scenario.shared.adaptive {
@@ -167,7 +167,7 @@ impl Overridable for MemoryStore {
     }
 }
 
-impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisStore<C> {
+impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable for RedisStore<C> {
     async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
         self.reserve_batch(requests).await.expect("reserve_batch")
     }
@@ -184,7 +184,7 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync> Overridable for RedisS
         self.pause(RuleRef::plain(rule), key, until, Some(now)).await.expect("pause");
     }
 
-    async fn signal(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
+    async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
         match entity {
             Some(entity) => {
                 if let Some(adaptive) = &scenario.shared.adaptive {

@@ -26,7 +26,7 @@ use drip_core::schedule::Status;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::{Answer, EventPost, PostError};
 use drip_service::feedback;
-use drip_store::{DispatchClaim, LimiterStore, MessageOf, SlotRequest, SlotStore};
+use drip_store::{DispatchClaim, MessageOf, SlotRequest};
 
 use crate::AppState;
 
@@ -207,7 +207,7 @@ async fn deliver(
     let meta = &task.rate_limit_meta;
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
     let of = MessageOf { rule: meta.rule_id(), key: &meta.key, message: &identity };
-    match state.metrics.time("redis", state.store.claim_dispatch(of, state.lease)).await? {
+    match state.store.claim_dispatch(of, state.lease).await? {
         DispatchClaim::Done => return Ok(Outcome::Duplicate),
         DispatchClaim::Busy => return Ok(Outcome::Busy),
         DispatchClaim::Acquired => {}
@@ -222,7 +222,7 @@ async fn deliver(
         }
         Ok(_) => {
             let memory = delivery.marker_memory(wall_clock_millis());
-            if let Err(error) = state.metrics.time("redis", state.store.finish_dispatch(of, memory)).await {
+            if let Err(error) = state.store.finish_dispatch(of, memory).await {
                 tracing::warn!(%error, "could not record the dispatch; a second run would publish again");
             }
         }
@@ -244,7 +244,7 @@ async fn publish(
     let data = match &task.payload {
         TaskPayload::Json(_) | TaskPayload::Bytes(_) => task.payload.data().unwrap_or_default(),
         TaskPayload::ClaimCheck(reference) => {
-            match state.metrics.time("redis", state.store.get_payload(reference)).await? {
+            match state.store.get_payload(reference).await? {
                 Some(data) => data,
                 None => {
                     // Retrying cannot bring it back: dead-letter the task body, which names the event.
@@ -289,8 +289,7 @@ async fn publish(
     };
     // A pause that began after this task was made (its slot was reserved before it) holds it too.
     if state.tasks.is_some()
-        && let Some(until) =
-            state.metrics.time("redis", state.store.paused_until(rule, &task.rate_limit_meta.key)).await?
+        && let Some(until) = state.store.paused_until(rule, &task.rate_limit_meta.key).await?
         && until > wall_clock_millis()
     {
         let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
@@ -338,7 +337,7 @@ async fn deliver_to_url(
     };
     let feedback = |status: Option<u16>, until: Option<Millis>| {
         let signal = feedback::Signal { status, until };
-        feedback::apply((&state.store as &dyn LimiterStore, &state.metrics), rule, &meta.key, None, signal)
+        feedback::apply((&*state.store, &state.metrics), rule, &meta.key, None, signal)
     };
     match answer {
         Answer::Delivered => Ok(Outcome::Published),
@@ -392,7 +391,7 @@ async fn reschedule(
         published: task.publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok()),
         ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1), None)
     };
-    let reserved = state.metrics.time("redis", SlotStore::reserve(&state.store, &request)).await?;
+    let reserved = state.store.reserve(&request).await?;
     let slot = reserved.reservation.slot;
     let late = match reserved.reservation.status {
         Status::Reserved => None,
@@ -406,13 +405,13 @@ async fn reschedule(
     }
     let now = reserved.now;
     if let TaskPayload::ClaimCheck(reference) = &task.payload {
-        state.metrics.time("redis", state.store.keep_payload(reference, slot - now + CLAIM_CHECK_MARGIN)).await?;
+        state.store.keep_payload(reference, slot - now + CLAIM_CHECK_MARGIN).await?;
     }
     let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..meta.clone() };
     let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() })?;
     let name = task_id(&rule.id, &identity, Some(slot));
     state.metrics.time("cloud_tasks", tasks.create((&rule.id, &meta.key), &name, slot, body)).await?;
-    if let Err(error) = SlotStore::complete(&state.store, &request, &reserved).await {
+    if let Err(error) = state.store.complete(&request, &reserved).await {
         tracing::warn!(%error, "could not record the new slot as acted upon");
     }
     tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, slot = %format_rfc3339(slot), "rescheduled");

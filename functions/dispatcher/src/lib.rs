@@ -21,7 +21,8 @@ use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
 use drip_service::tasks::{TaskSettings, Tasks};
-use drip_store::{AnyConnection, RedisStore};
+use drip_service::timed_store::TimedStore;
+use drip_store::{RedisStore, Store};
 
 /// Cloud Tasks sends at most 1 MB per task.
 const MAX_TASK_BYTES: usize = 1024 * 1024;
@@ -91,7 +92,7 @@ impl Settings {
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub rules: Arc<LiveRules>,
-    pub store: RedisStore<AnyConnection>,
+    pub store: Arc<dyn Store>,
     /// For `/readyz`.
     pub publishers: Arc<dyn Publish>,
     /// Who may run tasks (`/dispatch`) and read `/metrics`.
@@ -146,7 +147,11 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     });
     Ok(AppState {
         rules: common.load_rules(accept, metrics.shared.clone())?,
-        store: RedisStore::new(redis, common.redis_namespace.clone()),
+        // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
+        store: TimedStore::new(
+            Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
+            metrics.shared.clone(),
+        ),
         signer: common.task_signer()?,
         max_attempts: settings.tasks_max_attempts,
         // A publish or a delivery, a dead letter, a new slot and its task, and Redis around them.
@@ -173,5 +178,5 @@ pub fn app(state: AppState) -> Router {
     let dispatch =
         Router::new().route("/dispatch", post(dispatch::dispatch)).layer(DefaultBodyLimit::max(MAX_TASK_BYTES));
     let api = tasks.protect(dispatch).with_state(state.clone());
-    drip_service::service_router(api, metrics, Arc::new(state.store), state.rules, state.metrics.shared.clone())
+    drip_service::service_router(api, metrics, state.store, state.rules, state.metrics.shared.clone())
 }

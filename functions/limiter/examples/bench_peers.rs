@@ -16,7 +16,7 @@ use axum::routing::post;
 use base64::Engine;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::time::{DAY, SECOND};
-use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, SlotStore};
+use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
 
 #[derive(Clone)]
 struct Bare {

@@ -203,7 +203,7 @@ impl AppState {
             }
             let of = MessageOf { rule: &rule.id, key, message: identity };
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
-            let reference = self.metrics.time("redis", self.store.put_payload(of, &event.data, ttl)).await?;
+            let reference = self.store.put_payload(of, &event.data, ttl).await?;
             body.payload = TaskPayload::ClaimCheck(reference);
             encoded = serde_json::to_vec(&body)?;
         }

@@ -23,7 +23,8 @@ use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
 use drip_service::tasks::Tasks;
-use drip_store::{LimiterStore, RedisStore};
+use drip_service::timed_store::TimedStore;
+use drip_store::{RedisStore, Store};
 
 pub use actions::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
@@ -40,7 +41,7 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub rules: Arc<LiveRules>,
-    pub store: Arc<dyn LimiterStore>,
+    pub store: Arc<dyn Store>,
     pub publishers: Arc<dyn Publish>,
     pub tasks: Tasks,
     /// Forward URLs.
@@ -89,7 +90,11 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
     Ok(AppState {
         rules,
-        store: Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
+        // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
+        store: TimedStore::new(
+            Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
+            metrics.shared.clone(),
+        ),
         publishers: common.connect_pubsub().await?,
         tasks,
         target: Arc::new(target),

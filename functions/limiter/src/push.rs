@@ -85,7 +85,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     // A rule whose key template changed: the subject's frontier under its previous key carries over.
     let floor = match &previous_key {
         Some(previous) => {
-            let frontier = state.metrics.time("redis", state.store.frontier(rule, previous));
+            let frontier = state.store.frontier(rule, previous);
             state.shutdown.bound(state.attempt_deadline, frontier).await??
         }
         None => None,
@@ -96,7 +96,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         floor,
         ..SlotRequest::for_rule(rule, &key, &identity, cost, None)
     };
-    let reserve = state.metrics.time("redis", state.store.reserve(&request));
+    let reserve = state.store.reserve(&request);
     let reserved = state.shutdown.bound(state.attempt_deadline, reserve).await??;
     let reservation = reserved.reservation;
     if reservation.busy {
@@ -131,7 +131,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     state.metrics.count(&rule.name, outcome.as_str());
     // Acting twice on a redelivery is what this prevents; failing to record it only risks that
     // (the lease still holds a concurrent duplicate off until it expires).
-    if let Err(error) = state.metrics.time("redis", state.store.complete(&request, &reserved)).await {
+    if let Err(error) = state.store.complete(&request, &reserved).await {
         tracing::warn!(message_id = %event.id, %error, "could not record the message as acted upon");
     }
     Ok(outcome)
@@ -178,7 +178,7 @@ async fn act(
             // A pause that began while the event waited holds it too (the reservation saw none).
             let paused = match wait {
                 0 => None,
-                _ => state.metrics.time("redis", state.store.paused_until(rule, key)).await?,
+                _ => state.store.paused_until(rule, key).await?,
             };
             match paused.filter(|&until| until > wall_clock_millis()) {
                 Some(until) => {
@@ -199,7 +199,7 @@ async fn act(
                 tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = %format_rfc3339(until), %detail, "the downstream asked to wait: paused, event rescheduled");
             }
             let again = SlotRequest { reslot: true, ..*request };
-            let moved = state.metrics.time("redis", state.store.reserve(&again)).await?;
+            let moved = state.store.reserve(&again).await?;
             let acting = Acting { slot: moved.reservation.slot, ..acting };
             let done = match Decision::of(&moved.reservation, 0) {
                 Decision::DeadLetter(reason) => Err(Failure::Permanent(drip_core::attributes::Refused {

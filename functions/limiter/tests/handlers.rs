@@ -22,7 +22,7 @@ use drip_limiter::{AppState, app};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
 use drip_service::tasks::Tasks;
-use drip_store::MemoryLimiterStore;
+use drip_store::MemoryStore;
 use drip_tests::stack::SIGNING_KEY;
 use tower::ServiceExt;
 
@@ -195,7 +195,7 @@ impl CreateTask for RecordingTasks {
 
 struct Limiter {
     state: AppState,
-    store: Arc<MemoryLimiterStore>,
+    store: Arc<MemoryStore>,
     pubsub: Arc<RecordingPublisher>,
     tasks: Arc<RecordingTasks>,
 }
@@ -207,11 +207,8 @@ fn limiter() -> Limiter {
 fn limiter_forwarding_to(target: &str) -> Limiter {
     let rules = RULES.replace("TARGET", target);
     let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", &rules).unwrap(), "handlers.yaml").unwrap();
-    let (store, pubsub, tasks) = (
-        Arc::new(MemoryLimiterStore::new()),
-        Arc::new(RecordingPublisher::default()),
-        Arc::new(RecordingTasks::default()),
-    );
+    let (store, pubsub, tasks) =
+        (Arc::new(MemoryStore::new()), Arc::new(RecordingPublisher::default()), Arc::new(RecordingTasks::default()));
     let metrics = Arc::new(ServiceMetrics::new(("decisions", "-"), ("delay_seconds", "-")));
     let state = AppState {
         rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
@@ -369,7 +366,7 @@ async fn a_redelivery_after_the_action_is_acked_without_acting_again() {
     }
     assert_eq!(l.published("payouts-ready").len(), 2, "each forwarded once");
     assert_eq!(l.tasks().len(), 1, "one task for c");
-    let state = l.store.model.entity_state("payouts", "merchant_3").unwrap();
+    let state = l.store.entity_state("payouts", "merchant_3").unwrap();
     let used: u64 = state
         .limits
         .values()

@@ -11,7 +11,7 @@ use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 /// The log line of a capped pause (an alert in terraform/monitoring.tf filters on it).
 pub const LONG_PAUSE_CAPPED: &str =
     "the downstream asked to wait longer than max_pause: pause capped, read as overload";
-use drip_store::{LimiterStore, StoreError};
+use drip_store::{Store, StoreError};
 
 use crate::metrics::ServiceMetrics;
 
@@ -44,7 +44,7 @@ pub struct Effect {
 /// Applies `signal` to the key, or to `budget` when given, else to the budget the rule's
 /// feedback names.
 pub async fn apply(
-    (store, metrics): (&dyn LimiterStore, &ServiceMetrics),
+    (store, metrics): (&dyn Store, &ServiceMetrics),
     rule: &Rule,
     key: &str,
     budget: Option<&Budget>,
@@ -68,14 +68,14 @@ pub async fn apply(
     });
     if let Some(until) = until {
         match budget {
-            Some(budget) => metrics.time("redis", store.pause_budget(budget, until)).await?,
-            None => metrics.time("redis", store.pause(rule, key, until)).await?,
+            Some(budget) => store.pause_budget(budget, until).await?,
+            None => store.pause(rule, key, until).await?,
         }
     }
     let level = match (overloaded, budget) {
         (false, _) => None,
-        (true, Some(budget)) => metrics.time("redis", store.signal_budget(budget)).await?,
-        (true, None) => metrics.time("redis", store.signal(rule, key)).await?,
+        (true, Some(budget)) => store.signal_budget(budget).await?,
+        (true, None) => store.signal(rule, key).await?,
     };
     let adaptive_level = level.map(|level| level as f64 / PPM as f64);
     if let Some(level) = adaptive_level {

@@ -11,6 +11,7 @@ pub mod settings;
 pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;
+pub mod timed_store;
 
 /// Resolves when the process is asked to stop (SIGTERM from Cloud Run, or Ctrl-C).
 pub async fn shutdown_signal() {

@@ -17,7 +17,7 @@ use std::time::Instant;
 use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
-use drip_store::{RedisStore, SlotRequest, SlotStore};
+use drip_store::{RedisStore, SlotRequest};
 use plotters::prelude::*;
 use redis::aio::MultiplexedConnection;
 

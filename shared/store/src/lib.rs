@@ -6,11 +6,11 @@ mod budgets;
 mod connection;
 pub mod inspect;
 mod keys;
-mod limiter_store;
 mod memory;
 mod overrides;
 mod redis_store;
 mod scripts;
+mod store;
 
 use std::sync::Arc;
 
@@ -21,13 +21,13 @@ use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
 pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key, field};
-pub use limiter_store::{LimiterStore, MemoryLimiterStore, Ping, StoreFuture};
 pub use memory::MemoryStore;
 pub use overrides::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
 pub use redis_store::{
     ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_replies,
     parse_reply, reserve_script,
 };
+pub use store::{Ping, Store, StoreFuture};
 
 /// One event's reservation request for one entity.
 #[derive(Debug, Clone, Copy)]
@@ -110,24 +110,4 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("unexpected reply from reserve.lua: {0}")]
     UnexpectedReply(String),
-}
-
-/// A place that reserves slots. Every implementation gives the same answers for the same requests.
-pub trait SlotStore {
-    fn reserve(&self, request: &SlotRequest<'_>) -> impl Future<Output = Result<Reserved, StoreError>> + Send;
-
-    /// Records that the request's message was acted upon, so a redelivery is acked as it is.
-    /// `reserved` is what `reserve` answered this attempt.
-    fn complete(
-        &self,
-        request: &SlotRequest<'_>,
-        reserved: &Reserved,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Ends the lease of an attempt that failed, so that a retry may act at once.
-    fn release(
-        &self,
-        request: &SlotRequest<'_>,
-        reserved: &Reserved,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

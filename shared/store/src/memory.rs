@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use drip_core::budgets::{Adaptive, Budget};
@@ -5,22 +6,80 @@ use drip_core::rules::Limit;
 use drip_core::schedule::{BudgetState, LimitOverride, ReserveRequest, Scheduler, override_id};
 use drip_core::time::{Millis, wall_clock_millis};
 
-use crate::{Reserved, SlotRequest, SlotStore, StoreError};
+use crate::{DispatchClaim, FeedbackChange, MessageOf, Reserved, SlotRequest, StoreError};
 
-/// The reference model behind a lock: one process, no persistence.
+/// The reference model behind a lock, with claim-checked payloads, dispatch claims and the
+/// feedback audit in maps: one process, no persistence.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     scheduler: Mutex<Scheduler>,
+    payloads: Mutex<HashMap<String, Vec<u8>>>,
+    feedback: Mutex<Vec<FeedbackChange>>,
+    /// By message: `None` once published, else the end of the publishing attempt's lease.
+    dispatched: Mutex<HashMap<String, Option<Millis>>>,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn message_name(of: MessageOf<'_>) -> String {
+    format!("memory:{}|{}|{}", of.rule, of.key, of.message)
 }
 
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
-}
 
-impl SlotStore for MemoryStore {
-    async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
+    /// Keeps a payload until its dispatch; returns its reference.
+    pub fn put_payload(&self, of: MessageOf<'_>, payload: &[u8]) -> String {
+        let reference = message_name(of);
+        locked(&self.payloads).insert(reference.clone(), payload.to_vec());
+        reference
+    }
+
+    /// A payload `put_payload` kept, by its reference.
+    pub fn payload(&self, reference: &str) -> Option<Vec<u8>> {
+        locked(&self.payloads).get(reference).cloned()
+    }
+
+    pub fn record_feedback(&self, change: &FeedbackChange) {
+        locked(&self.feedback).push(change.clone());
+    }
+
+    /// The feedback calls recorded, oldest first.
+    pub fn feedback_history(&self) -> Vec<FeedbackChange> {
+        locked(&self.feedback).clone()
+    }
+
+    /// As `RedisStore::claim_dispatch` (dispatch.lua), on the wall clock.
+    pub fn claim_dispatch(&self, of: MessageOf<'_>, lease: Millis) -> DispatchClaim {
+        let now = wall_clock_millis();
+        let mut dispatched = locked(&self.dispatched);
+        match dispatched.get(&message_name(of)) {
+            Some(None) => DispatchClaim::Done,
+            Some(Some(until)) if *until > now => DispatchClaim::Busy,
+            _ => {
+                dispatched.insert(message_name(of), Some(now + lease));
+                DispatchClaim::Acquired
+            }
+        }
+    }
+
+    pub fn finish_dispatch(&self, of: MessageOf<'_>) {
+        locked(&self.dispatched).insert(message_name(of), None);
+        locked(&self.payloads).remove(&message_name(of));
+    }
+
+    pub fn release_dispatch(&self, of: MessageOf<'_>) {
+        let mut dispatched = locked(&self.dispatched);
+        if dispatched.get(&message_name(of)).is_some_and(Option::is_some) {
+            dispatched.remove(&message_name(of));
+        }
+    }
+
+    pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         let now = request.now.unwrap_or_else(wall_clock_millis);
         let model_request = ReserveRequest {
             message_id: request.message_id,
@@ -45,12 +104,12 @@ impl SlotStore for MemoryStore {
         Ok(Reserved { reservation, now })
     }
 
-    async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
+    pub async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
         self.with(|s| s.complete(request.rule, request.key, (request.message_id, request.published)));
         Ok(())
     }
 
-    async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
+    pub async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
         self.with(|s| s.release(request.rule, request.key, (request.message_id, request.published)));
         Ok(())
     }
@@ -98,6 +157,6 @@ impl MemoryStore {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
-        f(&mut self.scheduler.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+        f(&mut locked(&self.scheduler))
     }
 }

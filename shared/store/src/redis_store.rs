@@ -6,7 +6,7 @@ use redis::aio::ConnectionLike;
 use crate::args::{ReserveArgs, answers_keep};
 use crate::keys::{dispatch_key, field, payload_key};
 use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
-use crate::{EntityKeys, Reserved, SlotRequest, SlotStore, StoreError};
+use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
 
 /// How long a message's answer outlives `max_delay`, for redeliveries that come late.
 pub const ANSWER_MARGIN: Millis = HOUR;
@@ -38,10 +38,16 @@ pub struct MessageOf<'a> {
 /// Reservations, claim-checked payloads and dispatch markers in Redis or Redis Cluster. `C` is any
 /// async connection: a multiplexed connection, a connection manager, or a cluster connection;
 /// cloning it must be cheap.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisStore<C> {
     connection: C,
     namespace: String,
+}
+
+impl<C> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
 }
 
 impl<C> RedisStore<C> {
@@ -150,17 +156,20 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync> SlotStore for RedisStore<C> {
-    async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
+impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+    pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         let mut reserved = self.reserve_batch(std::slice::from_ref(request)).await?;
         reserved.pop().filter(|_| reserved.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
     }
 
-    async fn complete(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
+    /// Records that the request's message was acted upon, so a redelivery is acked as it is.
+    /// `reserved` is what `reserve` answered this attempt.
+    pub async fn complete(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
         self.mark_completed(request, reserved).await
     }
 
-    async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
+    /// Ends the lease of an attempt that failed, so that a retry may act at once.
+    pub async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
         let keys = self.keys(request);
         let mut invocation = RELEASE.prepare_invoke();
         invocation.key(&keys.answers).arg(keys.answer_field.as_slice());

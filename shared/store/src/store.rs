@@ -1,10 +1,10 @@
-//! What the limiter needs of a store, as one object-safe trait, so its handlers run over Redis in
-//! production and over the reference model in tests that need no services.
+//! What the services need of a store, as one object-safe trait, implemented by Redis
+//! (`RedisStore`) and by the reference model (`MemoryStore`), so both services' handlers run over
+//! Redis in production and over the model in tests that need no services.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
 
 use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule};
@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 
 use crate::inspect::{EntityReport, report};
 use crate::{
-    FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest, SlotStore,
+    DispatchClaim, FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
     StoreError,
 };
 
@@ -25,8 +25,9 @@ pub trait Ping: Send + Sync {
     fn ping(&self) -> StoreFuture<'_, ()>;
 }
 
-/// Reservations, claim-checks and inspection: everything the limiter asks of its store.
-pub trait LimiterStore: Ping + std::fmt::Debug {
+/// Reservations, claim-checks, overrides, pauses, signals, dispatch claims and inspection:
+/// everything either service asks of its store.
+pub trait Store: Ping + std::fmt::Debug {
     fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved>;
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
@@ -58,6 +59,16 @@ pub trait LimiterStore: Ping + std::fmt::Debug {
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
     /// Keeps a `/v1/feedback` call in its rule's audit list.
     fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()>;
+    /// The payload a task refers to, or `None` when it expired or never existed.
+    fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>>;
+    /// Keeps a claim-checked payload at least `ttl` more (its task got a later slot).
+    fn keep_payload<'a>(&'a self, reference: &'a str, ttl: Millis) -> StoreFuture<'a, ()>;
+    /// Takes the right to publish a task's message for `lease` (the dispatcher's once-only claim).
+    fn claim_dispatch<'a>(&'a self, of: MessageOf<'a>, lease: Millis) -> StoreFuture<'a, DispatchClaim>;
+    /// Records the message as published (kept `memory`) and drops its claim-checked payload.
+    fn finish_dispatch<'a>(&'a self, of: MessageOf<'a>, memory: Millis) -> StoreFuture<'a, ()>;
+    /// Lets a retry publish at once after this attempt failed.
+    fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()>;
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -69,17 +80,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> LimiterStore for RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> {
     fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
-        Box::pin(SlotStore::reserve(self, request))
+        Box::pin(RedisStore::reserve(self, request))
     }
 
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
-        Box::pin(SlotStore::complete(self, request, reserved))
+        Box::pin(RedisStore::complete(self, request, reserved))
     }
 
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
-        Box::pin(SlotStore::release(self, request, reserved))
+        Box::pin(RedisStore::release(self, request, reserved))
     }
 
     fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String> {
@@ -141,61 +152,56 @@ impl<C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static> Limite
     fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
         Box::pin(RedisStore::record_feedback(self, change))
     }
-}
 
-/// The reference model with claim-checked payloads in a map: one process, no persistence.
-#[derive(Debug, Default)]
-pub struct MemoryLimiterStore {
-    pub model: MemoryStore,
-    payloads: Mutex<HashMap<String, Vec<u8>>>,
-    feedback: Mutex<Vec<FeedbackChange>>,
-}
-
-impl MemoryLimiterStore {
-    pub fn new() -> Self {
-        Self::default()
+    fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(RedisStore::get_payload(self, reference))
     }
 
-    /// The feedback calls recorded, oldest first.
-    pub fn feedback_history(&self) -> Vec<FeedbackChange> {
-        self.feedback.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    fn keep_payload<'a>(&'a self, reference: &'a str, ttl: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::keep_payload(self, reference, ttl))
     }
 
-    /// A payload `put_payload` kept, by its reference.
-    pub fn payload(&self, reference: &str) -> Option<Vec<u8>> {
-        self.payloads.lock().unwrap_or_else(|e| e.into_inner()).get(reference).cloned()
+    fn claim_dispatch<'a>(&'a self, of: MessageOf<'a>, lease: Millis) -> StoreFuture<'a, DispatchClaim> {
+        Box::pin(RedisStore::claim_dispatch(self, of, lease))
+    }
+
+    fn finish_dispatch<'a>(&'a self, of: MessageOf<'a>, memory: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::finish_dispatch(self, of, memory))
+    }
+
+    fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::release_dispatch(self, of))
     }
 }
 
-impl Ping for MemoryLimiterStore {
+impl Ping for MemoryStore {
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async { Ok(()) })
     }
 }
 
-impl LimiterStore for MemoryLimiterStore {
+impl Store for MemoryStore {
     fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
-        Box::pin(self.model.reserve(request))
+        Box::pin(MemoryStore::reserve(self, request))
     }
 
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
-        Box::pin(self.model.complete(request, reserved))
+        Box::pin(MemoryStore::complete(self, request, reserved))
     }
 
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
-        Box::pin(self.model.release(request, reserved))
+        Box::pin(MemoryStore::release(self, request, reserved))
     }
 
     fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], _: Millis) -> StoreFuture<'a, String> {
-        let reference = format!("memory:{}|{}|{}", of.rule, of.key, of.message);
-        self.payloads.lock().unwrap_or_else(|e| e.into_inner()).insert(reference.clone(), payload.to_vec());
+        let reference = MemoryStore::put_payload(self, of, payload);
         Box::pin(async move { Ok(reference) })
     }
 
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
-        let state = self.model.entity_state(&rule.id, key).unwrap_or_default();
+        let state = self.entity_state(&rule.id, key).unwrap_or_default();
         let budgets: Vec<_> =
-            rule.budgets.iter().map(|b| (b.clone(), self.model.budget_state(&b.name).unwrap_or_default())).collect();
+            rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default())).collect();
         Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state, &budgets)) })
     }
 
@@ -208,52 +214,77 @@ impl LimiterStore for MemoryLimiterStore {
         by: &'a str,
     ) -> StoreFuture<'a, OverrideChange> {
         let before = match set {
-            Some(set) => self.model.set_override(&rule.id, key, limit, set),
-            None => self.model.delete_override(&rule.id, key, limit),
+            Some(set) => self.set_override(&rule.id, key, limit, set),
+            None => self.delete_override(&rule.id, key, limit),
         };
         let change = OverrideChange::new(wall_clock_millis(), by, (&rule.id, key, limit), before, set);
         Box::pin(async move { Ok(change) })
     }
 
     fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
-        let overrides = self.model.entity_state(&rule.id, key).map(|s| s.overrides).unwrap_or_default();
+        let overrides = self.entity_state(&rule.id, key).map(|s| s.overrides).unwrap_or_default();
         Box::pin(async move { Ok(overrides) })
     }
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
-        self.model.pause(&rule.id, key, until);
+        self.pause(&rule.id, key, until);
         Box::pin(async { Ok(()) })
     }
 
     fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
-        self.model.pause_budget(budget, until);
+        self.pause_budget(budget, until);
         Box::pin(async { Ok(()) })
     }
 
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
-        let level = rule.adaptive.map(|a| self.model.signal(&rule.id, key, (&a, &rule.limits), wall_clock_millis()));
+        let level = rule.adaptive.map(|a| self.signal(&rule.id, key, (&a, &rule.limits), wall_clock_millis()));
         Box::pin(async move { Ok(level) })
     }
 
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
-        let level = self.model.signal_budget(budget, wall_clock_millis());
+        let level = self.signal_budget(budget, wall_clock_millis());
         Box::pin(async move { Ok(level) })
     }
 
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        let last = self.model.entity_state(&rule.id, key).and_then(|state| state.last_slot);
+        let last = self.entity_state(&rule.id, key).and_then(|state| state.last_slot);
         Box::pin(async move { Ok(last) })
     }
 
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        let own = self.model.entity_state(&rule.id, key).and_then(|state| state.paused_until);
-        let budgets = rule.budgets.iter().filter_map(|b| self.model.budget_state(&b.name).and_then(|s| s.paused_until));
+        let own = self.entity_state(&rule.id, key).and_then(|state| state.paused_until);
+        let budgets = rule.budgets.iter().filter_map(|b| self.budget_state(&b.name).and_then(|s| s.paused_until));
         let until = own.into_iter().chain(budgets).max();
         Box::pin(async move { Ok(until) })
     }
 
     fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
-        self.feedback.lock().unwrap_or_else(|e| e.into_inner()).push(change.clone());
+        MemoryStore::record_feedback(self, change);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        let payload = self.payload(reference);
+        Box::pin(async move { Ok(payload) })
+    }
+
+    fn keep_payload<'a>(&'a self, _: &'a str, _: Millis) -> StoreFuture<'a, ()> {
+        // The model's payloads never expire.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn claim_dispatch<'a>(&'a self, of: MessageOf<'a>, lease: Millis) -> StoreFuture<'a, DispatchClaim> {
+        let claim = MemoryStore::claim_dispatch(self, of, lease);
+        Box::pin(async move { Ok(claim) })
+    }
+
+    fn finish_dispatch<'a>(&'a self, of: MessageOf<'a>, _: Millis) -> StoreFuture<'a, ()> {
+        MemoryStore::finish_dispatch(self, of);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()> {
+        MemoryStore::release_dispatch(self, of);
         Box::pin(async { Ok(()) })
     }
 }
