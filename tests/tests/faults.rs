@@ -288,8 +288,15 @@ async fn forward_url_answers_are_each_handled_as_promised() {
     assert_eq!(tasks.len(), 1, "one task, at the end of the pause");
     assert!(tasks[0].schedule_time >= before + 2_000, "{} vs {before}", tasks[0].schedule_time);
 
-    let retryable =
-        [("429-bare", Reply::Status(429, None)), ("500", Reply::Status(500, None)), ("503", Reply::Status(503, None))];
+    // A 429 without Retry-After: a new slot at once, in a task (the dispatcher's meaning too).
+    let bare = [("event_type", "url"), ("key", "429-bare")];
+    h.target.then([Reply::Status(429, None)]);
+    assert_eq!(h.push("429-bare", &bare, b"{}").await, StatusCode::NO_CONTENT, "rescheduled, acked");
+    assert_eq!(h.push("429-bare", &bare, b"{}").await, StatusCode::NO_CONTENT, "a redelivery is acked");
+    assert_eq!(h.target.received("429-bare").len(), 1, "no hot retry");
+    assert_eq!(h.tasks.client.tasks().await.unwrap().len(), 2, "its task beside the Retry-After one");
+
+    let retryable = [("500", Reply::Status(500, None)), ("503", Reply::Status(503, None))];
     for (id, reply) in retryable {
         let url = [("event_type", "url"), ("key", id)];
         h.target.then([reply]);

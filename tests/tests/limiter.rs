@@ -240,12 +240,14 @@ async fn forwards_to_a_url_with_the_event_and_its_metadata() {
         StatusCode::SERVICE_UNAVAILABLE,
         "a 5xx target is transient"
     );
+    // A 429 without Retry-After is the dispatcher's meaning too (drip_core::delivery): not a
+    // transport retry, a new slot at once in a Cloud Task.
     *t.receiver.status.lock().unwrap() = 429;
-    assert_eq!(
-        t.push("w2", &[("event_type", "webhook"), ("endpoint", "e9")], b"{}").await,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "so is 429"
-    );
+    let before = drip_core::time::wall_clock_millis();
+    assert_eq!(t.push("w2", &[("event_type", "webhook"), ("endpoint", "e9")], b"{}").await, StatusCode::NO_CONTENT);
+    let tasks = t.tasks().await;
+    assert_eq!(tasks.len(), 1, "a 429 without Retry-After gives the event a new slot in a task: {tasks:?}");
+    assert!(tasks[0].schedule_time >= before, "{tasks:?}");
     *t.receiver.status.lock().unwrap() = 400;
     assert_eq!(t.push("w3", &[("event_type", "webhook"), ("endpoint", "e9")], b"{}").await, StatusCode::NO_CONTENT);
     let dead = t.pulled("dlq", 1).await;

@@ -18,13 +18,14 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
+use drip_core::delivery::Delivery as Meaning;
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::Status;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
-use drip_gcp::http_target::{Answer, EventPost, PostError};
+use drip_gcp::http_target::{EventPost, PostError};
 use drip_service::feedback;
 use drip_store::{DispatchClaim, MessageOf, SlotRequest};
 
@@ -339,27 +340,25 @@ async fn deliver_to_url(
         let signal = feedback::Signal { status, until };
         feedback::apply((&*state.store, &state.metrics), rule, &meta.key, None, signal)
     };
-    match answer {
-        Answer::Delivered => Ok(Outcome::Published),
-        Answer::Wait { status, until, retry_after } => {
-            let effect = feedback(Some(status), Some(until)).await?;
-            tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, retry_after, "the overflow URL asked to wait: paused, event rescheduled");
-            let why = format!("the overflow URL answered {status}, Retry-After {retry_after}");
-            reschedule(state, task, (rule, delivery), &why, data).await
-        }
-        Answer::Overloaded { status: Some(429), detail } => {
-            feedback(Some(429), None).await?;
+    let (status, detail) = (answer.status(), answer.detail("the overflow URL"));
+    match answer.delivery() {
+        Meaning::Delivered => Ok(Outcome::Published),
+        Meaning::Pause { until } => {
+            let effect = feedback(status, Some(until)).await?;
+            tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, %detail, "the overflow URL asked to wait: paused, event rescheduled");
             reschedule(state, task, (rule, delivery), &detail, data).await
         }
-        Answer::Overloaded { status, detail } => {
+        Meaning::Reslot => {
+            feedback(status, None).await?;
+            reschedule(state, task, (rule, delivery), &detail, data).await
+        }
+        Meaning::Retry => {
             feedback(status, None).await?;
             Err(anyhow::anyhow!("{detail}"))
         }
-        Answer::Refused { detail } => {
-            let detail = format!("overflow URL {detail}");
-            publish_dead_letter(state, task, Some(rule), refused(DlqReason::ForwardRejected, detail), data, None)
-                .await?;
-            Ok(Outcome::DeadLetter(DlqReason::ForwardRejected))
+        Meaning::DeadLetter(reason) => {
+            publish_dead_letter(state, task, Some(rule), refused(reason, detail), data, None).await?;
+            Ok(Outcome::DeadLetter(reason))
         }
     }
 }

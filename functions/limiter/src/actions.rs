@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 
 use drip_core::attributes::{Refused, Stamp};
+use drip_core::delivery::Delivery;
 use drip_core::event::Event;
 use drip_core::outcome::DlqReason;
 use drip_core::overflow::{RateLimitMeta, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{Forward, Rule};
 use drip_core::time::{DAY, Millis, format_rfc3339};
-use drip_gcp::http_target::{Answer, EventPost, PostError};
+use drip_gcp::http_target::{EventPost, PostError};
 use drip_gcp::tasks::Created;
 use drip_service::feedback;
 use drip_store::MessageOf;
@@ -24,10 +25,11 @@ pub enum Failure {
     Transient(anyhow::Error),
     /// No retry can help: the event is dead-lettered with this reason.
     Permanent(Refused),
-    /// The downstream asked to wait (429 or 503 with `Retry-After`) until then: the entity pauses and
-    /// the event gets a new slot after the pause.
+    /// The downstream asked to wait (`drip_core::delivery`): a 429 or 503 with `Retry-After` pauses
+    /// the entity until then and the event gets a new slot after the pause; a 429 without one
+    /// (`until` `None`) gets it a new slot at once, under the lowered adaptive level.
     /// `status` is the downstream's answer; `None` when the entity was found paused already.
-    Wait { until: Millis, status: Option<u16>, detail: String },
+    Wait { until: Option<Millis>, status: Option<u16>, detail: String },
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -133,20 +135,16 @@ impl AppState {
                     }
                     Err(error) => return Err(Failure::Transient(error.into())),
                 };
-                match answer {
-                    Answer::Delivered => Ok(()),
-                    Answer::Wait { status, until, retry_after } => Err(Failure::Wait {
-                        until,
-                        status: Some(status),
-                        detail: format!("forward URL answered {status}, Retry-After {retry_after}"),
-                    }),
-                    Answer::Overloaded { status, detail } => {
+                let (status, detail) = (answer.status(), answer.detail("forward URL"));
+                match answer.delivery() {
+                    Delivery::Delivered => Ok(()),
+                    Delivery::Pause { until } => Err(Failure::Wait { until: Some(until), status, detail }),
+                    Delivery::Reslot => Err(Failure::Wait { until: None, status, detail }),
+                    Delivery::Retry => {
                         self.overloaded(rule, key, status).await;
                         Err(Failure::Transient(anyhow::anyhow!("{detail}")))
                     }
-                    Answer::Refused { detail } => {
-                        Err(permanent(DlqReason::ForwardRejected, format!("forward URL {detail}")))
-                    }
+                    Delivery::DeadLetter(reason) => Err(permanent(reason, detail)),
                 }
             }
         }

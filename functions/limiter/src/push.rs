@@ -181,9 +181,11 @@ async fn act(
                 _ => state.store.paused_until(rule, key).await?,
             };
             match paused.filter(|&until| until > wall_clock_millis()) {
-                Some(until) => {
-                    Err(Failure::Wait { until, status: None, detail: "paused while it waited inline".into() })
-                }
+                Some(until) => Err(Failure::Wait {
+                    until: Some(until),
+                    status: None,
+                    detail: "paused while it waited inline".into(),
+                }),
                 None => state.forward(acting).await.map(|()| Outcome::Forward),
             }
         }
@@ -194,9 +196,9 @@ async fn act(
             // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
             // feedback names) before the pause ends, and this event's new slot goes to Cloud Tasks.
             if status.is_some() {
-                let signal = feedback::Signal { status, until: Some(until) };
+                let signal = feedback::Signal { status, until };
                 let effect = feedback::apply((&*state.store, &state.metrics), rule, key, None, signal).await?;
-                tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = %format_rfc3339(until), %detail, "the downstream asked to wait: paused, event rescheduled");
+                tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = until.map(format_rfc3339), %detail, "the downstream asked to wait: event rescheduled");
             }
             let again = SlotRequest { reslot: true, ..*request };
             let moved = state.store.reserve(&again).await?;

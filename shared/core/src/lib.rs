@@ -3,6 +3,7 @@
 
 pub mod attributes;
 pub mod budgets;
+pub mod delivery;
 pub mod event;
 pub mod json_path;
 pub mod ledger;

@@ -46,28 +46,8 @@ pub struct EventPost<'a> {
     pub data: &'a [u8],
 }
 
-/// What the target's answer means for the event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    Delivered,
-    /// A 429 or 503 with `Retry-After`: wait until then.
-    Wait {
-        status: u16,
-        until: Millis,
-        retry_after: String,
-    },
-    /// A 429 without `Retry-After`, a 408, a 5xx, a timeout or no connection (`status` `None`):
-    /// worth another try later, and a sign of overload for an adaptive limit.
-    Overloaded {
-        status: Option<u16>,
-        detail: String,
-    },
-    /// Refused for good: a 3xx (following it would turn the POST into a bodiless GET and lose the
-    /// event; `detail` names its `Location`) or any other 4xx. `detail`: `answered 302 …; Location: …`.
-    Refused {
-        detail: String,
-    },
-}
+/// What the target's answer means for the event (`drip_core::delivery`).
+pub use drip_core::delivery::Answer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PostError {
