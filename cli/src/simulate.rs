@@ -136,7 +136,7 @@ pub async fn decide_all(
                 let reserved = store.reserve(&request).await.with_context(|| format!("reserving {}", event.id))?;
                 let reservation = reserved.reservation;
                 let decision = Decision::of(&reservation, 0);
-                let reserved_now = !reservation.replayed && !matches!(decision, Decision::DeadLetter(_));
+                let reserved_now = !reservation.replayed() && !matches!(decision, Decision::DeadLetter(_));
                 Outcome {
                     id: event.id.clone(),
                     rule: Some(rule.name.clone()),

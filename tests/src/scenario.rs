@@ -225,7 +225,7 @@ pub fn check_edit_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result
     let Some((from, after)) = &scenario.edit else { return check_schedule(scenario, answers) };
     let mut ledgers: BTreeMap<usize, Vec<(Millis, u64, bool)>> = BTreeMap::new();
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
-        if answer.replayed || answer.status != Status::Reserved {
+        if answer.replayed() || answer.status != Status::Reserved {
             continue;
         }
         let ledger = ledgers.entry(arrival.entity).or_default();
@@ -269,14 +269,14 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
         let at = format!("{arrival:?} got {answer:?}");
         let filed = (arrival.entity, arrival.id.as_str(), arrival.published.div_euclid(ANSWER_MINUTE));
         if let Some(first) = first_answer.get(&filed) {
-            if !answer.replayed
+            if !answer.replayed()
                 || (answer.slot, answer.status, answer.decided_at) != (first.slot, first.status, first.decided_at)
             {
                 return Err(format!("redelivery changed the answer: first {first:?}; {at}"));
             }
             continue;
         }
-        if answer.replayed || answer.decided_at != arrival.now {
+        if answer.replayed() || answer.decided_at != arrival.now {
             return Err(format!("a new message was treated as a redelivery: {at}"));
         }
         first_answer.insert(filed, *answer);
@@ -339,7 +339,7 @@ pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
             let current = paused.entry(entity).or_insert(until);
             *current = (*current).max(until);
         }
-        if answer.replayed || answer.status != Status::Reserved {
+        if answer.replayed() || answer.status != Status::Reserved {
             continue;
         }
         let ledger = ledgers.entry(arrival.entity).or_default();
@@ -366,8 +366,8 @@ pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
 pub fn check_overridden_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
     let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
     for (arrival, answer) in scenario.events.iter().zip(answers) {
-        if answer.replayed || answer.status != Status::Reserved {
-            if answer.status == Status::CostExceedsLimit && !answer.replayed {
+        if answer.replayed() || answer.status != Status::Reserved {
+            if answer.status == Status::CostExceedsLimit && !answer.replayed() {
                 let lowered = scenario
                     .overrides
                     .iter()
@@ -555,7 +555,7 @@ pub fn check_budget_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resu
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             paused[budget] = paused[budget].max(until);
         }
-        if answer.replayed || answer.status != Status::Reserved {
+        if answer.replayed() || answer.status != Status::Reserved {
             continue;
         }
         let ledger = ledgers.entry(arrival.entity).or_default();
@@ -617,7 +617,7 @@ pub fn check_delivery_bounds(scenario: &Scenario, answers: &[Reservation]) -> Re
     let mut delivered: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
     let mut everyone = Vec::new();
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
-        if answer.replayed || answer.status != Status::Reserved {
+        if answer.replayed() || answer.status != Status::Reserved {
             continue;
         }
         let late = if margin > 0 { (i as i64 * 37) % margin } else { 0 };

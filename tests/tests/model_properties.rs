@@ -46,7 +46,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =
             scheduler.entity_state("rule", &key).cloned().unwrap_or_default() == before.clone().unwrap_or_default();
-        if (answer.replayed || answer.status == Status::MaxDelayExceeded) && !unchanged {
+        if (answer.replayed() || answer.status == Status::MaxDelayExceeded) && !unchanged {
             return Err(format!("{arrival:?} changed the state though it reserved nothing: {answer:?}"));
         }
         answers.push(answer);

@@ -646,7 +646,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
     assert_eq!(by_id.len(), CLIENTS * PER_CLIENT, "every message id was sent");
     let mut ledgers: BTreeMap<String, Vec<(Millis, u64)>> = BTreeMap::new();
     for (id, (key, answers)) in &by_id {
-        let fresh = answers.iter().filter(|a| !a.replayed).count();
+        let fresh = answers.iter().filter(|a| !a.replayed()).count();
         assert_eq!(fresh, 1, "{id} was reserved {fresh} times: {answers:?}");
         assert!(answers.iter().all(|a| a.slot == answers[0].slot && a.status == Status::Reserved), "{id}: {answers:?}");
         ledgers.entry(key.clone()).or_default().push((answers[0].slot, 1));
@@ -747,5 +747,5 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
     assert_eq!(model, lua);
     let slots: Vec<Millis> = lua.iter().map(|r| r.slot).collect();
     assert_eq!(slots, [t0, noon + MINUTE, noon + 2 * MINUTE, t0]);
-    assert!(lua[3].replayed, "{:?}", lua[3]);
+    assert!(lua[3].replayed(), "{:?}", lua[3]);
 }

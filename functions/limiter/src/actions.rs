@@ -32,8 +32,9 @@ pub enum Failure {
     Wait { until: Option<Millis>, status: Option<u16>, detail: String },
 }
 
-impl<E: Into<anyhow::Error>> From<E> for Failure {
-    fn from(error: E) -> Self {
+impl Failure {
+    /// A step that a retry may get through (a store, Pub/Sub or Cloud Tasks call that failed).
+    pub fn transient(error: impl Into<anyhow::Error>) -> Self {
         Failure::Transient(error.into())
     }
 }
@@ -114,7 +115,10 @@ impl AppState {
             Forward::Topic(topic) => {
                 let attributes =
                     acting.stamp().apply(&event.attributes, event.data.len()).map_err(Failure::Permanent)?;
-                self.metrics.time("pubsub", self.publishers.publish(topic, event.data.clone(), attributes)).await?;
+                self.metrics
+                    .time("pubsub", self.publishers.publish(topic, event.data.clone(), attributes))
+                    .await
+                    .map_err(Failure::transient)?;
                 Ok(())
             }
             Forward::Url(url) => {
@@ -189,7 +193,8 @@ impl AppState {
             subscription: event.subscription.clone(),
             publish_time: publish_time.map(str::to_owned),
         };
-        let mut encoded = serde_json::to_vec(&body)?;
+        // Serializing the task's own body cannot fail; were it to, a retry is the safe answer.
+        let mut encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
         if encoded.len() > MAX_INLINE_TASK_BODY {
             if event.data.len() > self.claim_check_max_bytes {
                 let detail = format!(
@@ -201,16 +206,16 @@ impl AppState {
             }
             let of = MessageOf { rule: &rule.id, key, message: identity };
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
-            let reference = self.store.put_payload(of, &event.data, ttl).await?;
+            let reference = self.store.put_payload(of, &event.data, ttl).await.map_err(Failure::transient)?;
             body.payload = TaskPayload::ClaimCheck(reference);
-            encoded = serde_json::to_vec(&body)?;
+            encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
         }
         let name = task_id(&rule.id, identity, None);
         let create = self.tasks.create((&rule.id, key), &name, slot, encoded);
         match self.metrics.time("cloud_tasks", create).await {
             Ok(created) => Ok(created),
             Err(error) if error.is_invalid() => Err(permanent(DlqReason::TaskRejected, error.to_string())),
-            Err(error) => Err(error.into()),
+            Err(error) => Err(Failure::transient(error)),
         }
     }
 }

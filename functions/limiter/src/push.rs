@@ -13,7 +13,7 @@ use drip_core::event::Event;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
-use drip_core::schedule::Reservation;
+use drip_core::schedule::{Attempt, Reservation};
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_service::feedback;
 use drip_store::{Reserved, SlotRequest};
@@ -99,14 +99,17 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let reserve = state.store.reserve(&request);
     let reserved = state.shutdown.bound(state.attempt_deadline, reserve).await??;
     let reservation = reserved.reservation;
-    if reservation.busy {
-        tracing::info!(message_id = %event.id, rule = %rule.name, key, "another attempt is acting on this message: 503");
-        return Ok(Outcome::Busy);
-    }
-    if reservation.replayed && reservation.completed {
-        tracing::info!(message_id = %event.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
-        state.metrics.count(&rule.name, Outcome::Redelivered.as_str());
-        return Ok(Outcome::Redelivered);
+    match reservation.attempt {
+        Attempt::Busy => {
+            tracing::info!(message_id = %event.id, rule = %rule.name, key, "another attempt is acting on this message: 503");
+            return Ok(Outcome::Busy);
+        }
+        Attempt::Done => {
+            tracing::info!(message_id = %event.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
+            state.metrics.count(&rule.name, Outcome::Redelivered.as_str());
+            return Ok(Outcome::Redelivered);
+        }
+        Attempt::Decided | Attempt::Resumed => {}
     }
     let acting =
         Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, cost, shadow: None };
@@ -124,8 +127,8 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         }
     };
     let reservation = reserved.reservation;
-    log_decision(&event, Some(rule), Some(&key), outcome, Some(&reservation), reservation.replayed);
-    if !reservation.replayed && !matches!(outcome, Outcome::DeadLetter(DlqReason::MaxDelayExceeded)) {
+    log_decision(&event, Some(rule), Some(&key), outcome, Some(&reservation), reservation.replayed());
+    if !reservation.replayed() && !matches!(outcome, Outcome::DeadLetter(DlqReason::MaxDelayExceeded)) {
         state.metrics.observe(&rule.name, (reservation.slot - reservation.decided_at) as f64 / 1_000.0);
     }
     state.metrics.count(&rule.name, outcome.as_str());

@@ -183,7 +183,7 @@ rules:
     #[test]
     fn decision_follows_slot_and_status() {
         let at =
-            |slot, status| Reservation { slot, status, replayed: false, decided_at: 10, completed: false, busy: false };
+            |slot, status| Reservation { slot, status, decided_at: 10, attempt: crate::schedule::Attempt::Decided };
         assert_eq!(Decision::of(&at(10, Status::Reserved), 0), Decision::Forward);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 0), Decision::Delay);
         assert_eq!(Decision::of(&at(11, Status::Reserved), 1), Decision::Forward);

@@ -42,15 +42,32 @@ pub enum Status {
 pub struct Reservation {
     pub slot: Millis,
     pub status: Status,
-    /// The message id was seen before; this is the first answer, and nothing was consumed now.
-    pub replayed: bool,
     /// When the first answer was given: a redelivery is routed as the original was.
     pub decided_at: Millis,
-    /// The message was already acted upon (see [`Scheduler::complete`]): a redelivery needs nothing more.
-    pub completed: bool,
-    /// Another attempt at this message holds its lease and may be acting on it now: this attempt
-    /// must not act (answer 5xx; by the retry the first attempt has completed or released it).
-    pub busy: bool,
+    /// What the attempt that asked may do with the message.
+    pub attempt: Attempt,
+}
+
+/// What the attempt that asked for a reservation may do with its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// A new decision, and its lease: act on it.
+    Decided,
+    /// The message's earlier answer (nothing consumed now), its lease taken again because the
+    /// attempt that had it failed or crashed: act on it.
+    Resumed,
+    /// Another attempt holds the message's lease and may be acting on it now: this one must not
+    /// act (answer 5xx; by the retry that attempt has completed or released it).
+    Busy,
+    /// The message was acted upon already (see [`Scheduler::complete`]): nothing more to do.
+    Done,
+}
+
+impl Reservation {
+    /// The message had an answer already: this one is it, and nothing was consumed now.
+    pub fn replayed(&self) -> bool {
+        self.attempt != Attempt::Decided
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -227,12 +244,16 @@ impl Scheduler {
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         if let Some(answer) = entity.answers.get_mut(&answer_file(request.message_id, request.published)) {
-            let busy = !answer.completed && answer.lease_until > request.now;
-            if !answer.completed && !busy {
+            let attempt = if answer.completed {
+                Attempt::Done
+            } else if answer.lease_until > request.now {
+                Attempt::Busy
+            } else {
                 answer.lease_until = request.now + request.lease;
-            }
-            let Answer { slot, status, decided_at, completed, .. } = *answer;
-            return Reservation { slot, status, replayed: true, decided_at, completed, busy };
+                Attempt::Resumed
+            };
+            let Answer { slot, status, decided_at, .. } = *answer;
+            return Reservation { slot, status, decided_at, attempt };
         }
         self.decide(rule, key, request)
     }
@@ -311,7 +332,7 @@ impl Scheduler {
             lease_until: request.now + request.lease,
         };
         entity.answers.insert(answer_file(request.message_id, request.published), answer);
-        Reservation { slot, status, replayed: false, decided_at: request.now, completed: false, busy: false }
+        Reservation { slot, status, decided_at: request.now, attempt: Attempt::Decided }
     }
 
     fn answer_mut(&mut self, rule: &str, key: &str, (id, published): (&str, Option<Millis>)) -> Option<&mut Answer> {
@@ -728,7 +749,7 @@ mod tests {
         // An undated message's redelivery in a later minute finds its answer.
         let first = s.reserve("r", "u", &at("x", t0, None));
         let again = s.reserve("r", "u", &at("x", 5 * MINUTE, None));
-        assert!(again.replayed && again.slot == first.slot);
+        assert!(again.replayed() && again.slot == first.slot);
     }
 
     #[test]
@@ -751,11 +772,11 @@ mod tests {
         assert_eq!((late.slot, late.status), (MINUTE, Status::MaxDelayExceeded));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
         let again = s.reserve("r", "k", &req("a", 5 * MINUTE));
-        assert_eq!((again.slot, again.status, again.replayed, again.decided_at), (0, Status::Reserved, true, 0));
+        assert_eq!((again.slot, again.status, again.replayed(), again.decided_at), (0, Status::Reserved, true, 0));
         assert_eq!(s.entity_state("r", "k").cloned(), before);
-        assert!(!again.completed);
+        assert_ne!(again.attempt, Attempt::Done);
         s.complete("r", "k", ("a", None));
-        assert!(s.reserve("r", "k", &req("a", 6 * MINUTE)).completed);
+        assert_eq!(s.reserve("r", "k", &req("a", 6 * MINUTE)).attempt, Attempt::Done);
     }
 }
 
@@ -770,17 +791,21 @@ mod lease_tests {
         let limits = [Limit::new(10, SECOND, Window::Fixed(crate::rules::Placement::Start)).unwrap()];
         let req = |now| ReserveRequest { max_delay: SECOND, lease: 100, ..request("m", &limits, now) };
         let mut s = Scheduler::new();
-        assert!(!s.reserve("r", "k", &req(0)).busy);
+        assert_eq!(s.reserve("r", "k", &req(0)).attempt, Attempt::Decided);
         let concurrent = s.reserve("r", "k", &req(50));
-        assert!(concurrent.busy && concurrent.replayed);
+        assert_eq!(concurrent.attempt, Attempt::Busy);
         s.release("r", "k", ("m", None));
         let retry = s.reserve("r", "k", &req(60));
-        assert!(!retry.busy && retry.replayed, "a released lease is taken by the retry");
-        assert!(s.reserve("r", "k", &req(100)).busy, "the retry holds it until 160");
-        assert!(!s.reserve("r", "k", &req(160)).busy, "an expired lease (a crashed attempt) is taken over");
+        assert_eq!(retry.attempt, Attempt::Resumed, "a released lease is taken by the retry");
+        assert_eq!(s.reserve("r", "k", &req(100)).attempt, Attempt::Busy, "the retry holds it until 160");
+        assert_eq!(
+            s.reserve("r", "k", &req(160)).attempt,
+            Attempt::Resumed,
+            "an expired lease (a crashed attempt) is taken over"
+        );
         s.complete("r", "k", ("m", None));
         let done = s.reserve("r", "k", &req(170));
-        assert!(done.completed && !done.busy);
+        assert_eq!(done.attempt, Attempt::Done);
     }
 }
 

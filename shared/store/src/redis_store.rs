@@ -1,4 +1,4 @@
-use drip_core::schedule::{Reservation, Status};
+use drip_core::schedule::{Attempt, Reservation, Status};
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
@@ -221,8 +221,14 @@ pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
         2 => Status::CostExceedsLimit,
         _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
     };
-    let reservation =
-        Reservation { slot, status, replayed: replayed == 1, decided_at, completed: completed == 1, busy: busy == 1 };
+    let attempt = match (replayed, completed, busy) {
+        (0, 0, 0) => Attempt::Decided,
+        (1, 0, 0) => Attempt::Resumed,
+        (1, 0, 1) => Attempt::Busy,
+        (1, 1, 0) => Attempt::Done,
+        _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    };
+    let reservation = Reservation { slot, status, decided_at, attempt };
     Ok(Reserved { reservation, now })
 }
 
