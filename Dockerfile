@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1.7
-# One image, both services: Cloud Run runs /usr/local/bin/drip-limiter or drip-dispatcher.
+# One image, both services and the CLI: Cloud Run runs /usr/local/bin/drip-limiter or
+# drip-dispatcher, and a Cloud Run job can run /usr/local/bin/drip (inspect, limits) in the VPC.
 
 FROM rust:1.95-slim-bookworm AS builder
 WORKDIR /src
@@ -18,14 +19,14 @@ COPY tests/pubsub-emulator-client/Cargo.toml tests/pubsub-emulator-client/
 RUN for crate in shared/core shared/store shared/gcp shared/service functions/limiter functions/dispatcher cli tests tests/cloud-tasks-emulator tests/pubsub-emulator-client; do \
       mkdir -p "$crate/src" && echo 'fn main() {}' > "$crate/src/main.rs" && touch "$crate/src/lib.rs"; \
     done \
- && cargo build --release --locked -p drip-limiter -p drip-dispatcher \
+ && cargo build --release --locked -p drip-limiter -p drip-dispatcher -p drip-cli \
  && rm -rf shared functions cli tests
 COPY . .
-RUN touch shared/*/src/lib.rs functions/*/src/*.rs \
- && cargo build --release --locked -p drip-limiter -p drip-dispatcher
+RUN touch shared/*/src/lib.rs functions/*/src/*.rs cli/src/*.rs \
+ && cargo build --release --locked -p drip-limiter -p drip-dispatcher -p drip-cli
 
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=builder /src/target/release/drip-limiter /src/target/release/drip-dispatcher /usr/local/bin/
+COPY --from=builder /src/target/release/drip-limiter /src/target/release/drip-dispatcher /src/target/release/drip /usr/local/bin/
 # 65532 is distroless's nonroot user, numeric so the platform can check it is not root.
 USER 65532:65532
 ENV DRIP_LOG_FORMAT=json
