@@ -601,6 +601,13 @@ async fn a_shadow_rule_forwards_everything_at_once_and_records_what_it_would_hav
     let metrics = l.state.metrics.shared.render();
     assert!(metrics.contains(r#"drip_decisions_total{rule="trial",outcome="delay"} 2"#), "{metrics}");
     assert!(metrics.contains(r#"drip_decisions_total{rule="trial",outcome="max_delay_exceeded"} 1"#), "{metrics}");
+    // Every request by its route's pattern and status; the build; delays up to a month in buckets.
+    assert!(metrics.contains(r#"drip_http_request_seconds_count{route="/push",status="204"}"#), "{metrics}");
+    let entity = r#"drip_http_request_seconds_count{route="/v1/rules/{rule}/keys/{key}",status="200"} 1"#;
+    assert!(metrics.contains(entity), "{metrics}");
+    assert!(metrics.contains(&format!(r#"drip_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION"))));
+    let month = metrics.lines().find(|l| l.starts_with(r#"drip_delay_seconds_bucket{le="2684354"#));
+    assert!(month.is_some(), "a bucket near 31 days: {metrics}");
 }
 
 /// A target that answers 429 with `Retry-After: 2` to its first `refusals` requests, then 204.

@@ -48,8 +48,9 @@ pub fn service_router(
 ) -> axum::Router {
     axum::Router::new()
         .merge(api)
-        .merge(metrics_auth.protect(metrics::Metrics::routes(metrics)))
+        .merge(metrics_auth.protect(metrics::Metrics::routes(metrics.clone())))
         .merge(health::routes(store, rules))
+        .route_layer(axum::middleware::from_fn_with_state(metrics, metrics::Metrics::record_request))
         .layer(telemetry::trace_layer())
 }
 

@@ -25,7 +25,25 @@ pub struct CallLabels {
 
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// Seconds from 1 ms to about 30 min, for call latencies, delays and lateness.
+/// Seconds from 10 ms to about 31 days (29 buckets), for delays and lateness: `max_delay` may be
+/// 30 days, and a delay past the last bucket would say nothing.
+pub fn delay_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 29))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The route's pattern (`/v1/rules/{rule}/keys/{key}`), not the path: keys are too many.
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+}
+
+/// Seconds from 1 ms to about 30 min, for call latencies.
 pub fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 22))
 }
@@ -43,6 +61,7 @@ pub struct Metrics {
     rules_refused: Gauge,
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    http: HistogramFamily<HttpLabels>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,7 +99,12 @@ impl Default for Metrics {
             "Answers that asked to wait longer than the rule's max_pause (capped, read as overload), by budget or rule",
             pauses_capped.clone(),
         );
-        Self { registry, calls, rules_info, rules_refused, adaptive_level, pauses_capped }
+        let http: HistogramFamily<HttpLabels> = Family::new_with_constructor(seconds_histogram);
+        registry.register("http_request_seconds", "Requests served, by route and status", http.clone());
+        let build = Family::<BuildLabels, Gauge>::default();
+        registry.register("build_info", "The version of Drip this instance runs: 1", build.clone());
+        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        Self { registry, calls, rules_info, rules_refused, adaptive_level, pauses_capped, http }
     }
 }
 
@@ -112,6 +136,23 @@ impl Metrics {
 
     pub fn rules_refused(&self, refused: bool) {
         self.rules_refused.set(i64::from(refused));
+    }
+
+    /// Counts and times every request by route and status (a layer around the whole router).
+    pub async fn record_request(
+        State(metrics): State<Arc<Metrics>>,
+        request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        let route = request
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+        let started = Instant::now();
+        let response = next.run(request).await;
+        let labels = HttpLabels { route, status: response.status().as_u16() };
+        metrics.http.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        response
     }
 
     pub fn render(&self) -> String {
@@ -154,7 +195,7 @@ impl ServiceMetrics {
     pub fn new(outcomes: (&str, &str), seconds: (&str, &str)) -> Self {
         let mut metrics = Metrics::default();
         let outcome_family = Family::<OutcomeLabels, prometheus_client::metrics::counter::Counter>::default();
-        let seconds_family: HistogramFamily<RuleLabels> = Family::new_with_constructor(seconds_histogram);
+        let seconds_family: HistogramFamily<RuleLabels> = Family::new_with_constructor(delay_histogram);
         metrics.registry.register(outcomes.0, outcomes.1, outcome_family.clone());
         metrics.registry.register(seconds.0, seconds.1, seconds_family.clone());
         Self { shared: Arc::new(metrics), outcomes: outcome_family, seconds: seconds_family }
