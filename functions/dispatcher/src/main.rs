@@ -6,8 +6,12 @@ use drip_dispatcher::{Settings, app, build_state};
 use drip_service::shutdown::Shutdown;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     drip_service::telemetry::init();
+    drip_service::exit_with("drip-dispatcher", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let state = build_state(&settings).await?;
     let listener =

@@ -5,8 +5,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use drip_limiter::{Settings, app, build_state};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     drip_service::telemetry::init();
+    drip_service::exit_with("drip-limiter", run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let state = build_state(&settings).await?;
     let listener =

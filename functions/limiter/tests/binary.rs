@@ -62,6 +62,25 @@ fn refusal(change: impl FnOnce(&mut Vec<(&'static str, String)>)) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// In JSON mode (Cloud Run's) a refusal is one Cloud Logging line, not a multi-line `Error:`.
+#[test]
+fn a_refusal_is_one_json_log_line() {
+    let pubsub = Pubsub::shared();
+    let mut env = base_env(&pubsub.host, &repo("examples/payouts.yaml"), free_port());
+    env.push(("DRIP_TASK_SIGNING_KEY", "short".into()));
+    env.push(("DRIP_LOG_FORMAT", "json".into()));
+    let output = limiter(&as_refs(&env)).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let refusal = lines.iter().find(|l| l["severity"] == "ERROR").expect("an ERROR line");
+    assert!(
+        refusal["error"].as_str().unwrap().contains("DRIP_TASK_SIGNING_KEY must be at least 32 characters"),
+        "{refusal}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("Error:"), "no plain-text error on stderr");
+}
+
 #[test]
 fn refuses_a_missing_or_short_task_signing_key() {
     let missing = refusal(|env| env.retain(|(k, _)| *k != "DRIP_TASK_SIGNING_KEY"));

@@ -13,6 +13,18 @@ pub mod tasks;
 pub mod telemetry;
 pub mod timed_store;
 
+/// A service's exit: on an error (bad settings or rules, an unreachable dependency), why, as one
+/// log line (one JSON object in Cloud Logging, not a multi-line `Error:` on stderr), and status 1.
+pub fn exit_with(service: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = %format!("{error:#}"), "{service} refused to start or stopped");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Resolves when the process is asked to stop (SIGTERM from Cloud Run, or Ctrl-C).
 pub async fn shutdown_signal() {
     let ctrl_c = async {

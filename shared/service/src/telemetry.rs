@@ -12,6 +12,7 @@ use tracing::Subscriber;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_stackdriver::CloudTraceConfiguration;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
@@ -34,14 +35,21 @@ pub fn init() {
     }
 }
 
+/// The target of a request span without the caller's trace context: OpenTelemetry does not see
+/// it, so its lines carry no trace or span id (rather than made-up or all-zero ones).
+const UNTRACED: &str = "drip_service::untraced";
+
 /// Cloud Logging JSON on `writer`. OpenTelemetry only carries the trace context here: spans are
-/// exported nowhere.
+/// exported nowhere. The provider lives as long as the process: a tracer whose provider is gone
+/// gives every span the all-zero id.
 pub fn cloud_logging<W>(project: &str, writer: W) -> impl Subscriber + for<'a> LookupSpan<'a> + Send + Sync
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let tracer = opentelemetry_sdk::trace::TracerProvider::builder().build().tracer("drip");
-    tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(tracer)).with(
+    static PROVIDER: std::sync::OnceLock<opentelemetry_sdk::trace::TracerProvider> = std::sync::OnceLock::new();
+    let tracer = PROVIDER.get_or_init(|| opentelemetry_sdk::trace::TracerProvider::builder().build()).tracer("drip");
+    let traced = tracing_subscriber::filter::filter_fn(|metadata| metadata.target() != UNTRACED);
+    tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(tracer).with_filter(traced)).with(
         tracing_stackdriver::layer()
             .with_writer(writer)
             .with_cloud_trace(CloudTraceConfiguration { project_id: project.to_owned() }),
@@ -55,13 +63,16 @@ pub struct RequestSpan;
 impl<B> MakeSpan<B> for RequestSpan {
     fn make_span(&mut self, request: &Request<B>) -> Span {
         let route = request.extensions().get::<MatchedPath>().map_or(request.uri().path(), MatchedPath::as_str);
-        let span = tracing::info_span!("request", method = %request.method(), route);
-        if let Some(context) =
-            request.headers().get("x-cloud-trace-context").and_then(|v| v.to_str().ok()).and_then(parse_trace_context)
-        {
-            span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
+        let caller =
+            request.headers().get("x-cloud-trace-context").and_then(|v| v.to_str().ok()).and_then(parse_trace_context);
+        match caller {
+            Some(context) => {
+                let span = tracing::info_span!("request", method = %request.method(), route);
+                span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
+                span
+            }
+            None => tracing::info_span!(target: UNTRACED, "request", method = %request.method(), route),
         }
-        span
     }
 }
 
@@ -123,6 +134,8 @@ mod tests {
         let line = logged_line(Some("105445aa7843bc8bf206b12000100000/1;o=1"));
         assert_eq!(line["logging.googleapis.com/trace"], "projects/drip-prod/traces/105445aa7843bc8bf206b12000100000");
         assert_eq!(line["logging.googleapis.com/trace_sampled"], true);
+        let span_id = line["logging.googleapis.com/spanId"].as_str().unwrap();
+        assert!(span_id.len() == 16 && span_id != "0000000000000000", "a span id of its own: {line}");
         assert_eq!(line["severity"], "INFO");
         assert_eq!(line["decision"], "forward");
         assert_eq!(line["messageId"], "42");
@@ -137,8 +150,8 @@ mod tests {
             Some("105445aa7843bc8bf206b12000100000/x"),
         ] {
             let line = logged_line(header);
-            let trace = line["logging.googleapis.com/trace"].as_str().unwrap_or_default();
-            assert!(!trace.contains("105445aa"), "{header:?}: {line}");
+            assert!(line.get("logging.googleapis.com/trace").is_none(), "{header:?}: no trace at all: {line}");
+            assert!(line.get("logging.googleapis.com/spanId").is_none(), "{header:?}: no span id: {line}");
             assert_eq!(line["decision"], "forward");
         }
     }
