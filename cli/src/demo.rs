@@ -334,9 +334,13 @@ fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyh
     }
     // With a delivery margin the promise is made where the downstream observes it.
     let observed_ok = rule.delivery_margin == 0 || max_observed <= limit.limit();
-    let ok = lost == 0 && *duplicates == 0 && max_scheduled <= limit.limit() && observed_ok;
+    // The demo's burst always fits its rule: an event dead-lettered is a demo that drained nothing
+    // (a rules file whose key the demo's events do not carry, say), not a success.
+    let ok = lost == 0 && dead.is_empty() && *duplicates == 0 && max_scheduled <= limit.limit() && observed_ok;
     summary += if ok {
-        "result:               OK: nothing lost, nothing doubled, no window over its limit\n"
+        "result:               OK: every event delivered, nothing lost, nothing doubled, no window over its limit\n"
+    } else if !dead.is_empty() {
+        "result:               FAILED: events were dead-lettered instead of delivered\n"
     } else {
         "result:               FAILED\n"
     };
@@ -628,4 +632,42 @@ fn draw_chart(
         .label(format!("the limit: {limit} at once, then {slope:.0} per second"))
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
     finish(chart, &root)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        demo: Args,
+    }
+
+    /// A rules file whose key the demo's events do not carry dead-letters every event: that is a
+    /// demo that drained nothing, not a success, though nothing was lost.
+    #[test]
+    fn a_demo_whose_events_were_dead_lettered_fails() {
+        let out = std::env::temp_dir().join(format!("drip-demo-test-{}", std::process::id()));
+        let out = out.to_str().unwrap();
+        let command = Command::parse_from(["drip", "--pubsub-emulator", "-", "--limiter", "-", "--rules", "-"]);
+        let args = Args { events: 2, out: out.into(), ..command.demo };
+        let rules = RuleSet::load(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/payouts.yaml").as_ref()).unwrap();
+        let rule = rules.rules.first().unwrap();
+        let burst = Burst {
+            merchants: vec!["m1".into()],
+            merchant_of: HashMap::new(),
+            published_at: HashMap::new(),
+            started: 0,
+        };
+        let dead = HashMap::from([("a".into(), "missing_key_field".into()), ("b".into(), "missing_key_field".into())]);
+        let outcome = Outcome { dead, ..Outcome::default() };
+        let (text, ok) = summarize(&args, rule, &burst, &outcome).unwrap();
+        assert!(!ok, "{text}");
+        assert!(text.contains("lost:                 0"), "nothing lost: {text}");
+        assert!(text.contains("FAILED: events were dead-lettered instead of delivered"), "{text}");
+        std::fs::remove_dir_all(out).ok();
+    }
 }

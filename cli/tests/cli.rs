@@ -18,13 +18,20 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Every rules file in `examples/` is one a user can start from as it is.
 #[test]
-fn check_config_says_ok_for_the_examples() {
-    let output = drip(&[
-        "check-config",
-        repo("examples/payouts.yaml").to_str().unwrap(),
-        repo("examples/seed.yaml").to_str().unwrap(),
-    ]);
+fn check_config_says_ok_for_every_example() {
+    let mut examples: Vec<String> = std::fs::read_dir(repo("examples"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .map(|path| path.display().to_string())
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 5, "{examples:?}");
+    let mut args = vec!["check-config"];
+    args.extend(examples.iter().map(String::as_str));
+    let output = drip(&args);
     assert!(output.status.success(), "{output:?}");
     assert_eq!(stdout(&output), "ok\n");
 }
