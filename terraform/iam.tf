@@ -114,3 +114,16 @@ resource "google_pubsub_topic_iam_member" "dispatcher_publishes" {
   role    = "roles/pubsub.publisher"
   member  = google_service_account.dispatcher.member
 }
+
+# The collector sidecars write the services' metrics to Cloud Monitoring as the services'
+# accounts. Metric writing is granted per project only (there is no narrower resource).
+resource "google_project_iam_member" "services_write_metrics" {
+  for_each = {
+    limiter    = google_service_account.limiter.member
+    dispatcher = google_service_account.dispatcher.member
+  }
+
+  project = var.project_id
+  role    = "roles/monitoring.metricWriter"
+  member  = each.value
+}

@@ -2,8 +2,21 @@
 # internal), no unauthenticated access, Direct VPC egress to Memorystore, a startup probe on /readyz.
 
 locals {
+  # Each service serves /metrics, unauthenticated, on 127.0.0.1 at this port: only the collector
+  # sidecar of the same instance reaches it (Cloud Run exposes the ingress port alone).
+  metrics_port = 9464
+  # The collector's RunMonitoring config (a Secret Manager secret, mounted at /etc/rungmp).
+  run_monitoring = yamlencode({
+    apiVersion = "monitoring.googleapis.com/v1beta"
+    kind       = "RunMonitoring"
+    metadata   = { name = var.name }
+    spec = {
+      endpoints = [{ port = local.metrics_port, path = "/metrics", interval = "30s" }]
+    }
+  })
   common_env = {
     GOOGLE_CLOUD_PROJECT = var.project_id
+    DRIP_METRICS_PORT    = tostring(local.metrics_port)
     DRIP_RULES           = "/etc/drip/rules/rules.yaml"
     REDIS_CA_CERT        = "/etc/drip/redis-ca/ca.pem"
     REDIS_CLUSTER        = tostring(var.redis_cluster)
@@ -94,6 +107,7 @@ resource "google_cloud_run_v2_service" "drip" {
     }
 
     containers {
+      name    = "drip"
       image   = var.image
       command = [each.value.command]
 
@@ -167,6 +181,28 @@ resource "google_cloud_run_v2_service" "drip" {
       }
     }
 
+    # Managed Service for Prometheus: scrapes the metrics listener over localhost every 30 s (and
+    # once more at shutdown) and writes to Cloud Monitoring as the service's account. The
+    # dispatcher keeps request-based billing (cpu_idle): a scrape between requests may be skipped,
+    # the shutdown scrape still flushes; the limiter's CPU is always allocated.
+    containers {
+      name       = "collector"
+      image      = var.prometheus_sidecar_image
+      depends_on = ["drip"]
+
+      resources {
+        limits = {
+          cpu    = "1"
+          memory = "512Mi"
+        }
+      }
+
+      volume_mounts {
+        name       = "run-monitoring"
+        mount_path = "/etc/rungmp"
+      }
+    }
+
     volumes {
       name = "rules"
       secret {
@@ -176,6 +212,17 @@ resource "google_cloud_run_v2_service" "drip" {
         items {
           version = "latest"
           path    = "rules.yaml"
+        }
+      }
+    }
+
+    volumes {
+      name = "run-monitoring"
+      secret {
+        secret = google_secret_manager_secret.drip["run_monitoring"].secret_id
+        items {
+          version = google_secret_manager_secret_version.drip["run_monitoring"].version
+          path    = "config.yaml"
         }
       }
     }
@@ -197,5 +244,6 @@ resource "google_cloud_run_v2_service" "drip" {
     google_secret_manager_secret_iam_member.services_read,
     google_secret_manager_secret_iam_member.services_read_signing_key,
     google_secret_manager_secret_version.drip,
+    google_project_iam_member.services_write_metrics,
   ]
 }

@@ -4,11 +4,12 @@
 
 locals {
   # The names are listed apart from the values: for_each may not depend on the (sensitive) values.
-  secret_names = toset(["redis_url", "redis_ca", "rules"])
+  secret_names = toset(["redis_url", "redis_ca", "rules", "run_monitoring"])
   secrets = {
-    redis_url = local.redis_url
-    redis_ca  = local.redis_ca
-    rules     = file(var.rules_file)
+    redis_url      = local.redis_url
+    redis_ca       = local.redis_ca
+    rules          = file(var.rules_file)
+    run_monitoring = local.run_monitoring
   }
   # The signing key's versions the services read: the one they seal with, and during a rotation
   # the one that sealed the tasks still queued.

@@ -29,6 +29,12 @@ variable "image" {
   type        = string
 }
 
+variable "prometheus_sidecar_image" {
+  description = "Google's Managed Service for Prometheus collector for Cloud Run, run beside each service: it scrapes the service's metrics listener (127.0.0.1:local.metrics_port) and writes to Cloud Monitoring."
+  type        = string
+  default     = "us-docker.pkg.dev/cloud-ops-agents-artifacts/cloud-run-gmp-sidecar/cloud-run-gmp-sidecar:1.2.0"
+}
+
 variable "rules_file" {
   description = "Path of the rules file (see the README). Its forward, overflow and dead-letter topics are created here; it reaches the services through Secret Manager."
   type        = string

@@ -73,11 +73,16 @@ def no_public_access(module: Module):
     return problems
 
 
+# Roles that exist at project level only: writing metrics names no resource to narrow to.
+PROJECT_ONLY_ROLES = {"roles/monitoring.metricWriter"}
+
+
 def no_project_wide_grants(module: Module):
-    """Project-level bindings only with a condition that narrows them to one resource."""
+    """Project-level bindings only with a condition that narrows them to one resource, or of a
+    role that exists at project level only (PROJECT_ONLY_ROLES)."""
     problems = []
     for resource_type, name, block in module.all_resources():
-        if not resource_type.startswith("google_project_iam"):
+        if not resource_type.startswith("google_project_iam") or block.arg("role") in PROJECT_ONLY_ROLES:
             continue
         conditions = block.block("condition")
         if not conditions or "resource.name" not in str(conditions[0].arguments.get("expression")):
@@ -235,6 +240,32 @@ def each_route_class_has_its_own_callers(module: Module):
     return problems
 
 
+def metrics_reach_cloud_monitoring(module: Module):
+    """Each service runs the Managed Service for Prometheus collector beside it, configured to
+    scrape the services' own metrics listener (DRIP_METRICS_PORT), and its account may write
+    metrics."""
+    problems = []
+    port = str(module.locals.get("metrics_port", ""))
+    if "DRIP_METRICS_PORT" not in str(module.locals.get("common_env", "")):
+        problems.append("the services are not given DRIP_METRICS_PORT")
+    if "local.metrics_port" not in str(module.locals.get("run_monitoring", "")) or not port:
+        problems.append("the collector's RunMonitoring config does not scrape local.metrics_port")
+    for name, service in module.of_type("google_cloud_run_v2_service").items():
+        template = service.block("template")
+        containers = template[0].block("containers") if template else []
+        collectors = [c for c in containers if "cloud-run-gmp-sidecar" in str(c.arguments.get("image")) or "prometheus_sidecar_image" in str(c.arguments.get("image"))]
+        if not collectors:
+            problems.append(f"{name} has no Managed Service for Prometheus collector")
+        elif not any(m.arg("mount_path") == "/etc/rungmp" for c in collectors for m in c.block("volume_mounts")):
+            problems.append(f"{name}'s collector does not read its RunMonitoring config")
+    writers = [g for g in module.of_type("google_project_iam_member").values() if g.arg("role") == "roles/monitoring.metricWriter"]
+    grantees = " ".join(str(g.arguments.get("for_each")) + str(g.arguments.get("member")) for g in writers)
+    for account in ("google_service_account.limiter", "google_service_account.dispatcher"):
+        if account not in grantees:
+            problems.append(f"{account} may not write metrics")
+    return problems
+
+
 def rules_reload_without_redeploy(module: Module):
     """The rules reach both services from Secret Manager's latest version, re-read while they run."""
     text = "".join(path.read_text() for path in sorted(module.directory.glob("*.tf")))
@@ -335,6 +366,7 @@ POLICIES = {
         dispatcher_knows_the_last_attempt,
         tasks_are_signed_with_a_secret,
         each_route_class_has_its_own_callers,
+        metrics_reach_cloud_monitoring,
         rules_reload_without_redeploy,
         dedicated_service_accounts,
         queues_survive_destroy,

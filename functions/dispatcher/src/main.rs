@@ -17,6 +17,9 @@ async fn run() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.common.port))).await?;
     tracing::info!(address = %listener.local_addr()?, "drip-dispatcher listening");
+    if let Some(port) = settings.common.metrics_port {
+        drip_service::serve_metrics(port, state.metrics.shared.clone()).await?;
+    }
     let grace = std::time::Duration::from_millis(settings.common.shutdown_grace_ms);
     // Its requests are not cut short: Cloud Tasks retries one that SIGKILL ends, and its once-only
     // claim keeps that from publishing twice.

@@ -16,6 +16,9 @@ async fn run() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.common.port))).await?;
     tracing::info!(address = %listener.local_addr()?, rules = state.rules.current().rules.len(), rules_version = %state.rules.version(), "drip-limiter listening");
+    if let Some(port) = settings.common.metrics_port {
+        drip_service::serve_metrics(port, state.metrics.shared.clone()).await?;
+    }
     let shutdown = state.shutdown.clone();
     drip_service::serve(listener, app(state), shutdown).await?;
     Ok(())

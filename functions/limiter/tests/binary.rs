@@ -180,6 +180,37 @@ fn serves_and_stops_cleanly_on_sigterm() {
     }
 }
 
+/// With OIDC on, `/metrics` on the main port wants a token; DRIP_METRICS_PORT serves it on
+/// 127.0.0.1 without one, for the collector sidecar of the same instance.
+#[test]
+fn metrics_have_their_own_unauthenticated_listener() {
+    let pubsub = Pubsub::shared();
+    let (port, metrics_port) = (free_port(), free_port());
+    let mut env = base_env(&pubsub.host, &repo("examples/payouts.yaml"), port);
+    env.retain(|(k, _)| *k != "DRIP_AUTH");
+    env.push(("DRIP_OIDC_AUDIENCE", "https://limiter.example".into()));
+    env.push(("DRIP_PUSH_CALLERS", "push@p.iam.gserviceaccount.com".into()));
+    env.push(("DRIP_OIDC_JWKS_URL", "http://127.0.0.1:9/jwks".into()));
+    env.push(("DRIP_METRICS_PORT", metrics_port.to_string()));
+    let mut child = limiter(&as_refs(&env)).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let status =
+        |url: String| runtime.block_on(async move { reqwest::get(&url).await.map(|r| r.status().as_u16()).ok() });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(format!("http://127.0.0.1:{port}/readyz")) != Some(200) {
+        assert!(Instant::now() < deadline, "the limiter never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(status(format!("http://127.0.0.1:{port}/metrics")), Some(401), "the main port wants a token");
+    let body = runtime.block_on(async {
+        reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.unwrap().text().await.unwrap()
+    });
+    assert!(body.contains("drip_build_info"), "{body}");
+    assert_eq!(status(format!("http://127.0.0.1:{metrics_port}/push")), Some(404), "nothing else on it");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// The body of `/readyz` once it answers 200 (it names the rules version in force).
 fn readyz(port: u16, deadline: Instant) -> String {
     loop {

@@ -66,6 +66,15 @@ pub fn service_router(
         .layer(telemetry::trace_layer())
 }
 
+/// Serves `/metrics` alone, unauthenticated, on 127.0.0.1:`port` (reachable only from inside the
+/// instance: the collector sidecar's), until the process ends.
+pub async fn serve_metrics(port: u16, metrics: std::sync::Arc<metrics::Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await?;
+    tracing::info!(address = %listener.local_addr()?, "metrics listening");
+    tokio::spawn(async move { axum::serve(listener, metrics::Metrics::routes(metrics)).await });
+    Ok(())
+}
+
 /// Serves `router` on `listener` until [`shutdown_signal`], then finishes the requests in flight,
 /// which `shutdown` bounds by the time left.
 pub async fn serve(

@@ -76,6 +76,11 @@ pub struct CommonSettings {
     #[envconfig(from = "DRIP_OIDC_ALLOWED_EMAILS")]
     pub oidc_allowed_emails: Option<String>,
     /// Comma-separated service accounts that may read `/metrics` (the collector).
+    /// A second listener on 127.0.0.1 serving only `/metrics`, without authentication, for a
+    /// collector in the same instance (Cloud Run's Managed Service for Prometheus sidecar); unset:
+    /// none (`/metrics` on the main port, behind DRIP_METRICS_CALLERS, either way).
+    #[envconfig(from = "DRIP_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
     #[envconfig(from = "DRIP_METRICS_CALLERS", default = "")]
     pub metrics_callers: String,
     /// JWKS of the token signer; unset for Google's.
