@@ -208,3 +208,108 @@ resource "google_monitoring_alert_policy" "long_pauses" {
     content   = "A partner answered 429/503 with a Retry-After longer than the rule's `max_pause` (or a `/v1/feedback` call asked for it). Drip paused the key or budget for `max_pause` only and lowered its adaptive level. The WARN line names the rule, key and target; `drip inspect RULE KEY` shows the pause and the backlog. Ask the partner about the outage; if it lasts, raise `max_delay` or pause the source subscription."
   }
 }
+
+# Alerts coupled to lag: a throttle whose slowdown nobody sees becomes a silent chronic fault.
+
+resource "google_monitoring_alert_policy" "push_lag" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): the limiter falls behind its push subscriptions"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "oldest unacked message on a push subscription"
+    condition_threshold {
+      filter          = "resource.type=\"pubsub_subscription\" AND metric.type=\"pubsub.googleapis.com/subscription/oldest_unacked_message_age\" AND resource.label.subscription_id=one_of(${join(",", [for s in google_pubsub_subscription.push : "\"${s.name}\""])})"
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.push_lag_threshold_seconds
+      duration        = "300s"
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "A push subscription's oldest unacked message is older than the threshold: the limiter is not acking (5xx: Redis, Pub/Sub or Cloud Tasks failing; see the 5xx alert and the limiter's logs) or cannot keep up (max_instances, Redis CPU). Nothing is lost while Pub/Sub retains the messages; events wait longer than their rules' schedules."
+  }
+}
+
+resource "google_monitoring_alert_policy" "limiter_errors" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): the limiter answers 5xx"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "share of limiter requests answered 5xx"
+    condition_threshold {
+      filter             = "resource.type=\"cloud_run_revision\" AND resource.label.service_name=\"${local.limiter_name}\" AND metric.type=\"run.googleapis.com/request_count\" AND metric.label.response_code_class=\"5xx\""
+      denominator_filter = "resource.type=\"cloud_run_revision\" AND resource.label.service_name=\"${local.limiter_name}\" AND metric.type=\"run.googleapis.com/request_count\""
+      comparison         = "COMPARISON_GT"
+      threshold_value    = var.limiter_error_ratio
+      duration           = "600s"
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_RATE"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+      denominator_aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_RATE"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "More of the limiter's requests than the threshold end in 5xx. A 503 asks Pub/Sub to redeliver (nothing is lost), so a few are normal (a redelivery racing its original is answered 503 until the first attempt completes); many mean a dependency fails: the limiter's WARN lines (\"push failed; Pub/Sub will redeliver\") name it, and drip_dependency_call_seconds{result=\"error\"} shows which."
+  }
+}
+
+resource "google_monitoring_alert_policy" "dispatch_lateness" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): delayed events arrive later than their delivery margin"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "p99 dispatch lateness above the rule's delivery_margin"
+    condition_prometheus_query_language {
+      query    = "histogram_quantile(0.99, sum by (rule, le) (rate(drip_dispatch_lateness_seconds_bucket[10m]))) > on (rule) (max by (rule) (drip_delivery_margin_seconds) > 0)"
+      duration = "600s"
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "Cloud Tasks hands delayed events to the dispatcher later after their slots than the rule's delivery_margin allows, so the partner may see more in a window than the limit (README: \"Scheduling semantics\"). Check the queues' dispatch rate (500/s per queue: add queues), the dispatcher's max_instances and its errors; raise the rule's delivery_margin if the lateness is steady."
+  }
+}
+
+resource "google_monitoring_alert_policy" "drain_near_max_delay" {
+  project               = var.project_id
+  display_name          = "Drip (${var.name}): a rule's delays approach its max_delay"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "p99 delay above ${var.drain_alert_fraction * 100} % of the rule's max_delay"
+    condition_prometheus_query_language {
+      query    = "histogram_quantile(0.99, sum by (rule, le) (rate(drip_delay_seconds_bucket[10m]))) > on (rule) (${var.drain_alert_fraction} * max by (rule) (drip_max_delay_seconds))"
+      duration = "300s"
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "The slowest keys of a rule are being scheduled close to its max_delay: once a key's backlog drains later than max_delay, its new events are dead-lettered (max_delay_exceeded). `drip inspect RULE KEY` shows a key's backlog and drain time. Slow the upstream publisher, raise the key's limit if the partner allows (`drip limits set`), or raise max_delay."
+  }
+}

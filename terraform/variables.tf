@@ -287,3 +287,21 @@ variable "feedback_callers" {
   type        = list(string)
   default     = []
 }
+
+variable "push_lag_threshold_seconds" {
+  description = "Alert when a push subscription's oldest unacked message is older than this (seconds) for 5 minutes."
+  type        = number
+  default     = 300
+}
+
+variable "limiter_error_ratio" {
+  description = "Alert when more than this share of the limiter's requests end in 5xx for 10 minutes (a few 503s are normal: Pub/Sub redelivers them)."
+  type        = number
+  default     = 0.05
+}
+
+variable "drain_alert_fraction" {
+  description = "Alert when a rule's p99 delay exceeds this fraction of its max_delay for 5 minutes: its slowest keys are about to be dead-lettered."
+  type        = number
+  default     = 0.8
+}

@@ -338,6 +338,25 @@ def alerts_exist(module: Module):
         problems.append("no alert on the DLQ backlog")
     if not all("var.notification_channels" in str(p.arguments.get("notification_channels")) for p in policies.values()):
         problems.append("an alert policy ignores var.notification_channels")
+    problems += _lag_alerts(policies)
+    return problems
+
+
+def _lag_alerts(policies) -> list[str]:
+    """Alerts coupled to lag: the push subscriptions' oldest unacked message, the limiter's 5xx
+    share, dispatch lateness beyond the rules' delivery_margin, delays nearing max_delay (the
+    PromQL names what the services export: drip_delivery_margin_seconds, drip_max_delay_seconds)."""
+    thresholds = [c_t for p in policies.values() for c in p.block("conditions") for c_t in c.block("condition_threshold")]
+    queries = [str(q.arguments.get("query")) for p in policies.values() for c in p.block("conditions") for q in c.block("condition_prometheus_query_language")]
+    problems = []
+    if not any("oldest_unacked_message_age" in str(t.arguments.get("filter")) and "google_pubsub_subscription.push" in str(t.arguments.get("filter")) for t in thresholds):
+        problems.append("no alert on the push subscriptions' oldest unacked message")
+    if not any("response_code_class" in str(t.arguments.get("filter")) and t.arguments.get("denominator_filter") for t in thresholds):
+        problems.append("no alert on the limiter's share of 5xx answers")
+    if not any("drip_dispatch_lateness_seconds" in q and "drip_delivery_margin_seconds" in q for q in queries):
+        problems.append("no alert on dispatch lateness beyond the delivery margin")
+    if not any("drip_delay_seconds" in q and "drip_max_delay_seconds" in q for q in queries):
+        problems.append("no alert on delays nearing max_delay")
     return problems
 
 

@@ -608,6 +608,9 @@ async fn a_shadow_rule_forwards_everything_at_once_and_records_what_it_would_hav
     assert!(metrics.contains(&format!(r#"drip_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION"))));
     let month = metrics.lines().find(|l| l.starts_with(r#"drip_delay_seconds_bucket{le="2684354"#));
     assert!(month.is_some(), "a bucket near 31 days: {metrics}");
+    // What the lag alerts compare against: each rule's max_delay and delivery_margin in force.
+    assert!(metrics.contains(r#"drip_max_delay_seconds{rule="inline"} 3600"#), "{metrics}");
+    assert!(metrics.contains(r#"drip_delivery_margin_seconds{rule="inline"} 0"#), "{metrics}");
 }
 
 /// A target that answers 429 with `Retry-After: 2` to its first `refusals` requests, then 204.

@@ -72,6 +72,7 @@ impl LiveRules {
         let text = std::fs::read(&path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
         let loaded = parse(&path, &text, &accept)?;
         metrics.rules_version(None, &loaded.version);
+        metrics.rules_in_force(&loaded.set);
         Ok(Arc::new(Self { path: Some(path), current: ArcSwap::from_pointee(loaded), accept, metrics }))
     }
 
@@ -79,6 +80,7 @@ impl LiveRules {
     pub fn fixed(rules: ServiceRules, metrics: Arc<Metrics>) -> Arc<Self> {
         let version = "fixed".to_owned();
         metrics.rules_version(None, &version);
+        metrics.rules_in_force(&rules);
         let accept: Acceptance = Box::new(|_| Ok(()));
         Arc::new(Self {
             path: None,
@@ -115,6 +117,7 @@ impl LiveRules {
         match &result {
             Ok(Reloaded::Applied { from, to }) => {
                 self.metrics.rules_version(Some(from), to);
+                self.metrics.rules_in_force(&self.current().set);
                 self.metrics.rules_refused(false);
                 tracing::info!(from = %from, to = %to, file = %path.display(), "rules reloaded");
             }

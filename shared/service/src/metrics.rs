@@ -62,6 +62,8 @@ pub struct Metrics {
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     http: HistogramFamily<HttpLabels>,
+    max_delay: Family<RuleLabels, Gauge<f64, AtomicU64>>,
+    delivery_margin: Family<RuleLabels, Gauge<f64, AtomicU64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -104,7 +106,29 @@ impl Default for Metrics {
         let build = Family::<BuildLabels, Gauge>::default();
         registry.register("build_info", "The version of Drip this instance runs: 1", build.clone());
         build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
-        Self { registry, calls, rules_info, rules_refused, adaptive_level, pauses_capped, http }
+        let max_delay = Family::<RuleLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "max_delay_seconds",
+            "Each rule's max_delay in force: an alert compares delays against it",
+            max_delay.clone(),
+        );
+        let delivery_margin = Family::<RuleLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "delivery_margin_seconds",
+            "Each rule's delivery_margin in force: an alert compares dispatch lateness against it",
+            delivery_margin.clone(),
+        );
+        Self {
+            registry,
+            calls,
+            rules_info,
+            rules_refused,
+            adaptive_level,
+            pauses_capped,
+            http,
+            max_delay,
+            delivery_margin,
+        }
     }
 }
 
@@ -124,6 +148,17 @@ impl Metrics {
             self.rules_info.remove(&VersionLabels { version: from.to_owned() });
         }
         self.rules_info.get_or_create(&VersionLabels { version: to.to_owned() }).set(1);
+    }
+
+    /// The rules now in force, for the alerts that compare delays and lateness against them.
+    pub fn rules_in_force(&self, rules: &drip_core::rules::ServiceRules) {
+        self.max_delay.clear();
+        self.delivery_margin.clear();
+        for rule in &rules.rules {
+            let labels = RuleLabels { rule: rule.name.clone() };
+            self.max_delay.get_or_create(&labels).set(rule.max_delay as f64 / 1_000.0);
+            self.delivery_margin.get_or_create(&labels).set(rule.delivery_margin as f64 / 1_000.0);
+        }
     }
 
     pub fn adaptive_level(&self, target: String, level: f64) {
