@@ -313,3 +313,16 @@ resource "google_monitoring_alert_policy" "drain_near_max_delay" {
     content   = "The slowest keys of a rule are being scheduled close to its max_delay: once a key's backlog drains later than max_delay, its new events are dead-lettered (max_delay_exceeded). `drip inspect RULE KEY` shows a key's backlog and drain time. Slow the upstream publisher, raise the key's limit if the partner allows (`drip limits set`), or raise max_delay."
   }
 }
+
+# One dashboard of what an operator of Drip watches (its JSON: dashboard.json.tftpl): decisions,
+# delays against max_delay, dispatch lateness against the delivery margin, the push backlog, the
+# queues, the dead letters, Redis, the limiter's answers, adaptive levels and capped pauses.
+resource "google_monitoring_dashboard" "drip" {
+  project = var.project_id
+  dashboard_json = templatefile("${path.module}/dashboard.json.tftpl", {
+    name    = var.name
+    limiter = local.limiter_name
+    queues  = join("|", local.queue_ids)
+    dlqs    = join("|", [for s in google_pubsub_subscription.dlq : s.name])
+  })
+}
