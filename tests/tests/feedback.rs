@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use drip_core::time::{Millis, wall_clock_millis};
+use drip_core::time::{HOUR, MINUTE, Millis, wall_clock_millis};
 use drip_store::{AuditEntry, RedisStore};
 use drip_tests::pubsub_emulator::Pubsub;
 use drip_tests::redis_server::shared_url;
@@ -255,4 +255,76 @@ rules:
 
 async fn get_json(http: &reqwest::Client, url: String) -> serde_json::Value {
     http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// A claim-checked event the overflow target told to wait gets a new task; its payload in Redis
+/// must outlive that task's retries as the limiter's first task's would (a day past the slot), not
+/// expire minutes after its new slot.
+#[tokio::test]
+async fn a_rescheduled_claim_checked_event_keeps_its_payload_past_its_retries() {
+    use drip_core::overflow::{
+        CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSeal, TaskSigner,
+    };
+    let prefix = unique("claim-reslot");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let (target, answers) = throttling_target(1).await;
+    let rules = RULES.replace("{p}", &prefix).replace("TARGET", &target);
+    let namespace = unique("drip");
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    let dispatcher =
+        spawn_rescheduling_dispatcher(&rules, (&shared_url(), &namespace, &pubsub.host), &tasks.endpoint, &queues)
+            .await;
+
+    let store = &dispatcher.state.store;
+    let rule = format!("{prefix}-hooks");
+    let subscription = Some("projects/drip-test/subscriptions/source".to_owned());
+    let identity = drip_core::event::MessageRef::new("big", subscription.clone()).identity();
+    let of = drip_store::MessageOf { rule: &rule, key: "endpoint_1", message: &identity };
+    let reference = store.put_payload(of, br#"{"endpoint":1}"#, 60_000).await.unwrap();
+    let slot = wall_clock_millis() - 100;
+    let body = TaskBody {
+        is_ratelimited: true,
+        rate_limit_meta: RateLimitMeta {
+            key: "endpoint_1".into(),
+            rule: rule.clone(),
+            rule_id: None,
+            window_type: "RPS".into(),
+            limit: 2,
+            scheduled_for: drip_core::time::format_rfc3339(slot),
+            overflow_topic: format!("{prefix}-overflow"),
+            cost: None,
+        },
+        payload: TaskPayload::ClaimCheck(reference.clone()),
+        attributes: BTreeMap::from([("event_type".into(), "hook".into())]),
+        message_id: "big".into(),
+        subscription,
+        publish_time: None,
+    };
+    let body = serde_json::to_vec(&body).unwrap();
+    let name = "projects/drip-test/locations/local/queues/q/tasks/big";
+    let seal =
+        TaskSigner::new(drip_tests::stack::SIGNING_KEY).sign(&TaskSeal { name, slot, expires: slot + HOUR }, &body);
+    let status = reqwest::Client::new()
+        .post(format!("{}/dispatch", dispatcher.url))
+        .header("X-CloudTasks-QueueName", "q")
+        .header("X-CloudTasks-TaskName", name)
+        .header("X-CloudTasks-TaskRetryCount", "0")
+        .header(SIGNATURE_HEADER, seal)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::OK, "rescheduled");
+    assert_eq!(answers.lock().unwrap().len(), 1, "the target answered 429 once");
+    let created = tasks.client.tasks().await.unwrap();
+    assert_eq!(created.len(), 1, "a new task for the event");
+    let mut redis = drip_tests::redis_server::shared_connection().await;
+    let ttl: i64 = redis::cmd("PTTL").arg(&reference).query_async(&mut redis).await.unwrap();
+    let needed = created[0].schedule_time - wall_clock_millis() + CLAIM_CHECK_MARGIN - MINUTE;
+    assert!(ttl >= needed, "the payload lives {ttl} ms, the new task's retries need {needed}");
 }

@@ -24,7 +24,7 @@ use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::Status;
-use drip_core::time::{DAY, HOUR, MINUTE, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::{EventPost, PostError};
 use drip_service::feedback;
 use drip_store::{DispatchClaim, MessageOf, SlotRequest};
@@ -32,7 +32,7 @@ use drip_store::{DispatchClaim, MessageOf, SlotRequest};
 use crate::AppState;
 
 /// How long a claim-checked payload outlives the slot of its new task.
-const CLAIM_CHECK_MARGIN: Millis = 10 * MINUTE;
+use drip_core::overflow::CLAIM_CHECK_MARGIN;
 
 /// Cloud Tasks sets these on every dispatch; a request without them did not come from a queue.
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];

@@ -25,9 +25,8 @@ use drip_service::timed_store::TimedStore;
 use drip_store::{RedisStore, Store};
 
 /// Cloud Tasks sends at most 1 MB per task.
-const MAX_TASK_BYTES: usize = 1024 * 1024;
+use drip_core::overflow::MAX_TASK_BYTES;
 /// A dispatch claim outlives the attempt that holds it by this much.
-const LEASE_MARGIN_MS: u64 = 5_000;
 use envconfig::Envconfig;
 
 /// The dispatcher's settings: the ones it shares with the limiter (README: "Settings").
@@ -159,7 +158,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             + settings.forward_timeout_ms
             + settings.tasks.tasks_timeout_ms
             + 4 * common.redis_timeout_ms
-            + LEASE_MARGIN_MS) as Millis,
+            + drip_service::LEASE_MARGIN as u64) as Millis,
         publishers: common.connect_pubsub().await?,
         auth: settings.route_auth()?,
         metrics,

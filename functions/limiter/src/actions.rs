@@ -10,7 +10,7 @@ use drip_core::event::Event;
 use drip_core::outcome::DlqReason;
 use drip_core::overflow::{RateLimitMeta, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{Forward, Rule};
-use drip_core::time::{DAY, Millis, format_rfc3339};
+use drip_core::time::{Millis, format_rfc3339};
 use drip_gcp::http_target::{EventPost, PostError};
 use drip_gcp::tasks::Created;
 use drip_service::feedback;
@@ -43,10 +43,8 @@ pub fn permanent(reason: DlqReason, detail: impl Into<String>) -> Failure {
     Failure::Permanent(Refused { reason, detail: detail.into() })
 }
 
-/// Cloud Tasks takes tasks up to 1 MB; keep room for the task's URL, headers and own fields.
-pub const MAX_INLINE_TASK_BODY: usize = 1_000_000 - 32 * 1024;
-/// How long a claim-checked payload outlives its slot, for dispatch retries.
-const CLAIM_CHECK_MARGIN: Millis = DAY;
+use drip_core::overflow::CLAIM_CHECK_MARGIN;
+pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
 
 /// The event being acted on, with what the reservation decided for it.
 #[derive(Debug, Clone, Copy)]

@@ -33,9 +33,6 @@ pub use settings::{LimiterAuth, Settings};
 /// Pub/Sub push requests carry up to 10 MB of data, base64-encoded (×4/3) in JSON, plus up to 100
 /// attributes of at most 1,280 bytes each.
 const MAX_PUSH_BYTES: usize = 14 * 1024 * 1024;
-/// A lease outlives the attempt that holds it by this much, so it never lapses while that attempt
-/// may still act.
-const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 /// Everything a request needs; cheap to clone.
 #[derive(Debug, Clone)]
@@ -102,7 +99,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         metrics,
         claim_check_max_bytes: settings.claim_check_max_bytes,
         attempt_deadline,
-        lease: (attempt_deadline + LEASE_MARGIN).as_millis() as Millis,
+        lease: attempt_deadline.as_millis() as Millis + drip_service::LEASE_MARGIN,
         shutdown: settings.shutdown(),
     })
 }

@@ -178,6 +178,18 @@ pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
 /// the task's name, its slot, its expiry and its body ([`TaskSigner::sign`]).
 pub const SIGNATURE_HEADER: &str = "x-drip-signature";
 
+/// Cloud Tasks takes an HTTP task of up to 1 MB (its body, URL and headers): the dispatcher accepts
+/// task bodies up to this, the limiter keeps its own under it with room to spare.
+pub const MAX_TASK_BYTES: usize = 1_000_000;
+
+/// A task body above this is claim-checked (its data waits in Redis): room under
+/// [`MAX_TASK_BYTES`] for the task's URL, headers and own fields.
+pub const MAX_INLINE_TASK_BODY: usize = MAX_TASK_BYTES - 32 * 1024;
+
+/// How long a claim-checked payload outlives its task's slot: past every retry of the task (the
+/// queues' retry span is hours), whether the limiter made the task or the dispatcher rescheduled it.
+pub const CLAIM_CHECK_MARGIN: crate::time::Millis = crate::time::DAY;
+
 /// What a signature binds a body to: a captured body cannot be run under another task name, at
 /// another time, or after the queue's retries for it are over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

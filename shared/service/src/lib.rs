@@ -13,6 +13,10 @@ pub mod tasks;
 pub mod telemetry;
 pub mod timed_store;
 
+/// A lease (on a message's answer, or on a task's dispatch) outlives the attempt that holds it by
+/// this much, so it never lapses while that attempt may still act.
+pub const LEASE_MARGIN: drip_core::time::Millis = 5_000;
+
 /// A service's exit: on an error (bad settings or rules, an unreachable dependency), why, as one
 /// log line (one JSON object in Cloud Logging, not a multi-line `Error:` on stderr), and status 1.
 pub fn exit_with(service: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
