@@ -818,9 +818,18 @@ async fn a_pause_that_begins_during_an_inline_wait_holds_the_event() {
     assert!(tasks[0].at >= drip_core::time::wall_clock_millis() + 2_500, "{}", tasks[0].at);
 }
 
+/// The log lines the alerts of terraform/monitoring.tf filter on are the ones the services write.
 #[test]
-fn the_capped_pause_log_line_is_the_one_the_alert_filters_on() {
+fn the_log_lines_alerts_filter_on_are_the_ones_written() {
     let monitoring = include_str!("../../../terraform/monitoring.tf");
-    let filter = format!("jsonPayload.message=\"{}\"", drip_service::feedback::LONG_PAUSE_CAPPED);
-    assert!(monitoring.contains(&filter), "terraform/monitoring.tf filters on: {filter}");
+    let expected = [
+        format!("jsonPayload.message=\"{}\"", drip_service::feedback::LONG_PAUSE_CAPPED),
+        format!("jsonPayload.message=\"{}\"", drip_service::live_rules::RULES_REFUSED),
+        // Logged at ERROR as the event's decision (push.rs: an alarming dead letter).
+        format!("jsonPayload.decision=\"{}\"", drip_core::outcome::DlqReason::MaxDelayExceeded.as_str()),
+    ];
+    for filter in expected {
+        assert!(monitoring.contains(&filter), "terraform/monitoring.tf filters on: {filter}");
+    }
+    assert!(drip_core::outcome::DlqReason::MaxDelayExceeded.is_alarming(), "so it is logged at ERROR");
 }

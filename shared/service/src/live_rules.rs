@@ -65,6 +65,9 @@ fn parse(path: &Path, text: &[u8], accept: &Acceptance) -> Result<LoadedRules, S
     Ok(LoadedRules { set: rules, version: version_of(text.as_bytes()) })
 }
 
+/// The ERROR line of a refused rules file (an alert in terraform/monitoring.tf filters on it).
+pub const RULES_REFUSED: &str = "new rules refused: the rules in force stay";
+
 impl LiveRules {
     /// Loads `path` (start-up fails if it does not validate) and publishes its version.
     pub fn load(path: impl Into<PathBuf>, accept: Acceptance, metrics: Arc<Metrics>) -> Result<Arc<Self>, String> {
@@ -124,7 +127,7 @@ impl LiveRules {
             Ok(Reloaded::Unchanged) => self.metrics.rules_refused(false),
             Err(error) => {
                 self.metrics.rules_refused(true);
-                tracing::error!(version = %self.version(), %error, "new rules refused: the rules in force stay");
+                tracing::error!(version = %self.version(), %error, "{RULES_REFUSED}");
             }
         }
         result
