@@ -2,7 +2,7 @@
 //! (a count that follows the downstream's 429s, 5xx and timeouts: AIMD). The arithmetic here is
 //! integer only (fractions in parts per million), so `lua/reserve.lua` can repeat it exactly.
 
-use crate::rules::{Limit, Window};
+use crate::limit::{Limit, Window};
 use crate::time::Millis;
 
 /// Fractions (`max_share`, the adaptive parameters) are kept in parts per million.

@@ -7,6 +7,7 @@ pub mod delivery;
 pub mod event;
 pub mod json_path;
 pub mod ledger;
+pub mod limit;
 pub mod outcome;
 pub mod overflow;
 pub mod routing;

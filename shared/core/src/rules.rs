@@ -11,13 +11,12 @@ use serde::Deserialize;
 use serde_yaml_ng::Value;
 
 use crate::budgets::{Adaptive, Budget, FeedbackTarget, fraction_ppm};
+pub use crate::limit::{InvalidLimit, Limit, MAX_WINDOW, Placement, Window};
 use crate::template::Template;
-use crate::time::{DAY, HOUR, MINUTE, Millis, SECOND, parse_duration};
+use crate::time::{DAY, Millis, SECOND, parse_duration};
 
 /// Cloud Tasks holds a task for at most 30 days.
 pub const MAX_DELAY_LIMIT: Millis = 30 * DAY;
-/// The longest window a limit may have; it bounds how long an idle entity's state lives.
-pub const MAX_WINDOW: Millis = 31 * DAY;
 /// An inline wait holds the push request open; Pub/Sub's deadline and Cloud Run's cost say keep it short.
 pub const MAX_INLINE_WAIT: Millis = 10 * SECOND;
 pub const DEFAULT_INLINE_WAIT: Millis = SECOND;
@@ -158,52 +157,6 @@ impl PartialEq<&str> for TopicName {
     }
 }
 
-/// At most `limit` cost per `per`, counted by `window`. Only [`Limit::new`] makes one (as
-/// governor's `Quota`), so every limit in the system has `limit` ≥ 1, 0 < `per` ≤ [`MAX_WINDOW`],
-/// and a GCRA burst ≥ 1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Limit {
-    limit: u64,
-    per: Millis,
-    window: Window,
-}
-
-/// Why [`Limit::new`] refused; `field()` names the rules file's field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidLimit {
-    #[error("must be at least 1, got 0")]
-    ZeroLimit,
-    #[error("must be longer than 0")]
-    EmptyPeriod,
-    #[error("{:.1} days is over 31d, the longest supported window", *.0 as f64 / DAY as f64)]
-    PeriodTooLong(Millis),
-    #[error("must be at least 1, got 0")]
-    ZeroBurst,
-}
-
-impl InvalidLimit {
-    pub fn field(&self) -> &'static str {
-        match self {
-            Self::ZeroLimit => "limit",
-            Self::EmptyPeriod | Self::PeriodTooLong(_) => "per",
-            Self::ZeroBurst => "burst",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Window {
-    Fixed(Placement),
-    Sliding,
-    Gcra { burst: u64 },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Placement {
-    Start,
-    Spread,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cost {
     Fixed(u64),
@@ -228,80 +181,8 @@ pub enum OverflowFormat {
     Original,
 }
 
-impl Window {
-    /// Identifies a limit's state within its entity: limits of the same kind and period share it,
-    /// so a changed `limit` count keeps the usage already recorded.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Window::Fixed(_) => "fixed",
-            Window::Sliding => "sliding",
-            Window::Gcra { .. } => "gcra",
-        }
-    }
-}
-
-impl Limit {
-    pub fn new(limit: u64, per: Millis, window: Window) -> Result<Self, InvalidLimit> {
-        match (limit, per, window) {
-            (0, _, _) => Err(InvalidLimit::ZeroLimit),
-            (_, ..=0, _) => Err(InvalidLimit::EmptyPeriod),
-            (_, per, _) if per > MAX_WINDOW => Err(InvalidLimit::PeriodTooLong(per)),
-            (_, _, Window::Gcra { burst: 0 }) => Err(InvalidLimit::ZeroBurst),
-            _ => Ok(Self { limit, per, window }),
-        }
-    }
-
-    /// The cost allowed per window.
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    /// The largest cost one event may have under this limit with `count` in force: the count of a
-    /// window, the burst of a gcra limit (an event of cost c waits until c units conform, and
-    /// `burst` units conform at once, whatever the rate: a token bucket's `check_n`).
-    pub fn max_cost(&self, count: u64) -> u64 {
-        match self.window {
-            Window::Gcra { burst } => burst,
-            _ => count,
-        }
-    }
-
-    pub fn per(&self) -> Millis {
-        self.per
-    }
-
-    pub fn window(&self) -> Window {
-        self.window
-    }
-
-    /// `RPS`, `RPM`, `RPH`, `RPD`, or `per 90s` for other periods (the seed's `windowType`).
-    pub fn window_type(&self) -> String {
-        match self.per {
-            SECOND => "RPS".into(),
-            MINUTE => "RPM".into(),
-            HOUR => "RPH".into(),
-            DAY => "RPD".into(),
-            per => format!("per {}", humantime::format_duration(std::time::Duration::from_millis(per as u64))),
-        }
-    }
-}
-
 fn per_text(per: Millis) -> String {
     humantime::format_duration(std::time::Duration::from_millis(per.unsigned_abs())).to_string()
-}
-
-/// `100 per 1m (fixed)`, `5 per 1s (gcra, burst 10)`.
-impl fmt::Display for Limit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let per = humantime::format_duration(std::time::Duration::from_millis(self.per.unsigned_abs()));
-        write!(f, "{} per {per} (", self.limit)?;
-        match self.window {
-            Window::Fixed(Placement::Start) => write!(f, "fixed)"),
-            Window::Fixed(Placement::Spread) => write!(f, "fixed, spread)"),
-            Window::Sliding => write!(f, "sliding)"),
-            Window::Gcra { burst } => write!(f, "gcra, burst {burst})"),
-        }
-    }
 }
 
 impl Rule {
@@ -345,7 +226,7 @@ impl Rule {
     /// budgets' limits, and of its gcra limits' bursts.
     pub fn max_cost(&self) -> u64 {
         let limits = self.limits.iter().chain(self.budgets.iter().flat_map(|b| &b.limits));
-        limits.map(|l| l.max_cost(l.limit)).min().unwrap_or(0)
+        limits.map(|l| l.max_cost(l.limit())).min().unwrap_or(0)
     }
 
     /// The Redis Cluster hash tag its entities live under when it draws from a budget.
@@ -468,7 +349,7 @@ impl RuleSet {
                     .push("delivery_margin", format!("must be at most half of every window of its budgets ({limit})"));
             }
             if let Cost::Fixed(cost) = rule.cost
-                && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit < cost))
+                && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit() < cost))
             {
                 let label = format!("rule '{}'", rule.name);
                 RuleErrors { errors: &mut errors, label: &label }.push(
@@ -713,12 +594,12 @@ fn validate_rule(
         && let Some((index, smallest)) = limits
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.max_cost(l.limit) < *cost)
-            .min_by_key(|(_, l)| l.max_cost(l.limit))
+            .filter(|(_, l)| l.max_cost(l.limit()) < *cost)
+            .min_by_key(|(_, l)| l.max_cost(l.limit()))
     {
-        let what = match smallest.window {
-            Window::Gcra { burst } if burst < smallest.limit => format!("burst {burst}"),
-            _ => format!("limit {}", smallest.limit),
+        let what = match smallest.window() {
+            Window::Gcra { burst } if burst < smallest.limit() => format!("burst {burst}"),
+            _ => format!("limit {}", smallest.limit()),
         };
         errors.push("cost", format!("{cost} exceeds limits[{index}].{what}, so no event could ever be scheduled"));
     }
