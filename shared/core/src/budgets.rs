@@ -144,7 +144,7 @@ mod tests {
         assert_eq!(AIMD.level(Some(second), 1_000, 7_000), 225_000, "window 7 has not passed yet");
         assert_eq!(AIMD.level(Some(second), 1_000, 8_000), 325_000, "window 7 passed quietly");
         assert_eq!(AIMD.level(Some(second), 1_000, 60_000), 900_000, "back to the ceiling, not above");
-        let fixed = Limit::new(100, 1_000, Window::Fixed(crate::rules::Placement::Start)).unwrap();
+        let fixed = Limit::new(100, 1_000, Window::Fixed(crate::limit::Placement::Start)).unwrap();
         assert_eq!(adapted_count(&fixed, 100, Some(225_000), 1), 22);
         assert_eq!(adapted_count(&fixed, 100, Some(225_000), 30), 30, "never below the cost");
         assert_eq!(adapted_count(&fixed, 100, None, 1), 100, "no adaptive limit");
