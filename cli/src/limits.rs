@@ -40,8 +40,12 @@ enum LimitsCommand {
         #[arg(long)]
         window: Option<String>,
         /// When it ends: an RFC 3339 time, or a date (the override holds through that UTC day).
-        #[arg(long)]
+        /// Without it an override that already has an end keeps it.
+        #[arg(long, conflicts_with = "forever")]
         expires: Option<String>,
+        /// No end, even if the override being replaced had one.
+        #[arg(long)]
+        forever: bool,
     },
     /// Show one key's overrides.
     Get {
@@ -93,12 +97,21 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
-/// `2026-12-31` → the end of that UTC day; an RFC 3339 time as it is.
-fn parse_expiry(text: &str) -> anyhow::Result<Millis> {
-    if let Ok(day_start) = parse_rfc3339(&format!("{text}T00:00:00Z")) {
-        return Ok(day_start + DAY);
+/// `2026-12-31` → the end of that UTC day; an RFC 3339 time as it is. An end already past at `now`
+/// is refused: the override would never be in force.
+fn parse_expiry(text: &str, now: Millis) -> anyhow::Result<Millis> {
+    let ends = match parse_rfc3339(&format!("{text}T00:00:00Z")) {
+        Ok(day_start) => day_start + DAY,
+        Err(_) => parse_rfc3339(text)
+            .map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))?,
+    };
+    if ends <= now {
+        anyhow::bail!(
+            "--expires {text} is in the past ({}): the override would never be in force",
+            format_rfc3339(ends)
+        );
     }
-    parse_rfc3339(text).map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))
+    Ok(ends)
 }
 
 /// Who is making the change, for the audit list.
@@ -156,18 +169,26 @@ fn describe_feedback(call: &FeedbackChange) -> String {
 
 async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
     match command {
-        LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires } => {
+        LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires, forever } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let (limit, count) = rule.override_target(&limit, window.as_deref()).map_err(anyhow::Error::msg)?;
-            let until = expires.as_deref().map(parse_expiry).transpose()?;
+            let now = drip_core::time::wall_clock_millis();
             let key = drip_core::template::cap_key(key);
+            let store = target.store().await?;
+            let rule_ref = drip_store::RuleRef::of(rule);
+            // Without --expires (or --forever) a replaced override keeps its end: a new count must
+            // not silently make a temporary override permanent.
+            let until = match (expires.as_deref(), forever) {
+                (Some(text), _) => Some(parse_expiry(text, now)?),
+                (None, true) => None,
+                (None, false) => {
+                    let current = store.overrides(rule_ref, &key).await?;
+                    current.get(&override_id(limit)).and_then(|o| o.until).filter(|&until| until > now)
+                }
+            };
             let set = LimitOverride { limit: count, until };
-            let change = target
-                .store()
-                .await?
-                .set_override(drip_store::RuleRef::of(rule), &key, limit, set, &operator(), None)
-                .await?;
+            let change = store.set_override(rule_ref, &key, limit, set, &operator(), None).await?;
             Ok(describe_override(&change))
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window } => {

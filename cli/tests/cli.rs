@@ -345,6 +345,19 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     );
     assert!(limits(&["get", "--key", "merchant_8421:payout"]).contains("100 per 1m (fixed): 150 until 2100-01-01"));
     assert!(limits(&["list"]).starts_with("merchant_8421:payout\n  100 per 1m (fixed): 150"));
+    // A new count without --expires keeps the override's end; an end in the past is refused.
+    let again = limits(&["set", "--key", "merchant_8421:payout", "--limit", "150/1m"]);
+    assert!(again.contains("150 until 2100-01-01T00:00:00.000Z -> 150 until 2100-01-01T00:00:00.000Z"), "{again}");
+    let mut past = vec!["limits", "set", "--redis", url, "--rules", rules_path.to_str().unwrap()];
+    past.extend(["--namespace", &namespace, "--rule", "payouts", "--key", "merchant_8421:payout"]);
+    past.extend(["--limit", "150/1m", "--expires", "2020-01-01"]);
+    if cluster {
+        past.push("--redis-cluster");
+    }
+    let refused = drip(&past);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--expires 2020-01-01 is in the past"), "{stderr}");
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let connect = async || {
@@ -395,13 +408,13 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     });
     let history = limits(&["history"]);
     let lines: Vec<&str> = history.lines().collect();
-    assert_eq!(lines.len(), 3, "{history}");
+    assert_eq!(lines.len(), 4, "{history}");
     assert_eq!(
         lines[0],
         "payouts merchant_7:payout feedback 429 (Retry-After 30 s) on key: paused until 1970-01-01T00:00:30.000Z \
          (was none) (by consumer@example.iam.gserviceaccount.com at 1970-01-01T00:00:00.000Z)"
     );
-    assert!(lines[1].contains("-> the rule's") && lines[2].contains("the rule's -> 150"), "newest first: {history}");
+    assert!(lines[1].contains("-> the rule's") && lines[3].contains("the rule's -> 150"), "newest first: {history}");
     assert!(lines[1].contains("(drip limits)"), "who: {history}");
 }
 
