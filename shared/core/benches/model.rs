@@ -41,19 +41,7 @@ fn reserve(c: &mut Criterion) {
                     n.to_string()
                 },
                 |id| {
-                    let request = ReserveRequest {
-                        message_id: &id,
-                        published: None,
-                        cost: 1,
-                        limits: &limits,
-                        max_delay: 3_650 * DAY,
-                        now: T0,
-                        lease: 0,
-                        floor: None,
-                        budgets: &[],
-                        adaptive: None,
-                        margin: 0,
-                    };
+                    let request = ReserveRequest { max_delay: 3_650 * DAY, ..ReserveRequest::new(&id, &limits, T0) };
                     scheduler.reserve("bench", "hot", &request)
                 },
                 BatchSize::SmallInput,

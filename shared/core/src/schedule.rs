@@ -100,6 +100,27 @@ pub struct ReserveRequest<'a> {
     pub margin: Millis,
 }
 
+impl<'a> ReserveRequest<'a> {
+    /// A request of cost 1 for `message_id` at `now` under `limits`, with a minute's `max_delay`:
+    /// undated, no lease, floor, budget, adaptive limit or margin. Callers change what they need
+    /// with `..ReserveRequest::new(..)`, so a new parameter has one default, here.
+    pub fn new(message_id: &'a str, limits: &'a [Limit], now: Millis) -> Self {
+        Self {
+            message_id,
+            published: None,
+            cost: 1,
+            limits,
+            max_delay: crate::time::MINUTE,
+            now,
+            lease: 0,
+            floor: None,
+            budgets: &[],
+            adaptive: None,
+            margin: 0,
+        }
+    }
+}
+
 /// The state of one limit of one entity. Its size never depends on the backlog: two numbers for
 /// fixed and gcra, and for sliding only the slots inside the last `per` (equal times merged).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -653,22 +674,8 @@ mod tests {
         Limit::new(limit, per, window).unwrap()
     }
 
-    /// A request of cost 1 for `id` at `now` under `limits`: no lease, floor, budget, adaptive
-    /// limit or margin; tests change what they need with `..request(..)`.
     pub(super) fn request<'a>(id: &'a str, limits: &'a [Limit], now: Millis) -> ReserveRequest<'a> {
-        ReserveRequest {
-            message_id: id,
-            published: None,
-            cost: 1,
-            limits,
-            max_delay: MINUTE,
-            now,
-            lease: 0,
-            floor: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        }
+        ReserveRequest::new(id, limits, now)
     }
 
     fn run(limits: &[Limit], arrivals: &[(Millis, u64)]) -> Vec<Millis> {

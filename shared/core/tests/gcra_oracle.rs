@@ -20,19 +20,7 @@ const COUNTS: [u64; 6] = [1, 2, 4, 5, 8, 10];
 
 fn reserve(scheduler: &mut Scheduler, limit: &Limit, id: &str, cost: u64, now: Millis) -> (Millis, Status) {
     let limits = std::slice::from_ref(limit);
-    let request = ReserveRequest {
-        message_id: id,
-        published: None,
-        cost,
-        limits,
-        max_delay: 1_000 * SECOND,
-        now,
-        lease: 0,
-        floor: None,
-        budgets: &[],
-        adaptive: None,
-        margin: 0,
-    };
+    let request = ReserveRequest { cost, max_delay: 1_000 * SECOND, ..ReserveRequest::new(id, limits, now) };
     let reserved = scheduler.reserve("r", "k", &request);
     (reserved.slot, reserved.status)
 }
