@@ -97,21 +97,12 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
-/// `2026-12-31` → the end of that UTC day; an RFC 3339 time as it is. An end already past at `now`
-/// is refused: the override would never be in force.
-fn parse_expiry(text: &str, now: Millis) -> anyhow::Result<Millis> {
-    let ends = match parse_rfc3339(&format!("{text}T00:00:00Z")) {
-        Ok(day_start) => day_start + DAY,
-        Err(_) => parse_rfc3339(text)
-            .map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))?,
-    };
-    if ends <= now {
-        anyhow::bail!(
-            "--expires {text} is in the past ({}): the override would never be in force",
-            format_rfc3339(ends)
-        );
+/// `2026-12-31` → the end of that UTC day; an RFC 3339 time as it is.
+fn parse_expiry(text: &str) -> anyhow::Result<Millis> {
+    if let Ok(day_start) = parse_rfc3339(&format!("{text}T00:00:00Z")) {
+        return Ok(day_start + DAY);
     }
-    Ok(ends)
+    parse_rfc3339(text).map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))
 }
 
 /// Who is making the change, for the audit list.
@@ -177,17 +168,11 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let key = drip_core::template::cap_key(key);
             let store = target.store().await?;
             let rule_ref = drip_store::RuleRef::of(rule);
-            // Without --expires (or --forever) a replaced override keeps its end: a new count must
-            // not silently make a temporary override permanent.
-            let until = match (expires.as_deref(), forever) {
-                (Some(text), _) => Some(parse_expiry(text, now)?),
-                (None, true) => None,
-                (None, false) => {
-                    let current = store.overrides(rule_ref, &key).await?;
-                    current.get(&override_id(limit)).and_then(|o| o.until).filter(|&until| until > now)
-                }
-            };
-            let set = LimitOverride { limit: count, until };
+            // Without --expires (or --forever) a replaced override keeps its end (LimitOverride::replacing).
+            let until = expires.as_deref().map(parse_expiry).transpose()?;
+            let current = store.overrides(rule_ref, &key).await?.get(&override_id(limit)).copied();
+            let set = LimitOverride::replacing(current, count, (until, forever), now)
+                .map_err(|e| anyhow::anyhow!("--expires {}: {e}", expires.as_deref().unwrap_or_default()))?;
             let change = store.set_override(rule_ref, &key, limit, set, &operator(), None).await?;
             Ok(describe_override(&change))
         }

@@ -357,7 +357,7 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     let refused = drip(&past);
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("--expires 2020-01-01 is in the past"), "{stderr}");
+    assert!(stderr.contains("--expires 2020-01-01: the end 2020-01-02T00:00:00.000Z is in the past"), "{stderr}");
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let connect = async || {

@@ -86,8 +86,10 @@ pub struct SetLimit {
     /// `COUNT/PERIOD`, e.g. `500/1m`.
     limit: String,
     window: Option<String>,
-    /// RFC 3339; none: until deleted.
+    /// RFC 3339. None: the replaced override's end, if it had one (`forever: true` drops it).
     until: Option<String>,
+    #[serde(default)]
+    forever: bool,
 }
 
 pub async fn put_limit(
@@ -106,7 +108,16 @@ pub async fn put_limit(
         Ok(until) => until,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("until: {e}")),
     };
-    change(&state, caller, rule, &cap_key(key), limit, Some(LimitOverride { limit: count, until })).await
+    let key = cap_key(key);
+    let current = match state.store.overrides(rule, &key).await {
+        Ok(overrides) => overrides.get(&drip_core::schedule::override_id(limit)).copied(),
+        Err(e) => return unavailable("reading the key's overrides", e),
+    };
+    let set = match LimitOverride::replacing(current, count, (until, body.forever), wall_clock_millis()) {
+        Ok(set) => set,
+        Err(message) => return error(StatusCode::BAD_REQUEST, format!("until: {message}")),
+    };
+    change(&state, caller, rule, &key, limit, Some(set)).await
 }
 
 #[derive(Debug, Deserialize)]

@@ -551,6 +551,22 @@ async fn override_requests_that_name_nothing_are_refused() {
     let bad_until = Some(serde_json::json!({ "limit": "5/1h", "until": "tomorrow" }));
     assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", bad_until).await.0, StatusCode::BAD_REQUEST);
     assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/k/limits?per=1d", None).await.0, StatusCode::BAD_REQUEST);
+    // An end already past would never be in force; a new count keeps the end unless `forever`.
+    let past = Some(serde_json::json!({ "limit": "5/1h", "until": "2020-01-01T00:00:00Z" }));
+    let (status, body) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", past).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.as_str().unwrap().contains("is in the past"), "{body}");
+    let ends = Some(serde_json::json!({ "limit": "5/1h", "until": "2099-01-01T00:00:00Z" }));
+    assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", ends).await.0, StatusCode::OK);
+    let (_, kept) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", put("6/1h")).await;
+    assert_eq!(
+        (kept["after"]["limit"].as_u64(), kept["after"]["until"].as_i64()),
+        (Some(6), Some(4_070_908_800_000)),
+        "{kept}"
+    );
+    let forever = Some(serde_json::json!({ "limit": "7/1h", "forever": true }));
+    let (_, dropped) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", forever).await;
+    assert!(dropped["after"]["until"].is_null(), "{dropped}");
 }
 
 #[tokio::test]

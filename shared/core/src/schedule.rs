@@ -148,6 +148,30 @@ impl LimitOverride {
     pub fn in_force(&self, now: Millis) -> bool {
         self.until.is_none_or(|until| now < until)
     }
+
+    /// The override that sets `count`, replacing `current` at `now`: ending at `until` (refused
+    /// when already past: it would never be in force), else without an end when `forever`, else
+    /// when `current` ends, so a new count never silently makes a temporary override permanent.
+    pub fn replacing(
+        current: Option<LimitOverride>,
+        count: u64,
+        (until, forever): (Option<Millis>, bool),
+        now: Millis,
+    ) -> Result<Self, String> {
+        let until = match (until, forever) {
+            (Some(_), true) => return Err("give an end or forever, not both".into()),
+            (Some(until), false) if until <= now => {
+                return Err(format!(
+                    "the end {} is in the past: the override would never be in force",
+                    crate::time::format_rfc3339(until)
+                ));
+            }
+            (Some(until), false) => Some(until),
+            (None, true) => None,
+            (None, false) => current.and_then(|c| c.until).filter(|&until| until > now),
+        };
+        Ok(Self { limit: count, until })
+    }
 }
 
 /// Names a limit of a rule for overrides: its kind and period (`fixed:60000`), unique within a
@@ -813,6 +837,29 @@ mod lease_tests {
         s.complete("r", "k", ("m", None));
         let done = s.reserve("r", "k", &req(170));
         assert_eq!(done.attempt, Attempt::Done);
+    }
+}
+
+#[cfg(test)]
+mod override_tests {
+    use super::LimitOverride;
+
+    #[test]
+    fn a_new_count_keeps_the_end_unless_told_otherwise_and_never_ends_in_the_past() {
+        let temporary = Some(LimitOverride { limit: 5, until: Some(1_000) });
+        let replace = |current, until, forever| LimitOverride::replacing(current, 9, (until, forever), 100);
+        assert_eq!(replace(temporary, None, false), Ok(LimitOverride { limit: 9, until: Some(1_000) }));
+        assert_eq!(replace(temporary, None, true), Ok(LimitOverride { limit: 9, until: None }));
+        assert_eq!(replace(temporary, Some(2_000), false), Ok(LimitOverride { limit: 9, until: Some(2_000) }));
+        assert_eq!(replace(None, None, false), Ok(LimitOverride { limit: 9, until: None }));
+        let ended = Some(LimitOverride { limit: 5, until: Some(50) });
+        assert_eq!(
+            replace(ended, None, false),
+            Ok(LimitOverride { limit: 9, until: None }),
+            "an ended one's end is gone"
+        );
+        assert!(replace(temporary, Some(100), false).unwrap_err().contains("in the past"));
+        assert!(replace(temporary, Some(2_000), true).is_err());
     }
 }
 
