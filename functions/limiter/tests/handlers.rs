@@ -513,9 +513,11 @@ async fn an_override_raises_or_lowers_one_entity_s_limit_from_the_next_reservati
 async fn an_override_below_an_event_s_cost_dead_letters_it_and_an_ended_one_is_not_in_force() {
     let l = limiter();
     let path = "/v1/rules/payouts/keys/merchant_31/limits";
-    let ended = drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis() - 1_000);
-    let (status, _) = l.send("PUT", path, Some(serde_json::json!({ "limit": "1/1h", "until": ended }))).await;
+    // An end in the past is refused: this one ends 300 ms from now, and has ended when they arrive.
+    let ends = drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis() + 300);
+    let (status, _) = l.send("PUT", path, Some(serde_json::json!({ "limit": "1/1h", "until": ends }))).await;
     assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(400)).await;
     for id in ["a", "b"] {
         assert_eq!(l.payout(id, 31).await, StatusCode::NO_CONTENT);
     }

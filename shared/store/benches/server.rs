@@ -143,7 +143,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
         token_bucket_call(&sha, &format!("bench:tb:{{{}}}", i % ENTITIES), started + (i / ENTITIES) as i64)
     })
     .await;
-    rows.push(Row { name: "token bucket of seed 001 (HMGET, refill, HMSET, EXPIRE)".into(), usec, per_second });
+    rows.push(Row { name: "a classic Lua token bucket (HMGET, refill, HMSET, EXPIRE)".into(), usec, per_second });
     load(connection, drip_store::reserve_script()).await;
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
         let rule = format!("bench{n}");
@@ -366,7 +366,7 @@ fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::erro
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..right * 1.05, 0.0..top)?;
     chart.configure_mesh().x_desc("reservations queued ahead").y_desc("µs per call").draw()?;
-    for (label, color, pick) in [("reserve.lua (fixed 100/min)", BLUE, 1usize), ("token bucket (seed 001)", RED, 2)] {
+    for (label, color, pick) in [("reserve.lua (fixed 100/min)", BLUE, 1usize), ("classic Lua token bucket", RED, 2)] {
         let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.0 as f64, if pick == 1 { r.1 } else { r.2 })).collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
