@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
-use drip_store::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
+use drip_store::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView};
 
 use crate::connect::StoreArgs;
 
@@ -46,6 +46,9 @@ enum LimitsCommand {
         /// No end, even if the override being replaced had one.
         #[arg(long)]
         forever: bool,
+        /// Why, kept in the rule's audit list (`history`).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Show one key's overrides.
     Get {
@@ -67,6 +70,9 @@ enum LimitsCommand {
         per: String,
         #[arg(long)]
         window: Option<String>,
+        /// Why, kept in the rule's audit list (`history`).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// The rule's latest override changes, newest first.
     History {
@@ -128,8 +134,9 @@ fn describe(entry: &AuditEntry) -> String {
 }
 
 fn describe_override(change: &OverrideChange) -> String {
+    let reason = change.reason.as_deref().map_or(String::new(), |reason| format!(": {reason}"));
     format!(
-        "{} {} {}: {} -> {} (by {} at {})\n",
+        "{} {} {}: {} -> {} (by {} at {}{reason})\n",
         change.rule,
         change.key,
         change.limit,
@@ -160,7 +167,7 @@ fn describe_feedback(call: &FeedbackChange) -> String {
 
 async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
     match command {
-        LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires, forever } => {
+        LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires, forever, reason } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let (limit, count) = rule.override_target(&limit, window.as_deref()).map_err(anyhow::Error::msg)?;
@@ -173,10 +180,11 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let current = store.overrides(rule_ref, &key).await?.get(&override_id(limit)).copied();
             let set = LimitOverride::replacing(current, count, (until, forever), now)
                 .map_err(|e| anyhow::anyhow!("--expires {}: {e}", expires.as_deref().unwrap_or_default()))?;
-            let change = store.set_override(rule_ref, &key, limit, set, &operator(), None).await?;
+            let author = Author { by: &operator(), reason: reason.as_deref() };
+            let change = store.set_override(rule_ref, &key, limit, set, author, None).await?;
             Ok(describe_override(&change))
         }
-        LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window } => {
+        LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window, reason } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let (limit, _) =
@@ -185,7 +193,13 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let change = target
                 .store()
                 .await?
-                .delete_override(drip_store::RuleRef::of(rule), &key, limit, &operator(), None)
+                .delete_override(
+                    drip_store::RuleRef::of(rule),
+                    &key,
+                    limit,
+                    Author { by: &operator(), reason: reason.as_deref() },
+                    None,
+                )
                 .await?;
             Ok(describe_override(&change))
         }

@@ -336,7 +336,17 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
         assert!(output.status.success(), "{args:?}: {output:?}");
         stdout(&output)
     };
-    let set = limits(&["set", "--key", "merchant_8421:payout", "--limit", "150/1m", "--expires", "2099-12-31"]);
+    let set = limits(&[
+        "set",
+        "--key",
+        "merchant_8421:payout",
+        "--limit",
+        "150/1m",
+        "--expires",
+        "2099-12-31",
+        "--reason",
+        "the partner raised our quota",
+    ]);
     assert!(
         set.contains(
             "payouts merchant_8421:payout 100 per 1m (fixed): the rule's -> 150 until 2100-01-01T00:00:00.000Z"
@@ -416,6 +426,7 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     );
     assert!(lines[1].contains("-> the rule's") && lines[3].contains("the rule's -> 150"), "newest first: {history}");
     assert!(lines[1].contains("(drip limits)"), "who: {history}");
+    assert!(lines[3].ends_with(": the partner raised our quota)"), "why: {history}");
 }
 
 #[test]

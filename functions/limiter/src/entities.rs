@@ -90,6 +90,8 @@ pub struct SetLimit {
     until: Option<String>,
     #[serde(default)]
     forever: bool,
+    /// Why, kept in the rule's audit list.
+    reason: Option<String>,
 }
 
 pub async fn put_limit(
@@ -117,7 +119,7 @@ pub async fn put_limit(
         Ok(set) => set,
         Err(message) => return error(StatusCode::BAD_REQUEST, format!("until: {message}")),
     };
-    change(&state, caller, rule, &key, limit, Some(set)).await
+    change(&state, caller, (rule, &key, limit), Some(set), body.reason.as_deref()).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,6 +127,8 @@ pub struct WhichLimit {
     /// The overridden limit's period, e.g. `1m`.
     per: String,
     window: Option<String>,
+    /// Why, kept in the rule's audit list.
+    reason: Option<String>,
 }
 
 pub async fn delete_limit(
@@ -139,19 +143,18 @@ pub async fn delete_limit(
         Ok((limit, _)) => limit,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    change(&state, caller, rule, &cap_key(key), limit, None).await
+    change(&state, caller, (rule, &cap_key(key), limit), None, which.reason.as_deref()).await
 }
 
 async fn change(
     state: &AppState,
     caller: Option<axum::Extension<Caller>>,
-    rule: &Rule,
-    key: &str,
-    limit: &Limit,
+    (rule, key, limit): (&Rule, &str, &Limit),
     set: Option<LimitOverride>,
+    reason: Option<&str>,
 ) -> Response {
     let by = caller_name(caller);
-    match state.store.change_override(rule, key, limit, set, &by).await {
+    match state.store.change_override(rule, key, limit, set, drip_store::Author { by: &by, reason }).await {
         Ok(change) => {
             log_change(&change);
             Json(change).into_response()

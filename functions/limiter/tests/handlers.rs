@@ -560,7 +560,9 @@ async fn override_requests_that_name_nothing_are_refused() {
     assert!(body.as_str().unwrap().contains("is in the past"), "{body}");
     let ends = Some(serde_json::json!({ "limit": "5/1h", "until": "2099-01-01T00:00:00Z" }));
     assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", ends).await.0, StatusCode::OK);
-    let (_, kept) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", put("6/1h")).await;
+    let six = Some(serde_json::json!({ "limit": "6/1h", "reason": "INC-42" }));
+    let (_, kept) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", six).await;
+    assert_eq!(kept["reason"], "INC-42", "the audit keeps why: {kept}");
     assert_eq!(
         (kept["after"]["limit"].as_u64(), kept["after"]["until"].as_i64()),
         (Some(6), Some(4_070_908_800_000)),

@@ -66,7 +66,7 @@ impl Store for TimedStore {
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
-        by: &'a str,
+        by: drip_store::Author<'a>,
     ) -> StoreFuture<'a, OverrideChange> {
         self.timed(self.inner.change_override(rule, key, limit, set, by))
     }

@@ -22,7 +22,7 @@ use drip_core::time::Millis;
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
 pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key, field};
 pub use memory::MemoryStore;
-pub use overrides::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
+pub use overrides::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView};
 pub use redis_store::{
     ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_replies,
     parse_reply, reserve_script,

@@ -34,19 +34,36 @@ pub struct OverrideChange {
     pub limit: String,
     pub before: Option<OverrideView>,
     pub after: Option<OverrideView>,
+    /// Why, as its author said (`drip limits --reason`, the API's `reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Who changes an override, and why (for the audit list).
+#[derive(Debug, Clone, Copy)]
+pub struct Author<'a> {
+    pub by: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> From<&'a str> for Author<'a> {
+    fn from(by: &'a str) -> Self {
+        Self { by, reason: None }
+    }
 }
 
 impl OverrideChange {
     pub fn new(
         at: Millis,
-        by: &str,
+        author: Author<'_>,
         (rule, key, limit): (&str, &str, &Limit),
         before: Option<LimitOverride>,
         after: Option<LimitOverride>,
     ) -> Self {
         Self {
             at,
-            by: by.to_owned(),
+            by: author.by.to_owned(),
+            reason: author.reason.map(str::to_owned),
             rule: rule.to_owned(),
             key: key.to_owned(),
             limit: limit.to_string(),
@@ -128,14 +145,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         key: &str,
         limit: &Limit,
         set: LimitOverride,
-        by: &str,
+        by: impl Into<Author<'_>>,
         now: Option<Millis>,
     ) -> Result<OverrideChange, StoreError> {
         let until = set.until.map(|u| u.to_string()).unwrap_or_default();
         let before = self.change_override(rule, key, limit, ("set", set.limit.to_string(), until), now).await?;
         let mut connection = self.connection();
         let _: () = connection.sadd(overridden_keys(self.namespace(), rule.id), key).await?;
-        self.record(rule.id, key, limit, before, Some(set), by).await
+        self.record(rule.id, key, limit, before, Some(set), by.into()).await
     }
 
     /// Removes the entity's override of `limit`; the rule's count applies from the next reservation.
@@ -144,7 +161,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         rule: RuleRef<'_>,
         key: &str,
         limit: &Limit,
-        by: &str,
+        by: impl Into<Author<'_>>,
         now: Option<Millis>,
     ) -> Result<OverrideChange, StoreError> {
         let before = self.change_override(rule, key, limit, ("delete", String::new(), String::new()), now).await?;
@@ -152,7 +169,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             let mut connection = self.connection();
             let _: () = connection.srem(overridden_keys(self.namespace(), rule.id), key).await?;
         }
-        self.record(rule.id, key, limit, before, None, by).await
+        self.record(rule.id, key, limit, before, None, by.into()).await
     }
 
     async fn change_override(
@@ -187,7 +204,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         limit: &Limit,
         before: Option<LimitOverride>,
         after: Option<LimitOverride>,
-        by: &str,
+        by: Author<'_>,
     ) -> Result<OverrideChange, StoreError> {
         let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.connection()).await?;
         let change = OverrideChange::new(seconds * 1_000 + micros / 1_000, by, (rule, key, limit), before, after);

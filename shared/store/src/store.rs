@@ -13,6 +13,7 @@ use drip_core::time::{Millis, wall_clock_millis};
 use redis::aio::ConnectionLike;
 
 use crate::inspect::{EntityReport, report};
+use crate::overrides::Author;
 use crate::{
     DispatchClaim, FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
     StoreError,
@@ -41,7 +42,7 @@ pub trait Store: Ping + std::fmt::Debug {
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
-        by: &'a str,
+        by: Author<'a>,
     ) -> StoreFuture<'a, OverrideChange>;
     fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
     /// No slot of the entity before `until` (the downstream said to wait).
@@ -107,7 +108,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
-        by: &'a str,
+        by: Author<'a>,
     ) -> StoreFuture<'a, OverrideChange> {
         let rule = RuleRef::of(rule);
         Box::pin(async move {
@@ -211,7 +212,7 @@ impl Store for MemoryStore {
         key: &'a str,
         limit: &'a Limit,
         set: Option<LimitOverride>,
-        by: &'a str,
+        by: Author<'a>,
     ) -> StoreFuture<'a, OverrideChange> {
         let before = match set {
             Some(set) => self.set_override(&rule.id, key, limit, set),
