@@ -89,6 +89,15 @@ pub struct DeadLetter<'a> {
 }
 
 impl AppState {
+    /// One step of a push: given at most the attempt deadline, and cut short once SIGTERM came
+    /// and only a release and the answer still fit before SIGKILL.
+    pub(crate) async fn step<T, E>(&self, step: impl Future<Output = Result<T, E>>) -> anyhow::Result<T>
+    where
+        anyhow::Error: From<E>,
+    {
+        Ok(self.shutdown.bound(self.attempt_deadline, step).await??)
+    }
+
     pub(crate) async fn dead_letter(&self, letter: DeadLetter<'_>) -> anyhow::Result<()> {
         let rules = self.rules.current();
         let topic = rules.dlq_topic_for(letter.rule);

@@ -58,8 +58,7 @@ async fn respond(state: &AppState, headers: &HeaderMap, body: &Bytes) -> anyhow:
                 attributes: &unusable.attributes,
                 data: &unusable.data,
             };
-            let dead_letter = state.dead_letter(letter);
-            state.shutdown.bound(state.attempt_deadline, dead_letter).await??;
+            state.step(state.dead_letter(letter)).await?;
             Ok(Outcome::DeadLetter(unusable.reason))
         }
     }
@@ -73,8 +72,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         Plan::Reserve { rule, key, cost, previous_key } => (rule, key, cost, previous_key),
         Plan::DeadLetter { rule, key, reason, detail } => {
             log_decision(&event, rule, key.as_deref(), Outcome::DeadLetter(reason), None, false);
-            let dead_letter = state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None));
-            state.shutdown.bound(state.attempt_deadline, dead_letter).await??;
+            state.step(state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None))).await?;
             state.metrics.count(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
             return Ok(Outcome::DeadLetter(reason));
         }
@@ -84,10 +82,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let published = publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok());
     // A rule whose key template changed: the subject's frontier under its previous key carries over.
     let floor = match &previous_key {
-        Some(previous) => {
-            let frontier = state.store.frontier(rule, previous);
-            state.shutdown.bound(state.attempt_deadline, frontier).await??
-        }
+        Some(previous) => state.step(state.store.frontier(rule, previous)).await?,
         None => None,
     };
     let request = SlotRequest {
@@ -96,8 +91,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         floor,
         ..SlotRequest::for_rule(rule, &key, &identity, cost, None)
     };
-    let reserve = state.store.reserve(&request);
-    let reserved = state.shutdown.bound(state.attempt_deadline, reserve).await??;
+    let reserved = state.step(state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     match reservation.attempt {
         Attempt::Busy => {
@@ -114,7 +108,7 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
     let acting =
         Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, cost, shadow: None };
     let act = act(state, acting, &request, &reserved, publish_time.as_deref());
-    let result = state.shutdown.bound(state.attempt_deadline, act).await.unwrap_or_else(|cut| Err(cut.into()));
+    let result = state.step(act).await;
     // After a downstream's Retry-After, the message's answer is its new slot.
     let (outcome, reserved) = match result {
         Ok(done) => done,
