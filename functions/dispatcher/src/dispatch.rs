@@ -21,7 +21,9 @@ use drip_core::attributes::{Refused, Stamp};
 use drip_core::delivery::Delivery as Meaning;
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, task_id};
+use drip_core::overflow::{
+    CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, task_id,
+};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::Status;
 use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
@@ -30,9 +32,6 @@ use drip_service::feedback;
 use drip_store::{DispatchClaim, MessageOf, SlotRequest};
 
 use crate::AppState;
-
-/// How long a claim-checked payload outlives the slot of its new task.
-use drip_core::overflow::CLAIM_CHECK_MARGIN;
 
 /// Cloud Tasks sets these on every dispatch; a request without them did not come from a queue.
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];

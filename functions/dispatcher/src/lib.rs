@@ -11,7 +11,7 @@ use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
-use drip_core::overflow::TaskSigner;
+use drip_core::overflow::{MAX_TASK_BYTES, TaskSigner};
 use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::Publish;
@@ -24,9 +24,6 @@ use drip_service::tasks::{TaskSettings, Tasks};
 use drip_service::timed_store::TimedStore;
 use drip_store::{RedisStore, Store};
 
-/// Cloud Tasks sends at most 1 MB per task.
-use drip_core::overflow::MAX_TASK_BYTES;
-/// A dispatch claim outlives the attempt that holds it by this much.
 use envconfig::Envconfig;
 
 /// The dispatcher's settings: the ones it shares with the limiter (README: "Settings").

@@ -8,7 +8,7 @@ use drip_core::attributes::{Refused, Stamp};
 use drip_core::delivery::Delivery;
 use drip_core::event::Event;
 use drip_core::outcome::DlqReason;
-use drip_core::overflow::{RateLimitMeta, TaskBody, TaskPayload, task_id};
+use drip_core::overflow::{CLAIM_CHECK_MARGIN, MAX_INLINE_TASK_BODY, RateLimitMeta, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{Forward, Rule};
 use drip_core::time::{Millis, format_rfc3339};
 use drip_gcp::http_target::{EventPost, PostError};
@@ -42,9 +42,6 @@ impl Failure {
 pub fn permanent(reason: DlqReason, detail: impl Into<String>) -> Failure {
     Failure::Permanent(Refused { reason, detail: detail.into() })
 }
-
-use drip_core::overflow::CLAIM_CHECK_MARGIN;
-pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
 
 /// The event being acted on, with what the reservation decided for it.
 #[derive(Debug, Clone, Copy)]

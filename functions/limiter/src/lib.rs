@@ -26,7 +26,7 @@ use drip_service::tasks::Tasks;
 use drip_service::timed_store::TimedStore;
 use drip_store::{RedisStore, Store};
 
-pub use actions::MAX_INLINE_TASK_BODY;
+pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
 pub use settings::{LimiterAuth, Settings};
 
