@@ -110,6 +110,8 @@ pub struct LimiterWiring {
     /// DRIP_PUSH_CALLERS, DRIP_ADMIN_CALLERS, DRIP_FEEDBACK_CALLERS and DRIP_METRICS_CALLERS.
     pub callers: Callers,
     pub claim_check_max_bytes: usize,
+    /// `DRIP_RESERVE_BATCH_MAX` and `DRIP_TASK_BATCH_MAX` (1: one call, one task per event).
+    pub batch_max: usize,
     pub timeouts_ms: u64,
     /// The Redis key namespace (a dispatcher working with this limiter must share it).
     pub namespace: String,
@@ -137,6 +139,7 @@ impl LimiterWiring {
             oidc_jwks_url: None,
             callers: Callers::default(),
             claim_check_max_bytes: 1024 * 1024,
+            batch_max: 64,
             timeouts_ms: 3_000,
             namespace: unique("drip"),
             redis_cluster: false,
@@ -168,6 +171,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             redis_cluster: wiring.redis_cluster,
             redis_namespace: namespace.clone(),
             redis_timeout_ms: wiring.timeouts_ms,
+            reserve_batch_max: wiring.batch_max,
             redis_iam_auth: false,
             project: PROJECT.into(),
             rules: rules_path.display().to_string(),
@@ -308,6 +312,7 @@ async fn start_dispatcher(
             redis_cluster: false,
             redis_namespace: namespace.to_owned(),
             redis_timeout_ms: 3_000,
+            reserve_batch_max: 64,
             redis_iam_auth: false,
             project: PROJECT.into(),
             rules: rules_path.display().to_string(),

@@ -22,7 +22,7 @@ use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
 use drip_service::tasks::{TaskSettings, Tasks};
 use drip_service::timed_store::TimedStore;
-use drip_store::{RedisStore, Store};
+use drip_store::Store;
 
 use envconfig::Envconfig;
 
@@ -121,7 +121,7 @@ impl AppState {
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let common = &settings.common;
-    let redis = common.connect_redis().await?;
+    let redis = common.redis_store().await?;
     let metrics = Arc::new(ServiceMetrics::new(
         ("dispatches", "Tasks received, by rule and outcome"),
         ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
@@ -144,10 +144,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     Ok(AppState {
         rules: common.load_rules(accept, metrics.shared.clone())?,
         // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
-        store: TimedStore::new(
-            Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
-            metrics.shared.clone(),
-        ),
+        store: TimedStore::new(Arc::new(redis), metrics.shared.clone()),
         signer: common.task_signer()?,
         max_attempts: settings.tasks_max_attempts,
         // A publish or a delivery, a dead letter, a new slot and its task, and Redis around them.

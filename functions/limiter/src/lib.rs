@@ -24,7 +24,7 @@ use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
 use drip_service::tasks::Tasks;
 use drip_service::timed_store::TimedStore;
-use drip_store::{RedisStore, Store};
+use drip_store::Store;
 
 pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
@@ -82,16 +82,13 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let longest_inline_wait = longest_inline_wait(&rules.current());
     let _ = deadline_sized_for.set(longest_inline_wait);
     let attempt_deadline = settings.attempt_deadline(longest_inline_wait as u64);
-    let redis = common.connect_redis().await?;
+    let redis = common.redis_store().await?;
     let tasks = settings.tasks.connect(&common.project, common.task_signer()?).await?;
     let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
     Ok(AppState {
         rules,
         // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
-        store: TimedStore::new(
-            Arc::new(RedisStore::new(redis, common.redis_namespace.clone())),
-            metrics.shared.clone(),
-        ),
+        store: TimedStore::new(Arc::new(redis), metrics.shared.clone()),
         publishers: common.connect_pubsub().await?,
         tasks,
         target: Arc::new(target),

@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use drip_gcp::access_tokens::AccessTokens;
 use drip_gcp::oidc::{OidcSettings, OidcVerifier};
 use drip_gcp::pubsub::Publishers;
-use drip_store::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
+use drip_store::{AnyConnection, Batching, RedisSettings, RedisStore, TokenAuth, TokenFuture, TokenSource};
 
 /// Access tokens live an hour; connections re-authenticate well before.
 const IAM_TOKEN_REFRESH: Duration = Duration::from_secs(20 * 60);
@@ -43,6 +43,10 @@ pub struct CommonSettings {
     pub redis_namespace: String,
     #[envconfig(from = "DRIP_REDIS_TIMEOUT_MS", default = "1000")]
     pub redis_timeout_ms: u64,
+    /// The most reservations one reserve.lua call carries: those that arrive while a call is in
+    /// flight go together in the next (1: one call per reservation).
+    #[envconfig(from = "DRIP_RESERVE_BATCH_MAX", default = "64")]
+    pub reserve_batch_max: usize,
     /// Authenticate to Redis with the service account's access tokens (Memorystore for Redis
     /// Cluster's IAM authentication) instead of a password in REDIS_URL.
     #[envconfig(from = "REDIS_IAM_AUTH", default = "false")]
@@ -157,6 +161,12 @@ impl CommonSettings {
 
     pub async fn connect_redis(&self) -> anyhow::Result<AnyConnection> {
         AnyConnection::connect(&self.redis_settings()?).await.context("REDIS_URL: connecting to Redis")
+    }
+
+    /// The services' store: Redis, reservations grouped per connection (per hash tag on a Cluster).
+    pub async fn redis_store(&self) -> anyhow::Result<RedisStore<AnyConnection>> {
+        let batching = Batching::new(self.reserve_batch_max, self.redis_cluster);
+        Ok(RedisStore::new(self.connect_redis().await?, self.redis_namespace.clone()).with_batching(batching))
     }
 
     pub async fn connect_pubsub(&self) -> anyhow::Result<Arc<Publishers>> {

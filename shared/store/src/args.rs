@@ -56,6 +56,30 @@ pub struct ReserveArgs {
     now: Option<Millis>,
 }
 
+/// One event's keys and arguments, encoded on its own (its first argument, where its keys start in
+/// the call, is written when it joins one: [`ReserveArgs::push`]), so that events encoded by
+/// different requests can share a call.
+#[derive(Debug, Clone)]
+pub struct EncodedEvent {
+    keys: Vec<String>,
+    args: Args,
+}
+
+impl EncodedEvent {
+    /// `request`'s event, its keys `keys` (the entity's) and its budgets' hashes.
+    pub fn new(namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> Self {
+        let mut call = ReserveArgs::new(None);
+        call.event(namespace, keys, request);
+        let args = call.events.pop().unwrap_or_default();
+        Self { keys: call.keys, args }
+    }
+
+    /// The event's first key (its entity's state): every key of the event shares its hash tag.
+    pub fn first_key(&self) -> &str {
+        self.keys.first().map_or("", String::as_str)
+    }
+}
+
 /// How reserve.lua names a limit's kind (a budget limit's placement: `fixed` or `spread`).
 pub fn script_kind(limit: &Limit) -> &'static str {
     match limit.window() {
@@ -190,6 +214,16 @@ impl ReserveArgs {
             }
         });
         self.events.push(args);
+        self
+    }
+
+    /// Adds an event encoded on its own, its keys after those already in the call.
+    pub fn push(&mut self, mut event: EncodedEvent) -> &mut Self {
+        if let Some(base) = event.args.0.first_mut() {
+            *base = (self.keys.len() as i64 + 1).to_string().into_bytes();
+        }
+        self.keys.append(&mut event.keys);
+        self.events.push(event.args);
         self
     }
 

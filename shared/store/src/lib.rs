@@ -1,9 +1,10 @@
-//! Where reservations live: Redis in production (one `reserve.lua` call per event, atomic across
-//! every instance), or memory (the reference model) for the simulator and tests.
+//! Where reservations live: Redis in production (`reserve.lua`, atomic across every instance, one
+//! call for each group of reservations that arrive together), or memory (the reference model) for the simulator and tests.
 
 pub mod args;
 mod budgets;
 mod connection;
+mod group_commit;
 pub mod inspect;
 mod keys;
 mod memory;
@@ -20,6 +21,7 @@ use drip_core::schedule::Reservation;
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
+pub use group_commit::Batching;
 pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key, field};
 pub use memory::MemoryStore;
 pub use overrides::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView};
@@ -110,4 +112,7 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("unexpected reply from reserve.lua: {0}")]
     UnexpectedReply(String),
+    /// The script call that carried this event with others failed.
+    #[error("{0}")]
+    Batch(Arc<StoreError>),
 }

@@ -1,9 +1,12 @@
+use std::sync::Arc;
+
 use drip_core::schedule::{Attempt, Reservation, Status};
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
-use crate::args::{ReserveArgs, answers_keep};
+use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
+use crate::group_commit::{Batching, GroupCommit};
 use crate::keys::{dispatch_key, field, payload_key};
 use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
 use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
@@ -42,6 +45,8 @@ pub struct MessageOf<'a> {
 pub struct RedisStore<C> {
     connection: C,
     namespace: String,
+    /// `None`: one script call per reservation.
+    group: Option<Arc<GroupCommit>>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -52,7 +57,13 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C> RedisStore<C> {
     pub fn new(connection: C, namespace: impl Into<String>) -> Self {
-        Self { connection, namespace: namespace.into() }
+        Self { connection, namespace: namespace.into(), group: None }
+    }
+
+    /// Reservations that arrive while a call is in flight go together in the next one.
+    pub fn with_batching(self, batching: Batching) -> Self {
+        let group = (batching.max_batch > 1).then(|| Arc::new(GroupCommit::new(batching)));
+        Self { group, ..self }
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
@@ -144,7 +155,23 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// Reserves each request's slot, one after another in order, in one script call (every key of
     /// every request in one hash slot, on a Cluster). Each gets its own answer, as if reserved alone.
     pub async fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Result<Vec<Reserved>, StoreError> {
-        let call = self.reserve_batch_call(requests);
+        self.call_reserve(self.reserve_batch_call(requests)).await
+    }
+
+    /// The same for events encoded on their own (by different requests), at `now`.
+    pub async fn reserve_encoded(
+        &self,
+        now: Option<Millis>,
+        events: Vec<EncodedEvent>,
+    ) -> Result<Vec<Reserved>, StoreError> {
+        let mut args = ReserveArgs::new(now);
+        for event in events {
+            args.push(event);
+        }
+        self.call_reserve(ReserveCall(args)).await
+    }
+
+    async fn call_reserve(&self, call: ReserveCall) -> Result<Vec<Reserved>, StoreError> {
         let reply: Vec<i64> = match call.cmd().query_async(&mut self.connection()).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let _: String = RESERVE.prepare_invoke().load_async(&mut self.connection()).await?;
@@ -156,8 +183,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    /// Reserves the request's slot: in a call of its own, or with the others that arrive while
+    /// one is in flight ([`RedisStore::with_batching`]).
     pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
+        if let Some(group) = &self.group {
+            let event = EncodedEvent::new(&self.namespace, &self.keys(request), request);
+            return group.reserve(self, event, request.now).await;
+        }
         let mut reserved = self.reserve_batch(std::slice::from_ref(request)).await?;
         reserved.pop().filter(|_| reserved.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
     }

@@ -1,0 +1,181 @@
+//! Group commit on a real Redis (and a 3-master Cluster): reservations that arrive together share
+//! script calls, and each still gets the answer it would get alone, in some order of arrival.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::{Attempt, Reservation};
+use drip_core::time::{MINUTE, Millis, SECOND};
+use drip_store::{Batching, MemoryStore, RedisStore, SlotRequest};
+use drip_tests::redis_server::{RedisCluster, shared_connection};
+use drip_tests::unique;
+use futures_util::future::join_all;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+const T0: Millis = 1_800_000_000_000;
+
+/// A real connection that counts the commands sent through it.
+#[derive(Clone)]
+struct Counting<C> {
+    inner: C,
+    calls: Arc<AtomicUsize>,
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for Counting<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+fn limits() -> Vec<Limit> {
+    vec![
+        Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+        Limit::new(300, MINUTE, Window::Sliding).unwrap(),
+    ]
+}
+
+fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit]) -> SlotRequest<'a> {
+    SlotRequest {
+        rule,
+        key,
+        message_id: id,
+        cost: 1,
+        limits,
+        max_delay: 10 * MINUTE,
+        now: Some(T0),
+        lease: 5_000,
+        published: Some(T0),
+        reslot: false,
+        floor: None,
+        tag: None,
+        budgets: &[],
+        adaptive: None,
+        margin: 0,
+    }
+}
+
+/// `events` (key, message) reserved concurrently through `store`.
+async fn concurrently<C>(store: &RedisStore<C>, rule: &str, events: &[(String, String)]) -> Vec<Reservation>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let limits = limits();
+    let requests: Vec<SlotRequest> = events.iter().map(|(key, id)| request(rule, key, id, &limits)).collect();
+    join_all(requests.iter().map(|r| store.reserve(r)))
+        .await
+        .into_iter()
+        .map(|r| r.expect("reserved").reservation)
+        .collect()
+}
+
+/// The model's slots for the same events one after another, per key, sorted.
+async fn model_slots(rule: &str, events: &[(String, String)], key: &str) -> Vec<Millis> {
+    let model = MemoryStore::default();
+    let limits = limits();
+    let mut slots = Vec::new();
+    for (k, id) in events.iter().filter(|(k, _)| k == key) {
+        slots.push(model.reserve(&request(rule, k, id, &limits)).await.expect("model").reservation.slot);
+    }
+    slots.sort_unstable();
+    slots
+}
+
+fn slots_of(events: &[(String, String)], answers: &[Reservation], key: &str) -> Vec<Millis> {
+    let mut slots: Vec<Millis> =
+        events.iter().zip(answers).filter(|((k, _), _)| k == key).map(|(_, a)| a.slot).collect();
+    slots.sort_unstable();
+    slots
+}
+
+#[tokio::test]
+async fn a_hot_keys_burst_shares_calls_and_gets_the_models_slots() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let connection = Counting { inner: shared_connection().await, calls: calls.clone() };
+    let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, false));
+    let events: Vec<(String, String)> = (0..400).map(|i| ("merchant-1".to_owned(), format!("m{i}"))).collect();
+
+    let answers = concurrently(&store, "burst", &events).await;
+
+    assert_eq!(slots_of(&events, &answers, "merchant-1"), model_slots("burst", &events, "merchant-1").await);
+    assert!(answers.iter().all(|a| a.attempt == Attempt::Decided), "each event is decided once");
+    let calls = calls.load(Ordering::Relaxed);
+    assert!(calls <= 400 / 8, "400 concurrent reservations took {calls} calls: not batched");
+}
+
+#[tokio::test]
+async fn a_thousand_keys_each_get_the_models_slots() {
+    let store = RedisStore::new(shared_connection().await, unique("group")).with_batching(Batching::new(64, false));
+    let events: Vec<(String, String)> = (0..3_000).map(|i| (format!("user-{}", i % 1_000), format!("m{i}"))).collect();
+
+    let answers = concurrently(&store, "many", &events).await;
+
+    for key in ["user-0", "user-499", "user-999"] {
+        assert_eq!(slots_of(&events, &answers, key), model_slots("many", &events, key).await, "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_in_the_same_batch_is_busy_and_keeps_the_first_answer() {
+    let store = RedisStore::new(shared_connection().await, unique("group")).with_batching(Batching::new(64, false));
+    let mut events: Vec<(String, String)> = (0..50).map(|i| ("k".to_owned(), format!("m{i}"))).collect();
+    events.push(("k".to_owned(), "m7".to_owned()));
+
+    let answers = concurrently(&store, "redelivered", &events).await;
+
+    let (first, again) = (answers[7], answers[50]);
+    // Whichever came first decided; the other found its lease held.
+    let attempts = [first.attempt, again.attempt];
+    assert!(attempts.contains(&Attempt::Busy) && attempts.contains(&Attempt::Decided), "{attempts:?}");
+    assert_eq!(first.slot, again.slot, "the busy answer names the decided slot");
+    let distinct: std::collections::BTreeSet<Millis> = answers[..50].iter().map(|a| a.slot).collect();
+    assert_eq!(distinct.len(), 5, "50 events at 10/s fill five windows, the redelivery takes none");
+}
+
+#[tokio::test]
+async fn a_lone_reservation_goes_at_once_in_its_own_call() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let connection = Counting { inner: shared_connection().await, calls: calls.clone() };
+    let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, false));
+    let limits = limits();
+    // The first call may find the script not loaded yet (NOSCRIPT, SCRIPT LOAD, again).
+    store.reserve(&request("lone", "k", "warm-up", &limits)).await.expect("reserved");
+    calls.store(0, Ordering::Relaxed);
+    for i in 0..5 {
+        let id = format!("m{i}");
+        store.reserve(&request("lone", "k", &id, &limits)).await.expect("reserved");
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 5, "one call per reservation that arrives alone");
+}
+
+#[tokio::test]
+async fn on_a_cluster_each_hash_tag_batches_apart() {
+    let cluster = RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    let connection = client.get_async_connection().await.expect("cluster connection");
+    let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, true));
+    // Keys spread over the three masters: a batch of mixed tags would fail with CROSSSLOT.
+    let events: Vec<(String, String)> = (0..600).map(|i| (format!("user-{}", i % 30), format!("m{i}"))).collect();
+
+    let answers = concurrently(&store, "cluster", &events).await;
+
+    for key in ["user-0", "user-13", "user-29"] {
+        assert_eq!(slots_of(&events, &answers, key), model_slots("cluster", &events, key).await, "{key}");
+    }
+}
