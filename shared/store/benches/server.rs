@@ -5,7 +5,7 @@
 //! - server µs per call from `INFO commandstats` (calls pipelined, so the client's speed does not
 //!   count): INCR, the seed-001 token bucket, and reserve.lua in each configuration;
 //! - Redis bytes per in-flight message and per entity (`used_memory`);
-//! - reservations per second on one shard with 1, 8 and 32 clients;
+//! - reservations per second on one shard with 1 to 256 clients, a call each and group-committed;
 //! - µs per call against backlog depth, as a table and an SVG chart (DRIP_BENCH_OUT);
 //! - µs per call of a new key against a shared budget whose calendar is full far ahead.
 //!
@@ -17,7 +17,7 @@ use std::time::Instant;
 use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
-use drip_store::{RedisStore, SlotRequest};
+use drip_store::{Batching, RedisStore, SlotRequest};
 use plotters::prelude::*;
 use redis::aio::MultiplexedConnection;
 
@@ -131,6 +131,7 @@ struct Row {
 }
 
 async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) -> Vec<Row> {
+    const BATCH: usize = 16;
     let calls = scaled(50_000);
     let mut rows = Vec::new();
     let (usec, per_second) =
@@ -155,23 +156,27 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
         .await;
         rows.push(Row { name: format!("reserve.lua, {name}"), usec, per_second });
     }
-    // The same first configuration, BATCH events of different keys per call: µs per event.
-    const BATCH: usize = 16;
-    let limits = configurations().remove(0).1;
-    let published = wall_clock_millis();
-    let (usec, per_second) = measure(connection, "evalsha", calls / BATCH, |i| {
-        let keys: Vec<String> = (0..BATCH).map(|j| format!("merchant_{}", (i * BATCH + j) % ENTITIES)).collect();
-        let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
-        let requests: Vec<SlotRequest> =
-            keys.iter().zip(&ids).map(|(key, id)| request("bench-batch", key, id, (&limits, &[]), published)).collect();
-        store.reserve_batch_call(&requests).cmd()
-    })
-    .await;
-    rows.push(Row {
-        name: format!("reserve.lua, 1 fixed limit, {BATCH} events of 16 keys per call (per event)"),
-        usec: usec / BATCH as f64,
-        per_second: per_second * BATCH as f64,
-    });
+    // Each configuration again, BATCH events per call (as group commit sends them): µs per event.
+    for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
+        let rule = format!("bench-batch{n}");
+        let published = wall_clock_millis();
+        let (usec, per_second) = measure(connection, "evalsha", calls / BATCH, |i| {
+            let keys: Vec<String> = (0..BATCH).map(|j| format!("merchant_{}", (i * BATCH + j) % ENTITIES)).collect();
+            let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
+            let requests: Vec<SlotRequest> = keys
+                .iter()
+                .zip(&ids)
+                .map(|(key, id)| request(&rule, key, id, (&limits, &budgets), published))
+                .collect();
+            store.reserve_batch_call(&requests).cmd()
+        })
+        .await;
+        rows.push(Row {
+            name: format!("reserve.lua, {name}, {BATCH} events per call (per event)"),
+            usec: usec / BATCH as f64,
+            per_second: per_second * BATCH as f64,
+        });
+    }
     rows
 }
 
@@ -247,10 +252,11 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
     (per_message, per_entity)
 }
 
-/// Reservations per second through `RedisStore::reserve` (one round trip each), `clients` tasks
-/// sharing one multiplexed connection, which pipelines what they send together.
-async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize) -> f64 {
-    let limits = configurations().remove(0).1;
+/// Reservations per second through `RedisStore::reserve`, as the limiter calls it: `clients` tasks
+/// sharing one multiplexed connection, each awaiting its reservation before the next, over `keys`
+/// keys (with batching, those that arrive while a call is in flight share the next).
+async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize, keys: usize) -> f64 {
+    let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
     let events = scaled(60_000) / clients * clients;
     let published = wall_clock_millis();
     let started = Instant::now();
@@ -259,7 +265,7 @@ async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize) -
         let (store, limits) = (store.clone(), limits.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..events / clients {
-                let (key, id) = (format!("merchant_{}", (c * 7_919 + i) % ENTITIES), format!("t{c}-{i}"));
+                let (key, id) = (format!("merchant_{}", (c * 7_919 + i) % keys), format!("t{keys}-{c}-{i}"));
                 store.reserve(&request("throughput", &key, &id, (&limits, &[]), published)).await.expect("reserve");
             }
         }));
@@ -414,9 +420,15 @@ async fn main() {
         "\nRedis memory: {per_message:.1} bytes per in-flight message, {per_entity:.0} bytes per entity (1 fixed limit)"
     );
 
-    println!("\n| clients (one multiplexed connection) | reservations/s |\n|---|---|");
-    for clients in [1, 8, 32] {
-        println!("| {clients} | {:.0} |", throughput(&store, clients).await);
+    let batched = store.clone().with_batching(Batching::new(64, false));
+    println!(
+        "\n| clients (one multiplexed connection) | keys | reservations/s, a call each | with group commit (≤ 64 per call) | ratio |"
+    );
+    println!("|---|---|---|---|---|");
+    for (clients, keys) in [(1, ENTITIES), (8, ENTITIES), (32, ENTITIES), (256, ENTITIES), (32, 1), (256, 1)] {
+        let alone = throughput(&store, clients, keys).await;
+        let together = throughput(&batched, clients, keys).await;
+        println!("| {clients} | {keys} | {alone:.0} | {together:.0} | {:.2}× |", together / alone);
     }
 
     let depths = backlog(&mut connection, &store).await;

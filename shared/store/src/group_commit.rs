@@ -32,7 +32,7 @@ impl Batching {
     pub const OFF: Batching = Batching { max_batch: 1, max_in_flight: usize::MAX, per_tag: false };
 
     pub fn new(max_batch: usize, per_tag: bool) -> Self {
-        Self { max_batch: max_batch.max(1), max_in_flight: 2, per_tag }
+        Self { max_batch: max_batch.max(1), max_in_flight: 4, per_tag }
     }
 }
 
