@@ -262,7 +262,7 @@ async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize, k
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (store, limits) = (store.clone(), limits.clone());
+        let (store, limits) = (store.clone(), limits);
         tasks.push(tokio::spawn(async move {
             for i in 0..events / clients {
                 let (key, id) = (format!("merchant_{}", (c * 7_919 + i) % keys), format!("t{keys}-{c}-{i}"));
