@@ -190,7 +190,10 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
             task_signing_key: SIGNING_KEY.into(),
             task_signing_key_previous: None,
         },
-        tasks: task_settings(&wiring.tasks_endpoint, &wiring.queues, &wiring.dispatcher_url, wiring.timeouts_ms),
+        tasks: TaskSettings {
+            task_batch_max: wiring.batch_max,
+            ..task_settings(&wiring.tasks_endpoint, &wiring.queues, &wiring.dispatcher_url, wiring.timeouts_ms)
+        },
         claim_check_max_bytes: wiring.claim_check_max_bytes,
         forward_timeout_ms: wiring.timeouts_ms,
         forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
@@ -217,6 +220,8 @@ pub fn task_settings(endpoint: &str, queues: &[String], dispatcher_url: &str, ti
         tasks_audience: None,
         tasks_timeout_ms: timeout_ms,
         tasks_retry_span_ms: drip_service::tasks::DEFAULT_RETRY_SPAN as u64,
+        task_batch_max: 500,
+        task_batch_bucket_ms: 1_000,
     }
 }
 
@@ -300,6 +305,8 @@ async fn start_dispatcher(
             tasks_audience: None,
             tasks_timeout_ms: 3_000,
             tasks_retry_span_ms: drip_service::tasks::DEFAULT_RETRY_SPAN as u64,
+            task_batch_max: 500,
+            task_batch_bucket_ms: 1_000,
         },
     };
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));

@@ -22,7 +22,7 @@ use drip_core::delivery::Delivery as Meaning;
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{
-    CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, task_id,
+    CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, task_id,
 };
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::Status;
@@ -37,7 +37,7 @@ use crate::AppState;
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];
 
 /// The task as Cloud Tasks presented it.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Delivery<'a> {
     task: &'a str,
     /// 0 on the first attempt.
@@ -120,9 +120,40 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         body: &body,
         sealed_until,
     };
-    let task: TaskBody = match serde_json::from_slice(&body) {
+    match TaskBatch::parse(&body) {
+        // Batches came after seals: an unsealed one is no task of ours.
+        Some(_) if sealed_until.is_none() => {
+            tracing::error!(task = task_name, "dispatch refused: an unsealed batch task");
+            refuse(Outcome::NotATask, StatusCode::FORBIDDEN)
+        }
+        Some(batch) => dispatch_batch(&state, &batch, &delivery).await,
+        None => dispatch_one(&state, &delivery, signed).await,
+    }
+}
+
+/// Each event of a batch at its own slot, all at once: 200 once every one is on a topic (or its
+/// DLQ); a retry publishes only those whose claim is not done yet.
+async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Delivery<'_>) -> StatusCode {
+    let events = batch.batch.iter().map(|event| async move {
+        let body = event.get().as_bytes();
+        let slot = serde_json::from_slice::<TaskBody>(body)
+            .ok()
+            .and_then(|task| parse_rfc3339(&task.rate_limit_meta.scheduled_for).ok());
+        if let Some(wait) = slot.map(|slot| slot - wall_clock_millis()).filter(|&wait| wait > 0) {
+            tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
+        }
+        dispatch_one(state, &Delivery { body, ..*delivery }, true).await
+    });
+    let statuses = futures_util::future::join_all(events).await;
+    tracing::info!(task = delivery.task, events = statuses.len(), "batch task dispatched");
+    statuses.into_iter().find(|status| *status != StatusCode::OK).unwrap_or(StatusCode::OK)
+}
+
+/// One event's task body: its message onto its topic, once.
+async fn dispatch_one(state: &AppState, delivery: &Delivery<'_>, signed: bool) -> StatusCode {
+    let task: TaskBody = match serde_json::from_slice(delivery.body) {
         Ok(task) => task,
-        Err(error) => return dead_letter_malformed(&state, &delivery, &error.to_string()).await,
+        Err(error) => return dead_letter_malformed(state, delivery, &error.to_string()).await,
     };
     let meta = &task.rate_limit_meta;
     let rules = state.rules.current();
@@ -140,16 +171,16 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         Route::Overflow(rule) => rule.name.clone(),
         Route::Retired(_) => meta.rule.clone(),
     };
-    let outcome = match deliver(&state, &task, &route, &delivery).await {
+    let outcome = match deliver(state, &task, &route, delivery).await {
         Ok(outcome) => Ok(outcome),
         Err(error) if state.is_last_attempt(delivery.retry_count) => {
             let detail = format!("attempt {} of {}: {error:#}", delivery.retry_count + 1, state.max_attempts);
             dead_letter_task(
-                &state,
+                state,
                 &task,
                 route.rule(),
                 Refused { reason: DlqReason::DispatchFailed, detail },
-                &delivery,
+                delivery,
             )
             .await
             .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))

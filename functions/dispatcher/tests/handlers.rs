@@ -4,21 +4,22 @@
 //! `tests/tests/dispatcher.rs` and the end-to-end tests.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBody, TaskPayload, TaskSeal, TaskSigner};
+use drip_core::event::MessageRef;
+use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::time::{HOUR, Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_dispatcher::{AppState, app};
+use drip_gcp::doubles::{RecordingPublisher, RecordingTasks};
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
-use drip_gcp::pubsub::PublishError;
-use drip_gcp::{GcpFuture, Publish};
 use drip_service::auth::RouteAuth;
 use drip_service::metrics::ServiceMetrics;
-use drip_store::MemoryStore;
+use drip_service::tasks::Tasks;
+use drip_store::{MemoryStore, MessageOf, Store};
 use tower::ServiceExt;
 
 const KEY: &str = "a-signing-key-of-at-least-32-characters";
@@ -36,37 +37,21 @@ rules:
     overflow_topic: payouts-overflow
 "#;
 
-#[derive(Debug, Default)]
-struct RecordingPublisher {
-    published: Mutex<Vec<(String, Vec<u8>)>>,
-}
-
-impl Publish for RecordingPublisher {
-    fn publish<'a>(
-        &'a self,
-        topic: &'a str,
-        data: Vec<u8>,
-        _: BTreeMap<String, String>,
-    ) -> GcpFuture<'a, String, PublishError> {
-        let mut published = self.published.lock().unwrap();
-        published.push((topic.to_owned(), data));
-        let id = published.len().to_string();
-        Box::pin(async move { Ok(id) })
-    }
-}
-
 struct Dispatcher {
     state: AppState,
     pubsub: Arc<RecordingPublisher>,
+    store: Arc<MemoryStore>,
+    tasks: Arc<RecordingTasks>,
 }
 
 fn dispatcher() -> Dispatcher {
     let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", RULES).unwrap(), "handlers.yaml").unwrap();
     let metrics = Arc::new(ServiceMetrics::new(("dispatches", "-"), ("dispatch_lateness_seconds", "-")));
     let pubsub = Arc::new(RecordingPublisher::default());
+    let (store, tasks) = (Arc::new(MemoryStore::new()), Arc::new(RecordingTasks::default()));
     let state = AppState {
         rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
-        store: Arc::new(MemoryStore::new()),
+        store: store.clone(),
         publishers: pubsub.clone(),
         auth: (RouteAuth::off(), RouteAuth::off()),
         metrics,
@@ -74,19 +59,26 @@ fn dispatcher() -> Dispatcher {
         max_attempts: 100,
         lease: 10_000,
         target: Arc::new(HttpTarget::new(Duration::from_secs(1), IdTokenMode::Never).unwrap()),
-        tasks: None,
+        tasks: Some(Tasks::new(tasks.clone(), vec!["q".into()], TaskSigner::new(KEY))),
         early_tolerance: SECOND,
         accept_unsigned_until: None,
     };
-    Dispatcher { state, pubsub }
+    Dispatcher { state, pubsub, store, tasks }
 }
 
 /// The body of a task for message `id`, due at `slot`, carrying `amount`.
 fn task(id: &str, slot: Millis, amount: u64) -> Vec<u8> {
+    let payload = TaskPayload::inline(format!(r#"{{"amount":{amount}}}"#).as_bytes());
+    event(id, "merchant_7", slot, payload, BTreeMap::from([("event_type".into(), "payout".into())]))
+}
+
+const SUBSCRIPTION: &str = "projects/p/subscriptions/source";
+
+fn event(id: &str, key: &str, slot: Millis, payload: TaskPayload, attributes: BTreeMap<String, String>) -> Vec<u8> {
     let body = TaskBody {
         is_ratelimited: true,
         rate_limit_meta: RateLimitMeta {
-            key: "merchant_7".into(),
+            key: key.into(),
             rule: "payouts".into(),
             rule_id: None,
             window_type: "RPS".into(),
@@ -95,13 +87,20 @@ fn task(id: &str, slot: Millis, amount: u64) -> Vec<u8> {
             overflow_topic: "payouts-overflow".into(),
             cost: None,
         },
-        payload: TaskPayload::inline(format!(r#"{{"amount":{amount}}}"#).as_bytes()),
-        attributes: BTreeMap::from([("event_type".into(), "payout".into())]),
+        payload,
+        attributes,
         message_id: id.into(),
-        subscription: Some("projects/p/subscriptions/source".into()),
+        subscription: Some(SUBSCRIPTION.into()),
         publish_time: None,
     };
     serde_json::to_vec(&body).unwrap()
+}
+
+/// A batch task of `events`, sealed at the first one's slot.
+fn batch(events: &[Vec<u8>], first: Millis) -> (Vec<u8>, String) {
+    let body = TaskBatch::encode(&events.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    let sealed = seal(&body, first, TASK_NAME);
+    (body, sealed)
 }
 
 fn seal(body: &[u8], slot: Millis, name: &str) -> String {
@@ -121,9 +120,15 @@ impl Dispatcher {
         app(self.state.clone()).oneshot(request).await.unwrap().status()
     }
 
+    /// (topic, drip-message-id, when) of each publish.
+    fn published_ids(&self) -> Vec<(String, String, Millis)> {
+        let published = self.pubsub.published.lock().unwrap();
+        published.iter().map(|p| (p.topic.clone(), p.attributes["drip-message-id"].clone(), p.at)).collect()
+    }
+
     fn published(&self) -> Vec<(String, String)> {
         let published = self.pubsub.published.lock().unwrap();
-        published.iter().map(|(topic, data)| (topic.clone(), String::from_utf8_lossy(data).into_owned())).collect()
+        published.iter().map(|p| (p.topic.clone(), String::from_utf8_lossy(&p.data).into_owned())).collect()
     }
 }
 
@@ -162,5 +167,85 @@ async fn an_expired_seal_is_refused() {
     let slot = wall_clock_millis() - 2 * HOUR;
     let old = task("m3", slot, 1);
     assert_eq!(d.run(&old, Some(&seal(&old, slot, TASK_NAME))).await, StatusCode::FORBIDDEN);
+    assert!(d.published().is_empty());
+}
+
+/// A batch task: each event at its own slot; Pub/Sub failing for two of four is a 503 and the retry
+/// publishes only those two; a replay publishes nothing.
+#[tokio::test]
+async fn a_batch_publishes_each_event_at_its_slot_and_a_retry_only_the_rest() {
+    let d = dispatcher();
+    let now = wall_clock_millis();
+    let slots = [now - 50, now + 200, now + 400, now + 600];
+    let events: Vec<Vec<u8>> =
+        slots.iter().enumerate().map(|(i, &slot)| task(&format!("b{i}"), slot, i as u64)).collect();
+    let (body, sealed) = batch(&events, slots[0]);
+    d.pubsub.fail_once.lock().unwrap().extend(["b1".to_owned(), "b3".to_owned()]);
+
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::SERVICE_UNAVAILABLE, "two events not on a topic");
+    let first: Vec<String> = d.published_ids().into_iter().map(|(_, id, _)| id).collect();
+    assert_eq!(first, ["b0", "b2"]);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK, "a replay is acked");
+
+    let published = d.published_ids();
+    let mut ids: Vec<&str> = published.iter().map(|(_, id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["b0", "b1", "b2", "b3"], "each event once");
+    for (topic, id, at) in &published {
+        let slot = slots[id[1..].parse::<usize>().unwrap()];
+        assert_eq!(topic, "payouts-overflow");
+        assert!(*at >= slot, "{id} published at {at}, before its slot {slot}");
+    }
+}
+
+/// Beside ordinary events, a paused key's event gets a new task after the pause, a claim-checked
+/// payload is fetched, and an event with more attributes than Pub/Sub takes is dead-lettered: each
+/// as it would be alone, and the batch is done.
+#[tokio::test]
+async fn a_batch_handles_each_event_as_it_would_be_alone() {
+    let d = dispatcher();
+    let now = wall_clock_millis() - 10;
+    let rules = d.state.rules.current();
+    let rule = &rules.rules[0];
+    let payout = || BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let identity = MessageRef::new("c1".to_owned(), Some(SUBSCRIPTION.to_owned())).identity();
+    let of = MessageOf { rule: &rule.id, key: "merchant_7", message: &identity };
+    let reference = Store::put_payload(&*d.store, of, br#"{"amount":42}"#, HOUR).await.unwrap();
+    let paused_until = wall_clock_millis() + 5 * SECOND;
+    Store::pause(&*d.store, rule, "merchant_9", paused_until).await.unwrap();
+    let crowded: BTreeMap<String, String> = (0..120).map(|i| (format!("a{i}"), "x".to_owned())).collect();
+    let events = [
+        task("o1", now, 1),
+        event("c1", "merchant_7", now, TaskPayload::ClaimCheck(reference), payout()),
+        event("t1", "merchant_8", now, TaskPayload::inline(b"{}"), crowded),
+        event("p1", "merchant_9", now, TaskPayload::inline(b"{}"), payout()),
+    ];
+    let (body, sealed) = batch(&events, now);
+
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+
+    let published = d.published();
+    let on =
+        |topic: &str| published.iter().filter(|(t, _)| t == topic).map(|(_, data)| data.clone()).collect::<Vec<_>>();
+    let overflow = on("payouts-overflow");
+    assert_eq!(overflow.len(), 2, "{published:?}");
+    assert!(overflow.iter().any(|m| m.contains(r#""amount":42"#)), "the claim-checked payload: {overflow:?}");
+    assert_eq!(on("drip-dlq").len(), 1, "the crowded event alone: {published:?}");
+    let tasks = d.tasks.created.lock().unwrap().clone();
+    assert_eq!(tasks.len(), 1, "the paused key's event has a new task");
+    let moved: serde_json::Value = serde_json::from_slice(&tasks[0].body).unwrap();
+    assert_eq!(moved["messageId"], "p1");
+    assert!(tasks[0].at >= paused_until, "its new slot is after the pause");
+}
+
+/// A batch came only after seals: an unsealed one is refused even while unsigned tasks are accepted.
+#[tokio::test]
+async fn an_unsealed_batch_is_refused() {
+    let mut d = dispatcher();
+    d.state.accept_unsigned_until = Some(wall_clock_millis() + HOUR);
+    let now = wall_clock_millis();
+    let (body, _) = batch(&[task("u1", now, 1), task("u2", now, 2)], now);
+    assert_eq!(d.run(&body, None).await, StatusCode::FORBIDDEN);
     assert!(d.published().is_empty());
 }

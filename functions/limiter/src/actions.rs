@@ -14,6 +14,7 @@ use drip_core::time::{Millis, format_rfc3339};
 use drip_gcp::http_target::{EventPost, PostError};
 use drip_gcp::tasks::Created;
 use drip_service::feedback;
+use drip_service::task_batches::EventTask;
 use drip_store::MessageOf;
 
 use crate::AppState;
@@ -167,7 +168,8 @@ impl AppState {
         }
     }
 
-    /// Creates the task that hands the event to the dispatcher at its slot.
+    /// Creates the task that hands the event to the dispatcher at its slot (its own, or one it
+    /// shares with the events of its queue and bucket that arrive with it).
     pub(crate) async fn schedule(
         &self,
         acting: Acting<'_>,
@@ -214,8 +216,8 @@ impl AppState {
             body.payload = TaskPayload::ClaimCheck(reference);
             encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
         }
-        let name = task_id(&rule.id, identity, None);
-        let create = self.tasks.create((&rule.id, key), &name, slot, encoded);
+        let task = EventTask { name: task_id(&rule.id, identity, None), slot, body: encoded };
+        let create = self.tasks.create((&rule.id, key), task);
         match self.metrics.time("cloud_tasks", create).await {
             Ok(created) => Ok(created),
             Err(error) if error.is_invalid() => Err(permanent(DlqReason::TaskRejected, error.to_string())),

@@ -22,7 +22,7 @@ use drip_gcp::http_target::HttpTarget;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
-use drip_service::tasks::Tasks;
+use drip_service::task_batches::TaskBatcher;
 use drip_service::timed_store::TimedStore;
 use drip_store::Store;
 
@@ -40,7 +40,8 @@ pub struct AppState {
     pub rules: Arc<LiveRules>,
     pub store: Arc<dyn Store>,
     pub publishers: Arc<dyn Publish>,
-    pub tasks: Tasks,
+    /// Creates delayed events' tasks, those of one queue and bucket that arrive together in one.
+    pub tasks: Arc<TaskBatcher>,
     /// Forward URLs.
     pub target: Arc<HttpTarget>,
     /// Who may call each route class.
@@ -84,6 +85,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let attempt_deadline = settings.attempt_deadline(longest_inline_wait as u64);
     let redis = common.redis_store().await?;
     let tasks = settings.tasks.connect(&common.project, common.task_signer()?).await?;
+    let tasks = TaskBatcher::new(tasks, settings.tasks.batching());
     let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
     Ok(AppState {
         rules,

@@ -3,7 +3,6 @@
 //! what only the real parts can show (the emulator's redelivery, the stand-in's scheduling, Redis)
 //! stays in `tests/tests/limiter.rs` and the end-to-end tests.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,14 +12,13 @@ use axum::response::IntoResponse;
 use drip_core::overflow::task_id;
 use drip_core::overflow::{SIGNATURE_HEADER, Signature, TaskBody, TaskPayload, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
-use drip_core::time::parse_rfc3339;
+use drip_core::time::{SECOND, parse_rfc3339};
+use drip_gcp::doubles::{CreatedTask, Published, RecordingPublisher, RecordingTasks};
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
-use drip_gcp::pubsub::PublishError;
-use drip_gcp::tasks::{CreateTaskError, Created};
-use drip_gcp::{CreateTask, GcpFuture, Publish};
 use drip_limiter::{AppState, app};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
+use drip_service::task_batches::{TaskBatcher, TaskBatching};
 use drip_service::tasks::Tasks;
 use drip_store::MemoryStore;
 use drip_tests::stack::SIGNING_KEY;
@@ -112,87 +110,6 @@ rules:
     dlq_topic: trial-sms-dlq
 "#;
 
-#[derive(Debug, Clone)]
-struct Published {
-    topic: String,
-    data: Vec<u8>,
-    attributes: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Default)]
-struct RecordingPublisher {
-    published: Mutex<Vec<Published>>,
-    /// Topics whose publishes time out.
-    failing: Mutex<Vec<String>>,
-    /// Topics whose publishes never answer.
-    hanging: Mutex<Vec<String>>,
-}
-
-impl Publish for RecordingPublisher {
-    fn publish<'a>(
-        &'a self,
-        topic: &'a str,
-        data: Vec<u8>,
-        attributes: BTreeMap<String, String>,
-    ) -> GcpFuture<'a, String, PublishError> {
-        if self.hanging.lock().unwrap().iter().any(|t| t == topic) {
-            return Box::pin(std::future::pending());
-        }
-        let result = if self.failing.lock().unwrap().iter().any(|t| t == topic) {
-            Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: Duration::from_secs(1) })
-        } else {
-            let mut published = self.published.lock().unwrap();
-            published.push(Published { topic: topic.to_owned(), data, attributes });
-            Ok(published.len().to_string())
-        };
-        Box::pin(async move { result })
-    }
-}
-
-#[derive(Debug, Clone)]
-struct CreatedTask {
-    queue: String,
-    id: String,
-    at: i64,
-    body: Vec<u8>,
-    headers: HashMap<String, String>,
-}
-
-#[derive(Debug, Default)]
-struct RecordingTasks {
-    created: Mutex<Vec<CreatedTask>>,
-    /// Cloud Tasks refuses every task as INVALID_ARGUMENT.
-    refuse: Mutex<bool>,
-}
-
-impl CreateTask for RecordingTasks {
-    fn create<'a>(
-        &'a self,
-        queue: &'a str,
-        task_id: &'a str,
-        schedule_time: i64,
-        body: Vec<u8>,
-        headers: HashMap<String, String>,
-    ) -> GcpFuture<'a, Created, CreateTaskError> {
-        let result = if *self.refuse.lock().unwrap() {
-            let status = google_cloud_gax::error::rpc::Status::default()
-                .set_code(google_cloud_gax::error::rpc::Code::InvalidArgument)
-                .set_message("the task is invalid");
-            Err(CreateTaskError { name: task_id.to_owned(), source: google_cloud_gax::error::Error::service(status) })
-        } else {
-            let mut created = self.created.lock().unwrap();
-            if created.iter().any(|t| t.id == task_id) {
-                Ok(Created::AlreadyExisted)
-            } else {
-                let task = CreatedTask { queue: queue.into(), id: task_id.into(), at: schedule_time, body, headers };
-                created.push(task);
-                Ok(Created::New)
-            }
-        };
-        Box::pin(async move { result })
-    }
-}
-
 struct Limiter {
     state: AppState,
     store: Arc<MemoryStore>,
@@ -214,7 +131,10 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
         store: store.clone(),
         publishers: pubsub.clone(),
-        tasks: Tasks::new(tasks.clone(), vec![QUEUE.to_owned()], TaskSigner::new(SIGNING_KEY)),
+        tasks: TaskBatcher::new(
+            Tasks::new(tasks.clone(), vec![QUEUE.to_owned()], TaskSigner::new(SIGNING_KEY)),
+            TaskBatching { max_events: 500, bucket: SECOND },
+        ),
         target: Arc::new(HttpTarget::new(Duration::from_secs(5), IdTokenMode::Never).unwrap()),
         auth: drip_limiter::LimiterAuth::off(),
         metrics,
@@ -852,4 +772,40 @@ fn the_log_lines_alerts_filter_on_are_the_ones_written() {
         assert!(monitoring.contains(&filter), "terraform/monitoring.tf filters on: {filter}");
     }
     assert!(drip_core::outcome::DlqReason::MaxDelayExceeded.is_alarming(), "so it is logged at ERROR");
+}
+
+/// Pushes that arrive together and are delayed into one bucket share a task: its body is the batch
+/// of the bodies each would have alone, sealed at the first slot under a name hashed from theirs;
+/// a lone delayed push keeps its own task.
+#[tokio::test]
+async fn delayed_pushes_of_one_bucket_share_one_task() {
+    let l = limiter();
+    for id in ["a", "b"] {
+        assert_eq!(l.payout(id, 5).await, StatusCode::NO_CONTENT);
+    }
+    let ids = ["c", "d"];
+    let together = tokio::join!(l.payout(ids[0], 5), l.payout(ids[1], 5));
+    assert_eq!(together, (StatusCode::NO_CONTENT, StatusCode::NO_CONTENT));
+    assert_eq!(l.payout("e", 6).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.payout("f", 6).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.payout("g", 6).await, StatusCode::NO_CONTENT, "alone: its own task");
+
+    let tasks = l.tasks();
+    assert_eq!(tasks.len(), 2, "{:?}", tasks.iter().map(|t| &t.id).collect::<Vec<_>>());
+    let shared = &tasks[0];
+    let names: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            task_id("payouts", &drip_core::event::MessageRef::new(*id, Some(SUBSCRIPTION.to_owned())).identity(), None)
+        })
+        .collect();
+    assert_eq!(shared.id, drip_core::overflow::batch_task_id(&names.iter().map(String::as_str).collect::<Vec<_>>()));
+    let batch = drip_core::overflow::TaskBatch::parse(&shared.body).expect("a batch body");
+    let carried: Vec<String> =
+        batch.batch.iter().map(|event| serde_json::from_str::<TaskBody>(event.get()).unwrap().message_id).collect();
+    assert_eq!(carried, ids);
+    let seal = TaskSigner::new(SIGNING_KEY).verify(Some(&shared.headers[SIGNATURE_HEADER]), &shared.id, &shared.body);
+    assert!(matches!(seal, Signature::Sealed { slot, .. } if slot == shared.at), "sealed at its first slot");
+    let alone: TaskBody = serde_json::from_slice(&tasks[1].body).expect("g's own task body");
+    assert_eq!(alone.message_id, "g");
 }

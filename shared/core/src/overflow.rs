@@ -166,6 +166,50 @@ pub fn task_id(rule: &str, identity: &str, reslotted_for: Option<i64>) -> String
     }
 }
 
+/// Several delayed events of one queue whose slots fall in one short bucket, carried by one task:
+/// `{"batch": [<task body>, ...]}`, each element exactly what the event's own task would carry.
+#[derive(Debug, Deserialize)]
+pub struct TaskBatch<'a> {
+    #[serde(borrow)]
+    pub batch: Vec<&'a RawValue>,
+}
+
+impl<'a> TaskBatch<'a> {
+    /// `body` as a batch, or `None` when it is one event's task body (or not JSON at all).
+    pub fn parse(body: &'a [u8]) -> Option<Self> {
+        serde_json::from_slice(body).ok()
+    }
+
+    /// The batch body of the events' own task bodies (each valid JSON: a serialized [`TaskBody`]).
+    pub fn encode(bodies: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bodies.iter().map(|b| b.len() + 1).sum::<usize>() + BATCH_ENVELOPE);
+        out.extend_from_slice(b"{\"batch\":[");
+        for (i, body) in bodies.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(body);
+        }
+        out.extend_from_slice(b"]}");
+        out
+    }
+}
+
+/// What a batch adds to its events' bodies, besides a comma each.
+pub const BATCH_ENVELOPE: usize = r#"{"batch":[]}"#.len();
+
+/// A batch task's name: a hash of its events' own task names in order, so that a retried create of
+/// the same batch is ALREADY_EXISTS (and another grouping of the same events is another task,
+/// which the dispatcher's once-only claim per event makes harmless).
+pub fn batch_task_id(names: &[&str]) -> String {
+    let mut digest = Sha256::new();
+    for name in names {
+        digest.update(name.as_bytes());
+        digest.update([0]);
+    }
+    format!("batch-{}-{}", hex::encode(&digest.finalize()[..16]), names.len())
+}
+
 /// A key's tasks always go to the same queue.
 pub fn queue_index(rule: &str, key: &str, queues: usize) -> usize {
     let digest = Sha256::digest(format!("{rule}|{key}").as_bytes());

@@ -9,6 +9,7 @@ pub mod live_rules;
 pub mod metrics;
 pub mod settings;
 pub mod shutdown;
+pub mod task_batches;
 pub mod tasks;
 pub mod telemetry;
 pub mod timed_store;

@@ -12,6 +12,8 @@ use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTask, CreateTaskError, Created, TaskCreator, TaskTarget};
 use envconfig::Envconfig;
 
+use crate::task_batches::TaskBatching;
+
 /// Cloud Tasks settings (README: "Settings").
 #[derive(Debug, Clone, Envconfig)]
 pub struct TaskSettings {
@@ -40,6 +42,15 @@ pub struct TaskSettings {
     /// 100 attempts of at most 300 s). A task's signature expires then.
     #[envconfig(from = "DRIP_TASKS_RETRY_SPAN_MS", default = "32400000")]
     pub tasks_retry_span_ms: u64,
+    /// The most delayed events one task carries (1: a task per event). Events of one queue whose
+    /// slots fall in one bucket and that arrive while a task of that bucket is being created share
+    /// the next task.
+    #[envconfig(from = "DRIP_TASK_BATCH_MAX", default = "500")]
+    pub task_batch_max: usize,
+    /// How far apart the slots of one task's events may be: the dispatcher holds the task from
+    /// its first slot to its last.
+    #[envconfig(from = "DRIP_TASK_BATCH_BUCKET_MS", default = "1000")]
+    pub task_batch_bucket_ms: u64,
 }
 
 impl TaskSettings {
@@ -88,6 +99,10 @@ impl TaskSettings {
         self.queues(project)?;
         self.dispatcher_url()?;
         Ok(())
+    }
+
+    pub fn batching(&self) -> TaskBatching {
+        TaskBatching { max_events: self.task_batch_max.max(1), bucket: self.task_batch_bucket_ms.max(1) as Millis }
     }
 
     pub async fn connect(&self, project: &str, signer: TaskSigner) -> anyhow::Result<Tasks> {
@@ -148,7 +163,23 @@ impl Tasks {
         slot: Millis,
         body: Vec<u8>,
     ) -> Result<Created, CreateTaskError> {
-        let queue = &self.queues[queue_index(rule, key, self.queues.len())];
+        self.create_on(self.queue_of(rule, key), name, slot, body).await
+    }
+
+    /// The number of the queue that takes (rule id, key)'s tasks.
+    pub fn queue_of(&self, rule: &str, key: &str) -> usize {
+        queue_index(rule, key, self.queues.len())
+    }
+
+    /// Creates task `name` on queue number `queue`, sealed as [`Tasks::create`] seals it.
+    pub async fn create_on(
+        &self,
+        queue: usize,
+        name: &str,
+        slot: Millis,
+        body: Vec<u8>,
+    ) -> Result<Created, CreateTaskError> {
+        let queue = &self.queues[queue];
         let headers = HashMap::from([
             ("Content-Type".to_owned(), "application/json".to_owned()),
             (

@@ -185,7 +185,7 @@ async fn create_task(
 ) -> Result<Json<Value>, ApiError> {
     let fault = shared.lock().faults.create_task;
     match fault {
-        Fault::None => {}
+        Fault::None | Fault::AcceptThenHang => {}
         Fault::Error => return Err(ApiError::Internal("injected fault".into())),
         Fault::Hang => std::future::pending::<()>().await,
     }
@@ -221,6 +221,9 @@ async fn create_task(
     let new = NewTask { queue, name, schedule_time, target, size };
     let created = shared.lock().create_task(new, tombstone, now_millis())?;
     shared.wake.notify_one();
+    if fault == Fault::AcceptThenHang {
+        std::future::pending::<()>().await;
+    }
     Ok(Json(task_json(&created, int_enums(&query), full)))
 }
 

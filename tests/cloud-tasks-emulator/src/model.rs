@@ -123,6 +123,8 @@ pub enum Fault {
     Error,
     /// Never answer.
     Hang,
+    /// Create the task, then never answer: a create that times out after it took effect.
+    AcceptThenHang,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
