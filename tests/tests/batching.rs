@@ -1,0 +1,194 @@
+//! Batching through the real local stack (Redis, the Pub/Sub emulator, the Cloud Tasks stand-in
+//! and both services): a burst's delayed events share Cloud Tasks, each still reaches its topic
+//! once and at its slot, and a batched create that timed out after it took effect doubles nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use base64::Engine;
+use cloud_tasks_emulator::{Fault, Faults, TaskSnapshot};
+use drip_core::time::{Millis, SECOND, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_tests::pubsub_emulator::{Pubsub, Pulled};
+use drip_tests::redis_server::shared_url;
+use drip_tests::stack::{LimiterUnderTest, LimiterWiring, TasksStandIn, spawn_dispatcher, spawn_limiter};
+use drip_tests::{push_envelope, unique};
+use reqwest::StatusCode;
+
+const RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-burst
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [{ limit: 5, per: 1s }]
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+"#;
+
+struct Stack {
+    prefix: String,
+    pubsub: Pubsub,
+    tasks: TasksStandIn,
+    limiter: LimiterUnderTest,
+    http: reqwest::Client,
+}
+
+async fn stack(timeouts_ms: u64) -> Stack {
+    let prefix = unique("batch");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let rules = RULES.replace("{p}", &prefix);
+    let namespace = unique("drip");
+    let dispatcher = spawn_dispatcher(&rules, &shared_url(), &namespace, &pubsub.host, None).await;
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    let mut wiring =
+        LimiterWiring::new(shared_url(), pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
+    wiring.namespace = namespace;
+    wiring.timeouts_ms = timeouts_ms;
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    Stack { prefix, pubsub, tasks, limiter, http: reqwest::Client::new() }
+}
+
+impl Stack {
+    /// Pushes every message at once, each retried as Pub/Sub would until it is acked.
+    async fn push_all(&self, ids: &[String], published: &str) {
+        let pushes = ids.iter().map(|id| {
+            let body = push_envelope(
+                id,
+                "projects/p/subscriptions/source",
+                published,
+                &[("event_type", "payout")],
+                br#"{"merchant":1}"#,
+            );
+            let (http, url) = (self.http.clone(), format!("{}/push", self.limiter.url));
+            async move {
+                loop {
+                    let status = http.post(&url).body(body.clone()).send().await.unwrap().status();
+                    if status == StatusCode::NO_CONTENT {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        futures_util::future::join_all(pushes).await;
+    }
+
+    /// Every message on the forward and overflow topics, read until `count` distinct ones came
+    /// and then a second more (a duplicate would show then).
+    async fn delivered(&self, count: usize, timeout: Duration) -> Vec<Pulled> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut all: Vec<Pulled> = Vec::new();
+        let mut settled_at = None;
+        loop {
+            for topic in ["ready", "overflow"] {
+                all.extend(self.pubsub.pull(&format!("{}-{topic}", self.prefix), 1_000).await);
+            }
+            let distinct: std::collections::HashSet<&String> =
+                all.iter().map(|m| &m.attributes["drip-message-id"]).collect();
+            if distinct.len() >= count && settled_at.is_none() {
+                settled_at = Some(std::time::Instant::now());
+            }
+            if settled_at.is_some_and(|at| at.elapsed() > Duration::from_secs(1)) {
+                return all;
+            }
+            assert!(std::time::Instant::now() < deadline, "only {} of {count} messages came out", distinct.len());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The events each task carries, by message id.
+fn carried(tasks: &[TaskSnapshot]) -> Vec<(String, Vec<String>)> {
+    tasks
+        .iter()
+        .map(|task| {
+            let body: serde_json::Value =
+                serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&task.body).unwrap()).unwrap();
+            let events = match body.get("batch").and_then(|b| b.as_array()) {
+                Some(batch) => batch.iter().map(|e| e["messageId"].as_str().unwrap().to_owned()).collect(),
+                None => vec![body["messageId"].as_str().unwrap().to_owned()],
+            };
+            (task.name.clone(), events)
+        })
+        .collect()
+}
+
+fn count_by_id(messages: &[Pulled]) -> HashMap<&str, usize> {
+    let mut counts = HashMap::new();
+    for message in messages {
+        *counts.entry(message.attributes["drip-message-id"].as_str()).or_default() += 1;
+    }
+    counts
+}
+
+/// Per one-second window of the publish times: the most any window saw.
+fn fullest_second(messages: &[Pulled]) -> usize {
+    let mut per_second: BTreeMap<Millis, usize> = BTreeMap::new();
+    for message in messages {
+        *per_second.entry(parse_rfc3339(&message.publish_time).unwrap() / SECOND).or_default() += 1;
+    }
+    per_second.values().copied().max().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_keys_burst_travels_in_shared_tasks_and_each_event_comes_out_once_at_its_slot() {
+    let s = stack(3_000).await;
+    let ids: Vec<String> = (0..40).map(|i| format!("{}-{i}", s.prefix)).collect();
+    s.push_all(&ids, &format_rfc3339(wall_clock_millis())).await;
+
+    let tasks = s.tasks.client.tasks().await.unwrap();
+    let carried = carried(&tasks);
+    let delayed: usize = carried.iter().map(|(_, events)| events.len()).sum();
+    let batches = carried.iter().filter(|(_, events)| events.len() > 1).count();
+    eprintln!("40 pushes at once, 5/s: {delayed} delayed events in {} tasks ({batches} batches)", tasks.len());
+    assert!(batches > 0 && tasks.len() < delayed, "delayed events share tasks: {carried:?}");
+
+    let delivered = s.delivered(ids.len(), Duration::from_secs(30)).await;
+    let counts = count_by_id(&delivered);
+    assert_eq!(counts.len(), ids.len(), "every message came out");
+    assert!(counts.values().all(|&n| n == 1), "none twice: {counts:?}");
+    for message in &delivered {
+        let slot = parse_rfc3339(&message.attributes["drip-scheduled-for"]).unwrap();
+        let published = parse_rfc3339(&message.publish_time).unwrap();
+        assert!(published >= slot - 5, "published at {published}, before its slot {slot}");
+    }
+    let fullest = fullest_second(&delivered);
+    assert!(fullest <= 5, "the topics saw {fullest} in one second of one merchant at 5/s");
+}
+
+/// The stand-in creates each task and never answers: every create times out after it took effect,
+/// and the pushes are retried until Cloud Tasks answers again, regrouped into other tasks. Every
+/// message still comes out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_create_that_timed_out_after_it_took_effect_doubles_no_event() {
+    let s = stack(800).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("{}-{i}", s.prefix)).collect();
+    let published = format_rfc3339(wall_clock_millis());
+    s.tasks.client.set_faults(Faults { create_task: Fault::AcceptThenHang }).await.unwrap();
+    let healing = async {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        s.tasks.client.set_faults(Faults::default()).await.unwrap();
+    };
+    tokio::join!(s.push_all(&ids, &published), healing);
+
+    let carried = carried(&s.tasks.client.tasks().await.unwrap());
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for (_, events) in &carried {
+        for id in events {
+            *copies.entry(id.as_str()).or_default() += 1;
+        }
+    }
+    assert!(copies.values().any(|&n| n > 1), "some event travels in two tasks: {carried:?}");
+
+    let delivered = s.delivered(ids.len(), Duration::from_secs(40)).await;
+    let counts = count_by_id(&delivered);
+    assert_eq!(counts.len(), ids.len(), "every message came out");
+    assert!(counts.values().all(|&n| n == 1), "none twice: {counts:?}");
+}
