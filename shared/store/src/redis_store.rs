@@ -6,7 +6,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
-use crate::group_commit::{Batching, GroupCommit};
+use crate::group_commit::{Batching, ReserveGroup};
 use crate::keys::{dispatch_key, field, payload_key};
 use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
 use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
@@ -46,7 +46,7 @@ pub struct RedisStore<C> {
     connection: C,
     namespace: String,
     /// `None`: one script call per reservation.
-    group: Option<Arc<GroupCommit>>,
+    group: Option<Arc<dyn ReserveGroup>>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -58,12 +58,6 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 impl<C> RedisStore<C> {
     pub fn new(connection: C, namespace: impl Into<String>) -> Self {
         Self { connection, namespace: namespace.into(), group: None }
-    }
-
-    /// Reservations that arrive while a call is in flight go together in the next one.
-    pub fn with_batching(self, batching: Batching) -> Self {
-        let group = (batching.max_batch > 1).then(|| Arc::new(GroupCommit::new(batching)));
-        Self { group, ..self }
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
@@ -184,12 +178,19 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    /// Reservations that arrive while a call is in flight go together in the next one.
+    pub fn with_batching(self, batching: Batching) -> Self {
+        let unbatched = Self { group: None, ..self };
+        let group = (batching.max_batch > 1).then(|| crate::group_commit::group(unbatched.clone(), batching));
+        Self { group, ..unbatched }
+    }
+
     /// Reserves the request's slot: in a call of its own, or with the others that arrive while
     /// one is in flight ([`RedisStore::with_batching`]).
     pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         if let Some(group) = &self.group {
             let event = EncodedEvent::new(&self.namespace, &self.keys(request), request);
-            return group.reserve(self, event, request.now).await;
+            return group.clone().reserve(event, request.now).await;
         }
         let mut reserved = self.reserve_batch(std::slice::from_ref(request)).await?;
         reserved.pop().filter(|_| reserved.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))

@@ -1,0 +1,207 @@
+//! Group commit, the one batching rule Drip uses for reservations (a `reserve.lua` call), delayed
+//! events (a Cloud Task) and publishes (a Pub/Sub request): while a lane has `max_in_flight` calls
+//! in flight, what arrives waits, and the next call carries everything waiting (as much as one
+//! call takes). There is no timer: an item that arrives at an idle lane goes at once, so batching
+//! never adds latency to a lone request, and batches grow exactly as fast as calls are slower
+//! than arrivals.
+//!
+//! Each call runs in a task of its own, so a caller that gives up (a deadline, a dropped request)
+//! never strands the answers of the others waiting with it.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+/// What one call does with a batch.
+pub trait Flush: Send + Sync + 'static {
+    /// Items of different lanes never share a call.
+    type Lane: Hash + Eq + Clone + Send + Sync + 'static;
+    type Item: Send + 'static;
+    type Output: Send + 'static;
+
+    /// How many of the waiting items (at least one) the next call takes.
+    fn take(&self, waiting: &mut dyn Iterator<Item = &Self::Item>) -> usize;
+
+    /// Carries `items` in one call; one output per item, in order.
+    fn flush(&self, lane: &Self::Lane, items: Vec<Self::Item>) -> impl Future<Output = Vec<Self::Output>> + Send;
+}
+
+/// The count limit most flushers use in [`Flush::take`].
+pub fn up_to<T>(max: usize, waiting: &mut dyn Iterator<Item = &T>) -> usize {
+    waiting.take(max.max(1)).count()
+}
+
+struct Waiting<F: Flush> {
+    item: F::Item,
+    reply: oneshot::Sender<F::Output>,
+}
+
+struct Lane<F: Flush> {
+    in_flight: usize,
+    waiting: VecDeque<Waiting<F>>,
+}
+
+/// Groups the items submitted to each lane into calls of `F`.
+pub struct GroupCommit<F: Flush> {
+    flusher: F,
+    max_in_flight: usize,
+    lanes: Mutex<HashMap<F::Lane, Lane<F>>>,
+}
+
+impl<F: Flush> std::fmt::Debug for GroupCommit<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").field("max_in_flight", &self.max_in_flight).finish_non_exhaustive()
+    }
+}
+
+impl<F: Flush> GroupCommit<F> {
+    pub fn new(flusher: F, max_in_flight: usize) -> Arc<Self> {
+        Arc::new(Self { flusher, max_in_flight: max_in_flight.max(1), lanes: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn flusher(&self) -> &F {
+        &self.flusher
+    }
+
+    fn lanes(&self) -> MutexGuard<'_, HashMap<F::Lane, Lane<F>>> {
+        // Every change under the lock is one step: a panic elsewhere cannot leave a lane half-changed.
+        self.lanes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `item`'s output, once the call that carries it is done; `None` only when that call never
+    /// answered (the runtime is shutting down, or the flusher panicked).
+    pub async fn submit(self: &Arc<Self>, lane: F::Lane, item: F::Item) -> Option<F::Output> {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut lanes = self.lanes();
+            let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
+            entry.waiting.push_back(Waiting { item, reply });
+            let start = entry.in_flight < self.max_in_flight;
+            if start {
+                entry.in_flight += 1;
+            }
+            start
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).drive(lane));
+        }
+        answer.await.ok()
+    }
+
+    fn next_batch(&self, lane: &F::Lane) -> Option<Vec<Waiting<F>>> {
+        let mut lanes = self.lanes();
+        let entry = lanes.get_mut(lane)?;
+        if entry.waiting.is_empty() {
+            entry.in_flight -= 1;
+            if entry.in_flight == 0 {
+                lanes.remove(lane);
+            }
+            return None;
+        }
+        let take = self.flusher.take(&mut entry.waiting.iter().map(|w| &w.item)).clamp(1, entry.waiting.len());
+        Some(entry.waiting.drain(..take).collect())
+    }
+
+    async fn drive(self: Arc<Self>, lane: F::Lane) {
+        while let Some(batch) = self.next_batch(&lane) {
+            let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.item, w.reply)).unzip();
+            let outputs = self.flusher.flush(&lane, items).await;
+            for (reply, output) in replies.into_iter().zip(outputs) {
+                let _ = reply.send(output);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Doubles each item, after a pause, recording the batches it was given.
+    struct Doubler {
+        batches: Mutex<Vec<Vec<u32>>>,
+        calls: AtomicUsize,
+        max: usize,
+    }
+
+    impl Flush for Doubler {
+        type Lane = &'static str;
+        type Item = u32;
+        type Output = u32;
+
+        fn take(&self, waiting: &mut dyn Iterator<Item = &u32>) -> usize {
+            up_to(self.max, waiting)
+        }
+
+        async fn flush(&self, _: &&'static str, items: Vec<u32>) -> Vec<u32> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.batches.lock().unwrap().push(items.clone());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            items.into_iter().map(|i| i * 2).collect()
+        }
+    }
+
+    fn doubler(max: usize, in_flight: usize) -> Arc<GroupCommit<Doubler>> {
+        GroupCommit::new(Doubler { batches: Mutex::default(), calls: AtomicUsize::new(0), max }, in_flight)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_item_goes_at_once_and_alone() {
+        let group = doubler(64, 1);
+        let started = tokio::time::Instant::now();
+        assert_eq!(group.submit("a", 21).await, Some(42));
+        assert_eq!(started.elapsed(), Duration::from_millis(10), "no wait before its call");
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![21]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_arrives_during_a_call_goes_together_in_the_next_each_with_its_own_output() {
+        let group = doubler(3, 1);
+        let outputs = futures(&group, "a", 0..7).await;
+        assert_eq!(outputs, (0..7).map(|i| Some(i * 2)).collect::<Vec<_>>());
+        // The first arrives alone; the six that waited for it go three a call, in order.
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![0], vec![1, 2, 3], vec![4, 5, 6]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lanes_never_share_a_call_and_run_concurrently() {
+        let group = doubler(64, 1);
+        let (a, b) = tokio::join!(futures(&group, "a", 0..3), futures(&group, "b", 10..13));
+        assert_eq!((a.len(), b.len()), (3, 3));
+        let batches = group.flusher().batches.lock().unwrap().clone();
+        assert!(batches.iter().all(|b| b.iter().all(|&i| i < 10) || b.iter().all(|&i| i >= 10)), "{batches:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_gives_up_strands_no_one() {
+        let group = doubler(64, 1);
+        let gives_up = tokio::time::timeout(Duration::from_millis(1), group.submit("a", 1));
+        let (gave_up, waited) = tokio::join!(gives_up, group.submit("a", 2));
+        assert!(gave_up.is_err());
+        assert_eq!(waited, Some(4));
+    }
+
+    async fn futures(
+        group: &Arc<GroupCommit<Doubler>>,
+        lane: &'static str,
+        items: std::ops::Range<u32>,
+    ) -> Vec<Option<u32>> {
+        let mut handles = Vec::new();
+        for i in items {
+            let group = group.clone();
+            handles.push(tokio::spawn(async move { group.submit(lane, i).await }));
+            tokio::task::yield_now().await;
+        }
+        let mut outputs = Vec::new();
+        for handle in handles {
+            outputs.push(handle.await.unwrap());
+        }
+        outputs
+    }
+}
