@@ -192,3 +192,61 @@ async fn a_batched_create_that_timed_out_after_it_took_effect_doubles_no_event()
     assert_eq!(counts.len(), ids.len(), "every message came out");
     assert!(counts.values().all(|&n| n == 1), "none twice: {counts:?}");
 }
+
+/// The real publisher under a counter: how many requests `BatchedPublishes` made of its messages.
+#[derive(Debug)]
+struct Counting {
+    inner: drip_gcp::pubsub::Publishers,
+    requests: std::sync::atomic::AtomicUsize,
+}
+
+impl drip_gcp::Publish for Counting {
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        data: Vec<u8>,
+        attributes: BTreeMap<String, String>,
+    ) -> drip_gcp::GcpFuture<'a, String, drip_gcp::pubsub::PublishError> {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Box::pin(self.inner.publish(topic, data, attributes))
+    }
+
+    fn publish_all<'a>(
+        &'a self,
+        topic: &'a str,
+        messages: Vec<drip_gcp::pubsub::Outgoing>,
+    ) -> drip_gcp::pubsub::PublishAllFuture<'a> {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Box::pin(self.inner.publish_all(topic, messages))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_that_arrive_together_share_requests_and_each_arrives_once() {
+    let pubsub = Pubsub::shared();
+    let topic = unique("batched-publishes");
+    pubsub.topic_with_subscription(&topic).await;
+    let publishers = drip_gcp::pubsub::Publishers::connect(
+        drip_tests::pubsub_emulator::PROJECT,
+        Some(&pubsub.host),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let counting = std::sync::Arc::new(Counting { inner: publishers, requests: Default::default() });
+    let batched = drip_gcp::pubsub::BatchedPublishes::new(counting.clone(), 100);
+    let sends = (0..300).map(|i| {
+        let attributes = BTreeMap::from([("drip-message-id".to_owned(), format!("m{i}"))]);
+        drip_gcp::Publish::publish(&batched, &topic, format!("{i}").into_bytes(), attributes)
+    });
+    let ids = futures_util::future::join_all(sends).await;
+    assert!(ids.iter().all(Result::is_ok), "{ids:?}");
+
+    let requests = counting.requests.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("300 concurrent publishes: {requests} calls of the client");
+    assert!(requests <= 300 / 4, "300 publishes took {requests} requests: not batched");
+    let pulled = pubsub.pull_until(&topic, 300, Duration::from_secs(20)).await;
+    let counts = count_by_id(&pulled);
+    assert_eq!(counts.len(), 300);
+    assert!(counts.values().all(|&n| n == 1), "none twice");
+}

@@ -3,6 +3,7 @@
 //! without them it would spend a minute looking for default credentials.
 
 pub mod access_tokens;
+#[cfg(feature = "doubles")]
 pub mod doubles;
 pub mod http_target;
 pub mod oidc;

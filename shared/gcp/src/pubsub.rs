@@ -1,9 +1,15 @@
-//! Publishing, with one long-lived publisher per topic on one shared connection pool. Publishers
-//! send at once (`delay_threshold` 0): a handler awaiting each publish must not wait for a batch.
+//! Publishing, with long-lived publishers per topic on one shared connection pool. A lone publish
+//! is sent at once (`delay_threshold` 0: a handler awaiting it must not wait for a batch); the
+//! publishes that arrive while a topic's requests are in flight go together in the next request
+//! ([`BatchedPublishes`], group commit: `drip_batch`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::RwLock;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use drip_batch::{Flush, GroupCommit, up_to};
 
 use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicyExt};
 use google_cloud_pubsub::client::{BasePublisher, Publisher};
@@ -26,7 +32,19 @@ pub trait Publish: Send + Sync + std::fmt::Debug {
         data: Vec<u8>,
         attributes: BTreeMap<String, String>,
     ) -> crate::GcpFuture<'a, String, PublishError>;
+
+    /// Publishes several messages to one topic in as few requests as the client makes of them;
+    /// one result each, in order. By default, each on its own, all at once.
+    fn publish_all<'a>(&'a self, topic: &'a str, messages: Vec<Outgoing>) -> PublishAllFuture<'a> {
+        let each = messages.into_iter().map(|(data, attributes)| self.publish(topic, data, attributes));
+        Box::pin(futures_util::future::join_all(each))
+    }
 }
+
+/// A message to publish: its data and attributes.
+pub type Outgoing = (Vec<u8>, BTreeMap<String, String>);
+
+pub type PublishAllFuture<'a> = Pin<Box<dyn Future<Output = Vec<Result<String, PublishError>>> + Send + 'a>>;
 
 impl Publish for Publishers {
     fn publish<'a>(
@@ -37,6 +55,10 @@ impl Publish for Publishers {
     ) -> crate::GcpFuture<'a, String, PublishError> {
         Box::pin(Publishers::publish(self, topic, data, attributes))
     }
+
+    fn publish_all<'a>(&'a self, topic: &'a str, messages: Vec<Outgoing>) -> PublishAllFuture<'a> {
+        Box::pin(Publishers::publish_all(self, topic, messages))
+    }
 }
 
 #[derive(Debug)]
@@ -45,6 +67,8 @@ pub struct Publishers {
     project: String,
     timeout: Duration,
     by_topic: RwLock<HashMap<String, Publisher>>,
+    /// Publishers that send only when flushed (or full), for [`Publishers::publish_all`].
+    batching_by_topic: RwLock<HashMap<String, Publisher>>,
 }
 
 impl Publishers {
@@ -61,7 +85,13 @@ impl Publishers {
         if let Some(credentials) = crate::emulator_credentials(endpoint) {
             builder = builder.with_credentials(credentials);
         }
-        Ok(Self { base: builder.build().await?, project: project.to_owned(), timeout, by_topic: RwLock::default() })
+        Ok(Self {
+            base: builder.build().await?,
+            project: project.to_owned(),
+            timeout,
+            by_topic: RwLock::default(),
+            batching_by_topic: RwLock::default(),
+        })
     }
 
     /// `payouts-ready` → `projects/<project>/topics/payouts-ready`; full names are kept.
@@ -74,14 +104,43 @@ impl Publishers {
     }
 
     fn publisher(&self, topic: &str) -> Publisher {
-        if let Some(publisher) = self.by_topic.read().unwrap_or_else(|e| e.into_inner()).get(topic) {
+        self.cached(&self.by_topic, topic, Duration::ZERO)
+    }
+
+    fn cached(&self, cache: &RwLock<HashMap<String, Publisher>>, topic: &str, delay: Duration) -> Publisher {
+        if let Some(publisher) = cache.read().unwrap_or_else(|e| e.into_inner()).get(topic) {
             return publisher.clone();
         }
-        let mut by_topic = self.by_topic.write().unwrap_or_else(|e| e.into_inner());
+        let mut by_topic = cache.write().unwrap_or_else(|e| e.into_inner());
         by_topic
             .entry(topic.to_owned())
-            .or_insert_with(|| self.base.publisher(self.topic_name(topic)).set_delay_threshold(Duration::ZERO).build())
+            .or_insert_with(|| self.base.publisher(self.topic_name(topic)).set_delay_threshold(delay).build())
             .clone()
+    }
+
+    /// Publishes `messages` together: queued on a publisher that never sends on a timer, then
+    /// flushed (the client cuts its requests at its own count and byte limits).
+    pub async fn publish_all(&self, topic: &str, messages: Vec<Outgoing>) -> Vec<Result<String, PublishError>> {
+        let publisher = self.cached(&self.batching_by_topic, topic, Duration::MAX);
+        let pending: Vec<_> = messages
+            .into_iter()
+            .map(|(data, attributes)| publisher.publish(Message::new().set_data(data).set_attributes(attributes)))
+            .collect();
+        let answers = futures_util::future::join_all(pending.into_iter().map(|publish| self.answer(topic, publish)));
+        let (_, answers) = tokio::join!(tokio::time::timeout(self.timeout, publisher.flush()), answers);
+        answers
+    }
+
+    async fn answer(
+        &self,
+        topic: &str,
+        publish: impl Future<Output = Result<String, google_cloud_pubsub::error::PublishError>>,
+    ) -> Result<String, PublishError> {
+        match tokio::time::timeout(self.timeout, publish).await {
+            Ok(Ok(id)) => Ok(id),
+            Ok(Err(source)) => Err(PublishError::Failed { topic: topic.to_owned(), source }),
+            Err(_) => Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: self.timeout }),
+        }
     }
 
     /// Publishes and waits for the server's message id.
@@ -92,11 +151,73 @@ impl Publishers {
         attributes: BTreeMap<String, String>,
     ) -> Result<String, PublishError> {
         let message = Message::new().set_data(data).set_attributes(attributes);
-        let publish = self.publisher(topic).publish(message);
-        match tokio::time::timeout(self.timeout, publish).await {
-            Ok(Ok(id)) => Ok(id),
-            Ok(Err(source)) => Err(PublishError::Failed { topic: topic.to_owned(), source }),
-            Err(_) => Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: self.timeout }),
+        self.answer(topic, self.publisher(topic).publish(message)).await
+    }
+}
+
+/// Group commit of publishes, per topic: a lone publish goes at once; those that arrive while the
+/// topic's requests are in flight go together in the next ([`Publish::publish_all`]).
+#[derive(Debug)]
+pub struct BatchedPublishes {
+    inner: Arc<dyn Publish>,
+    group: Arc<GroupCommit<PublishCalls>>,
+}
+
+/// One `publish_all` per batch.
+#[derive(Debug)]
+pub struct PublishCalls {
+    inner: Arc<dyn Publish>,
+    max_batch: usize,
+}
+
+impl Flush for PublishCalls {
+    type Lane = String;
+    type Item = Outgoing;
+    type Output = Result<String, PublishError>;
+
+    fn take(&self, waiting: &mut dyn Iterator<Item = &Outgoing>) -> usize {
+        up_to(self.max_batch, waiting)
+    }
+
+    async fn flush(&self, topic: &String, messages: Vec<Outgoing>) -> Vec<Self::Output> {
+        match messages.len() {
+            1 => {
+                let Some((data, attributes)) = messages.into_iter().next() else { return Vec::new() };
+                vec![self.inner.publish(topic, data, attributes).await]
+            }
+            _ => self.inner.publish_all(topic, messages).await,
         }
+    }
+}
+
+/// Requests of one topic in flight at once.
+const PUBLISHES_IN_FLIGHT: usize = 4;
+
+impl BatchedPublishes {
+    /// `max_batch`: the most messages one request carries (1: each on its own).
+    pub fn new(inner: Arc<dyn Publish>, max_batch: usize) -> Self {
+        let calls = PublishCalls { inner: inner.clone(), max_batch: max_batch.max(1) };
+        Self { inner, group: GroupCommit::new(calls, PUBLISHES_IN_FLIGHT) }
+    }
+}
+
+impl Publish for BatchedPublishes {
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        data: Vec<u8>,
+        attributes: BTreeMap<String, String>,
+    ) -> crate::GcpFuture<'a, String, PublishError> {
+        Box::pin(async move {
+            if self.group.flusher().max_batch == 1 {
+                return self.inner.publish(topic, data, attributes).await;
+            }
+            let answer = self.group.submit(topic.to_owned(), (data, attributes)).await;
+            answer.unwrap_or_else(|| Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: Duration::ZERO }))
+        })
+    }
+
+    fn publish_all<'a>(&'a self, topic: &'a str, messages: Vec<Outgoing>) -> PublishAllFuture<'a> {
+        self.inner.publish_all(topic, messages)
     }
 }

@@ -8,9 +8,10 @@ use crate::auth::Auth;
 use crate::live_rules::{Acceptance, LiveRules};
 use crate::metrics::Metrics;
 use anyhow::{Context, bail};
+use drip_gcp::Publish;
 use drip_gcp::access_tokens::AccessTokens;
 use drip_gcp::oidc::{OidcSettings, OidcVerifier};
-use drip_gcp::pubsub::Publishers;
+use drip_gcp::pubsub::{BatchedPublishes, Publishers};
 use drip_store::{AnyConnection, Batching, RedisSettings, RedisStore, TokenAuth, TokenFuture, TokenSource};
 
 /// Access tokens live an hour; connections re-authenticate well before.
@@ -47,6 +48,10 @@ pub struct CommonSettings {
     /// flight go together in the next (1: one call per reservation).
     #[envconfig(from = "DRIP_RESERVE_BATCH_MAX", default = "64")]
     pub reserve_batch_max: usize,
+    /// The most messages one Pub/Sub publish request carries: the publishes to one topic that
+    /// arrive while its requests are in flight go together in the next (1: a request each).
+    #[envconfig(from = "DRIP_PUBLISH_BATCH_MAX", default = "100")]
+    pub publish_batch_max: usize,
     /// Authenticate to Redis with the service account's access tokens (Memorystore for Redis
     /// Cluster's IAM authentication) instead of a password in REDIS_URL.
     #[envconfig(from = "REDIS_IAM_AUTH", default = "false")]
@@ -169,12 +174,13 @@ impl CommonSettings {
         Ok(RedisStore::new(self.connect_redis().await?, self.redis_namespace.clone()).with_batching(batching))
     }
 
-    pub async fn connect_pubsub(&self) -> anyhow::Result<Arc<Publishers>> {
+    /// Pub/Sub, the publishes to one topic that arrive together sent together.
+    pub async fn connect_pubsub(&self) -> anyhow::Result<Arc<dyn Publish>> {
         let timeout = Duration::from_millis(self.publish_timeout_ms);
         let publishers = Publishers::connect(&self.project, self.pubsub_emulator_host.as_deref(), timeout)
             .await
             .context("creating the Pub/Sub client (PUBSUB_EMULATOR_HOST / credentials)")?;
-        Ok(Arc::new(publishers))
+        Ok(Arc::new(BatchedPublishes::new(Arc::new(publishers), self.publish_batch_max)))
     }
 
     /// How callers are authenticated (fails closed: OIDC unless DRIP_AUTH=off says otherwise).
