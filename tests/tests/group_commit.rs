@@ -179,3 +179,36 @@ async fn on_a_cluster_each_hash_tag_batches_apart() {
         assert_eq!(slots_of(&events, &answers, key), model_slots("cluster", &events, key).await, "{key}");
     }
 }
+
+#[tokio::test]
+async fn the_dispatchers_marker_operations_share_calls_and_keep_their_meaning() {
+    use drip_store::{DispatchClaim, MessageOf};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let connection = Counting { inner: shared_connection().await, calls: calls.clone() };
+    let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, false));
+    let ids: Vec<String> = (0..200).map(|i| format!("m{i}")).collect();
+    let claims =
+        join_all(ids.iter().map(|id| store.claim_dispatch(MessageOf { rule: "rule", key: "k", message: id }, 5_000)))
+            .await;
+    assert!(claims.iter().all(|c| matches!(c, Ok(DispatchClaim::Acquired))), "{claims:?}");
+    let taken = calls.swap(0, Ordering::Relaxed);
+    assert!(taken <= 200 / 8, "200 concurrent claims took {taken} calls: not batched");
+
+    // The same message twice in one batch: the first takes it, the second finds it held.
+    let twice = join_all(
+        ["again", "again"].map(|id| store.claim_dispatch(MessageOf { rule: "rule", key: "k", message: id }, 5_000)),
+    )
+    .await;
+    let twice: Vec<DispatchClaim> = twice.into_iter().map(Result::unwrap).collect();
+    assert!(twice.contains(&DispatchClaim::Acquired) && twice.contains(&DispatchClaim::Busy), "{twice:?}");
+
+    let finishes =
+        join_all(ids.iter().map(|id| store.finish_dispatch(MessageOf { rule: "rule", key: "k", message: id }, 60_000)))
+            .await;
+    assert!(finishes.iter().all(Result::is_ok));
+    let again = store.claim_dispatch(MessageOf { rule: "rule", key: "k", message: "m7" }, 5_000).await.unwrap();
+    assert_eq!(again, DispatchClaim::Done, "a finished message is never claimed again");
+    store.release_dispatch(MessageOf { rule: "rule", key: "k", message: "again" }).await.unwrap();
+    let released = store.claim_dispatch(MessageOf { rule: "rule", key: "k", message: "again" }, 5_000).await.unwrap();
+    assert_eq!(released, DispatchClaim::Acquired, "a released claim can be taken at once");
+}

@@ -1,5 +1,6 @@
-//! Group commit of reservations (`drip_batch`): the reservations that arrive while a lane's
-//! script calls are in flight go together in its next `reserve.lua` call. A lane is the whole
+//! Group commit (`drip_batch`) of reservations and of the dispatcher's once-only markers: what
+//! arrives while a lane's script calls are in flight goes together in its next `reserve.lua` (or
+//! `dispatch.lua`) call. A lane is the whole
 //! connection on a single Redis, and one hash tag on a Cluster (a script call touches one slot;
 //! calls for different tags run concurrently). Each event keeps its own answer: a batch is, by
 //! definition, its events reserved one after another in order (`reserve.lua`, checked against the
@@ -67,28 +68,89 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Flush for ReserveCalls<C
     }
 }
 
-/// A store's group of reservations, whatever its connection type.
-pub(crate) trait ReserveGroup: Send + Sync {
-    /// Reserves `event` in its lane's next call.
-    fn reserve(self: Arc<Self>, event: EncodedEvent, now: Option<Millis>) -> StoreFuture<'static, Reserved>;
+/// One dispatcher marker operation (`lua/dispatch.lua`): 'claim', 'done' or 'release' with its TTL.
+#[derive(Debug, Clone)]
+pub(crate) struct DispatchOp {
+    pub marker: String,
+    pub payload: String,
+    pub op: &'static str,
+    pub ttl: Millis,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> ReserveGroup for GroupCommit<ReserveCalls<C>> {
-    fn reserve(self: Arc<Self>, event: EncodedEvent, now: Option<Millis>) -> StoreFuture<'static, Reserved> {
-        let tag = if self.flusher().batching.per_tag { hash_tag(event.first_key()).to_owned() } else { String::new() };
-        Box::pin(async move {
-            self.submit(LaneKey { tag, now }, event)
-                .await
-                .unwrap_or_else(|| Err(StoreError::UnexpectedReply("the batch's call never answered".into())))
-        })
+/// One `dispatch.lua` call for a batch of marker operations.
+pub(crate) struct DispatchCalls<C> {
+    store: RedisStore<C>,
+    batching: Batching,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Flush for DispatchCalls<C> {
+    type Lane = String;
+    type Item = DispatchOp;
+    type Output = Result<String, StoreError>;
+
+    fn take(&self, waiting: &mut dyn Iterator<Item = &DispatchOp>) -> usize {
+        up_to(self.batching.max_batch, waiting)
+    }
+
+    async fn flush(&self, _: &String, ops: Vec<DispatchOp>) -> Vec<Self::Output> {
+        let count = ops.len();
+        match self.store.dispatch_ops(&ops).await {
+            Ok(results) => results.into_iter().map(Ok).collect(),
+            Err(error) => {
+                let error = Arc::new(error);
+                (0..count).map(|_| Err(StoreError::Batch(error.clone()))).collect()
+            }
+        }
     }
 }
 
-pub(crate) fn group<C: ConnectionLike + Clone + Send + Sync + 'static>(
+/// A store's group of calls, whatever its connection type: `submit` puts the item in its lane's
+/// next call.
+pub(crate) trait Grouped<I, O>: Send + Sync {
+    fn submit(self: Arc<Self>, item: I) -> StoreFuture<'static, O>;
+}
+
+fn never_answered<T>() -> Result<T, StoreError> {
+    Err(StoreError::UnexpectedReply("the batch's call never answered".into()))
+}
+
+impl<C> Grouped<(EncodedEvent, Option<Millis>), Reserved> for GroupCommit<ReserveCalls<C>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn submit(self: Arc<Self>, (event, now): (EncodedEvent, Option<Millis>)) -> StoreFuture<'static, Reserved> {
+        let tag = lane_of(self.flusher().batching, event.first_key());
+        Box::pin(
+            async move { GroupCommit::submit(&self, LaneKey { tag, now }, event).await.unwrap_or_else(never_answered) },
+        )
+    }
+}
+
+impl<C> Grouped<DispatchOp, String> for GroupCommit<DispatchCalls<C>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn submit(self: Arc<Self>, op: DispatchOp) -> StoreFuture<'static, String> {
+        let tag = lane_of(self.flusher().batching, &op.marker);
+        Box::pin(async move { GroupCommit::submit(&self, tag, op).await.unwrap_or_else(never_answered) })
+    }
+}
+
+fn lane_of(batching: Batching, key: &str) -> String {
+    if batching.per_tag { hash_tag(key).to_owned() } else { String::new() }
+}
+
+pub(crate) type ReserveGroup = dyn Grouped<(EncodedEvent, Option<Millis>), Reserved>;
+pub(crate) type DispatchGroup = dyn Grouped<DispatchOp, String>;
+
+/// The store's two groups: reservations, and the dispatcher's marker operations.
+pub(crate) fn groups<C: ConnectionLike + Clone + Send + Sync + 'static>(
     store: RedisStore<C>,
     batching: Batching,
-) -> Arc<dyn ReserveGroup> {
-    GroupCommit::new(ReserveCalls { store, batching }, batching.max_in_flight)
+) -> (Arc<ReserveGroup>, Arc<DispatchGroup>) {
+    let reserve = GroupCommit::new(ReserveCalls { store: store.clone(), batching }, batching.max_in_flight);
+    let dispatch = GroupCommit::new(DispatchCalls { store, batching }, batching.max_in_flight);
+    (reserve, dispatch)
 }
 
 /// `{tag}` of a key, or the whole key when it has none.

@@ -6,7 +6,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
-use crate::group_commit::{Batching, ReserveGroup};
+use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup};
 use crate::keys::{dispatch_key, field, payload_key};
 use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
 use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
@@ -45,8 +45,8 @@ pub struct MessageOf<'a> {
 pub struct RedisStore<C> {
     connection: C,
     namespace: String,
-    /// `None`: one script call per reservation.
-    group: Option<Arc<dyn ReserveGroup>>,
+    /// `None`: one script call per reservation and per marker operation.
+    groups: Option<(Arc<ReserveGroup>, Arc<DispatchGroup>)>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -57,7 +57,7 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C> RedisStore<C> {
     pub fn new(connection: C, namespace: impl Into<String>) -> Self {
-        Self { connection, namespace: namespace.into(), group: None }
+        Self { connection, namespace: namespace.into(), groups: None }
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
@@ -116,10 +116,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Ok(self.connection().get(reference).await?)
     }
 
-    async fn dispatch_op(&self, of: MessageOf<'_>, op: &str, ttl: Millis) -> Result<String, StoreError> {
-        let marker = dispatch_key(&self.namespace, of.rule, of.key, of.message);
-        let payload = payload_key(&self.namespace, of.rule, of.key, of.message);
-        Ok(DISPATCH.key(marker).key(payload).arg(op).arg(ttl.max(1)).invoke_async(&mut self.connection()).await?)
+    async fn dispatch_op(&self, of: MessageOf<'_>, op: &'static str, ttl: Millis) -> Result<String, StoreError> {
+        let op = DispatchOp {
+            marker: dispatch_key(&self.namespace, of.rule, of.key, of.message),
+            payload: payload_key(&self.namespace, of.rule, of.key, of.message),
+            op,
+            ttl: ttl.max(1),
+        };
+        if let Some((_, group)) = &self.groups {
+            return group.clone().submit(op).await;
+        }
+        let mut results = self.dispatch_ops(std::slice::from_ref(&op)).await?;
+        results.pop().filter(|_| results.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
+    }
+
+    /// Several marker operations in one `dispatch.lua` call (every key in one hash slot, on a Cluster).
+    pub(crate) async fn dispatch_ops(&self, ops: &[DispatchOp]) -> Result<Vec<String>, StoreError> {
+        let mut invocation = DISPATCH.prepare_invoke();
+        invocation.arg(ops.len());
+        for op in ops {
+            invocation.key(&op.marker).key(&op.payload).arg(op.op).arg(op.ttl);
+        }
+        let results: Vec<String> = invocation.invoke_async(&mut self.connection()).await?;
+        if results.len() != ops.len() {
+            return Err(StoreError::UnexpectedReply(format!("{} answers to {} operations", results.len(), ops.len())));
+        }
+        Ok(results)
     }
 
     /// Atomically takes the right to publish a task's message for `lease` (SET NX semantics).
@@ -180,17 +202,17 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// Reservations that arrive while a call is in flight go together in the next one.
     pub fn with_batching(self, batching: Batching) -> Self {
-        let unbatched = Self { group: None, ..self };
-        let group = (batching.max_batch > 1).then(|| crate::group_commit::group(unbatched.clone(), batching));
-        Self { group, ..unbatched }
+        let unbatched = Self { groups: None, ..self };
+        let groups = (batching.max_batch > 1).then(|| crate::group_commit::groups(unbatched.clone(), batching));
+        Self { groups, ..unbatched }
     }
 
     /// Reserves the request's slot: in a call of its own, or with the others that arrive while
     /// one is in flight ([`RedisStore::with_batching`]).
     pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        if let Some(group) = &self.group {
+        if let Some((group, _)) = &self.groups {
             let event = EncodedEvent::new(&self.namespace, &self.keys(request), request);
-            return group.clone().reserve(event, request.now).await;
+            return group.clone().submit((event, request.now)).await;
         }
         let mut reserved = self.reserve_batch(std::slice::from_ref(request)).await?;
         reserved.pop().filter(|_| reserved.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
