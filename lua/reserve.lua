@@ -28,6 +28,128 @@
 -- The answers' minute: drip-store's ANSWER_BUCKET (a test keeps them equal).
 local ANSWER_MINUTE = 60000
 
+-- Within one call, each hash is read once and written once, however many of its events the call
+-- holds: an entity's state and overrides (key -> {from, to, values}: the fields as this call left
+-- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
+-- still to make (key -> {fields, order, ttl}), made when the call ends.
+local reads, answers, writes = {}, {}, {}
+
+-- HMGET of ARGV[from..to], or what this call read (and changed) of the same fields before.
+local function hmget(key, from, to)
+  local cached = reads[key]
+  if cached and cached.to - cached.from == to - from then
+    local same, offset = true, cached.from - from
+    for i = from, to do
+      if ARGV[i] ~= ARGV[i + offset] then
+        same = false
+        break
+      end
+    end
+    if same then
+      return cached.values
+    end
+  end
+  local values = redis.call('HMGET', key, unpack(ARGV, from, to))
+  reads[key] = {from = from, to = to, values = values}
+  return values
+end
+
+-- Sets the fields `changes` (name, value, ...) of hash `key` when the call ends; `ttl`: a PEXPIRE
+-- after (the longest asked for).
+local function write_hash(key, changes, ttl)
+  local pending = writes[key]
+  if not pending then
+    pending = {fields = {}, order = {}, ttl = false}
+    writes[key] = pending
+  end
+  for i = 1, #changes, 2 do
+    local name = changes[i]
+    if pending.fields[name] == nil then
+      pending.order[#pending.order + 1] = name
+    end
+    pending.fields[name] = changes[i + 1]
+  end
+  if ttl and (not pending.ttl or ttl > pending.ttl) then
+    pending.ttl = ttl
+  end
+end
+
+local function flush_writes()
+  for key, pending in pairs(writes) do
+    local set = {}
+    for i = 1, #pending.order do
+      local name = pending.order[i]
+      set[2 * i - 1], set[2 * i] = name, pending.fields[name]
+    end
+    if #set > 0 then
+      redis.call('HSET', key, unpack(set))
+    end
+    if pending.ttl then
+      redis.call('PEXPIRE', key, pending.ttl)
+    end
+  end
+  writes = {}
+end
+
+-- Marks the events whose entity (`e.shared`) or answers hash (`e.shared_answers`) another event
+-- of the call shares: only those go through the call's reads and writes above (for an event
+-- alone with its hashes, the tables would cost more than they save). Reads the shared answers
+-- hashes' fields with one HMGET each.
+local function share(events)
+  local states, wanted, order = {}, {}, {}
+  for i = 1, #events do
+    local e = events[i]
+    local state, key = KEYS[e.base], KEYS[e.base + 1]
+    states[state] = (states[state] or 0) + 1
+    local fields = wanted[key]
+    if not fields then
+      fields = {}
+      wanted[key], order[#order + 1] = fields, key
+    end
+    fields[#fields + 1] = e.field
+  end
+  for i = 1, #events do
+    local e = events[i]
+    e.shared = states[KEYS[e.base]] > 1
+    e.shared_answers = #wanted[KEYS[e.base + 1]] > 1
+  end
+  for i = 1, #order do
+    local key = order[i]
+    local fields = wanted[key]
+    if #fields > 1 then
+      local values = redis.call('HMGET', key, unpack(fields))
+      local known = {}
+      for j = 1, #fields do
+        known[fields[j]] = values[j]
+      end
+      answers[key] = known
+    end
+  end
+end
+
+-- The message's answer, if it has one.
+local function recorded_answer(e)
+  local key = KEYS[e.base + 1]
+  if e.shared_answers then
+    return answers[key][e.field]
+  end
+  return redis.call('HGET', key, e.field)
+end
+
+-- Files the message's answer `value` (`ttl`: a PEXPIRE of the answers hash after).
+local function set_answer(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  if e.shared_answers then
+    write_hash(key, {e.field, value}, ttl)
+    answers[key][e.field] = value
+    return
+  end
+  redis.call('HSET', key, e.field, value)
+  if ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
 -- One event's fields, in the order args.rs writes them. Every table is built whole (a field added
 -- later costs a rehash), and field names come as spans of ARGV for HMGET.
 local function read_event()
@@ -67,7 +189,7 @@ local function read_event()
 end
 
 -- The answer a message already has: its reply, with its lease taken again unless it is held or done.
-local function replay(e, answers_key, recorded, now)
+local function replay(e, recorded, now)
   local kind, slot, decided_at, held = parse_answer(recorded)
   local late = (kind == 'L' and 1) or (kind == 'C' and 2) or 0
   local base = e.answers_base
@@ -78,7 +200,7 @@ local function replay(e, answers_key, recorded, now)
   if held ~= 'r' and base + held > now then
     return {slot, late, 1, now, decided_at, 0, 1}
   end
-  redis.call('HSET', answers_key, e.field, answer_value(kind, slot, decided_at, now + e.lease - base, base))
+  set_answer(e, answer_value(kind, slot, decided_at, now + e.lease - base, base), false)
   return {slot, late, 1, now, decided_at, 0, 0}
 end
 
@@ -117,7 +239,8 @@ end
 -- when the cost is over one of them. The overrides hash's first fields are 'pause' (the
 -- downstream asked to wait until then) and 'adapt' (the adaptive level's state).
 local function counts_in_force(e, now)
-  local overrides = redis.call('HMGET', KEYS[e.base + 2], unpack(ARGV, e.overrides_from, e.overrides_to))
+  local overrides = e.shared and hmget(KEYS[e.base + 2], e.overrides_from, e.overrides_to)
+    or redis.call('HMGET', KEYS[e.base + 2], unpack(ARGV, e.overrides_from, e.overrides_to))
   e.paused_until = tonumber(overrides[1]) or false
   local level = e.ceiling and level_in_force(overrides[2], e.ceiling, e.step, e.window, now)
   local limits = e.limits
@@ -347,6 +470,7 @@ local function commit_entity(e, values, slot, now)
         used = b + cost
       end
       changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, window, fb, used
+      values[2 * i + 2], values[2 * i + 3] = window, used
     elseif kind == 'gcra' then
       local tat, rem = a, b
       -- A slot this limit set is TAT rounded up to the millisecond; only a later slot restarts TAT.
@@ -357,6 +481,7 @@ local function commit_entity(e, values, slot, now)
       tat = tat + math.floor(rem / l.count)
       rem = rem % l.count
       changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, tat, fb, rem
+      values[2 * i + 2], values[2 * i + 3] = tat, rem
     else
       local key = KEYS[e.base + 2 + l.extra]
       local base_cost = a or 0
@@ -373,18 +498,30 @@ local function commit_entity(e, values, slot, now)
         redis.call('ZREM', key, oldest[1])
       end
       changes[n + 1], changes[n + 2] = fa, base_cost
+      values[2 * i + 2] = base_cost
       redis.call('PEXPIRE', key, ttl)
     end
   end
   -- The state must outlive the slot by its TTL margin; it is given twice that when it is set, so
   -- that most calls need no PEXPIRE.
   local expires = tonumber(values[2])
+  local pexpire = false
   if not expires or expires < slot + state_ttl then
     changes[#changes + 1], changes[#changes + 2] = 'exp', slot + 2 * state_ttl
+    pexpire = ttl + state_ttl
+  end
+  if not e.shared then
     redis.call('HSET', state_key, unpack(changes))
-    redis.call('PEXPIRE', state_key, ttl + state_ttl)
-  else
-    redis.call('HSET', state_key, unpack(changes))
+    if pexpire then
+      redis.call('PEXPIRE', state_key, pexpire)
+    end
+    return
+  end
+  write_hash(state_key, changes, pexpire)
+  -- What this call's next event of the entity reads: the state as it is now.
+  values[1], values[3] = slot, e.answers_base
+  if pexpire then
+    values[2] = slot + 2 * state_ttl
   end
 end
 
@@ -442,25 +579,23 @@ end
 -- minute (or after now, for a message first delivered later): once set in its minute, that covers
 -- every answer of the minute. `expiry_set`: the state says it was set for this minute.
 local function file_answer(e, kind, slot, now, expiry_set)
-  local answers_key, base = KEYS[e.base + 1], e.answers_base
-  redis.call('HSET', answers_key, e.field, answer_value(kind, slot, now, now + e.lease - base, base))
-  if not (expiry_set and now <= base + ANSWER_MINUTE) then
-    -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
-    redis.call('PEXPIRE', answers_key, math.max(base - now, 0) + e.answers_keep)
-  end
+  local base = e.answers_base
+  -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
+  local ttl = not (expiry_set and now <= base + ANSWER_MINUTE) and math.max(base - now, 0) + e.answers_keep
+  set_answer(e, answer_value(kind, slot, now, now + e.lease - base, base), ttl)
 end
 
 -- One event: its recorded answer, or a new decision filed as its answer: seven numbers.
 local function decide(e, now)
-  local answers_key = KEYS[e.base + 1]
-  local recorded = not e.reslot and redis.call('HGET', answers_key, e.field)
+  local recorded = not e.reslot and recorded_answer(e)
   if recorded then
-    return replay(e, answers_key, recorded, now)
+    return replay(e, recorded, now)
   end
   -- 'exp' is when the state was last set to expire and 'ab' the answers minute whose expiry is
   -- set, so that most calls need neither PEXPIRE: every redis.call costs the script about as much
   -- as its own arithmetic.
-  local values = redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+  local values = e.shared and hmget(KEYS[e.base], e.state_from, e.state_to)
+    or redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
   if not read_budgets(e, now) or not counts_in_force(e, now) then
     file_answer(e, 'C', now, now, false)
     return {now, 2, 0, now, now, 0, 0}
@@ -485,21 +620,25 @@ local function decide(e, now)
     file_answer(e, 'L', slot, now, false)
     return {slot, 1, 0, now, now, 0, 0}
   end
+  local expiry_set = tonumber(values[3]) == e.answers_base
   commit_entity(e, values, slot, now)
   commit_budgets(e, slot, now)
-  file_answer(e, 'R', slot, now, tonumber(values[3]) == e.answers_base)
+  file_answer(e, 'R', slot, now, expiry_set)
   return {slot, 0, 0, now, now, 0, 0}
 end
 
 local now = clock(int())
-local events = int()
-if events == 1 then
-  return decide(read_event(), now)
+local events = {}
+for i = 1, int() do
+  events[i] = read_event()
 end
+share(events)
 local replies = {}
-for _ = 1, events do
-  local reply = decide(read_event(), now)
+for i = 1, #events do
+  local reply = decide(events[i], now)
   if reply.err then
+    -- What the events before it decided stands (their answers are filed): so does their state.
+    flush_writes()
     return reply
   end
   local n = #replies
@@ -507,4 +646,5 @@ for _ = 1, events do
     replies[n + i] = reply[i]
   end
 end
+flush_writes()
 return replies
