@@ -28,6 +28,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/_emulator/tasks", get(list_tasks))
         .route("/_emulator/attempts", get(list_attempts))
+        .route("/_emulator/billing", get(billing))
         .route("/_emulator/faults", put(set_faults))
         .route("/_emulator/jwks.json", get(jwks))
         .with_state(shared)
@@ -183,6 +184,9 @@ async fn create_task(
     Query(query): Query<HashMap<String, String>>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
+    if !shared.settings.create_latency.is_zero() {
+        tokio::time::sleep(shared.settings.create_latency).await;
+    }
     let fault = shared.lock().faults.create_task;
     match fault {
         Fault::None | Fault::AcceptThenHang => {}
@@ -251,6 +255,10 @@ async fn delete_task(
 
 async fn list_tasks(State(shared): Shared_) -> Json<Value> {
     Json(json!(shared.lock().snapshots()))
+}
+
+async fn billing(State(shared): Shared_) -> Json<Value> {
+    Json(json!(shared.lock().billing))
 }
 
 async fn list_attempts(State(shared): Shared_) -> Json<Value> {

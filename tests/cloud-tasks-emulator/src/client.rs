@@ -18,6 +18,11 @@ impl EmulatorClient {
         self.http.get(format!("{}/_emulator/tasks", self.base)).send().await?.error_for_status()?.json().await
     }
 
+    /// What Cloud Tasks would bill for the creates so far.
+    pub async fn billing(&self) -> reqwest::Result<crate::Billing> {
+        self.http.get(format!("{}/_emulator/billing", self.base)).send().await?.error_for_status()?.json().await
+    }
+
     pub async fn attempts(&self) -> reqwest::Result<Vec<AttemptRecord>> {
         self.http.get(format!("{}/_emulator/attempts", self.base)).send().await?.error_for_status()?.json().await
     }

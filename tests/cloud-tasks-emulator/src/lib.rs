@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use model::{AttemptRecord, Fault, Faults, TaskSnapshot};
+pub use model::{AttemptRecord, Billing, Fault, Faults, TaskSnapshot};
 pub use signer::{TEST_JWKS, TEST_KEY_ID, TEST_OTHER_KEY_PEM, TEST_SIGNING_KEY_PEM, TokenSigner};
 
 /// The stand-in's configuration.
@@ -25,11 +25,18 @@ pub struct Settings {
     pub tombstone: Duration,
     /// How long one dispatch may take before it counts as failed.
     pub dispatch_deadline: Duration,
+    /// How long each CreateTask takes to answer (0 here; a round trip to the real service takes
+    /// milliseconds): for measuring what waits on creates.
+    pub create_latency: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { tombstone: Duration::from_secs(3_600), dispatch_deadline: Duration::from_secs(600) }
+        Self {
+            tombstone: Duration::from_secs(3_600),
+            dispatch_deadline: Duration::from_secs(600),
+            create_latency: Duration::ZERO,
+        }
     }
 }
 

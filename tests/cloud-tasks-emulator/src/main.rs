@@ -22,14 +22,20 @@ struct Args {
     /// Minimum backoff of the queues created at start, in milliseconds.
     #[arg(long, default_value_t = 100)]
     min_backoff_ms: i64,
+    /// How long each CreateTask takes to answer, in milliseconds (a remote service's round trip).
+    #[arg(long, default_value_t = 0)]
+    create_latency_ms: u64,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     let args = Args::parse();
-    let emulator =
-        Emulator::new(Settings { tombstone: Duration::from_secs(args.tombstone_secs), ..Settings::default() });
+    let emulator = Emulator::new(Settings {
+        tombstone: Duration::from_secs(args.tombstone_secs),
+        create_latency: Duration::from_millis(args.create_latency_ms),
+        ..Settings::default()
+    });
     for queue in &args.queues {
         let retry = RetryConfig { min_backoff_ms: args.min_backoff_ms, ..RetryConfig::default() };
         emulator.create_queue(queue, retry).map_err(|e| anyhow::anyhow!("{e:?}"))?;

@@ -161,8 +161,20 @@ pub struct State {
     pub due: BTreeSet<(Millis, u64, String)>,
     pub attempts: Vec<AttemptRecord>,
     pub faults: Faults,
+    pub billing: Billing,
     sequence: u64,
 }
+
+/// What Cloud Tasks would bill for the creates so far: a call is at least one operation, and a
+/// task counts one per started 32 KB (its dispatch attempts cost as much again each).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Billing {
+    pub creates: u64,
+    pub create_operations: u64,
+}
+
+/// Cloud Tasks' billing chunk.
+pub const BILLING_CHUNK: usize = 32 * 1024;
 
 pub fn valid_queue_name(name: &str) -> bool {
     let parts: Vec<&str> = name.split('/').collect();
@@ -194,6 +206,8 @@ impl State {
     /// Adds a task, as `CreateTask` does.
     pub fn create_task(&mut self, new: NewTask, tombstone: Millis, now: Millis) -> Result<Task, ApiError> {
         let NewTask { queue, name, schedule_time, target, size } = new;
+        self.billing.creates += 1;
+        self.billing.create_operations += size.div_ceil(BILLING_CHUNK).max(1) as u64;
         let queue = queue.as_str();
         if !self.queues.contains_key(queue) {
             return Err(ApiError::NotFound(format!("Queue does not exist: {queue}")));
@@ -372,6 +386,15 @@ mod tests {
             status,
             error: None,
         }
+    }
+
+    #[test]
+    fn each_create_is_billed_one_operation_per_started_32_kb() {
+        let mut s = state();
+        for size in [10, BILLING_CHUNK, BILLING_CHUNK + 1, 70 * 1024] {
+            s.create_task(new(QUEUE, None, Some(1_000), size), 500, 0).unwrap();
+        }
+        assert_eq!(s.billing, Billing { creates: 4, create_operations: 1 + 1 + 2 + 3 });
     }
 
     #[test]
