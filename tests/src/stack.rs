@@ -223,6 +223,7 @@ pub fn task_settings(endpoint: &str, queues: &[String], dispatcher_url: &str, ti
         tasks_retry_span_ms: drip_service::tasks::DEFAULT_RETRY_SPAN as u64,
         task_batch_max: 500,
         task_batch_bucket_ms: 1_000,
+        task_batch_in_flight: 2,
     }
 }
 
@@ -308,6 +309,7 @@ async fn start_dispatcher(
             tasks_retry_span_ms: drip_service::tasks::DEFAULT_RETRY_SPAN as u64,
             task_batch_max: 500,
             task_batch_bucket_ms: 1_000,
+            task_batch_in_flight: 2,
         },
     };
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));

@@ -25,6 +25,9 @@ pub struct TaskBatching {
     pub max_events: usize,
     /// The slots of one task's events lie in one bucket of this length.
     pub bucket: Millis,
+    /// Creates of one (queue, bucket) in flight at once: fewer make larger batches, and make a
+    /// push that arrives during them wait for one more create (README: "Batching").
+    pub in_flight: usize,
 }
 
 /// One event's own task: what it would be created as alone.
@@ -114,7 +117,7 @@ impl Flush for TaskCreates {
     }
 }
 
-/// Creates the limiter's delayed events' tasks, one create per (queue, bucket) in flight.
+/// Creates the limiter's delayed events' tasks, a few creates per (queue, bucket) in flight.
 pub struct TaskBatcher {
     tasks: Tasks,
     batching: TaskBatching,
@@ -129,7 +132,7 @@ impl std::fmt::Debug for TaskBatcher {
 
 impl TaskBatcher {
     pub fn new(tasks: Tasks, batching: TaskBatching) -> Arc<Self> {
-        let group = GroupCommit::new(TaskCreates { tasks: tasks.clone(), batching }, 1);
+        let group = GroupCommit::new(TaskCreates { tasks: tasks.clone(), batching }, batching.in_flight);
         Arc::new(Self { tasks, batching, group })
     }
 

@@ -51,6 +51,9 @@ pub struct TaskSettings {
     /// its first slot to its last.
     #[envconfig(from = "DRIP_TASK_BATCH_BUCKET_MS", default = "1000")]
     pub task_batch_bucket_ms: u64,
+    /// Creates of one queue and bucket in flight at once.
+    #[envconfig(from = "DRIP_TASK_BATCH_IN_FLIGHT", default = "2")]
+    pub task_batch_in_flight: usize,
 }
 
 impl TaskSettings {
@@ -102,7 +105,11 @@ impl TaskSettings {
     }
 
     pub fn batching(&self) -> TaskBatching {
-        TaskBatching { max_events: self.task_batch_max.max(1), bucket: self.task_batch_bucket_ms.max(1) as Millis }
+        TaskBatching {
+            max_events: self.task_batch_max.max(1),
+            bucket: self.task_batch_bucket_ms.max(1) as Millis,
+            in_flight: self.task_batch_in_flight.max(1),
+        }
     }
 
     pub async fn connect(&self, project: &str, signer: TaskSigner) -> anyhow::Result<Tasks> {
