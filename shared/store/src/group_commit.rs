@@ -41,6 +41,17 @@ pub(crate) struct LaneKey {
     now: Option<Millis>,
 }
 
+/// A call's answers, one per item; a failed call is every item's failure.
+fn each<T>(count: usize, call: Result<Vec<T>, StoreError>) -> Vec<Result<T, StoreError>> {
+    match call {
+        Ok(answers) => answers.into_iter().map(Ok).collect(),
+        Err(error) => {
+            let error = Arc::new(error);
+            (0..count).map(|_| Err(StoreError::Batch(error.clone()))).collect()
+        }
+    }
+}
+
 /// One `reserve.lua` call for a batch, on a store that does not batch itself.
 pub(crate) struct ReserveCalls<C> {
     store: RedisStore<C>,
@@ -58,13 +69,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Flush for ReserveCalls<C
 
     async fn flush(&self, lane: &LaneKey, events: Vec<EncodedEvent>) -> Vec<Self::Output> {
         let count = events.len();
-        match self.store.reserve_encoded(lane.now, events).await {
-            Ok(answers) => answers.into_iter().map(Ok).collect(),
-            Err(error) => {
-                let error = Arc::new(error);
-                (0..count).map(|_| Err(StoreError::Batch(error.clone()))).collect()
-            }
-        }
+        each(count, self.store.reserve_encoded(lane.now, events).await)
     }
 }
 
@@ -93,14 +98,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Flush for DispatchCalls<
     }
 
     async fn flush(&self, _: &String, ops: Vec<DispatchOp>) -> Vec<Self::Output> {
-        let count = ops.len();
-        match self.store.dispatch_ops(&ops).await {
-            Ok(results) => results.into_iter().map(Ok).collect(),
-            Err(error) => {
-                let error = Arc::new(error);
-                (0..count).map(|_| Err(StoreError::Batch(error.clone()))).collect()
-            }
-        }
+        each(ops.len(), self.store.dispatch_ops(&ops).await)
     }
 }
 
