@@ -13,7 +13,7 @@ use drip_core::event::Event;
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::RuleSet;
 use drip_core::time::{Millis, format_rfc3339, parse_rfc3339};
-use drip_store::{MemoryStore, RedisStore, SlotRequest, Store};
+use drip_store::{Batching, MemoryStore, RedisStore, SlotRequest, Store};
 use serde::Deserialize;
 
 use crate::decisions::{Outcome, Scheduled};
@@ -36,6 +36,11 @@ pub struct Args {
     /// Write an SVG chart of cost per window against each limit.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// On Redis, reserve up to this many consecutive events of the same publishTime together, in
+    /// shared script calls, as the limiter's group commit does (the decisions are the same: a batch
+    /// is its events one after another).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     #[command(flatten)]
     connection: crate::connect::RedisArgs,
 }
@@ -67,10 +72,12 @@ fn simulate(args: &Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let outcomes = runtime.block_on(async {
         if args.store == "memory" {
-            decide_all(&rules, &events, &MemoryStore::new()).await
+            decide_all(&rules, &events, &MemoryStore::new(), 1).await
         } else if args.store.starts_with("redis://") || args.store.starts_with("rediss://") {
             let connection = args.connection.connect(&args.store).await?;
-            decide_all(&rules, &events, &RedisStore::new(connection, args.namespace.clone())).await
+            let batching = Batching::new(args.batch, args.connection.redis_cluster);
+            let store = RedisStore::new(connection, args.namespace.clone()).with_batching(batching);
+            decide_all(&rules, &events, &store, args.batch).await
         } else {
             bail!("--store must be memory or redis://HOST:PORT/DB, not {}", args.store)
         }
@@ -117,45 +124,60 @@ pub async fn decide_all(
     rules: &RuleSet,
     events: &[(Event, Millis)],
     store: &dyn Store,
+    batch: usize,
 ) -> anyhow::Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(events.len());
-    for (event, now) in events {
-        let outcome = match plan(rules, event) {
-            Plan::DeadLetter { rule, key, reason, .. } => Outcome {
-                id: event.id.clone(),
-                rule: rule.map(|r| r.name.clone()),
-                key,
-                decision: "dlq",
-                scheduled_for: None,
-                reason: Some(reason.as_str()),
-                shadow: false,
-                scheduled: None,
-            },
-            Plan::Reserve { rule, key, cost, .. } => {
-                let request = SlotRequest::for_rule(rule, &key, &event.id, cost, Some(*now));
-                let reserved = store.reserve(&request).await.with_context(|| format!("reserving {}", event.id))?;
-                let reservation = reserved.reservation;
-                let decision = Decision::of(&reservation, 0);
-                let reserved_now = !reservation.replayed() && !matches!(decision, Decision::DeadLetter(_));
-                Outcome {
-                    id: event.id.clone(),
-                    rule: Some(rule.name.clone()),
-                    key: Some(key),
-                    decision: decision.as_str(),
-                    scheduled_for: match decision {
-                        Decision::DeadLetter(_) => None,
-                        _ => Some(format_rfc3339(reservation.slot)),
-                    },
-                    reason: match decision {
-                        Decision::DeadLetter(reason) => Some(reason.as_str()),
-                        _ => None,
-                    },
-                    shadow: rule.mode == drip_core::rules::Mode::Shadow,
-                    scheduled: reserved_now.then_some(Scheduled { slot: reservation.slot, cost }),
-                }
-            }
-        };
-        outcomes.push(outcome);
+    let mut rest = events;
+    while let Some((_, now)) = rest.first() {
+        // Consecutive events of one time, reserved together: in order, so a batch's calls carry
+        // them as they come.
+        let together = rest.iter().take(batch.max(1)).take_while(|(_, at)| at == now).count();
+        let (group, after) = rest.split_at(together);
+        let decided =
+            futures_util::future::join_all(group.iter().map(|(event, now)| decide(rules, event, *now, store)));
+        for outcome in decided.await {
+            outcomes.push(outcome?);
+        }
+        rest = after;
     }
     Ok(outcomes)
+}
+
+async fn decide(rules: &RuleSet, event: &Event, now: Millis, store: &dyn Store) -> anyhow::Result<Outcome> {
+    let outcome = match plan(rules, event) {
+        Plan::DeadLetter { rule, key, reason, .. } => Outcome {
+            id: event.id.clone(),
+            rule: rule.map(|r| r.name.clone()),
+            key,
+            decision: "dlq",
+            scheduled_for: None,
+            reason: Some(reason.as_str()),
+            shadow: false,
+            scheduled: None,
+        },
+        Plan::Reserve { rule, key, cost, .. } => {
+            let request = SlotRequest::for_rule(rule, &key, &event.id, cost, Some(now));
+            let reserved = store.reserve(&request).await.with_context(|| format!("reserving {}", event.id))?;
+            let reservation = reserved.reservation;
+            let decision = Decision::of(&reservation, 0);
+            let reserved_now = !reservation.replayed() && !matches!(decision, Decision::DeadLetter(_));
+            Outcome {
+                id: event.id.clone(),
+                rule: Some(rule.name.clone()),
+                key: Some(key),
+                decision: decision.as_str(),
+                scheduled_for: match decision {
+                    Decision::DeadLetter(_) => None,
+                    _ => Some(format_rfc3339(reservation.slot)),
+                },
+                reason: match decision {
+                    Decision::DeadLetter(reason) => Some(reason.as_str()),
+                    _ => None,
+                },
+                shadow: rule.mode == drip_core::rules::Mode::Shadow,
+                scheduled: reserved_now.then_some(Scheduled { slot: reservation.slot, cost }),
+            }
+        }
+    };
+    Ok(outcome)
 }

@@ -98,6 +98,10 @@ fn simulate_prints_the_seed_schedule_and_redis_prints_exactly_the_same() {
     assert_eq!(stdout(&redis), stdout(&memory));
     let rerun = simulate(&shared_url(), &["--namespace", &namespace]);
     assert_eq!(stdout(&rerun), stdout(&memory), "a rerun replays the answers kept per message id");
+    // The 500 share one publishTime: 64 a call, one merchant's state read and written once a call.
+    let batched = simulate(&shared_url(), &["--namespace", &unique("simulate-batched"), "--batch", "64"]);
+    assert!(batched.status.success(), "{batched:?}");
+    assert_eq!(stdout(&batched), stdout(&memory), "in batches, the same decisions");
 }
 
 #[test]
