@@ -171,6 +171,9 @@ pub struct State {
 pub struct Billing {
     pub creates: u64,
     pub create_operations: u64,
+    /// Dispatch attempts, and what they are billed (by the task's body).
+    pub dispatches: u64,
+    pub dispatch_operations: u64,
 }
 
 /// Cloud Tasks' billing chunk.
@@ -283,6 +286,8 @@ impl State {
         let task = self.tasks.get_mut(&name).expect("scheduled tasks exist");
         task.state = TaskState::Running;
         task.dispatch_count += 1;
+        self.billing.dispatches += 1;
+        self.billing.dispatch_operations += task.target.body.len().div_ceil(BILLING_CHUNK).max(1) as u64;
         Ok(task.clone())
     }
 
@@ -394,7 +399,7 @@ mod tests {
         for size in [10, BILLING_CHUNK, BILLING_CHUNK + 1, 70 * 1024] {
             s.create_task(new(QUEUE, None, Some(1_000), size), 500, 0).unwrap();
         }
-        assert_eq!(s.billing, Billing { creates: 4, create_operations: 1 + 1 + 2 + 3 });
+        assert_eq!(s.billing, Billing { creates: 4, create_operations: 1 + 1 + 2 + 3, ..Billing::default() });
     }
 
     #[test]
