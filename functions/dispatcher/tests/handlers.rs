@@ -249,3 +249,40 @@ async fn an_unsealed_batch_is_refused() {
     assert_eq!(d.run(&body, None).await, StatusCode::FORBIDDEN);
     assert!(d.published().is_empty());
 }
+
+/// A rule whose overflow goes to an HTTP target that takes one event per request: a batch task's
+/// events are POSTed one per request, each at its own slot, and the batch is done once all are.
+#[tokio::test]
+async fn a_batch_for_an_overflow_url_posts_each_event_alone_at_its_slot() {
+    let posted: Arc<std::sync::Mutex<Vec<(String, Millis)>>> = Arc::default();
+    let log = posted.clone();
+    let target = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        let log = log.clone();
+        async move {
+            let id = headers.get("x-drip-message-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+            log.lock().unwrap().push((id, wall_clock_millis()));
+            StatusCode::NO_CONTENT
+        }
+    });
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, target).await });
+    let mut d = dispatcher();
+    let rules = format!("{RULES}    overflow: {{ url: \"{url}\" }}\n");
+    let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", &rules).unwrap(), "handlers.yaml").unwrap();
+    d.state.rules = drip_service::live_rules::LiveRules::fixed(rules, d.state.metrics.shared.clone());
+    let now = wall_clock_millis();
+    let slots = [now - 20, now + 150, now + 300];
+    let events: Vec<Vec<u8>> = slots.iter().enumerate().map(|(i, &slot)| task(&format!("h{i}"), slot, 1)).collect();
+    let (body, sealed) = batch(&events, slots[0]);
+
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+
+    let mut posted = posted.lock().unwrap().clone();
+    posted.sort();
+    assert_eq!(posted.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["h0", "h1", "h2"], "one request each");
+    for ((_, at), slot) in posted.iter().zip(slots) {
+        assert!(*at >= slot, "posted at {at}, before its slot {slot}");
+    }
+    assert!(d.published().is_empty(), "nothing on the overflow topic: the URL took them");
+}
