@@ -6,13 +6,17 @@ use std::process::ExitCode;
 use drip_store::inspect::EntityReport;
 
 use crate::connect::StoreArgs;
+use crate::output::Output;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     target: StoreArgs,
-    /// Print JSON (as the limiter's GET /v1/rules/{rule}/keys/{key}).
-    #[arg(long)]
+    /// `table` (lines) or `json` (as the limiter's GET /v1/rules/{rule}/keys/{key}).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// The same as `--output json` (kept for scripts that pass it).
+    #[arg(long, hide = true)]
     json: bool,
     rule: String,
     key: String,
@@ -21,7 +25,7 @@ pub struct Args {
 pub fn run(args: Args) -> ExitCode {
     match report(&args) {
         Ok(report) => {
-            if args.json {
+            if args.json || args.output == Output::Json {
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
             } else {
                 print!("{}", render(&report));

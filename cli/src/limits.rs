@@ -9,11 +9,15 @@ use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
 use drip_store::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView};
 
 use crate::connect::StoreArgs;
+use crate::output::{Output, Printed};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(subcommand)]
     command: LimitsCommand,
+    /// `table` (lines) or `json` (one document).
+    #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
 }
 
 /// One key of one rule, in the limiter's Redis.
@@ -92,8 +96,8 @@ pub fn run(args: Args) -> ExitCode {
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(execute(args.command)));
     match result {
-        Ok(text) => {
-            print!("{text}");
+        Ok(printed) => {
+            print!("{}", printed.render(args.output));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -165,7 +169,30 @@ fn describe_feedback(call: &FeedbackChange) -> String {
     )
 }
 
-async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
+fn change(change: &OverrideChange) -> anyhow::Result<Printed> {
+    Ok(Printed { table: describe_override(change), json: serde_json::to_value(change)? })
+}
+
+/// A key's overrides as JSON: each of the rule's limits that has one.
+fn overrides_json(
+    rule: &drip_core::rules::Rule,
+    overrides: &std::collections::BTreeMap<String, LimitOverride>,
+) -> serde_json::Value {
+    let now = drip_core::time::wall_clock_millis();
+    let each = rule.limits.iter().filter_map(|limit| {
+        overrides.get(&override_id(limit)).map(|o| {
+            serde_json::json!({
+                "limit": limit.to_string(),
+                "count": o.limit,
+                "until": o.until.map(format_rfc3339),
+                "inForce": o.in_force(now),
+            })
+        })
+    });
+    serde_json::Value::Array(each.collect())
+}
+
+async fn execute(command: LimitsCommand) -> anyhow::Result<Printed> {
     match command {
         LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires, forever, reason } => {
             let rules = target.rules()?;
@@ -181,8 +208,7 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let set = LimitOverride::replacing(current, count, (until, forever), now)
                 .map_err(|e| anyhow::anyhow!("--expires {}: {e}", expires.as_deref().unwrap_or_default()))?;
             let author = Author { by: &operator(), reason: reason.as_deref() };
-            let change = store.set_override(rule_ref, &key, limit, set, author, None).await?;
-            Ok(describe_override(&change))
+            change(&store.set_override(rule_ref, &key, limit, set, author, None).await?)
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window, reason } => {
             let rules = target.rules()?;
@@ -190,41 +216,36 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<String> {
             let (limit, _) =
                 rule.override_target(&format!("1/{per}"), window.as_deref()).map_err(anyhow::Error::msg)?;
             let key = drip_core::template::cap_key(key);
-            let change = target
-                .store()
-                .await?
-                .delete_override(
-                    drip_store::RuleRef::of(rule),
-                    &key,
-                    limit,
-                    Author { by: &operator(), reason: reason.as_deref() },
-                    None,
-                )
-                .await?;
-            Ok(describe_override(&change))
+            let author = Author { by: &operator(), reason: reason.as_deref() };
+            let store = target.store().await?;
+            change(&store.delete_override(drip_store::RuleRef::of(rule), &key, limit, author, None).await?)
         }
         LimitsCommand::Get { entity: Entity { target, rule, key } } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
-            let overrides = target
-                .store()
-                .await?
-                .overrides(drip_store::RuleRef::of(rule), &drip_core::template::cap_key(key))
-                .await?;
-            Ok(render(rule, &overrides))
+            let key = drip_core::template::cap_key(key);
+            let overrides = target.store().await?.overrides(drip_store::RuleRef::of(rule), &key).await?;
+            let json =
+                serde_json::json!({"rule": rule.name, "key": key, "overrides": overrides_json(rule, &overrides)});
+            Ok(Printed { table: render(rule, &overrides), json })
         }
         LimitsCommand::List { target, rule } => {
             let rules = target.rules()?;
             let rule = target.rule(&rules, &rule)?;
             let all = target.store().await?.list_overrides(drip_store::RuleRef::of(rule)).await?;
-            if all.is_empty() {
-                return Ok(format!("no overrides for rule {}\n", rule.name));
-            }
-            Ok(all.iter().map(|(key, overrides)| format!("{key}\n{}", render(rule, overrides))).collect())
+            let json = all
+                .iter()
+                .map(|(key, overrides)| serde_json::json!({"key": key, "overrides": overrides_json(rule, overrides)}))
+                .collect();
+            let table = match all.is_empty() {
+                true => format!("no overrides for rule {}\n", rule.name),
+                false => all.iter().map(|(key, overrides)| format!("{key}\n{}", render(rule, overrides))).collect(),
+            };
+            Ok(Printed { table, json: serde_json::Value::Array(json) })
         }
         LimitsCommand::History { target, rule, count } => {
             let changes = target.store().await?.audit_history(&rule, count).await?;
-            Ok(changes.iter().map(describe).collect())
+            Ok(Printed { table: changes.iter().map(describe).collect(), json: serde_json::to_value(&changes)? })
         }
     }
 }

@@ -11,6 +11,7 @@ mod decisions;
 mod demo;
 mod inspect;
 mod limits;
+mod output;
 mod plot;
 mod rules_cmd;
 mod simulate;

@@ -221,9 +221,12 @@ fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>)
         args.extend(["payouts", "merchant_1:payout"]);
         drip(&args)
     };
-    let output = inspect(&["--json"]);
+    let output = inspect(&["--output", "json"]);
     assert!(output.status.success(), "{output:?}");
     let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let mut legacy: serde_json::Value = serde_json::from_str(&stdout(&inspect(&["--json"]))).unwrap();
+    legacy["now"] = report["now"].clone();
+    assert_eq!(legacy, report, "--json is --output json (but for the time it was read)");
     assert_eq!(report["backlog"], 150, "100 now, 100 next minute, 50 the one after: {report}");
     assert!(report["drainsAt"].as_str().unwrap().ends_with(":00.000Z"));
     let text = inspect(&[]);
@@ -358,6 +361,16 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
         "{set}"
     );
     assert!(limits(&["get", "--key", "merchant_8421:payout"]).contains("100 per 1m (fixed): 150 until 2100-01-01"));
+    let json = |text: String| serde_json::from_str::<serde_json::Value>(&text).expect("--output json prints JSON");
+    let got = json(limits(&["get", "--key", "merchant_8421:payout", "--output", "json"]));
+    assert_eq!(got["key"], "merchant_8421:payout");
+    let expected = serde_json::json!([
+        {"limit": "100 per 1m (fixed)", "count": 150, "until": "2100-01-01T00:00:00.000Z", "inForce": true}
+    ]);
+    assert_eq!(got["overrides"], expected);
+    let listed = json(limits(&["list", "--output", "json"]));
+    assert_eq!(listed[0]["key"], "merchant_8421:payout");
+    assert_eq!(listed[0]["overrides"], got["overrides"]);
     assert!(limits(&["list"]).starts_with("merchant_8421:payout\n  100 per 1m (fixed): 150"));
     // A new count without --expires keeps the override's end; an end in the past is refused.
     let again = limits(&["set", "--key", "merchant_8421:payout", "--limit", "150/1m"]);
@@ -400,8 +413,9 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     assert_eq!(reserve("merchant_8421:payout", 200), 150, "150 this minute for the overridden merchant");
     assert_eq!(reserve("merchant_7:payout", 200), 100, "the rule's 100 for another");
 
-    let deleted = limits(&["delete", "--key", "merchant_8421:payout", "--per", "1m"]);
-    assert!(deleted.contains("150 until 2100-01-01T00:00:00.000Z -> the rule's"), "{deleted}");
+    let deleted = json(limits(&["delete", "--key", "merchant_8421:payout", "--per", "1m", "--output", "json"]));
+    assert_eq!(deleted["before"]["limit"], 150, "{deleted}");
+    assert_eq!(deleted["after"], serde_json::Value::Null, "{deleted}");
     assert_eq!(limits(&["list"]), "no overrides for rule payouts\n");
     // A /v1/feedback call, as the limiter records it, is in the same history.
     runtime.block_on(async {
@@ -423,6 +437,12 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
     let history = limits(&["history"]);
     let lines: Vec<&str> = history.lines().collect();
     assert_eq!(lines.len(), 4, "{history}");
+    let entries = json(limits(&["history", "--output", "json"]));
+    assert_eq!(entries.as_array().map(Vec::len), Some(4), "{entries}");
+    assert_eq!(
+        (entries[0]["status"].clone(), entries[3]["reason"].clone()),
+        (429.into(), "the partner raised our quota".into())
+    );
     assert_eq!(
         lines[0],
         "payouts merchant_7:payout feedback 429 (Retry-After 30 s) on key: paused until 1970-01-01T00:00:30.000Z \
