@@ -8,17 +8,19 @@ use anyhow::Context;
 use drip_core::rules::{Rule, RuleSet};
 use drip_store::{AnyConnection, RedisSettings, RedisStore};
 
-/// Where the limiter's state is and what its rules are: what `inspect` and `limits` need.
+/// Where the limiter's state is and what its rules are: what `inspect` and `limits` need. Each
+/// flag falls back on the services' own variable, so the CLI run with a service's environment (a
+/// Cloud Run job on its service account and secrets) needs none of them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
     /// `redis://HOST:PORT/DB` (or `rediss://` with TLS).
-    #[arg(long)]
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis: String,
     /// The rules file the limiter runs with.
-    #[arg(long)]
+    #[arg(long, env = "DRIP_RULES")]
     pub rules: PathBuf,
     /// The limiter's DRIP_REDIS_NAMESPACE.
-    #[arg(long, default_value = "drip")]
+    #[arg(long, env = "DRIP_REDIS_NAMESPACE", default_value = "drip")]
     pub namespace: String,
     #[command(flatten)]
     pub connection: RedisArgs,
@@ -40,11 +42,11 @@ impl StoreArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RedisArgs {
-    /// The CA certificate (PEM) that signs the Redis server's TLS certificate (REDIS_CA_CERT).
-    #[arg(long)]
+    /// The CA certificate (PEM) that signs the Redis server's TLS certificate.
+    #[arg(long, env = "REDIS_CA_CERT")]
     pub redis_ca_cert: Option<PathBuf>,
-    /// Redis is a Redis Cluster (REDIS_CLUSTER=true).
-    #[arg(long)]
+    /// Redis is a Redis Cluster.
+    #[arg(long, env = "REDIS_CLUSTER")]
     pub redis_cluster: bool,
 }
 

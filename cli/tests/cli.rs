@@ -523,3 +523,28 @@ fn simulate_says_what_a_shadow_rule_would_do() {
     assert_eq!((lines[1]["decision"].as_str(), lines[1]["shadow"].as_bool()), (Some("delay"), Some(true)));
     assert_eq!(lines[1]["scheduledFor"], "2026-08-03T12:01:00.000Z");
 }
+
+/// Run with a service's environment (a Cloud Run job on its secrets), the CLI needs no flags to
+/// reach its Redis and rules; without either it says which flag or variable is missing.
+#[test]
+fn limits_take_their_settings_from_the_services_environment() {
+    let namespace = unique("limits-env");
+    let rules = repo("examples/seed.yaml");
+    let run = |env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_drip"));
+        for name in ["REDIS_URL", "DRIP_RULES", "DRIP_REDIS_NAMESPACE", "REDIS_CA_CERT", "REDIS_CLUSTER"] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied()).args(["limits", "list", "--rule", "payouts"]).output().expect("run drip")
+    };
+    let url = shared_url();
+    let settings =
+        [("REDIS_URL", url.as_str()), ("DRIP_RULES", rules.to_str().unwrap()), ("DRIP_REDIS_NAMESPACE", &namespace)];
+    let listed = run(&settings);
+    assert!(listed.status.success(), "{listed:?}");
+    assert_eq!(stdout(&listed), "no overrides for rule payouts\n");
+    let missing = run(&settings[1..]);
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("--redis"), "{stderr}");
+}
