@@ -10,14 +10,26 @@ use crate::Shared;
 use crate::model::{AttemptRecord, Task, now_millis};
 
 pub(crate) async fn run(shared: Arc<Shared>) {
+    // A queue's rate limits: a started dispatch waits for a permit, and starts are spaced.
+    let spacing = shared.settings.max_dispatches_per_second.map(|rate| Duration::from_secs(1) / rate.max(1));
+    let mut next_start = tokio::time::Instant::now();
     loop {
+        let Ok(permit) = shared.in_flight.clone().acquire_owned().await else { return };
+        if let Some(spacing) = spacing {
+            tokio::time::sleep_until(next_start).await;
+            next_start = tokio::time::Instant::now() + spacing;
+        }
         let notified = shared.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let next = shared.lock().take_due(now_millis());
         match next {
             Ok(task) => {
-                tokio::spawn(attempt(shared.clone(), task));
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    attempt(shared, task).await;
+                    drop(permit);
+                });
             }
             Err(Some(at)) => {
                 let wait = Duration::from_millis((at - now_millis()).max(0) as u64);

@@ -28,6 +28,10 @@ pub struct Settings {
     /// How long each CreateTask takes to answer (0 here; a round trip to the real service takes
     /// milliseconds): for measuring what waits on creates.
     pub create_latency: Duration,
+    /// A queue's `rateLimits`, over all queues here: dispatches in flight at once, and dispatches
+    /// started per second (`None`: unbounded, so that tests wait for nothing).
+    pub max_concurrent_dispatches: Option<usize>,
+    pub max_dispatches_per_second: Option<u32>,
 }
 
 impl Default for Settings {
@@ -36,6 +40,8 @@ impl Default for Settings {
             tombstone: Duration::from_secs(3_600),
             dispatch_deadline: Duration::from_secs(600),
             create_latency: Duration::ZERO,
+            max_concurrent_dispatches: None,
+            max_dispatches_per_second: None,
         }
     }
 }
@@ -47,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) http: reqwest::Client,
     pub(crate) signer: TokenSigner,
     pub(crate) settings: Settings,
+    /// Permits for dispatches in flight (`Settings::max_concurrent_dispatches`).
+    pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// A running stand-in: its HTTP API and its dispatcher.
@@ -63,6 +71,9 @@ impl Emulator {
             wake: tokio::sync::Notify::new(),
             http,
             signer: TokenSigner::test_key(),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(
+                settings.max_concurrent_dispatches.unwrap_or(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             settings,
         });
         Self { shared }

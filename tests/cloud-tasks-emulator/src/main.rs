@@ -25,6 +25,12 @@ struct Args {
     /// How long each CreateTask takes to answer, in milliseconds (a remote service's round trip).
     #[arg(long, default_value_t = 0)]
     create_latency_ms: u64,
+    /// A queue's `maxConcurrentDispatches` (unbounded when absent).
+    #[arg(long)]
+    max_concurrent_dispatches: Option<usize>,
+    /// A queue's `maxDispatchesPerSecond` (unbounded when absent).
+    #[arg(long)]
+    max_dispatches_per_second: Option<u32>,
 }
 
 #[tokio::main]
@@ -34,6 +40,8 @@ async fn main() -> anyhow::Result<()> {
     let emulator = Emulator::new(Settings {
         tombstone: Duration::from_secs(args.tombstone_secs),
         create_latency: Duration::from_millis(args.create_latency_ms),
+        max_concurrent_dispatches: args.max_concurrent_dispatches,
+        max_dispatches_per_second: args.max_dispatches_per_second,
         ..Settings::default()
     });
     for queue in &args.queues {

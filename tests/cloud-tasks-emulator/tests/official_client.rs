@@ -249,3 +249,59 @@ async fn string_enums_and_plain_json_are_accepted() {
     let error: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["status"], "INVALID_ARGUMENT");
 }
+
+/// Runs six tasks against a target that holds each request 150 ms, under `settings`; returns when
+/// each request arrived and the most that were in flight at once.
+async fn six_slow_tasks(settings: Settings, id: &str) -> (Vec<std::time::Instant>, usize) {
+    let (client, _, _) = start(settings).await;
+    let queue = queue(&client, id, 100).await;
+    let (in_flight, most) = (Arc::new(std::sync::atomic::AtomicUsize::new(0)), Arc::new(Mutex::new(0)));
+    let starts: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let (count, top, log) = (in_flight.clone(), most.clone(), starts.clone());
+    let app = axum::Router::new().route(
+        "/slow",
+        axum::routing::post(move || {
+            let (count, top, log) = (count.clone(), top.clone(), log.clone());
+            async move {
+                log.lock().unwrap().push(std::time::Instant::now());
+                let now = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                {
+                    let mut top = top.lock().unwrap();
+                    *top = (*top).max(now);
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let url = format!("http://{}/slow", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    for i in 0..6 {
+        let task = http_task(&format!("{queue}/tasks/{id}-{i}"), &url, b"x");
+        client.create_task().set_parent(&queue).set_task(task).send().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let starts = starts.lock().unwrap().clone();
+    let most = *most.lock().unwrap();
+    (starts, most)
+}
+
+/// A queue's rate limits: at most `max_concurrent_dispatches` requests in flight; starts spread at
+/// `max_dispatches_per_second`; every task still runs. Without them, all six run at once.
+#[tokio::test]
+async fn dispatches_keep_within_the_queues_rate_limits() {
+    let (starts, most) = six_slow_tasks(Settings::default(), "free").await;
+    assert_eq!((starts.len(), most), (6, 6), "unbounded: all six at once");
+
+    let concurrent = Settings { max_concurrent_dispatches: Some(2), ..Settings::default() };
+    let (starts, most) = six_slow_tasks(concurrent, "concurrent").await;
+    assert_eq!((starts.len(), most), (6, 2), "two in flight at most");
+
+    let paced = Settings { max_dispatches_per_second: Some(20), ..Settings::default() };
+    let (starts, _) = six_slow_tasks(paced, "paced").await;
+    assert_eq!(starts.len(), 6);
+    let span = *starts.last().unwrap() - starts[0];
+    assert!(span >= Duration::from_millis(200), "six starts at 20/s span at least 250 ms: {span:?}");
+}
