@@ -1,7 +1,8 @@
 //! Batched delayed delivery: delayed events of one queue whose slots fall in one bucket (default
-//! 1 s) travel in one Cloud Task. Group commit again, with no timer: the first event of an idle
-//! bucket gets its own task at once (the per-event task, name and body of an unbatched Drip); the
-//! events that arrive while that create is in flight share the next one, and so on. Each caller
+//! 1 s) travel in one Cloud Task. Group commit again, with no timer: an event that finds a create
+//! slot of its bucket free (`in_flight`) gets its own task at once (the per-event task, name and
+//! body of an unbatched Drip); the events that arrive while the creates are in flight share the
+//! next one, and so on. Each caller
 //! is answered only once the task that carries its event exists, so a push is acked only then.
 //!
 //! A batch task's name is a hash of its events' own task names, so a retried create of the same
@@ -11,7 +12,6 @@
 use std::sync::Arc;
 
 use drip_batch::{Flush, GroupCommit};
-
 use drip_core::overflow::{BATCH_ENVELOPE, MAX_INLINE_TASK_BODY, TaskBatch, batch_task_id};
 use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTaskError, Created};
