@@ -37,6 +37,7 @@ locals {
     # A sealed task expires this long after its slot: every attempt at the queues' longest
     # backoff (300 s), and an hour.
     DRIP_TASKS_RETRY_SPAN_MS = tostring((var.tasks_max_attempts * 300 + 3600) * 1000)
+    DRIP_TASK_BATCH_MAX      = tostring(var.task_batch_max)
   }
   # Each route class has its own callers: the push subscriptions' account may only push, operators
   # may only inspect and change limits, overflow consumers may only report feedback.

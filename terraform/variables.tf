@@ -99,6 +99,17 @@ variable "tasks_max_dispatches_per_second" {
   }
 }
 
+variable "task_batch_max" {
+  description = "The most delayed events one Cloud Task carries (DRIP_TASK_BATCH_MAX): the limiter's delayed events of one queue and 1 s bucket that arrive together share a task. 1 gives every event its own task, as versions before batching did: set it while upgrading from one, until the new dispatcher runs everywhere."
+  type        = number
+  default     = 500
+
+  validation {
+    condition     = var.task_batch_max >= 1 && var.task_batch_max == floor(var.task_batch_max)
+    error_message = "task_batch_max must be a whole number of at least 1."
+  }
+}
+
 variable "tasks_max_attempts" {
   description = "Dispatch attempts of a task before Cloud Tasks gives up. The dispatcher is told the same number (DRIP_TASKS_MAX_ATTEMPTS) and dead-letters a task that fails on its last attempt, so none is deleted silently."
   type        = number
