@@ -135,14 +135,16 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
 /// DLQ); a retry publishes only those whose claim is not done yet.
 async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Delivery<'_>) -> StatusCode {
     let events = batch.batch.iter().map(|event| async move {
-        let body = event.get().as_bytes();
-        let slot = serde_json::from_slice::<TaskBody>(body)
-            .ok()
-            .and_then(|task| parse_rfc3339(&task.rate_limit_meta.scheduled_for).ok());
+        let delivery = Delivery { body: event.get().as_bytes(), ..*delivery };
+        let task: TaskBody = match serde_json::from_slice(delivery.body) {
+            Ok(task) => task,
+            Err(error) => return dead_letter_malformed(state, &delivery, &error.to_string()).await,
+        };
+        let slot = parse_rfc3339(&task.rate_limit_meta.scheduled_for).ok();
         if let Some(wait) = slot.map(|slot| slot - wall_clock_millis()).filter(|&wait| wait > 0) {
             tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
         }
-        dispatch_one(state, &Delivery { body, ..*delivery }, true).await
+        dispatch_task(state, &task, &delivery, true).await
     });
     let statuses = futures_util::future::join_all(events).await;
     tracing::info!(task = delivery.task, events = statuses.len(), "batch task dispatched");
@@ -151,10 +153,13 @@ async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Deli
 
 /// One event's task body: its message onto its topic, once.
 async fn dispatch_one(state: &AppState, delivery: &Delivery<'_>, signed: bool) -> StatusCode {
-    let task: TaskBody = match serde_json::from_slice(delivery.body) {
-        Ok(task) => task,
-        Err(error) => return dead_letter_malformed(state, delivery, &error.to_string()).await,
-    };
+    match serde_json::from_slice::<TaskBody>(delivery.body) {
+        Ok(task) => dispatch_task(state, &task, delivery, signed).await,
+        Err(error) => dead_letter_malformed(state, delivery, &error.to_string()).await,
+    }
+}
+
+async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_>, signed: bool) -> StatusCode {
     let meta = &task.rate_limit_meta;
     let rules = state.rules.current();
     let route = match owner_of(&rules, meta.rule_id(), &meta.overflow_topic) {
@@ -171,20 +176,14 @@ async fn dispatch_one(state: &AppState, delivery: &Delivery<'_>, signed: bool) -
         Route::Overflow(rule) => rule.name.clone(),
         Route::Retired(_) => meta.rule.clone(),
     };
-    let outcome = match deliver(state, &task, &route, delivery).await {
+    let outcome = match deliver(state, task, &route, delivery).await {
         Ok(outcome) => Ok(outcome),
         Err(error) if state.is_last_attempt(delivery.retry_count) => {
             let detail = format!("attempt {} of {}: {error:#}", delivery.retry_count + 1, state.max_attempts);
-            dead_letter_task(
-                state,
-                &task,
-                route.rule(),
-                Refused { reason: DlqReason::DispatchFailed, detail },
-                delivery,
-            )
-            .await
-            .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))
-            .map_err(|dlq| error.context(format!("and dead-lettering it failed too: {dlq:#}")))
+            dead_letter_task(state, task, route.rule(), Refused { reason: DlqReason::DispatchFailed, detail }, delivery)
+                .await
+                .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))
+                .map_err(|dlq| error.context(format!("and dead-lettering it failed too: {dlq:#}")))
         }
         Err(error) => Err(error),
     };
