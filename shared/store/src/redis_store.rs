@@ -18,6 +18,11 @@ pub const STATE_MARGIN: Millis = MINUTE;
 /// How long the dispatcher remembers a published task (Cloud Tasks rarely runs one twice, soon).
 pub const DISPATCHED_MEMORY: Millis = DAY;
 
+/// The one answer of a call that carried one item.
+fn only_answer<T>(mut answers: Vec<T>) -> Result<T, StoreError> {
+    answers.pop().filter(|_| answers.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
+}
+
 /// What the dispatcher may do with a task's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DispatchClaim {
@@ -126,8 +131,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         if let Some((_, group)) = &self.groups {
             return group.clone().submit(op).await;
         }
-        let mut results = self.dispatch_ops(std::slice::from_ref(&op)).await?;
-        results.pop().filter(|_| results.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
+        only_answer(self.dispatch_ops(std::slice::from_ref(&op)).await?)
     }
 
     /// Several marker operations in one `dispatch.lua` call (every key in one hash slot, on a Cluster).
@@ -214,8 +218,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             let event = EncodedEvent::new(&self.namespace, &self.keys(request), request);
             return group.clone().submit((event, request.now)).await;
         }
-        let mut reserved = self.reserve_batch(std::slice::from_ref(request)).await?;
-        reserved.pop().filter(|_| reserved.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
+        only_answer(self.reserve_batch(std::slice::from_ref(request)).await?)
     }
 
     /// Records that the request's message was acted upon, so a redelivery is acked as it is.
