@@ -3,7 +3,7 @@
 //! real push subscription of the emulator delivers, and its peak memory on a hostile body.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -28,6 +28,8 @@ rules:
 struct Limiter {
     child: Child,
     port: u16,
+    /// Its log (text lines), read when a test fails to say what became of a message.
+    log: std::path::PathBuf,
 }
 
 impl Limiter {
@@ -35,8 +37,11 @@ impl Limiter {
         let mut command = Command::new(env!("CARGO_BIN_EXE_drip-limiter"));
         command.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).env("DRIP_LOG_FORMAT", "text");
         command.envs(env.iter().cloned()).env("PORT", port.to_string());
-        let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the limiter binary");
-        let limiter = Self { child, port };
+        let log = std::env::temp_dir().join(format!("{}.log", unique("limiter")));
+        let file = std::fs::File::create(&log).expect("the limiter's log file");
+        let stderr = file.try_clone().expect("the limiter's log file");
+        let child = command.stdout(file).stderr(stderr).spawn().expect("the limiter binary");
+        let limiter = Self { child, port, log };
         limiter.wait_ready();
         limiter
     }
@@ -68,7 +73,21 @@ impl Limiter {
 impl Drop for Limiter {
     fn drop(&mut self) {
         self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
+}
+
+/// What the limiters' logs say of each of `ids`, for a failure message.
+fn log_lines_of(limiters: &[&Limiter], ids: &[&String]) -> String {
+    let mut lines = Vec::new();
+    for limiter in limiters {
+        let log = std::fs::read_to_string(&limiter.log).unwrap_or_default();
+        lines.push(format!("-- {}", limiter.log.display()));
+        lines.extend(log.lines().filter(|l| ids.iter().any(|id| l.contains(id.as_str()))).map(str::to_owned));
+    }
+    lines.join("\n")
 }
 
 struct Stack {
@@ -122,21 +141,25 @@ async fn a_limiter_killed_in_the_middle_of_a_burst_loses_nothing() {
     let mut limiter = Limiter::spawn(&s.env, port);
     let source = format!("{}-source", s.prefix);
     s.pubsub.create_topic(&source).await;
-    // No retryPolicy: the emulator then redelivers every push that failed.
+    // The emulator redelivers every push that failed (while the killed process's leases hold,
+    // each is answered 503) about every second until it succeeds.
     s.pubsub.create_subscription(&source, &source, Some(&format!("http://127.0.0.1:{port}/push"))).await;
     // Killed while the emulator is still pushing: halfway through publishing the burst.
     let events = 600;
     let publish = async |range: std::ops::Range<usize>| {
+        let mut ids = Vec::new();
         for i in range {
             let attributes = BTreeMap::from([("event_type".to_owned(), "burst".to_owned())]);
-            s.pubsub.publish(&source, format!(r#"{{"merchant":{},"n":{i}}}"#, i % 4).as_bytes(), &attributes).await;
+            let data = format!(r#"{{"merchant":{},"n":{i}}}"#, i % 4);
+            ids.push(s.pubsub.publish(&source, data.as_bytes(), &attributes).await);
         }
+        ids
     };
-    publish(0..events / 2).await;
+    let mut published = publish(0..events / 2).await;
     limiter.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _limiter = Limiter::spawn(&s.env, port);
-    publish(events / 2..events).await;
+    let restarted = Limiter::spawn(&s.env, port);
+    published.extend(publish(events / 2..events).await);
     let mut came_out: HashMap<String, usize> = HashMap::new();
     // Delayed events (batch tasks among them) are published by the dispatcher under its claims.
     let mut delayed: HashMap<String, usize> = HashMap::new();
@@ -153,7 +176,12 @@ async fn a_limiter_killed_in_the_middle_of_a_burst_loses_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(came_out.len(), events, "every message came out after the SIGKILL");
+    let missing: Vec<&String> = published.iter().filter(|id| !came_out.contains_key(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "every message came out after the SIGKILL; missing {missing:?}, of which the limiters logged:\n{}",
+        log_lines_of(&[&limiter, &restarted], &missing)
+    );
     let doubled = came_out.values().filter(|n| **n > 1).count();
     // A kill between an action and its completion mark can double that one message (the lease then
     // expires and the redelivery acts): consumers deduplicate by drip-message-id.

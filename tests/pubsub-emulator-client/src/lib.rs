@@ -56,7 +56,10 @@ impl EmulatorClient {
         self.call(reqwest::Method::PUT, &format!("topics/{topic}"), json!({})).await.map(|_| ())
     }
 
-    /// A pull subscription, or a push one to `push_endpoint`; redeliveries back off 0.1 s to 1 s.
+    /// A pull subscription, or a push one to `push_endpoint`. It has no retry policy: the emulator
+    /// (0.8.20) then redelivers a failed push about every second for as long as it fails, while
+    /// with one it redelivers a failed push two or three times and then never again, which loses
+    /// the messages a test or the demo waits for.
     pub async fn create_subscription(
         &self,
         subscription: &str,
@@ -66,7 +69,6 @@ impl EmulatorClient {
         let mut body = json!({
             "topic": format!("projects/{}/topics/{topic}", self.project),
             "ackDeadlineSeconds": 10,
-            "retryPolicy": {"minimumBackoff": "0.1s", "maximumBackoff": "1s"},
         });
         if let Some(endpoint) = push_endpoint {
             body["pushConfig"] = json!({"pushEndpoint": endpoint});
