@@ -5,20 +5,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use drip_core::rules::{Rule, RuleSet};
 use drip_store::{AnyConnection, RedisSettings, RedisStore};
 
-/// Where the limiter's state is and what its rules are: what `inspect` and `limits` need. Each
-/// flag falls back on the services' own variable, so the CLI run with a service's environment (a
-/// Cloud Run job on its service account and secrets) needs none of them.
+/// Where the limiter's state is and what its rules are, for `inspect` and `limits` without
+/// `--api`. Each flag falls back on the services' own variable, so the CLI run with a service's
+/// environment (a Cloud Run job on its service account and secrets) needs none of them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
     /// `redis://HOST:PORT/DB` (or `rediss://` with TLS).
-    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
-    pub redis: String,
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, required_unless_present = "api")]
+    pub redis: Option<String>,
     /// The rules file the limiter runs with.
-    #[arg(long, env = "DRIP_RULES")]
-    pub rules: PathBuf,
+    #[arg(long, env = "DRIP_RULES", required_unless_present = "api")]
+    pub rules: Option<PathBuf>,
     /// The limiter's DRIP_REDIS_NAMESPACE.
     #[arg(long, env = "DRIP_REDIS_NAMESPACE", default_value = "drip")]
     pub namespace: String,
@@ -27,16 +26,9 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    pub fn rules(&self) -> anyhow::Result<RuleSet> {
-        RuleSet::load(&self.rules).map_err(|errors| anyhow::anyhow!("{errors}"))
-    }
-
-    pub fn rule<'r>(&self, rules: &'r RuleSet, name: &str) -> anyhow::Result<&'r Rule> {
-        rules.rule(name).with_context(|| format!("no rule named '{name}' in {}", self.rules.display()))
-    }
-
     pub async fn store(&self) -> anyhow::Result<RedisStore<AnyConnection>> {
-        Ok(RedisStore::new(self.connection.connect(&self.redis).await?, self.namespace.clone()))
+        let url = self.redis.as_deref().context("give --api, or --redis and --rules")?;
+        Ok(RedisStore::new(self.connection.connect(url).await?, self.namespace.clone()))
     }
 }
 

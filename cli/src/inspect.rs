@@ -5,21 +5,29 @@ use std::process::ExitCode;
 
 use drip_store::inspect::EntityReport;
 
-use crate::connect::StoreArgs;
 use crate::output::Output;
+use crate::transport::Target;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    target: StoreArgs,
+    target: Target,
     /// `table` (lines) or `json` (as the limiter's GET /v1/rules/{rule}/keys/{key}).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     output: Output,
     /// The same as `--output json` (kept for scripts that pass it).
     #[arg(long, hide = true)]
     json: bool,
-    rule: String,
-    key: String,
+    /// The rule's name (`--rule`, as `drip limits` takes it, works too).
+    #[arg(required_unless_present = "rule_flag", conflicts_with = "rule_flag")]
+    rule: Option<String>,
+    /// The entity's key (`--key` works too).
+    #[arg(required_unless_present = "key_flag", conflicts_with = "key_flag")]
+    key: Option<String>,
+    #[arg(long = "rule", id = "rule_flag", hide = true)]
+    rule_flag: Option<String>,
+    #[arg(long = "key", id = "key_flag", hide = true)]
+    key_flag: Option<String>,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -40,11 +48,10 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn report(args: &Args) -> anyhow::Result<EntityReport> {
-    let rules = args.target.rules()?;
-    let rule = args.target.rule(&rules, &args.rule)?;
-    let key = drip_core::template::cap_key(args.key.clone());
+    let rule = args.rule.as_deref().or(args.rule_flag.as_deref()).unwrap_or_default();
+    let key = args.key.as_deref().or(args.key_flag.as_deref()).unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async { Ok(args.target.store().await?.inspect(rule, &key).await?) })
+    runtime.block_on(async { args.target.connect().await?.inspect(rule, key).await })
 }
 
 fn render(report: &EntityReport) -> String {

@@ -1,15 +1,16 @@
-//! `drip limits`: per-entity limits at run time, in the Redis the limiter uses (the same as the
-//! limiter's `/v1/rules/{rule}/keys/{key}/limits`). A change applies from the entity's next
-//! reservation; each is recorded (who, what, before, after) in the rule's audit list.
+//! `drip limits`: per-entity limits at run time, through the limiter's API (`--api`) or in the
+//! Redis it uses. A change applies from the entity's next reservation; each is recorded (who,
+//! what, before, after) in the rule's audit list.
 
 use std::process::ExitCode;
 
-use drip_core::schedule::{LimitOverride, override_id};
+use drip_core::schedule::LimitOverride;
 use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
-use drip_store::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView};
+use drip_store::inspect::OverrideReport;
+use drip_store::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
 
-use crate::connect::StoreArgs;
 use crate::output::{Output, Printed};
+use crate::transport::{DeleteOverride, SetOverride, Target};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -20,11 +21,11 @@ pub struct Args {
     output: Output,
 }
 
-/// One key of one rule, in the limiter's Redis.
+/// One key of one rule.
 #[derive(Debug, clap::Args)]
 struct Entity {
     #[command(flatten)]
-    target: StoreArgs,
+    target: Target,
     #[arg(long)]
     rule: String,
     #[arg(long)]
@@ -62,7 +63,7 @@ enum LimitsCommand {
     /// Every key of a rule with overrides.
     List {
         #[command(flatten)]
-        target: StoreArgs,
+        target: Target,
         #[arg(long)]
         rule: String,
     },
@@ -81,7 +82,7 @@ enum LimitsCommand {
     /// The rule's latest override changes, newest first.
     History {
         #[command(flatten)]
-        target: StoreArgs,
+        target: Target,
         #[arg(long)]
         rule: String,
         #[arg(long, default_value_t = 20)]
@@ -113,13 +114,6 @@ fn parse_expiry(text: &str) -> anyhow::Result<Millis> {
         return Ok(day_start + DAY);
     }
     parse_rfc3339(text).map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))
-}
-
-/// Who is making the change, for the audit list.
-fn operator() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
-    format!("{user}@{host} (drip limits)")
 }
 
 fn show(o: Option<&OverrideView>) -> String {
@@ -173,92 +167,49 @@ fn change(change: &OverrideChange) -> anyhow::Result<Printed> {
     Ok(Printed { table: describe_override(change), json: serde_json::to_value(change)? })
 }
 
-/// A key's overrides as JSON: each of the rule's limits that has one.
-fn overrides_json(
-    rule: &drip_core::rules::Rule,
-    overrides: &std::collections::BTreeMap<String, LimitOverride>,
-) -> serde_json::Value {
-    let now = drip_core::time::wall_clock_millis();
-    let each = rule.limits.iter().filter_map(|limit| {
-        overrides.get(&override_id(limit)).map(|o| {
-            serde_json::json!({
-                "limit": limit.to_string(),
-                "count": o.limit,
-                "until": o.until.map(format_rfc3339),
-                "inForce": o.in_force(now),
-            })
-        })
-    });
-    serde_json::Value::Array(each.collect())
-}
-
 async fn execute(command: LimitsCommand) -> anyhow::Result<Printed> {
     match command {
         LimitsCommand::Set { entity: Entity { target, rule, key }, limit, window, expires, forever, reason } => {
-            let rules = target.rules()?;
-            let rule = target.rule(&rules, &rule)?;
-            let (limit, count) = rule.override_target(&limit, window.as_deref()).map_err(anyhow::Error::msg)?;
-            let now = drip_core::time::wall_clock_millis();
-            let key = drip_core::template::cap_key(key);
-            let store = target.store().await?;
-            let rule_ref = drip_store::RuleRef::of(rule);
             // Without --expires (or --forever) a replaced override keeps its end (LimitOverride::replacing).
             let until = expires.as_deref().map(parse_expiry).transpose()?;
-            let current = store.overrides(rule_ref, &key).await?.get(&override_id(limit)).copied();
-            let set = LimitOverride::replacing(current, count, (until, forever), now)
+            // Refused here as the limiter would refuse it, naming the flag as it was given.
+            LimitOverride::replacing(None, 1, (until, forever), drip_core::time::wall_clock_millis())
                 .map_err(|e| anyhow::anyhow!("--expires {}: {e}", expires.as_deref().unwrap_or_default()))?;
-            let author = Author { by: &operator(), reason: reason.as_deref() };
-            change(&store.set_override(rule_ref, &key, limit, set, author, None).await?)
+            let set =
+                SetOverride { limit: &limit, window: window.as_deref(), until, forever, reason: reason.as_deref() };
+            change(&target.connect().await?.set_override(&rule, &key, &set).await?)
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window, reason } => {
-            let rules = target.rules()?;
-            let rule = target.rule(&rules, &rule)?;
-            let (limit, _) =
-                rule.override_target(&format!("1/{per}"), window.as_deref()).map_err(anyhow::Error::msg)?;
-            let key = drip_core::template::cap_key(key);
-            let author = Author { by: &operator(), reason: reason.as_deref() };
-            let store = target.store().await?;
-            change(&store.delete_override(drip_store::RuleRef::of(rule), &key, limit, author, None).await?)
+            let which = DeleteOverride { per: &per, window: window.as_deref(), reason: reason.as_deref() };
+            change(&target.connect().await?.delete_override(&rule, &key, &which).await?)
         }
         LimitsCommand::Get { entity: Entity { target, rule, key } } => {
-            let rules = target.rules()?;
-            let rule = target.rule(&rules, &rule)?;
+            let overrides = target.connect().await?.overrides(&rule, &key).await?;
             let key = drip_core::template::cap_key(key);
-            let overrides = target.store().await?.overrides(drip_store::RuleRef::of(rule), &key).await?;
-            let json =
-                serde_json::json!({"rule": rule.name, "key": key, "overrides": overrides_json(rule, &overrides)});
-            Ok(Printed { table: render(rule, &overrides), json })
+            let json = serde_json::json!({"rule": rule, "key": key, "overrides": overrides});
+            Ok(Printed { table: render(&overrides), json })
         }
         LimitsCommand::List { target, rule } => {
-            let rules = target.rules()?;
-            let rule = target.rule(&rules, &rule)?;
-            let all = target.store().await?.list_overrides(drip_store::RuleRef::of(rule)).await?;
-            let json = all
-                .iter()
-                .map(|(key, overrides)| serde_json::json!({"key": key, "overrides": overrides_json(rule, overrides)}))
-                .collect();
+            let all = target.connect().await?.list_overrides(&rule).await?;
             let table = match all.is_empty() {
-                true => format!("no overrides for rule {}\n", rule.name),
-                false => all.iter().map(|(key, overrides)| format!("{key}\n{}", render(rule, overrides))).collect(),
+                true => format!("no overrides for rule {rule}\n"),
+                false => all.iter().map(|k| format!("{}\n{}", k.key, render(&k.overrides))).collect(),
             };
-            Ok(Printed { table, json: serde_json::Value::Array(json) })
+            Ok(Printed { table, json: serde_json::to_value(&all)? })
         }
         LimitsCommand::History { target, rule, count } => {
-            let changes = target.store().await?.audit_history(&rule, count).await?;
+            let changes = target.connect().await?.history(&rule, count).await?;
             Ok(Printed { table: changes.iter().map(describe).collect(), json: serde_json::to_value(&changes)? })
         }
     }
 }
 
-fn render(rule: &drip_core::rules::Rule, overrides: &std::collections::BTreeMap<String, LimitOverride>) -> String {
-    let now = drip_core::time::wall_clock_millis();
+fn render(overrides: &[OverrideReport]) -> String {
     let mut out = String::new();
-    for limit in &rule.limits {
-        if let Some(o) = overrides.get(&override_id(limit)) {
-            let until = o.until.map_or(String::new(), |u| format!(" until {}", format_rfc3339(u)));
-            let ended = if o.in_force(now) { "" } else { " (ended)" };
-            out += &format!("  {limit}: {}{until}{ended}\n", o.limit);
-        }
+    for o in overrides {
+        let until = o.until.as_deref().map_or(String::new(), |u| format!(" until {u}"));
+        let ended = if o.in_force { "" } else { " (ended)" };
+        out += &format!("  {}: {}{until}{ended}\n", o.limit, o.count);
     }
     if out.is_empty() { "  no overrides\n".into() } else { out }
 }

@@ -5,10 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod api;
 mod check_config;
 mod connect;
 mod decisions;
 mod demo;
+mod feedback;
 mod inspect;
 mod limits;
 mod output;
@@ -16,6 +18,7 @@ mod plot;
 mod rules_cmd;
 mod simulate;
 mod summary;
+mod transport;
 
 #[derive(Debug, Parser)]
 #[command(name = "drip", version, about = "Drip: a distributed drip rate limiter for Pub/Sub event streams")]
@@ -35,8 +38,10 @@ enum Command {
     Simulate(simulate::Args),
     /// Publish a burst onto a running local stack (see `./run demo`) and watch it drain.
     Demo(demo::Args),
-    /// Show what Redis holds for one entity: use of each limit, backlog, when it drains.
+    /// Show what the limiter holds for one entity: use of each limit, backlog, when it drains.
     Inspect(inspect::Args),
+    /// Report a downstream's answer (429, 503 with Retry-After, ...) to the limiter (--api).
+    Feedback(feedback::Args),
     /// Per-entity limits at run time: set, get, list, delete, history.
     Limits(limits::Args),
     /// Rules files: `diff OLD NEW` says what each edit does to entities with a backlog.
@@ -48,6 +53,7 @@ fn main() -> ExitCode {
         Command::CheckConfig { files } => check_config::run(&files),
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Feedback(args) => feedback::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Limits(args) => limits::run(args),
         Command::Rules(args) => rules_cmd::run(args),

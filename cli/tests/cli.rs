@@ -548,3 +548,135 @@ fn limits_take_their_settings_from_the_services_environment() {
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(stderr.contains("--redis"), "{stderr}");
 }
+
+const API_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [{ limit: 2, per: 1h }]
+    max_delay: 2h
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+"#;
+
+const AUDIENCE: &str = "https://limiter.example";
+const PUSHER: &str = "push@drip-test.iam.gserviceaccount.com";
+const OPERATOR: &str = "ops@drip-test.iam.gserviceaccount.com";
+const CONSUMER: &str = "consumer@drip-test.iam.gserviceaccount.com";
+
+fn token(email: &str) -> String {
+    let now = drip_core::time::wall_clock_millis() / 1_000;
+    cloud_tasks_emulator::TokenSigner::test_key().sign(email, AUDIENCE, now, 3_600)
+}
+
+/// `drip ARGS` on a blocking thread, for tests that run a service on their runtime.
+async fn drip_async(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || drip(&args.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap()
+}
+
+/// An operator on a laptop reaches a limiter that verifies OIDC through its API alone (no Redis,
+/// no rules file): inspect, every `limits` command and `feedback`, each with the token of an
+/// account on that route's list; the audit names the token's account; the API and Redis
+/// transports print the same; a token of the wrong account is refused with what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api() {
+    use drip_tests::stack::{Callers, LimiterWiring, TasksStandIn, spawn_limiter};
+    let pubsub = drip_tests::pubsub_emulator::Pubsub::shared();
+    let prefix = unique("api");
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    let mut wiring =
+        LimiterWiring::new(shared_url(), pubsub.host.clone(), &tasks, queues, "http://127.0.0.1:9/dispatch".into());
+    wiring.oidc_audience = Some(AUDIENCE.into());
+    wiring.oidc_jwks_url = Some(tasks.client.jwks_url());
+    wiring.callers = Callers {
+        push: PUSHER.into(),
+        admin: OPERATOR.into(),
+        feedback: CONSUMER.into(),
+        metrics: "collector@drip-test.iam.gserviceaccount.com".into(),
+    };
+    let limiter = spawn_limiter(&API_RULES.replace("{p}", &prefix), &wiring).await;
+    let http = reqwest::Client::new();
+    for id in ["a", "b", "c"] {
+        let attributes = [("event_type", "payout")];
+        let body = drip_tests::push_envelope(
+            id,
+            "projects/drip-test/subscriptions/s",
+            "2026-08-03T12:00:01.000Z",
+            &attributes,
+            br#"{"merchant":7}"#,
+        );
+        let pushed =
+            http.post(format!("{}/push", limiter.url)).bearer_auth(token(PUSHER)).body(body).send().await.unwrap();
+        assert_eq!(pushed.status(), reqwest::StatusCode::NO_CONTENT);
+    }
+    let rule = format!("{prefix}-payouts");
+    let api = |who: &str, args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend(["--api".into(), limiter.url.clone(), "--api-token".into(), token(who)]);
+        all
+    };
+    let json = |output: &Output| -> serde_json::Value {
+        assert!(output.status.success(), "{output:?}");
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {output:?}"))
+    };
+
+    let report = json(&drip_async(api(OPERATOR, &["inspect", &rule, "merchant_7", "--output", "json"])).await);
+    assert_eq!(report["limits"][0]["usedNow"], 2, "{report}");
+    assert!(report["drainsAt"].is_string(), "the third waits for the next hour: {report}");
+    let flags = json(
+        &drip_async(api(OPERATOR, &["inspect", "--rule", &rule, "--key", "merchant_7", "--output", "json"])).await,
+    );
+    assert_eq!(flags["limits"], report["limits"], "`--rule R --key K`, as `limits` takes them, says the same");
+
+    let set = drip_async(api(
+        OPERATOR,
+        &["limits", "set", "--rule", &rule, "--key", "merchant_7", "--limit", "5/1h", "--reason", "raised"],
+    ))
+    .await;
+    assert!(set.status.success(), "{set:?}");
+    assert!(stdout(&set).contains("2 per 1h (fixed): the rule's -> 5"), "{}", stdout(&set));
+    let got = json(
+        &drip_async(api(OPERATOR, &["limits", "get", "--rule", &rule, "--key", "merchant_7", "--output", "json"]))
+            .await,
+    );
+    assert_eq!(got["overrides"][0]["count"], 5, "{got}");
+    let rules_path = limiter.rules_path.to_str().unwrap().to_owned();
+    let redis = ["--redis", &limiter.redis_url, "--rules", &rules_path, "--namespace", &limiter.namespace];
+    let mut through_redis = vec!["limits", "get", "--rule", &rule, "--key", "merchant_7", "--output", "json"];
+    through_redis.extend(redis);
+    let via_redis = json(&drip_async(through_redis.iter().map(|a| a.to_string()).collect()).await);
+    assert_eq!(via_redis, got, "both transports print the same");
+    let listed = json(&drip_async(api(OPERATOR, &["limits", "list", "--rule", &rule, "--output", "json"])).await);
+    assert_eq!(listed[0]["key"], "merchant_7", "{listed}");
+    let history = json(&drip_async(api(OPERATOR, &["limits", "history", "--rule", &rule, "--output", "json"])).await);
+    assert_eq!(history[0]["by"], OPERATOR, "the audit names the token's account: {history}");
+    assert_eq!(history[0]["reason"], "raised", "{history}");
+    let deleted =
+        drip_async(api(OPERATOR, &["limits", "delete", "--rule", &rule, "--key", "merchant_7", "--per", "1h"])).await;
+    assert!(stdout(&deleted).contains("5 -> the rule's"), "{deleted:?}");
+
+    let paused = drip_async(api(
+        CONSUMER,
+        &["feedback", "--rule", &rule, "--key", "merchant_7", "--status", "429", "--retry-after", "60"],
+    ))
+    .await;
+    assert!(paused.status.success(), "{paused:?}");
+    assert!(stdout(&paused).contains("paused until"), "{}", stdout(&paused));
+    let report = json(&drip_async(api(OPERATOR, &["inspect", &rule, "merchant_7", "--output", "json"])).await);
+    assert!(report["pausedUntil"].is_string(), "the feedback paused the key: {report}");
+
+    let refused =
+        drip_async(api(OPERATOR, &["feedback", "--rule", &rule, "--key", "merchant_7", "--status", "503"])).await;
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("403") && said.contains("DRIP_FEEDBACK_CALLERS"), "{said}");
+    let no_redis = drip(&["inspect", &rule, "merchant_7"]);
+    assert!(!no_redis.status.success(), "without --api, Redis and rules are needed");
+}

@@ -3,6 +3,8 @@
 //!
 //! - `GET /v1/rules/{rule}/keys/{key}`: what `drip inspect --json` prints;
 //! - `GET /v1/rules/{rule}/keys/{key}/limits`: its overrides;
+//! - `GET /v1/rules/{rule}/limits`: every key of the rule with overrides, and them;
+//! - `GET /v1/rules/{rule}/history?count=20`: the rule's audit list, newest first;
 //! - `PUT /v1/rules/{rule}/keys/{key}/limits` `{"limit": "500/1m", "window"?: "fixed", "until"?: RFC 3339}`:
 //!   sets one, from the next reservation on;
 //! - `DELETE /v1/rules/{rule}/keys/{key}/limits?per=1m[&window=fixed]`: removes one.
@@ -25,6 +27,7 @@ use drip_core::template::cap_key;
 use drip_core::time::{format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_service::auth::Caller;
 use drip_service::feedback;
+use drip_store::inspect::{KeyOverrides, override_reports};
 use drip_store::{FeedbackChange, OverrideChange};
 use serde::Deserialize;
 
@@ -53,31 +56,47 @@ pub async fn inspect(State(state): State<AppState>, Path((rule, key)): Path<(Str
     }
 }
 
-#[derive(Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OverrideEntry {
-    /// The rule's limit, e.g. `100 per 1m (fixed)`.
-    limit: String,
-    count: u64,
-    until: Option<String>,
-}
-
 pub async fn get_limits(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
     let rules = state.rules.current();
     let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
     match state.store.overrides(rule, &cap_key(key)).await {
-        Ok(overrides) => {
-            let entries: Vec<OverrideEntry> = rule
-                .limits
-                .iter()
-                .filter_map(|limit| {
-                    let o = overrides.get(&drip_core::schedule::override_id(limit))?;
-                    Some(OverrideEntry { limit: limit.to_string(), count: o.limit, until: o.until.map(format_rfc3339) })
-                })
-                .collect();
-            Json(entries).into_response()
-        }
+        Ok(overrides) => Json(override_reports(rule, &overrides, wall_clock_millis())).into_response(),
         Err(e) => unavailable("reading overrides", e),
+    }
+}
+
+pub async fn list_limits(State(state): State<AppState>, Path(rule): Path<String>) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    match state.store.list_overrides(rule).await {
+        Ok(all) => {
+            let now = wall_clock_millis();
+            let each = all.into_iter().map(|(key, o)| KeyOverrides { overrides: override_reports(rule, &o, now), key });
+            Json(each.collect::<Vec<_>>()).into_response()
+        }
+        Err(e) => unavailable("listing overrides", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HistoryQuery {
+    count: Option<usize>,
+}
+
+/// The most entries one history answer holds.
+const MAX_HISTORY: usize = 1_000;
+
+pub async fn history(
+    State(state): State<AppState>,
+    Path(rule): Path<String>,
+    Query(query): Query<HistoryQuery>,
+) -> Response {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    let count = query.count.unwrap_or(20).min(MAX_HISTORY);
+    match state.store.audit_history(rule, count).await {
+        Ok(entries) => Json(entries).into_response(),
+        Err(e) => unavailable("reading the audit list", e),
     }
 }
 

@@ -112,10 +112,14 @@ fn longest_inline_wait(rules: &ServiceRules) -> Millis {
 pub fn app(state: AppState) -> Router {
     let auth = &state.auth;
     let push = Router::new().route("/push", post(push::push)).layer(DefaultBodyLimit::max(MAX_PUSH_BYTES));
-    let admin = Router::new().route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect)).route(
-        "/v1/rules/{rule}/keys/{key}/limits",
-        axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
-    );
+    let admin = Router::new()
+        .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect))
+        .route(
+            "/v1/rules/{rule}/keys/{key}/limits",
+            axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
+        )
+        .route("/v1/rules/{rule}/limits", axum::routing::get(entities::list_limits))
+        .route("/v1/rules/{rule}/history", axum::routing::get(entities::history));
     let feedback = Router::new().route("/v1/feedback", post(entities::feedback));
     let api = auth
         .push

@@ -417,16 +417,29 @@ async fn an_override_raises_or_lowers_one_entity_s_limit_from_the_next_reservati
 
     let (status, listed) = l.send("GET", path, None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(listed, serde_json::json!([{ "limit": "2 per 1h (fixed)", "count": 4, "until": null }]));
+    let entry = serde_json::json!({ "limit": "2 per 1h (fixed)", "count": 4, "until": null, "inForce": true });
+    assert_eq!(listed, serde_json::json!([entry]));
     let (_, report) = l.send("GET", "/v1/rules/payouts/keys/merchant_21", None).await;
     assert_eq!(report["limits"][0]["capacity"], 4, "{report}");
-    assert_eq!(report["overrides"][0]["inForce"], true, "{report}");
+    assert_eq!(report["overrides"][0], entry, "inspect shows an override as GET .../limits does: {report}");
+    let (status, all) = l.send("GET", "/v1/rules/payouts/limits", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(all, serde_json::json!([{ "key": "merchant_21", "overrides": [entry] }]), "only the key with one");
 
     let (status, change) = l.send("DELETE", &format!("{path}?per=1h"), None).await;
     assert_eq!(status, StatusCode::OK, "{change}");
     assert_eq!(change["before"]["limit"], 4);
     assert_eq!(change["after"], serde_json::Value::Null);
     assert_eq!(l.send("GET", path, None).await.1, serde_json::json!([]));
+    assert_eq!(l.send("GET", "/v1/rules/payouts/limits", None).await.1, serde_json::json!([]), "none left to list");
+    let (status, history) = l.send("GET", "/v1/rules/payouts/history?count=5", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let changes: Vec<_> = history.as_array().unwrap().iter().map(|e| (e["key"].clone(), e["after"].clone())).collect();
+    let set = (serde_json::json!("merchant_21"), serde_json::json!({ "limit": 4, "until": null }));
+    let deleted = (serde_json::json!("merchant_21"), serde_json::Value::Null);
+    assert_eq!(changes, [deleted, set], "newest first: the delete, then the set");
+    assert_eq!(l.send("GET", "/v1/rules/payouts/history?count=1", None).await.1.as_array().unwrap().len(), 1);
+    assert_eq!(l.send("GET", "/v1/rules/nope/history", None).await.0, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]

@@ -75,6 +75,17 @@ impl Store for TimedStore {
         self.timed(self.inner.overrides(rule, key))
     }
 
+    fn list_overrides<'a>(
+        &'a self,
+        rule: &'a Rule,
+    ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>> {
+        self.timed(self.inner.list_overrides(rule))
+    }
+
+    fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<drip_store::AuditEntry>> {
+        self.timed(self.inner.audit_history(rule, count))
+    }
+
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         self.timed(self.inner.pause(rule, key, until))
     }

@@ -11,12 +11,12 @@ use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::keys::field;
 use crate::{EntityKeys, RuleRef, StoreError};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EntityReport {
     pub rule: String,
@@ -39,7 +39,7 @@ pub struct EntityReport {
     pub budgets: Vec<BudgetReport>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetReport {
     pub name: String,
@@ -50,7 +50,7 @@ pub struct BudgetReport {
     pub adaptive_level: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OverrideReport {
     /// The rule's limit it overrides, e.g. `100 per 1m (fixed)`.
@@ -61,7 +61,7 @@ pub struct OverrideReport {
     pub in_force: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitReport {
     /// e.g. `100 per 1m (fixed)`.
@@ -157,6 +157,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
     }
 }
 
+/// One key of a rule with overrides: what `drip limits list` prints and the limiter's
+/// `GET /v1/rules/{rule}/limits` answers, one per key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeyOverrides {
+    pub key: String,
+    pub overrides: Vec<OverrideReport>,
+}
+
+/// An entity's overrides, one for each of the rule's limits that has one: what `inspect` shows,
+/// `drip limits get` prints and the limiter's `GET .../limits` answers.
+pub fn override_reports(
+    rule: &Rule,
+    overrides: &BTreeMap<String, drip_core::schedule::LimitOverride>,
+    now: Millis,
+) -> Vec<OverrideReport> {
+    let each = rule.limits.iter().filter_map(|limit| {
+        overrides.get(&override_id(limit)).map(|o| OverrideReport {
+            limit: limit.to_string(),
+            count: o.limit,
+            until: o.until.map(format_rfc3339),
+            in_force: o.in_force(now),
+        })
+    });
+    each.collect()
+}
+
 /// Reads use, backlog and drain time off the state.
 pub(crate) fn report(
     rule: &Rule,
@@ -166,17 +192,9 @@ pub(crate) fn report(
     budgets: &[(Arc<Budget>, BudgetState)],
 ) -> EntityReport {
     let mut limits = Vec::new();
-    let mut overrides = Vec::new();
+    let overrides = override_reports(rule, &state.overrides, now);
     let level = rule.adaptive.map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
     for limit in &rule.limits {
-        if let Some(o) = state.overrides.get(&override_id(limit)) {
-            overrides.push(OverrideReport {
-                limit: limit.to_string(),
-                count: o.limit,
-                until: o.until.map(format_rfc3339),
-                in_force: o.in_force(now),
-            });
-        }
         let capacity = adapted_count(limit, effective_limit(limit, &state.overrides, now), level, 1);
         let (n, per) = (capacity as i64, limit.per());
         let (used_now, ahead) = match state.limits.get(&state_id(limit)) {

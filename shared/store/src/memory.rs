@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use drip_core::budgets::{Adaptive, Budget};
@@ -6,15 +6,16 @@ use drip_core::rules::Limit;
 use drip_core::schedule::{BudgetState, LimitOverride, ReserveRequest, Scheduler, override_id};
 use drip_core::time::{Millis, wall_clock_millis};
 
-use crate::{DispatchClaim, FeedbackChange, MessageOf, Reserved, SlotRequest, StoreError};
+use crate::{AuditEntry, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, SlotRequest, StoreError};
 
 /// The reference model behind a lock, with claim-checked payloads, dispatch claims and the
-/// feedback audit in maps: one process, no persistence.
+/// audit list (override changes and feedback calls) in maps: one process, no persistence.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     scheduler: Mutex<Scheduler>,
     payloads: Mutex<HashMap<String, Vec<u8>>>,
-    feedback: Mutex<Vec<FeedbackChange>>,
+    /// Oldest first.
+    audit: Mutex<Vec<AuditEntry>>,
     /// By message: `None` once published, else the end of the publishing attempt's lease.
     dispatched: Mutex<HashMap<String, Option<Millis>>>,
 }
@@ -45,12 +46,44 @@ impl MemoryStore {
     }
 
     pub fn record_feedback(&self, change: &FeedbackChange) {
-        locked(&self.feedback).push(change.clone());
+        locked(&self.audit).push(AuditEntry::Feedback(change.clone()));
+    }
+
+    pub fn record_override(&self, change: &OverrideChange) {
+        locked(&self.audit).push(AuditEntry::Override(change.clone()));
     }
 
     /// The feedback calls recorded, oldest first.
     pub fn feedback_history(&self) -> Vec<FeedbackChange> {
-        locked(&self.feedback).clone()
+        let audit = locked(&self.audit);
+        audit.iter().filter_map(|e| if let AuditEntry::Feedback(f) = e { Some(f.clone()) } else { None }).collect()
+    }
+
+    /// As `RedisStore::audit_history`: the rule's latest `count` entries, newest first.
+    pub fn audit_history(&self, rule: &str, count: usize) -> Vec<AuditEntry> {
+        let audit = locked(&self.audit);
+        let of_rule = audit.iter().rev().filter(|e| match e {
+            AuditEntry::Override(change) => change.rule == rule,
+            AuditEntry::Feedback(call) => call.rule == rule,
+        });
+        of_rule.take(count).cloned().collect()
+    }
+
+    /// As `RedisStore::list_overrides`: every key of the rule with overrides (the keys ever
+    /// changed, as the Redis store's index holds them).
+    pub fn list_overrides(&self, rule: &str) -> BTreeMap<String, BTreeMap<String, LimitOverride>> {
+        let keys: std::collections::BTreeSet<String> = locked(&self.audit)
+            .iter()
+            .filter_map(|e| match e {
+                AuditEntry::Override(change) if change.rule == rule => Some(change.key.clone()),
+                _ => None,
+            })
+            .collect();
+        let each = keys.into_iter().filter_map(|key| {
+            let overrides = self.entity_state(rule, &key)?.overrides;
+            (!overrides.is_empty()).then_some((key, overrides))
+        });
+        each.collect()
     }
 
     /// As `RedisStore::claim_dispatch` (dispatch.lua), on the wall clock.

@@ -15,8 +15,8 @@ use redis::aio::ConnectionLike;
 use crate::inspect::{EntityReport, report};
 use crate::overrides::Author;
 use crate::{
-    DispatchClaim, FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
-    StoreError,
+    AuditEntry, DispatchClaim, FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef,
+    SlotRequest, StoreError,
 };
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -45,6 +45,13 @@ pub trait Store: Ping + std::fmt::Debug {
         by: Author<'a>,
     ) -> StoreFuture<'a, OverrideChange>;
     fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>>;
+    /// Every key of the rule with overrides, and its overrides.
+    fn list_overrides<'a>(
+        &'a self,
+        rule: &'a Rule,
+    ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>>;
+    /// The rule's latest override changes and feedback calls, newest first.
+    fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<AuditEntry>>;
     /// No slot of the entity before `until` (the downstream said to wait).
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
     /// No slot of any entity drawing from the budget before `until`.
@@ -121,6 +128,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
         Box::pin(RedisStore::overrides(self, RuleRef::of(rule), key))
+    }
+
+    fn list_overrides<'a>(
+        &'a self,
+        rule: &'a Rule,
+    ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>> {
+        Box::pin(RedisStore::list_overrides(self, RuleRef::of(rule)))
+    }
+
+    fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<AuditEntry>> {
+        Box::pin(RedisStore::audit_history(self, &rule.id, count))
     }
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
@@ -219,12 +237,26 @@ impl Store for MemoryStore {
             None => self.delete_override(&rule.id, key, limit),
         };
         let change = OverrideChange::new(wall_clock_millis(), by, (&rule.id, key, limit), before, set);
+        self.record_override(&change);
         Box::pin(async move { Ok(change) })
     }
 
     fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
         let overrides = self.entity_state(&rule.id, key).map(|s| s.overrides).unwrap_or_default();
         Box::pin(async move { Ok(overrides) })
+    }
+
+    fn list_overrides<'a>(
+        &'a self,
+        rule: &'a Rule,
+    ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>> {
+        let all = MemoryStore::list_overrides(self, &rule.id);
+        Box::pin(async move { Ok(all) })
+    }
+
+    fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<AuditEntry>> {
+        let entries = MemoryStore::audit_history(self, &rule.id, count);
+        Box::pin(async move { Ok(entries) })
     }
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {

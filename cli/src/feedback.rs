@@ -1,0 +1,67 @@
+//! `drip feedback`: report a downstream's answer to the limiter, as an overflow consumer that
+//! called the downstream itself does (`POST /v1/feedback`): a 429 or 503 with `--retry-after`
+//! pauses the key (or the budget), a 429, 408, 5xx or a timeout (`--status 0`) lowers an
+//! adaptive limit. The operator's lever for "the partner says stop" before any consumer says so.
+
+use std::process::ExitCode;
+
+use crate::output::{Output, Printed};
+use crate::transport::Target;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    target: Target,
+    #[arg(long)]
+    rule: String,
+    /// The key the answer was about.
+    #[arg(long, required_unless_present = "budget")]
+    key: Option<String>,
+    /// A budget the rule draws from, instead of a key.
+    #[arg(long, conflicts_with = "key")]
+    budget: Option<String>,
+    /// The downstream's HTTP status (0: it timed out).
+    #[arg(long)]
+    status: u16,
+    /// Seconds, as the downstream's `Retry-After` said.
+    #[arg(long)]
+    retry_after: Option<u64>,
+    /// `table` (lines) or `json` (the limiter's answer).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match report(&args) {
+        Ok(printed) => {
+            print!("{}", printed.render(args.output));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("drip feedback: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn report(args: &Args) -> anyhow::Result<Printed> {
+    let body = serde_json::json!({
+        "rule": args.rule,
+        "key": args.key,
+        "budget": args.budget,
+        "status": args.status,
+        "retryAfter": args.retry_after,
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let answer = runtime.block_on(async { args.target.connect().await?.feedback(body).await })?;
+    let table = match &answer {
+        serde_json::Value::Null => "no change: the answer neither pauses nor lowers anything\n".to_owned(),
+        answer => {
+            let paused =
+                answer["pausedUntil"].as_str().map_or("not paused".to_owned(), |u| format!("paused until {u}"));
+            let level = answer["adaptiveLevel"].as_f64().map_or(String::new(), |l| format!(", adaptive level {l}"));
+            format!("{}: {paused}{level}\n", answer["target"].as_str().unwrap_or("-"))
+        }
+    };
+    Ok(Printed { table, json: answer })
+}
