@@ -51,7 +51,7 @@ resource "google_monitoring_alert_policy" "max_delay_exceeded" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = "Drip dead-lettered events whose earliest slot lay beyond their rule's max_delay (attribute drip-reason=max_delay_exceeded). Look for an upstream publisher flooding one key (drip inspect shows the backlog), then replay the DLQ subscription once it drains."
+    content   = "Drip dead-lettered events whose earliest slot lay beyond their rule's max_delay (attribute drip-reason=max_delay_exceeded). Look for an upstream publisher flooding one key (drip inspect shows the backlog), then replay the DLQ subscription once it drains (drip dlq replay --reason max_delay_exceeded)."
   }
 }
 
@@ -125,7 +125,7 @@ resource "google_monitoring_alert_policy" "dlq_backlog" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = "Messages wait on a Drip dead-letter subscription. Each carries drip-reason (and drip-rule, drip-key, drip-detail): fix the cause, then republish the data to the source topic."
+    content   = "Messages wait on a Drip dead-letter subscription. Each carries drip-reason (and drip-rule, drip-key, drip-detail): fix the cause, then replay them: drip dlq replay --subscription <this subscription> --topic <the source topic> (--dry-run first; --reason, --rule, --key pick which)."
   }
 }
 

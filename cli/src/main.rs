@@ -10,6 +10,7 @@ mod check_config;
 mod connect;
 mod decisions;
 mod demo;
+mod dlq;
 mod feedback;
 mod inspect;
 mod limits;
@@ -46,6 +47,8 @@ enum Command {
     Limits(limits::Args),
     /// Rules files: `diff OLD NEW` says what each edit does to entities with a backlog.
     Rules(rules_cmd::Args),
+    /// Dead letters: `replay` publishes their events again, idempotently.
+    Dlq(dlq::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,5 +60,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Limits(args) => limits::run(args),
         Command::Rules(args) => rules_cmd::run(args),
+        Command::Dlq(args) => dlq::run(args),
     }
 }

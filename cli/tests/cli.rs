@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use drip_tests::redis_server::shared_url;
 use drip_tests::unique;
@@ -679,4 +680,133 @@ async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api(
     assert!(said.contains("403") && said.contains("DRIP_FEEDBACK_CALLERS"), "{said}");
     let no_redis = drip(&["inspect", &rule, "merchant_7"]);
     assert!(!no_redis.status.success(), "without --api, Redis and rules are needed");
+}
+
+/// `drip dlq replay` gives each dead letter a filter picks back as the event it was (Drip's
+/// attributes stripped, a wrapped body unwrapped, a claim-checked payload read from Redis) to the
+/// topic given, marked with the message it replays; a dry run publishes and acks nothing; what it
+/// leaves stays on the dead-letter subscription; a second run finds nothing more to replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_publishes_the_events_of_the_dead_letters_a_filter_picks() {
+    use drip_core::attributes::{Stamp, WRAPPED};
+    use drip_core::outcome::DlqReason;
+    use std::collections::BTreeMap;
+    let pubsub = drip_tests::pubsub_emulator::Pubsub::shared();
+    let prefix = unique("dlq");
+    let (dlq, source) = (format!("{prefix}-dlq"), format!("{prefix}-source"));
+    pubsub.topic_with_subscription(&dlq).await;
+    pubsub.topic_with_subscription(&source).await;
+    let stamp = |id: &'static str, rule: &'static str, reason| Stamp {
+        message_id: Some(id),
+        subscription: Some("projects/drip-test/subscriptions/payouts-push"),
+        rule: Some(rule),
+        key: Some("merchant_1"),
+        reason: Some((reason, "why")),
+        ..Stamp::default()
+    };
+    let payout = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let crowded: BTreeMap<String, String> = (0..99).map(|i| (format!("a{i}"), "v".to_owned())).collect();
+    // A large event's dead letter from the dispatcher: the task's body, naming its payload in Redis.
+    let url = shared_url();
+    let reference = format!("{prefix}:payload");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::AsyncCommands::set(&mut redis, &reference, b"the large event".as_slice()).await.unwrap();
+    let task_body = serde_json::json!({
+        "isRatelimited": true,
+        "rateLimitMeta": {"key": "merchant_1", "rule": "payouts", "windowType": "RPH", "limit": 2,
+            "scheduledFor": "2026-08-03T13:00:00.000Z", "overflowTopic": "payouts-overflow"},
+        "claimCheck": reference,
+        "attributes": {"event_type": "payout", "size": "large"},
+        "messageId": "m5",
+    });
+    let letters = [
+        stamp("m1", "payouts", DlqReason::MaxDelayExceeded).dead_letter(&payout, br#"{"n":1}"#),
+        stamp("m2", "payouts", DlqReason::MaxDelayExceeded).dead_letter(&crowded, &[0, 159, 146, 150]),
+        stamp("m3", "sms", DlqReason::MaxDelayExceeded).dead_letter(&payout, br#"{"n":3}"#),
+        stamp("m4", "payouts", DlqReason::CostExceedsLimit).dead_letter(&payout, br#"{"n":4}"#),
+        stamp("m5", "payouts", DlqReason::DispatchFailed)
+            .dead_letter(&BTreeMap::new(), &serde_json::to_vec(&task_body).unwrap()),
+    ];
+    assert_eq!(letters[1].1[WRAPPED], "json", "the crowded one travels wrapped");
+    for (data, attributes) in &letters {
+        pubsub.publish(&dlq, data, attributes).await;
+    }
+    let replay = |extra: &[&str]| {
+        let mut args: Vec<String> =
+            ["dlq", "replay", "--subscription", &dlq, "--topic", &source, "--project", "drip-test"]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+        args.extend(
+            ["--rule", "payouts", "--reason", "max_delay_exceeded", "--reason", "dispatch_failed"].map(String::from),
+        );
+        args.extend(["--idle", "3s", "--output", "json"].map(String::from));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let host = pubsub.host.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Command::new(env!("CARGO_BIN_EXE_drip"))
+                    .args(&args)
+                    .env("PUBSUB_EMULATOR_HOST", host)
+                    .env_remove("REDIS_URL")
+                    .output()
+                    .expect("run drip")
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let summary = |output: &Output| -> serde_json::Value {
+        assert!(output.status.success(), "{output:?}");
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+
+    let dry = summary(&replay(&["--dry-run", "--redis", &url]).await);
+    assert_eq!((dry["wouldReplay"].as_u64(), dry["replayed"].as_u64()), (Some(3), Some(0)), "{dry}");
+    assert!(pubsub.pull(&source, 10).await.is_empty(), "a dry run publishes nothing");
+
+    let without_redis = summary(&replay(&[]).await);
+    assert_eq!(without_redis["replayed"], 2, "{without_redis}");
+    let claim =
+        without_redis["deadLetters"].as_array().unwrap().iter().find(|e| e["messageId"] == "m5").unwrap().clone();
+    assert!(claim["detail"].as_str().unwrap().contains("give --redis"), "{claim}");
+    let done = summary(&replay(&["--redis", &url]).await);
+    assert_eq!(done["replayed"], 1, "only the claim-checked one was left to replay: {done}");
+
+    let mut replayed = pubsub.pull_until(&source, 3, Duration::from_secs(10)).await;
+    replayed.sort_by_key(|m| m.attributes["drip-replay-of"].clone());
+    let of = |id: &str| {
+        drip_core::event::MessageRef::new(id, Some("projects/drip-test/subscriptions/payouts-push".into())).identity()
+    };
+    let got: Vec<(String, Vec<u8>)> =
+        replayed.iter().map(|m| (m.attributes["drip-replay-of"].clone(), m.data.clone())).collect();
+    let mut want = vec![
+        (of("m1"), br#"{"n":1}"#.to_vec()),
+        (of("m2"), vec![0, 159, 146, 150]),
+        (of("m5"), b"the large event".to_vec()),
+    ];
+    want.sort();
+    assert_eq!(got, want, "each event's data, as it came");
+    for message in &replayed {
+        let mut own = message.attributes.clone();
+        own.remove("drip-replay-of");
+        let published = own.remove("drip-replay-published").expect("the dead letter's time");
+        let age = drip_core::time::wall_clock_millis() - drip_core::time::parse_rfc3339(&published).unwrap();
+        assert!((0..600_000).contains(&age), "the dead letter's own publish time: {published}");
+        let expected = match message.data.as_slice() {
+            [0, ..] => crowded.clone(),
+            b"the large event" => {
+                BTreeMap::from([("event_type".into(), "payout".into()), ("size".into(), "large".into())])
+            }
+            _ => payout.clone(),
+        };
+        assert_eq!(own, expected, "its own attributes, and no other drip-* one");
+    }
+    let again = summary(&replay(&["--redis", &url]).await);
+    assert_eq!(again["replayed"], 0, "acked once replayed: {again}");
+    let mut kept: Vec<String> =
+        pubsub.pull(&dlq, 10).await.into_iter().map(|m| m.attributes["drip-message-id"].clone()).collect();
+    kept.sort();
+    assert_eq!(kept, ["m3", "m4"], "what the filters left stays on the dead-letter subscription");
 }

@@ -235,7 +235,7 @@ async fn deliver(
     delivery: &Delivery<'_>,
 ) -> anyhow::Result<Outcome> {
     let meta = &task.rate_limit_meta;
-    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
+    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
     let of = MessageOf { rule: meta.rule_id(), key: &meta.key, message: &identity };
     match state.store.claim_dispatch(of, state.lease).await? {
         DispatchClaim::Done => return Ok(Outcome::Duplicate),
@@ -413,10 +413,10 @@ async fn reschedule(
         );
     }
     let meta = &task.rate_limit_meta;
-    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity();
+    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
     let request = SlotRequest {
         reslot: true,
-        published: task.publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok()),
+        published: drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes),
         ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1), None)
     };
     let reserved = state.store.reserve(&request).await?;

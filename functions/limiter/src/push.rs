@@ -14,7 +14,7 @@ use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::{Attempt, Reservation};
-use drip_core::time::{Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_service::feedback;
 use drip_store::{Reserved, SlotRequest};
 
@@ -77,9 +77,9 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
             return Ok(Outcome::DeadLetter(reason));
         }
     };
-    let identity = event.message_ref().identity();
-    // The publish time is the same on every redelivery: the answer is filed under it.
-    let published = publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok());
+    let identity = event.message_ref().identity_with(&event.attributes);
+    // The publish time is the same on every redelivery (and replay): the answer is filed under it.
+    let published = drip_core::event::filing_time(publish_time.as_deref(), &event.attributes);
     // A rule whose key template changed: the subject's frontier under its previous key carries over.
     let floor = match &previous_key {
         Some(previous) => state.step(state.store.frontier(rule, previous)).await?,

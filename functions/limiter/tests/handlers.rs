@@ -275,6 +275,26 @@ async fn over_the_limit_a_signed_task_is_created_for_the_slot_and_beyond_max_del
     assert!(dead.iter().all(|d| d.attributes["drip-reason"] == "max_delay_exceeded"));
 }
 
+/// `drip dlq replay` publishes a dead letter's event again with `drip-replay-of` (the message it
+/// was) and `drip-replay-published` (its dead letter's time): a second replay of it, under
+/// another Pub/Sub message id, is the same message to the limiter and is not acted on again; the
+/// replay of another dead letter is.
+#[tokio::test]
+async fn a_dead_letter_replayed_twice_is_acted_on_once() {
+    let l = limiter();
+    let replay = |of: &'static str| {
+        [("event_type", "payout"), ("drip-replay-of", of), ("drip-replay-published", "2026-08-03T12:00:00.000Z")]
+    };
+    let data = br#"{"merchant_id":5}"#;
+    assert_eq!(l.push("r1", &replay("m9@0a1b2c3d4e5f"), data).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.push("r2", &replay("m9@0a1b2c3d4e5f"), data).await, StatusCode::NO_CONTENT, "replayed again");
+    let forwarded = l.published("payouts-ready");
+    assert_eq!(forwarded.len(), 1, "one forward for one dead letter replayed twice");
+    assert_eq!(forwarded[0].attributes["drip-replay-of"], "m9@0a1b2c3d4e5f", "the forward says what it replays");
+    assert_eq!(l.push("r3", &replay("m10@0a1b2c3d4e5f"), data).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.published("payouts-ready").len(), 2, "another dead letter's replay goes");
+}
+
 #[tokio::test]
 async fn a_redelivery_after_the_action_is_acked_without_acting_again() {
     let l = limiter();

@@ -29,6 +29,14 @@ pub const TASK: &str = "drip-task";
 pub const WRAPPED: &str = "drip-wrapped";
 /// The seed's marker on overflow messages.
 pub const IS_RATELIMITED: &str = "isRatelimited";
+/// On an event replayed from a dead-letter topic (`drip dlq replay`): the identity of the message
+/// it was. The limiter reserves a replayed event under it (with [`REPLAY_PUBLISHED`] as its
+/// publish time), so replaying one dead letter twice acts once.
+pub const REPLAY_OF: &str = "drip-replay-of";
+/// On a replayed event: when its dead letter was published (RFC 3339), the same on every replay.
+pub const REPLAY_PUBLISHED: &str = "drip-replay-published";
+/// Every attribute Drip stamps starts so (the seed's `isRatelimited` aside).
+pub const PREFIX: &str = "drip-";
 
 /// Pub/Sub's resource limits (https://cloud.google.com/pubsub/quotas#resource_limits).
 pub const MAX_ATTRIBUTES: usize = 100;
@@ -128,6 +136,55 @@ impl Stamp<'_> {
     }
 }
 
+/// What a dead letter says of the event it holds, and the event as it came (the inverse of
+/// [`Stamp::dead_letter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterView {
+    /// The event's own attributes, without Drip's (unwrapped from a `drip-wrapped: json` body).
+    pub attributes: BTreeMap<String, String>,
+    pub data: Vec<u8>,
+    pub reason: Option<String>,
+    pub rule: Option<String>,
+    pub key: Option<String>,
+    /// `drip-message-id` and `drip-subscription`: which message the event was.
+    pub message_id: Option<String>,
+    pub subscription: Option<String>,
+    /// The attributes were dropped (the data was too large to carry them), as `drip-detail` says.
+    pub attributes_dropped: bool,
+}
+
+impl DeadLetterView {
+    pub fn of(attributes: &BTreeMap<String, String>, data: &[u8]) -> Self {
+        #[derive(serde::Deserialize)]
+        struct Wrapped {
+            attributes: BTreeMap<String, String>,
+            data: String,
+        }
+        let get = |name: &str| attributes.get(name).cloned();
+        let unwrapped = (attributes.get(WRAPPED).map(String::as_str) == Some("json"))
+            .then(|| serde_json::from_slice::<Wrapped>(data).ok())
+            .flatten()
+            .and_then(|w| Some((w.attributes, base64::engine::general_purpose::STANDARD.decode(w.data).ok()?)));
+        let (own, data) = match unwrapped {
+            Some((own, data)) => (own, data),
+            None => {
+                let own = attributes.iter().filter(|(name, _)| !name.starts_with(PREFIX));
+                (own.map(|(n, v)| (n.clone(), v.clone())).collect(), data.to_vec())
+            }
+        };
+        Self {
+            attributes: own,
+            data,
+            reason: get(REASON),
+            rule: get(RULE),
+            key: get(KEY),
+            message_id: get(MESSAGE_ID),
+            subscription: get(SUBSCRIPTION),
+            attributes_dropped: attributes.get(DETAIL).is_some_and(|d| d.contains("attributes dropped")),
+        }
+    }
+}
+
 /// Pub/Sub's limits on one message.
 pub fn check(attributes: &BTreeMap<String, String>, data_len: usize) -> Result<(), Refused> {
     let refuse = |reason, detail: String| Err(Refused { reason, detail });
@@ -194,6 +251,33 @@ mod tests {
         let stamped = Stamp { key: Some(&key), ..stamp() }.apply(&BTreeMap::new(), 0).unwrap();
         assert_eq!(stamped[KEY].len(), 1024);
         assert!(key.starts_with(&stamped[KEY]));
+    }
+
+    #[test]
+    fn a_dead_letter_gives_back_the_event_it_holds() {
+        let with_reason = Stamp { reason: Some((DlqReason::MaxDelayExceeded, "late")), ..stamp() };
+        let original = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+        let (data, stamped) = with_reason.dead_letter(&original, b"{\"n\":1}");
+        let view = DeadLetterView::of(&stamped, &data);
+        assert_eq!((view.attributes, view.data.as_slice()), (original, &b"{\"n\":1}"[..]));
+        assert_eq!(view.reason.as_deref(), Some("max_delay_exceeded"));
+        assert_eq!(
+            (view.rule.as_deref(), view.key.as_deref(), view.message_id.as_deref()),
+            (Some("r"), Some("k"), Some("m1"))
+        );
+        // Too many attributes to carry beside Drip's: wrapped in a JSON envelope, unwrapped again.
+        let crowded = attributes(99);
+        let (data, attributes) = with_reason.dead_letter(&crowded, &[0, 159, 146, 150]);
+        assert_eq!(attributes[WRAPPED], "json");
+        let view = DeadLetterView::of(&attributes, &data);
+        assert_eq!((view.attributes, view.data), (crowded, vec![0, 159, 146, 150]));
+        assert!(!view.attributes_dropped);
+        // Data at the size limit: the attributes are dropped, and the view says so.
+        let big = vec![b'x'; MAX_MESSAGE_BYTES - 300];
+        let long: BTreeMap<String, String> = (0..10).map(|i| (format!("a{i}"), "v".repeat(40))).collect();
+        let (data, attributes) = with_reason.dead_letter(&long, &big);
+        let view = DeadLetterView::of(&attributes, &data);
+        assert!(view.attributes_dropped && view.attributes.is_empty() && view.data == big);
     }
 
     #[test]

@@ -53,6 +53,26 @@ impl MessageRef {
             }
         }
     }
+
+    /// The identity of a message with these attributes: [`identity`](Self::identity), or for an
+    /// event replayed from a dead-letter topic (`drip-replay-of`) the identity of the message it
+    /// was, so that a dead letter replayed twice is one message to the limiter and the dispatcher.
+    pub fn identity_with(&self, attributes: &BTreeMap<String, String>) -> String {
+        match attributes.get(crate::attributes::REPLAY_OF) {
+            Some(of) => format!("replay:{of}"),
+            None => self.identity(),
+        }
+    }
+}
+
+/// The publish time a message's answer is filed under: its own, or for a replayed event its dead
+/// letter's (`drip-replay-published`), the same on every replay of it.
+pub fn filing_time(publish_time: Option<&str>, attributes: &BTreeMap<String, String>) -> Option<crate::time::Millis> {
+    let at = match attributes.get(crate::attributes::REPLAY_OF) {
+        Some(_) => attributes.get(crate::attributes::REPLAY_PUBLISHED).map(String::as_str),
+        None => publish_time,
+    };
+    at.and_then(|at| crate::time::parse_rfc3339(at).ok())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod doubles;
 pub mod http_target;
 pub mod oidc;
 pub mod pubsub;
+pub mod pull;
 pub mod tasks;
 
 use std::future::Future;
