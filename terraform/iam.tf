@@ -79,7 +79,7 @@ resource "google_service_account_iam_member" "limiter_acts_as_tasks" {
 }
 
 # The dispatcher gives an event a new slot in a new task when a rule's `overflow: { url }` target
-# answers 429 or 503 (README: "Overflow to an HTTP target").
+# answers 429 or 503 (docs/design.md: "Overflow to an HTTP target").
 resource "google_cloud_tasks_queue_iam_member" "dispatcher_enqueues" {
   for_each = google_cloud_tasks_queue.drip
 

@@ -55,7 +55,7 @@ resource "google_monitoring_alert_policy" "max_delay_exceeded" {
   }
 }
 
-# A new rules version that does not validate is refused and the old rules stay in force (README:
+# A new rules version that does not validate is refused and the old rules stay in force (docs/rules.md:
 # "Changing limits"): the operator who added it must hear of it.
 resource "google_logging_metric" "rules_refused" {
   project     = var.project_id
@@ -130,7 +130,7 @@ resource "google_monitoring_alert_policy" "dlq_backlog" {
 }
 
 # With noeviction a full Redis refuses writes: every push is answered 503 until memory frees up.
-# Alert at 80 % so the instance can be resized (README: "Capacity") before that happens.
+# Alert at 80 % so the instance can be resized (docs/capacity.md: "Capacity") before that happens.
 resource "google_monitoring_alert_policy" "redis_memory" {
   project               = var.project_id
   display_name          = "Drip (${var.name}): Redis memory above ${var.redis_memory_alert_ratio * 100} %"
@@ -158,11 +158,11 @@ resource "google_monitoring_alert_policy" "redis_memory" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = "Drip's Redis is filling up. Its maxmemory-policy is noeviction, so when full, every write fails and the limiter answers 503 (Pub/Sub redelivers; nothing is lost, but nothing moves). Resize the instance (README: Capacity: bytes per in-flight message and per entity) or shorten max_delay."
+    content   = "Drip's Redis is filling up. Its maxmemory-policy is noeviction, so when full, every write fails and the limiter answers 503 (Pub/Sub redelivers; nothing is lost, but nothing moves). Resize the instance (docs/capacity.md: bytes per in-flight message and per entity) or shorten max_delay."
   }
 }
 
-# One downstream answer pauses a key or budget for at most the rule's max_pause (README: "When the
+# One downstream answer pauses a key or budget for at most the rule's max_pause (docs/design.md: "When the
 # downstream says wait"). An answer that asked for longer was capped: a partner in trouble, or a
 # misconfigured Retry-After, that someone should look at before the backlog builds up.
 resource "google_logging_metric" "long_pauses" {
@@ -289,7 +289,7 @@ resource "google_monitoring_alert_policy" "dispatch_lateness" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = "Cloud Tasks hands delayed events to the dispatcher later after their slots than the rule's delivery_margin allows, so the partner may see more in a window than the limit (README: \"Scheduling semantics\"). Check the queues' dispatch rate (500/s per queue: add queues), the dispatcher's max_instances and its errors; raise the rule's delivery_margin if the lateness is steady."
+    content   = "Cloud Tasks hands delayed events to the dispatcher later after their slots than the rule's delivery_margin allows, so the partner may see more in a window than the limit (docs/design.md: \"Scheduling semantics\"). Check the queues' dispatch rate (500/s per queue: add queues), the dispatcher's max_instances and its errors; raise the rule's delivery_margin if the lateness is steady."
   }
 }
 

@@ -23,7 +23,7 @@ locals {
     REDIS_IAM_AUTH       = tostring(var.redis_cluster)
     DRIP_REDIS_NAMESPACE = "drip"
     # The rules volume reads Secret Manager's latest version: a new version applies within this
-    # long, without a new revision (README: "Changing limits").
+    # long, without a new revision (docs/rules.md: "Changing limits").
     DRIP_RULES_POLL_MS = "10000"
   }
   # Both create tasks: the limiter for each delayed event, the dispatcher for an event an

@@ -36,7 +36,7 @@ variable "prometheus_sidecar_image" {
 }
 
 variable "rules_file" {
-  description = "Path of the rules file (see the README). Its forward, overflow and dead-letter topics are created here; it reaches the services through Secret Manager."
+  description = "Path of the rules file (docs/rules.md). Its forward, overflow and dead-letter topics are created here; it reaches the services through Secret Manager."
   type        = string
 
   validation {
@@ -138,7 +138,7 @@ variable "task_signing_key_version" {
 }
 
 variable "task_signing_key_previous_version" {
-  description = "During a key rotation, the version of task_signing_key_secret that sealed the tasks still waiting in the queues: still accepted, never used to seal (README: \"How the dispatcher trusts a task\", rotating the key). null once they are gone."
+  description = "During a key rotation, the version of task_signing_key_secret that sealed the tasks still waiting in the queues: still accepted, never used to seal (docs/operations.md: \"Rotating the task signing key\"). null once they are gone."
   type        = string
   default     = null
 
@@ -288,7 +288,7 @@ variable "labels" {
 }
 
 variable "limits_api_callers" {
-  description = "Service accounts (emails) of operators allowed to inspect keys and change their limits through the limiter's /v1/rules/{rule}/keys/{key}[/limits] (README: \"Changing limits\"), and only that: they may invoke the limiter, and its OIDC check lets them on those routes alone. Each change is logged and audited with the caller's email."
+  description = "Service accounts (emails) of operators allowed to inspect keys and change their limits through the limiter's /v1/rules/{rule}/keys/{key}[/limits] (docs/rules.md: \"Changing limits\"), and only that: they may invoke the limiter, and its OIDC check lets them on those routes alone. Each change is logged and audited with the caller's email."
   type        = list(string)
   default     = []
 }

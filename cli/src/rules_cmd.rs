@@ -1,5 +1,5 @@
 //! `drip rules diff OLD NEW`: per rule (matched by id), each edit and what it does to entities that
-//! already have a backlog: safe, delays, or needs care (README: "Changing limits").
+//! already have a backlog: safe, delays, or needs care (docs/rules.md: "Changing limits").
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,5 +1,5 @@
 //! Random arrival sequences for one rule over a few entities, and the invariants every schedule
-//! must satisfy (README: "Scheduling semantics"), checked against the schedule alone.
+//! must satisfy (docs/design.md: "Scheduling semantics"), checked against the schedule alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The fault matrix (README: "Faults"): each case breaks one part of the real local stack (Redis,
+//! The fault matrix (docs/design.md: "Faults"): each case breaks one part of the real local stack (Redis,
 //! Google's Pub/Sub emulator, the Cloud Tasks stand-in, the forward target) and asserts what came
 //! out against what went in: every message delivered (forward or overflow topic, or the DLQ with a
 //! reason), none lost, none acting twice where Drip can prevent it.
@@ -628,7 +628,7 @@ async fn redis_restarted_in_the_middle_of_a_burst_loses_nothing() {
     assert!(out.iter().all(|c| c.route != "dlq"), "{out:?}");
     assert_each_once(out.iter().map(|c| c.id.as_str()), 60);
     // What the restart costs: the windows reserved before it are forgotten, so a window can take
-    // a second full limit. Measured here, documented in the README.
+    // a second full limit. Measured here, documented in docs/design.md ("Faults").
     let mut per_window: HashMap<(String, Millis), usize> = HashMap::new();
     for came in &out {
         *per_window.entry((came.key.clone(), came.slot.div_euclid(SECOND))).or_default() += 1;

@@ -451,7 +451,7 @@ async fn every_key_an_entity_writes_expires() {
     }
 }
 
-/// Per-event work and per-key state must not grow with the backlog (README: "Scheduling semantics"): the commands the
+/// Per-event work and per-key state must not grow with the backlog (docs/design.md: "Scheduling semantics"): the commands the
 /// script runs and the fields it keeps are the same at a backlog of 10 and of 2,000.
 #[tokio::test]
 async fn work_and_state_do_not_grow_with_the_backlog() {

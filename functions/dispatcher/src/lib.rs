@@ -26,7 +26,7 @@ use drip_store::Store;
 
 use envconfig::Envconfig;
 
-/// The dispatcher's settings: the ones it shares with the limiter (README: "Settings").
+/// The dispatcher's settings: the ones it shares with the limiter (docs/operations.md: "Settings").
 #[derive(Debug, Clone, Envconfig)]
 pub struct Settings {
     #[envconfig(nested)]
@@ -49,7 +49,7 @@ pub struct Settings {
     #[envconfig(from = "DRIP_DISPATCH_EARLY_TOLERANCE_MS", default = "1000")]
     pub early_tolerance_ms: u64,
     /// Until this time (RFC 3339), tasks made by a version that did not seal them (unsigned, or
-    /// signed over the body alone) are still published, to topics a rule owns (README: "Upgrading").
+    /// signed over the body alone) are still published, to topics a rule owns (docs/operations.md: "Upgrading").
     /// Unset: every unsealed task is refused.
     #[envconfig(from = "DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL")]
     pub accept_unsigned_tasks_until: Option<String>,

@@ -8,7 +8,7 @@ use drip_service::shutdown::Shutdown;
 use drip_service::tasks::TaskSettings;
 use envconfig::Envconfig;
 
-/// The limiter's settings, from the environment (README: "Settings").
+/// The limiter's settings, from the environment (docs/operations.md: "Settings").
 #[derive(Debug, Clone, Envconfig)]
 pub struct Settings {
     #[envconfig(nested)]

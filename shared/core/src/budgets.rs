@@ -20,7 +20,7 @@ pub struct Budget {
     pub adaptive: Option<Adaptive>,
     /// The Redis Cluster hash tag of the budget and of every entity of every rule that draws from
     /// it (the smallest budget name of the group that rules link together): one script call then
-    /// touches one slot. See README, "Shared budgets".
+    /// touches one slot. See docs/rules.md, "Shared budgets".
     pub tag: String,
 }
 
@@ -107,7 +107,7 @@ impl Adaptive {
 /// The count of `limit` in force at the adaptive `level` (ppm), from `base` (the rule's count or an
 /// override): never below the event's cost, so the adaptive limit delays an event but never makes
 /// it impossible. A gcra limit keeps its count: its burst tolerance is a time measured at the
-/// count, so a lower count would let a burst through (README: "Adaptive limits").
+/// count, so a lower count would let a burst through (docs/design.md: "Adaptive limits").
 pub fn adapted_count(limit: &Limit, base: u64, level: Option<u64>, cost: u64) -> u64 {
     match (level, limit.window()) {
         (Some(level), Window::Fixed(_) | Window::Sliding) => (base * level / PPM).max(cost).max(1),

@@ -1,4 +1,4 @@
-//! The rules file: parsing and validation of the YAML contract (README: "Rules").
+//! The rules file: parsing and validation of the YAML contract (docs/rules.md: "Rules").
 //!
 //! Every problem is reported, not only the first, each naming the file, the rule, the field and why.
 
@@ -74,7 +74,7 @@ pub struct Rule {
     pub matcher: Option<BTreeMap<String, String>>,
     pub key: Template,
     /// The key template before an edit: an entity's frontier under it carries over to the same
-    /// event's new key, so a key change keeps FIFO and the window bound (README: "Changing limits").
+    /// event's new key, so a key change keeps FIFO and the window bound (docs/rules.md: "Changing limits").
     pub previous_key: Option<Template>,
     pub limits: Vec<Limit>,
     pub cost: Cost,
@@ -94,7 +94,7 @@ pub struct Rule {
     pub on_missing_key: OnMissingKey,
     pub overflow_format: OverflowFormat,
     pub mode: Mode,
-    /// The shared budgets its events also draw from (README: "Shared budgets").
+    /// The shared budgets its events also draw from (docs/rules.md: "Shared budgets").
     pub budgets: Vec<Arc<Budget>>,
     /// Where the downstream's 429s and `Retry-After`s go: the key, or one of its budgets.
     pub feedback: FeedbackTarget,

@@ -1,4 +1,4 @@
-//! What an edit of the rules file does to entities that already have a backlog (README: "Changing
+//! What an edit of the rules file does to entities that already have a backlog (docs/rules.md: "Changing
 //! limits"), rule by rule, matched by id: `drip rules diff OLD NEW`.
 
 use std::fmt;

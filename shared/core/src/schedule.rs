@@ -1,4 +1,4 @@
-//! The reference model of slot reservation (README: "Scheduling semantics"). No I/O: the caller
+//! The reference model of slot reservation (docs/design.md: "Scheduling semantics"). No I/O: the caller
 //! passes `now`. `lua/reserve.lua` implements exactly the same arithmetic; a differential test keeps
 //! the two identical.
 //!

@@ -1,4 +1,4 @@
-//! What the downstream's answers do to the limits (README: "When the downstream says wait"): a 429
+//! What the downstream's answers do to the limits (docs/design.md: "When the downstream says wait"): a 429
 //! or 503 with `Retry-After` pauses the rule's feedback target (its key, or the budget it names);
 //! a 429, 408, 5xx or a timeout lowers the target's adaptive level when it has one. Used for the
 //! limiter's own forwards, the dispatcher's deliveries to `overflow: { url }` targets, and for

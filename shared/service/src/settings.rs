@@ -96,12 +96,12 @@ pub struct CommonSettings {
     #[envconfig(from = "DRIP_OIDC_JWKS_URL")]
     pub oidc_jwks_url: Option<String>,
     /// The secret both services hold (Secret Manager): the limiter signs each task body with it and
-    /// the dispatcher publishes only what it signed (README: "How the dispatcher trusts a task").
+    /// the dispatcher publishes only what it signed (docs/design.md: "How the dispatcher trusts a task").
     #[envconfig(from = "DRIP_TASK_SIGNING_KEY")]
     pub task_signing_key: String,
     /// The key before a rotation, still accepted (never used to sign): set it to the old key and
     /// DRIP_TASK_SIGNING_KEY to the new one, roll out, and drop it once the old tasks are gone
-    /// (README: "How the dispatcher trusts a task", rotating the key).
+    /// (docs/operations.md: "Rotating the task signing key").
     #[envconfig(from = "DRIP_TASK_SIGNING_KEY_PREVIOUS")]
     pub task_signing_key_previous: Option<String>,
 }

@@ -26,7 +26,7 @@ pub struct TaskBatching {
     /// The slots of one task's events lie in one bucket of this length.
     pub bucket: Millis,
     /// Creates of one (queue, bucket) in flight at once: fewer make larger batches, and make a
-    /// push that arrives during them wait for one more create (README: "Batching").
+    /// push that arrives during them wait for one more create (docs/design.md: "Batching").
     pub in_flight: usize,
 }
 

@@ -1,6 +1,6 @@
 //! Creating the signed Cloud Task that carries a delayed event to the dispatcher at its slot: the
 //! limiter for each delayed event, the dispatcher for an event an `overflow: { url }` target told
-//! to wait (README: "Overflow to an HTTP target").
+//! to wait (docs/design.md: "Overflow to an HTTP target").
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use envconfig::Envconfig;
 
 use crate::task_batches::TaskBatching;
 
-/// Cloud Tasks settings (README: "Settings").
+/// Cloud Tasks settings (docs/operations.md: "Settings").
 #[derive(Debug, Clone, Envconfig)]
 pub struct TaskSettings {
     /// The Cloud Tasks stand-in's URL; unset for the real service.

@@ -1,4 +1,4 @@
-//! Redis-side figures for `./run bench` (README: "Benchmarks"), printed, never asserted, all in one
+//! Redis-side figures for `./run bench` (docs/capacity.md: "Benchmarks"), printed, never asserted, all in one
 //! run on one private Redis (DRIP_BENCH_REDIS_URL, which it FLUSHALLs; `./run bench` starts one), so
 //! ratios compare:
 //!

@@ -1,7 +1,7 @@
 //! Redis key names, known nowhere outside this crate. Every key of one entity shares the hash tag
 //! `{rule|key}`, so one script call touches one cluster slot (Memorystore for Redis Cluster runs
 //! it unchanged). A rule that draws from a shared budget keeps its entities under the budget's tag
-//! instead (`{b:<tag>}`), with the budget: one group of budgets, one slot (README: "Shared budgets").
+//! instead (`{b:<tag>}`), with the budget: one group of budgets, one slot (docs/rules.md: "Shared budgets").
 
 use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule, Window};
