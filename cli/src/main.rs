@@ -17,6 +17,7 @@ mod limits;
 mod output;
 mod plot;
 mod rules_cmd;
+mod schema;
 mod simulate;
 mod summary;
 mod transport;
@@ -49,6 +50,8 @@ enum Command {
     Rules(rules_cmd::Args),
     /// Dead letters: `replay` publishes their events again, idempotently.
     Dlq(dlq::Args),
+    /// Print the JSON Schema of the rules file or of an enriched overflow message.
+    Schema(schema::Args),
 }
 
 fn main() -> ExitCode {
@@ -61,5 +64,6 @@ fn main() -> ExitCode {
         Command::Limits(args) => limits::run(args),
         Command::Rules(args) => rules_cmd::run(args),
         Command::Dlq(args) => dlq::run(args),
+        Command::Schema(args) => schema::run(args),
     }
 }

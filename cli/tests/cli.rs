@@ -810,3 +810,50 @@ async fn dlq_replay_publishes_the_events_of_the_dead_letters_a_filter_picks() {
     kept.sort();
     assert_eq!(kept, ["m3", "m4"], "what the filters left stays on the dead-letter subscription");
 }
+
+/// `drip schema` prints the schemas `docs/schemas/` holds (`DRIP_BLESS=1` rewrites them after a
+/// deliberate change), every example rules file is valid under the rules schema, and a file with
+/// an unknown field or a wrongly typed one is not.
+#[test]
+fn the_schemas_are_current_and_every_example_fits_the_rules_schema() {
+    for which in ["rules", "overflow"] {
+        let output = drip(&["schema", which]);
+        assert!(output.status.success(), "{output:?}");
+        let path = repo(&format!("docs/schemas/{which}.schema.json"));
+        if std::env::var_os("DRIP_BLESS").is_some() {
+            std::fs::write(&path, &output.stdout).unwrap();
+        }
+        assert_eq!(
+            stdout(&output),
+            std::fs::read_to_string(&path).unwrap(),
+            "{} is stale: DRIP_BLESS=1",
+            path.display()
+        );
+    }
+    let schema: serde_json::Value = serde_json::from_slice(&drip(&["schema", "rules"]).stdout).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 3, "{examples:?}");
+    for example in &examples {
+        let rules: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(example).unwrap()).unwrap();
+        let errors: Vec<String> =
+            validator.iter_errors(&rules).map(|e| format!("{} at {}", e, e.instance_path)).collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", example.display());
+    }
+    let valid: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(repo("examples/seed.yaml")).unwrap()).unwrap();
+    let mut unknown = valid.clone();
+    unknown["rules"][0]["max_dealy"] = "2h".into();
+    assert!(!validator.is_valid(&unknown), "a misspelt field");
+    let mut mistyped = valid.clone();
+    mistyped["rules"][0]["limits"][0]["limit"] = "100".into();
+    assert!(!validator.is_valid(&mistyped), "a count as a string");
+    let mut missing = valid;
+    missing["rules"][0].as_object_mut().unwrap().remove("key");
+    assert!(!validator.is_valid(&missing), "a rule without its key");
+}

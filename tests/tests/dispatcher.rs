@@ -171,6 +171,10 @@ async fn publishes_the_enriched_event_with_its_attributes_once() {
     assert_eq!(message.attributes["drip-scheduled-for"], body.rate_limit_meta.scheduled_for);
     assert_eq!(message.attributes["event_type"], "payout");
     let enriched: Value = serde_json::from_slice(&message.data).unwrap();
+    let schema = drip_core::overflow::schema();
+    let errors: Vec<String> =
+        jsonschema::validator_for(&schema).unwrap().iter_errors(&enriched).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "the message fits `drip schema overflow`: {errors:?}");
     assert_eq!(enriched["isRatelimited"], true);
     assert_eq!(enriched["rateLimitMeta"]["overflowTopic"], format!("{}-overflow", t.prefix));
     assert!(

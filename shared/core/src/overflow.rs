@@ -58,24 +58,49 @@ impl TaskPayload {
     }
 }
 
-/// The task body as JSON has it: the payload is whichever of the three fields is present.
-#[derive(Serialize, Deserialize)]
+/// The task body as JSON has it: the payload is whichever of the three fields is present. It is
+/// also the body of an overflow message of a rule with `overflow_format: enriched` (the payload
+/// then inline), whose JSON Schema `drip schema overflow` prints.
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(bound = "", title = "Drip overflow message (overflow_format: enriched)")]
 struct WireTaskBody<J, S, M, A> {
+    /// Always true: the event was delayed by Drip.
     is_ratelimited: bool,
+    /// Which rule and key delayed it, and until when.
+    #[schemars(with = "RateLimitMeta")]
     rate_limit_meta: M,
+    /// The event's data, when it is JSON, verbatim (at most one of the three payload fields).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Value>")]
     original_payload: Option<J>,
+    /// The event's data, when it is not JSON, base64-encoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     original_payload_base64: Option<S>,
+    /// In a task only: the data waits in Redis under this reference (too large for a task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     claim_check: Option<S>,
+    /// The event's own attributes, as it was published.
+    #[schemars(with = "BTreeMap<String, String>")]
     attributes: A,
+    /// The id Pub/Sub gave the event (unique within its topic).
+    #[schemars(with = "String")]
     message_id: S,
+    /// The subscription it came through: with `messageId`, the event's identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     subscription: Option<S>,
+    /// When the event was published (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     publish_time: Option<S>,
+}
+
+/// The JSON Schema of an enriched overflow message's body (`drip schema overflow`).
+pub fn schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(OwnedWireTaskBody)).unwrap_or_default()
 }
 
 type OwnedWireTaskBody = WireTaskBody<Box<RawValue>, String, RateLimitMeta, BTreeMap<String, String>>;
@@ -135,18 +160,23 @@ impl Serialize for TaskBody {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RateLimitMeta {
+    /// The key the rule gave the event.
     pub key: String,
+    /// The rule's name.
     pub rule: String,
     /// The rule's `id`, when it is not its name: what the task's Redis keys hang on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule_id: Option<String>,
     /// `RPS`, `RPM`, `RPD`... of the rule's first limit.
     pub window_type: String,
+    /// The count of the rule's first limit.
     pub limit: u64,
+    /// The slot the event was given (RFC 3339).
     pub scheduled_for: String,
+    /// The topic it is published on.
     pub overflow_topic: String,
     /// The event's cost, for a new slot the dispatcher reserves (an `overflow: { url }` that
     /// answered 429); absent in tasks made before it existed (cost 1).
