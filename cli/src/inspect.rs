@@ -58,8 +58,11 @@ fn render(report: &EntityReport) -> String {
     let mut out = format!("rule       {}\nkey        {}\nnow        {}\n", report.rule, report.key, report.now);
     out += &format!("last slot  {}\n", report.last_slot.as_deref().unwrap_or("none remembered (idle)"));
     match &report.drains_at {
-        Some(at) => out += &format!("backlog    ~{} ahead, drains at {at}\n", report.backlog),
+        Some(at) => out += &format!("backlog    {} events ahead, drains at {at}\n", report.backlog),
         None => out += "backlog    none\n",
+    }
+    for why in &report.waiting_on {
+        out += &format!("waiting    {why}\n");
     }
     out += "limits\n";
     for limit in &report.limits {

@@ -231,7 +231,8 @@ fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>)
     assert_eq!(report["backlog"], 150, "100 now, 100 next minute, 50 the one after: {report}");
     assert!(report["drainsAt"].as_str().unwrap().ends_with(":00.000Z"));
     let text = inspect(&[]);
-    assert!(stdout(&text).contains("backlog    ~150 ahead, drains at"), "{}", stdout(&text));
+    assert!(stdout(&text).contains("backlog    150 events ahead, drains at"), "{}", stdout(&text));
+    assert!(stdout(&text).contains("waiting    100 per 1m (fixed): full (100 of 100) until"), "{}", stdout(&text));
 }
 
 #[test]
@@ -609,7 +610,7 @@ async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api(
         let body = drip_tests::push_envelope(
             id,
             "projects/drip-test/subscriptions/s",
-            "2026-08-03T12:00:01.000Z",
+            drip_tests::publish_time(),
             &attributes,
             br#"{"merchant":7}"#,
         );

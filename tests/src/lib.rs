@@ -20,6 +20,14 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// The body Pub/Sub pushes for one message (the wrapped push format).
+/// A publish time for the pushes a test makes itself: this process's start, the same for every
+/// push (so a redelivery is filed with its first delivery) and recent, as Pub/Sub's are.
+pub fn publish_time() -> &'static str {
+    static AT: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis()));
+    &AT
+}
+
 pub fn push_envelope(
     id: &str,
     subscription: &str,

@@ -177,7 +177,7 @@ struct Harness {
 
 fn envelope(id: &str, subscription: &str, attributes: &BTreeMap<String, String>, data: &[u8]) -> Vec<u8> {
     let pairs: Vec<(&str, &str)> = attributes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    drip_tests::push_envelope(id, subscription, "2026-08-03T12:00:01.000Z", &pairs, data)
+    drip_tests::push_envelope(id, subscription, drip_tests::publish_time(), &pairs, data)
 }
 
 fn attrs(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -124,7 +124,7 @@ async fn with_a_backlog(merchant: u32) -> Test {
 }
 
 fn envelope(id: &str, attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
-    drip_tests::push_envelope(id, SUBSCRIPTION, "2026-08-03T12:00:01.000Z", attributes, data)
+    drip_tests::push_envelope(id, SUBSCRIPTION, drip_tests::publish_time(), attributes, data)
 }
 
 impl Test {

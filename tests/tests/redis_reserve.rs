@@ -749,3 +749,50 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
     assert_eq!(slots, [t0, noon + MINUTE, noon + 2 * MINUTE, t0]);
     assert!(lua[3].replayed(), "{:?}", lua[3]);
 }
+
+/// `inspect`'s backlog is exact whatever the limits: 350 payouts into `examples/payouts.yaml`
+/// (three fixed limits, 10 a second binding first) leave 340 waiting, and both stores say
+/// exactly how many hold a slot after the moment they report, as the reservations themselves
+/// do. They also say why a new event would wait: the full limit, with when its window ends.
+#[test]
+fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rules = drip_core::rules::RuleSet::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/payouts.yaml"
+    )))
+    .unwrap();
+    let mut rule = rules.rule("payouts").unwrap().clone();
+    rule.id = unique("exact");
+    let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
+    let memory = MemoryStore::new();
+    for store in [&redis as &dyn Store, &memory] {
+        let published = drip_core::time::wall_clock_millis();
+        let mut slots = Vec::new();
+        for i in 0..350 {
+            let id = format!("p{i}");
+            let request =
+                SlotRequest { published: Some(published), ..SlotRequest::for_rule(&rule, "merchant_7", &id, 1, None) };
+            let reserved = runtime.block_on(store.reserve(&request)).unwrap();
+            runtime.block_on(store.complete(&request, &reserved)).unwrap();
+            slots.push(reserved.reservation.slot);
+        }
+        let report = runtime.block_on(store.inspect(&rule, "merchant_7")).unwrap();
+        let now = drip_core::time::parse_rfc3339(&report.now).unwrap();
+        let ahead = slots.iter().filter(|&&slot| slot > now).count() as u64;
+        assert!(ahead >= 330, "about 340 wait: {ahead}");
+        assert_eq!(report.backlog, ahead, "{store:?}: exactly the events whose slot is after {}", report.now);
+        let again = runtime.block_on(store.reserve(&SlotRequest {
+            published: Some(published),
+            ..SlotRequest::for_rule(&rule, "merchant_7", "p0", 1, None)
+        }));
+        assert_eq!(again.unwrap().reservation.slot, slots[0], "a redelivery changes nothing");
+        assert!(runtime.block_on(store.inspect(&rule, "merchant_7")).unwrap().backlog <= ahead, "nothing added");
+        assert!(
+            report.waiting_on.iter().any(|w| w.starts_with("10 per 1s (fixed): full (10 of 10) until")
+                || w.starts_with("100 per 1m (fixed): full (100 of 100) until")),
+            "{:?}",
+            report.waiting_on
+        );
+    }
+}

@@ -400,6 +400,13 @@ impl Scheduler {
         }
     }
 
+    /// How many of the entity's events hold a slot after `now`: its backlog, exactly (each
+    /// reserved event's answer names its slot).
+    pub fn booked_after(&self, rule: &str, key: &str, now: Millis) -> u64 {
+        let Some(entity) = self.entities.get(&(rule.to_owned(), key.to_owned())) else { return 0 };
+        entity.answers.values().filter(|a| a.status == Status::Reserved && a.slot > now).count() as u64
+    }
+
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
         self.entities.get(&(rule.to_owned(), key.to_owned())).map(|e| &e.state)
     }

@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::keys::field;
 use crate::{EntityKeys, RuleRef, StoreError};
 
+/// Pub/Sub keeps a message at most 31 days: none published earlier can still be delivered.
+const PUBSUB_RETENTION: Millis = 31 * drip_core::time::DAY;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EntityReport {
@@ -24,7 +27,7 @@ pub struct EntityReport {
     pub now: String,
     /// The latest slot reserved for this entity, if any is remembered.
     pub last_slot: Option<String>,
-    /// Estimated cost reserved at times after now.
+    /// Events that hold a slot after now: exact, from their answers.
     pub backlog: u64,
     /// When the last reserved event goes (None: nothing is waiting).
     pub drains_at: Option<String>,
@@ -37,6 +40,9 @@ pub struct EntityReport {
     pub adaptive_level: Option<f64>,
     /// The shared budgets the rule draws from, as everyone sees them.
     pub budgets: Vec<BudgetReport>,
+    /// Why a new event would wait now: each pause, full limit (of the key or of a budget) and
+    /// lowered adaptive level, with until when where the state says.
+    pub waiting_on: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,7 +77,8 @@ pub struct LimitReport {
     pub used_now: u64,
     /// The count in force now: the rule's, or this entity's override.
     pub capacity: u64,
-    /// Estimated cost this limit holds after now.
+    /// Cost this limit holds in its windows after now: an estimate from its state (exact for a
+    /// fixed limit whose windows FIFO filled; the entity's `backlog` is the exact event count).
     pub ahead: u64,
 }
 
@@ -86,7 +93,34 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         for budget in &rule.budgets {
             budgets.push((budget.clone(), self.budget_state(budget).await?));
         }
-        Ok(report(rule, key, now, &state, &budgets))
+        let booked = self.booked_after(rule, key, now).await?;
+        Ok(report(rule, key, now, &state, &budgets, booked))
+    }
+
+    /// How many of the entity's events hold a slot after `now`, exactly: the reserved answers
+    /// whose slot is ahead, in every publication minute a waiting event can be filed under and
+    /// the undated ones. A waiting event was decided within `max_delay` of now and published at
+    /// most Pub/Sub's longest retention (31 days) before that. About 45,000 `HVALS` pipelined,
+    /// most of them of no hash: only `inspect` does it, never a reservation.
+    pub async fn booked_after(&self, rule: &Rule, key: &str, now: Millis) -> Result<u64, StoreError> {
+        let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
+        let first = (now - rule.max_delay - PUBSUB_RETENTION).div_euclid(crate::ANSWER_BUCKET);
+        let last = now.div_euclid(crate::ANSWER_BUCKET) + 1;
+        let files: Vec<(String, Millis)> =
+            std::iter::once(None).chain((first..=last).map(Some)).map(|m| keys.answers_of(m)).collect();
+        let mut booked = 0;
+        for chunk in files.chunks(500) {
+            let mut pipe = redis::pipe();
+            for (answers, _) in chunk {
+                pipe.cmd("HVALS").arg(answers);
+            }
+            let values: Vec<Vec<String>> = pipe.query_async(&mut self.connection()).await?;
+            for ((_, base), answers) in chunk.iter().zip(values) {
+                let ahead = answers.iter().filter_map(|a| field::reserved_slot(a, *base)).filter(|&slot| slot > now);
+                booked += ahead.count() as u64;
+            }
+        }
+        Ok(booked)
     }
 
     /// The entity's last slot (its FIFO frontier), if it remembers one.
@@ -189,7 +223,8 @@ pub(crate) fn report(
     key: &str,
     now: Millis,
     state: &EntityState,
-    budgets: &[(Arc<Budget>, BudgetState)],
+    budgets_in: &[(Arc<Budget>, BudgetState)],
+    booked: u64,
 ) -> EntityReport {
     let mut limits = Vec::new();
     let overrides = override_reports(rule, &state.overrides, now);
@@ -239,18 +274,68 @@ pub(crate) fn report(
     }
     let last_slot = state.last_slot;
     let waiting = last_slot.filter(|&slot| slot > now);
+    let budgets: Vec<BudgetReport> = budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
+    let paused_until = state.paused_until.filter(|&until| until > now).map(format_rfc3339);
+    let mut waiting_on = Vec::new();
+    if let Some(until) = &paused_until {
+        waiting_on.push(format!("paused until {until}: the downstream said to wait"));
+    }
+    let full_until = |limit: &Limit| match limit.window() {
+        Window::Fixed(_) => format!(" until {}", format_rfc3339((now.div_euclid(limit.per()) + 1) * limit.per())),
+        _ => String::new(),
+    };
+    for (limit, report) in rule.limits.iter().zip(&limits) {
+        if report.capacity > 0 && report.used_now >= report.capacity {
+            waiting_on.push(format!(
+                "{}: full ({} of {}){}",
+                report.limit,
+                report.used_now,
+                report.capacity,
+                full_until(limit)
+            ));
+        }
+    }
+    if let (Some(adaptive), Some(level)) = (rule.adaptive, level)
+        && level < adaptive.ceiling()
+    {
+        waiting_on.push(format!(
+            "adaptive level {:.3}: each count is lowered after the downstream's overload",
+            level as f64 / PPM as f64
+        ));
+    }
+    for ((budget, _), report) in budgets_in.iter().zip(&budgets) {
+        if let Some(until) = &report.paused_until {
+            waiting_on.push(format!("budget {}: paused until {until}", report.name));
+        }
+        for (limit, l) in budget.limits.iter().zip(&report.limits) {
+            if l.capacity > 0 && l.used_now >= l.capacity {
+                waiting_on.push(format!(
+                    "budget {}: {} full ({} of {}, everyone's){}",
+                    report.name,
+                    l.limit,
+                    l.used_now,
+                    l.capacity,
+                    full_until(limit)
+                ));
+            }
+        }
+    }
+    if waiting_on.is_empty() && booked > 0 {
+        waiting_on.push(format!("{booked} events booked ahead of a new one (FIFO)"));
+    }
     EntityReport {
         rule: rule.name.clone(),
         key: key.to_owned(),
         now: format_rfc3339(now),
         last_slot: last_slot.map(format_rfc3339),
-        backlog: if waiting.is_some() { limits.iter().map(|l| l.ahead).max().unwrap_or(0).max(1) } else { 0 },
+        backlog: booked,
         drains_at: waiting.map(format_rfc3339),
         limits,
         overrides,
-        paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
+        paused_until,
         adaptive_level: level.map(|level| level as f64 / PPM as f64),
-        budgets: budgets.iter().map(|(budget, held)| budget_report(budget, held, now)).collect(),
+        budgets,
+        waiting_on,
     }
 }
 

@@ -89,6 +89,18 @@ impl EntityKeys {
     }
 }
 
+impl EntityKeys {
+    /// The entity's answers hash of publication minute `minute` (`None`: the undated answers),
+    /// and the base its times are relative to.
+    pub fn answers_of(&self, minute: Option<Millis>) -> (String, Millis) {
+        let prefix = self.state.strip_suffix(":state").unwrap_or(&self.state);
+        match minute {
+            Some(minute) => (format!("{prefix}:a:{minute}"), minute * ANSWER_BUCKET),
+            None => (format!("{prefix}:a:u"), 0),
+        }
+    }
+}
+
 /// A shared budget's hash (its calendar, pause and adaptive level), under its group's tag.
 pub fn budget_key(namespace: &str, budget: &Budget) -> String {
     format!("{namespace}:{{b:{}}}:budget:{}", budget.tag, budget.name)
@@ -228,6 +240,13 @@ pub mod field {
     pub fn parse_adaptive(text: &str) -> Option<AdaptiveState> {
         let (level, window) = text.split_once(':')?;
         Some(AdaptiveState { level: level.parse().ok()?, window: window.parse().ok()? })
+    }
+
+    /// The slot of a reserved event's answer (`R<slot>:...`, relative to `base`); `None` for a
+    /// dead-lettered one (`L`, `C`).
+    pub fn reserved_slot(answer: &str, base: Millis) -> Option<Millis> {
+        let slot = answer.strip_prefix('R')?.split(':').next()?;
+        Some(base + slot.parse::<Millis>().ok()?)
     }
 
     /// A completed answer, `<R|L|C><slot>:<decided>:d`, times relative to the answers' `base` (the

@@ -154,6 +154,11 @@ impl MemoryStore {
         self.with(|s| s.entity_state(rule, key).cloned())
     }
 
+    /// As `RedisStore::booked_after`, on the model.
+    pub fn booked_after(&self, rule: &str, key: &str, now: Millis) -> u64 {
+        self.with(|s| s.booked_after(rule, key, now))
+    }
+
     /// As `RedisStore::set_override`, on the model.
     pub fn set_override(&self, rule: &str, key: &str, limit: &Limit, set: LimitOverride) -> Option<LimitOverride> {
         self.with(|s| s.set_override(rule, key, &override_id(limit), set))

@@ -221,7 +221,9 @@ impl Store for MemoryStore {
         let state = self.entity_state(&rule.id, key).unwrap_or_default();
         let budgets: Vec<_> =
             rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default())).collect();
-        Box::pin(async move { Ok(report(rule, key, wall_clock_millis(), &state, &budgets)) })
+        let now = wall_clock_millis();
+        let booked = self.booked_after(&rule.id, key, now);
+        Box::pin(async move { Ok(report(rule, key, now, &state, &budgets, booked)) })
     }
 
     fn change_override<'a>(
