@@ -713,6 +713,19 @@ async fn health_readiness_and_metrics() {
     assert!(metrics.contains(&format!(r#"drip_decisions_total{{rule="{rule}",outcome="forward"}} 1"#)), "{metrics}");
     assert!(metrics.contains(r#"drip_dependency_call_seconds_count{dependency="redis",result="ok"}"#), "{metrics}");
     assert!(metrics.contains("drip_delay_seconds_bucket"), "{metrics}");
+    let value = |name: &str| -> f64 {
+        let line =
+            metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("process_resident_memory_bytes") > 1e6, "the process's own figures too");
+    assert!(value("process_cpu_seconds_total") > 0.0);
+    assert!(value("process_open_fds") >= 3.0 && value("process_threads") >= 1.0);
+    let started = value("process_start_time_seconds");
+    let now = drip_core::time::wall_clock_millis() as f64 / 1_000.0;
+    assert!(now - started < 3_600.0 && started <= now + 1.0, "started {started}, now {now}");
+    assert_eq!(metrics.matches("# EOF").count(), 1, "one exposition");
+    assert!(metrics.trim_end().ends_with("# EOF"));
 }
 
 #[tokio::test]
