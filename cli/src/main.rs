@@ -1,6 +1,5 @@
 //! `drip`: check rules files and simulate schedules.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -32,10 +31,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Validate rules files: prints `ok`, or every error (file, rule, field, reason) and exits 1.
-    CheckConfig {
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
+    CheckConfig(check_config::Args),
     /// Run an event file through the scheduler and print one decision per event (JSON lines).
     Simulate(simulate::Args),
     /// Publish a burst onto a running local stack (see `./run demo`) and watch it drain.
@@ -56,7 +52,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::CheckConfig { files } => check_config::run(&files),
+        Command::CheckConfig(args) => check_config::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Feedback(args) => feedback::run(args),

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use drip_core::rules::RuleSet;
 use drip_core::rules_diff::{Safety, diff};
 
+use crate::output::{Output, Printed};
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -22,11 +24,14 @@ enum RulesCommand {
         /// Exit 1 when any edit needs care (for CI before a rules change is applied).
         #[arg(long)]
         check: bool,
+        /// `table` (a line per edit) or `json` (each rule's edits with their safety).
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let RulesCommand::Diff { old, new, check } = args.command;
+    let RulesCommand::Diff { old, new, check, output } = args.command;
     let load = |path: &PathBuf| RuleSet::load(path).map_err(|errors| format!("{errors}"));
     let (old, new) = match (load(&old), load(&new)) {
         (Ok(old), Ok(new)) => (old, new),
@@ -36,17 +41,29 @@ pub fn run(args: Args) -> ExitCode {
         }
     };
     let diffs = diff(&old, &new);
-    if diffs.is_empty() {
-        println!("no rule changes");
-        return ExitCode::SUCCESS;
-    }
-    let mut needs_care = false;
+    let needs_care = diffs.iter().flat_map(|r| &r.edits).any(|e| e.safety == Safety::NeedsCare);
+    let mut table = String::new();
     for rule in &diffs {
-        println!("{} (id {})", rule.name, rule.id);
+        table += &format!("{} (id {})\n", rule.name, rule.id);
         for edit in &rule.edits {
-            needs_care |= edit.safety == Safety::NeedsCare;
-            println!("  {:<11} {}", edit.safety.to_string(), edit.what);
+            table += &format!("  {:<11} {}\n", edit.safety.to_string(), edit.what);
         }
     }
+    if diffs.is_empty() {
+        table = "no rule changes\n".into();
+    }
+    let rules: Vec<_> = diffs
+        .iter()
+        .map(|rule| {
+            let edits: Vec<_> = rule
+                .edits
+                .iter()
+                .map(|e| serde_json::json!({"safety": e.safety.to_string(), "what": e.what}))
+                .collect();
+            serde_json::json!({"id": rule.id, "name": rule.name, "edits": edits})
+        })
+        .collect();
+    let json = serde_json::json!({"needsCare": needs_care, "rules": rules});
+    print!("{}", Printed { table, json }.render(output));
     if check && needs_care { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

@@ -17,6 +17,7 @@ use drip_store::{Batching, MemoryStore, RedisStore, SlotRequest, Store};
 use serde::Deserialize;
 
 use crate::decisions::{Outcome, Scheduled};
+use crate::output::Output;
 use crate::{plot, summary};
 
 #[derive(Debug, clap::Args)]
@@ -43,6 +44,9 @@ pub struct Args {
     batch: usize,
     #[command(flatten)]
     connection: crate::connect::RedisArgs,
+    /// `json` (a JSON line per decision) or `table` (a line per decision).
+    #[arg(long, value_enum, default_value_t = Output::Json)]
+    output: Output,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,7 +88,22 @@ fn simulate(args: &Args) -> anyhow::Result<()> {
     })?;
     let mut stdout = std::io::stdout().lock();
     for outcome in &outcomes {
-        serde_json::to_writer(&mut stdout, outcome)?;
+        match args.output {
+            Output::Json => serde_json::to_writer(&mut stdout, outcome)?,
+            Output::Table => {
+                let show = |v: Option<&str>| v.unwrap_or("-").to_owned();
+                let at = outcome.scheduled_for.as_deref().or(outcome.reason);
+                write!(
+                    stdout,
+                    "{:<12} {:<20} {:<28} {:<9} {}",
+                    outcome.id,
+                    show(outcome.rule.as_deref()),
+                    show(outcome.key.as_deref()),
+                    outcome.decision,
+                    show(at)
+                )?;
+            }
+        }
         writeln!(stdout)?;
     }
     eprint!("{}", summary::render(&rules, &outcomes));

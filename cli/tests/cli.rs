@@ -48,6 +48,19 @@ fn check_config_prints_every_error_and_fails() {
         stdout(&output).replace(&format!("{}", fixtures.display()), "").replace("/several_errors", "several_errors");
     assert_eq!(printed.trim_end(), expected.trim_end());
     assert_eq!(printed.lines().count(), 4);
+    let good = repo("examples/seed.yaml");
+    let json = drip(&["check-config", "--output", "json", file.to_str().unwrap(), good.to_str().unwrap()]);
+    assert_eq!(json.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["files"][0]["errors"].as_array().unwrap().len(), 4, "{report}");
+    assert!(
+        report["files"][0]["errors"][0]["field"].is_string() && report["files"][0]["errors"][0]["message"].is_string()
+    );
+    assert_eq!(
+        (report["files"][1]["ok"].clone(), report["files"][1]["errors"].clone()),
+        (true.into(), serde_json::json!([]))
+    );
 }
 
 fn simulate(store: &str, extra: &[&str]) -> Output {
@@ -92,6 +105,17 @@ fn simulate_prints_the_seed_schedule_and_redis_prints_exactly_the_same() {
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("limit 100") && svg.contains("merchant_8421:payout"));
     std::fs::remove_file(chart).unwrap();
+    let table = simulate("memory", &["--output", "table"]);
+    let rows: Vec<String> =
+        stdout(&table).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(rows.len(), 500);
+    let first = &lines[0];
+    let row = format!(
+        "{} payouts merchant_8421:payout forward {}",
+        first["id"].as_str().unwrap(),
+        first["scheduledFor"].as_str().unwrap()
+    );
+    assert_eq!(rows[0], row, "a line per decision, as the JSON says");
 
     let namespace = unique("simulate");
     let redis = simulate(&shared_url(), &["--namespace", &namespace]);
@@ -502,6 +526,14 @@ fn rules_diff_says_which_edits_need_care() {
     );
     let without_check = drip(&["rules", "diff", old.to_str().unwrap(), rekeyed.to_str().unwrap()]);
     assert!(without_check.status.success());
+    let json = drip(&["rules", "diff", old.to_str().unwrap(), rekeyed.to_str().unwrap(), "--output", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["needsCare"], true, "{report}");
+    let edits = report["rules"][0]["edits"].as_array().unwrap();
+    assert!(
+        edits.iter().any(|e| e["safety"] == "needs care" && e["what"].as_str().unwrap().starts_with("key ")),
+        "{report}"
+    );
 }
 
 #[test]
