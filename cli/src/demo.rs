@@ -573,6 +573,8 @@ fn draw_feedback_chart(
     finish(chart, &root)
 }
 
+/// One panel per merchant, one above the other on a shared time axis (their curves coincide when
+/// drawn together): each merchant's arrivals (faint), deliveries and the limit's line.
 fn draw_chart(
     path: &std::path::Path,
     burst: &Burst,
@@ -586,18 +588,32 @@ fn draw_chart(
     let top = (merchants.iter().map(|m| merchant_of.values().filter(|v| *v == m).count()).max().unwrap_or(1) as f64
         * 1.1)
         .max(1.0);
-    let root = SVGBackend::new(path, (1100, 560)).into_drawing_area();
-    let caption = format!("Arrivals vs deliveries per merchant (limit {limit} per {} s)", per as f64 / 1e3);
-    let mut chart = seconds_chart(&root, &caption, (end, top))?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since the burst was published")
-        .y_desc("events (cumulative)")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .draw()?;
     let colors = crate::plot::KEY_COLORS;
-    for (index, merchant) in merchants.iter().enumerate().take(colors.len()) {
+    let drawn = merchants.len().clamp(1, colors.len());
+    let root = SVGBackend::new(path, (1100, 60 + 190 * drawn as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut caption =
+        format!("Arrivals vs deliveries, one merchant a panel (limit {limit} per {} s)", per as f64 / 1e3);
+    if merchants.len() > drawn {
+        caption.push_str(&format!("; {} more merchants not drawn", merchants.len() - drawn));
+    }
+    let (title, body) = root.split_vertically(44);
+    title.titled(&caption, ("sans-serif", 20))?;
+    let slope = limit as f64 / (per as f64 / 1e3);
+    for (index, (area, merchant)) in body.split_evenly((drawn, 1)).iter().zip(merchants).enumerate() {
         let color = colors[index];
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("merchant {merchant}"), ("sans-serif", 15))
+            .margin(8)
+            .x_label_area_size(if index + 1 == drawn { 36 } else { 18 })
+            .y_label_area_size(52)
+            .build_cartesian_2d(0f64..end, 0f64..top)?;
+        let mut mesh = chart.configure_mesh();
+        mesh.y_desc("events").y_labels(4).y_label_formatter(&|v| format!("{v:.0}"));
+        if index + 1 == drawn {
+            mesh.x_desc("seconds since the burst was published");
+        }
+        mesh.draw()?;
         let mut arrivals: Vec<f64> = merchant_of
             .iter()
             .filter(|(_, m)| *m == merchant)
@@ -617,21 +633,30 @@ fn draw_chart(
             points.push((end, times.len() as f64));
             points
         };
-        chart.draw_series(LineSeries::new(steps(&arrivals), color.mix(0.35).stroke_width(2)))?;
+        chart
+            .draw_series(LineSeries::new(steps(&arrivals), color.mix(0.35).stroke_width(2)))?
+            .label("arrived")
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.mix(0.35).stroke_width(2)));
         chart
             .draw_series(LineSeries::new(steps(&delivered), color.stroke_width(2)))?
-            .label(format!("merchant {merchant}: delivered (faint: arrived)"))
+            .label("delivered")
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, limit as f64), (end, limit as f64 + slope * end)],
+                BLACK.mix(0.6).stroke_width(1),
+            ))?
+            .label(format!("the limit: {limit} at once, then {slope:.0} per second"))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .draw()?;
     }
-    let slope = limit as f64 / (per as f64 / 1e3);
-    chart
-        .draw_series(LineSeries::new(
-            [(0.0, limit as f64), (end, limit as f64 + slope * end)],
-            BLACK.mix(0.6).stroke_width(1),
-        ))?
-        .label(format!("the limit: {limit} at once, then {slope:.0} per second"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
-    finish(chart, &root)
+    root.present()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -644,6 +669,35 @@ mod tests {
     struct Command {
         #[command(flatten)]
         demo: Args,
+    }
+
+    /// The chart draws each merchant in a panel of its own (drawn together their curves, all at
+    /// the same limit, fall on one line): a caption, both curves and the limit in each.
+    #[test]
+    fn the_chart_gives_each_merchant_a_panel_of_its_own() {
+        let merchants: Vec<String> = ["m001", "m002", "m003"].map(String::from).into();
+        let (mut merchant_of, mut published_at, mut deliveries) = (HashMap::new(), HashMap::new(), HashMap::new());
+        for i in 0..30 {
+            let (id, merchant) = (format!("e{i}"), merchants[i % 3].clone());
+            merchant_of.insert(id.clone(), merchant.clone());
+            published_at.insert(id.clone(), 10);
+            let delivered_at = 1_000 * (i as Millis / 6);
+            deliveries.insert(id, Delivery { merchant, route: "ready", scheduled_for: delivered_at, delivered_at });
+        }
+        let burst = Burst { merchants, merchant_of, published_at, started: 0 };
+        let path = std::env::temp_dir().join(format!("drip-demo-chart-{}.svg", std::process::id()));
+        let limit =
+            drip_core::rules::Limit::new(2, 1_000, drip_core::rules::Window::Fixed(drip_core::rules::Placement::Start))
+                .unwrap();
+        draw_chart(&path, &burst, &deliveries, limit).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        for merchant in ["m001", "m002", "m003"] {
+            assert_eq!(svg.matches(&format!("merchant {merchant}")).count(), 1, "a panel of its own: {merchant}");
+        }
+        assert_eq!(svg.matches("\ndelivered\n").count(), 3, "each panel says which curve is which");
+        assert_eq!(svg.matches("\narrived\n").count(), 3);
+        assert_eq!(svg.matches("the limit: 2 at once").count(), 3);
     }
 
     /// A rules file whose key the demo's events do not carry dead-letters every event: that is a
