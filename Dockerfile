@@ -6,6 +6,7 @@ FROM rust:1.95-slim-bookworm AS builder
 WORKDIR /src
 # Dependencies first, in their own layer: manifests and empty targets, built once per lock change.
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY shared/batch/Cargo.toml shared/batch/
 COPY shared/core/Cargo.toml shared/core/
 COPY shared/store/Cargo.toml shared/store/
 COPY shared/gcp/Cargo.toml shared/gcp/
@@ -13,14 +14,15 @@ COPY shared/service/Cargo.toml shared/service/
 COPY functions/limiter/Cargo.toml functions/limiter/
 COPY functions/dispatcher/Cargo.toml functions/dispatcher/
 COPY cli/Cargo.toml cli/
+COPY tools/demo/Cargo.toml tools/demo/
 COPY tests/Cargo.toml tests/
 COPY tests/cloud-tasks-emulator/Cargo.toml tests/cloud-tasks-emulator/
 COPY tests/pubsub-emulator-client/Cargo.toml tests/pubsub-emulator-client/
-RUN for crate in shared/core shared/store shared/gcp shared/service functions/limiter functions/dispatcher cli tests tests/cloud-tasks-emulator tests/pubsub-emulator-client; do \
+RUN for crate in shared/batch shared/core shared/store shared/gcp shared/service functions/limiter functions/dispatcher cli tools/demo tests tests/cloud-tasks-emulator tests/pubsub-emulator-client; do \
       mkdir -p "$crate/src" && echo 'fn main() {}' > "$crate/src/main.rs" && touch "$crate/src/lib.rs"; \
     done \
  && cargo build --release --locked -p drip-limiter -p drip-dispatcher -p drip-cli \
- && rm -rf shared functions cli tests
+ && rm -rf shared functions cli tools tests
 COPY . .
 RUN touch shared/*/src/lib.rs functions/*/src/*.rs cli/src/*.rs \
  && cargo build --release --locked -p drip-limiter -p drip-dispatcher -p drip-cli

@@ -8,7 +8,6 @@ mod api;
 mod check_config;
 mod connect;
 mod decisions;
-mod demo;
 mod dlq;
 mod feedback;
 mod inspect;
@@ -34,8 +33,6 @@ enum Command {
     CheckConfig(check_config::Args),
     /// Run an event file through the scheduler and print one decision per event (JSON lines).
     Simulate(simulate::Args),
-    /// Publish a burst onto a running local stack (see `./run demo`) and watch it drain.
-    Demo(demo::Args),
     /// Show what the limiter holds for one entity: use of each limit, backlog, when it drains.
     Inspect(inspect::Args),
     /// Report a downstream's answer (429, 503 with Retry-After, ...) to the limiter (--api).
@@ -56,7 +53,6 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Feedback(args) => feedback::run(args),
-        Command::Demo(args) => demo::run(args),
         Command::Limits(args) => limits::run(args),
         Command::Rules(args) => rules_cmd::run(args),
         Command::Dlq(args) => dlq::run(args),

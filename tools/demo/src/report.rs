@@ -1,0 +1,121 @@
+//! The summary at the end, and whether the demo kept its promise.
+
+use std::collections::{BTreeMap, HashSet};
+
+use drip_core::rules::Rule;
+use drip_core::time::Millis;
+
+use crate::*;
+
+/// The summary's text, and whether the demo kept the promise: nothing lost and no window of any
+/// merchant's slots over the limit. Writes the chart.
+pub(crate) fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outcome) -> anyhow::Result<(String, bool)> {
+    let limit = rule.limits[0];
+    let Outcome { deliveries, duplicates, dead, feedback } = outcome;
+    let mut scheduled: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
+    let mut observed: BTreeMap<(&str, Millis), u64> = BTreeMap::new();
+    for delivery in deliveries.values() {
+        *scheduled.entry((&delivery.merchant, delivery.scheduled_for.div_euclid(limit.per()))).or_default() += 1;
+        *observed.entry((&delivery.merchant, delivery.delivered_at.div_euclid(limit.per()))).or_default() += 1;
+    }
+    let max_scheduled = scheduled.values().max().copied().unwrap_or(0);
+    let max_observed = observed.values().max().copied().unwrap_or(0);
+    let mut delays: Vec<Millis> = deliveries
+        .iter()
+        .map(|(id, d)| d.scheduled_for - burst.published_at.get(id).copied().unwrap_or(burst.started))
+        .map(|d| d.max(0))
+        .collect();
+    let mut lateness: Vec<Millis> =
+        deliveries.values().filter(|d| d.route != "forward").map(|d| d.delivered_at - d.scheduled_for).collect();
+    delays.sort_unstable();
+    lateness.sort_unstable();
+    let lost = args.events.saturating_sub(deliveries.len() + dead.len());
+    let forwarded = deliveries.values().filter(|d| d.route == "forward").count();
+    let mut summary = String::new();
+    summary += &format!("\nevents in:            {}\n", args.events);
+    let routes = if args.throttle.is_some() {
+        format!("{} delivered to the partner", deliveries.len())
+    } else {
+        format!("{forwarded} forwarded at once, {} delayed", deliveries.len() - forwarded)
+    };
+    summary += &format!(
+        "events out:           {} ({routes}, {} dead-lettered{})\n",
+        deliveries.len() + dead.len(),
+        dead.len(),
+        if dead.is_empty() { String::new() } else { format!(": {:?}", dead.values().collect::<HashSet<_>>()) }
+    );
+    summary += &format!("duplicates:           {duplicates} (a message id delivered twice)\n");
+    summary += &format!("lost:                 {lost}\n");
+    summary += &format!(
+        "delay p50 / p99:      {:.1} s / {:.1} s\n",
+        percentile(&delays, 0.5) as f64 / 1e3,
+        percentile(&delays, 0.99) as f64 / 1e3
+    );
+    summary += &format!(
+        "dispatch lateness:    p50 {} ms / p99 {} ms (Cloud Tasks stand-in -> dispatcher -> overflow)\n",
+        percentile(&lateness, 0.5),
+        percentile(&lateness, 0.99)
+    );
+    summary += &format!(
+        "max per window:       {max_scheduled} scheduled, {max_observed} observed downstream, limit {} ({limit}; delivery_margin {} ms)\n",
+        limit.limit(),
+        rule.delivery_margin
+    );
+    if args.throttle.is_some() {
+        let lowest = feedback.levels.iter().map(|l| l.1).fold(f64::INFINITY, f64::min);
+        let last = feedback.levels.last().map_or(1.0, |l| l.1);
+        let paused = feedback.levels.iter().filter(|l| l.2).map(|l| l.0).collect::<Vec<_>>();
+        summary += &format!(
+            "downstream:           answered 429 (Retry-After: 3) {} times, from 1 s to 7 s\n",
+            feedback.refusals
+        );
+        summary += &format!(
+            "merchant {}:        paused {}; adaptive level lowest {lowest:.2}, at the end {last:.2}\n",
+            burst.merchants[0],
+            match (paused.first(), paused.last()) {
+                (Some(a), Some(b)) => format!("from {:.1} s to {:.1} s", *a as f64 / 1e3, *b as f64 / 1e3),
+                _ => "never".into(),
+            }
+        );
+        let samples: Vec<String> = feedback
+            .levels
+            .iter()
+            .step_by((feedback.levels.len() / 12).max(1))
+            .map(|(at, level, _)| format!("{:.0}s {level:.2}", *at as f64 / 1e3))
+            .collect();
+        summary += &format!("adaptive level:       {}\n", samples.join(", "));
+    }
+    let chart = args.out.join("drip-demo.svg");
+    std::fs::create_dir_all(&args.out)?;
+    draw_chart(&chart, burst, deliveries, limit)?;
+    summary += &format!("chart:                {}\n", chart.display());
+    if args.throttle.is_some() {
+        let levels = args.out.join("drip-feedback.svg");
+        draw_feedback_chart(&levels, feedback, limit)?;
+        summary += &format!("adaptive chart:       {}\n", levels.display());
+    }
+    // With a delivery margin the promise is made where the downstream observes it.
+    let observed_ok = rule.delivery_margin == 0 || max_observed <= limit.limit();
+    // The demo's burst always fits its rule: an event dead-lettered is a demo that drained nothing
+    // (a rules file whose key the demo's events do not carry, say), not a success.
+    let ok = lost == 0 && dead.is_empty() && *duplicates == 0 && max_scheduled <= limit.limit() && observed_ok;
+    summary += if ok {
+        "result:               OK: every event delivered, nothing lost, nothing doubled, no window over its limit\n"
+    } else if !dead.is_empty() {
+        "result:               FAILED: events were dead-lettered instead of delivered\n"
+    } else {
+        "result:               FAILED\n"
+    };
+    if max_observed > limit.limit() {
+        summary += &format!(
+            "note:                 a window saw more deliveries than the limit: a delivery was later than the rule's delivery_margin ({} ms)\n",
+            rule.delivery_margin
+        );
+    }
+    Ok((summary, ok))
+}
+
+/// The `p` quantile of sorted values (nearest rank).
+pub(crate) fn percentile(sorted: &[Millis], p: f64) -> Millis {
+    sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(0)
+}
