@@ -200,7 +200,8 @@ mod tests {
         let out = out.to_str().unwrap();
         let command = Args::parse_from(["drip-demo", "--pubsub-emulator", "-", "--limiter", "-", "--rules", "-"]);
         let args = Args { events: 2, out: out.into(), ..command };
-        let rules = RuleSet::load(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/payouts.yaml").as_ref()).unwrap();
+        let rules =
+            RuleSet::load(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/payouts.yaml").as_ref()).unwrap();
         let rule = rules.rules.first().unwrap();
         let burst = Burst {
             merchants: vec!["m1".into()],
