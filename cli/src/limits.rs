@@ -67,11 +67,12 @@ enum LimitsCommand {
         #[arg(long)]
         rule: String,
     },
-    /// Remove one key's override of the rule's limit with this period (e.g. `--per 1m`).
+    /// Remove one key's override of the rule's limit with this period (`--per 1m`, or `--limit
+    /// 500/1m` as `set` names it: the count is not needed).
     Delete {
         #[command(flatten)]
         entity: Entity,
-        #[arg(long)]
+        #[arg(long, visible_alias = "limit")]
         per: String,
         #[arg(long)]
         window: Option<String>,
@@ -180,7 +181,9 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<Printed> {
             change(&target.connect().await?.set_override(&rule, &key, &set).await?)
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window, reason } => {
-            let which = DeleteOverride { per: &per, window: window.as_deref(), reason: reason.as_deref() };
+            // `--limit 500/1m` names the limit as `set` does: its period is what picks it.
+            let per = per.rsplit_once('/').map_or(per.as_str(), |(_, per)| per);
+            let which = DeleteOverride { per, window: window.as_deref(), reason: reason.as_deref() };
             change(&target.connect().await?.delete_override(&rule, &key, &which).await?)
         }
         LimitsCommand::Get { entity: Entity { target, rule, key } } => {

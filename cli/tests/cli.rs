@@ -621,7 +621,8 @@ async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api(
     assert_eq!(history[0]["by"], OPERATOR, "the audit names the token's account: {history}");
     assert_eq!(history[0]["reason"], "raised", "{history}");
     let deleted =
-        drip_async(api(OPERATOR, &["limits", "delete", "--rule", &rule, "--key", "merchant_7", "--per", "1h"])).await;
+        drip_async(api(OPERATOR, &["limits", "delete", "--rule", &rule, "--key", "merchant_7", "--limit", "5/1h"]))
+            .await;
     assert!(stdout(&deleted).contains("5 -> the rule's"), "{deleted:?}");
 
     let paused = drip_async(api(
