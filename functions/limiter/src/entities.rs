@@ -17,9 +17,13 @@
 //!   key (or the budget the rule's feedback names, or the one given); a 429, 408, 5xx or a timeout
 //!   (status 0) lowers an adaptive level.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::LimitOverride;
@@ -27,6 +31,7 @@ use drip_core::template::cap_key;
 use drip_core::time::{format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_service::auth::Caller;
 use drip_service::feedback;
+use drip_service::live_rules::LoadedRules;
 use drip_store::inspect::{KeyOverrides, override_reports};
 use drip_store::{FeedbackChange, OverrideChange};
 use serde::Deserialize;
@@ -42,32 +47,61 @@ fn caller_name(caller: Option<axum::Extension<Caller>>) -> String {
     caller.map_or_else(|| "anonymous".to_owned(), |axum::Extension(Caller(email))| email)
 }
 
+/// The rule a `/v1/rules/{rule}/...` path names, among the rules in force (404 when none), and the
+/// key of a `.../keys/{key}` path, capped as the limiter caps keys.
+pub struct PathTarget {
+    rules: Arc<LoadedRules>,
+    index: usize,
+    key: String,
+}
+
+impl PathTarget {
+    fn rule(&self) -> &Rule {
+        &self.rules.rules[self.index]
+    }
+}
+
+impl FromRequestParts<AppState> for PathTarget {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let rules = state.rules.current();
+        let name = params.get("rule").map_or("", String::as_str);
+        let index = rules
+            .rules
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or_else(|| error(StatusCode::NOT_FOUND, "no such rule"))?;
+        let key = params.get("key").cloned().map(cap_key).unwrap_or_default();
+        Ok(Self { rules, index, key })
+    }
+}
+
 fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
     tracing::warn!(%error, "{what} failed");
     self::error(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable")
 }
 
-pub async fn inspect(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
-    match state.store.inspect(rule, &cap_key(key)).await {
+pub async fn inspect(State(state): State<AppState>, target: PathTarget) -> Response {
+    match state.store.inspect(target.rule(), &target.key).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => unavailable("inspect", e),
     }
 }
 
-pub async fn get_limits(State(state): State<AppState>, Path((rule, key)): Path<(String, String)>) -> Response {
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
-    match state.store.overrides(rule, &cap_key(key)).await {
+pub async fn get_limits(State(state): State<AppState>, target: PathTarget) -> Response {
+    let rule = target.rule();
+    match state.store.overrides(rule, &target.key).await {
         Ok(overrides) => Json(override_reports(rule, &overrides, wall_clock_millis())).into_response(),
         Err(e) => unavailable("reading overrides", e),
     }
 }
 
-pub async fn list_limits(State(state): State<AppState>, Path(rule): Path<String>) -> Response {
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+pub async fn list_limits(State(state): State<AppState>, target: PathTarget) -> Response {
+    let rule = target.rule();
     match state.store.list_overrides(rule).await {
         Ok(all) => {
             let now = wall_clock_millis();
@@ -86,13 +120,8 @@ pub struct HistoryQuery {
 /// The most entries one history answer holds.
 const MAX_HISTORY: usize = 1_000;
 
-pub async fn history(
-    State(state): State<AppState>,
-    Path(rule): Path<String>,
-    Query(query): Query<HistoryQuery>,
-) -> Response {
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+pub async fn history(State(state): State<AppState>, target: PathTarget, Query(query): Query<HistoryQuery>) -> Response {
+    let rule = target.rule();
     let count = query.count.unwrap_or(20).min(MAX_HISTORY);
     match state.store.audit_history(rule, count).await {
         Ok(entries) => Json(entries).into_response(),
@@ -116,11 +145,10 @@ pub struct SetLimit {
 pub async fn put_limit(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
-    Path((rule, key)): Path<(String, String)>,
+    target: PathTarget,
     Json(body): Json<SetLimit>,
 ) -> Response {
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    let (rule, key) = (target.rule(), &target.key);
     let (limit, count) = match rule.override_target(&body.limit, body.window.as_deref()) {
         Ok(target) => target,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
@@ -129,8 +157,7 @@ pub async fn put_limit(
         Ok(until) => until,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("until: {e}")),
     };
-    let key = cap_key(key);
-    let current = match state.store.overrides(rule, &key).await {
+    let current = match state.store.overrides(rule, key).await {
         Ok(overrides) => overrides.get(&drip_core::schedule::override_id(limit)).copied(),
         Err(e) => return unavailable("reading the key's overrides", e),
     };
@@ -138,7 +165,7 @@ pub async fn put_limit(
         Ok(set) => set,
         Err(message) => return error(StatusCode::BAD_REQUEST, format!("until: {message}")),
     };
-    change(&state, caller, (rule, &key, limit), Some(set), body.reason.as_deref()).await
+    change(&state, caller, (rule, key, limit), Some(set), body.reason.as_deref()).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -153,16 +180,15 @@ pub struct WhichLimit {
 pub async fn delete_limit(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
-    Path((rule, key)): Path<(String, String)>,
+    target: PathTarget,
     Query(which): Query<WhichLimit>,
 ) -> Response {
-    let rules = state.rules.current();
-    let Some(rule) = rules.rule(&rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
+    let rule = target.rule();
     let limit = match rule.override_target(&format!("1/{}", which.per), which.window.as_deref()) {
         Ok((limit, _)) => limit,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    change(&state, caller, (rule, &cap_key(key), limit), None, which.reason.as_deref()).await
+    change(&state, caller, (rule, &target.key, limit), None, which.reason.as_deref()).await
 }
 
 async fn change(
