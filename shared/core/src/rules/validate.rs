@@ -1,0 +1,487 @@
+//! From the raw shapes to validated rules: every field checked, every problem reported.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_yaml_ng::Value;
+
+use super::errors::*;
+use super::raw::*;
+use super::*;
+use crate::budgets::{Adaptive, Budget, FeedbackTarget, fraction_ppm};
+use crate::template::Template;
+use crate::time::{Millis, parse_duration};
+
+pub(super) fn rule_label(raw: &Value, index: usize) -> String {
+    match raw.get("name").and_then(Value::as_str) {
+        Some(name) if !name.is_empty() => format!("rule '{name}'"),
+        _ => format!("rule #{}", index + 1),
+    }
+}
+
+/// A rule and the names of the budgets it draws from (linked once every rule is read).
+pub(super) fn validate_rule(
+    raw: Value,
+    errors: &mut RuleErrors<'_, '_>,
+    default_dlq: Option<&TopicName>,
+    budgets: &[String],
+) -> Option<(Rule, Vec<String>)> {
+    let raw: RawRule = match deserialize(raw) {
+        Ok(raw) => raw,
+        Err((field, message)) => {
+            errors.push(&field, message);
+            return None;
+        }
+    };
+    let before = errors.errors.list.len();
+
+    if !valid_rule_name(&raw.name) {
+        errors.push("name", "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
+    }
+    let id = raw.id.clone().unwrap_or_else(|| raw.name.clone());
+    if raw.id.is_some() && !valid_rule_name(&id) {
+        errors.push("id", "must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
+    }
+    let matcher = match raw.matcher {
+        Some(m) if m.attributes.is_empty() => {
+            errors.push("match.attributes", "names no attribute; omit match for a catch-all rule".into());
+            None
+        }
+        Some(m) => Some(m.attributes),
+        None => None,
+    };
+    let key = errors.check("key", Template::parse(&raw.key));
+    let previous_key = match raw.previous_key.as_deref().map(Template::parse) {
+        None => Some(None),
+        Some(parsed) => errors.check("previous_key", parsed).map(Some),
+    };
+    let limits = validate_limits(&raw.limits, errors);
+    let cost = match raw.cost {
+        None => Some(Cost::Fixed(1)),
+        Some(value) => errors.check("cost", parse_cost(&value)),
+    };
+    if let (Some(Cost::Fixed(cost)), Some(limits)) = (&cost, &limits)
+        && let Some((index, smallest)) = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.max_cost(l.limit()) < *cost)
+            .min_by_key(|(_, l)| l.max_cost(l.limit()))
+    {
+        let what = match smallest.window() {
+            Window::Gcra { burst } if burst < smallest.limit() => format!("burst {burst}"),
+            _ => format!("limit {}", smallest.limit()),
+        };
+        errors.push("cost", format!("{cost} exceeds limits[{index}].{what}, so no event could ever be scheduled"));
+    }
+    let max_delay = errors.check(
+        "max_delay",
+        parse_duration(&raw.max_delay).and_then(|d| {
+            if d > MAX_DELAY_LIMIT {
+                Err(format!("{} is over 30d, the longest Cloud Tasks can hold a task", raw.max_delay))
+            } else {
+                Ok(d)
+            }
+        }),
+    );
+    let max_pause = match (&raw.max_pause, max_delay) {
+        (None, Some(max_delay)) => Some(max_delay / 2),
+        (None, None) => None,
+        (Some(text), max_delay) => errors.check(
+            "max_pause",
+            parse_duration(text).and_then(|pause| match max_delay {
+                Some(max_delay) if pause > max_delay => {
+                    Err(format!("{text} is longer than max_delay: a pause that long would dead-letter every event"))
+                }
+                _ => Ok(pause),
+            }),
+        ),
+    };
+    let inline_wait = match &raw.inline_wait {
+        None => Some(DEFAULT_INLINE_WAIT),
+        Some(text) => errors.check(
+            "inline_wait",
+            parse_duration(text).and_then(|d| {
+                if d > MAX_INLINE_WAIT {
+                    Err(format!("{text} is over 10s; longer waits belong in a Cloud Task"))
+                } else {
+                    Ok(d)
+                }
+            }),
+        ),
+    };
+    let forward = match (raw.forward.topic, raw.forward.url) {
+        (Some(topic), None) => errors.check("forward.topic", TopicName::new(topic)).map(Forward::Topic),
+        (None, Some(url)) => errors.check("forward.url", check_url(&url)).map(|_| Forward::Url(url)),
+        _ => {
+            errors.push("forward", "set exactly one of topic or url".into());
+            None
+        }
+    };
+    let overflow_topic = errors.check("overflow_topic", TopicName::new(raw.overflow_topic));
+    let overflow_url = match raw.overflow.map(|o| o.url) {
+        None => Some(None),
+        Some(url) => errors.check("overflow.url", check_url(&url)).map(|()| Some(url)),
+    };
+    let dlq_topic = match (raw.dlq_topic, default_dlq) {
+        (Some(topic), _) => errors.check("dlq_topic", TopicName::new(topic)),
+        (None, Some(default)) => Some(default.clone()),
+        (None, None) => {
+            errors.push("dlq_topic", "required unless default_dlq_topic is set".into());
+            None
+        }
+    };
+    let on_missing_key = match &raw.on_missing_key {
+        None => Some(OnMissingKey::Dlq),
+        Some(value) => errors.check("on_missing_key", parse_on_missing_key(value)),
+    };
+    let mode = match raw.mode.as_deref() {
+        None | Some("enforce") => Some(Mode::Enforce),
+        Some("shadow") => Some(Mode::Shadow),
+        Some(other) => {
+            errors.push("mode", format!("unknown mode '{other}', expected enforce or shadow"));
+            None
+        }
+    };
+    let overflow_format = match raw.overflow_format.as_deref() {
+        None | Some("enriched") => Some(OverflowFormat::Enriched),
+        Some("original") => Some(OverflowFormat::Original),
+        Some(other) => {
+            errors.push("overflow_format", format!("unknown format '{other}', expected enriched or original"));
+            None
+        }
+    };
+
+    let delivery_margin = match raw.delivery_margin.as_deref().map(parse_duration) {
+        None => Some(0),
+        Some(Err(message)) => errors.check("delivery_margin", Err(message)),
+        Some(Ok(margin)) => {
+            let fixed =
+                limits.iter().flatten().find(|l| !matches!(l.window(), Window::Gcra { .. }) && 2 * margin > l.per());
+            match fixed {
+                Some(limit) => {
+                    errors.push(
+                        "delivery_margin",
+                        format!("must be at most half of every fixed and sliding window ({limit})"),
+                    );
+                    None
+                }
+                None => Some(margin),
+            }
+        }
+    };
+    let budget_names = raw.budgets.unwrap_or_default();
+    for (i, name) in budget_names.iter().enumerate() {
+        if !budgets.contains(name) {
+            let known = budgets.join(", ");
+            errors.push(&format!("budgets[{i}]"), format!("unknown budget '{name}' (budgets: {known})"));
+        } else if budget_names[..i].contains(name) {
+            errors.push(&format!("budgets[{i}]"), format!("lists budget '{name}' twice"));
+        }
+    }
+    let feedback = match raw.feedback {
+        None => Some(FeedbackTarget::Key),
+        Some(key) if key == "key" => Some(FeedbackTarget::Key),
+        Some(name) if budget_names.contains(&name) => Some(FeedbackTarget::Budget(name)),
+        Some(name) => {
+            errors.push("feedback", format!("'{name}' is neither key nor a budget this rule lists"));
+            None
+        }
+    };
+    let adaptive = match raw.adaptive.map(|a| errors.check("adaptive", parse_adaptive(&a))) {
+        None => Some(None),
+        Some(parsed) => parsed.map(Some),
+    };
+    if let (Some(Some(_)), Some(limits)) = (&adaptive, &limits)
+        && limits.iter().all(|l| matches!(l.window(), Window::Gcra { .. }))
+    {
+        errors.push(
+            "adaptive",
+            "applies to fixed and sliding limits, and this rule has only gcra ones (a gcra burst is a time measured at its count)".into(),
+        );
+    }
+    if let (Some(Some(_)), Some(FeedbackTarget::Budget(name))) = (&adaptive, &feedback) {
+        errors.push(
+            "adaptive",
+            format!("feedback goes to budget '{name}', so this would never adapt: set adaptive on the budget"),
+        );
+    }
+
+    if errors.errors.list.len() > before {
+        return None;
+    }
+    let rule = Rule {
+        name: raw.name,
+        id,
+        matcher,
+        key: key?,
+        previous_key: previous_key?,
+        limits: limits?,
+        cost: cost?,
+        max_delay: max_delay?,
+        max_pause: max_pause?,
+        inline_wait: inline_wait?,
+        forward: forward?,
+        overflow_topic: overflow_topic?,
+        overflow_url: overflow_url?,
+        dlq_topic: dlq_topic?,
+        on_missing_key: on_missing_key?,
+        overflow_format: overflow_format?,
+        mode: mode?,
+        budgets: Vec::new(),
+        feedback: feedback?,
+        adaptive: adaptive?,
+        delivery_margin: delivery_margin?,
+    };
+    Some((rule, budget_names))
+}
+
+/// Each budget of the `budgets:` section, valid, without its hash tag yet (see [`link_budgets`]).
+pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors<'_>) -> BTreeMap<String, Budget> {
+    let mut budgets = BTreeMap::new();
+    for (name, value) in raw {
+        let label = format!("budget '{name}'");
+        let mut errors = RuleErrors { errors, label: &label };
+        if !valid_rule_name(&name) {
+            errors.push("", "a budget name must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
+            continue;
+        }
+        let fields = match deserialize::<RawBudget>(value) {
+            Ok(RawBudget::Limits(limits)) => RawBudgetFields { limits, max_share: None, adaptive: None },
+            Ok(RawBudget::Full(fields)) => fields,
+            Err(_) => {
+                errors.push(
+                    "",
+                    "expected a list of limits or { limits, max_share, adaptive } (fields: limit, per, placement)"
+                        .into(),
+                );
+                continue;
+            }
+        };
+        let Some(limits) = validate_limits(&fields.limits, &mut errors) else { continue };
+        let mut ok = true;
+        for (i, limit) in limits.iter().enumerate() {
+            if !matches!(limit.window(), Window::Fixed(_)) {
+                errors.push(
+                    &format!("limits[{i}].window"),
+                    format!(
+                        "a budget takes fixed windows (placement start or spread), not {}: slots from many entities arrive out of order, which only a count per window can take",
+                        limit.window().kind()
+                    ),
+                );
+                ok = false;
+            }
+        }
+        let max_share = match fields.max_share {
+            None => None,
+            Some(share) => match fraction_ppm(share).filter(|&ppm| ppm > 0) {
+                Some(ppm) => Some(ppm),
+                None => {
+                    errors.push("max_share", format!("must be a fraction above 0 and at most 1, got {share}"));
+                    ok = false;
+                    None
+                }
+            },
+        };
+        let adaptive = match fields.adaptive.map(|a| parse_adaptive(&a)) {
+            None => None,
+            Some(Ok(adaptive)) => Some(adaptive),
+            Some(Err(message)) => {
+                errors.push("adaptive", message);
+                ok = false;
+                None
+            }
+        };
+        if ok {
+            budgets.insert(name.clone(), Budget { name, limits, max_share, adaptive, tag: String::new() });
+        }
+    }
+    budgets
+}
+
+/// Gives every budget its hash tag: budgets that one rule draws from together must live on one
+/// Redis Cluster slot, so each group of budgets linked by rules takes its smallest name.
+pub(super) fn link_budgets(specs: BTreeMap<String, Budget>, drawn: &[Vec<String>]) -> BTreeMap<String, Arc<Budget>> {
+    let mut tag: BTreeMap<&str, &str> = specs.keys().map(|name| (name.as_str(), name.as_str())).collect();
+    // Union by smallest name until nothing changes (budgets are few).
+    loop {
+        let mut changed = false;
+        for names in drawn {
+            let Some(smallest) = names.iter().filter_map(|n| tag.get(n.as_str()).copied()).min() else { continue };
+            // A budget that did not validate has no tag (its error is reported already).
+            for name in names {
+                let Some(&root) = tag.get(name.as_str()) else { continue };
+                for value in tag.values_mut().filter(|v| **v == root && root != smallest) {
+                    *value = smallest;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let tags: BTreeMap<String, String> = tag.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+    specs
+        .into_iter()
+        .map(|(name, budget)| (name.clone(), Arc::new(Budget { tag: tags[&name].clone(), ..budget })))
+        .collect()
+}
+
+pub(super) fn parse_adaptive(raw: &RawAdaptive) -> Result<Adaptive, String> {
+    let fraction = |name: &str, value: Option<f64>, default: f64, open_low: bool, open_high: bool| {
+        let value = value.unwrap_or(default);
+        match fraction_ppm(value) {
+            Some(ppm) if !((open_low && ppm == 0) || (open_high && ppm == crate::budgets::PPM)) => Ok(ppm),
+            _ => Err(format!(
+                "{name} must be a fraction {} 0 and {} 1, got {value}",
+                if open_low { "above" } else { "from" },
+                if open_high { "below" } else { "at most" }
+            )),
+        }
+    };
+    let margin = fraction("margin", raw.margin, 0.1, false, true)?;
+    let decrease = fraction("decrease", raw.decrease, 0.9, true, true)?;
+    let min = fraction("min", raw.min, 0.2, true, false)?;
+    let step = fraction("step", raw.step, 0.1, true, false)?;
+    if min > crate::budgets::PPM - margin {
+        return Err(format!("min {} is above 1 - margin ({})", min as f64 / 1e6, 1.0 - margin as f64 / 1e6));
+    }
+    Ok(Adaptive { margin, decrease, min, step })
+}
+
+pub(super) fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<Vec<Limit>> {
+    if raw.is_empty() {
+        errors.push("limits", "at least one limit is required".into());
+        return None;
+    }
+    let mut limits = Vec::new();
+    let mut seen: HashMap<(&'static str, Millis), usize> = HashMap::new();
+    let mut ok = true;
+    for (i, raw) in raw.iter().enumerate() {
+        let field = |name: &str| format!("limits[{i}].{name}");
+        let limit = match u64::try_from(raw.limit) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                errors.push(&field("limit"), format!("must be at least 1, got {}", raw.limit));
+                None
+            }
+        };
+        let per = errors.check(&field("per"), parse_duration(&raw.per));
+        let window = match raw.window.as_deref().unwrap_or("fixed") {
+            "fixed" => match raw.placement.as_deref().unwrap_or("start") {
+                "start" => Some(Window::Fixed(Placement::Start)),
+                "spread" => Some(Window::Fixed(Placement::Spread)),
+                other => {
+                    errors.push(&field("placement"), format!("unknown placement '{other}', expected start or spread"));
+                    None
+                }
+            },
+            "sliding" => Some(Window::Sliding),
+            "gcra" => match u64::try_from(raw.burst.unwrap_or(1)) {
+                Ok(burst) => Some(Window::Gcra { burst }),
+                Err(_) => {
+                    let burst = raw.burst.unwrap_or(1);
+                    errors.push(&field("burst"), format!("must be at least 1, got {burst}"));
+                    None
+                }
+            },
+            other => {
+                errors.push(&field("window"), format!("unknown window '{other}', expected fixed, sliding or gcra"));
+                None
+            }
+        };
+        if raw.burst.is_some() && !matches!(window, Some(Window::Gcra { .. }) | None) {
+            errors.push(&field("burst"), "applies only to window: gcra".into());
+            ok = false;
+        }
+        if raw.placement.is_some() && !matches!(window, Some(Window::Fixed(_)) | None) {
+            errors.push(&field("placement"), "applies only to window: fixed".into());
+            ok = false;
+        }
+        match (limit, per, window) {
+            (Some(limit), Some(per), Some(window)) => match Limit::new(limit, per, window) {
+                Ok(limit) => {
+                    if let Some(first) = seen.insert((window.kind(), per), i) {
+                        errors.push(&format!("limits[{i}]"), format!("repeats the window and per of limits[{first}]"));
+                        ok = false;
+                    }
+                    limits.push(limit);
+                }
+                Err(invalid) => {
+                    errors.push(&field(invalid.field()), invalid.to_string());
+                    ok = false;
+                }
+            },
+            _ => ok = false,
+        }
+    }
+    ok.then_some(limits)
+}
+
+pub(super) fn parse_cost(value: &Value) -> Result<Cost, String> {
+    match value {
+        Value::Number(n) => match n.as_i64() {
+            Some(n) if n >= 1 => Ok(Cost::Fixed(n as u64)),
+            _ => Err(format!("must be an integer of at least 1 or a template, got {n}")),
+        },
+        Value::String(text) => {
+            let template = Template::parse(text)?;
+            match template.as_literal() {
+                Some(literal) => literal
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .map(Cost::Fixed)
+                    .ok_or_else(|| format!("must be an integer of at least 1 or a template, got '{literal}'")),
+                None => Ok(Cost::Template(template)),
+            }
+        }
+        _ => Err("must be an integer of at least 1 or a template".into()),
+    }
+}
+
+pub(super) fn parse_on_missing_key(value: &Value) -> Result<OnMissingKey, String> {
+    const EXPECTED: &str = "expected dlq or { fallback_key: <key> }";
+    match value {
+        Value::String(s) if s == "dlq" => Ok(OnMissingKey::Dlq),
+        Value::Mapping(map) if map.len() == 1 => match map.get("fallback_key").and_then(Value::as_str) {
+            Some(key) if !key.is_empty() => Ok(OnMissingKey::FallbackKey(key.to_owned())),
+            _ => Err(EXPECTED.into()),
+        },
+        _ => Err(EXPECTED.into()),
+    }
+}
+
+pub(super) fn valid_rule_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A Pub/Sub topic id (`payouts-ready`) or full name (`projects/p/topics/payouts-ready`).
+pub(super) fn check_topic(topic: &str) -> Result<(), String> {
+    let id = match topic.strip_prefix("projects/") {
+        Some(rest) => match rest.split_once("/topics/") {
+            Some((project, id)) if !project.is_empty() && !project.contains('/') => id,
+            _ => return Err(format!("'{topic}' is not projects/<project>/topics/<id>")),
+        },
+        None => topic,
+    };
+    let valid = (3..=255).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !id.starts_with("goog")
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~+%".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{topic}' is not a valid Pub/Sub topic id (3-255 of A-Z a-z 0-9 - _ . ~ + %, starting with a letter, not goog)"
+        ))
+    }
+}
+
+pub(super) fn check_url(url: &str) -> Result<(), String> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.starts_with('/') => Ok(()),
+        _ => Err(format!("'{url}' is not an http(s) URL")),
+    }
+}
