@@ -301,6 +301,14 @@ resource "google_monitoring_alert_policy" "drain_near_max_delay" {
   user_labels           = local.labels
 
   conditions {
+    display_name = "the longest delay any key got above ${var.drain_alert_fraction * 100} % of the rule's max_delay"
+    condition_prometheus_query_language {
+      query    = "max by (rule) (drip_delay_seconds_max) > on (rule) (${var.drain_alert_fraction} * max by (rule) (drip_max_delay_seconds))"
+      duration = "120s"
+    }
+  }
+
+  conditions {
     display_name = "p99 delay above ${var.drain_alert_fraction * 100} % of the rule's max_delay"
     condition_prometheus_query_language {
       query    = "histogram_quantile(0.99, sum by (rule, le) (rate(drip_delay_seconds_bucket[10m]))) > on (rule) (${var.drain_alert_fraction} * max by (rule) (drip_max_delay_seconds))"
@@ -310,7 +318,7 @@ resource "google_monitoring_alert_policy" "drain_near_max_delay" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = "The slowest keys of a rule are being scheduled close to its max_delay: once a key's backlog drains later than max_delay, its new events are dead-lettered (max_delay_exceeded). `drip inspect RULE KEY` shows a key's backlog and drain time. Slow the upstream publisher, raise the key's limit if the partner allows (`drip limits set`), or raise max_delay."
+    content   = "A key of this rule (the longest delay any key got: drip_delay_seconds_max), or its slowest keys (p99), are being scheduled close to its max_delay: once a key's backlog drains later than max_delay, its new events are dead-lettered (max_delay_exceeded). `drip inspect RULE KEY` shows a key's backlog and drain time. Slow the upstream publisher, raise the key's limit if the partner allows (`drip limits set`), or raise max_delay."
   }
 }
 

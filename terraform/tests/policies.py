@@ -355,8 +355,10 @@ def _lag_alerts(policies) -> list[str]:
         problems.append("no alert on the limiter's share of 5xx answers")
     if not any("drip_dispatch_lateness_seconds" in q and "drip_delivery_margin_seconds" in q for q in queries):
         problems.append("no alert on dispatch lateness beyond the delivery margin")
-    if not any("drip_delay_seconds" in q and "drip_max_delay_seconds" in q for q in queries):
+    if not any("drip_delay_seconds_bucket" in q and "drip_max_delay_seconds" in q for q in queries):
         problems.append("no alert on delays nearing max_delay")
+    if not any("drip_delay_seconds_max" in q and "drip_max_delay_seconds" in q for q in queries):
+        problems.append("no alert on the one key whose delay nears max_delay (a p99 hides it)")
     return problems
 
 

@@ -55,6 +55,7 @@ def test_every_operator_question_has_a_panel():
         "drip_decisions_total",
         "drip_delay_seconds_bucket",
         "drip_max_delay_seconds",
+        "drip_delay_seconds_max",
         "drip_dispatch_lateness_seconds_bucket",
         "drip_delivery_margin_seconds",
         "subscription_num_undelivered_messages",

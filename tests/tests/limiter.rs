@@ -744,6 +744,20 @@ async fn the_entity_endpoint_shows_use_backlog_and_drain_time() {
     assert_eq!(report["limits"][0]["usedNow"], 2);
     let missing = t.http.get(format!("{}/v1/rules/nope/keys/x", t.limiter.url)).send().await.unwrap();
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    // The one key's longest delay, which a p99 over many keys would hide: the fifth payout's.
+    let metrics = t.http.get(format!("{}/metrics", t.limiter.url)).send().await.unwrap().text().await.unwrap();
+    let series = format!(r#"drip_delay_seconds_max{{rule="{}"}} "#, t.rule("payouts"));
+    let longest: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("{series}: {metrics}"))
+        .parse()
+        .unwrap();
+    let expected = ((now / hour + 2) * hour - now) as f64 / 1_000.0;
+    assert!(
+        (longest - expected).abs() < 10.0,
+        "the longest delay {longest} s, the last payout's slot {expected} s away"
+    );
 }
 
 /// The limiter on Memorystore for Redis Cluster's shape: a 3-master cluster (REDIS_CLUSTER=true).

@@ -229,6 +229,68 @@ pub struct ServiceMetrics {
     pub shared: Arc<Metrics>,
     outcomes: Family<OutcomeLabels, prometheus_client::metrics::counter::Counter>,
     seconds: HistogramFamily<RuleLabels>,
+    longest: Arc<LongestRecent>,
+}
+
+/// The longest of the seconds observed by rule in this minute and the one before (`<seconds>_max`):
+/// a histogram's p99 hides one key in a thousand, and this is the one key whose delay nears
+/// `max_delay` (it pages before that key starts dead-lettering). A rule with nothing observed for
+/// two minutes is left out, so an alert on it clears.
+#[derive(Debug)]
+struct LongestRecent {
+    name: String,
+    help: String,
+    /// By rule: the minute of the latest observation, that minute's longest, the minute before's.
+    by_rule: std::sync::Mutex<std::collections::HashMap<String, (i64, f64, f64)>>,
+}
+
+impl LongestRecent {
+    fn observe(&self, rule: &str, seconds: f64, minute: i64) {
+        let mut by_rule = self.by_rule.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = by_rule.entry(rule.to_owned()).or_insert((minute, seconds, 0.0));
+        *entry = match minute - entry.0 {
+            0 => (minute, entry.1.max(seconds), entry.2),
+            1 => (minute, seconds, entry.1),
+            _ => (minute, seconds, 0.0),
+        };
+    }
+
+    /// The longest of this minute and the last, by rule, as of `minute`.
+    fn recent(&self, minute: i64) -> Vec<(String, f64)> {
+        let by_rule = self.by_rule.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recent: Vec<(String, f64)> = by_rule
+            .iter()
+            .filter_map(|(rule, &(at, this, before))| match minute - at {
+                0 => Some((rule.clone(), this.max(before))),
+                1 => Some((rule.clone(), this)),
+                _ => None,
+            })
+            .collect();
+        recent.sort_by(|a, b| a.0.cmp(&b.0));
+        recent
+    }
+}
+
+fn this_minute() -> i64 {
+    drip_core::time::wall_clock_millis().div_euclid(drip_core::time::MINUTE)
+}
+
+impl prometheus_client::collector::Collector for LongestRecent {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let recent = self.recent(this_minute());
+        if recent.is_empty() {
+            return Ok(());
+        }
+        let mut family =
+            encoder.encode_descriptor(&self.name, &self.help, None, prometheus_client::metrics::MetricType::Gauge)?;
+        for (rule, seconds) in recent {
+            let labels = RuleLabels { rule };
+            ConstGauge::new(seconds).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 impl ServiceMetrics {
@@ -239,7 +301,13 @@ impl ServiceMetrics {
         let seconds_family: HistogramFamily<RuleLabels> = Family::new_with_constructor(delay_histogram);
         metrics.registry.register(outcomes.0, outcomes.1, outcome_family.clone());
         metrics.registry.register(seconds.0, seconds.1, seconds_family.clone());
-        Self { shared: Arc::new(metrics), outcomes: outcome_family, seconds: seconds_family }
+        let longest = Arc::new(LongestRecent {
+            name: format!("{}_max", seconds.0),
+            help: format!("The longest of this minute and the last: {}", seconds.1),
+            by_rule: Default::default(),
+        });
+        metrics.registry.register_collector(Box::new(longest.clone()));
+        Self { shared: Arc::new(metrics), outcomes: outcome_family, seconds: seconds_family, longest }
     }
 
     pub fn count(&self, rule: &str, outcome: &str) {
@@ -248,6 +316,7 @@ impl ServiceMetrics {
 
     pub fn observe(&self, rule: &str, seconds: f64) {
         self.seconds.get_or_create(&RuleLabels { rule: rule.to_owned() }).observe(seconds);
+        self.longest.observe(rule, seconds, this_minute());
     }
 
     /// Times a call to a dependency (see [`Metrics::time`]).
@@ -299,5 +368,24 @@ impl prometheus_client::collector::Collector for ProcessCollector {
             gauge("process_max_fds", "The most file descriptors it may open", max as f64)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_recent_covers_this_minute_and_the_last_and_then_clears() {
+        let longest = LongestRecent { name: "x".into(), help: "x".into(), by_rule: Default::default() };
+        longest.observe("r", 5.0, 10);
+        longest.observe("r", 2.0, 10);
+        assert_eq!(longest.recent(10), [("r".to_owned(), 5.0)]);
+        longest.observe("r", 1.0, 11);
+        assert_eq!(longest.recent(11), [("r".to_owned(), 5.0)], "the minute before still counts");
+        assert_eq!(longest.recent(12), [("r".to_owned(), 1.0)], "then only the latest minute's");
+        assert!(longest.recent(13).is_empty(), "nothing for two minutes: left out");
+        longest.observe("r", 3.0, 20);
+        assert_eq!(longest.recent(20), [("r".to_owned(), 3.0)], "a gap forgets what came before it");
     }
 }
