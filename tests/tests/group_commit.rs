@@ -53,21 +53,11 @@ fn limits() -> Vec<Limit> {
 
 fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit]) -> SlotRequest<'a> {
     SlotRequest {
-        rule,
-        key,
-        message_id: id,
-        cost: 1,
-        limits,
         max_delay: 10 * MINUTE,
         now: Some(T0),
         lease: 5_000,
         published: Some(T0),
-        reslot: false,
-        floor: None,
-        tag: None,
-        budgets: &[],
-        adaptive: None,
-        margin: 0,
+        ..SlotRequest::new(rule, key, id, limits)
     }
 }
 

@@ -30,23 +30,7 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
     let connection = AnyConnection::connect(&settings(&redis, "s3cret", "ca.pem")).await.expect("TLS + AUTH connect");
     let store = RedisStore::new(connection, "drip");
     let limits = [Limit::new(1, 60_000, Window::Fixed(Placement::Start)).unwrap()];
-    let request = SlotRequest {
-        rule: "tls",
-        key: "k",
-        message_id: "m1",
-        cost: 1,
-        limits: &limits,
-        max_delay: 120_000,
-        now: Some(0),
-        lease: 0,
-        published: None,
-        reslot: false,
-        floor: None,
-        tag: None,
-        budgets: &[],
-        adaptive: None,
-        margin: 0,
-    };
+    let request = SlotRequest { max_delay: 120_000, now: Some(0), ..SlotRequest::new("tls", "k", "m1", &limits) };
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
 }
@@ -84,23 +68,7 @@ fn token_settings(url: String, cluster: bool, token: &str, refresh: Duration) ->
 async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
     let store = RedisStore::new(connection, unique("tokens"));
     let limits = [Limit::new(5, 60_000, Window::Fixed(Placement::Start)).unwrap()];
-    let request = SlotRequest {
-        rule: "tokens",
-        key: "k",
-        message_id: id,
-        cost: 1,
-        limits: &limits,
-        max_delay: 120_000,
-        now: Some(0),
-        lease: 0,
-        published: None,
-        reslot: false,
-        floor: None,
-        tag: None,
-        budgets: &[],
-        adaptive: None,
-        margin: 0,
-    };
+    let request = SlotRequest { max_delay: 120_000, now: Some(0), ..SlotRequest::new("tokens", "k", id, &limits) };
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
 
@@ -120,23 +88,7 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
         Ok(connection) => {
             let store = RedisStore::new(connection, "x");
             let limits = [Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap()];
-            let request = SlotRequest {
-                rule: "r",
-                key: "k",
-                message_id: "m",
-                cost: 1,
-                limits: &limits,
-                max_delay: 0,
-                now: Some(0),
-                lease: 0,
-                published: None,
-                reslot: false,
-                floor: None,
-                tag: None,
-                budgets: &[],
-                adaptive: None,
-                margin: 0,
-            };
+            let request = SlotRequest { max_delay: 0, now: Some(0), ..SlotRequest::new("r", "k", "m", &limits) };
             store.reserve(&request).await.is_err()
         }
     };

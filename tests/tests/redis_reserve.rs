@@ -51,11 +51,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
             .map(|(j, key)| {
                 let arrival = &scenario.events[j];
                 SlotRequest {
-                    rule,
-                    key,
-                    message_id: &arrival.id,
                     cost: arrival.cost,
-                    limits: scenario.limits_at(j),
                     max_delay: scenario.max_delay,
                     now: Some(arrival.now),
                     lease: LEASE,
@@ -66,6 +62,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
                     budgets: &scenario.shared.budgets,
                     adaptive: scenario.shared.adaptive,
                     margin: scenario.shared.margin,
+                    ..SlotRequest::new(rule, key, &arrival.id, scenario.limits_at(j))
                 }
             })
             .collect();
@@ -411,23 +408,7 @@ async fn every_key_an_entity_writes_expires() {
     let mut entity_prefix = String::new();
     for i in 0..6 {
         let id = format!("m{i}");
-        let request = SlotRequest {
-            rule: &rule,
-            key: "k",
-            message_id: &id,
-            cost: 1,
-            limits: &limits,
-            max_delay: MINUTE,
-            now: None,
-            lease: 0,
-            published: None,
-            reslot: false,
-            floor: None,
-            tag: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        };
+        let request = SlotRequest { ..SlotRequest::new(&rule, "k", &id, &limits) };
         store.reserve(&request).await.unwrap();
         entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
     }
@@ -469,23 +450,7 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
     let mut sizes_at = HashMap::new();
     for i in 0..2_000u32 {
         let id = format!("m{i}");
-        let request = SlotRequest {
-            rule: "r",
-            key: "hot",
-            message_id: &id,
-            cost: 1,
-            limits: &limits,
-            max_delay,
-            now: Some(T0),
-            lease: 0,
-            published: None,
-            reslot: false,
-            floor: None,
-            tag: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        };
+        let request = SlotRequest { max_delay, now: Some(T0), ..SlotRequest::new("r", "hot", &id, &limits) };
         // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
         // is refreshed only every so often, so single events may differ.
         if i == 10 || i == 1_800 {
@@ -535,21 +500,11 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
         let budgets = [budget];
         let reserve = async |entity: String| {
             let request = SlotRequest {
-                rule: "r",
-                key: &entity,
-                message_id: "m",
-                cost: 1,
-                limits: &limits,
                 max_delay: 5 * 24 * 60 * MINUTE,
                 now: Some(T0),
-                lease: 0,
-                published: None,
-                reslot: false,
-                floor: None,
                 tag: Some(budgets[0].tag.as_str()),
                 budgets: &budgets,
-                adaptive: None,
-                margin: 0,
+                ..SlotRequest::new("r", &entity, "m", &limits)
             };
             store.reserve(&request).await.unwrap().reservation
         };
@@ -615,23 +570,7 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                 let owner = if i % 3 == 0 { (client + 1) % CLIENTS } else { client };
                 let id = format!("c{owner}-{i}");
                 let key = format!("merchant_{}", (owner + i) % 3);
-                let request = SlotRequest {
-                    rule: &rule,
-                    key: &key,
-                    message_id: &id,
-                    cost: 1,
-                    limits: &limits,
-                    max_delay: 60 * MINUTE,
-                    now: None,
-                    lease: 0,
-                    published: None,
-                    reslot: false,
-                    floor: None,
-                    tag: None,
-                    budgets: &[],
-                    adaptive: None,
-                    margin: 0,
-                };
+                let request = SlotRequest { max_delay: 60 * MINUTE, ..SlotRequest::new(&rule, &key, &id, &limits) };
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }
             answers

@@ -34,23 +34,7 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
     let id = message["messageId"].as_str().unwrap_or_default();
     let data = base64::engine::general_purpose::STANDARD.decode(message["data"].as_str().unwrap_or_default());
     let key = message["attributes"]["key"].as_str().unwrap_or("k");
-    let request = SlotRequest {
-        rule: "bare",
-        key,
-        message_id: id,
-        cost: 1,
-        limits: &*LIMITS,
-        max_delay: DAY,
-        now: None,
-        lease: 0,
-        published: None,
-        reslot: false,
-        floor: None,
-        tag: None,
-        budgets: &[],
-        adaptive: None,
-        margin: 0,
-    };
+    let request = SlotRequest { max_delay: DAY, ..SlotRequest::new("bare", key, id, &*LIMITS) };
     if bare.store.reserve(&request).await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;
     }

@@ -96,21 +96,12 @@ fn request<'a>(
     published: Millis,
 ) -> SlotRequest<'a> {
     SlotRequest {
-        rule,
-        key,
-        message_id: id,
-        cost: 1,
-        limits,
         max_delay: 30 * DAY,
-        now: None,
         lease: 15 * SECOND,
         published: Some(published),
-        reslot: false,
-        floor: None,
         tag: budgets.first().map(|b| b.tag.as_str()),
         budgets,
-        adaptive: None,
-        margin: 0,
+        ..SlotRequest::new(rule, key, id, limits)
     }
 }
 

@@ -71,6 +71,30 @@ impl<'a> SlotRequest<'a> {
         RuleRef { id: self.rule, tag: self.tag }
     }
 
+    /// A request of cost 1 for `message_id` under `limits`, with a minute's `max_delay`, on the
+    /// store's clock: undated, no lease, reslot, floor, budget, adaptive limit or margin. Callers
+    /// change what they need with `..SlotRequest::new(..)`, so a new parameter has one default,
+    /// here (as `ReserveRequest::new` in the model).
+    pub fn new(rule: &'a str, key: &'a str, message_id: &'a str, limits: &'a [Limit]) -> Self {
+        Self {
+            rule,
+            key,
+            message_id,
+            cost: 1,
+            limits,
+            max_delay: drip_core::time::MINUTE,
+            now: None,
+            lease: 0,
+            published: None,
+            reslot: false,
+            floor: None,
+            tag: None,
+            budgets: &[],
+            adaptive: None,
+            margin: 0,
+        }
+    }
+
     /// The request for one event of `rule`, with the rule's limits and max_delay.
     pub fn for_rule(
         rule: &'a drip_core::rules::Rule,
@@ -80,21 +104,15 @@ impl<'a> SlotRequest<'a> {
         now: Option<Millis>,
     ) -> Self {
         Self {
-            rule: &rule.id,
-            key,
-            message_id,
             cost,
-            limits: &rule.limits,
             max_delay: rule.max_delay,
             now,
-            lease: 0,
             published: now,
-            reslot: false,
-            floor: None,
             tag: rule.budget_tag(),
             budgets: &rule.budgets,
             adaptive: rule.adaptive,
             margin: rule.delivery_margin,
+            ..Self::new(&rule.id, key, message_id, &rule.limits)
         }
     }
 }
