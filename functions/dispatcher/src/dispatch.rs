@@ -74,25 +74,56 @@ impl<'r> Route<'r> {
 }
 
 pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let Admitted { delivery, signed } = match admit(&state, &headers, &body).await {
+        Ok(admitted) => admitted,
+        Err(Rejected { outcome, status }) => {
+            state.metrics.count("-", outcome.as_str());
+            return status;
+        }
+    };
+    match TaskBatch::parse(&body) {
+        // Batches came after seals: an unsealed one is no task of ours.
+        Some(_) if delivery.sealed_until.is_none() => {
+            tracing::error!(task = delivery.task, "dispatch refused: an unsealed batch task");
+            state.metrics.count("-", Outcome::NotATask.as_str());
+            StatusCode::FORBIDDEN
+        }
+        Some(batch) => dispatch_batch(&state, &batch, &delivery).await,
+        None => dispatch_one(&state, &delivery, signed).await,
+    }
+}
+
+/// Why a request is not dispatched, and the answer that says so.
+struct Rejected {
+    outcome: Outcome,
+    status: StatusCode,
+}
+
+/// A request Cloud Tasks made for a task of ours that is due, and whether we signed it (a seal, or
+/// an earlier version's body-only signature).
+struct Admitted<'a> {
+    delivery: Delivery<'a>,
+    signed: bool,
+}
+
+/// Checks that the request is Cloud Tasks' for a task the limiter sealed, unexpired and due
+/// (waiting out a lead within the early tolerance), or refuses it.
+async fn admit<'a>(state: &AppState, headers: &'a HeaderMap, body: &'a [u8]) -> Result<Admitted<'a>, Rejected> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let refuse = |outcome: Outcome, status: StatusCode| Err(Rejected { outcome, status });
     if let Some(missing) = TASK_HEADERS.iter().find(|h| !headers.contains_key(**h)) {
         tracing::warn!(header = missing, "dispatch refused: not a Cloud Tasks request");
-        state.metrics.count("-", Outcome::NotATask.as_str());
-        return StatusCode::FORBIDDEN;
+        return refuse(Outcome::NotATask, StatusCode::FORBIDDEN);
     }
-    let task_name = header("x-cloudtasks-taskname").unwrap_or_default();
+    let task = header("x-cloudtasks-taskname").unwrap_or_default();
     let now = wall_clock_millis();
-    let refuse = |outcome: Outcome, status: StatusCode| {
-        state.metrics.count("-", outcome.as_str());
-        status
-    };
-    let (signed, sealed_until) = match state.signer.verify(header(SIGNATURE_HEADER), task_name, &body) {
+    let (signed, sealed_until) = match state.signer.verify(header(SIGNATURE_HEADER), task, body) {
         Signature::Sealed { expires, .. } if now > expires => {
-            tracing::error!(task = task_name, expired = %format_rfc3339(expires), "dispatch refused: the task's seal has expired (a replay, or a queue that outlived its retry span)");
+            tracing::error!(task, expired = %format_rfc3339(expires), "dispatch refused: the task's seal has expired (a replay, or a queue that outlived its retry span)");
             return refuse(Outcome::TaskExpired, StatusCode::FORBIDDEN);
         }
         Signature::Sealed { slot, .. } if slot - now > state.early_tolerance => {
-            tracing::warn!(task = task_name, slot = %format_rfc3339(slot), early_ms = slot - now, "task ran before its slot; Cloud Tasks will try it again");
+            tracing::warn!(task, slot = %format_rfc3339(slot), early_ms = slot - now, "task ran before its slot; Cloud Tasks will try it again");
             return refuse(Outcome::Early, StatusCode::SERVICE_UNAVAILABLE);
         }
         Signature::Sealed { slot, expires } => {
@@ -102,33 +133,20 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
             (true, Some(expires))
         }
         Signature::Forged => {
-            tracing::error!(task = task_name, "dispatch refused: the task's signature is not ours for this task");
+            tracing::error!(task, "dispatch refused: the task's signature is not ours for this task");
             return refuse(Outcome::NotATask, StatusCode::FORBIDDEN);
         }
         legacy if state.accepts_unsigned(now) => (legacy == Signature::BodyOnly, None),
         _ => {
             tracing::error!(
-                task = task_name,
+                task,
                 "dispatch refused: an unsealed task (DRIP_ACCEPT_UNSIGNED_TASKS_UNTIL is not in force)"
             );
             return refuse(Outcome::NotATask, StatusCode::FORBIDDEN);
         }
     };
-    let delivery = Delivery {
-        task: task_name,
-        retry_count: header("x-cloudtasks-taskretrycount").and_then(|v| v.parse().ok()).unwrap_or(0),
-        body: &body,
-        sealed_until,
-    };
-    match TaskBatch::parse(&body) {
-        // Batches came after seals: an unsealed one is no task of ours.
-        Some(_) if sealed_until.is_none() => {
-            tracing::error!(task = task_name, "dispatch refused: an unsealed batch task");
-            refuse(Outcome::NotATask, StatusCode::FORBIDDEN)
-        }
-        Some(batch) => dispatch_batch(&state, &batch, &delivery).await,
-        None => dispatch_one(&state, &delivery, signed).await,
-    }
+    let retry_count = header("x-cloudtasks-taskretrycount").and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok(Admitted { delivery: Delivery { task, retry_count, body, sealed_until }, signed })
 }
 
 /// Each event of a batch at its own slot, all at once: 200 once every one is on a topic (or its
