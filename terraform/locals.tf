@@ -1,15 +1,10 @@
 locals {
-  rules_document = yamldecode(file(var.rules_file))
-  rules          = local.rules_document.rules
-
-  # Topics named by id in the rules are created here; full names (projects/.../topics/...) are
-  # someone else's and only granted to.
-  forward_topics  = toset([for rule in local.rules : rule.forward.topic if can(rule.forward.topic) && !startswith(try(rule.forward.topic, ""), "projects/")])
-  overflow_topics = toset([for rule in local.rules : rule.overflow_topic if !startswith(rule.overflow_topic, "projects/")])
-  dlq_topics = toset([
-    for topic in concat([for rule in local.rules : try(rule.dlq_topic, "")], [try(local.rules_document.default_dlq_topic, "")]) :
-    topic if topic != "" && !startswith(topic, "projects/")
-  ])
+  # The rules' topics as Drip reads the rules (`drip rules topics`): those named by id are created
+  # here; full names (projects/.../topics/...) are someone else's and left alone.
+  rules_topics    = jsondecode(file(var.rules_topics_file))
+  forward_topics  = toset(local.rules_topics.forward)
+  overflow_topics = toset(local.rules_topics.overflow)
+  dlq_topics      = toset(local.rules_topics.dlq)
   # Where Pub/Sub sends pushes the limiter keeps failing.
   push_dead_letter_topic = "${var.name}-push-dead-letter"
 

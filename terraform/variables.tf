@@ -36,12 +36,22 @@ variable "prometheus_sidecar_image" {
 }
 
 variable "rules_file" {
-  description = "Path of the rules file (docs/rules.md). Its forward, overflow and dead-letter topics are created here; it reaches the services through Secret Manager."
+  description = "Path of the rules file (docs/rules.md). It reaches the services through Secret Manager; its topics come from rules_topics_file."
   type        = string
 
   validation {
     condition     = fileexists(var.rules_file)
     error_message = "rules_file must name an existing file."
+  }
+}
+
+variable "rules_topics_file" {
+  description = "Path of what `drip rules topics RULES_FILE --output json` prints for rules_file: its forward, overflow and dead-letter topics in this project, created here (and full names of other projects' topics, left alone). Drip reads the rules, so Terraform parses no YAML; cloudbuild.yaml writes it with the image it built."
+  type        = string
+
+  validation {
+    condition     = fileexists(var.rules_topics_file) && alltrue([for kind in ["forward", "overflow", "dlq", "external"] : can(jsondecode(file(var.rules_topics_file))[kind])])
+    error_message = "rules_topics_file must name the JSON of `drip rules topics RULES_FILE --output json` (forward, overflow, dlq and external)."
   }
 }
 

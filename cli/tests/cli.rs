@@ -819,3 +819,54 @@ fn the_schemas_are_current_and_every_example_fits_the_rules_schema() {
     missing["rules"][0].as_object_mut().unwrap().remove("key");
     assert!(!validator.is_valid(&missing), "a rule without its key");
 }
+
+/// `drip rules topics` says which topics the rules publish to, as Drip reads them (a rule's own
+/// dead-letter topic or the file's default, other projects' full names apart), and Terraform's
+/// example reads its current output (`DRIP_BLESS=1` rewrites it after a rules change).
+#[test]
+fn rules_topics_are_what_terraform_creates() {
+    let example = repo("terraform/examples/basic/rules.yaml");
+    let output = drip(&["rules", "topics", example.to_str().unwrap(), "--output", "json"]);
+    assert!(output.status.success(), "{output:?}");
+    let committed = repo("terraform/examples/basic/rules-topics.json");
+    if std::env::var_os("DRIP_BLESS").is_some() {
+        std::fs::write(&committed, &output.stdout).unwrap();
+    }
+    assert_eq!(stdout(&output), std::fs::read_to_string(&committed).unwrap(), "stale: DRIP_BLESS=1");
+    let rules = std::env::temp_dir().join(format!("{}.yaml", unique("topics")));
+    std::fs::write(
+        &rules,
+        r#"
+default_dlq_topic: all-dlq
+rules:
+  - name: a
+    match: { attributes: { kind: a } }
+    key: "k_{data.k}"
+    limits: [{ limit: 1, per: 1s }]
+    max_delay: 1m
+    forward: { topic: projects/partner/topics/inbound }
+    overflow_topic: a-overflow
+  - name: b
+    key: "k_{data.k}"
+    limits: [{ limit: 1, per: 1s }]
+    max_delay: 1m
+    forward: { url: "https://example.com/b" }
+    overflow_topic: b-overflow
+    dlq_topic: b-dlq
+"#,
+    )
+    .unwrap();
+    let topics: serde_json::Value =
+        serde_json::from_slice(&drip(&["rules", "topics", rules.to_str().unwrap(), "--output", "json"]).stdout)
+            .unwrap();
+    std::fs::remove_file(&rules).ok();
+    assert_eq!(
+        topics,
+        serde_json::json!({
+            "forward": [],
+            "overflow": ["a-overflow", "b-overflow"],
+            "dlq": ["all-dlq", "b-dlq"],
+            "external": ["projects/partner/topics/inbound"],
+        })
+    );
+}

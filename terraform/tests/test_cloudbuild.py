@@ -36,8 +36,7 @@ def image_tags(values: dict[str, str]) -> set[str]:
     tags = set()
     for text in texts:
         resolved = resolve(str(text), values)
-        if "docker.pkg.dev" in resolved and "/drip:" in resolved:
-            tags.add(resolved.rsplit(":", 1)[1])
+        tags.update(re.findall(r"docker\.pkg\.dev/\S+/drip:([^\s/\\]*)", resolved))
         if resolved.startswith("-var=image_tag="):
             tags.add(resolved.removeprefix("-var=image_tag="))
     return tags

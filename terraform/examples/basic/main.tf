@@ -53,6 +53,7 @@ module "drip" {
   name                    = "drip"
   image                   = "${var.region}-docker.pkg.dev/${var.project_id}/drip/drip:${var.image_tag}"
   rules_file              = "${path.module}/rules.yaml"
+  rules_topics_file       = "${path.module}/rules-topics.json"
   source_topics           = ["payout-events", "sms-events"]
   create_source_topics    = true
   network                 = "projects/${var.project_id}/global/networks/default"
