@@ -280,19 +280,17 @@ pub(crate) fn report(
     if let Some(until) = &paused_until {
         waiting_on.push(format!("paused until {until}: the downstream said to wait"));
     }
-    let full_until = |limit: &Limit| match limit.window() {
-        Window::Fixed(_) => format!(" until {}", format_rfc3339((now.div_euclid(limit.per()) + 1) * limit.per())),
-        _ => String::new(),
+    // When a limit's current window holds its count: ` until <its end>` (fixed), or "" (sliding,
+    // gcra: full now); `None` when it has room.
+    let full_until = |limit: &Limit, report: &LimitReport| {
+        (report.capacity > 0 && report.used_now >= report.capacity).then(|| match limit.window() {
+            Window::Fixed(_) => format!(" until {}", format_rfc3339((now.div_euclid(limit.per()) + 1) * limit.per())),
+            _ => String::new(),
+        })
     };
     for (limit, report) in rule.limits.iter().zip(&limits) {
-        if report.capacity > 0 && report.used_now >= report.capacity {
-            waiting_on.push(format!(
-                "{}: full ({} of {}){}",
-                report.limit,
-                report.used_now,
-                report.capacity,
-                full_until(limit)
-            ));
+        if let Some(until) = full_until(limit, report) {
+            waiting_on.push(format!("{}: full ({} of {}){until}", report.limit, report.used_now, report.capacity));
         }
     }
     if let (Some(adaptive), Some(level)) = (rule.adaptive, level)
@@ -308,14 +306,11 @@ pub(crate) fn report(
             waiting_on.push(format!("budget {}: paused until {until}", report.name));
         }
         for (limit, l) in budget.limits.iter().zip(&report.limits) {
-            if l.capacity > 0 && l.used_now >= l.capacity {
+            if let Some(until) = full_until(limit, l) {
+                let name = &report.name;
                 waiting_on.push(format!(
-                    "budget {}: {} full ({} of {}, everyone's){}",
-                    report.name,
-                    l.limit,
-                    l.used_now,
-                    l.capacity,
-                    full_until(limit)
+                    "budget {name}: {} full ({} of {}, everyone's){until}",
+                    l.limit, l.used_now, l.capacity
                 ));
             }
         }

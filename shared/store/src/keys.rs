@@ -64,13 +64,7 @@ impl EntityKeys {
             None => entity_prefix(namespace, rule.id, key),
             Some(tag) => format!("{namespace}:{{b:{tag}}}:{}|{}", rule.id, escape(key)),
         };
-        let (answers, answers_base) = match published {
-            Some(at) => {
-                let bucket = at.div_euclid(ANSWER_BUCKET);
-                (format!("{prefix}:a:{bucket}"), bucket * ANSWER_BUCKET)
-            }
-            None => (format!("{prefix}:a:u"), 0),
-        };
+        let (answers, answers_base) = answers_file(&prefix, published.map(|at| at.div_euclid(ANSWER_BUCKET)));
         let digest = Sha256::digest(message.as_bytes());
         let mut answer_field = [0u8; 8];
         answer_field.copy_from_slice(&digest[..8]);
@@ -93,11 +87,16 @@ impl EntityKeys {
     /// The entity's answers hash of publication minute `minute` (`None`: the undated answers),
     /// and the base its times are relative to.
     pub fn answers_of(&self, minute: Option<Millis>) -> (String, Millis) {
-        let prefix = self.state.strip_suffix(":state").unwrap_or(&self.state);
-        match minute {
-            Some(minute) => (format!("{prefix}:a:{minute}"), minute * ANSWER_BUCKET),
-            None => (format!("{prefix}:a:u"), 0),
-        }
+        answers_file(self.state.strip_suffix(":state").unwrap_or(&self.state), minute)
+    }
+}
+
+/// The answers hash of an entity (`prefix`) for one publication minute, or its undated answers
+/// (`a:u`, base 0), and the base its times are relative to.
+fn answers_file(prefix: &str, minute: Option<Millis>) -> (String, Millis) {
+    match minute {
+        Some(minute) => (format!("{prefix}:a:{minute}"), minute * ANSWER_BUCKET),
+        None => (format!("{prefix}:a:u"), 0),
     }
 }
 
