@@ -56,6 +56,8 @@ pub struct VersionLabels {
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
+    /// `process_*`, unprefixed: read from `/proc/self` at each scrape.
+    process: Registry,
     pub calls: HistogramFamily<CallLabels>,
     rules_info: Family<VersionLabels, Gauge>,
     rules_refused: Gauge,
@@ -118,8 +120,11 @@ impl Default for Metrics {
             "Each rule's delivery_margin in force: an alert compares dispatch lateness against it",
             delivery_margin.clone(),
         );
+        let mut process = Registry::default();
+        process.register_collector(Box::new(ProcessCollector));
         Self {
             registry,
+            process,
             calls,
             rules_info,
             rules_refused,
@@ -194,10 +199,8 @@ impl Metrics {
     /// client exports).
     pub fn render(&self) -> String {
         use prometheus_client::encoding::text::{encode_eof, encode_registry};
-        let mut process = Registry::default();
-        process.register_collector(Box::new(ProcessCollector));
         let mut out = String::new();
-        let _ = encode_registry(&mut out, &self.registry).and_then(|()| encode_registry(&mut out, &process));
+        let _ = encode_registry(&mut out, &self.registry).and_then(|()| encode_registry(&mut out, &self.process));
         let _ = encode_eof(&mut out);
         out
     }
