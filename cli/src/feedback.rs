@@ -32,19 +32,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    match report(&args) {
-        Ok(printed) => {
-            print!("{}", printed.render(args.output));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("drip feedback: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::output::run("feedback", args.output, report(&args))
 }
 
-fn report(args: &Args) -> anyhow::Result<Printed> {
+async fn report(args: &Args) -> anyhow::Result<Printed> {
     let body = serde_json::json!({
         "rule": args.rule,
         "key": args.key,
@@ -52,8 +43,7 @@ fn report(args: &Args) -> anyhow::Result<Printed> {
         "status": args.status,
         "retryAfter": args.retry_after,
     });
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let answer = runtime.block_on(async { args.target.connect().await?.feedback(body).await })?;
+    let answer = args.target.connect().await?.feedback(body).await?;
     let table = match &answer {
         serde_json::Value::Null => "no change: the answer neither pauses nor lowers anything\n".to_owned(),
         answer => {

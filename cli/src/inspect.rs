@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use drip_store::inspect::EntityReport;
 
-use crate::output::Output;
+use crate::output::{Output, Printed};
 use crate::transport::Target;
 
 #[derive(Debug, clap::Args)]
@@ -31,27 +31,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    match report(&args) {
-        Ok(report) => {
-            if args.json || args.output == Output::Json {
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-            } else {
-                print!("{}", render(&report));
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("drip inspect: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let output = if args.json { Output::Json } else { args.output };
+    crate::output::run("inspect", output, report(&args))
 }
 
-fn report(args: &Args) -> anyhow::Result<EntityReport> {
+async fn report(args: &Args) -> anyhow::Result<Printed> {
     let rule = args.rule.as_deref().or(args.rule_flag.as_deref()).unwrap_or_default();
     let key = args.key.as_deref().or(args.key_flag.as_deref()).unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async { args.target.connect().await?.inspect(rule, key).await })
+    let report = args.target.connect().await?.inspect(rule, key).await?;
+    Ok(Printed { table: render(&report), json: serde_json::to_value(&report)? })
 }
 
 fn render(report: &EntityReport) -> String {

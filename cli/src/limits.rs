@@ -92,21 +92,7 @@ enum LimitsCommand {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(anyhow::Error::from)
-        .and_then(|runtime| runtime.block_on(execute(args.command)));
-    match result {
-        Ok(printed) => {
-            print!("{}", printed.render(args.output));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("drip limits: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::output::run("limits", args.output, execute(args.command))
 }
 
 /// `2026-12-31` → the end of that UTC day; an RFC 3339 time as it is.
