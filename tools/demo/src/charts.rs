@@ -44,13 +44,19 @@ pub(crate) fn finish<'a, 'b: 'a>(
     mut chart: SecondsChart<'a, 'b>,
     root: &DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
 ) -> anyhow::Result<()> {
+    legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The chart's legend at the lower right, boxed on a pale ground.
+fn legend<'a, 'b: 'a>(chart: &mut SecondsChart<'a, 'b>) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.85))
         .draw()?;
-    root.present()?;
     Ok(())
 }
 
@@ -168,12 +174,7 @@ pub(crate) fn draw_chart(
             ))?
             .label(format!("the limit: {limit} at once, then {slope:.0} per second"))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.6)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
