@@ -138,7 +138,7 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, bool)> {
         Some(url) => Some(RedisStore::new(args.connection.connect(url).await?, "drip".to_owned())),
         None => None,
     };
-    let topic = full_name(&args.project, "topics", &args.topic);
+    let topic = publishers.topic_name(&args.topic);
     let (mut entries, mut left, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
     let replays = |entries: &Vec<Entry>| entries.iter().filter(|e| e.action != Action::Left).count();
     let mut idle_since = std::time::Instant::now();
