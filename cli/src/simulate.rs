@@ -175,7 +175,7 @@ async fn decide(rules: &RuleSet, event: &Event, now: Millis, store: &dyn Store) 
             scheduled: None,
         },
         Plan::Reserve { rule, key, cost, .. } => {
-            let request = SlotRequest::for_rule(rule, &key, &event.id, cost, Some(now));
+            let request = SlotRequest::for_rule(rule, &key, &event.id, cost).at(now).published(Some(now));
             let reserved = store.reserve(&request).await.with_context(|| format!("reserving {}", event.id))?;
             let reservation = reserved.reservation;
             let decision = Decision::of(&reservation, 0);

@@ -228,7 +228,7 @@ fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>)
         let store = RedisStore::new(AnyConnection::connect(&settings).await.unwrap(), namespace.clone());
         for i in 0..250 {
             let id = format!("m{i}");
-            let request = SlotRequest::for_rule(rule, "merchant_1:payout", &id, 1, None);
+            let request = SlotRequest::for_rule(rule, "merchant_1:payout", &id, 1);
             store.reserve(&request).await.unwrap();
         }
     });
@@ -358,7 +358,7 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
             let mut slots = Vec::new();
             for _ in 0..count {
                 let id = unique("m");
-                let request = SlotRequest::for_rule(rule, key, &id, 1, Some(now));
+                let request = SlotRequest::for_rule(rule, key, &id, 1).at(now).published(Some(now));
                 slots.push(store.reserve(&request).await.unwrap().reservation.slot);
             }
             slots.into_iter().filter(|&slot| slot == now).count()

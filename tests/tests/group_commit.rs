@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{Attempt, Reservation};
+use drip_core::schedule::{Attempt, Reservation, ReserveRequest};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{Batching, MemoryStore, RedisStore, SlotRequest};
 use drip_tests::redis_server::{RedisCluster, shared_connection};
@@ -52,13 +52,13 @@ fn limits() -> Vec<Limit> {
 }
 
 fn request<'a>(rule: &'a str, key: &'a str, id: &'a str, limits: &'a [Limit]) -> SlotRequest<'a> {
-    SlotRequest {
+    let event = ReserveRequest {
         max_delay: 10 * MINUTE,
-        now: Some(T0),
         lease: 5_000,
         published: Some(T0),
-        ..SlotRequest::new(rule, key, id, limits)
-    }
+        ..ReserveRequest::new(id, limits, T0)
+    };
+    SlotRequest::new(rule, key, event).at(T0)
 }
 
 /// `events` (key, message) reserved concurrently through `store`.

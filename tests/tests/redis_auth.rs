@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::ReserveRequest;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -30,7 +31,9 @@ async fn reserves_over_tls_with_auth_and_the_given_ca() {
     let connection = AnyConnection::connect(&settings(&redis, "s3cret", "ca.pem")).await.expect("TLS + AUTH connect");
     let store = RedisStore::new(connection, "drip");
     let limits = [Limit::new(1, 60_000, Window::Fixed(Placement::Start)).unwrap()];
-    let request = SlotRequest { max_delay: 120_000, now: Some(0), ..SlotRequest::new("tls", "k", "m1", &limits) };
+    let request =
+        SlotRequest::new("tls", "k", ReserveRequest { max_delay: 120_000, ..ReserveRequest::new("m1", &limits, 0) })
+            .at(0);
     let reserved = store.reserve(&request).await.unwrap();
     assert_eq!(reserved.reservation.slot, 0);
 }
@@ -68,7 +71,9 @@ fn token_settings(url: String, cluster: bool, token: &str, refresh: Duration) ->
 async fn reserve_once(connection: AnyConnection, id: &str) -> i64 {
     let store = RedisStore::new(connection, unique("tokens"));
     let limits = [Limit::new(5, 60_000, Window::Fixed(Placement::Start)).unwrap()];
-    let request = SlotRequest { max_delay: 120_000, now: Some(0), ..SlotRequest::new("tokens", "k", id, &limits) };
+    let request =
+        SlotRequest::new("tokens", "k", ReserveRequest { max_delay: 120_000, ..ReserveRequest::new(id, &limits, 0) })
+            .at(0);
     store.reserve(&request).await.expect("reserve with token auth").reservation.slot
 }
 
@@ -88,7 +93,9 @@ async fn token_authentication_on_one_node_re_authenticates_on_schedule() {
         Ok(connection) => {
             let store = RedisStore::new(connection, "x");
             let limits = [Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap()];
-            let request = SlotRequest { max_delay: 0, now: Some(0), ..SlotRequest::new("r", "k", "m", &limits) };
+            let request =
+                SlotRequest::new("r", "k", ReserveRequest { max_delay: 0, ..ReserveRequest::new("m", &limits, 0) })
+                    .at(0);
             store.reserve(&request).await.is_err()
         }
     };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use drip_core::budgets::Budget;
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{LimitState, Reservation, Status, state_id};
+use drip_core::schedule::{LimitState, Reservation, ReserveRequest, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
@@ -50,19 +50,21 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
             .zip(&keys)
             .map(|(j, key)| {
                 let arrival = &scenario.events[j];
-                SlotRequest {
+                let event = ReserveRequest {
                     cost: arrival.cost,
                     max_delay: scenario.max_delay,
-                    now: Some(arrival.now),
                     lease: LEASE,
                     published: Some(arrival.published),
-                    reslot: arrival.reslot,
                     floor: arrival.floor,
-                    tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
                     budgets: &scenario.shared.budgets,
                     adaptive: scenario.shared.adaptive,
                     margin: scenario.shared.margin,
-                    ..SlotRequest::new(rule, key, &arrival.id, scenario.limits_at(j))
+                    ..ReserveRequest::new(&arrival.id, scenario.limits_at(j), arrival.now)
+                };
+                SlotRequest {
+                    reslot: arrival.reslot,
+                    tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
+                    ..SlotRequest::new(rule, key, event).at(arrival.now)
                 }
             })
             .collect();
@@ -408,7 +410,7 @@ async fn every_key_an_entity_writes_expires() {
     let mut entity_prefix = String::new();
     for i in 0..6 {
         let id = format!("m{i}");
-        let request = SlotRequest { ..SlotRequest::new(&rule, "k", &id, &limits) };
+        let request = SlotRequest::new(&rule, "k", ReserveRequest::new(&id, &limits, 0));
         store.reserve(&request).await.unwrap();
         entity_prefix = store.keys(&request).state.trim_end_matches("state").to_owned();
     }
@@ -450,7 +452,8 @@ async fn work_and_state_do_not_grow_with_the_backlog() {
     let mut sizes_at = HashMap::new();
     for i in 0..2_000u32 {
         let id = format!("m{i}");
-        let request = SlotRequest { max_delay, now: Some(T0), ..SlotRequest::new("r", "hot", &id, &limits) };
+        let request =
+            SlotRequest::new("r", "hot", ReserveRequest { max_delay, ..ReserveRequest::new(&id, &limits, T0) }).at(T0);
         // Commands are counted over 200 events at a backlog of 10 and of 1,800: the state's expiry
         // is refreshed only every so often, so single events may differ.
         if i == 10 || i == 1_800 {
@@ -499,13 +502,13 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
         let key = drip_store::budget_key("drip", &budget);
         let budgets = [budget];
         let reserve = async |entity: String| {
-            let request = SlotRequest {
+            let event = ReserveRequest {
                 max_delay: 5 * 24 * 60 * MINUTE,
-                now: Some(T0),
-                tag: Some(budgets[0].tag.as_str()),
                 budgets: &budgets,
-                ..SlotRequest::new("r", &entity, "m", &limits)
+                ..ReserveRequest::new("m", &limits, T0)
             };
+            let request =
+                SlotRequest { tag: Some(budgets[0].tag.as_str()), ..SlotRequest::new("r", &entity, event).at(T0) };
             store.reserve(&request).await.unwrap().reservation
         };
         // The calendar fills 1,000 windows at a time (written here, as many tenants' events would
@@ -570,7 +573,11 @@ async fn concurrent_clients_never_overbook_and_reserve_each_message_once() {
                 let owner = if i % 3 == 0 { (client + 1) % CLIENTS } else { client };
                 let id = format!("c{owner}-{i}");
                 let key = format!("merchant_{}", (owner + i) % 3);
-                let request = SlotRequest { max_delay: 60 * MINUTE, ..SlotRequest::new(&rule, &key, &id, &limits) };
+                let request = SlotRequest::new(
+                    &rule,
+                    &key,
+                    ReserveRequest { max_delay: 60 * MINUTE, ..ReserveRequest::new(&id, &limits, 0) },
+                );
                 answers.push((key.clone(), id.clone(), store.reserve(&request).await.expect("reserve").reservation));
             }
             answers
@@ -710,8 +717,7 @@ fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
         let mut slots = Vec::new();
         for i in 0..350 {
             let id = format!("p{i}");
-            let request =
-                SlotRequest { published: Some(published), ..SlotRequest::for_rule(&rule, "merchant_7", &id, 1, None) };
+            let request = SlotRequest::for_rule(&rule, "merchant_7", &id, 1).published(Some(published));
             let reserved = runtime.block_on(store.reserve(&request)).unwrap();
             runtime.block_on(store.complete(&request, &reserved)).unwrap();
             slots.push(reserved.reservation.slot);
@@ -721,10 +727,8 @@ fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
         let ahead = slots.iter().filter(|&&slot| slot > now).count() as u64;
         assert!(ahead >= 330, "about 340 wait: {ahead}");
         assert_eq!(report.backlog, ahead, "{store:?}: exactly the events whose slot is after {}", report.now);
-        let again = runtime.block_on(store.reserve(&SlotRequest {
-            published: Some(published),
-            ..SlotRequest::for_rule(&rule, "merchant_7", "p0", 1, None)
-        }));
+        let again = runtime
+            .block_on(store.reserve(&SlotRequest::for_rule(&rule, "merchant_7", "p0", 1).published(Some(published))));
         assert_eq!(again.unwrap().reservation.slot, slots[0], "a redelivery changes nothing");
         assert!(runtime.block_on(store.inspect(&rule, "merchant_7")).unwrap().backlog <= ahead, "nothing added");
         assert!(

@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use base64::Engine;
 use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::ReserveRequest;
 use drip_core::time::{DAY, SECOND};
 use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
 
@@ -34,7 +35,8 @@ async fn bare(State(bare): State<Bare>, body: Bytes) -> StatusCode {
     let id = message["messageId"].as_str().unwrap_or_default();
     let data = base64::engine::general_purpose::STANDARD.decode(message["data"].as_str().unwrap_or_default());
     let key = message["attributes"]["key"].as_str().unwrap_or("k");
-    let request = SlotRequest { max_delay: DAY, ..SlotRequest::new("bare", key, id, &*LIMITS) };
+    let request =
+        SlotRequest::new("bare", key, ReserveRequest { max_delay: DAY, ..ReserveRequest::new(id, &*LIMITS, 0) });
     if bare.store.reserve(&request).await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;
     }

@@ -13,7 +13,7 @@ use drip_core::event::Event;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
-use drip_core::schedule::{Attempt, Reservation};
+use drip_core::schedule::{Attempt, Reservation, ReserveRequest};
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_service::feedback;
 use drip_store::{Reserved, SlotRequest};
@@ -85,12 +85,8 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         Some(previous) => state.step(state.store.frontier(rule, previous)).await?,
         None => None,
     };
-    let request = SlotRequest {
-        lease: state.lease,
-        published,
-        floor,
-        ..SlotRequest::for_rule(rule, &key, &identity, cost, None)
-    };
+    let mut request = SlotRequest::for_rule(rule, &key, &identity, cost);
+    request.event = ReserveRequest { lease: state.lease, published, floor, ..request.event };
     let reserved = state.step(state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
     match reservation.attempt {

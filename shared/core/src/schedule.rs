@@ -119,6 +119,19 @@ impl<'a> ReserveRequest<'a> {
             margin: 0,
         }
     }
+
+    /// A request for one event of `rule` at `now`: the rule's limits, `max_delay`, budgets,
+    /// adaptive limit and delivery margin; undated, no lease or floor.
+    pub fn for_rule(rule: &'a crate::rules::Rule, message_id: &'a str, cost: u64, now: Millis) -> Self {
+        Self {
+            cost,
+            max_delay: rule.max_delay,
+            budgets: &rule.budgets,
+            adaptive: rule.adaptive,
+            margin: rule.delivery_margin,
+            ..Self::new(message_id, &rule.limits, now)
+        }
+    }
 }
 
 /// The state of one limit of one entity. Its size never depends on the backlog: two numbers for

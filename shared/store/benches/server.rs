@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
+use drip_core::schedule::ReserveRequest;
 use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
 use drip_store::{Batching, RedisStore, SlotRequest};
 use plotters::prelude::*;
@@ -95,14 +96,14 @@ fn request<'a>(
     (limits, budgets): (&'a [Limit], &'a [Arc<Budget>]),
     published: Millis,
 ) -> SlotRequest<'a> {
-    SlotRequest {
+    let event = ReserveRequest {
         max_delay: 30 * DAY,
         lease: 15 * SECOND,
         published: Some(published),
-        tag: budgets.first().map(|b| b.tag.as_str()),
         budgets,
-        ..SlotRequest::new(rule, key, id, limits)
-    }
+        ..ReserveRequest::new(id, limits, 0)
+    };
+    SlotRequest { tag: budgets.first().map(|b| b.tag.as_str()), ..SlotRequest::new(rule, key, event) }
 }
 
 async fn load(connection: &mut MultiplexedConnection, script: &str) -> String {
@@ -349,18 +350,14 @@ async fn full_calendar(
             let _: () = redis::AsyncCommands::hset_multiple(connection, &key, &windows).await.expect("HSET");
             filled += 1_000;
             let id = format!("fill{filled}");
-            let filler = SlotRequest {
-                max_delay: 400 * 3_600 * SECOND,
-                ..request("calendar", &id, "m", (&limits, &budgets), start)
-            };
+            let mut filler = request("calendar", &id, "m", (&limits, &budgets), start);
+            filler.event.max_delay = 400 * 3_600 * SECOND;
             store.reserve(&filler).await.expect("reserve");
         }
         let (usec, _) = measure(connection, "evalsha", probe, |i| {
             let id = format!("new{i}");
-            let call = SlotRequest {
-                max_delay: 400 * 3_600 * SECOND,
-                ..request("calendar", &id, "m", (&limits, &budgets), start)
-            };
+            let mut call = request("calendar", &id, "m", (&limits, &budgets), start);
+            call.event.max_delay = 400 * 3_600 * SECOND;
             store.reserve_call(&call).cmd()
         })
         .await;

@@ -123,17 +123,18 @@ impl ReserveArgs {
 
     /// Adds `request`'s event, its keys `keys` (the entity's) and its budgets' hashes.
     pub fn event(&mut self, namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> &mut Self {
+        let event = &request.event;
         let base = self.keys.len() as i64 + 1;
         self.keys.extend([keys.state.clone(), keys.answers.clone(), keys.overrides.clone()]);
         self.keys.extend(keys.sliding.iter().cloned());
         let budgets_at = self.keys.len() as i64 + 1 - base;
-        self.keys.extend(request.budgets.iter().map(|b| budget_key(namespace, b)));
+        self.keys.extend(event.budgets.iter().map(|b| budget_key(namespace, b)));
 
-        let budget_limits = request.budgets.iter().flat_map(|b| &b.limits);
+        let budget_limits = event.budgets.iter().flat_map(|b| &b.limits);
         let longest_window =
-            request.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0) + request.margin;
+            event.limits.iter().chain(budget_limits).map(|l| l.per()).max().unwrap_or(0) + event.margin;
         let mut sliding = 0;
-        let mut limits: Vec<EntityLimit> = request
+        let mut limits: Vec<EntityLimit> = event
             .limits
             .iter()
             .map(|limit| {
@@ -155,7 +156,7 @@ impl ReserveArgs {
             })
             .collect();
         // Each budget's fair share is one more fixed limit on the entity's own slots.
-        for (number, budget) in request.budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some()) {
+        for (number, budget) in event.budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some()) {
             for limit in &budget.limits {
                 let id = budget.share_id(limit);
                 limits.push(EntityLimit {
@@ -172,16 +173,16 @@ impl ReserveArgs {
         let mut args = Args::default();
         args.int(base)
             .str(keys.answer_field)
-            .int(request.cost as i64)
-            .int(request.max_delay)
+            .int(event.cost as i64)
+            .int(event.max_delay)
             .int(keys.answers_base)
-            .int(answers_keep(request.max_delay))
-            .int(request.lease)
+            .int(answers_keep(event.max_delay))
+            .int(event.lease)
             .int(longest_window + STATE_MARGIN)
             .str(if request.reslot { "reslot" } else { "" })
-            .opt(request.floor)
-            .int(request.margin);
-        adaptive(&mut args, request.adaptive.as_ref(), request.limits);
+            .opt(event.floor)
+            .int(event.margin);
+        adaptive(&mut args, event.adaptive.as_ref(), event.limits);
         args.section(&limits, |args, l| {
             args.str(l.kind).int(l.limit.per()).int(l.limit.limit() as i64).int(l.extra);
         });
@@ -195,7 +196,7 @@ impl ReserveArgs {
             args.str(name);
         }
         let numbered: Vec<(i64, &_)> =
-            request.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
+            event.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
         args.section(&numbered, |args, (key, budget)| {
             args.int(*key);
             adaptive(args, budget.adaptive.as_ref(), &budget.limits);

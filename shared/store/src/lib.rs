@@ -15,9 +15,7 @@ mod store;
 
 use std::sync::Arc;
 
-use drip_core::budgets::{Adaptive, Budget};
-use drip_core::rules::Limit;
-use drip_core::schedule::Reservation;
+use drip_core::schedule::{Reservation, ReserveRequest};
 use drip_core::time::Millis;
 
 pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
@@ -31,38 +29,24 @@ pub use redis_store::{
 };
 pub use store::{Ping, Store, StoreFuture};
 
-/// One event's reservation request for one entity.
+/// One event's reservation request for one entity: the model's request ([`ReserveRequest`], the
+/// event's parameters) with where the store files it and which clock decides it.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotRequest<'a> {
     pub rule: &'a str,
     pub key: &'a str,
-    /// The message's identity (`MessageRef::identity`: id and subscription).
-    pub message_id: &'a str,
-    pub cost: u64,
-    pub limits: &'a [Limit],
-    pub max_delay: Millis,
-    /// `None`: the store's clock (Redis `TIME`), so instances with skewed clocks agree.
-    pub now: Option<Millis>,
-    /// How long the attempt that gets the answer acts alone on the message (0: no lease).
-    pub lease: Millis,
-    /// When the message was published (the same on every redelivery): its answer is filed under
-    /// its minute. `None`: undated (a message not from Pub/Sub), filed with the entity's undated
-    /// answers, so a redelivery in another minute still finds it.
-    pub published: Option<Millis>,
+    /// The hash tag of the rule's budgets (`RuleRef::tag`), if it draws from any.
+    pub tag: Option<&'a str>,
     /// Give a message that already has an answer a new slot (its attempt holds the lease and was
     /// told to wait by the downstream); false for an ordinary reservation.
     pub reslot: bool,
-    /// The entity's frontier is at least this (the same subject's last slot under the rule's
-    /// `previous_key`, read first: a key template change keeps FIFO and the window bound).
-    pub floor: Option<Millis>,
-    /// The hash tag of the rule's budgets (`RuleRef::tag`), if it draws from any.
-    pub tag: Option<&'a str>,
-    /// The shared budgets the event also draws from.
-    pub budgets: &'a [Arc<Budget>],
-    /// The rule's adaptive limit, if it has one.
-    pub adaptive: Option<Adaptive>,
-    /// The rule's `delivery_margin` (`ReserveRequest::margin`).
-    pub margin: Millis,
+    /// The event as the model reserves it. Its `message_id` is the message's identity
+    /// (`MessageRef::identity`: id and subscription); its `now` counts only when `store_clock` is
+    /// false.
+    pub event: ReserveRequest<'a>,
+    /// Decide at the store's clock (Redis `TIME`, so instances with skewed clocks agree) instead
+    /// of `event.now`.
+    pub store_clock: bool,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -71,49 +55,31 @@ impl<'a> SlotRequest<'a> {
         RuleRef { id: self.rule, tag: self.tag }
     }
 
-    /// A request of cost 1 for `message_id` under `limits`, with a minute's `max_delay`, on the
-    /// store's clock: undated, no lease, reslot, floor, budget, adaptive limit or margin. Callers
-    /// change what they need with `..SlotRequest::new(..)`, so a new parameter has one default,
-    /// here (as `ReserveRequest::new` in the model).
-    pub fn new(rule: &'a str, key: &'a str, message_id: &'a str, limits: &'a [Limit]) -> Self {
-        Self {
-            rule,
-            key,
-            message_id,
-            cost: 1,
-            limits,
-            max_delay: drip_core::time::MINUTE,
-            now: None,
-            lease: 0,
-            published: None,
-            reslot: false,
-            floor: None,
-            tag: None,
-            budgets: &[],
-            adaptive: None,
-            margin: 0,
-        }
+    /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
+    pub fn new(rule: &'a str, key: &'a str, event: ReserveRequest<'a>) -> Self {
+        Self { rule, key, tag: None, reslot: false, event, store_clock: true }
     }
 
-    /// The request for one event of `rule`, with the rule's limits and max_delay.
-    pub fn for_rule(
-        rule: &'a drip_core::rules::Rule,
-        key: &'a str,
-        message_id: &'a str,
-        cost: u64,
-        now: Option<Millis>,
-    ) -> Self {
-        Self {
-            cost,
-            max_delay: rule.max_delay,
-            now,
-            published: now,
-            tag: rule.budget_tag(),
-            budgets: &rule.budgets,
-            adaptive: rule.adaptive,
-            margin: rule.delivery_margin,
-            ..Self::new(&rule.id, key, message_id, &rule.limits)
-        }
+    /// The request for one event of `rule` (its limits, budgets and the rest, as
+    /// `ReserveRequest::for_rule` gives them), on the store's clock.
+    pub fn for_rule(rule: &'a drip_core::rules::Rule, key: &'a str, message_id: &'a str, cost: u64) -> Self {
+        Self { tag: rule.budget_tag(), ..Self::new(&rule.id, key, ReserveRequest::for_rule(rule, message_id, cost, 0)) }
+    }
+
+    /// The same request decided at `now` instead of the store's clock (tests, the simulator).
+    pub fn at(self, now: Millis) -> Self {
+        Self { event: ReserveRequest { now, ..self.event }, store_clock: false, ..self }
+    }
+
+    /// The same request for a message published at `published` (its answer is filed under that
+    /// minute; `None`: undated).
+    pub fn published(self, published: Option<Millis>) -> Self {
+        Self { event: ReserveRequest { published, ..self.event }, ..self }
+    }
+
+    /// When to decide: `None` is the store's clock.
+    pub fn now(&self) -> Option<Millis> {
+        (!self.store_clock).then_some(self.event.now)
     }
 }
 

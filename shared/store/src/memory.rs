@@ -113,20 +113,8 @@ impl MemoryStore {
     }
 
     pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        let now = request.now.unwrap_or_else(wall_clock_millis);
-        let model_request = ReserveRequest {
-            message_id: request.message_id,
-            published: request.published,
-            cost: request.cost,
-            limits: request.limits,
-            max_delay: request.max_delay,
-            now,
-            lease: request.lease,
-            floor: request.floor,
-            budgets: request.budgets,
-            adaptive: request.adaptive,
-            margin: request.margin,
-        };
+        let now = request.now().unwrap_or_else(wall_clock_millis);
+        let model_request = ReserveRequest { now, ..request.event };
         let reservation = self.with(|s| {
             if request.reslot {
                 s.reslot(request.rule, request.key, &model_request)
@@ -138,12 +126,12 @@ impl MemoryStore {
     }
 
     pub async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        self.with(|s| s.complete(request.rule, request.key, (request.message_id, request.published)));
+        self.with(|s| s.complete(request.rule, request.key, (request.event.message_id, request.event.published)));
         Ok(())
     }
 
     pub async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        self.with(|s| s.release(request.rule, request.key, (request.message_id, request.published)));
+        self.with(|s| s.release(request.rule, request.key, (request.event.message_id, request.event.published)));
         Ok(())
     }
 }

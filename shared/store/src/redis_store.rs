@@ -70,9 +70,9 @@ impl<C> RedisStore<C> {
             &self.namespace,
             request.rule_ref(),
             request.key,
-            request.message_id,
-            request.published,
-            request.limits,
+            request.event.message_id,
+            request.event.published,
+            request.event.limits,
         )
     }
 
@@ -93,7 +93,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let keys = self.keys(request);
         let base = keys.answers_base;
         let value = field::completed_answer(&reserved.reservation, base);
-        let ttl = (base - reserved.now).max(0) + answers_keep(request.max_delay);
+        let ttl = (base - reserved.now).max(0) + answers_keep(request.event.max_delay);
         let mut pipe = redis::pipe();
         pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
         pipe.pexpire(&keys.answers, ttl).ignore();
@@ -216,7 +216,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         if let Some((group, _)) = &self.groups {
             let event = EncodedEvent::new(&self.namespace, &self.keys(request), request);
-            return group.clone().submit((event, request.now)).await;
+            return group.clone().submit((event, request.now())).await;
         }
         only_answer(self.reserve_batch(std::slice::from_ref(request)).await?)
     }
@@ -299,7 +299,7 @@ impl<C> RedisStore<C> {
 
     /// The script call that reserves each of `requests` in order (at the first one's `now`).
     pub fn reserve_batch_call(&self, requests: &[SlotRequest<'_>]) -> ReserveCall {
-        let mut args = ReserveArgs::new(requests.first().and_then(|r| r.now));
+        let mut args = ReserveArgs::new(requests.first().and_then(SlotRequest::now));
         for request in requests {
             args.event(&self.namespace, &self.keys(request), request);
         }

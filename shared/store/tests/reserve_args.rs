@@ -4,6 +4,7 @@
 //! the contract shows as a diff of `golden/reserve_args.txt`; `DRIP_BLESS=1` rewrites it.
 
 use drip_core::rules::{RuleSet, ServiceRules};
+use drip_core::schedule::ReserveRequest;
 use drip_store::{RedisStore, SlotRequest};
 
 const RULES: &str = r#"
@@ -35,13 +36,9 @@ fn the_arguments_of_a_rich_call_are_pinned() {
     let rule = rules.rule("payouts").unwrap();
     let store = RedisStore::new((), "drip");
     let now = 1_800_000_000_123;
-    let first = SlotRequest {
-        lease: 15_000,
-        floor: Some(now + 2_000),
-        ..SlotRequest::for_rule(rule, "merchant_7", "m1", 2, Some(now))
-    };
-    let second =
-        SlotRequest { reslot: true, published: None, ..SlotRequest::for_rule(rule, "merchant_8", "m2", 1, Some(now)) };
+    let mut first = SlotRequest::for_rule(rule, "merchant_7", "m1", 2).at(now).published(Some(now));
+    first.event = ReserveRequest { lease: 15_000, floor: Some(now + 2_000), ..first.event };
+    let second = SlotRequest { reslot: true, ..SlotRequest::for_rule(rule, "merchant_8", "m2", 1).at(now) };
     let cmd = store.reserve_batch_call(&[first, second]).cmd();
     let mut lines = Vec::new();
     for arg in cmd.args_iter().skip(2) {
