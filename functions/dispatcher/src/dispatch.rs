@@ -28,6 +28,7 @@ use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::Status;
 use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::{EventPost, PostError};
+use drip_service::answer::Answer;
 use drip_service::feedback;
 use drip_store::{DispatchClaim, MessageOf, SlotRequest};
 
@@ -73,20 +74,16 @@ impl<'r> Route<'r> {
     }
 }
 
-pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
+pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Answer {
     let Admitted { delivery, signed } = match admit(&state, &headers, &body).await {
         Ok(admitted) => admitted,
-        Err(Rejected { outcome, status }) => {
-            state.metrics.count("-", outcome.as_str());
-            return status;
-        }
+        Err(Rejected { outcome, status }) => return Answer::new(status, None, outcome),
     };
     match TaskBatch::parse(&body) {
         // Batches came after seals: an unsealed one is no task of ours.
         Some(_) if delivery.sealed_until.is_none() => {
             tracing::error!(task = delivery.task, "dispatch refused: an unsealed batch task");
-            state.metrics.count("-", Outcome::NotATask.as_str());
-            StatusCode::FORBIDDEN
+            Answer::new(StatusCode::FORBIDDEN, None, Outcome::NotATask)
         }
         Some(batch) => dispatch_batch(&state, &batch, &delivery).await,
         None => dispatch_one(&state, &delivery, signed).await,
@@ -151,7 +148,7 @@ async fn admit<'a>(state: &AppState, headers: &'a HeaderMap, body: &'a [u8]) -> 
 
 /// Each event of a batch at its own slot, all at once: 200 once every one is on a topic (or its
 /// DLQ); a retry publishes only those whose claim is not done yet.
-async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Delivery<'_>) -> StatusCode {
+async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Delivery<'_>) -> Answer {
     let events = batch.batch.iter().map(|event| async move {
         let delivery = Delivery { body: event.get().as_bytes(), ..*delivery };
         let task: TaskBody = match serde_json::from_slice(delivery.body) {
@@ -164,20 +161,20 @@ async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Deli
         }
         dispatch_task(state, &task, &delivery, true).await
     });
-    let statuses = futures_util::future::join_all(events).await;
-    tracing::info!(task = delivery.task, events = statuses.len(), "batch task dispatched");
-    statuses.into_iter().find(|status| *status != StatusCode::OK).unwrap_or(StatusCode::OK)
+    let answers = futures_util::future::join_all(events).await;
+    tracing::info!(task = delivery.task, events = answers.len(), "batch task dispatched");
+    Answer::all(answers, StatusCode::OK)
 }
 
 /// One event's task body: its message onto its topic, once.
-async fn dispatch_one(state: &AppState, delivery: &Delivery<'_>, signed: bool) -> StatusCode {
+async fn dispatch_one(state: &AppState, delivery: &Delivery<'_>, signed: bool) -> Answer {
     match serde_json::from_slice::<TaskBody>(delivery.body) {
         Ok(task) => dispatch_task(state, &task, delivery, signed).await,
         Err(error) => dead_letter_malformed(state, delivery, &error.to_string()).await,
     }
 }
 
-async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_>, signed: bool) -> StatusCode {
+async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_>, signed: bool) -> Answer {
     let meta = &task.rate_limit_meta;
     let rules = state.rules.current();
     let route = match owner_of(&rules, meta.rule_id(), &meta.overflow_topic) {
@@ -186,8 +183,7 @@ async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_
         None if signed => rules.rule_by_id(meta.rule_id()).map_or(Route::Retired(None), Route::Overflow),
         None => {
             tracing::error!(task = delivery.task, topic = %meta.overflow_topic, rule = %meta.rule, "dispatch refused: an unsigned task names a topic no rule owns");
-            state.metrics.count(&meta.rule, Outcome::UnknownOverflowTopic.as_str());
-            return StatusCode::FORBIDDEN;
+            return Answer::new(StatusCode::FORBIDDEN, Some(&meta.rule), Outcome::UnknownOverflowTopic);
         }
     };
     let rule_label = match route {
@@ -206,10 +202,7 @@ async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_
         Err(error) => Err(error),
     };
     match outcome {
-        Ok(Outcome::Busy) => {
-            state.metrics.count(&rule_label, Outcome::Busy.as_str());
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        Ok(Outcome::Busy) => Answer::new(StatusCode::SERVICE_UNAVAILABLE, Some(&rule_label), Outcome::Busy),
         Ok(outcome) => {
             let now = wall_clock_millis();
             let lateness = parse_rfc3339(&meta.scheduled_for).map(|slot| now - slot).unwrap_or(0);
@@ -222,8 +215,7 @@ async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_
             } else {
                 tracing::info!(task = task_name, retry_count, message_id = %task.message_id, rule = %rule_label, key = %meta.key, %outcome, lateness_ms = lateness, "dispatched");
             }
-            state.metrics.count(&rule_label, outcome.as_str());
-            StatusCode::OK
+            Answer::new(StatusCode::OK, Some(&rule_label), outcome)
         }
         Err(error) => {
             tracing::warn!(
@@ -232,8 +224,7 @@ async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_
                 error = format!("{error:#}"),
                 "dispatch failed; Cloud Tasks will retry"
             );
-            state.metrics.count(&rule_label, Outcome::Retry.as_str());
-            StatusCode::SERVICE_UNAVAILABLE
+            Answer::new(StatusCode::SERVICE_UNAVAILABLE, Some(&rule_label), Outcome::Retry)
         }
     }
 }
@@ -504,7 +495,7 @@ async fn dead_letter_task(
 }
 
 /// A body that is not a task of ours can never succeed: dead-letter it and stop the retries.
-async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error: &str) -> StatusCode {
+async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error: &str) -> Answer {
     let rules = state.rules.current();
     let topic = rules.dlq_topic_for(None);
     let stamp =
@@ -513,12 +504,11 @@ async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error:
     match state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await {
         Ok(_) => {
             tracing::error!(task = delivery.task, error, "malformed task body dead-lettered");
-            state.metrics.count("-", DlqReason::MalformedTask.as_str());
-            StatusCode::OK
+            Answer::new(StatusCode::OK, None, Outcome::DeadLetter(DlqReason::MalformedTask))
         }
         Err(error) => {
             tracing::warn!(task = delivery.task, %error, "could not dead-letter a malformed task");
-            StatusCode::SERVICE_UNAVAILABLE
+            Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
         }
     }
 }

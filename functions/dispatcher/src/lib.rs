@@ -16,6 +16,7 @@ use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::Publish;
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
+use drip_service::answer::count_outcomes;
 use drip_service::auth::RouteAuth;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
@@ -168,8 +169,10 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
 
 pub fn app(state: AppState) -> Router {
     let (tasks, metrics) = &state.auth;
-    let dispatch =
-        Router::new().route("/dispatch", post(dispatch::dispatch)).layer(DefaultBodyLimit::max(MAX_TASK_BYTES));
+    let dispatch = Router::new()
+        .route("/dispatch", post(dispatch::dispatch))
+        .layer(DefaultBodyLimit::max(MAX_TASK_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(state.metrics.clone(), count_outcomes));
     let api = tasks.protect(dispatch).with_state(state.clone());
     drip_service::service_router(api, metrics, state.store, state.rules, state.metrics.shared.clone())
 }

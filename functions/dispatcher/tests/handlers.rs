@@ -150,6 +150,11 @@ async fn only_the_sealed_task_is_published_and_only_once() {
     let early_seal = seal(&early, later, TASK_NAME);
     assert_eq!(d.run(&early, Some(&early_seal)).await, StatusCode::SERVICE_UNAVAILABLE, "6 s early");
     assert!(d.published().is_empty(), "nothing published: {:?}", d.published());
+    let metrics = d.state.metrics.shared.render();
+    for (outcome, count) in [("not_a_task", 3), ("early", 1)] {
+        let line = format!(r#"drip_dispatches_total{{rule="-",outcome="{outcome}"}} {count}"#);
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 
     assert_eq!(d.run(&real, Some(&sealed)).await, StatusCode::OK);
     let published = d.published();
@@ -196,6 +201,11 @@ async fn a_batch_publishes_each_event_at_its_slot_and_a_retry_only_the_rest() {
         let slot = slots[id[1..].parse::<usize>().unwrap()];
         assert_eq!(topic, "payouts-overflow");
         assert!(*at >= slot, "{id} published at {at}, before its slot {slot}");
+    } // Each event of each attempt counted once, as it ended.
+    let metrics = d.state.metrics.shared.render();
+    for (outcome, count) in [("published", 4), ("retry", 2), ("duplicate", 6)] {
+        let line = format!(r#"drip_dispatches_total{{rule="payouts",outcome="{outcome}"}} {count}"#);
+        assert!(metrics.contains(&line), "{line} in {metrics}");
     }
 }
 

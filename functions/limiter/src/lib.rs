@@ -19,6 +19,7 @@ use drip_core::rules::ServiceRules;
 use drip_core::time::Millis;
 use drip_gcp::Publish;
 use drip_gcp::http_target::HttpTarget;
+use drip_service::answer::count_outcomes;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
@@ -111,7 +112,10 @@ fn longest_inline_wait(rules: &ServiceRules) -> Millis {
 /// (operators), `/v1/feedback` (overflow consumers), `/metrics` (the collector).
 pub fn app(state: AppState) -> Router {
     let auth = &state.auth;
-    let push = Router::new().route("/push", post(push::push)).layer(DefaultBodyLimit::max(MAX_PUSH_BYTES));
+    let push = Router::new()
+        .route("/push", post(push::push))
+        .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(state.metrics.clone(), count_outcomes));
     let admin = Router::new()
         .route("/v1/rules/{rule}/keys/{key}", axum::routing::get(entities::inspect))
         .route(

@@ -15,6 +15,7 @@ use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::{Attempt, Reservation, ReserveRequest};
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
+use drip_service::answer::Answer;
 use drip_service::feedback;
 use drip_store::{Reserved, SlotRequest};
 
@@ -24,68 +25,91 @@ use crate::envelope::{self, PushedMessage};
 
 /// 204 once the event is forwarded, scheduled or dead-lettered; 503 when any of that failed
 /// transiently or another attempt is acting on it. Never 202: the Pub/Sub emulator takes it for a nack.
-pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> StatusCode {
+pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Answer {
     // Whatever hangs, the push answers before SIGKILL (each step below is cut earlier still).
-    let result =
-        state.shutdown.before_kill(respond(&state, &headers, &body)).await.unwrap_or_else(|cut| Err(cut.into()));
+    state
+        .shutdown
+        .before_kill(respond(&state, &headers, &body))
+        .await
+        .unwrap_or_else(|cut| answer(None, Err(cut.into())))
+}
+
+/// The answer to a push whose event (of `rule`, when one matched) ended in `result`.
+fn answer(rule: Option<&Rule>, result: anyhow::Result<Outcome>) -> Answer {
+    let rule = rule.map(|r| r.name.as_str());
     match result {
-        Ok(Outcome::Busy) => {
-            state.metrics.count("-", Outcome::Busy.as_str());
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        Ok(_) => StatusCode::NO_CONTENT,
+        Ok(Outcome::Busy) => Answer::new(StatusCode::SERVICE_UNAVAILABLE, rule, Outcome::Busy),
+        Ok(outcome) => Answer::new(StatusCode::NO_CONTENT, rule, outcome),
         Err(error) => {
             tracing::warn!(error = format!("{error:#}"), "push failed; Pub/Sub will redeliver");
-            StatusCode::SERVICE_UNAVAILABLE
+            Answer::new(StatusCode::SERVICE_UNAVAILABLE, rule, Outcome::Retry)
         }
     }
 }
 
-async fn respond(state: &AppState, headers: &HeaderMap, body: &Bytes) -> anyhow::Result<Outcome> {
-    match envelope::parse(headers, body) {
-        Ok(message) => handle(state, message).await,
-        Err(unusable) => {
-            tracing::warn!(reason = %unusable.reason, detail = %unusable.detail, "unusable push request");
-            state.metrics.count("-", unusable.reason.as_str());
-            let letter = DeadLetter {
-                rule: None,
-                key: None,
-                reason: unusable.reason,
-                detail: &unusable.detail,
-                scheduled_for: None,
-                message_id: unusable.message_id.as_deref(),
-                subscription: None,
-                attributes: &unusable.attributes,
-                data: &unusable.data,
-            };
-            state.step(state.dead_letter(letter)).await?;
-            Ok(Outcome::DeadLetter(unusable.reason))
-        }
-    }
+async fn respond(state: &AppState, headers: &HeaderMap, body: &Bytes) -> Answer {
+    let unusable = match envelope::parse(headers, body) {
+        Ok(message) => return handle(state, message).await,
+        Err(unusable) => unusable,
+    };
+    tracing::warn!(reason = %unusable.reason, detail = %unusable.detail, "unusable push request");
+    let letter = DeadLetter {
+        rule: None,
+        key: None,
+        reason: unusable.reason,
+        detail: &unusable.detail,
+        scheduled_for: None,
+        message_id: unusable.message_id.as_deref(),
+        subscription: None,
+        attributes: &unusable.attributes,
+        data: &unusable.data,
+    };
+    let result = state.step(state.dead_letter(letter)).await;
+    answer(None, result.map(|()| Outcome::DeadLetter(unusable.reason)))
 }
 
-async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outcome> {
+async fn handle(state: &AppState, message: PushedMessage) -> Answer {
     let PushedMessage { id, subscription, publish_time, attributes, data } = message;
     let event = Event::new(id, attributes, data).with_subscription(subscription);
     let rules = state.rules.current();
-    let (rule, key, cost, previous_key) = match plan(&rules, &event) {
-        Plan::Reserve { rule, key, cost, previous_key } => (rule, key, cost, previous_key),
+    match plan(&rules, &event) {
+        Plan::Reserve { rule, key, cost, previous_key } => {
+            let reserving = Reserving { rule, key: &key, cost, previous_key: previous_key.as_deref() };
+            answer(Some(rule), reserve_and_act(state, &event, reserving, publish_time.as_deref()).await)
+        }
         Plan::DeadLetter { rule, key, reason, detail } => {
             log_decision(&event, rule, key.as_deref(), Outcome::DeadLetter(reason), None, false);
-            state.step(state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None))).await?;
-            state.metrics.count(rule.map_or("-", |r| r.name.as_str()), reason.as_str());
-            return Ok(Outcome::DeadLetter(reason));
+            let result =
+                state.step(state.dead_letter(letter(&event, rule, key.as_deref(), reason, &detail, None))).await;
+            answer(rule, result.map(|()| Outcome::DeadLetter(reason)))
         }
-    };
+    }
+}
+
+/// What the routing decided for an event to reserve.
+struct Reserving<'a> {
+    rule: &'a Rule,
+    key: &'a str,
+    cost: u64,
+    previous_key: Option<&'a str>,
+}
+
+/// Reserves the event's slot and acts on it once: the outcome, or why it must be retried.
+async fn reserve_and_act(
+    state: &AppState,
+    event: &Event,
+    Reserving { rule, key, cost, previous_key }: Reserving<'_>,
+    publish_time: Option<&str>,
+) -> anyhow::Result<Outcome> {
     let identity = event.message_ref().identity_with(&event.attributes);
     // The publish time is the same on every redelivery (and replay): the answer is filed under it.
-    let published = drip_core::event::filing_time(publish_time.as_deref(), &event.attributes);
+    let published = drip_core::event::filing_time(publish_time, &event.attributes);
     // A rule whose key template changed: the subject's frontier under its previous key carries over.
-    let floor = match &previous_key {
+    let floor = match previous_key {
         Some(previous) => state.step(state.store.frontier(rule, previous)).await?,
         None => None,
     };
-    let mut request = SlotRequest::for_rule(rule, &key, &identity, cost);
+    let mut request = SlotRequest::for_rule(rule, key, &identity, cost);
     request.event = ReserveRequest { lease: state.lease, published, floor, ..request.event };
     let reserved = state.step(state.store.reserve(&request)).await?;
     let reservation = reserved.reservation;
@@ -96,14 +120,12 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
         }
         Attempt::Done => {
             tracing::info!(message_id = %event.id, rule = %rule.name, key, "redelivery of a message already acted upon: acked");
-            state.metrics.count(&rule.name, Outcome::Redelivered.as_str());
             return Ok(Outcome::Redelivered);
         }
         Attempt::Decided | Attempt::Resumed => {}
     }
-    let acting =
-        Acting { rule, key: &key, event: &event, identity: &identity, slot: reservation.slot, cost, shadow: None };
-    let act = act(state, acting, &request, &reserved, publish_time.as_deref());
+    let acting = Acting { rule, key, event, identity: &identity, slot: reservation.slot, cost, shadow: None };
+    let act = act(state, acting, &request, &reserved, publish_time);
     let result = state.step(act).await;
     // After a downstream's Retry-After, the message's answer is its new slot.
     let (outcome, reserved) = match result {
@@ -112,16 +134,14 @@ async fn handle(state: &AppState, message: PushedMessage) -> anyhow::Result<Outc
             if let Err(release) = state.store.release(&request, &reserved).await {
                 tracing::warn!(message_id = %event.id, %release, "could not release the message's lease; it expires by itself");
             }
-            state.metrics.count(&rule.name, Outcome::Retry.as_str());
             return Err(error);
         }
     };
     let reservation = reserved.reservation;
-    log_decision(&event, Some(rule), Some(&key), outcome, Some(&reservation), reservation.replayed());
+    log_decision(event, Some(rule), Some(key), outcome, Some(&reservation), reservation.replayed());
     if !reservation.replayed() && !matches!(outcome, Outcome::DeadLetter(DlqReason::MaxDelayExceeded)) {
         state.metrics.observe(&rule.name, (reservation.slot - reservation.decided_at) as f64 / 1_000.0);
     }
-    state.metrics.count(&rule.name, outcome.as_str());
     // Acting twice on a redelivery is what this prevents; failing to record it only risks that
     // (the lease still holds a concurrent duplicate off until it expires).
     if let Err(error) = state.store.complete(&request, &reserved).await {

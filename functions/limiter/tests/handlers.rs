@@ -239,6 +239,8 @@ async fn a_malformed_push_request_is_dead_lettered_with_its_reason() {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].attributes["drip-reason"], "malformed_envelope");
     assert_eq!(dead[0].data, b"{not json");
+    let metrics = l.state.metrics.shared.render();
+    assert!(metrics.contains(r#"drip_decisions_total{rule="-",outcome="malformed_envelope"} 1"#), "{metrics}");
 }
 
 #[tokio::test]
@@ -329,6 +331,11 @@ async fn a_failed_publish_is_a_503_and_its_retry_acts_at_once() {
     assert_eq!(l.published("payouts-ready").len(), 1);
     assert_eq!(l.payout("b", 4).await, StatusCode::NO_CONTENT);
     assert_eq!(l.published("payouts-ready").len(), 2, "the retried a kept its one reservation: b still fits");
+    let metrics = l.state.metrics.shared.render();
+    for (outcome, count) in [("retry", 1), ("forward", 2)] {
+        let line = format!(r#"drip_decisions_total{{rule="payouts",outcome="{outcome}"}} {count}"#);
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 }
 
 /// SIGTERM 0.5 s into a push whose publish hangs: with a 4 s grace and 1 s kept for releasing the

@@ -2,6 +2,7 @@
 //! Pub/Sub), Cloud Logging telemetry, `/healthz` and `/readyz`, Prometheus metrics, OIDC
 //! authentication of callers, and graceful shutdown on SIGTERM.
 
+pub mod answer;
 pub mod auth;
 pub mod feedback;
 pub mod health;
