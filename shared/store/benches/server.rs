@@ -399,7 +399,10 @@ async fn main() {
         std::process::exit(2);
     };
     let client = redis::Client::open(url.as_str()).expect("DRIP_BENCH_REDIS_URL");
-    let mut connection = client.get_multiplexed_async_connection().await.expect("connecting to Redis");
+    // Pipelines of 500 script calls may take longer than the client's default response timeout.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut connection =
+        client.get_multiplexed_async_connection_with_config(&config).await.expect("connecting to Redis");
     let store = RedisStore::new(connection.clone(), "bench");
     let version: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await.expect("INFO");
     let version = version.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").to_owned();
@@ -412,6 +415,9 @@ async fn main() {
     for row in &rows {
         let ratio = if row.name.starts_with("INCR") { String::new() } else { format!("{:.2}×", row.usec / bucket) };
         println!("| {} | {:.2} | {ratio} | {:.0} |", row.name, row.usec, row.per_second);
+    }
+    if std::env::var_os("DRIP_BENCH_SCRIPTS_ONLY").is_some() {
+        return;
     }
     match redis_cell(&mut connection).await {
         Some((usec, per_second)) => println!(
