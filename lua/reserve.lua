@@ -161,7 +161,7 @@ local function read_event()
     floor = tonumber(ARGV[at + 10]) or false, margin = tonumber(ARGV[at + 11]),
     ceiling = tonumber(ARGV[at + 12]) or false, step = tonumber(ARGV[at + 13]), window = tonumber(ARGV[at + 14]),
     limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides_from = 0,
-    overrides_to = 0}
+    overrides_to = 0, shared = false, shared_answers = false}
   local limits = e.limits
   for i = 1, int() do
     at = span(4) - 1
@@ -628,8 +628,15 @@ local function decide(e, now)
 end
 
 local now = clock(int())
+local count = int()
+if count == 1 then
+  -- An event alone shares nothing: no sharing tables, and its reply is the call's.
+  local reply = decide(read_event(), now)
+  flush_writes()
+  return reply
+end
 local events = {}
-for i = 1, int() do
+for i = 1, count do
   events[i] = read_event()
 end
 share(events)
