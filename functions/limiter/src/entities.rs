@@ -70,11 +70,7 @@ impl FromRequestParts<AppState> for PathTarget {
             .map_err(IntoResponse::into_response)?;
         let rules = state.rules.current();
         let name = params.get("rule").map_or("", String::as_str);
-        let index = rules
-            .rules
-            .iter()
-            .position(|r| r.name == name)
-            .ok_or_else(|| error(StatusCode::NOT_FOUND, "no such rule"))?;
+        let index = rules.rule_index(name).ok_or_else(|| error(StatusCode::NOT_FOUND, "no such rule"))?;
         let key = params.get("key").cloned().map(cap_key).unwrap_or_default();
         Ok(Self { rules, index, key })
     }

@@ -259,7 +259,13 @@ impl RuleSet {
     }
 
     pub fn rule(&self, name: &str) -> Option<&Rule> {
-        self.rules.iter().find(|r| r.name == name)
+        self.rule_index(name).map(|i| &self.rules[i])
+    }
+
+    /// Where the rule named `name` is in `rules` (for a holder of the set that keeps the rule by
+    /// its place rather than by a borrow).
+    pub fn rule_index(&self, name: &str) -> Option<usize> {
+        self.rules.iter().position(|r| r.name == name)
     }
 
     pub fn rule_by_id(&self, id: &str) -> Option<&Rule> {
