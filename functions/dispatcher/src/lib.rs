@@ -154,7 +154,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             + settings.tasks.tasks_timeout_ms
             + 4 * common.redis_timeout_ms
             + drip_service::LEASE_MARGIN as u64) as Millis,
-        publishers: common.connect_pubsub().await?,
+        publishers: common.connect_pubsub(metrics.shared.clone()).await?,
         auth: settings.route_auth()?,
         metrics,
         target: Arc::new(HttpTarget::new(

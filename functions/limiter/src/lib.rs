@@ -92,7 +92,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         rules,
         // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
         store: TimedStore::new(Arc::new(redis), metrics.shared.clone()),
-        publishers: common.connect_pubsub().await?,
+        publishers: common.connect_pubsub(metrics.shared.clone()).await?,
         tasks,
         target: Arc::new(target),
         auth: settings.route_auth()?,

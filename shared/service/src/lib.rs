@@ -4,6 +4,7 @@
 
 pub mod answer;
 pub mod auth;
+pub mod counted_publish;
 pub mod feedback;
 pub mod health;
 pub mod live_rules;

@@ -66,6 +66,14 @@ pub struct Metrics {
     http: HistogramFamily<HttpLabels>,
     max_delay: Family<RuleLabels, Gauge<f64, AtomicU64>>,
     delivery_margin: Family<RuleLabels, Gauge<f64, AtomicU64>>,
+    pubsub_requests: Family<TopicLabels, prometheus_client::metrics::counter::Counter>,
+    pubsub_messages: Family<TopicLabels, prometheus_client::metrics::counter::Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// The topic as the rules name it.
+    pub topic: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -120,6 +128,14 @@ impl Default for Metrics {
             "Each rule's delivery_margin in force: an alert compares dispatch lateness against it",
             delivery_margin.clone(),
         );
+        let pubsub_requests = Family::<TopicLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register("pubsub_requests", "Publish requests sent to Pub/Sub, by topic", pubsub_requests.clone());
+        let pubsub_messages = Family::<TopicLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "pubsub_messages",
+            "Messages those publish requests carried, by topic (over requests: the batch size)",
+            pubsub_messages.clone(),
+        );
         let mut process = Registry::default();
         process.register_collector(Box::new(ProcessCollector));
         Self {
@@ -133,6 +149,8 @@ impl Default for Metrics {
             http,
             max_delay,
             delivery_margin,
+            pubsub_requests,
+            pubsub_messages,
         }
     }
 }
@@ -172,6 +190,13 @@ impl Metrics {
 
     pub fn pause_capped(&self, target: String) {
         self.pauses_capped.get_or_create(&TargetLabels { target }).inc();
+    }
+
+    /// A publish request to `topic` carrying `messages`.
+    pub fn publish_request(&self, topic: &str, messages: usize) {
+        let labels = TopicLabels { topic: topic.to_owned() };
+        self.pubsub_requests.get_or_create(&labels).inc();
+        self.pubsub_messages.get_or_create(&labels).inc_by(messages as u64);
     }
 
     pub fn rules_refused(&self, refused: bool) {

@@ -175,12 +175,14 @@ impl CommonSettings {
     }
 
     /// Pub/Sub, the publishes to one topic that arrive together sent together.
-    pub async fn connect_pubsub(&self) -> anyhow::Result<Arc<dyn Publish>> {
+    pub async fn connect_pubsub(&self, metrics: Arc<crate::metrics::Metrics>) -> anyhow::Result<Arc<dyn Publish>> {
         let timeout = Duration::from_millis(self.publish_timeout_ms);
         let publishers = Publishers::connect(&self.project, self.pubsub_emulator_host.as_deref(), timeout)
             .await
             .context("creating the Pub/Sub client (PUBSUB_EMULATOR_HOST / credentials)")?;
-        Ok(Arc::new(BatchedPublishes::new(Arc::new(publishers), self.publish_batch_max)))
+        // Counted inside the group commit: each request the client is asked to send.
+        let counted = crate::counted_publish::CountedPublish::new(Arc::new(publishers), metrics);
+        Ok(Arc::new(BatchedPublishes::new(counted, self.publish_batch_max)))
     }
 
     /// How callers are authenticated (fails closed: OIDC unless DRIP_AUTH=off says otherwise).
