@@ -820,19 +820,24 @@ fn the_log_lines_alerts_filter_on_are_the_ones_written() {
 #[tokio::test]
 async fn delayed_pushes_of_one_bucket_share_one_task() {
     let l = limiter();
-    for id in ["a", "b"] {
-        assert_eq!(l.payout(id, 5).await, StatusCode::NO_CONTENT);
+    // Merchants 5 and 7 use up this hour's two each: their next events share the next hour's slot.
+    for (id, merchant) in [("a", 5), ("b", 5), ("x", 7), ("y", 7)] {
+        assert_eq!(l.payout(id, merchant).await, StatusCode::NO_CONTENT);
     }
-    let ids = ["c", "d"];
-    let together = tokio::join!(l.payout(ids[0], 5), l.payout(ids[1], 5));
-    assert_eq!(together, (StatusCode::NO_CONTENT, StatusCode::NO_CONTENT));
+    *l.tasks.latency.lock().unwrap() = Duration::from_millis(50);
+    // c finds the bucket idle: its own task at once; d and h arrive during that create and share the next.
+    let ids = ["d", "h"];
+    let together = tokio::join!(l.payout("c", 5), l.payout(ids[0], 5), l.payout(ids[1], 7));
+    assert_eq!(together, (StatusCode::NO_CONTENT, StatusCode::NO_CONTENT, StatusCode::NO_CONTENT));
     assert_eq!(l.payout("e", 6).await, StatusCode::NO_CONTENT);
     assert_eq!(l.payout("f", 6).await, StatusCode::NO_CONTENT);
     assert_eq!(l.payout("g", 6).await, StatusCode::NO_CONTENT, "alone: its own task");
 
     let tasks = l.tasks();
-    assert_eq!(tasks.len(), 2, "{:?}", tasks.iter().map(|t| &t.id).collect::<Vec<_>>());
-    let shared = &tasks[0];
+    assert_eq!(tasks.len(), 3, "{:?}", tasks.iter().map(|t| &t.id).collect::<Vec<_>>());
+    let first: TaskBody = serde_json::from_slice(&tasks[0].body).expect("c's own task body");
+    assert_eq!(first.message_id, "c");
+    let shared = &tasks[1];
     let names: Vec<String> = ids
         .iter()
         .map(|id| {
@@ -846,6 +851,6 @@ async fn delayed_pushes_of_one_bucket_share_one_task() {
     assert_eq!(carried, ids);
     let seal = TaskSigner::new(SIGNING_KEY).verify(Some(&shared.headers[SIGNATURE_HEADER]), &shared.id, &shared.body);
     assert!(matches!(seal, Signature::Sealed { slot, .. } if slot == shared.at), "sealed at its first slot");
-    let alone: TaskBody = serde_json::from_slice(&tasks[1].body).expect("g's own task body");
+    let alone: TaskBody = serde_json::from_slice(&tasks[2].body).expect("g's own task body");
     assert_eq!(alone.message_id, "g");
 }

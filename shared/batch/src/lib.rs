@@ -5,8 +5,10 @@
 //! never adds latency to a lone request, and batches grow exactly as fast as calls are slower
 //! than arrivals.
 //!
-//! Each call runs in a task of its own, so a caller that gives up (a deadline, a dropped request)
-//! never strands the answers of the others waiting with it.
+//! A batch's call runs in a task of its own, so a caller that gives up (a deadline, a dropped
+//! request) never strands the answers of the others waiting with it; an item that finds its lane
+//! idle is carried by its caller's own task (no spawn, no channel: a lone push pays nothing for
+//! batching), and should that caller give up, the lane passes to what waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -37,6 +39,30 @@ pub fn up_to<T>(max: usize, waiting: &mut dyn Iterator<Item = &T>) -> usize {
 struct Waiting<F: Flush> {
     item: F::Item,
     reply: oneshot::Sender<F::Output>,
+}
+
+/// How a submitted item goes.
+enum Start<T> {
+    /// In a call of its own, made by the caller.
+    Alone(T),
+    /// Queued, and the caller starts a call for the lane's queue.
+    Driver,
+    /// Queued for a call in flight to take.
+    Waits,
+}
+
+/// Hands a lane's slot in flight on when a call made in a caller's task ends (or is dropped).
+struct HandOn<F: Flush> {
+    group: Arc<GroupCommit<F>>,
+    lane: Option<F::Lane>,
+}
+
+impl<F: Flush> Drop for HandOn<F> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.take() {
+            Arc::clone(&self.group).hand_on(lane);
+        }
+    }
 }
 
 struct Lane<F: Flush> {
@@ -78,17 +104,31 @@ impl<F: Flush> GroupCommit<F> {
         let start = {
             let mut lanes = self.lanes();
             let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
-            entry.waiting.push_back(Waiting { item, reply });
-            let start = entry.in_flight < self.max_in_flight;
-            if start {
+            let free = entry.in_flight < self.max_in_flight;
+            if free {
                 entry.in_flight += 1;
             }
-            start
+            if free && entry.waiting.is_empty() {
+                Start::Alone(item)
+            } else {
+                entry.waiting.push_back(Waiting { item, reply });
+                if free { Start::Driver } else { Start::Waits }
+            }
         };
-        if start {
-            tokio::spawn(Arc::clone(self).drive(lane));
+        match start {
+            // Nothing else waits: the call carries this item alone, in the caller's own task (no
+            // spawn, no channel). What arrives meanwhile waits for it or for another call in
+            // flight; should the caller give up, the guard hands the lane on.
+            Start::Alone(item) => {
+                let _hand_on = HandOn { group: Arc::clone(self), lane: Some(lane.clone()) };
+                self.flusher.flush(&lane, vec![item]).await.into_iter().next()
+            }
+            Start::Driver => {
+                tokio::spawn(Arc::clone(self).drive(lane));
+                answer.await.ok()
+            }
+            Start::Waits => answer.await.ok(),
         }
-        answer.await.ok()
     }
 
     fn next_batch(&self, lane: &F::Lane) -> Option<Vec<Waiting<F>>> {
@@ -103,6 +143,26 @@ impl<F: Flush> GroupCommit<F> {
         }
         let take = self.flusher.take(&mut entry.waiting.iter().map(|w| &w.item)).clamp(1, entry.waiting.len());
         Some(entry.waiting.drain(..take).collect())
+    }
+
+    /// The end of a call made in a caller's task: its slot in flight drives what waits, if
+    /// anything does (and a runtime is left to run it), or is freed.
+    fn hand_on(self: Arc<Self>, lane: F::Lane) {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        {
+            let mut lanes = self.lanes();
+            let Some(entry) = lanes.get_mut(&lane) else { return };
+            if entry.waiting.is_empty() || runtime.is_none() {
+                entry.in_flight -= 1;
+                if entry.in_flight == 0 && entry.waiting.is_empty() {
+                    lanes.remove(&lane);
+                }
+                return;
+            }
+        }
+        if let Some(runtime) = runtime {
+            drop(runtime.spawn(self.drive(lane)));
+        }
     }
 
     async fn drive(self: Arc<Self>, lane: F::Lane) {
@@ -126,6 +186,8 @@ mod tests {
     /// Doubles each item, after a pause, recording the batches it was given.
     struct Doubler {
         batches: Mutex<Vec<Vec<u32>>>,
+        /// The task each call ran in.
+        tasks: Mutex<Vec<Option<tokio::task::Id>>>,
         calls: AtomicUsize,
         max: usize,
     }
@@ -142,13 +204,15 @@ mod tests {
         async fn flush(&self, _: &&'static str, items: Vec<u32>) -> Vec<u32> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             self.batches.lock().unwrap().push(items.clone());
+            self.tasks.lock().unwrap().push(tokio::task::try_id());
             tokio::time::sleep(Duration::from_millis(10)).await;
             items.into_iter().map(|i| i * 2).collect()
         }
     }
 
     fn doubler(max: usize, in_flight: usize) -> Arc<GroupCommit<Doubler>> {
-        GroupCommit::new(Doubler { batches: Mutex::default(), calls: AtomicUsize::new(0), max }, in_flight)
+        let tasks = Mutex::default();
+        GroupCommit::new(Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max }, in_flight)
     }
 
     #[tokio::test(start_paused = true)]
@@ -158,6 +222,27 @@ mod tests {
         assert_eq!(group.submit("a", 21).await, Some(42));
         assert_eq!(started.elapsed(), Duration::from_millis(10), "no wait before its call");
         assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![21]]);
+    }
+
+    /// A lone item's call runs in its caller's task (no spawn, no channel on the path of a lone
+    /// push); a batch's in a task of its own, which no caller's giving up can cancel.
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_item_is_carried_by_its_caller_and_a_batch_by_a_task_of_its_own() {
+        let group = doubler(64, 1);
+        let caller = tokio::spawn({
+            let group = group.clone();
+            async move { (group.submit("a", 1).await, tokio::task::id()) }
+        });
+        tokio::task::yield_now().await;
+        let (second, third) = (group.clone(), group.clone());
+        let waiting = tokio::spawn(async move { second.submit("a", 2).await });
+        let also = tokio::spawn(async move { third.submit("a", 3).await });
+        let (alone, caller_task) = caller.await.unwrap();
+        assert_eq!((alone, waiting.await.unwrap(), also.await.unwrap()), (Some(2), Some(4), Some(6)));
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1], vec![2, 3]]);
+        let tasks = group.flusher().tasks.lock().unwrap().clone();
+        assert_eq!(tasks[0], Some(caller_task), "the lone item's call ran in its caller's task");
+        assert!(tasks[1].is_some() && tasks[1] != Some(caller_task), "the batch ran in a task of its own");
     }
 
     #[tokio::test(start_paused = true)]

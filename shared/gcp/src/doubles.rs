@@ -68,6 +68,8 @@ pub struct RecordingTasks {
     pub created: Mutex<Vec<CreatedTask>>,
     /// Cloud Tasks refuses every task as INVALID_ARGUMENT.
     pub refuse: Mutex<bool>,
+    /// How long a create takes to answer (a round trip to Cloud Tasks); it takes effect at once.
+    pub latency: Mutex<std::time::Duration>,
 }
 
 impl CreateTask for RecordingTasks {
@@ -94,6 +96,12 @@ impl CreateTask for RecordingTasks {
                 Ok(Created::New)
             }
         };
-        Box::pin(async move { result })
+        let latency = *self.latency.lock().unwrap();
+        Box::pin(async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            result
+        })
     }
 }
