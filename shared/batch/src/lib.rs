@@ -7,7 +7,7 @@
 //!
 //! A batch's call runs in a task of its own, so a caller that gives up (a deadline, a dropped
 //! request) never strands the answers of the others waiting with it; an item that finds its lane
-//! idle is carried by its caller's own task (no spawn, no channel: a lone push pays nothing for
+//! idle (no call in flight) is carried by its caller's own task (no spawn, no channel: a lone push pays nothing for
 //! batching), and should that caller give up, the lane passes to what waits.
 
 use std::collections::{HashMap, VecDeque};
@@ -104,11 +104,14 @@ impl<F: Flush> GroupCommit<F> {
         let start = {
             let mut lanes = self.lanes();
             let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
+            let idle = entry.in_flight == 0;
             let free = entry.in_flight < self.max_in_flight;
             if free {
                 entry.in_flight += 1;
             }
-            if free && entry.waiting.is_empty() {
+            // Only on an idle lane: with calls in flight, a spawned call leaves what arrives with
+            // it a moment to join (batches under load stay as large as before).
+            if idle && entry.waiting.is_empty() {
                 Start::Alone(item)
             } else {
                 entry.waiting.push_back(Waiting { item, reply });
@@ -116,7 +119,7 @@ impl<F: Flush> GroupCommit<F> {
             }
         };
         match start {
-            // Nothing else waits: the call carries this item alone, in the caller's own task (no
+            // The lane is idle: the call carries this item alone, in the caller's own task (no
             // spawn, no channel). What arrives meanwhile waits for it or for another call in
             // flight; should the caller give up, the guard hands the lane on.
             Start::Alone(item) => {
