@@ -47,6 +47,24 @@ mod tests {
 
     use super::*;
 
+    /// A publisher whose requests take 10 ms.
+    #[derive(Debug)]
+    struct Slow(Arc<RecordingPublisher>);
+
+    impl Publish for Slow {
+        fn publish<'a>(
+            &'a self,
+            topic: &'a str,
+            data: Vec<u8>,
+            attributes: BTreeMap<String, String>,
+        ) -> drip_gcp::GcpFuture<'a, String, PublishError> {
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                self.0.publish(topic, data, attributes).await
+            })
+        }
+    }
+
     #[tokio::test]
     async fn counts_each_request_and_the_messages_it_carries() {
         let metrics = Arc::new(Metrics::default());
@@ -55,8 +73,10 @@ mod tests {
         counted.publish("a", b"1".to_vec(), BTreeMap::new()).await.unwrap();
         let three = (0..3).map(|i| (vec![i], BTreeMap::new())).collect();
         assert!(counted.publish_all("a", three).await.iter().all(Result::is_ok));
-        // Behind group commit: 20 concurrent publishes, a lone one first, then the rest together.
-        let batched = BatchedPublishes::new(counted, 100);
+        // Behind group commit: 20 concurrent publishes, a lone one first, then the rest together
+        // (batches form while a request is in flight: each takes 10 ms here).
+        let slow = CountedPublish::new(Arc::new(Slow(recording.clone())), metrics.clone());
+        let batched = BatchedPublishes::new(slow, 100);
         let each = (0..20).map(|i| batched.publish("b", vec![i], BTreeMap::new()));
         assert!(futures_util::future::join_all(each).await.iter().all(Result::is_ok));
         assert_eq!(recording.published.lock().unwrap().len(), 24, "every message sent");
