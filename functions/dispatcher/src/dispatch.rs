@@ -423,9 +423,11 @@ async fn reschedule(
     }
     let meta = &task.rate_limit_meta;
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
-    let mut request = SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1));
-    request.reslot = true;
-    request.event.published = drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes);
+    let published = drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes);
+    let request = SlotRequest {
+        reslot: true,
+        ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1)).published(published)
+    };
     let reserved = state.store.reserve(&request).await?;
     let slot = reserved.reservation.slot;
     let late = match reserved.reservation.status {
