@@ -3,10 +3,12 @@
 -- KEYS[1]  the budget's hash   drip:{b:<tag>}:budget:<name>   (see reserve.lua for its fields)
 -- Arguments, in order (the prelude's cursor): now ('' for the server's TIME); how long the hash
 -- outlives what it holds (ms); 'pause' and the time before which no slot may lie (a later pause
--- already set is kept), or 'adapt' (a 429, 5xx or timeout) and the ceiling, decrease, min, step
--- (ppm) and window (ms): the level is multiplied by decrease (not below min) once per window.
+-- already set is kept), 'resume' (the pause is lifted), or 'adapt' (a 429, 5xx or timeout) and the
+-- ceiling, decrease, min, step (ppm) and window (ms): the level is multiplied by decrease (not below
+-- min) once per window.
 --
--- Returns the level after the signal (ppm), or 0 for a pause.
+-- Returns the level after the signal (ppm), 0 for a pause, and for a resume the lifted pause's
+-- end (-1: there was none).
 
 local key = KEYS[1]
 local now = clock(int())
@@ -14,7 +16,13 @@ local margin, op = int(), str()
 
 local held = redis.call('HMGET', key, 'pause', 'adapt', 'exp')
 local needed, level = now + margin, 0
-if op == 'pause' then
+if op == 'resume' then
+  if not tonumber(held[1]) then
+    return -1
+  end
+  redis.call('HDEL', key, 'pause')
+  return tonumber(held[1])
+elseif op == 'pause' then
   local until_ = int()
   if not tonumber(held[1]) or tonumber(held[1]) < until_ then
     redis.call('HSET', key, 'pause', until_)

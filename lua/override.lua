@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the entity's overrides hash   drip:{rule|key}:o
 -- Arguments, in order (the prelude's cursor): now ('' for the server's TIME); the operation: 'set',
--- 'delete', 'pause' (the entity waits until `until`; a later pause extends it), or 'adapt' (a 429,
+-- 'delete', 'pause' (the entity waits until `until`; a later pause extends it), 'resume' (the
+-- pause is lifted; returns {its end} or {} when there was none), or 'adapt' (a 429,
 -- 5xx or timeout for an adaptive limit: the value is 'ceiling:decrease:min:step:window', as
 -- budget.lua's; 'adapt' holds '<level>:<window number>' and 'adapt:u' when it stops mattering);
 -- the override id (e.g. fixed:60000); the value (set: the new count); until (ms since the epoch,
@@ -35,6 +36,13 @@ elseif op == 'pause' then
   local current = tonumber(redis.call('HGET', key, 'pause'))
   if not current or current < tonumber(until_) then
     redis.call('HSET', key, 'pause', until_)
+  end
+elseif op == 'resume' then
+  local current = tonumber(redis.call('HGET', key, 'pause'))
+  previous = {}
+  if current then
+    redis.call('HDEL', key, 'pause')
+    previous = {current}
   end
 elseif op == 'set' then
   redis.call('HSET', key, id, value)

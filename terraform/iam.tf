@@ -12,6 +12,20 @@ resource "google_service_account" "dispatcher" {
   display_name = "Drip dispatcher (publishes due events to overflow topics)"
 }
 
+resource "google_service_account" "admin" {
+  project      = var.project_id
+  account_id   = "${var.name}-admin"
+  display_name = "Drip admin service (inspect, limits, pauses and feedback for operators)"
+}
+
+# The identity operators call the admin service as: a person with Token Creator on it (var.operators)
+# mints its ID tokens with `gcloud auth print-identity-token --impersonate-service-account`.
+resource "google_service_account" "operator" {
+  project      = var.project_id
+  account_id   = "${var.name}-operator"
+  display_name = "Drip operator (who people act as on the admin service)"
+}
+
 resource "google_service_account" "push" {
   project      = var.project_id
   account_id   = "${var.name}-push"
@@ -34,15 +48,34 @@ resource "google_cloud_run_v2_service_iam_member" "push_invokes_limiter" {
   member   = google_service_account.push.member
 }
 
-# Operators' automation that changes per-entity limits calls the limiter's limits API.
-resource "google_cloud_run_v2_service_iam_member" "limits_callers_invoke_limiter" {
+# Operators (as the operator account) and their automation (var.limits_api_callers) may invoke the
+# admin service, and no other; Drip's per-route callers then decide which routes.
+resource "google_cloud_run_v2_service_iam_member" "operator_invokes_admin" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.drip["admin"].name
+  role     = "roles/run.invoker"
+  member   = google_service_account.operator.member
+}
+
+resource "google_cloud_run_v2_service_iam_member" "limits_callers_invoke_admin" {
   for_each = toset(var.limits_api_callers)
 
   project  = var.project_id
   location = var.region
-  name     = google_cloud_run_v2_service.drip["limiter"].name
+  name     = google_cloud_run_v2_service.drip["admin"].name
   role     = "roles/run.invoker"
   member   = "serviceAccount:${each.value}"
+}
+
+# The people (user:, group:) who may act as the operator account: Token Creator on that one
+# account lets them mint its ID tokens, nothing more.
+resource "google_service_account_iam_member" "operators_mint_operator_tokens" {
+  for_each = toset(var.operators)
+
+  service_account_id = google_service_account.operator.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = each.value
 }
 
 resource "google_cloud_run_v2_service_iam_member" "tasks_invoke_dispatcher" {
@@ -118,10 +151,7 @@ resource "google_pubsub_topic_iam_member" "dispatcher_publishes" {
 # The collector sidecars write the services' metrics to Cloud Monitoring as the services'
 # accounts. Metric writing is granted per project only (there is no narrower resource).
 resource "google_project_iam_member" "services_write_metrics" {
-  for_each = {
-    limiter    = google_service_account.limiter.member
-    dispatcher = google_service_account.dispatcher.member
-  }
+  for_each = local.service_members
 
   project = var.project_id
   role    = "roles/monitoring.metricWriter"

@@ -13,8 +13,18 @@ locals {
   # Cloud Run URLs are known before the services exist, so each service can name the other.
   limiter_name    = "${var.name}-limiter"
   dispatcher_name = "${var.name}-dispatcher"
+  admin_name      = "${var.name}-admin"
   limiter_url     = "https://${local.limiter_name}-${data.google_project.this.number}.${var.region}.run.app"
   dispatcher_url  = "https://${local.dispatcher_name}-${data.google_project.this.number}.${var.region}.run.app"
+  admin_url       = "https://${local.admin_name}-${data.google_project.this.number}.${var.region}.run.app"
+
+  # The services' accounts, by role: each reads the secrets, writes metrics and (on a cluster)
+  # connects to Redis.
+  service_members = {
+    limiter    = google_service_account.limiter.member
+    dispatcher = google_service_account.dispatcher.member
+    admin      = google_service_account.admin.member
+  }
 
   pubsub_service_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
 

@@ -332,5 +332,16 @@ resource "google_monitoring_dashboard" "drip" {
     limiter = local.limiter_name
     queues  = join("|", local.queue_ids)
     dlqs    = join("|", [for s in google_pubsub_subscription.dlq : s.name])
+    # This deployment's Memorystore only, instance or cluster (other Redis of the project stay out).
+    redis_memory = var.redis_cluster ? (
+      "max (redis_googleapis_com:cluster_memory_maximum_utilization{monitored_resource=\"redis.googleapis.com/Cluster\",cluster_id=\"${var.name}\"})"
+      ) : (
+      "max (redis_googleapis_com:stats_memory_usage_ratio{monitored_resource=\"redis_instance\",instance_id=\"projects/${var.project_id}/locations/${var.region}/instances/${var.name}\"})"
+    )
+    redis_cpu = var.redis_cluster ? (
+      "max (redis_googleapis_com:cluster_cpu_maximum_utilization{monitored_resource=\"redis.googleapis.com/Cluster\",cluster_id=\"${var.name}\"})"
+      ) : (
+      "max (redis_googleapis_com:stats_cpu_utilization{monitored_resource=\"redis_instance\",instance_id=\"projects/${var.project_id}/locations/${var.region}/instances/${var.name}\"})"
+    )
   })
 }

@@ -8,6 +8,11 @@ output "dispatcher_url" {
   value       = google_cloud_run_v2_service.drip["dispatcher"].uri
 }
 
+output "admin_url" {
+  description = "URL of the admin service, the operators' door (drip inspect/limits/resume/feedback --api <url>)."
+  value       = google_cloud_run_v2_service.drip["admin"].uri
+}
+
 output "queues" {
   description = "Full names of the Cloud Tasks queues."
   value       = [for queue in google_cloud_tasks_queue.drip : queue.id]
@@ -30,6 +35,8 @@ output "service_accounts" {
     dispatcher = google_service_account.dispatcher.email
     push       = google_service_account.push.email
     tasks      = google_service_account.tasks.email
+    admin      = google_service_account.admin.email
+    operator   = google_service_account.operator.email
   }
 }
 

@@ -43,6 +43,24 @@ resource "google_redis_instance" "drip" {
   }
 }
 
+# Memorystore for Redis Cluster connects through Private Service Connect, which it automates only
+# where the network has a service connection policy for its service class in the region: without
+# one, creating the cluster fails. One policy serves every cluster of the network and region.
+resource "google_network_connectivity_service_connection_policy" "memorystore" {
+  count = var.redis_cluster && var.create_service_connection_policy ? 1 : 0
+
+  project       = var.project_id
+  location      = var.region
+  name          = "${var.name}-memorystore-redis"
+  service_class = "gcp-memorystore-redis"
+  description   = "Private Service Connect for Memorystore for Redis Cluster (Drip)"
+  network       = var.network
+
+  psc_config {
+    subnetworks = [var.subnetwork]
+  }
+}
+
 resource "google_redis_cluster" "drip" {
   count = var.redis_cluster ? 1 : 0
 
@@ -61,6 +79,8 @@ resource "google_redis_cluster" "drip" {
   psc_configs {
     network = var.network
   }
+
+  depends_on = [google_network_connectivity_service_connection_policy.memorystore]
 }
 
 locals {
@@ -76,10 +96,7 @@ locals {
 
 # IAM authentication to the cluster: each service may connect to this one cluster only.
 resource "google_project_iam_member" "services_connect_to_cluster" {
-  for_each = var.redis_cluster ? {
-    limiter    = google_service_account.limiter.member
-    dispatcher = google_service_account.dispatcher.member
-  } : {}
+  for_each = var.redis_cluster ? local.service_members : {}
 
   project = var.project_id
   role    = "roles/redis.dbConnectionUser"

@@ -1,5 +1,8 @@
-# The two Cloud Run services. Internal ingress (Pub/Sub and Cloud Tasks of this project count as
-# internal), no unauthenticated access, Direct VPC egress to Memorystore, a startup probe on /readyz.
+# The Cloud Run services: the limiter and the dispatcher with internal ingress (Pub/Sub and Cloud
+# Tasks of this project count as internal), and the admin service, the operators' door from a
+# laptop: the limiter's binary serving only its admin and feedback routes (never /push), reachable
+# from the internet by Google-authenticated callers that hold run.invoker on it. No service allows
+# unauthenticated access; each has Direct VPC egress to Memorystore and a startup probe on /readyz.
 
 locals {
   # Each service serves /metrics, unauthenticated, on 127.0.0.1 at this port: only the collector
@@ -40,13 +43,24 @@ locals {
     DRIP_TASK_BATCH_MAX      = tostring(var.task_batch_max)
   }
   # Each route class has its own callers: the push subscriptions' account may only push, operators
-  # may only inspect and change limits, overflow consumers may only report feedback.
+  # may only inspect and change limits (on the admin service), overflow consumers may only report
+  # feedback. The limiter serves no admin route: operators reach those through the admin service.
   limiter_env = merge(local.common_env, local.tasks_env, {
+    DRIP_ROUTES           = "push,feedback"
     DRIP_AUTH             = "oidc"
     DRIP_OIDC_AUDIENCE    = local.limiter_url
     DRIP_PUSH_CALLERS     = google_service_account.push.email
-    DRIP_ADMIN_CALLERS    = join(",", var.limits_api_callers)
     DRIP_FEEDBACK_CALLERS = join(",", var.feedback_callers)
+  })
+  # The operators' door: admin and feedback routes only (DRIP_ROUTES has no push), behind Cloud
+  # Run's invoker check and Drip's own per-route callers. Operators call as the operator account
+  # (`gcloud auth print-identity-token --impersonate-service-account`), automation as itself.
+  admin_env = merge(local.common_env, local.tasks_env, {
+    DRIP_ROUTES           = "admin,feedback"
+    DRIP_AUTH             = "oidc"
+    DRIP_OIDC_AUDIENCE    = local.admin_url
+    DRIP_ADMIN_CALLERS    = join(",", concat([google_service_account.operator.email], var.limits_api_callers))
+    DRIP_FEEDBACK_CALLERS = join(",", concat([google_service_account.operator.email], var.feedback_callers))
   })
   dispatcher_env = merge(local.common_env, local.tasks_env, {
     DRIP_AUTH               = "oidc"
@@ -63,6 +77,7 @@ locals {
       min_instances = var.limiter_min_instances
       max_instances = var.limiter_max_instances
       timeout       = "${var.push_ack_deadline_seconds}s"
+      ingress       = "INGRESS_TRAFFIC_INTERNAL_ONLY"
       # Inline waits and Redis calls should not wait for CPU to be allocated.
       cpu_idle = false
     }
@@ -74,7 +89,21 @@ locals {
       min_instances = var.dispatcher_min_instances
       max_instances = var.dispatcher_max_instances
       timeout       = "60s"
+      ingress       = "INGRESS_TRAFFIC_INTERNAL_ONLY"
       cpu_idle      = true
+    }
+    admin = {
+      name          = local.admin_name
+      command       = "/usr/local/bin/drip-limiter"
+      account       = google_service_account.admin.email
+      env           = local.admin_env
+      min_instances = 0
+      max_instances = 2
+      timeout       = "60s"
+      # Operators on laptops are on the internet; the invoker check (IAM) and Drip's per-route
+      # callers stand in front of every route, and /push is not served here.
+      ingress  = "INGRESS_TRAFFIC_ALL"
+      cpu_idle = true
     }
   }
 }
@@ -85,7 +114,7 @@ resource "google_cloud_run_v2_service" "drip" {
   project             = var.project_id
   location            = var.region
   name                = each.value.name
-  ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY"
+  ingress             = each.value.ingress
   deletion_protection = var.deletion_protection
   labels              = local.labels
 
@@ -111,6 +140,12 @@ resource "google_cloud_run_v2_service" "drip" {
       name    = "drip"
       image   = var.image
       command = [each.value.command]
+
+      # The ingress container: exactly one container of a revision declares a port (Cloud Run
+      # refuses a multi-container revision without one). Cloud Run sets PORT to it.
+      ports {
+        container_port = 8080
+      }
 
       resources {
         limits = {

@@ -40,9 +40,9 @@ resource "google_secret_manager_secret_version" "drip" {
 
 resource "google_secret_manager_secret_iam_member" "services_read" {
   for_each = {
-    for pair in setproduct(local.secret_names, ["limiter", "dispatcher"]) : "${pair[0]}-${pair[1]}" => {
+    for pair in setproduct(local.secret_names, keys(local.service_members)) : "${pair[0]}-${pair[1]}" => {
       secret = pair[0]
-      member = pair[1] == "limiter" ? google_service_account.limiter.member : google_service_account.dispatcher.member
+      member = local.service_members[pair[1]]
     }
   }
 
@@ -53,10 +53,7 @@ resource "google_secret_manager_secret_iam_member" "services_read" {
 }
 
 resource "google_secret_manager_secret_iam_member" "services_read_signing_key" {
-  for_each = {
-    limiter    = google_service_account.limiter.member
-    dispatcher = google_service_account.dispatcher.member
-  }
+  for_each = local.service_members
 
   project   = var.project_id
   secret_id = var.task_signing_key_secret

@@ -186,6 +186,12 @@ variable "redis_memory_size_gb" {
   default     = 1
 }
 
+variable "create_service_connection_policy" {
+  description = "With redis_cluster: create the network's Private Service Connect service connection policy for Memorystore (service class gcp-memorystore-redis) in the region. Set false when the network's admins already made one (one per network, region and service class)."
+  type        = bool
+  default     = true
+}
+
 variable "redis_cluster" {
   description = "Use Memorystore for Redis Cluster (IAM authentication, TLS) instead of Memorystore for Redis."
   type        = bool
@@ -297,8 +303,19 @@ variable "labels" {
   default     = {}
 }
 
+variable "operators" {
+  description = "People who may act as the operator account on the admin service (IAM members: \"user:alice@example.com\", \"group:sre@example.com\"): they get Token Creator on that one account, and reach inspect, limits, pauses and feedback from a laptop with gcloud (docs/operations.md: \"Reaching production\")."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for member in var.operators : can(regex("^(user|group|serviceAccount|domain):", member))])
+    error_message = "Each operator is an IAM member: user:EMAIL, group:EMAIL, serviceAccount:EMAIL or domain:DOMAIN."
+  }
+}
+
 variable "limits_api_callers" {
-  description = "Service accounts (emails) of operators allowed to inspect keys and change their limits through the limiter's /v1/rules/{rule}/keys/{key}[/limits] (docs/rules.md: \"Changing limits\"), and only that: they may invoke the limiter, and its OIDC check lets them on those routes alone. Each change is logged and audited with the caller's email."
+  description = "Service accounts (emails) of automation allowed to inspect keys and change their limits through the admin service's /v1/rules/{rule}/keys/{key}[/limits] (docs/rules.md: \"Changing limits\"), and only that: they may invoke the admin service, and its OIDC check lets them on those routes alone. Each change is logged and audited with the caller's email."
   type        = list(string)
   default     = []
 }

@@ -5,13 +5,18 @@
 
 use std::process::ExitCode;
 
-use crate::output::{Output, Printed};
-use crate::transport::Target;
+use anyhow::Context;
+use reqwest::Method;
 
+use crate::api::{Api, ApiArgs};
+use crate::output::{Output, Printed};
+
+/// Feedback goes through the limiter's API (or the admin service's): it is the limiter that
+/// applies it, so this command takes no Redis flags.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    target: Target,
+    api: ApiArgs,
     #[arg(long)]
     rule: String,
     /// The key the answer was about.
@@ -23,8 +28,9 @@ pub struct Args {
     /// The downstream's HTTP status (0: it timed out).
     #[arg(long)]
     status: u16,
-    /// Seconds, as the downstream's `Retry-After` said.
-    #[arg(long)]
+    /// Seconds, as the downstream's `Retry-After` said (at least 1; to lift a pause, use `drip
+    /// resume`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     retry_after: Option<u64>,
     /// `table` (lines) or `json` (the limiter's answer).
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -43,7 +49,11 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
         "status": args.status,
         "retryAfter": args.retry_after,
     });
-    let answer = args.target.connect().await?.feedback(body).await?;
+    let url = args.api.api.as_deref().context(
+        "feedback goes through the limiter's API: give --api URL (or DRIP_API), e.g. the admin service's URL (docs/operations.md: \"Reaching production\")",
+    )?;
+    let answer: serde_json::Value =
+        Api::connect(&args.api, url).await?.call(Method::POST, &["v1", "feedback"], &[], Some(body)).await?;
     let table = match &answer {
         serde_json::Value::Null => "no change: the answer neither pauses nor lowers anything\n".to_owned(),
         answer => {

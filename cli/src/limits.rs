@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use drip_core::schedule::LimitOverride;
 use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
 use drip_store::inspect::OverrideReport;
-use drip_store::{AuditEntry, FeedbackChange, OverrideChange, OverrideView};
+use drip_store::{AuditEntry, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
 
 use crate::output::{Output, Printed};
 use crate::transport::{DeleteOverride, SetOverride, Target};
@@ -115,7 +115,24 @@ fn describe(entry: &AuditEntry) -> String {
     match entry {
         AuditEntry::Override(change) => describe_override(change),
         AuditEntry::Feedback(call) => describe_feedback(call),
+        AuditEntry::Resume(resume) => describe_resume(resume),
     }
+}
+
+/// `payouts merchant_7 resumed key: lifted the pause until … (by … at …: reason)`.
+pub fn describe_resume(resume: &ResumeChange) -> String {
+    let lifted = resume.resumed_pause.map_or("there was no pause to lift".to_owned(), |until| {
+        format!("lifted the pause until {}", format_rfc3339(until))
+    });
+    let reason = resume.reason.as_deref().map_or(String::new(), |reason| format!(": {reason}"));
+    format!(
+        "{} {} resumed {}: {lifted} (by {} at {}{reason})\n",
+        resume.rule,
+        resume.key,
+        resume.target,
+        resume.by,
+        format_rfc3339(resume.at)
+    )
 }
 
 fn describe_override(change: &OverrideChange) -> String {

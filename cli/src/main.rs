@@ -14,6 +14,7 @@ mod inspect;
 mod limits;
 mod output;
 mod plot;
+mod resume;
 mod rules_cmd;
 mod schema;
 mod simulate;
@@ -37,6 +38,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Report a downstream's answer (429, 503 with Retry-After, ...) to the limiter (--api).
     Feedback(feedback::Args),
+    /// Lift a key's or a budget's pause (a partner's Retry-After, or feedback sent in error).
+    Resume(resume::Args),
     /// Per-entity limits at run time: set, get, list, delete, history.
     Limits(limits::Args),
     /// Rules files: `diff OLD NEW` says what each edit does to entities with a backlog.
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Feedback(args) => feedback::run(args),
+        Command::Resume(args) => resume::run(args),
         Command::Limits(args) => limits::run(args),
         Command::Rules(args) => rules_cmd::run(args),
         Command::Dlq(args) => dlq::run(args),

@@ -9,7 +9,7 @@ use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::template::cap_key;
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_store::inspect::{EntityReport, KeyOverrides, OverrideReport, override_reports};
-use drip_store::{AnyConnection, AuditEntry, Author, OverrideChange, RedisStore, RuleRef};
+use drip_store::{AnyConnection, AuditEntry, Author, OverrideChange, RedisStore, Resumed, RuleRef};
 use reqwest::Method;
 
 use crate::api::{Api, ApiArgs};
@@ -168,12 +168,35 @@ impl Transport {
         }
     }
 
-    /// `POST /v1/feedback`: an overflow consumer's downstream answer, with the effect the
-    /// limiter's own forwards have. The API only: it is the limiter that applies it.
-    pub async fn feedback(&self, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    /// Lifts the pause of `key`, or of `budget` when given (`DELETE .../pause`).
+    pub async fn resume(
+        &self,
+        name: &str,
+        key: &str,
+        budget: Option<&str>,
+        reason: Option<&str>,
+    ) -> anyhow::Result<Resumed> {
         match self {
-            Transport::Api(api) => api.call(Method::POST, &[V1, "feedback"], &[], Some(body)).await,
-            Transport::Redis { .. } => anyhow::bail!("feedback goes through the limiter: give --api (or DRIP_API)"),
+            Transport::Api(api) => {
+                let query: Vec<_> = reason.map(|r| ("reason", r.to_owned())).into_iter().collect();
+                let path = match budget {
+                    Some(budget) => [V1, "rules", name, "budgets", budget, "pause"],
+                    None => [V1, "rules", name, "keys", key, "pause"],
+                };
+                api.call(Method::DELETE, &path, &query, None).await
+            }
+            Transport::Redis { store, rules, path } => {
+                let rule = rule(rules, path, name)?;
+                let budget = match budget {
+                    None => None,
+                    Some(budget) => Some(rule.budgets.iter().find(|b| b.name == budget).with_context(|| {
+                        format!("rule '{name}' draws from no budget '{budget}' in {}", path.display())
+                    })?),
+                };
+                let key = if budget.is_some() { String::new() } else { cap_key(key.into()) };
+                let author = Author { by: &operator(), reason };
+                Ok(drip_store::resume(store, rule, &key, budget.map(|b| &**b), author).await?)
+            }
         }
     }
 }

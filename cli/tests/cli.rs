@@ -386,7 +386,7 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
             paused_after: Some(30_000),
             adaptive_level: None,
         };
-        store.record_feedback(&call).await.unwrap();
+        store.record_audit(&drip_store::AuditEntry::Feedback(call)).await.unwrap();
     });
     let history = limits(&["history"]);
     let lines: Vec<&str> = history.lines().collect();

@@ -9,15 +9,24 @@ import pathlib
 import re
 
 TERRAFORM = pathlib.Path(__file__).resolve().parent.parent
-VARIABLES = {"name": "drip", "limiter": "drip-limiter", "queues": "drip-0|drip-1", "dlqs": "drip-dlq"}
+INSTANCE = 'instance_id="projects/p/locations/r/instances/drip"'
+VARIABLES = {
+    "name": "drip",
+    "limiter": "drip-limiter",
+    "queues": "drip-0|drip-1",
+    "dlqs": "drip-dlq",
+    "redis_memory": f'max (redis_googleapis_com:stats_memory_usage_ratio{{monitored_resource="redis_instance",{INSTANCE}}})',
+    "redis_cpu": f'max (redis_googleapis_com:stats_cpu_utilization{{monitored_resource="redis_instance",{INSTANCE}}})',
+}
 
 
-def rendered() -> dict:
+def rendered(variables: dict[str, str] = VARIABLES) -> dict:
+    """As templatefile renders it: ${name} as the value, ${jsonencode(name)} as a JSON string."""
     text = (TERRAFORM / "dashboard.json.tftpl").read_text()
-    names = set(re.findall(r"\$\{(\w+)\}", text))
-    assert names <= set(VARIABLES), f"the template uses variables Terraform does not pass: {names - set(VARIABLES)}"
-    for name, value in VARIABLES.items():
-        text = text.replace("${" + name + "}", value)
+    names = set(re.findall(r"\$\{(?:jsonencode\()?(\w+)\)?\}", text))
+    assert names <= set(variables), f"the template uses variables Terraform does not pass: {names - set(variables)}"
+    for name, value in variables.items():
+        text = text.replace("${jsonencode(" + name + ")}", json.dumps(value)).replace("${" + name + "}", value)
     return json.loads(text)
 
 
@@ -62,10 +71,22 @@ def test_every_operator_question_has_a_panel():
         "subscription_oldest_unacked_message_age",
         "cloudtasks_googleapis_com:queue_depth",
         'subscription_id=~"drip-dlq"',
-        "redis_googleapis_com:stats_memory_usage_ratio",
-        "redis_googleapis_com:stats_cpu_utilization",
+        f"redis_googleapis_com:stats_memory_usage_ratio{{monitored_resource=\"redis_instance\",{INSTANCE}}}",
+        f"redis_googleapis_com:stats_cpu_utilization{{monitored_resource=\"redis_instance\",{INSTANCE}}}",
         'run_googleapis_com:request_count{monitored_resource="cloud_run_revision",service_name="drip-limiter"}',
         "drip_adaptive_level",
         "drip_pauses_capped_total",
     ]:
         assert needed in text, f"no panel queries {needed}"
+
+
+def test_the_redis_tile_reads_this_deployment_s_memorystore_only():
+    """Instance or cluster, the queries monitoring.tf passes name this deployment's Redis: a tile
+    over every Redis of the project would mislead, and one over redis_instance alone stays blank
+    on a cluster."""
+    monitoring = (TERRAFORM / "monitoring.tf").read_text()
+    for metric in ["stats_memory_usage_ratio", "stats_cpu_utilization"]:
+        assert re.search(rf'{metric}\{{monitored_resource=\\"redis_instance\\",instance_id=\\"projects/\$\{{var\.project_id\}}/locations/\$\{{var\.region\}}/instances/\$\{{var\.name\}}', monitoring), metric
+    for metric in ["cluster_memory_maximum_utilization", "cluster_cpu_maximum_utilization"]:
+        assert re.search(rf'{metric}\{{monitored_resource=\\"redis\.googleapis\.com/Cluster\\",cluster_id=\\"\$\{{var\.name\}}', monitoring), metric
+    assert "var.redis_cluster ?" in monitoring[monitoring.index("redis_memory"):]

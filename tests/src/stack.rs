@@ -119,6 +119,8 @@ pub struct LimiterWiring {
     pub redis_cluster: bool,
     /// How often the limiter re-reads its rules file (0: never, in tests that do not change it).
     pub rules_poll_ms: u64,
+    /// `DRIP_ROUTES`: the route classes it serves.
+    pub routes: String,
 }
 
 impl LimiterWiring {
@@ -144,6 +146,7 @@ impl LimiterWiring {
             namespace: unique("drip"),
             redis_cluster: false,
             rules_poll_ms: 0,
+            routes: "push,admin,feedback".into(),
         }
     }
 }
@@ -198,6 +201,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
         claim_check_max_bytes: wiring.claim_check_max_bytes,
         forward_timeout_ms: wiring.timeouts_ms,
         forward_id_token: drip_gcp::http_target::IdTokenMode::Never,
+        routes: wiring.routes.clone(),
         push_callers: wiring.callers.push.clone(),
         admin_callers: wiring.callers.admin.clone(),
         feedback_callers: wiring.callers.feedback.clone(),

@@ -238,19 +238,50 @@ rules:
         let store = store.clone();
         async move { store.audit_history(&rule, 10).await.unwrap() }
     };
-    let budget_calls = audit(alerts).await;
+    let budget_calls = audit(alerts.clone()).await;
     let [AuditEntry::Feedback(on_budget)] = budget_calls.as_slice() else {
         panic!("one budget call: {budget_calls:?}")
     };
     assert_eq!((on_budget.by.as_str(), on_budget.target.as_str()), ("anonymous", format!("budget:{budget}").as_str()));
     assert_eq!((on_budget.status, on_budget.retry_after, on_budget.adaptive_level), (429, Some(30), Some(0.5)));
     assert!(on_budget.paused_after.is_some_and(|until| until >= before + 29_000), "{on_budget:?}");
-    let key_calls = audit(kyc).await;
+    let key_calls = audit(kyc.clone()).await;
     let [AuditEntry::Feedback(on_key)] = key_calls.as_slice() else { panic!("one key call: {key_calls:?}") };
     assert_eq!(
         (on_key.key.as_str(), on_key.status, on_key.paused_after, on_key.adaptive_level),
         ("tenant_t", 503, None, Some(0.72))
     );
+
+    // Resume through the API lifts the budget's pause in Redis (budget.lua), and a key's
+    // (override.lua): the next event of a new tenant is forwarded at once; both are audited.
+    let resume = |path: String| http.delete(format!("{}/v1/rules/{path}/pause?reason=undo", limiter.url)).send();
+    let lifted: serde_json::Value = resume(format!("{alerts}/budgets/{budget}")).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        lifted["change"]["resumed_pause"].as_str().map(|at| drip_core::time::parse_rfc3339(at).unwrap()),
+        on_budget.paused_after,
+        "{lifted}"
+    );
+    let report: serde_json::Value = get_json(&http, format!("{}/v1/rules/{alerts}/keys/tenant_any", limiter.url)).await;
+    assert!(report["budgets"][0]["pausedUntil"].is_null(), "{report}");
+    let envelope = drip_tests::push_envelope(
+        "a2",
+        "projects/p/subscriptions/s",
+        "2026-11-30T00:00:00Z",
+        &[("event_type", "alert"), ("tenant", "fresh")],
+        b"{}",
+    );
+    assert_eq!(http.post(format!("{}/push", limiter.url)).body(envelope).send().await.unwrap().status(), 204);
+    let ready = pubsub.pull(&format!("{prefix}-ready"), 10).await;
+    let fresh = ready.iter().filter(|m| m.attributes.get("tenant").map(String::as_str) == Some("fresh")).count();
+    assert_eq!(fresh, 1, "forwarded at once after the resume: {ready:?}");
+    let paused = post(serde_json::json!({ "rule": kyc, "key": "tenant_t", "status": 429, "retryAfter": 60 }));
+    assert_eq!(paused.await.unwrap().status(), 200);
+    let lifted: serde_json::Value = resume(format!("{kyc}/keys/tenant_t")).await.unwrap().json().await.unwrap();
+    assert!(lifted["change"]["resumed_pause"].as_str().is_some() && lifted["pausedUntil"].is_null(), "{lifted}");
+    let again: serde_json::Value = resume(format!("{kyc}/keys/tenant_t")).await.unwrap().json().await.unwrap();
+    assert!(again["change"]["resumed_pause"].is_null(), "nothing left to lift: {again}");
+    let calls = audit(kyc).await;
+    assert!(matches!(calls.first(), Some(AuditEntry::Resume(r)) if r.reason.as_deref() == Some("undo")), "{calls:?}");
 }
 
 async fn get_json(http: &reqwest::Client, url: String) -> serde_json::Value {

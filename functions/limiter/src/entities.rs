@@ -7,9 +7,13 @@
 //! - `GET /v1/rules/{rule}/history?count=20`: the rule's audit list, newest first;
 //! - `PUT /v1/rules/{rule}/keys/{key}/limits` `{"limit": "500/1m", "window"?: "fixed", "until"?: RFC 3339}`:
 //!   sets one, from the next reservation on;
-//! - `DELETE /v1/rules/{rule}/keys/{key}/limits?per=1m[&window=fixed]`: removes one.
+//! - `DELETE /v1/rules/{rule}/keys/{key}/limits?per=1m[&window=fixed]`: removes one;
+//! - `DELETE /v1/rules/{rule}/keys/{key}/pause[?reason=...]`: lifts the key's pause;
+//! - `DELETE /v1/rules/{rule}/budgets/{budget}/pause[?reason=...]`: lifts a budget's pause.
 //!
-//! Each change is logged (who, what, before, after) and kept in the rule's audit list.
+//! Each change is logged (who, what, before, after) and kept in the rule's audit list. A body or
+//! query with a field these routes do not know is refused (400, naming it): a misspelt `until`
+//! must not set a limit with no end.
 //!
 //! - `POST /v1/feedback` `{"rule", "key" | "budget", "status", "retryAfter"?}`: an overflow consumer
 //!   that called the downstream itself reports its answer, with the effect the limiter's own
@@ -109,6 +113,7 @@ pub async fn list_limits(State(state): State<AppState>, target: PathTarget) -> R
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HistoryQuery {
     count: Option<usize>,
 }
@@ -126,6 +131,7 @@ pub async fn history(State(state): State<AppState>, target: PathTarget, Query(qu
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SetLimit {
     /// `COUNT/PERIOD`, e.g. `500/1m`.
     limit: String,
@@ -165,6 +171,7 @@ pub async fn put_limit(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WhichLimit {
     /// The overridden limit's period, e.g. `1m`.
     per: String,
@@ -223,7 +230,7 @@ fn log_change(change: &OverrideChange) {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Feedback {
     rule: String,
     key: Option<String>,
@@ -254,10 +261,11 @@ pub async fn feedback(
         (None, Some(_)) => String::new(),
         (None, None) => return error(StatusCode::BAD_REQUEST, "give a key or a budget"),
     };
-    // Only a 429 or 503 that says how long to wait pauses; a 429, 408, 5xx or a timeout (status 0
-    // or 504) lowers an adaptive limit; anything else changes nothing.
+    // Only a 429 or 503 that says how long to wait pauses (a wait of 0 s is no pause: lifting one
+    // is `DELETE .../pause`); a 429, 408, 5xx or a timeout (status 0 or 504) lowers an adaptive
+    // limit; anything else changes nothing.
     let until = match (body.status, body.retry_after) {
-        (429 | 503, Some(seconds)) => Some(drip_gcp::http_target::wait_seconds(seconds)),
+        (429 | 503, Some(seconds)) if seconds > 0 => Some(drip_gcp::http_target::wait_seconds(seconds)),
         _ => None,
     };
     let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
@@ -293,7 +301,7 @@ pub async fn feedback(
             };
             // The signal is applied: a lost audit entry is logged, not answered with a 5xx that
             // would make the consumer report it again.
-            if let Err(error) = state.store.record_feedback(&change).await {
+            if let Err(error) = state.store.record_audit(&drip_store::AuditEntry::Feedback(change)).await {
                 tracing::warn!(%error, rule = %rule.name, key, "could not keep the feedback call in the audit list");
             }
             if effect.paused_until.is_none() && effect.adaptive_level.is_none() {
@@ -307,5 +315,55 @@ pub async fn feedback(
             .into_response()
         }
         Err(e) => unavailable("feedback", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeQuery {
+    /// Why, kept in the rule's audit list.
+    reason: Option<String>,
+}
+
+/// `DELETE /v1/rules/{rule}/keys/{key}/pause`.
+pub async fn resume_key(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    target: PathTarget,
+    Query(query): Query<ResumeQuery>,
+) -> Response {
+    resume(&state, caller, (target.rule(), &target.key, None), query.reason.as_deref()).await
+}
+
+/// `DELETE /v1/rules/{rule}/budgets/{budget}/pause`.
+pub async fn resume_budget(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    target: PathTarget,
+    Path(params): Path<HashMap<String, String>>,
+    Query(query): Query<ResumeQuery>,
+) -> Response {
+    let rule = target.rule();
+    let name = params.get("budget").map_or("", String::as_str);
+    let Some(budget) = rule.budgets.iter().find(|b| b.name == name) else {
+        return error(StatusCode::NOT_FOUND, format!("rule '{}' draws from no budget '{name}'", rule.name));
+    };
+    resume(&state, caller, (rule, "", Some(budget)), query.reason.as_deref()).await
+}
+
+async fn resume(
+    state: &AppState,
+    caller: Option<axum::Extension<Caller>>,
+    (rule, key, budget): (&Rule, &str, Option<&drip_core::budgets::Budget>),
+    reason: Option<&str>,
+) -> Response {
+    let by = caller_name(caller);
+    match drip_store::resume(&*state.store, rule, key, budget, drip_store::Author { by: &by, reason }).await {
+        Ok(resumed) => {
+            let change = &resumed.change;
+            tracing::warn!(by = %change.by, rule = %rule.name, key, target = %change.target, resumed_pause = change.resumed_pause.map(format_rfc3339), paused_until = resumed.paused_until.map(format_rfc3339), "pause lifted");
+            Json(resumed).into_response()
+        }
+        Err(e) => unavailable("resuming", e),
     }
 }

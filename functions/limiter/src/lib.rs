@@ -29,7 +29,7 @@ use drip_store::Store;
 
 pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
-pub use settings::{LimiterAuth, Settings};
+pub use settings::{LimiterAuth, Routes, Settings};
 
 /// Pub/Sub push requests carry up to 10 MB of data, base64-encoded (×4/3) in JSON, plus up to 100
 /// attributes of at most 1,280 bytes each.
@@ -109,9 +109,11 @@ fn longest_inline_wait(rules: &ServiceRules) -> Millis {
 }
 
 /// Each route class behind its own callers: `/push` (push subscriptions), `/v1/rules/...`
-/// (operators), `/v1/feedback` (overflow consumers), `/metrics` (the collector).
+/// (operators), `/v1/feedback` (overflow consumers), `/metrics` (the collector). A class that
+/// `DRIP_ROUTES` leaves out is not served at all (404), whoever calls.
 pub fn app(state: AppState) -> Router {
     let auth = &state.auth;
+    let served = |on: bool, router: Router<AppState>| if on { router } else { Router::new() };
     let push = Router::new()
         .route("/push", post(push::push))
         .layer(DefaultBodyLimit::max(MAX_PUSH_BYTES))
@@ -122,14 +124,14 @@ pub fn app(state: AppState) -> Router {
             "/v1/rules/{rule}/keys/{key}/limits",
             axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
         )
+        .route("/v1/rules/{rule}/keys/{key}/pause", axum::routing::delete(entities::resume_key))
+        .route("/v1/rules/{rule}/budgets/{budget}/pause", axum::routing::delete(entities::resume_budget))
         .route("/v1/rules/{rule}/limits", axum::routing::get(entities::list_limits))
         .route("/v1/rules/{rule}/history", axum::routing::get(entities::history));
     let feedback = Router::new().route("/v1/feedback", post(entities::feedback));
-    let api = auth
-        .push
-        .protect(push)
-        .merge(auth.admin.protect(admin))
-        .merge(auth.feedback.protect(feedback))
+    let api = served(auth.routes.push, auth.push.protect(push))
+        .merge(served(auth.routes.admin, auth.admin.protect(admin)))
+        .merge(served(auth.routes.feedback, auth.feedback.protect(feedback)))
         .with_state(state.clone());
     drip_service::service_router(api, &auth.metrics, state.store, state.rules, state.metrics.shared.clone())
 }

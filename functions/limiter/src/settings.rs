@@ -23,7 +23,13 @@ pub struct Settings {
     /// `auto` (a Google ID token for `*.run.app` URLs), `always` or `never`.
     #[envconfig(from = "DRIP_FORWARD_ID_TOKEN", default = "auto")]
     pub forward_id_token: IdTokenMode,
-    /// Service accounts that may `POST /push` (the push subscriptions'); required with OIDC on.
+    /// The route classes this instance serves, comma-separated: `push` (`POST /push`), `admin`
+    /// (`/v1/rules/...`), `feedback` (`POST /v1/feedback`). The admin service that operators reach
+    /// from the internet serves `admin,feedback` and never `push`.
+    #[envconfig(from = "DRIP_ROUTES", default = "push,admin,feedback")]
+    pub routes: String,
+    /// Service accounts that may `POST /push` (the push subscriptions'); required with OIDC on
+    /// when `push` is served.
     #[envconfig(from = "DRIP_PUSH_CALLERS", default = "")]
     pub push_callers: String,
     /// Service accounts that may inspect keys and change their limits (`/v1/rules/...`): operators.
@@ -34,9 +40,41 @@ pub struct Settings {
     pub feedback_callers: String,
 }
 
-/// Each route class's callers.
+/// Which route classes an instance serves (`DRIP_ROUTES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Routes {
+    pub push: bool,
+    pub admin: bool,
+    pub feedback: bool,
+}
+
+impl Routes {
+    pub const ALL: Self = Self { push: true, admin: true, feedback: true };
+
+    /// From a comma-separated list of `push`, `admin` and `feedback`.
+    pub fn parse(list: &str) -> anyhow::Result<Self> {
+        let mut routes = Self { push: false, admin: false, feedback: false };
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "push" => routes.push = true,
+                "admin" => routes.admin = true,
+                "feedback" => routes.feedback = true,
+                other => bail!(
+                    "DRIP_ROUTES: unknown route class '{other}' in '{list}' (write a comma-separated list of push, admin and feedback)"
+                ),
+            }
+        }
+        if routes == (Self { push: false, admin: false, feedback: false }) {
+            bail!("DRIP_ROUTES is empty: name the route classes to serve (push, admin, feedback)");
+        }
+        Ok(routes)
+    }
+}
+
+/// Each route class's callers, and which classes are served.
 #[derive(Debug, Clone)]
 pub struct LimiterAuth {
+    pub routes: Routes,
     pub push: drip_service::auth::RouteAuth,
     pub admin: drip_service::auth::RouteAuth,
     pub feedback: drip_service::auth::RouteAuth,
@@ -44,10 +82,15 @@ pub struct LimiterAuth {
 }
 
 impl LimiterAuth {
-    /// Every caller passes (tests of handlers in process).
+    /// Every route class served, every caller passes (tests of handlers in process).
     pub fn off() -> Self {
         let off = drip_service::auth::RouteAuth::off;
-        Self { push: off(), admin: off(), feedback: off(), metrics: off() }
+        Self { routes: Routes::ALL, push: off(), admin: off(), feedback: off(), metrics: off() }
+    }
+
+    /// The same callers, serving only `routes`.
+    pub fn serving(self, routes: Routes) -> Self {
+        Self { routes, ..self }
     }
 }
 
@@ -61,8 +104,10 @@ impl Settings {
 
     pub fn route_auth(&self) -> anyhow::Result<LimiterAuth> {
         let auth = self.common.auth()?;
+        let routes = Routes::parse(&self.routes)?;
         Ok(LimiterAuth {
-            push: auth.route("DRIP_PUSH_CALLERS", &self.push_callers, true)?,
+            routes,
+            push: auth.route("DRIP_PUSH_CALLERS", &self.push_callers, routes.push)?,
             admin: auth.route("DRIP_ADMIN_CALLERS", &self.admin_callers, false)?,
             feedback: auth.route("DRIP_FEEDBACK_CALLERS", &self.feedback_callers, false)?,
             metrics: auth.route("DRIP_METRICS_CALLERS", &self.common.metrics_callers, false)?,
@@ -109,6 +154,17 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use drip_service::tasks::origin;
+
+    use super::Routes;
+
+    #[test]
+    fn routes_name_the_classes_served_and_refuse_unknown_ones() {
+        assert_eq!(Routes::parse("push,admin,feedback").unwrap(), Routes::ALL);
+        assert_eq!(Routes::parse(" admin , feedback ").unwrap(), Routes { push: false, admin: true, feedback: true });
+        let error = Routes::parse("admin,pus").unwrap_err().to_string();
+        assert!(error.contains("'pus'") && error.contains("push, admin and feedback"), "{error}");
+        assert!(Routes::parse(" , ").unwrap_err().to_string().contains("empty"));
+    }
 
     #[test]
     fn audience_is_the_url_origin() {

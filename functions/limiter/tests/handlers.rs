@@ -524,9 +524,13 @@ async fn override_requests_that_name_nothing_are_refused() {
     let (_, kept) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", six).await;
     assert_eq!(kept["reason"], "INC-42", "the audit keeps why: {kept}");
     assert_eq!(
-        (kept["after"]["limit"].as_u64(), kept["after"]["until"].as_i64()),
-        (Some(6), Some(4_070_908_800_000)),
-        "{kept}"
+        (
+            kept["after"]["limit"].as_u64(),
+            kept["after"]["until"].as_str(),
+            kept["at"].as_str().map(|at| parse_rfc3339(at).is_ok())
+        ),
+        (Some(6), Some("2099-01-01T00:00:00.000Z"), Some(true)),
+        "times are RFC 3339: {kept}"
     );
     let forever = Some(serde_json::json!({ "limit": "7/1h", "forever": true }));
     let (_, dropped) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", forever).await;
@@ -853,4 +857,109 @@ async fn delayed_pushes_of_one_bucket_share_one_task() {
     assert!(matches!(seal, Signature::Sealed { slot, .. } if slot == shared.at), "sealed at its first slot");
     let alone: TaskBody = serde_json::from_slice(&tasks[2].body).expect("g's own task body");
     assert_eq!(alone.message_id, "g");
+}
+
+/// An operator lifts a key's pause (a partner's bogus Retry-After) and a budget's: the next event
+/// goes at once, each resume is audited with who and why, and lifting twice lifts nothing. (Events
+/// given a slot behind the pause before it was lifted keep that slot: docs/operations.md.)
+#[tokio::test]
+async fn a_lifted_pause_lets_the_next_event_go_and_is_audited() {
+    let (url, calls) = throttling_target(0).await;
+    let l = limiter_forwarding_to(&url);
+    let hook = [("event_type", "hook"), ("endpoint", "partner")];
+    assert_eq!(l.push("r0", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    let bogus = serde_json::json!({ "rule": "hooks", "key": "endpoint_partner", "status": 429, "retryAfter": 99_999 });
+    let (_, paused) = l.send("POST", "/v1/feedback", Some(bogus)).await;
+    let paused_until = paused["pausedUntil"].as_str().unwrap().to_owned();
+
+    let path = "/v1/rules/hooks/keys/endpoint_partner/pause";
+    let (status, resumed) = l.send("DELETE", &format!("{path}?reason=INC-7%20bogus%20Retry-After"), None).await;
+    assert_eq!(status, StatusCode::OK, "{resumed}");
+    assert_eq!(resumed["change"]["resumed_pause"].as_str(), Some(paused_until.as_str()), "{resumed}");
+    assert_eq!((resumed["change"]["target"].as_str(), resumed["pausedUntil"].as_str()), (Some("key"), None));
+    let (_, report) = l.send("GET", "/v1/rules/hooks/keys/endpoint_partner", None).await;
+    assert!(report["pausedUntil"].is_null(), "inspect agrees: {report}");
+    assert_eq!(l.push("r1", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!((*calls.lock().unwrap(), l.tasks().len()), (2, 0), "the next event goes at once, not after the pause");
+
+    let (_, history) = l.send("GET", "/v1/rules/hooks/history?count=1", None).await;
+    let entry = &history[0];
+    assert_eq!(
+        (entry["by"].as_str(), entry["reason"].as_str(), entry["resumed_pause"].as_str()),
+        (Some("anonymous"), Some("INC-7 bogus Retry-After"), Some(paused_until.as_str())),
+        "{history}"
+    );
+    assert!(parse_rfc3339(entry["at"].as_str().unwrap()).is_ok(), "{history}");
+    let (status, again) = l.send("DELETE", path, None).await;
+    assert_eq!(
+        (status, again["change"]["resumed_pause"].is_null()),
+        (StatusCode::OK, true),
+        "nothing left to lift: {again}"
+    );
+
+    let budget = serde_json::json!({ "rule": "alerts", "budget": "partner", "status": 503, "retryAfter": 600 });
+    assert_eq!(l.send("POST", "/v1/feedback", Some(budget)).await.0, StatusCode::OK);
+    let alert = [("event_type", "alert"), ("tenant", "t")];
+    assert_eq!(l.push("a0", &alert, b"{}").await, StatusCode::NO_CONTENT);
+    assert!(l.published("alerts-ready").is_empty(), "the budget is paused");
+    let (status, resumed) = l.send("DELETE", "/v1/rules/alerts/budgets/partner/pause", None).await;
+    assert_eq!((status, resumed["change"]["target"].as_str()), (StatusCode::OK, Some("budget:partner")), "{resumed}");
+    assert!(resumed["change"]["resumed_pause"].as_str().is_some(), "{resumed}");
+    // Another tenant: t's own event holds its slot behind the lifted pause (FIFO per key).
+    assert_eq!(l.push("a1", &[("event_type", "alert"), ("tenant", "u")], b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(l.published("alerts-ready").len(), 1, "the budget's next event goes at once");
+    assert_eq!(l.send("DELETE", "/v1/rules/alerts/budgets/nope/pause", None).await.0, StatusCode::NOT_FOUND);
+}
+
+/// A field a person misspells is refused, naming it, and changes nothing: `untill` must not set a
+/// limit with no end. A Retry-After of 0 pauses nothing (lifting a pause is DELETE .../pause).
+#[tokio::test]
+async fn unknown_fields_are_refused_naming_them_and_change_nothing() {
+    let l = limiter();
+    let path = "/v1/rules/payouts/keys/merchant_5/limits";
+    let typo = serde_json::json!({ "limit": "5/1h", "untill": "2099-01-01T00:00:00Z" });
+    let (status, body) = l.send("PUT", path, Some(typo)).await;
+    assert!(status.is_client_error(), "{status}");
+    assert!(body.as_str().unwrap().contains("unknown field `untill`"), "{body}");
+    assert_eq!(l.send("GET", path, None).await.1, serde_json::json!([]), "no override was set");
+    let (status, body) = l.send("DELETE", &format!("{path}?per=1h&windw=fixed"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.as_str().unwrap().contains("windw"), "{body}");
+    let snake = serde_json::json!({ "rule": "payouts", "key": "merchant_5", "status": 429, "retry_after": 60 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(snake)).await;
+    assert!(status.is_client_error() && body.as_str().unwrap().contains("retry_after"), "{status} {body}");
+    assert_eq!(l.send("GET", "/v1/rules/payouts/history?count=1&cuont=2", None).await.0, StatusCode::BAD_REQUEST);
+
+    assert_eq!(l.payout("p0", 5).await, StatusCode::NO_CONTENT);
+    let zero = serde_json::json!({ "rule": "payouts", "key": "merchant_5", "status": 429, "retryAfter": 0 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(zero)).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "a wait of 0 s pauses nothing: {body}");
+    let (_, report) = l.send("GET", "/v1/rules/payouts/keys/merchant_5", None).await;
+    assert!(report["pausedUntil"].is_null(), "{report}");
+}
+
+/// The admin service runs the limiter with DRIP_ROUTES=admin,feedback: its ingress is open to
+/// Google-authenticated callers, so /push must not be served there at all. The limiter in
+/// production serves push and feedback, and no admin route.
+#[tokio::test]
+async fn each_instance_serves_only_the_route_classes_it_is_given() {
+    let mut l = limiter();
+    l.state.auth =
+        drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes { push: false, admin: true, feedback: true });
+    assert_eq!(l.payout("x", 1).await, StatusCode::NOT_FOUND, "no /push on the admin service");
+    assert!(l.published("payouts-ready").is_empty() && l.tasks().is_empty());
+    assert_eq!(l.send("GET", "/v1/rules/payouts/keys/merchant_1", None).await.0, StatusCode::OK);
+    assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/merchant_1/pause", None).await.0, StatusCode::OK);
+    // The feedback handler answers (it knows no state for this key), where a route not served
+    // answers an empty 404.
+    let feedback = serde_json::json!({ "rule": "payouts", "key": "merchant_1", "status": 429, "retryAfter": 5 });
+    let (_, body) = l.send("POST", "/v1/feedback", Some(feedback.clone())).await;
+    assert!(body.as_str().unwrap().contains("has no state for key"), "{body}");
+
+    l.state.auth =
+        drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes { push: true, admin: false, feedback: true });
+    assert_eq!(l.payout("y", 1).await, StatusCode::NO_CONTENT);
+    assert_eq!(l.send("GET", "/v1/rules/payouts/keys/merchant_1", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/merchant_1/pause", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(l.send("POST", "/v1/feedback", Some(feedback)).await.0, StatusCode::OK, "merchant_1 now has state");
 }

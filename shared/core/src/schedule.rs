@@ -335,6 +335,18 @@ impl Scheduler {
         state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
     }
 
+    /// Lifts the entity's pause (an operator's resume); returns when it would have ended. Slots
+    /// already reserved keep their times; the next reservation is no longer held back by it.
+    pub fn resume(&mut self, rule: &str, key: &str) -> Option<Millis> {
+        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
+        entity.state.paused_until.take()
+    }
+
+    /// Lifts the budget's pause; returns when it would have ended.
+    pub fn resume_budget(&mut self, budget: &str) -> Option<Millis> {
+        self.budgets.get_mut(budget)?.paused_until.take()
+    }
+
     /// The downstream of an entity with an adaptive limit answered 429, 5xx or timed out at `now`;
     /// returns the level after it (ppm).
     pub fn signal(&mut self, rule: &str, key: &str, adaptive: &Adaptive, limits: &[Limit], now: Millis) -> u64 {

@@ -91,6 +91,57 @@ pub fn system_time_to_millis(at: SystemTime) -> Option<Millis> {
     Millis::try_from(since.as_millis()).ok()
 }
 
+/// Serde for a time in a JSON answer or audit entry: written as RFC 3339; read from RFC 3339 or
+/// from milliseconds since the epoch (how entries written by earlier versions hold it).
+/// `#[serde(with = "drip_core::time::rfc3339")]`, or `rfc3339::option` for an `Option<Millis>`.
+pub mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{Millis, format_rfc3339, parse_rfc3339};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Text(String),
+        Millis(Millis),
+    }
+
+    impl Written {
+        fn millis<E: serde::de::Error>(self) -> Result<Millis, E> {
+            match self {
+                Written::Text(text) => parse_rfc3339(&text).map_err(E::custom),
+                Written::Millis(millis) => Ok(millis),
+            }
+        }
+    }
+
+    pub fn serialize<S: Serializer>(at: &Millis, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format_rfc3339(*at))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Millis, D::Error> {
+        Written::deserialize(deserializer)?.millis()
+    }
+
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        use super::Written;
+        use crate::time::{Millis, format_rfc3339};
+
+        pub fn serialize<S: Serializer>(at: &Option<Millis>, serializer: S) -> Result<S::Ok, S::Error> {
+            match at {
+                Some(at) => serializer.serialize_str(&format_rfc3339(*at)),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Millis>, D::Error> {
+            Option::<Written>::deserialize(deserializer)?.map(Written::millis).transpose()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +179,26 @@ mod tests {
             assert!(error.contains(says), "{text}: {error}");
             assert!(error.contains(&format!("'{text}'")), "{text}: {error}");
         }
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Stamped {
+        #[serde(with = "super::rfc3339")]
+        at: Millis,
+        #[serde(default, with = "super::rfc3339::option")]
+        until: Option<Millis>,
+    }
+
+    #[test]
+    fn json_times_are_written_as_rfc3339_and_read_from_either_form() {
+        let at = parse_rfc3339("2026-08-03T12:00:01.123Z").unwrap();
+        let written = serde_json::to_value(Stamped { at, until: None }).unwrap();
+        assert_eq!(written, serde_json::json!({"at": "2026-08-03T12:00:01.123Z", "until": null}));
+        let old: Stamped = serde_json::from_value(serde_json::json!({"at": at, "until": at + 1})).unwrap();
+        assert_eq!(old, Stamped { at, until: Some(at + 1) });
+        let new: Stamped = serde_json::from_value(serde_json::json!({"at": "2026-08-03T12:00:01.123Z"})).unwrap();
+        assert_eq!(new, Stamped { at, until: None });
+        assert!(serde_json::from_value::<Stamped>(serde_json::json!({"at": "yesterday"})).is_err());
     }
 
     #[test]

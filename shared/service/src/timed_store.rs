@@ -11,7 +11,7 @@ use drip_core::schedule::LimitOverride;
 use drip_core::time::Millis;
 use drip_store::inspect::EntityReport;
 use drip_store::{
-    DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Ping, Reserved, SlotRequest, Store, StoreFuture,
+    AuditEntry, DispatchClaim, MessageOf, OverrideChange, Ping, Reserved, SlotRequest, Store, StoreFuture,
 };
 
 use crate::metrics::Metrics;
@@ -94,6 +94,14 @@ impl Store for TimedStore {
         self.timed(self.inner.pause_budget(budget, until))
     }
 
+    fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        self.timed(self.inner.resume(rule, key))
+    }
+
+    fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
+        self.timed(self.inner.resume_budget(budget))
+    }
+
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
         self.timed(self.inner.signal(rule, key))
     }
@@ -110,8 +118,8 @@ impl Store for TimedStore {
         self.timed(self.inner.paused_until(rule, key))
     }
 
-    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
-        self.timed(self.inner.record_feedback(change))
+    fn record_audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
+        self.timed(self.inner.record_audit(entry))
     }
 
     fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {

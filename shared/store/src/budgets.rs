@@ -21,6 +21,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         self.budget_op(budget, now, &["pause".into(), until.to_string()]).await.map(drop)
     }
 
+    /// Lifts the budget's pause; returns when it would have ended.
+    pub async fn resume_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<Millis>, StoreError> {
+        let ended = self.budget_op(budget, now, &["resume".into()]).await?;
+        Ok((ended >= 0).then_some(ended))
+    }
+
     /// The budget's downstream answered 429, 5xx or timed out: its adaptive level drops (once per
     /// window). Returns the level after it (ppm); nothing for a budget without an adaptive limit.
     pub async fn signal_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<u64>, StoreError> {

@@ -10,6 +10,7 @@ mod keys;
 mod memory;
 mod overrides;
 mod redis_store;
+mod resume;
 mod scripts;
 mod store;
 
@@ -22,11 +23,12 @@ pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, Token
 pub use group_commit::Batching;
 pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key, field};
 pub use memory::MemoryStore;
-pub use overrides::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView};
+pub use overrides::{AuditEntry, Author, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
 pub use redis_store::{
     ANSWER_MARGIN, DISPATCHED_MEMORY, DispatchClaim, MessageOf, RedisStore, ReserveCall, STATE_MARGIN, parse_replies,
     parse_reply, reserve_script,
 };
+pub use resume::{Resumed, resume};
 pub use store::{Ping, Store, StoreFuture};
 
 /// One event's reservation request for one entity: the model's request ([`ReserveRequest`], the

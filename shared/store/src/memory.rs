@@ -45,8 +45,8 @@ impl MemoryStore {
         locked(&self.payloads).get(reference).cloned()
     }
 
-    pub fn record_feedback(&self, change: &FeedbackChange) {
-        locked(&self.audit).push(AuditEntry::Feedback(change.clone()));
+    pub fn record_audit(&self, entry: &AuditEntry) {
+        locked(&self.audit).push(entry.clone());
     }
 
     pub fn record_override(&self, change: &OverrideChange) {
@@ -62,10 +62,7 @@ impl MemoryStore {
     /// As `RedisStore::audit_history`: the rule's latest `count` entries, newest first.
     pub fn audit_history(&self, rule: &str, count: usize) -> Vec<AuditEntry> {
         let audit = locked(&self.audit);
-        let of_rule = audit.iter().rev().filter(|e| match e {
-            AuditEntry::Override(change) => change.rule == rule,
-            AuditEntry::Feedback(call) => call.rule == rule,
-        });
+        let of_rule = audit.iter().rev().filter(|e| e.rule() == rule);
         of_rule.take(count).cloned().collect()
     }
 
@@ -164,6 +161,16 @@ impl MemoryStore {
     /// As `RedisStore::pause_budget`, on the model.
     pub fn pause_budget(&self, budget: &Budget, until: drip_core::time::Millis) {
         self.with(|s| s.pause_budget(&budget.name, until));
+    }
+
+    /// As `RedisStore::resume`, on the model.
+    pub fn resume(&self, rule: &str, key: &str) -> Option<Millis> {
+        self.with(|s| s.resume(rule, key))
+    }
+
+    /// As `RedisStore::resume_budget`, on the model.
+    pub fn resume_budget(&self, budget: &Budget) -> Option<Millis> {
+        self.with(|s| s.resume_budget(&budget.name))
     }
 
     /// As `RedisStore::signal`, on the model: the entity's adaptive limit saw a 429, 5xx or timeout.

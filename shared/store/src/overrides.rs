@@ -25,6 +25,7 @@ const AUDIT_LENGTH: isize = 1_000;
 /// One change of an override, as the audit list keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct OverrideChange {
+    #[serde(with = "drip_core::time::rfc3339")]
     pub at: Millis,
     /// Who made it: the caller's verified email (API) or the operator's user name (CLI).
     pub by: String,
@@ -77,6 +78,7 @@ impl OverrideChange {
 /// paused or lowered what, from what to what.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct FeedbackChange {
+    #[serde(with = "drip_core::time::rfc3339")]
     pub at: Millis,
     /// The caller's verified email (or `anonymous` without OIDC).
     pub by: String,
@@ -88,10 +90,31 @@ pub struct FeedbackChange {
     /// The downstream's answer it reported (0: a timeout) and its Retry-After, in seconds.
     pub status: u16,
     pub retry_after: Option<u64>,
+    #[serde(default, with = "drip_core::time::rfc3339::option")]
     pub paused_before: Option<Millis>,
+    #[serde(default, with = "drip_core::time::rfc3339::option")]
     pub paused_after: Option<Millis>,
     /// The target's adaptive level after it, when it has one.
     pub adaptive_level: Option<f64>,
+}
+
+/// A lifted pause (`drip resume`, `DELETE .../pause`), as the rule's audit list keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ResumeChange {
+    #[serde(with = "drip_core::time::rfc3339")]
+    pub at: Millis,
+    /// The caller's verified email (API) or the operator's user name (CLI).
+    pub by: String,
+    pub rule: String,
+    /// The key it named (empty for a budget).
+    pub key: String,
+    /// What it resumed: `key` or `budget:<name>`.
+    pub target: String,
+    /// When the lifted pause would have ended (none: there was no pause to lift).
+    #[serde(default, with = "drip_core::time::rfc3339::option")]
+    pub resumed_pause: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// An entry of a rule's audit list.
@@ -100,11 +123,24 @@ pub struct FeedbackChange {
 pub enum AuditEntry {
     Override(OverrideChange),
     Feedback(FeedbackChange),
+    Resume(ResumeChange),
+}
+
+impl AuditEntry {
+    /// The rule it changed (its id).
+    pub fn rule(&self) -> &str {
+        match self {
+            AuditEntry::Override(change) => &change.rule,
+            AuditEntry::Feedback(call) => &call.rule,
+            AuditEntry::Resume(resume) => &resume.rule,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct OverrideView {
     pub limit: u64,
+    #[serde(default, with = "drip_core::time::rfc3339::option")]
     pub until: Option<Millis>,
 }
 
@@ -213,8 +249,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     /// Keeps a `/v1/feedback` call in its rule's audit list.
-    pub async fn record_feedback(&self, change: &FeedbackChange) -> Result<(), StoreError> {
-        self.audit(&change.rule, &AuditEntry::Feedback(change.clone())).await
+    /// Keeps a feedback call or a resume in its rule's audit list (override changes keep
+    /// theirs as they are made).
+    pub async fn record_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        self.audit(entry.rule(), entry).await
     }
 
     async fn audit(&self, rule: &str, entry: &AuditEntry) -> Result<(), StoreError> {
@@ -247,6 +285,27 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             .arg(OVERRIDE_MARGIN);
         let _: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
         Ok(())
+    }
+
+    /// Lifts the entity's pause; returns when it would have ended.
+    pub async fn resume(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+        now: Option<Millis>,
+    ) -> Result<Option<Millis>, StoreError> {
+        let keys = self.override_keys(rule, key);
+        let mut invocation = OVERRIDE.prepare_invoke();
+        invocation
+            .key(&keys.overrides)
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg("resume")
+            .arg("")
+            .arg("")
+            .arg("")
+            .arg(OVERRIDE_MARGIN);
+        let ended: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        Ok(ended.first().copied())
     }
 
     /// The downstream of an entity of a rule with an adaptive limit (`adaptive`, over the rule's

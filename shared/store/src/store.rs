@@ -15,8 +15,8 @@ use redis::aio::ConnectionLike;
 use crate::inspect::{EntityReport, report};
 use crate::overrides::Author;
 use crate::{
-    AuditEntry, DispatchClaim, FeedbackChange, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef,
-    SlotRequest, StoreError,
+    AuditEntry, DispatchClaim, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
+    StoreError,
 };
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -56,6 +56,10 @@ pub trait Store: Ping + std::fmt::Debug {
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
     /// No slot of any entity drawing from the budget before `until`.
     fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()>;
+    /// Lifts the entity's pause (an operator's resume); returns when it would have ended.
+    fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
+    /// Lifts the budget's pause; returns when it would have ended.
+    fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>>;
     /// A 429, 5xx or timeout from the entity's downstream: its adaptive level drops, if the rule
     /// has one (returns it, ppm).
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>>;
@@ -65,8 +69,8 @@ pub trait Store: Ping + std::fmt::Debug {
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
     /// The latest end of a pause of the key or of one of its rule's budgets, if any.
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
-    /// Keeps a `/v1/feedback` call in its rule's audit list.
-    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()>;
+    /// Keeps a `/v1/feedback` call or a resume in its rule's audit list.
+    fn record_audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()>;
     /// The payload a task refers to, or `None` when it expired or never existed.
     fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>>;
     /// Keeps a claim-checked payload at least `ttl` more (its task got a later slot).
@@ -149,6 +153,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         Box::pin(RedisStore::pause_budget(self, budget, until, None))
     }
 
+    fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(RedisStore::resume(self, RuleRef::of(rule), key, None))
+    }
+
+    fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(RedisStore::resume_budget(self, budget, None))
+    }
+
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
         Box::pin(async move {
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
@@ -168,8 +180,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         Box::pin(RedisStore::paused_until(self, rule, key))
     }
 
-    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
-        Box::pin(RedisStore::record_feedback(self, change))
+    fn record_audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
+        Box::pin(RedisStore::record_audit(self, entry))
     }
 
     fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
@@ -271,6 +283,16 @@ impl Store for MemoryStore {
         Box::pin(async { Ok(()) })
     }
 
+    fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        let ended = MemoryStore::resume(self, &rule.id, key);
+        Box::pin(async move { Ok(ended) })
+    }
+
+    fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
+        let ended = MemoryStore::resume_budget(self, budget);
+        Box::pin(async move { Ok(ended) })
+    }
+
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
         let level = rule.adaptive.map(|a| self.signal(&rule.id, key, (&a, &rule.limits), wall_clock_millis()));
         Box::pin(async move { Ok(level) })
@@ -293,8 +315,8 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(until) })
     }
 
-    fn record_feedback<'a>(&'a self, change: &'a FeedbackChange) -> StoreFuture<'a, ()> {
-        MemoryStore::record_feedback(self, change);
+    fn record_audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
+        MemoryStore::record_audit(self, entry);
         Box::pin(async { Ok(()) })
     }
 
