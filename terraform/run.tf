@@ -228,8 +228,8 @@ resource "google_cloud_run_v2_service" "drip" {
 
       resources {
         limits = {
-          cpu    = "1"
-          memory = "512Mi"
+          cpu    = var.collector_cpu
+          memory = var.collector_memory
         }
       }
 

@@ -251,6 +251,18 @@ variable "memory" {
   default     = "512Mi"
 }
 
+variable "collector_cpu" {
+  description = "CPU limit of the metrics collector sidecar beside each service. With the limiter's instance-based billing it is paid around the clock: docs/capacity.md, \"The smallest deployment\"."
+  type        = string
+  default     = "1"
+}
+
+variable "collector_memory" {
+  description = "Memory limit of the metrics collector sidecar beside each service."
+  type        = string
+  default     = "512Mi"
+}
+
 variable "push_ack_deadline_seconds" {
   description = "Ack deadline of the push subscriptions: the limiter's request timeout (it includes inline waits)."
   type        = number

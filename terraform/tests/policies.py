@@ -96,16 +96,41 @@ def _service_roles(module: Module):
     return {unquote(role): {unquote(k): v for k, v in settings.items()} for role, settings in services.items()}
 
 
+INTERNAL_INGRESS = ("INGRESS_TRAFFIC_INTERNAL_ONLY", "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER")
+
+
+def _routes(env) -> set[str]:
+    """The route classes a service's environment serves (DRIP_ROUTES; every class when unset)."""
+    match = re.search(r"DRIP_ROUTES\W+([a-z,]+)", str(env))
+    return set(match.group(1).split(",")) if match else {"push", "admin", "feedback"}
+
+
+def _env_of(module: Module, settings: dict) -> str:
+    """A service's environment: the local it names, as text."""
+    name = str(settings.get("env", "")).removeprefix("${").removesuffix("}").removeprefix("local.")
+    return str(module.locals.get(name, ""))
+
+
 def cloud_run_is_private(module: Module):
+    """The limiter and the dispatcher take internal traffic only; the one service the internet may
+    reach (for operators on laptops) is the admin service, which serves no /push."""
     problems = []
     services = module.of_type("google_cloud_run_v2_service")
     if not services:
         problems.append("no Cloud Run service")
     roles = _service_roles(module)
-    if set(roles) != {"limiter", "dispatcher"}:
-        problems.append(f"expected the limiter and dispatcher services, found {sorted(roles)}")
+    if set(roles) != {"limiter", "dispatcher", "admin"}:
+        problems.append(f"expected the limiter, dispatcher and admin services, found {sorted(roles)}")
+    for role, settings in roles.items():
+        ingress = unquote(str(settings.get("ingress")))
+        if ingress in INTERNAL_INGRESS:
+            continue
+        if role != "admin":
+            problems.append(f"the {role} accepts traffic from the internet (ingress {ingress})")
+        elif "push" in _routes(_env_of(module, settings)):
+            problems.append("the admin service is reachable from the internet and serves /push")
     for name, service in services.items():
-        if service.arg("ingress") not in ("INGRESS_TRAFFIC_INTERNAL_ONLY", "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"):
+        if service.arg("ingress") not in INTERNAL_INGRESS and "each.value.ingress" not in str(service.arg("ingress")):
             problems.append(f"Cloud Run service {name} accepts traffic from the internet (ingress {service.arg('ingress')})")
         if service.arguments.get("invoker_iam_disabled") not in (None, False):
             problems.append(f"Cloud Run service {name} disables the invoker check")
@@ -119,14 +144,72 @@ def cloud_run_is_private(module: Module):
             problems.append(f"Cloud Run service {name} has no startup probe on /readyz")
     for name, grant in module.of_type("google_cloud_run_v2_service_iam_member").items():
         member = str(grant.arg("member"))
-        # The one exception: the service accounts named in var.limits_api_callers, on the limiter.
+        # The one exception: the service accounts named in var.limits_api_callers, on the admin service.
         limits_caller = (
             "var.limits_api_callers" in str(grant.arguments.get("for_each"))
             and member.startswith("serviceAccount:")
-            and "limiter" in str(grant.arguments.get("name"))
+            and '["admin"]' in str(grant.arguments.get("name"))
         )
         if grant.arg("role") != "roles/run.invoker" or not ("google_service_account." in member or limits_caller):
             problems.append(f"invoker grant {name} is not run.invoker for one of the module's service accounts")
+    return problems
+
+
+def ingress_container_declares_a_port(module: Module):
+    """Cloud Run refuses a multi-container revision unless exactly one container (the ingress
+    container) declares a port: the first apply would create everything else and fail there."""
+    problems = []
+    for name, service in module.of_type("google_cloud_run_v2_service").items():
+        for template in service.block("template"):
+            containers = template.block("containers")
+            with_ports = [c.arg("name") for c in containers if c.has_block("ports")]
+            if len(with_ports) != 1:
+                problems.append(f"{name}: {len(with_ports)} of its {len(containers)} containers declare a port (exactly one must)")
+            elif with_ports[0] != "drip":
+                problems.append(f"{name}: the port is declared on {with_ports[0]}, not on the drip container")
+            for container in containers:
+                for ports in container.block("ports"):
+                    if str(ports.arguments.get("container_port")) != "8080":
+                        problems.append(f"{name}: the drip container's port is not 8080, where it listens (PORT)")
+    return problems
+
+
+def operators_reach_admin_routes_only(module: Module):
+    """Operators on a laptop reach the admin service as the operator account (Token Creator on it
+    for var.operators, invoker on the admin service), which serves admin and feedback routes only;
+    the limiter, whose ingress is internal, serves no admin route."""
+    problems = []
+    roles = _service_roles(module)
+    admin = roles.get("admin")
+    if not admin:
+        return ["no admin service: operators cannot reach production from a laptop"]
+    admin_routes = _routes(_env_of(module, admin))
+    if "push" in admin_routes or "admin" not in admin_routes:
+        problems.append(f"the admin service serves {sorted(admin_routes)}: it must serve admin (and feedback), never push")
+    if "admin" in _routes(_env_of(module, roles.get("limiter", {}))):
+        problems.append("the limiter serves the admin routes: operators belong on the admin service")
+    if "google_service_account.operator.email" not in str(module.locals.get("admin_env", "")):
+        problems.append("the operator account is not on the admin service's DRIP_ADMIN_CALLERS")
+    invokers = module.of_type("google_cloud_run_v2_service_iam_member").values()
+    if not any('["admin"]' in str(g.arguments.get("name")) and "google_service_account.operator" in str(g.arguments.get("member")) for g in invokers):
+        problems.append("the operator account may not invoke the admin service")
+    minters = [g for g in module.of_type("google_service_account_iam_member").values() if g.arg("role") == "roles/iam.serviceAccountTokenCreator"]
+    if not any("google_service_account.operator" in str(g.arguments.get("service_account_id")) and "var.operators" in str(g.arguments.get("for_each")) for g in minters):
+        problems.append("var.operators may not act as the operator account (Token Creator on it)")
+    return problems
+
+
+def redis_cluster_has_a_connection_policy(module: Module):
+    """Memorystore for Redis Cluster is created only where the network has a Private Service
+    Connect service connection policy for gcp-memorystore-redis: the module makes one (or is told
+    one exists) and creates the cluster after it."""
+    problems = []
+    policies = module.of_type("google_network_connectivity_service_connection_policy")
+    if not any(p.arg("service_class") == "gcp-memorystore-redis" and p.has_block("psc_config") for p in policies.values()):
+        problems.append("no service connection policy for gcp-memorystore-redis: creating the cluster fails")
+    for name, cluster in module.of_type("google_redis_cluster").items():
+        if "google_network_connectivity_service_connection_policy" not in str(cluster.arguments.get("depends_on")):
+            problems.append(f"google_redis_cluster.{name} may be created before its service connection policy")
     return problems
 
 
@@ -227,14 +310,20 @@ def each_route_class_has_its_own_callers(module: Module):
     problems = []
     if "DRIP_OIDC_ALLOWED_EMAILS" in limiter_env + dispatcher_env:
         problems.append("DRIP_OIDC_ALLOWED_EMAILS (one list for every route) is set")
-    for name in ("DRIP_PUSH_CALLERS", "DRIP_ADMIN_CALLERS", "DRIP_FEEDBACK_CALLERS"):
+    admin_env = str(module.locals.get("admin_env", ""))
+    if "DRIP_OIDC_ALLOWED_EMAILS" in admin_env:
+        problems.append("DRIP_OIDC_ALLOWED_EMAILS (one list for every route) is set on the admin service")
+    for name in ("DRIP_PUSH_CALLERS", "DRIP_FEEDBACK_CALLERS"):
         if name not in limiter_env:
             problems.append(f"the limiter is not given {name}")
+    for name in ("DRIP_ADMIN_CALLERS", "DRIP_FEEDBACK_CALLERS"):
+        if name not in admin_env:
+            problems.append(f"the admin service is not given {name}")
     if not re.search(r"DRIP_PUSH_CALLERS\W+google_service_account\.push\.email", limiter_env):
         problems.append("DRIP_PUSH_CALLERS is not the push subscriptions' account")
     if "DRIP_TASK_CALLERS" not in dispatcher_env or "google_service_account.tasks.email" not in dispatcher_env:
         problems.append("the dispatcher's DRIP_TASK_CALLERS is not the tasks account")
-    for env in (limiter_env, dispatcher_env):
+    for env in (limiter_env, dispatcher_env, admin_env):
         if not re.search(r"DRIP_AUTH\W+oidc", env):
             problems.append("a service runs without DRIP_AUTH = oidc")
     return problems
@@ -260,7 +349,8 @@ def metrics_reach_cloud_monitoring(module: Module):
             problems.append(f"{name}'s collector does not read its RunMonitoring config")
     writers = [g for g in module.of_type("google_project_iam_member").values() if g.arg("role") == "roles/monitoring.metricWriter"]
     grantees = " ".join(str(g.arguments.get("for_each")) + str(g.arguments.get("member")) for g in writers)
-    for account in ("google_service_account.limiter", "google_service_account.dispatcher"):
+    grantees = grantees.replace("local.service_members", str(module.locals.get("service_members", "")))
+    for account in ("google_service_account.limiter", "google_service_account.dispatcher", "google_service_account.admin"):
         if account not in grantees:
             problems.append(f"{account} may not write metrics")
     return problems
@@ -280,7 +370,7 @@ def rules_reload_without_redeploy(module: Module):
 def dedicated_service_accounts(module: Module):
     problems = []
     accounts = module.of_type("google_service_account")
-    for role in ("limiter", "dispatcher", "push", "tasks"):
+    for role in ("limiter", "dispatcher", "admin", "operator", "push", "tasks"):
         if role not in accounts:
             problems.append(f"no dedicated service account for the {role}")
     used = [str(settings.get("account")) for settings in _service_roles(module).values()]
@@ -321,8 +411,9 @@ def limiter_enqueues_with_least_privilege(module: Module):
         problems.append("the dispatcher cannot act as the tasks service account")
     token_creators = [g for g in module.of_type("google_service_account_iam_member").values() if g.arg("role") == "roles/iam.serviceAccountTokenCreator"]
     for grant in token_creators:
-        if "google_service_account.push" not in str(grant.arguments.get("service_account_id")):
-            problems.append("Token Creator granted beyond the push service account")
+        account = str(grant.arguments.get("service_account_id"))
+        if "google_service_account.push" not in account and "google_service_account.operator" not in account:
+            problems.append("Token Creator granted beyond the push and operator service accounts")
     return problems
 
 
@@ -381,6 +472,9 @@ POLICIES = {
         no_public_access,
         no_project_wide_grants,
         cloud_run_is_private,
+        ingress_container_declares_a_port,
+        operators_reach_admin_routes_only,
+        redis_cluster_has_a_connection_policy,
         redis_has_auth_and_tls,
         redis_secrets_stay_in_secret_manager,
         redis_never_evicts,

@@ -1,16 +1,25 @@
 """cloudbuild.yaml's substitutions, resolved offline as Cloud Build would: a manual build that passes
 _TAG and a triggered one (SHORT_SHA filled) tag, push and plan the same non-empty tag; a manual
-build without _TAG is stopped by the first step; the README's command passes _TAG."""
+build without _TAG is stopped by the first step; the README's command passes _TAG. Its Terraform
+steps' scripts run here against a stand-in `terraform` that records its calls: plan and apply only
+against the remote state, an apply without one refused before anything is built. Each of those
+checks is shown to fail on a broken copy (tests/broken-cloudbuild/*.json)."""
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import re
+import subprocess
 
+import pytest
 from ruamel.yaml import YAML
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD = YAML(typ="safe").load((ROOT / "cloudbuild.yaml").read_text())
+SOURCE = (ROOT / "cloudbuild.yaml").read_text()
+BUILD = YAML(typ="safe").load(SOURCE)
+BROKEN = sorted((pathlib.Path(__file__).parent / "broken-cloudbuild").glob("*.json"))
 
 
 def resolve(text: str, values: dict[str, str]) -> str:
@@ -37,8 +46,7 @@ def image_tags(values: dict[str, str]) -> set[str]:
     for text in texts:
         resolved = resolve(str(text), values)
         tags.update(re.findall(r"docker\.pkg\.dev/\S+/drip:([^\s/\\]*)", resolved))
-        if resolved.startswith("-var=image_tag="):
-            tags.add(resolved.removeprefix("-var=image_tag="))
+        tags.update(re.findall(r"-var=image_tag=(\S*)", resolved))
     return tags
 
 
@@ -55,7 +63,7 @@ def test_a_manual_build_without_a_tag_stops_first():
     assert script.startswith('test -n ""'), script
     assert "_TAG=$(git rev-parse --short HEAD)" in script
     build = next(step for step in BUILD["steps"] if step["id"] == "build")
-    assert build["waitFor"] == ["check-tag"], "the image is not built without a tag"
+    assert "check-tag" in build["waitFor"], "the image is not built without a tag"
 
 
 def test_no_step_reads_short_sha_directly():
@@ -68,3 +76,76 @@ def test_the_readme_command_passes_the_tag():
     readme = (ROOT / "README.md").read_text()
     command = readme[readme.index("gcloud builds submit --config cloudbuild.yaml"):].split("#", 1)[0]
     assert "_TAG=$(git rev-parse --short HEAD)" in command, command
+    assert "_TF_STATE_BUCKET=" in command, "the README's build has no state bucket: " + command
+
+
+def run_step(build: dict, step_id: str, given: dict[str, str], tmp_path: pathlib.Path) -> tuple[int, list[str]]:
+    """Runs a step's script as its image would (sh or bash -c), with `terraform` a stand-in that
+    records each call; returns the exit code and the terraform calls."""
+    step = next(s for s in build["steps"] if s["id"] == step_id)
+    values = substitutions(given)
+    args = [resolve(str(a), values) for a in step["args"]]
+    calls = tmp_path / "terraform-calls"
+    fake = tmp_path / "bin" / "terraform"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    if step.get("entrypoint") in ("sh", "bash") or step["name"].startswith("bash"):
+        command = [step.get("entrypoint", "bash"), *args]
+    else:
+        command = ["terraform", *args]
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+    return result.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+def state_problems(build: dict, tmp_path: pathlib.Path) -> list[str]:
+    """What is wrong with how the build treats the Terraform state (empty when nothing is)."""
+    problems = []
+    tag, bucket = {"_TAG": "abc1234"}, {"_TF_STATE_BUCKET": "p-drip-tfstate"}
+    if run_step(build, "check-state", {**tag, "_APPLY": "true"}, tmp_path)[0] == 0:
+        problems.append("_APPLY=true without _TF_STATE_BUCKET is not refused")
+    for given in ({**tag, **bucket, "_APPLY": "true"}, {**tag, "_APPLY": "false"}):
+        if run_step(build, "check-state", given, tmp_path)[0] != 0:
+            problems.append(f"check-state refuses a build it should let through: {given}")
+    build_step = next(s for s in build["steps"] if s["id"] == "build")
+    if "check-state" not in build_step.get("waitFor", []):
+        problems.append("the image is built before the state check")
+    (tmp_path / "terraform-calls").unlink(missing_ok=True)
+    _, calls = run_step(build, "terraform-init", {**tag, **bucket}, tmp_path)
+    if not any("init" in c and "-backend-config=bucket=p-drip-tfstate" in c for c in calls):
+        problems.append(f"init does not use the bucket: {calls}")
+    (tmp_path / "terraform-calls").unlink(missing_ok=True)
+    _, calls = run_step(build, "terraform-init", tag, tmp_path)
+    if not any("init" in c and "-backend=false" in c for c in calls):
+        problems.append(f"without a bucket, init makes a local state: {calls}")
+    (tmp_path / "terraform-calls").unlink(missing_ok=True)
+    code, calls = run_step(build, "terraform-plan", tag, tmp_path)
+    if code != 0 or any(c.startswith("plan") for c in calls):
+        problems.append(f"without a bucket, a plan runs (or the step fails): {code} {calls}")
+    (tmp_path / "terraform-calls").unlink(missing_ok=True)
+    _, calls = run_step(build, "terraform-plan", {**tag, **bucket}, tmp_path)
+    if not any(c.startswith("plan") and "-var=image_tag=abc1234" in c for c in calls):
+        problems.append(f"with a bucket, no plan of the tag: {calls}")
+    (tmp_path / "terraform-calls").unlink(missing_ok=True)
+    code, calls = run_step(build, "terraform-apply", {**tag, "_APPLY": "true"}, tmp_path)
+    if code == 0 or calls:
+        problems.append(f"the apply step applies without a bucket: {code} {calls}")
+    return problems
+
+
+def test_plan_and_apply_only_against_the_remote_state(tmp_path):
+    assert state_problems(BUILD, tmp_path) == []
+
+
+@pytest.mark.parametrize("fixture", BROKEN, ids=[f.stem for f in BROKEN])
+def test_each_state_check_fails_on_its_broken_copy(fixture, tmp_path):
+    spec = json.loads(fixture.read_text())
+    assert SOURCE.count(spec["replace"]) == 1, f"{fixture.name}: the text to break is not in cloudbuild.yaml exactly once"
+    broken = YAML(typ="safe").load(SOURCE.replace(spec["replace"], spec["with"]))
+    assert state_problems(broken, tmp_path), f"nothing found wrong: {spec['why']}"
+
+
+def test_the_example_keeps_its_state_in_gcs():
+    example = (ROOT / "terraform" / "examples" / "basic" / "main.tf").read_text()
+    assert re.search(r'backend\s+"gcs"\s*\{', example), "the example has no gcs backend: each init would start empty"

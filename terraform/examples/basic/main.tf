@@ -1,8 +1,13 @@
-# Drip for the payouts and SMS rules of rules.yaml, listening on two source topics.
-#   terraform init && terraform apply -var project_id=my-project -var image_tag=$(git rev-parse --short HEAD)
+# Drip for the payouts and SMS rules of rules.yaml, listening on two source topics. Its state lives
+# in a GCS bucket (made once: docs/operations.md, "Deploying"), the same one Cloud Build plans with:
+#   terraform init -backend-config=bucket=my-project-drip-tfstate -backend-config=prefix=drip
+#   terraform apply -var project_id=my-project -var image_tag=$(git rev-parse --short HEAD)
 
 terraform {
   required_version = ">= 1.6.0, < 2.0.0"
+
+  # Partial configuration: the bucket (and prefix) come from -backend-config at init.
+  backend "gcs" {}
 
   required_providers {
     google = {
@@ -34,6 +39,12 @@ variable "task_signing_key_secret" {
   default     = "drip-task-signing-key"
 }
 
+variable "operators" {
+  description = "People who may act as the operator account on the admin service (user:EMAIL, group:EMAIL)."
+  type        = list(string)
+  default     = []
+}
+
 variable "notification_channels" {
   description = "Monitoring notification channels for Drip's alerts."
   type        = list(string)
@@ -61,6 +72,17 @@ module "drip" {
   tasks_queue_count       = 2
   task_signing_key_secret = var.task_signing_key_secret
   notification_channels   = var.notification_channels
+  operators               = var.operators
+}
+
+output "admin_url" {
+  description = "The admin service's URL: drip inspect/limits/resume/feedback --api <url>."
+  value       = module.drip.admin_url
+}
+
+output "operator_service_account" {
+  description = "The account operators act as: gcloud auth print-identity-token --impersonate-service-account=<it> --audiences=<admin_url> --include-email."
+  value       = module.drip.service_accounts["operator"]
 }
 
 output "limiter_url" {
