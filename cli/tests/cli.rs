@@ -63,6 +63,40 @@ fn check_config_prints_every_error_and_fails() {
     );
 }
 
+/// A gcra limit takes `burst` units at once (default 1): with a cost template, an event of cost 2
+/// would be dead-lettered while the file looks fine. check-config warns, naming the rule and field,
+/// and still says ok; a constant cost above the burst is refused outright.
+#[test]
+fn check_config_warns_of_a_cost_template_above_a_gcra_burst() {
+    let dir = std::env::temp_dir().join(format!("drip-gcra-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rule = |cost: &str, burst: &str| {
+        format!(
+            "default_dlq_topic: dlq\nrules:\n  - name: sms\n    key: \"user_{{data.user}}\"\n    cost: \"{cost}\"\n    limits: [ {{ limit: 5, per: 1s, window: gcra{burst} }} ]\n    max_delay: 1h\n    forward: {{ topic: ready }}\n    overflow_topic: over\n"
+        )
+    };
+    let file = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let template = file("template.yaml", rule("{data.parts}", ""));
+    let output = drip(&["check-config", &template]);
+    assert!(output.status.success(), "{output:?}");
+    let printed = stdout(&output);
+    assert!(printed.starts_with(&format!("warning: {template}: rule 'sms': limits[0].burst: ")), "{printed}");
+    assert!(printed.contains("at most 1 unit at once") && printed.ends_with("ok\n"), "{printed}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&drip(&["check-config", "--output", "json", &template]).stdout).unwrap();
+    assert_eq!(json["files"][0]["warnings"][0]["field"], "limits[0].burst", "{json}");
+    let wide = file("wide.yaml", rule("{data.parts}", ", burst: 5"));
+    assert_eq!(stdout(&drip(&["check-config", &wide])), "ok\n", "a burst as large as the count: nothing to warn of");
+    let constant = file("constant.yaml", rule("2", ""));
+    let refused = drip(&["check-config", &constant]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stdout(&refused).contains("cost: 2 exceeds limits[0].burst 1"), "{}", stdout(&refused));
+}
+
 fn simulate(store: &str, extra: &[&str]) -> Output {
     let rules = repo("examples/seed.yaml");
     let events = repo("examples/seed-burst.jsonl");
@@ -818,6 +852,76 @@ fn the_schemas_are_current_and_every_example_fits_the_rules_schema() {
     let mut missing = valid;
     missing["rules"][0].as_object_mut().unwrap().remove("key");
     assert!(!validator.is_valid(&missing), "a rule without its key");
+}
+
+/// docs/rules.md documents every field of the schema (burst, max_pause and overflow's url were
+/// once missing).
+#[test]
+fn the_rules_reference_names_every_field_of_the_schema() {
+    let schema: serde_json::Value = serde_json::from_slice(&drip(&["schema", "rules"]).stdout).unwrap();
+    let mut fields: Vec<String> = schema["properties"].as_object().unwrap().keys().cloned().collect();
+    for definition in schema["$defs"].as_object().unwrap().values() {
+        fields.extend(definition["properties"].as_object().into_iter().flat_map(|p| p.keys().cloned()));
+    }
+    let reference = std::fs::read_to_string(repo("docs/rules.md")).unwrap();
+    let missing: Vec<_> = fields.iter().filter(|f| !reference.contains(&format!("| `{f}` |"))).collect();
+    assert!(missing.is_empty(), "docs/rules.md has no row for {missing:?}");
+}
+
+/// What the loader refuses, the schema refuses too, so an editor flags it: every refused fixture of
+/// the loader fails the schema, except those whose reason a JSON Schema cannot say (a field
+/// against another field, a rule against another rule, a cost against a limit, a sum of
+/// durations), each named here with why; those must still be refused by the loader and accepted
+/// by the schema, so the list stays true.
+#[test]
+fn the_rules_schema_refuses_what_the_loader_refuses() {
+    const LOADER_ONLY: &[(&str, &str)] = &[
+        ("adaptive_min_above_ceiling", "min against margin"),
+        ("adaptive_only_gcra", "adaptive against the limits' windows"),
+        ("adaptive_with_budget_feedback", "adaptive against feedback"),
+        ("budget_gcra_window", "a budget's window against the rules drawing on it"),
+        ("budget_listed_twice", "a rule's budgets against each other"),
+        ("cost_exceeds_budget", "cost against a budget's limit"),
+        ("cost_exceeds_gcra_burst", "cost against burst"),
+        ("cost_exceeds_limit", "cost against the count"),
+        ("delivery_margin_too_long", "delivery_margin against each window"),
+        ("duplicate_limit", "limits against each other"),
+        ("duplicate_rule_id", "rules against each other"),
+        ("duplicate_rule_names", "rules against each other"),
+        ("feedback_to_unlisted_budget", "feedback against the rule's budgets"),
+        ("inline_wait_too_long", "a duration's length (a pattern sees its text)"),
+        ("invalid_budget_beside_valid", "a rule naming a budget the file refused"),
+        ("max_delay_over_30d", "a duration's length (a pattern sees its text)"),
+        ("max_pause_over_max_delay", "max_pause against max_delay"),
+        ("missing_dlq_topic", "a rule's dlq_topic against default_dlq_topic"),
+        ("unknown_budget", "a rule's budgets against the file's"),
+        ("unreachable_after_catch_all", "a rule against the rules before it"),
+        ("zero_period", "a sum of durations that is zero"),
+    ];
+    let schema: serde_json::Value = serde_json::from_slice(&drip(&["schema", "rules"]).stdout).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
+    let fixtures = repo("shared/core/tests/fixtures/invalid");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 50, "{names:?}");
+    let mut accepted = Vec::new();
+    for fixture in &names {
+        let name = fixture.file_stem().unwrap().to_str().unwrap().to_owned();
+        assert!(drip_core::rules::RuleSet::load(fixture).is_err(), "{name}: the loader accepts it");
+        let Ok(document) = serde_yaml_ng::from_str::<serde_json::Value>(&std::fs::read_to_string(fixture).unwrap())
+        else {
+            continue; // not YAML: an editor flags it before any schema
+        };
+        if validator.is_valid(&document) {
+            accepted.push(name);
+        }
+    }
+    let loader_only: Vec<String> = LOADER_ONLY.iter().map(|(name, _)| (*name).to_owned()).collect();
+    assert_eq!(accepted, loader_only, "fixtures the schema lets through, against those listed with a reason");
 }
 
 /// `drip rules topics` says which topics the rules publish to, as Drip reads them (a rule's own

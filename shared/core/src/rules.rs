@@ -253,6 +253,38 @@ impl Rule {
 }
 
 impl RuleSet {
+    /// What the file allows but a person likely did not mean, as `drip check-config` warns of it
+    /// (`file` is left empty for the caller to fill): a rule whose cost is a template, under a
+    /// gcra limit that takes fewer units at once (`burst`, default 1) than its count, dead-letters
+    /// every event whose cost is above that burst (`cost_exceeds_limit`), whatever the rate.
+    pub fn warnings(&self) -> Vec<ConfigError> {
+        let mut warnings = Vec::new();
+        for rule in &self.rules {
+            let Cost::Template(template) = &rule.cost else { continue };
+            let own = rule.limits.iter().enumerate().map(|(i, l)| (format!("limits[{i}]"), l));
+            let budgets = rule.budgets.iter().flat_map(|b| {
+                b.limits.iter().enumerate().map(move |(i, l)| (format!("budgets.{}.limits[{i}]", b.name), l))
+            });
+            for (field, limit) in own.chain(budgets) {
+                let at_once = limit.max_cost(limit.limit());
+                if at_once < limit.limit() {
+                    warnings.push(ConfigError {
+                        file: String::new(),
+                        rule: Some(format!("rule '{}'", rule.name)),
+                        field: format!("{field}.burst"),
+                        message: format!(
+                            "the cost is a template ('{template}') and this gcra limit takes at most {at_once} unit{} at once: \
+                             an event whose cost is above {at_once} can never be scheduled and is dead-lettered \
+                             (cost_exceeds_limit); set burst to the largest cost an event may have",
+                            if at_once == 1 { "" } else { "s" }
+                        ),
+                    });
+                }
+            }
+        }
+        warnings
+    }
+
     /// The rule that governs a message: the first whose `match` holds, in file order.
     pub fn find(&self, attributes: &BTreeMap<String, String>) -> Option<&Rule> {
         self.rules.iter().find(|r| r.matches(attributes))

@@ -5,6 +5,90 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
+/// What `parse_duration` accepts: whole numbers of `ms`, `s`, `m`, `h` or `d`, summed (`1h30m`).
+/// Months, weeks, years and fractions are refused by both.
+const DURATION: &str = r"^\s*([0-9]+\s*(ms|s|m|h|d)\s*)+$";
+
+/// A key or cost template: text with `{data.<path>}` or `{attributes.<name>}` placeholders.
+const TEMPLATE: &str = r"^([^{}]|\{(data(\.[^{}.]+)+|attributes\.[^{}]+)\})+$";
+/// A rule's name or id.
+const NAME: &str = r"^[A-Za-z0-9_-]{1,64}$";
+/// A Pub/Sub topic id, or a full name `projects/<project>/topics/<id>` (an id starting with
+/// `goog` is refused by the loader alone).
+const TOPIC: &str = r"^(projects/[^/]+/topics/)?[A-Za-z][A-Za-z0-9._~+%-]{2,254}$";
+/// An http(s) URL.
+const URL: &str = r"^https?://[^/]";
+
+/// `cost`: a whole number of at least 1, or a template.
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum CostShape {
+    Count(#[schemars(range(min = 1))] u64),
+    Template(#[schemars(regex(pattern = TEMPLATE))] String),
+}
+
+/// `on_missing_key`: `dlq`, or `{ fallback_key: KEY }`.
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum OnMissingKeyShape {
+    Dlq(DlqWord),
+    Fallback(FallbackKey),
+}
+
+#[derive(schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum DlqWord {
+    Dlq,
+}
+
+#[derive(schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct FallbackKey {
+    #[schemars(length(min = 1))]
+    fallback_key: String,
+}
+
+/// `window` of a limit.
+#[derive(schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum WindowName {
+    Fixed,
+    Sliding,
+    Gcra,
+}
+
+/// `placement` of a fixed limit.
+#[derive(schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum PlacementName {
+    Start,
+    Spread,
+}
+
+/// `mode` of a rule.
+#[derive(schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum ModeName {
+    Enforce,
+    Shadow,
+}
+
+/// `overflow_format` of a rule.
+#[derive(schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum OverflowFormatName {
+    Original,
+    Enriched,
+}
+
 /// A Drip rules file (YAML or JSON): its rules, the shared budgets they draw from, and where
 /// dead letters go by default. `drip schema rules` prints this schema; `drip check-config` checks
 /// what a schema cannot (templates, topic names, one limit per period and kind, budgets named).
@@ -13,9 +97,10 @@ use serde_yaml_ng::Value;
 #[schemars(title = "Drip rules file")]
 pub(super) struct RawTop {
     /// The rules, tried in order: the first whose `match` fits an event schedules it.
-    #[schemars(with = "Vec<RawRule>")]
+    #[schemars(with = "Vec<RawRule>", length(min = 1))]
     pub(super) rules: Vec<Value>,
     /// Where dead letters go when their rule names no `dlq_topic` (and for events no rule matched).
+    #[schemars(regex(pattern = TOPIC))]
     pub(super) default_dlq_topic: Option<String>,
     /// Budgets several rules draw from, by name: limits shared by every key of those rules.
     #[schemars(with = "Option<BTreeMap<String, RawBudget>>")]
@@ -33,8 +118,10 @@ pub(super) enum RawBudget {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBudgetFields {
+    #[schemars(length(min = 1))]
     pub(super) limits: Vec<RawLimit>,
-    /// The largest share of each window one key may take (e.g. 0.2).
+    /// The largest share of each window one key may take (e.g. 0.2): above 0, at most 1.
+    #[schemars(range(min = 0.000001, max = 1))]
     pub(super) max_share: Option<f64>,
     pub(super) adaptive: Option<RawAdaptive>,
 }
@@ -44,13 +131,18 @@ pub(super) struct RawBudgetFields {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAdaptive {
-    /// Headroom: the level never rises above `1 - margin` (default 0.1).
+    /// Headroom: the level never rises above `1 - margin` (default 0.1; from 0, below 1).
+    #[schemars(range(min = 0, max = 0.999999))]
     pub(super) margin: Option<f64>,
-    /// What a bad answer multiplies the level by (default 0.9).
+    /// What a bad answer multiplies the level by (default 0.9; above 0, below 1).
+    #[schemars(range(min = 0.000001, max = 0.999999))]
     pub(super) decrease: Option<f64>,
-    /// The lowest level (default 0.2).
+    /// The lowest level (default 0.2; above 0, at most 1).
+    #[schemars(range(min = 0.000001, max = 1))]
     pub(super) min: Option<f64>,
-    /// What each whole window without a bad answer adds back to the level (default 0.1).
+    /// What each whole window without a bad answer adds back to the level (default 0.1; above 0,
+    /// at most 1).
+    #[schemars(range(min = 0.000001, max = 1))]
     pub(super) step: Option<f64>,
 }
 
@@ -58,42 +150,54 @@ pub(super) struct RawAdaptive {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRule {
-    /// Unique; used in metrics, logs and `drip inspect`.
+    /// Unique; used in metrics, logs and `drip inspect` (letters, digits, `_` and `-`).
+    #[schemars(regex(pattern = NAME))]
     pub(super) name: String,
     /// What state, tasks and overrides hang on (default: the name): keep it to rename a rule.
+    #[schemars(regex(pattern = NAME))]
     pub(super) id: Option<String>,
     /// The events it takes: all of these attributes equal (no match: every event).
     #[serde(rename = "match")]
     pub(super) matcher: Option<RawMatch>,
     /// The key template, e.g. `merchant_{data.merchant_id}` or `{attributes.tenant}`.
+    #[schemars(regex(pattern = TEMPLATE))]
     pub(super) key: String,
     /// The key template before an edit: each event's old key's frontier carries over.
+    #[schemars(regex(pattern = TEMPLATE))]
     pub(super) previous_key: Option<String>,
     /// Every limit a key must keep, all at once (one per period and kind).
+    #[schemars(length(min = 1))]
     pub(super) limits: Vec<RawLimit>,
     /// What one event costs against each limit: an integer, or a template such as `{data.parts}`.
-    #[schemars(with = "Option<serde_json::Value>")]
+    #[schemars(with = "Option<CostShape>")]
     pub(super) cost: Option<Value>,
     /// The longest an event may wait for its slot (e.g. `2h`, at most `30d`); later: dead-lettered.
+    #[schemars(regex(pattern = DURATION))]
     pub(super) max_delay: String,
     /// The longest one downstream answer may pause a key (default: half of `max_delay`).
+    #[schemars(regex(pattern = DURATION))]
     pub(super) max_pause: Option<String>,
     /// A slot this close is waited for in-process instead of through a task (default `1s`, at most `10s`).
+    #[schemars(regex(pattern = DURATION))]
     pub(super) inline_wait: Option<String>,
     /// Where an event goes at its slot when it is now.
     pub(super) forward: RawForward,
     /// Where delayed events are published when their slot comes.
+    #[schemars(regex(pattern = TOPIC))]
     pub(super) overflow_topic: String,
     /// Delayed events are POSTed to a URL (instead of published).
     pub(super) overflow: Option<RawOverflow>,
     /// Where this rule's dead letters go (default: `default_dlq_topic`).
+    #[schemars(regex(pattern = TOPIC))]
     pub(super) dlq_topic: Option<String>,
     /// What an event without the key's fields does: `dlq` (default) or `{ fallback_key: KEY }`.
-    #[schemars(with = "Option<serde_json::Value>")]
+    #[schemars(with = "Option<OnMissingKeyShape>")]
     pub(super) on_missing_key: Option<Value>,
     /// `original` (the data as it came) or `enriched` (the overflow body with Drip's metadata).
+    #[schemars(with = "Option<OverflowFormatName>")]
     pub(super) overflow_format: Option<String>,
     /// `enforce` (default) or `shadow` (decide and record, but forward at once).
+    #[schemars(with = "Option<ModeName>")]
     pub(super) mode: Option<String>,
     /// The shared budgets (by name) its events also draw from.
     pub(super) budgets: Option<Vec<String>>,
@@ -101,41 +205,61 @@ pub(super) struct RawRule {
     pub(super) feedback: Option<String>,
     pub(super) adaptive: Option<RawAdaptive>,
     /// The limits hold at every delivery up to this late (e.g. `100ms`): slots leave room for it.
+    #[schemars(regex(pattern = DURATION))]
     pub(super) delivery_margin: Option<String>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMatch {
+    /// At least one attribute (a rule for every event has no `match`).
+    #[schemars(extend("minProperties" = 1))]
     pub(super) attributes: BTreeMap<String, String>,
 }
 
-/// At most `limit` cost per `per`.
+/// At most `limit` cost per `per`. `burst` belongs to gcra limits, `placement` to the others.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("allOf" = [
+    { "if": { "required": ["burst"], "properties": { "burst": { "type": "integer" } } },
+      "then": { "required": ["window"], "properties": { "window": { "const": "gcra" } } } },
+    { "if": { "required": ["window"], "properties": { "window": { "const": "gcra" } } },
+      "then": { "not": { "required": ["placement"] } } }
+]))]
 pub(super) struct RawLimit {
+    /// The most cost per `per` (at least 1).
+    #[schemars(range(min = 1))]
     pub(super) limit: i64,
     /// A duration: `1s`, `1m`, `1h`, `1d` or any such period.
+    #[schemars(regex(pattern = DURATION))]
     pub(super) per: String,
     /// `fixed` (default, epoch-aligned windows), `sliding` or `gcra`.
+    #[schemars(with = "Option<WindowName>")]
     pub(super) window: Option<String>,
-    /// GCRA only: how many may go at once.
+    /// GCRA only: how many units may go at once (default 1; an event whose cost is above it is
+    /// dead-lettered).
+    #[schemars(range(min = 1))]
     pub(super) burst: Option<i64>,
     /// Fixed windows only: `start` (default, from the window's start) or `spread` (evenly across it).
+    #[schemars(with = "Option<PlacementName>")]
     pub(super) placement: Option<String>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawOverflow {
+    #[schemars(regex(pattern = URL))]
     pub(super) url: String,
 }
 
 /// Exactly one of `topic` and `url`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["topic"] }, { "required": ["url"] }]))]
 pub(super) struct RawForward {
+    #[schemars(regex(pattern = TOPIC))]
     pub(super) topic: Option<String>,
+    #[schemars(regex(pattern = URL))]
     pub(super) url: Option<String>,
 }
 
