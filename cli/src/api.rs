@@ -10,13 +10,14 @@ use serde::de::DeserializeOwned;
 /// Where the limiter's API is and how to prove who is calling.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ApiArgs {
-    /// The limiter's URL (e.g. `https://drip-limiter-abc-ew.a.run.app`): go through its API
-    /// instead of Redis (then neither --redis nor --rules is needed).
+    /// The admin service's URL (`terraform output admin_url`, e.g. `https://drip-admin-123.europe-west1.run.app`;
+    /// or a limiter serving the admin routes): go through its API instead of Redis (then neither
+    /// --redis nor --rules is needed).
     #[arg(long, env = "DRIP_API")]
     pub api: Option<String>,
-    /// A Google ID token for the limiter's audience, of an account on its DRIP_ADMIN_CALLERS (or
+    /// A Google ID token for the service's audience, of an account on its DRIP_ADMIN_CALLERS (or
     /// DRIP_FEEDBACK_CALLERS), e.g. `$(gcloud auth print-identity-token
-    /// --impersonate-service-account=OPERATOR_SA --audiences=LIMITER_URL --include-email)`.
+    /// --impersonate-service-account=OPERATOR_SA --audiences=ADMIN_URL --include-email)`.
     /// Without it, Application Default Credentials make one: a service account key's, an
     /// impersonated account's or the metadata server's (a plain user login cannot).
     #[arg(long, env = "DRIP_API_TOKEN", hide_env_values = true)]

@@ -12,11 +12,12 @@ use drip_store::{AnyConnection, RedisSettings, RedisStore};
 /// environment (a Cloud Run job on its service account and secrets) needs none of them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
-    /// `redis://HOST:PORT/DB` (or `rediss://` with TLS).
-    #[arg(long, env = "REDIS_URL", hide_env_values = true, required_unless_present = "api")]
+    /// `redis://HOST:PORT/DB` (or `rediss://` with TLS): Redis itself, from inside its VPC (with
+    /// --rules); from a laptop, give --api instead.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis: Option<String>,
-    /// The rules file the limiter runs with.
-    #[arg(long, env = "DRIP_RULES", required_unless_present = "api")]
+    /// The rules file the limiter runs with (with --redis).
+    #[arg(long, env = "DRIP_RULES")]
     pub rules: Option<PathBuf>,
     /// The limiter's DRIP_REDIS_NAMESPACE.
     #[arg(long, env = "DRIP_REDIS_NAMESPACE", default_value = "drip")]
@@ -25,9 +26,14 @@ pub struct StoreArgs {
     pub connection: RedisArgs,
 }
 
+/// What to give when neither the API nor Redis is named.
+pub const WHERE: &str = "say where the limiter is: --api URL (its admin service, from a laptop: `terraform output admin_url`, \
+     with a token as docs/operations.md says) or --redis URL and --rules FILE (inside its VPC); DRIP_API, or REDIS_URL and \
+     DRIP_RULES, do the same";
+
 impl StoreArgs {
     pub async fn store(&self) -> anyhow::Result<RedisStore<AnyConnection>> {
-        let url = self.redis.as_deref().context("give --api, or --redis and --rules")?;
+        let url = self.redis.as_deref().context(WHERE)?;
         Ok(RedisStore::new(self.connection.connect(url).await?, self.namespace.clone()))
     }
 }
@@ -57,6 +63,6 @@ impl RedisArgs {
             response_timeout: Duration::from_secs(5),
             tokens: None,
         };
-        AnyConnection::connect(&settings).await.with_context(|| format!("connecting to {url}"))
+        Ok(AnyConnection::connect(&settings).await?)
     }
 }

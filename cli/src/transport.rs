@@ -52,7 +52,7 @@ impl Target {
         if let Some(url) = &self.api.api {
             return Ok(Transport::Api(Api::connect(&self.api, url).await?));
         }
-        let path = self.store.rules.clone().context("give --api, or --redis and --rules")?;
+        let path = self.store.rules.clone().context(crate::connect::WHERE)?;
         let rules = RuleSet::load(&path).map_err(|errors| anyhow::anyhow!("{errors}"))?;
         Ok(Transport::Redis { store: self.store.store().await?, rules, path })
     }

@@ -854,6 +854,40 @@ fn the_schemas_are_current_and_every_example_fits_the_rules_schema() {
     assert!(!validator.is_valid(&missing), "a rule without its key");
 }
 
+/// A newcomer's first commands: `inspect` with no transport names --api (the way in from a laptop);
+/// a Redis URL without its scheme, or a Redis that does not answer, says so once and what to
+/// write; `feedback --help` lists no flag it would refuse; `resume` says where to go too.
+#[test]
+fn first_commands_say_what_to_write() {
+    let bare = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_drip"))
+            .args(args)
+            .env_remove("REDIS_URL")
+            .env_remove("DRIP_RULES")
+            .env_remove("DRIP_API")
+            .output()
+            .unwrap()
+    };
+    let inspect = bare(&["inspect", "payouts", "merchant_1"]);
+    let said = String::from_utf8_lossy(&inspect.stderr).into_owned();
+    assert_eq!(inspect.status.code(), Some(1));
+    assert!(said.contains("--api URL (its admin service") && said.contains("--redis URL and --rules FILE"), "{said}");
+    let rules = repo("examples/payouts.yaml");
+    let no_scheme =
+        bare(&["inspect", "--redis", "localhost:46379", "--rules", rules.to_str().unwrap(), "payouts", "m"]);
+    let said = String::from_utf8_lossy(&no_scheme.stderr).into_owned();
+    assert!(said.contains("'localhost:46379' is not a Redis URL: write redis://HOST:PORT/"), "{said}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis://127.0.0.1:{port}/");
+    let down = bare(&["inspect", "--redis", &url, "--rules", rules.to_str().unwrap(), "payouts", "m"]);
+    let said = String::from_utf8_lossy(&down.stderr).into_owned();
+    assert!(said.contains(&format!("cannot reach Redis at {url}")) && said.matches("os error").count() == 1, "{said}");
+    let help = stdout(&bare(&["feedback", "--help"]));
+    assert!(help.contains("--api <") && !help.contains("--redis <") && !help.contains("--rules <"), "{help}");
+    let resume = bare(&["resume", "payouts", "merchant_1"]);
+    assert!(String::from_utf8_lossy(&resume.stderr).contains("--api URL"), "{resume:?}");
+}
+
 /// docs/rules.md documents every field of the schema (burst, max_pause and overflow's url were
 /// once missing).
 #[test]

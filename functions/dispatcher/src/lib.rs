@@ -7,7 +7,6 @@ mod dispatch;
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
@@ -61,7 +60,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
-        let settings = Self::init_from_env().context("reading settings from the environment")?;
+        let settings: Self = drip_service::settings::from_env()?;
         settings.accept_unsigned_until()?;
         settings.route_auth()?;
         Ok(settings)

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use drip_gcp::http_target::IdTokenMode;
 use drip_service::settings::CommonSettings;
 use drip_service::shutdown::Shutdown;
@@ -96,7 +96,7 @@ impl LimiterAuth {
 
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
-        let settings = Self::init_from_env().context("reading settings from the environment")?;
+        let settings: Self = drip_service::settings::from_env()?;
         settings.tasks.check(&settings.common.project)?;
         settings.route_auth()?;
         Ok(settings)

@@ -62,6 +62,23 @@ fn refusal(change: impl FnOnce(&mut Vec<(&'static str, String)>)) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// A newcomer's mistakes are named with what was given and what to write: a setting that does not
+/// parse, a Redis URL without its scheme, a Redis that does not answer (said once), a route class
+/// that does not exist.
+#[test]
+fn refusals_say_what_was_given_and_what_to_write() {
+    let poll = refusal(|env| env.push(("DRIP_RULES_POLL_MS", "10s".into())));
+    assert!(poll.contains("DRIP_RULES_POLL_MS='10s' is not valid: expected a whole number of milliseconds"), "{poll}");
+    let scheme = refusal(|env| env.push(("REDIS_URL", "localhost:46379".into())));
+    assert!(scheme.contains("'localhost:46379' is not a Redis URL: write redis://HOST:PORT/"), "{scheme}");
+    let port = free_port();
+    let down = refusal(|env| env.push(("REDIS_URL", format!("redis://127.0.0.1:{port}/"))));
+    assert!(down.contains(&format!("cannot reach Redis at redis://127.0.0.1:{port}/")), "{down}");
+    assert_eq!(down.matches("os error 111").count(), 1, "the cause once: {down}");
+    let routes = refusal(|env| env.push(("DRIP_ROUTES", "push,admn".into())));
+    assert!(routes.contains("unknown route class 'admn'"), "{routes}");
+}
+
 /// In JSON mode (Cloud Run's) a refusal is one Cloud Logging line, not a multi-line `Error:`.
 #[test]
 fn a_refusal_is_one_json_log_line() {

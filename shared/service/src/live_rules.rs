@@ -1,7 +1,9 @@
 //! The rules in force, re-read without a redeploy: when the file changes (polled, which is how a
 //! Cloud Run volume mounted from Secret Manager's `latest` version shows a new version) and on
 //! SIGHUP. A file that does not validate is refused: the rules in force stay, and an ERROR line and
-//! the `drip_rules_refused` gauge say why. Each request takes one snapshot, so it sees one rule set.
+//! the `drip_rules_refused` gauge say why. The ERROR line is written once per refused version of the
+//! file (not at every poll: 360 lines an hour an instance said nothing new); the gauge stays 1 while
+//! that version is the file. Each request takes one snapshot, so it sees one rule set.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,11 +41,23 @@ pub enum Reloaded {
     Applied { from: String, to: String },
 }
 
+/// A file a reload refused: why, the version refused, and whether this reload logged it (only the
+/// first reload of each refused version does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub error: String,
+    /// The refused file's version (`None` when it could not be read).
+    pub version: Option<String>,
+    pub logged: bool,
+}
+
 pub struct LiveRules {
     path: Option<PathBuf>,
     current: ArcSwap<LoadedRules>,
     accept: Acceptance,
     metrics: Arc<Metrics>,
+    /// The version of the file last refused and logged.
+    refused: std::sync::Mutex<Option<Option<String>>>,
 }
 
 impl std::fmt::Debug for LiveRules {
@@ -76,7 +90,13 @@ impl LiveRules {
         let loaded = parse(&path, &text, &accept)?;
         metrics.rules_version(None, &loaded.version);
         metrics.rules_in_force(&loaded.set);
-        Ok(Arc::new(Self { path: Some(path), current: ArcSwap::from_pointee(loaded), accept, metrics }))
+        Ok(Arc::new(Self {
+            path: Some(path),
+            current: ArcSwap::from_pointee(loaded),
+            accept,
+            metrics,
+            refused: std::sync::Mutex::new(None),
+        }))
     }
 
     /// Rules that never change (tests that build a service's state by hand).
@@ -86,6 +106,7 @@ impl LiveRules {
         metrics.rules_in_force(&rules);
         let accept: Acceptance = Box::new(|_| Ok(()));
         Arc::new(Self {
+            refused: std::sync::Mutex::new(None),
             path: None,
             current: ArcSwap::from_pointee(LoadedRules { set: rules, version }),
             accept,
@@ -103,34 +124,45 @@ impl LiveRules {
     }
 
     /// Re-reads the file: a new valid version replaces the rules in force; an invalid one is
-    /// refused (an ERROR line, `drip_rules_refused` 1) and changes nothing.
-    pub fn reload(&self) -> Result<Reloaded, String> {
+    /// refused (`drip_rules_refused` 1, and an ERROR line the first time that version is seen)
+    /// and changes nothing.
+    pub fn reload(&self) -> Result<Reloaded, Refused> {
         let Some(path) = &self.path else { return Ok(Reloaded::Unchanged) };
-        let result =
-            std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display())).and_then(|text| {
-                let from = self.version();
-                if version_of(&text) == from {
-                    return Ok(Reloaded::Unchanged);
-                }
-                let loaded = parse(path, &text, &self.accept)?;
-                let to = loaded.version.clone();
-                self.current.store(Arc::new(loaded));
-                Ok(Reloaded::Applied { from, to })
-            });
-        match &result {
-            Ok(Reloaded::Applied { from, to }) => {
-                self.metrics.rules_version(Some(from), to);
-                self.metrics.rules_in_force(&self.current().set);
-                self.metrics.rules_refused(false);
-                tracing::info!(from = %from, to = %to, file = %path.display(), "rules reloaded");
-            }
-            Ok(Reloaded::Unchanged) => self.metrics.rules_refused(false),
-            Err(error) => {
-                self.metrics.rules_refused(true);
-                tracing::error!(version = %self.version(), %error, "{RULES_REFUSED}");
-            }
+        let text = match std::fs::read(path) {
+            Ok(text) => text,
+            Err(e) => return Err(self.refuse(format!("{}: cannot read: {e}", path.display()), None)),
+        };
+        let from = self.version();
+        let version = version_of(&text);
+        if version == from {
+            self.cleared();
+            return Ok(Reloaded::Unchanged);
         }
-        result
+        let loaded = parse(path, &text, &self.accept).map_err(|error| self.refuse(error, Some(version)))?;
+        let to = loaded.version.clone();
+        self.current.store(Arc::new(loaded));
+        self.cleared();
+        self.metrics.rules_version(Some(&from), &to);
+        self.metrics.rules_in_force(&self.current().set);
+        tracing::info!(from = %from, to = %to, file = %path.display(), "rules reloaded");
+        Ok(Reloaded::Applied { from, to })
+    }
+
+    fn cleared(&self) {
+        self.metrics.rules_refused(false);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn refuse(&self, error: String, version: Option<String>) -> Refused {
+        self.metrics.rules_refused(true);
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let logged = refused.as_ref() != Some(&version);
+        if logged {
+            let shown = version.as_deref().unwrap_or("unreadable");
+            tracing::error!(version = %self.version(), refused_version = %shown, %error, "{RULES_REFUSED}");
+            *refused = Some(version.clone());
+        }
+        Refused { error, version, logged }
     }
 
     /// Reloads every `poll` (none when zero) and on SIGHUP, for as long as the process runs.
@@ -192,13 +224,21 @@ mod tests {
         assert!(!rendered.contains(&format!("version=\"{first}\"")), "the old version is gone: {rendered}");
 
         write(&path, "0");
-        let error = live.reload().unwrap_err();
+        let refused = live.reload().unwrap_err();
+        let error = &refused.error;
         assert!(error.contains("limits[0].limit") && error.contains(&path.display().to_string()), "{error}");
+        assert!(refused.logged && refused.version.is_some(), "the first refusal of a version is logged");
         assert_eq!(live.current().rules[0].limits[0].limit(), 200, "the rules in force stay");
         assert!(metrics.render().contains("drip_rules_refused 1"));
+        let again = live.reload().unwrap_err();
+        assert_eq!((again.logged, &again.version), (false, &refused.version), "the same file: not logged again");
+        assert!(metrics.render().contains("drip_rules_refused 1"), "the gauge stays");
 
         write(&path, "5000");
-        assert!(live.reload().unwrap_err().contains("too high"), "the service's own check refuses it too");
+        let other = live.reload().unwrap_err();
+        assert!(other.error.contains("too high"), "the service's own check refuses it too");
+        assert!(other.logged && other.version != refused.version, "another refused version is logged once");
+        assert!(!live.reload().unwrap_err().logged);
 
         write(&path, "300");
         assert!(matches!(live.reload(), Ok(Reloaded::Applied { .. })));

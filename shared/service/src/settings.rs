@@ -106,9 +106,36 @@ pub struct CommonSettings {
     pub task_signing_key_previous: Option<String>,
 }
 
+/// Reads a service's settings from the environment. A value that does not parse is named with
+/// what was given and what is expected (envconfig names only the variable).
+pub fn from_env<T: Envconfig>() -> anyhow::Result<T> {
+    T::init_from_env().map_err(|error| match error {
+        envconfig::Error::ParseError { name } => {
+            let given = std::env::var(name).unwrap_or_default();
+            anyhow::anyhow!("{name}='{given}' is not valid: expected {}", expected_value(name))
+        }
+        envconfig::Error::EnvVarMissing { name } => {
+            anyhow::anyhow!("{name} is not set (docs/operations.md: \"Settings\")")
+        }
+    })
+}
+
+/// What a setting takes, from its name's convention.
+fn expected_value(name: &str) -> &'static str {
+    match name {
+        "REDIS_CLUSTER" | "REDIS_IAM_AUTH" => "true or false",
+        "DRIP_FORWARD_ID_TOKEN" => "auto, always or never",
+        _ if name.ends_with("_MS") => "a whole number of milliseconds, e.g. 10000",
+        _ if ["PORT", "_BYTES", "_MAX", "_ATTEMPTS", "_IN_FLIGHT"].iter().any(|end| name.ends_with(end)) => {
+            "a whole number"
+        }
+        _ => "a value of the kind docs/operations.md (\"Settings\") gives",
+    }
+}
+
 impl CommonSettings {
     pub fn from_env() -> anyhow::Result<Self> {
-        let settings = Self::init_from_env().context("reading settings from the environment")?;
+        let settings: Self = from_env()?;
         if settings.project.trim().is_empty() {
             bail!("GOOGLE_CLOUD_PROJECT is empty");
         }
@@ -165,7 +192,7 @@ impl CommonSettings {
     }
 
     pub async fn connect_redis(&self) -> anyhow::Result<AnyConnection> {
-        AnyConnection::connect(&self.redis_settings()?).await.context("REDIS_URL: connecting to Redis")
+        AnyConnection::connect(&self.redis_settings()?).await.context("REDIS_URL")
     }
 
     /// The services' store: Redis, reservations grouped per connection (per hash tag on a Cluster).

@@ -79,8 +79,62 @@ impl StreamingCredentialsProvider for TokenAuth {
     }
 }
 
+/// Why Redis could not be reached, said once and with what to write: the redis crate's own text
+/// repeats an I/O error's cause (`Connection refused (os error 111): Connection refused (os
+/// error 111)`) and names no fix for a URL without a scheme.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("'{0}' is not a Redis URL: write redis://HOST:PORT/ (rediss:// with TLS), e.g. redis://{0}/")]
+    NoScheme(String),
+    #[error("'{url}' is not a Redis URL ({detail}): write redis://HOST:PORT/ (rediss:// with TLS)")]
+    BadUrl { url: String, detail: String },
+    #[error("cannot reach Redis at {url}: {cause} (is Redis listening there, and is the host and port right?)")]
+    Unreachable { url: String, cause: String },
+    #[error("Redis at {url} refused the connection: {cause}")]
+    Refused { url: String, cause: String },
+}
+
+impl ConnectError {
+    fn from_redis(url: &str, error: redis::RedisError) -> Self {
+        let url = redacted(url);
+        if error.kind() == redis::ErrorKind::InvalidClientConfig {
+            return Self::BadUrl { url, detail: error.detail().unwrap_or("not understood").to_owned() };
+        }
+        if error.is_io_error() || error.is_timeout() || error.is_connection_refusal() {
+            let cause = std::error::Error::source(&error).map_or_else(|| error.to_string(), ToString::to_string);
+            return Self::Unreachable { url, cause: first_of_repeated(&cause) };
+        }
+        Self::Refused { url, cause: first_of_repeated(&error.to_string()) }
+    }
+}
+
+/// `redis://:secret@host` shown as `redis://:***@host`: a connect error may be logged.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &url[..scheme + 3], &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// `A: A` as `A`.
+fn first_of_repeated(text: &str) -> String {
+    match text.split_once(": ") {
+        Some((first, rest)) if first == rest => first.to_owned(),
+        _ => text.to_owned(),
+    }
+}
+
 impl AnyConnection {
-    pub async fn connect(settings: &RedisSettings) -> redis::RedisResult<Self> {
+    /// Connects as `settings` say; the error says what was wrong and what to write.
+    pub async fn connect(settings: &RedisSettings) -> Result<Self, ConnectError> {
+        let url = settings.url.as_str();
+        if !url.contains("://") {
+            return Err(ConnectError::NoScheme(url.to_owned()));
+        }
+        Self::open(settings).await.map_err(|e| ConnectError::from_redis(url, e))
+    }
+
+    async fn open(settings: &RedisSettings) -> redis::RedisResult<Self> {
         if settings.cluster {
             let mut builder = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
                 .connection_timeout(settings.response_timeout)
@@ -136,5 +190,42 @@ impl ConnectionLike for AnyConnection {
             AnyConnection::Single(c) => c.get_db(),
             AnyConnection::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn settings(url: &str) -> RedisSettings {
+        RedisSettings {
+            url: url.to_owned(),
+            ca_cert_pem: None,
+            cluster: false,
+            response_timeout: Duration::from_secs(1),
+            tokens: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connect_error_says_what_was_wrong_and_what_to_write() {
+        let error = AnyConnection::connect(&settings("localhost:46379")).await.unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "'localhost:46379' is not a Redis URL: write redis://HOST:PORT/ (rediss:// with TLS), e.g. redis://localhost:46379/"
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let error = AnyConnection::connect(&settings(&format!("redis://:s3cret@127.0.0.1:{port}/")))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with(&format!("cannot reach Redis at redis://***@127.0.0.1:{port}/: ")), "{error}");
+        assert!(!error.contains("s3cret"), "the password is not shown: {error}");
+        let cause = error.split(": ").nth(1).unwrap();
+        assert_eq!(error.matches(cause).count(), 1, "said once: {error}");
+        let error = AnyConnection::connect(&settings("redis://127.0.0.1:notaport/")).await.unwrap_err().to_string();
+        assert!(error.contains("is not a Redis URL"), "{error}");
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use drip_core::schedule::{Reservation, ReserveRequest};
 use drip_core::time::Millis;
 
-pub use connection::{AnyConnection, RedisSettings, TokenAuth, TokenFuture, TokenSource};
+pub use connection::{AnyConnection, ConnectError, RedisSettings, TokenAuth, TokenFuture, TokenSource};
 pub use group_commit::Batching;
 pub use keys::{ANSWER_BUCKET, EntityKeys, RuleRef, budget_key, dispatch_key, field};
 pub use memory::MemoryStore;
