@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use drip_core::attributes::{DeadLetterView, REPLAY_OF, REPLAY_PUBLISHED};
 use drip_core::event::MessageRef;
+use drip_core::outcome::DlqReason;
 use drip_core::overflow::{TaskBody, TaskPayload};
 use drip_core::time::{format_rfc3339, parse_rfc3339};
 use drip_gcp::pubsub::Publishers;
@@ -163,7 +164,7 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, bool)> {
                 let (mut entry, event) = decide(args, &message, store.as_ref()).await;
                 match event {
                     Some(_) if args.dry_run => {
-                        entry.action = Action::WouldReplay;
+                        (entry.action, entry.detail) = (Action::WouldReplay, format!("would publish to {topic}"));
                         held.push(message.ack_id);
                     }
                     Some((data, attributes)) => match publishers.publish(&topic, data, attributes).await {
@@ -222,6 +223,18 @@ async fn decide(
     }
     if args.key.is_some() && view.key != args.key {
         return left(entry, "another key".into());
+    }
+    let unreadable = view.reason.as_deref().and_then(DlqReason::parse).filter(|r| r.is_unreadable());
+    if let Some(reason) = unreadable
+        && !args.reasons.iter().any(|r| r == reason.as_str())
+    {
+        return left(
+            entry,
+            format!(
+                "Drip could not read it ({reason}): replayed as it is, it would be dead-lettered again; \
+                 name it with --reason {reason} to replay it anyway"
+            ),
+        );
     }
     if view.attributes_dropped {
         return left(entry, "its attributes were dropped (too large to carry them): replay it by hand".into());
@@ -283,21 +296,28 @@ fn printed(args: &ReplayArgs, entries: &[Entry]) -> Printed {
             e.detail
         );
     }
-    let verb = if args.dry_run { "would replay" } else { "replayed" };
-    let done = if args.dry_run { count(Action::WouldReplay) } else { count(Action::Replayed) };
-    table += &format!(
-        "{done} {verb} to {}, {} left on {}, {} failed\n",
-        args.topic,
-        count(Action::Left) + count(Action::WouldReplay),
-        args.subscription,
-        count(Action::Failed)
-    );
+    // Counted once, the same in both outputs: everything not replayed stays on the subscription.
+    let (replayed, would, left, failed) =
+        (count(Action::Replayed), count(Action::WouldReplay), count(Action::Left), count(Action::Failed));
+    let still_there = would + left + failed;
+    table += &if args.dry_run {
+        format!(
+            "dry run: {would} would be replayed to {}; all {still_there} stay on {}\n",
+            args.topic, args.subscription
+        )
+    } else {
+        format!(
+            "{replayed} replayed to {}; {still_there} stay on {} ({left} left by the filters or unreadable, {failed} failed)\n",
+            args.topic, args.subscription
+        )
+    };
     let json = serde_json::json!({
         "dryRun": args.dry_run,
-        "replayed": count(Action::Replayed),
-        "wouldReplay": count(Action::WouldReplay),
-        "left": count(Action::Left),
-        "failed": count(Action::Failed),
+        "replayed": replayed,
+        "wouldReplay": would,
+        "left": left,
+        "failed": failed,
+        "stayOnSubscription": still_there,
         "deadLetters": entries,
     });
     Printed { table, json }

@@ -723,22 +723,20 @@ async fn dlq_replay_publishes_the_events_of_the_dead_letters_a_filter_picks() {
         stamp("m4", "payouts", DlqReason::CostExceedsLimit).dead_letter(&payout, br#"{"n":4}"#),
         stamp("m5", "payouts", DlqReason::DispatchFailed)
             .dead_letter(&BTreeMap::new(), &serde_json::to_vec(&task_body).unwrap()),
+        stamp("m6", "payouts", DlqReason::MalformedEnvelope).dead_letter(&payout, b"not an envelope"),
     ];
     assert_eq!(letters[1].1[WRAPPED], "json", "the crowded one travels wrapped");
     for (data, attributes) in &letters {
         pubsub.publish(&dlq, data, attributes).await;
     }
-    let replay = |extra: &[&str]| {
+    let replay = |extra: Vec<String>| {
         let mut args: Vec<String> =
             ["dlq", "replay", "--subscription", &dlq, "--topic", &source, "--project", "drip-test"]
                 .iter()
                 .map(|a| a.to_string())
                 .collect();
-        args.extend(
-            ["--rule", "payouts", "--reason", "max_delay_exceeded", "--reason", "dispatch_failed"].map(String::from),
-        );
         args.extend(["--idle", "3s", "--output", "json"].map(String::from));
-        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(extra);
         let host = pubsub.host.clone();
         async move {
             tokio::task::spawn_blocking(move || {
@@ -758,17 +756,24 @@ async fn dlq_replay_publishes_the_events_of_the_dead_letters_a_filter_picks() {
         serde_json::from_slice(&output.stdout).unwrap()
     };
 
-    let dry = summary(&replay(&["--dry-run", "--redis", &url]).await);
+    const PICK: [&str; 6] = ["--rule", "payouts", "--reason", "max_delay_exceeded", "--reason", "dispatch_failed"];
+    let picked = |extra: &[&str]| -> Vec<String> { PICK.iter().chain(extra).map(|a| a.to_string()).collect() };
+    let only = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).collect() };
+    let dry = summary(&replay(picked(&["--dry-run", "--redis", &url])).await);
     assert_eq!((dry["wouldReplay"].as_u64(), dry["replayed"].as_u64()), (Some(3), Some(0)), "{dry}");
+    assert_eq!(dry["stayOnSubscription"], 6, "a dry run leaves every one, counted once: {dry}");
+    let entries = dry["deadLetters"].as_array().unwrap();
+    assert!(entries.iter().all(|e| !e["detail"].as_str().unwrap().is_empty()), "every line says why: {dry}");
     assert!(pubsub.pull(&source, 10).await.is_empty(), "a dry run publishes nothing");
 
-    let without_redis = summary(&replay(&[]).await);
+    let without_redis = summary(&replay(picked(&[])).await);
     assert_eq!(without_redis["replayed"], 2, "{without_redis}");
     let claim =
         without_redis["deadLetters"].as_array().unwrap().iter().find(|e| e["messageId"] == "m5").unwrap().clone();
     assert!(claim["detail"].as_str().unwrap().contains("give --redis"), "{claim}");
-    let done = summary(&replay(&["--redis", &url]).await);
+    let done = summary(&replay(picked(&["--redis", &url])).await);
     assert_eq!(done["replayed"], 1, "only the claim-checked one was left to replay: {done}");
+    assert_eq!(done["stayOnSubscription"], done["left"], "nothing failed: what stays is what was left: {done}");
 
     let mut replayed = pubsub.pull_until(&source, 3, Duration::from_secs(10)).await;
     replayed.sort_by_key(|m| m.attributes["drip-replay-of"].clone());
@@ -799,8 +804,19 @@ async fn dlq_replay_publishes_the_events_of_the_dead_letters_a_filter_picks() {
         };
         assert_eq!(own, expected, "its own attributes, and no other drip-* one");
     }
-    let again = summary(&replay(&["--redis", &url]).await);
+    let again = summary(&replay(picked(&["--redis", &url])).await);
     assert_eq!(again["replayed"], 0, "acked once replayed: {again}");
+
+    // What Drip could not read is never replayed unless asked for by reason.
+    let any_reason = summary(&replay(only(&["--rule", "payouts", "--dry-run"])).await);
+    let unreadable = any_reason["deadLetters"].as_array().unwrap().iter().find(|e| e["messageId"] == "m6").unwrap();
+    assert_eq!(unreadable["action"], "left", "{any_reason}");
+    assert!(unreadable["detail"].as_str().unwrap().contains("--reason malformed_envelope"), "{any_reason}");
+    let m4 = any_reason["deadLetters"].as_array().unwrap().iter().find(|e| e["messageId"] == "m4").unwrap();
+    assert_eq!(m4["action"], "would_replay", "a readable one of any reason would go: {any_reason}");
+    let asked = summary(&replay(only(&["--reason", "malformed_envelope"])).await);
+    assert_eq!(asked["replayed"], 1, "named by reason, it goes: {asked}");
+    assert_eq!(pubsub.pull_until(&source, 1, Duration::from_secs(10)).await[0].data, b"not an envelope");
     let mut kept: Vec<String> =
         pubsub.pull(&dlq, 10).await.into_iter().map(|m| m.attributes["drip-message-id"].clone()).collect();
     kept.sort();

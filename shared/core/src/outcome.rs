@@ -83,6 +83,18 @@ impl DlqReason {
         }
     }
 
+    /// The reason a `drip-reason` attribute names.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|reason| reason.as_str() == text)
+    }
+
+    /// Dead letters Drip could not read at all (not a push envelope, not base64, not a task of
+    /// Drip's): replayed as they are, they are dead-lettered again, so a replay takes them only
+    /// when asked for by reason.
+    pub fn is_unreadable(self) -> bool {
+        matches!(self, Self::MalformedEnvelope | Self::BadBase64 | Self::MalformedTask)
+    }
+
     /// Dead letters that mean an upstream flood or lost work: logged at ERROR.
     pub fn is_alarming(self) -> bool {
         matches!(
