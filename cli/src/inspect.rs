@@ -42,22 +42,40 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
     Ok(Printed { table: render(&report), json: serde_json::to_value(&report)? })
 }
 
+/// `n`, or `n-m` when only the bounds are known.
+fn range(least: u64, most: Option<u64>) -> String {
+    match most {
+        Some(most) => format!("{least}-{most}"),
+        None => least.to_string(),
+    }
+}
+
 fn render(report: &EntityReport) -> String {
     let mut out = format!("rule       {}\nkey        {}\nnow        {}\n", report.rule, report.key, report.now);
     out += &format!("last slot  {}\n", report.last_slot.as_deref().unwrap_or("none remembered (idle)"));
-    match &report.drains_at {
-        Some(at) => out += &format!("backlog    {} events ahead, drains at {at}\n", report.backlog),
-        None => out += "backlog    none\n",
+    match (&report.drains_at, &report.drains_after) {
+        (Some(at), _) => out += &format!("backlog    {} events ahead, drains at {at}\n", report.backlog),
+        (None, Some(after)) => {
+            out += &format!(
+                "backlog    {} events ahead, drains after the pause ends at {after} (they take new slots then)\n",
+                report.backlog
+            )
+        }
+        (None, None) => out += "backlog    none\n",
     }
     for why in &report.waiting_on {
         out += &format!("waiting    {why}\n");
     }
     out += "limits\n";
+    let mut estimated = false;
     for limit in &report.limits {
-        out += &format!(
-            "  {:<28} {:>6} of {:<6} used now, ~{} ahead\n",
-            limit.limit, limit.used_now, limit.capacity, limit.ahead
-        );
+        let used = range(limit.used_now, limit.used_now_at_most);
+        let ahead = range(limit.ahead, limit.ahead_at_most);
+        estimated |= limit.used_now_at_most.is_some() || limit.ahead_at_most.is_some();
+        out += &format!("  {:<28} {used:>6} of {:<6} used now, {ahead} ahead\n", limit.limit, limit.capacity);
+    }
+    if estimated {
+        out += "  (a range is an estimate with its bounds: a fixed limit keeps only its last window, and a\n   cost template's events cost between 1 and the rule's largest cost)\n";
     }
     if let Some(until) = &report.paused_until {
         out += &format!("paused     until {until} (the downstream said to wait)\n");

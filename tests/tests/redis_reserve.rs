@@ -739,3 +739,65 @@ fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
         );
     }
 }
+
+/// Every row `inspect` prints is exact or a range holding the truth: after a burst, a pause and
+/// more events behind it, each limit's use now and cost ahead (counted here from the slots the
+/// reservations returned) lie within what both stores report, and rows a state keeps exactly
+/// (a window still current, a sliding log) are exact. While a pause holds the backlog, it drains
+/// after the pause, not at its old last slot.
+#[test]
+fn inspect_rows_are_exact_or_ranges_that_hold_the_truth() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rules = drip_core::rules::RuleSet::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/payouts.yaml"
+    )))
+    .unwrap();
+    let mut rule = rules.rule("payouts").unwrap().clone();
+    rule.id = unique("rows");
+    let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
+    let memory = MemoryStore::new();
+    for store in [&redis as &dyn Store, &memory] {
+        let published = drip_core::time::wall_clock_millis();
+        let mut slots = Vec::new();
+        let mut reserve = |ids: std::ops::Range<usize>, slots: &mut Vec<Millis>| {
+            for i in ids {
+                let id = format!("e{i}");
+                let request = SlotRequest::for_rule(&rule, "merchant_9", &id, 1).published(Some(published));
+                let reserved = runtime.block_on(store.reserve(&request)).unwrap();
+                runtime.block_on(store.complete(&request, &reserved)).unwrap();
+                slots.push(reserved.reservation.slot);
+            }
+        };
+        reserve(0..30, &mut slots);
+        let pause_end = drip_core::time::wall_clock_millis() + 10 * MINUTE;
+        runtime.block_on(store.pause(&rule, "merchant_9", pause_end)).unwrap();
+        let held = runtime.block_on(store.inspect(&rule, "merchant_9")).unwrap();
+        assert_eq!(held.drains_at, None, "{store:?}: {held:?}");
+        assert_eq!(
+            held.drains_after.as_deref().map(|at| drip_core::time::parse_rfc3339(at).unwrap() / SECOND),
+            Some(pause_end / SECOND),
+            "{store:?}: the backlog drains after the pause"
+        );
+        reserve(30..55, &mut slots);
+        let report = runtime.block_on(store.inspect(&rule, "merchant_9")).unwrap();
+        let now = drip_core::time::parse_rfc3339(&report.now).unwrap();
+        assert_eq!(report.backlog, slots.iter().filter(|&&s| s > now).count() as u64);
+        assert!(
+            report.drains_at.is_some() && report.drains_after.is_none(),
+            "{store:?}: the last slot is after the pause"
+        );
+        for (limit, row) in rule.limits.iter().zip(&report.limits) {
+            let current = now.div_euclid(limit.per()) * limit.per();
+            let used = slots.iter().filter(|&&s| s >= current && s < current + limit.per()).count() as u64;
+            let ahead = slots.iter().filter(|&&s| s >= current + limit.per()).count() as u64;
+            let within = |least: u64, most: Option<u64>, truth: u64| match most {
+                None => least == truth,
+                Some(most) => least <= truth && truth <= most,
+            };
+            assert!(within(row.used_now, row.used_now_at_most, used), "{store:?} {}: used {used}: {row:?}", row.limit);
+            assert!(within(row.ahead, row.ahead_at_most, ahead), "{store:?} {}: ahead {ahead}: {row:?}", row.limit);
+            assert!(row.ahead <= report.backlog.max(ahead), "{store:?}: no row says more is ahead than waits: {row:?}");
+        }
+    }
+}

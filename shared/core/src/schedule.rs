@@ -427,9 +427,10 @@ impl Scheduler {
 
     /// How many of the entity's events hold a slot after `now`: its backlog, exactly (each
     /// reserved event's answer names its slot).
-    pub fn booked_after(&self, rule: &str, key: &str, now: Millis) -> u64 {
-        let Some(entity) = self.entities.get(&(rule.to_owned(), key.to_owned())) else { return 0 };
-        entity.answers.values().filter(|a| a.status == Status::Reserved && a.slot > now).count() as u64
+    /// The slots of the entity's reserved events that lie at or after `since`, in no order.
+    pub fn reserved_slots(&self, rule: &str, key: &str, since: Millis) -> Vec<Millis> {
+        let Some(entity) = self.entities.get(&(rule.to_owned(), key.to_owned())) else { return Vec::new() };
+        entity.answers.values().filter(|a| a.status == Status::Reserved && a.slot >= since).map(|a| a.slot).collect()
     }
 
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {

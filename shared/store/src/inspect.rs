@@ -29,8 +29,13 @@ pub struct EntityReport {
     pub last_slot: Option<String>,
     /// Events that hold a slot after now: exact, from their answers.
     pub backlog: u64,
-    /// When the last reserved event goes (None: nothing is waiting).
+    /// When the last reserved event goes (None: nothing is waiting, or a pause holds the backlog:
+    /// then `drains_after`).
     pub drains_at: Option<String>,
+    /// A pause (the key's or a budget's) ends after slots the backlog holds: those events are given
+    /// new slots when their tasks find the pause, so the backlog drains only after this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drains_after: Option<String>,
     pub limits: Vec<LimitReport>,
     /// This entity's overrides (`drip limits set`), in force or ended.
     pub overrides: Vec<OverrideReport>,
@@ -73,13 +78,22 @@ pub struct LimitReport {
     /// e.g. `100 per 1m (fixed)`.
     pub limit: String,
     /// Cost reserved in the current window (fixed: the epoch-aligned one holding now; sliding:
-    /// the last `per`; gcra: what the bucket holds now).
+    /// the last `per`; gcra: what the bucket holds now). Exact unless `used_now_at_most` is given:
+    /// then it is the least it can be.
     pub used_now: u64,
     /// The count in force now: the rule's, or this entity's override.
     pub capacity: u64,
-    /// Cost this limit holds in its windows after now: an estimate from its state (exact for a
-    /// fixed limit whose windows FIFO filled; the entity's `backlog` is the exact event count).
+    /// Cost this limit holds in its windows after now. Exact unless `ahead_at_most` is given: then
+    /// it is the least it can be. (The entity's `backlog` is the exact event count.)
     pub ahead: u64,
+    /// When `used_now` is an estimate, the most it can be: a fixed limit's state keeps only its
+    /// last window, so once that window is ahead the current one's use is not kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_now_at_most: Option<u64>,
+    /// When `ahead` is an estimate, the most it can be: bounded by the windows between now and the
+    /// last one, and by the backlog times the largest cost an event may have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ahead_at_most: Option<u64>,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
@@ -93,22 +107,28 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         for budget in &rule.budgets {
             budgets.push((budget.clone(), self.budget_state(budget).await?));
         }
-        let booked = self.booked_after(rule, key, now).await?;
-        Ok(report(rule, key, now, &state, &budgets, booked))
+        let slots = self.reserved_slots(rule, key, (slots_since(rule, now), now)).await?;
+        Ok(report(rule, key, now, &state, &budgets, &slots))
     }
 
-    /// How many of the entity's events hold a slot after `now`, exactly: the reserved answers
-    /// whose slot is ahead, in every publication minute a waiting event can be filed under and
-    /// the undated ones. A waiting event was decided within `max_delay` of now and published at
-    /// most Pub/Sub's longest retention (31 days) before that. About 45,000 `HVALS` pipelined,
-    /// most of them of no hash: only `inspect` does it, never a reservation.
-    pub async fn booked_after(&self, rule: &Rule, key: &str, now: Millis) -> Result<u64, StoreError> {
+    /// The slots of the entity's reserved events at or after `since` whose answers Redis still
+    /// keeps: every event waiting after now (exactly: its answer outlives its slot), in every
+    /// publication minute a waiting event can be filed under and the undated ones. A waiting event
+    /// was decided within `max_delay` of now and published at most Pub/Sub's longest retention
+    /// (31 days) before that. About 45,000 `HVALS` pipelined, most of them of no hash: only
+    /// `inspect` does it, never a reservation.
+    pub async fn reserved_slots(
+        &self,
+        rule: &Rule,
+        key: &str,
+        (since, now): (Millis, Millis),
+    ) -> Result<Vec<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
         let first = (now - rule.max_delay - PUBSUB_RETENTION).div_euclid(crate::ANSWER_BUCKET);
         let last = now.div_euclid(crate::ANSWER_BUCKET) + 1;
         let files: Vec<(String, Millis)> =
             std::iter::once(None).chain((first..=last).map(Some)).map(|m| keys.answers_of(m)).collect();
-        let mut booked = 0;
+        let mut slots = Vec::new();
         for chunk in files.chunks(500) {
             let mut pipe = redis::pipe();
             for (answers, _) in chunk {
@@ -116,11 +136,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
             }
             let values: Vec<Vec<String>> = pipe.query_async(&mut self.connection()).await?;
             for ((_, base), answers) in chunk.iter().zip(values) {
-                let ahead = answers.iter().filter_map(|a| field::reserved_slot(a, *base)).filter(|&slot| slot > now);
-                booked += ahead.count() as u64;
+                slots.extend(
+                    answers.iter().filter_map(|a| field::reserved_slot(a, *base)).filter(|&slot| slot >= since),
+                );
             }
         }
-        Ok(booked)
+        Ok(slots)
     }
 
     /// The entity's last slot (its FIFO frontier), if it remembers one.
@@ -217,65 +238,64 @@ pub fn override_reports(
     each.collect()
 }
 
-/// Reads use, backlog and drain time off the state.
+/// From when `inspect` wants the reserved slots: the start of the current window of the rule's
+/// longest limit.
+pub(crate) fn slots_since(rule: &Rule, now: Millis) -> Millis {
+    rule.limits.iter().map(|l| now.div_euclid(l.per()) * l.per()).min().unwrap_or(now)
+}
+
+/// The reserved slots of an entity, and what its events cost: enough to count a window exactly.
+struct Slots<'a> {
+    slots: &'a [Millis],
+    /// Each event's cost: the least and the most it can be (equal for a constant cost).
+    cost: (u64, u64),
+}
+
+impl Slots<'_> {
+    /// The events with a slot in `[from, to)`, and the least and most they cost.
+    fn cost_in(&self, from: Millis, to: Millis) -> (u64, u64) {
+        let events = self.slots.iter().filter(|&&s| s >= from && s < to).count() as u64;
+        (events * self.cost.0, events * self.cost.1)
+    }
+}
+
+/// Reads use, backlog and drain time off the state and the reserved slots.
 pub(crate) fn report(
     rule: &Rule,
     key: &str,
     now: Millis,
     state: &EntityState,
     budgets_in: &[(Arc<Budget>, BudgetState)],
-    booked: u64,
+    slots: &[Millis],
 ) -> EntityReport {
+    let booked = slots.iter().filter(|&&slot| slot > now).count() as u64;
+    let cost = match &rule.cost {
+        drip_core::rules::Cost::Fixed(cost) => (*cost, *cost),
+        drip_core::rules::Cost::Template(_) => (1, rule.max_cost().max(1)),
+    };
+    let slots = Slots { slots, cost };
     let mut limits = Vec::new();
     let overrides = override_reports(rule, &state.overrides, now);
     let level = rule.adaptive.map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
     for limit in &rule.limits {
         let capacity = adapted_count(limit, effective_limit(limit, &state.overrides, now), level, 1);
-        let (n, per) = (capacity as i64, limit.per());
-        let (used_now, ahead) = match state.limits.get(&state_id(limit)) {
-            Some(LimitState::Fixed { window, used }) => {
-                let (window, used) = (*window, *used as i64);
-                let current = now.div_euclid(per) * per;
-                if window == current {
-                    (used, 0)
-                } else if window > current {
-                    // FIFO filled every window between now's and the last one.
-                    (n, used + n * ((window - current) / per - 1).max(0))
-                } else {
-                    (0, 0)
-                }
-            }
-            Some(LimitState::Sliding { base, entries }) => {
-                let mut previous = *base as i64;
-                let (mut used, mut ahead) = (0, 0);
-                for &(time, cum) in entries {
-                    let cost = cum as i64 - previous;
-                    previous = cum as i64;
-                    if time > now {
-                        ahead += cost;
-                    } else if time > now - per {
-                        used += cost;
-                    }
-                }
-                (used, ahead)
-            }
-            Some(LimitState::Gcra { tat, tat_rem }) => {
-                let burst = match limit.window() {
-                    Window::Gcra { burst } => burst as i64,
-                    _ => 1,
-                };
-                // Units the bucket holds: (TAT - now) / T, T = per / limit.
-                let held = (((tat - now) * n + *tat_rem as i64) / per.max(1)).max(0);
-                (held.min(n.max(burst)), (held - burst + 1).max(0))
-            }
-            None => (0, 0),
-        };
-        limits.push(LimitReport { limit: limit.to_string(), used_now: used_now as u64, capacity, ahead: ahead as u64 });
+        limits.push(limit_report(limit, capacity, state.limits.get(&state_id(limit)), now, &slots));
     }
     let last_slot = state.last_slot;
-    let waiting = last_slot.filter(|&slot| slot > now);
     let budgets: Vec<BudgetReport> = budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
     let paused_until = state.paused_until.filter(|&until| until > now).map(format_rfc3339);
+    // The latest pause holding the key (its own or a budget's).
+    let pause_ends = budgets_in
+        .iter()
+        .filter_map(|(_, held)| held.paused_until)
+        .chain(state.paused_until)
+        .filter(|&until| until > now)
+        .max();
+    let waiting = last_slot.filter(|&slot| slot > now && booked > 0);
+    let (drains_at, drains_after) = match (waiting, pause_ends) {
+        (Some(last), Some(pause)) if pause >= last => (None, Some(format_rfc3339(pause))),
+        (waiting, _) => (waiting.map(format_rfc3339), None),
+    };
     let mut waiting_on = Vec::new();
     if let Some(until) = &paused_until {
         waiting_on.push(format!("paused until {until}: the downstream said to wait"));
@@ -324,13 +344,78 @@ pub(crate) fn report(
         now: format_rfc3339(now),
         last_slot: last_slot.map(format_rfc3339),
         backlog: booked,
-        drains_at: waiting.map(format_rfc3339),
+        drains_at,
+        drains_after,
         limits,
         overrides,
         paused_until,
         adaptive_level: level.map(|level| level as f64 / PPM as f64),
         budgets,
         waiting_on,
+    }
+}
+
+/// One limit's row: exact where the state or the reserved slots say it, else the least and the
+/// most it can be.
+fn limit_report(
+    limit: &Limit,
+    capacity: u64,
+    state: Option<&LimitState>,
+    now: Millis,
+    slots: &Slots<'_>,
+) -> LimitReport {
+    let per = limit.per();
+    // A range: exact when both ends agree.
+    let row = |used: (u64, u64), ahead: (u64, u64)| LimitReport {
+        limit: limit.to_string(),
+        used_now: used.0,
+        capacity,
+        ahead: ahead.0,
+        used_now_at_most: (used.1 > used.0).then_some(used.1),
+        ahead_at_most: (ahead.1 > ahead.0).then_some(ahead.1),
+    };
+    match state {
+        Some(LimitState::Fixed { window, used }) => {
+            let current = now.div_euclid(per) * per;
+            if *window == current {
+                row((*used, *used), (0, 0))
+            } else if *window > current {
+                // The state keeps only its last window: count the windows from the slots. Every
+                // slot after now is kept (an answer outlives its slot); one earlier in the current
+                // window may have expired, so the current window's use is at least what is kept.
+                let in_current = slots.cost_in(current, current + per);
+                let ahead = slots.cost_in(current + per, Millis::MAX);
+                row((in_current.0, in_current.1.max(capacity)), ahead)
+            } else {
+                row((0, 0), (0, 0))
+            }
+        }
+        Some(LimitState::Sliding { base, entries }) => {
+            // Every slot of the last `per` and after is kept: exact.
+            let mut previous = *base;
+            let (mut used, mut ahead) = (0, 0);
+            for &(time, cum) in entries {
+                let cost = cum.saturating_sub(previous);
+                previous = cum;
+                if time > now {
+                    ahead += cost;
+                } else if time > now - per {
+                    used += cost;
+                }
+            }
+            row((used, used), (ahead, ahead))
+        }
+        Some(LimitState::Gcra { tat, tat_rem }) => {
+            let (n, burst) = match limit.window() {
+                Window::Gcra { burst } => (capacity as i64, burst as i64),
+                _ => (capacity as i64, 1),
+            };
+            // Units the bucket holds: (TAT - now) / T, T = per / limit (exact); what lies in slots
+            // after now is what those events cost.
+            let held = ((((tat - now) * n + *tat_rem as i64) / per.max(1)).max(0)).min(n.max(burst)) as u64;
+            row((held, held), slots.cost_in(now + 1, Millis::MAX))
+        }
+        None => row((0, 0), slots.cost_in(now + 1, Millis::MAX)),
     }
 }
 
@@ -352,6 +437,9 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
                     used_now: state.windows.get(&(per, current)).copied().unwrap_or(0),
                     capacity: adapted_count(limit, limit.limit(), level, 1),
                     ahead: held(current + per),
+                    // A budget's calendar keeps every window: exact.
+                    used_now_at_most: None,
+                    ahead_at_most: None,
                 }
             })
             .collect(),

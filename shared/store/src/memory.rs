@@ -139,9 +139,9 @@ impl MemoryStore {
         self.with(|s| s.entity_state(rule, key).cloned())
     }
 
-    /// As `RedisStore::booked_after`, on the model.
-    pub fn booked_after(&self, rule: &str, key: &str, now: Millis) -> u64 {
-        self.with(|s| s.booked_after(rule, key, now))
+    /// As `RedisStore::reserved_slots`, on the model.
+    pub fn reserved_slots(&self, rule: &str, key: &str, since: Millis) -> Vec<Millis> {
+        self.with(|s| s.reserved_slots(rule, key, since))
     }
 
     /// As `RedisStore::set_override`, on the model.

@@ -234,8 +234,8 @@ impl Store for MemoryStore {
         let budgets: Vec<_> =
             rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default())).collect();
         let now = wall_clock_millis();
-        let booked = self.booked_after(&rule.id, key, now);
-        Box::pin(async move { Ok(report(rule, key, now, &state, &budgets, booked)) })
+        let slots = self.reserved_slots(&rule.id, key, crate::inspect::slots_since(rule, now));
+        Box::pin(async move { Ok(report(rule, key, now, &state, &budgets, &slots)) })
     }
 
     fn change_override<'a>(
