@@ -760,7 +760,7 @@ fn inspect_rows_are_exact_or_ranges_that_hold_the_truth() {
     for store in [&redis as &dyn Store, &memory] {
         let published = drip_core::time::wall_clock_millis();
         let mut slots = Vec::new();
-        let mut reserve = |ids: std::ops::Range<usize>, slots: &mut Vec<Millis>| {
+        let reserve = |ids: std::ops::Range<usize>, slots: &mut Vec<Millis>| {
             for i in ids {
                 let id = format!("e{i}");
                 let request = SlotRequest::for_rule(&rule, "merchant_9", &id, 1).published(Some(published));
