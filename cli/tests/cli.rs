@@ -48,7 +48,7 @@ fn check_config_prints_every_error_and_fails() {
         stdout(&output).replace(&format!("{}", fixtures.display()), "").replace("/several_errors", "several_errors");
     assert_eq!(printed.trim_end(), expected.trim_end());
     assert_eq!(printed.lines().count(), 4);
-    let good = repo("examples/seed.yaml");
+    let good = repo("examples/payouts-per-minute.yaml");
     let json = drip(&["check-config", "--output", "json", file.to_str().unwrap(), good.to_str().unwrap()]);
     assert_eq!(json.status.code(), Some(1));
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
@@ -98,18 +98,18 @@ fn check_config_warns_of_a_cost_template_above_a_gcra_burst() {
 }
 
 fn simulate(store: &str, extra: &[&str]) -> Output {
-    let rules = repo("examples/seed.yaml");
-    let events = repo("examples/seed-burst.jsonl");
+    let rules = repo("examples/payouts-per-minute.yaml");
+    let events = repo("examples/payouts-burst.jsonl");
     let mut args =
         vec!["simulate", "--rules", rules.to_str().unwrap(), "--events", events.to_str().unwrap(), "--store", store];
     args.extend_from_slice(extra);
     drip(&args)
 }
 
-/// The seed article's example: 100 per minute, 500 events at 12:00:01.
+/// The reference example: 100 per minute, 500 events at 12:00:01.
 #[test]
-fn simulate_prints_the_seed_schedule_and_redis_prints_exactly_the_same() {
-    let chart = std::env::temp_dir().join(format!("{}.svg", unique("seed-chart")));
+fn simulate_prints_the_reference_schedule_and_redis_prints_exactly_the_same() {
+    let chart = std::env::temp_dir().join(format!("{}.svg", unique("reference-chart")));
     let memory = simulate("memory", &["--plot", chart.to_str().unwrap()]);
     assert!(memory.status.success(), "{memory:?}");
     let lines: Vec<serde_json::Value> = stdout(&memory).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -229,7 +229,7 @@ fn simulate_names_the_line_of_a_malformed_event() {
     std::fs::create_dir_all(&dir).unwrap();
     let events = dir.join("events.jsonl");
     std::fs::write(&events, "{\"id\":\"a\",\"publishTime\":\"2026-08-03T12:00:00Z\",\"data\":{}}\n{\"id\":\"b\",\"publishTime\":\"yesterday\"}\n").unwrap();
-    let rules = repo("examples/seed.yaml");
+    let rules = repo("examples/payouts-per-minute.yaml");
     let output = drip(&["simulate", "--rules", rules.to_str().unwrap(), "--events", events.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -242,7 +242,7 @@ fn simulate_names_the_line_of_a_malformed_event() {
 /// code: 100 now, 100 next minute, 50 after.
 fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>) {
     use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
-    let rules_path = repo("examples/seed.yaml");
+    let rules_path = repo("examples/payouts-per-minute.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
     let namespace = unique("inspect");
@@ -316,7 +316,7 @@ fn inspect_reaches_a_redis_cluster_as_the_services_do() {
 /// `get`, `list`, `inspect` and `history`, and is gone after `delete`.
 fn limits_through_the_cli(url: &str, cluster: bool) {
     use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
-    let rules_path = repo("examples/seed.yaml");
+    let rules_path = repo("examples/payouts-per-minute.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
     let namespace = unique("limits");
@@ -525,7 +525,7 @@ fn simulate_says_what_a_shadow_rule_would_do() {
 #[test]
 fn limits_take_their_settings_from_the_services_environment() {
     let namespace = unique("limits-env");
-    let rules = repo("examples/seed.yaml");
+    let rules = repo("examples/payouts-per-minute.yaml");
     let run = |env: &[(&str, &str)]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_drip"));
         for name in ["REDIS_URL", "DRIP_RULES", "DRIP_REDIS_NAMESPACE", "REDIS_CA_CERT", "REDIS_CLUSTER"] {
@@ -858,7 +858,7 @@ fn the_schemas_are_current_and_every_example_fits_the_rules_schema() {
         assert!(errors.is_empty(), "{}: {errors:?}", example.display());
     }
     let valid: serde_json::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(repo("examples/seed.yaml")).unwrap()).unwrap();
+        serde_yaml_ng::from_str(&std::fs::read_to_string(repo("examples/payouts-per-minute.yaml")).unwrap()).unwrap();
     let mut unknown = valid.clone();
     unknown["rules"][0]["max_dealy"] = "2h".into();
     assert!(!validator.is_valid(&unknown), "a misspelt field");

@@ -12,7 +12,14 @@ pub use pubsub_emulator_client::Pulled;
 
 use crate::redis_server::free_port;
 
+/// Where Debian's Cloud SDK package puts the emulator; `./run` exports `DRIP_PUBSUB_EMULATOR_BIN`
+/// with the one it found through `gcloud info` on other systems.
 pub const EMULATOR: &str = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+
+/// The emulator to start: `DRIP_PUBSUB_EMULATOR_BIN`, else Debian's path.
+pub fn emulator_bin() -> String {
+    std::env::var("DRIP_PUBSUB_EMULATOR_BIN").ok().filter(|bin| !bin.is_empty()).unwrap_or_else(|| EMULATOR.into())
+}
 pub const PROJECT: &str = "drip-test";
 
 #[derive(Debug)]
@@ -42,7 +49,7 @@ impl PubsubEmulator {
     /// (Re)starts it on the same port, empty.
     pub fn restart(&mut self) {
         self.stop();
-        let child = Command::new(EMULATOR)
+        let child = Command::new(emulator_bin())
             .args(["--host=127.0.0.1", &format!("--port={}", self.port)])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -156,8 +156,9 @@ fn refuses_to_start_when_unmatched_messages_could_not_be_dead_lettered() {
     let dir = std::env::temp_dir().join(drip_tests::unique("no-dlq"));
     std::fs::create_dir_all(&dir).unwrap();
     let rules = dir.join("rules.yaml");
-    let text =
-        std::fs::read_to_string(repo("examples/seed.yaml")).unwrap().replace("default_dlq_topic: drip-dlq\n", "");
+    let text = std::fs::read_to_string(repo("examples/payouts-per-minute.yaml"))
+        .unwrap()
+        .replace("default_dlq_topic: drip-dlq\n", "");
     std::fs::write(&rules, text).unwrap();
     let output = limiter(&as_refs(&base_env(&pubsub.host, rules.to_str().unwrap(), free_port()))).output().unwrap();
     assert!(!output.status.success());

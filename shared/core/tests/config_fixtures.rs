@@ -44,7 +44,7 @@ fn every_invalid_fixture_fails_with_its_exact_messages() {
 fn the_example_rules_are_valid() {
     for name in [
         "examples/payouts.yaml",
-        "examples/seed.yaml",
+        "examples/payouts-per-minute.yaml",
         "examples/demo.yaml",
         "examples/sms.yaml",
         "terraform/examples/basic/rules.yaml",

@@ -10,7 +10,7 @@ use drip_core::rules::RuleSet;
 
 const EXAMPLES: [&str; 6] = [
     "examples/payouts.yaml",
-    "examples/seed.yaml",
+    "examples/payouts-per-minute.yaml",
     "examples/demo.yaml",
     "examples/sms.yaml",
     "examples/demo-feedback.yaml",

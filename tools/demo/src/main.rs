@@ -192,6 +192,28 @@ mod tests {
         assert_eq!(svg.matches("the limit: 2 at once").count(), 3);
     }
 
+    /// `./run demo --rules FILE` works with every shipped example that has a payout rule: the
+    /// demo's payouts match it, and its key and cost render from them.
+    #[test]
+    fn the_demo_s_payouts_fit_every_shipped_payout_rule() {
+        let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+        let (data, attributes) = crate::publish::payout(7, "m001");
+        let event = drip_core::event::Event { id: "e7".into(), subscription: None, attributes, data };
+        let mut fitted = 0;
+        for entry in std::fs::read_dir(examples).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let rules = RuleSet::load(&path).unwrap();
+            let Some(rule) = rules.find(&event.attributes) else { continue };
+            let key = rule.key.render(&event);
+            assert!(key.as_ref().is_ok_and(|k| k.contains("m001")), "{}: {key:?}", path.display());
+            fitted += 1;
+        }
+        assert!(fitted >= 4, "the demo's, the feedback demo's, payouts.yaml and the reference example: {fitted}");
+    }
+
     /// A rules file whose key the demo's events do not carry dead-letters every event: that is a
     /// demo that drained nothing, not a success, though nothing was lost.
     #[test]
@@ -214,7 +236,14 @@ mod tests {
         let (text, ok) = summarize(&args, rule, &burst, &outcome).unwrap();
         assert!(!ok, "{text}");
         assert!(text.contains("lost:                 0"), "nothing lost: {text}");
-        assert!(text.contains("FAILED: events were dead-lettered instead of delivered"), "{text}");
+        assert!(
+            text.contains("FAILED: events were dead-lettered instead of delivered (missing_key_field × 2)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keys events by 'tenant_{data.merchant_id}:payouts'"),
+            "it says what the rule reads: {text}"
+        );
         std::fs::remove_dir_all(out).ok();
     }
 }

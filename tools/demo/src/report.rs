@@ -99,12 +99,39 @@ pub(crate) fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outco
     // The demo's burst always fits its rule: an event dead-lettered is a demo that drained nothing
     // (a rules file whose key the demo's events do not carry, say), not a success.
     let ok = lost == 0 && dead.is_empty() && *duplicates == 0 && max_scheduled <= limit.limit() && observed_ok;
-    summary += if ok {
+    summary += &if ok {
         "result:               OK: every event delivered, nothing lost, nothing doubled, no window over its limit\n"
+            .to_owned()
     } else if !dead.is_empty() {
-        "result:               FAILED: events were dead-lettered instead of delivered\n"
+        let mut reasons: Vec<(String, usize)> = Vec::new();
+        for reason in dead.values() {
+            match reasons.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, count)) => *count += 1,
+                None => reasons.push((reason.clone(), 1)),
+            }
+        }
+        let reasons: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} × {n}")).collect();
+        format!(
+            "result:               FAILED: events were dead-lettered instead of delivered ({}). The rule '{}' keys \
+             events by '{}'; the demo publishes payouts with the attribute event_type=payout and the data \
+             {{payoutId, merchant_id, amount, currency, beneficiary}}: a rules file for the demo must match and key them \
+             by those (examples/demo.yaml, examples/payouts.yaml)\n",
+            reasons.join(", "),
+            rule.name,
+            rule.key
+        )
     } else {
-        "result:               FAILED\n"
+        let mut why = Vec::new();
+        if lost > 0 {
+            why.push(format!("{lost} lost"));
+        }
+        if *duplicates > 0 {
+            why.push(format!("{duplicates} delivered twice"));
+        }
+        if max_scheduled > limit.limit() || !observed_ok {
+            why.push("a window over its limit".to_owned());
+        }
+        format!("result:               FAILED: {}\n", why.join(", "))
     };
     if max_observed > limit.limit() {
         summary += &format!(
