@@ -94,6 +94,12 @@ impl Pubsub {
         }
     }
 
+    /// A client of an emulator the test holds apart (to stop and restart it while this client is
+    /// borrowed elsewhere).
+    pub fn at(host: String) -> Self {
+        Self { client: EmulatorClient::new(host.clone(), PROJECT), host, _owned: None }
+    }
+
     pub fn own(emulator: PubsubEmulator) -> Self {
         Self { host: emulator.host(), client: EmulatorClient::new(emulator.host(), PROJECT), _owned: Some(emulator) }
     }

@@ -166,6 +166,58 @@ async fn resetting_front(target: &str, resets: usize) -> String {
     url
 }
 
+/// A TCP front of a Pub/Sub emulator that can go down (its listener closed and every connection
+/// through it cut, so the services get "connection refused" as from a stopped Pub/Sub) and come
+/// back on the same port, while the emulator behind it keeps everything.
+struct PausableFront {
+    host: String,
+    backend: String,
+    serving: Option<tokio::task::JoinHandle<()>>,
+    connections: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl PausableFront {
+    async fn start(backend: &str) -> Self {
+        let port = drip_tests::redis_server::free_port();
+        let mut front = Self {
+            host: format!("127.0.0.1:{port}"),
+            backend: backend.to_owned(),
+            serving: None,
+            connections: Arc::default(),
+        };
+        front.up();
+        front
+    }
+
+    fn up(&mut self) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(self.host.parse().unwrap()).unwrap();
+        let listener = socket.listen(1024).unwrap();
+        let (backend, connections) = (self.backend.clone(), self.connections.clone());
+        self.serving = Some(tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let backend = backend.clone();
+                let connection = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                connections.lock().unwrap().push(connection);
+            }
+        }));
+    }
+
+    fn down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+}
+
 struct Harness {
     prefix: String,
     pubsub: Pubsub,
@@ -553,14 +605,17 @@ struct Came {
     slot: Millis,
 }
 
-/// A burst through a push subscription of the emulator into a limiter and a dispatcher on `redis`;
-/// `fault` runs once `after` messages came out. Returns every message that came out.
+/// A burst through a push subscription of the emulator into a limiter and a dispatcher on `redis`
+/// (which reach the emulator at `services_pubsub`); `fault` runs once `after` messages came out,
+/// given the topics' prefix and what came out so far (it may add to it). Returns every message
+/// that came out.
 async fn burst_through(
     pubsub: &Pubsub,
+    services_pubsub: &str,
     redis_url: String,
     events: usize,
     after: usize,
-    fault: impl AsyncFnOnce(),
+    fault: impl AsyncFnOnce(&str, &mut Vec<Came>),
 ) -> Vec<Came> {
     let prefix = unique("flt");
     for topic in ["ready", "overflow", "dlq"] {
@@ -568,11 +623,16 @@ async fn burst_through(
     }
     let rules = RULES.replace("{p}", &prefix).replace("{target}", "http://127.0.0.1:9/unused");
     let namespace = unique("drip");
-    let dispatcher = spawn_dispatcher(&rules, &redis_url, &namespace, &pubsub.host, None).await;
+    let dispatcher = spawn_dispatcher(&rules, &redis_url, &namespace, services_pubsub, None).await;
     let tasks = TasksStandIn::start().await;
     let queues = tasks.queues(&prefix, 2);
-    let mut wiring =
-        LimiterWiring::new(redis_url, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
+    let mut wiring = LimiterWiring::new(
+        redis_url,
+        services_pubsub.to_owned(),
+        &tasks,
+        queues,
+        format!("{}/dispatch", dispatcher.url),
+    );
     wiring.namespace = namespace;
     let limiter = spawn_limiter(&rules, &wiring).await;
     let source = format!("{prefix}-source");
@@ -586,25 +646,30 @@ async fn burst_through(
     let mut fault = Some(fault);
     let deadline = Instant::now() + Duration::from_secs(120);
     while out.len() < events && Instant::now() < deadline {
-        for (topic, route) in [("ready", "forward"), ("overflow", "overflow"), ("dlq", "dlq")] {
-            for message in pubsub.pull(&format!("{prefix}-{topic}"), 1_000).await {
-                let attribute = |name: &str| message.attributes.get(name).cloned().unwrap_or_default();
-                out.push(Came {
-                    id: attribute("drip-message-id"),
-                    route,
-                    key: attribute("drip-key"),
-                    slot: parse_rfc3339(&attribute("drip-scheduled-for")).unwrap_or(0),
-                });
-            }
-        }
+        pull_came(pubsub, &prefix, &mut out).await;
         if out.len() >= after
             && let Some(fault) = fault.take()
         {
-            fault().await;
+            fault(&prefix, &mut out).await;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     out
+}
+
+/// What came out on the forward, overflow and dead-letter topics of `prefix` since the last pull.
+async fn pull_came(pubsub: &Pubsub, prefix: &str, out: &mut Vec<Came>) {
+    for (topic, route) in [("ready", "forward"), ("overflow", "overflow"), ("dlq", "dlq")] {
+        for message in pubsub.pull(&format!("{prefix}-{topic}"), 1_000).await {
+            let attribute = |name: &str| message.attributes.get(name).cloned().unwrap_or_default();
+            out.push(Came {
+                id: attribute("drip-message-id"),
+                route,
+                key: attribute("drip-key"),
+                slot: parse_rfc3339(&attribute("drip-scheduled-for")).unwrap_or(0),
+            });
+        }
+    }
 }
 
 /// Every one of `events` messages came out exactly once, and none to the DLQ.
@@ -624,7 +689,7 @@ async fn redis_restarted_in_the_middle_of_a_burst_loses_nothing() {
     let url = redis.url();
     let pubsub = Pubsub::shared();
     let redis = &mut redis;
-    let out = burst_through(&pubsub, url, 60, 15, async || redis.restart()).await;
+    let out = burst_through(&pubsub, &pubsub.host, url, 60, 15, async |_, _| redis.restart()).await;
     assert!(out.iter().all(|c| c.route != "dlq"), "{out:?}");
     assert_each_once(out.iter().map(|c| c.id.as_str()), 60);
     // What the restart costs: the windows reserved before it are forgotten, so a window can take
@@ -636,6 +701,36 @@ async fn redis_restarted_in_the_middle_of_a_burst_loses_nothing() {
     let busiest = per_window.values().max().copied().unwrap_or(0);
     println!("redis restart mid-burst: 60 of 60 delivered once; the fullest window held {busiest} (limit 5)");
     assert!(busiest <= 10, "at most the limit before and the limit after the restart: {busiest}");
+}
+
+/// Pub/Sub unreachable for seconds in the middle of a burst that drains through batched overflow
+/// publishes: every event comes out once. A publish the dispatcher reports as failed (503, so
+/// Cloud Tasks retries it) must not land later on its own, and one whose caller gave up while it
+/// waited for its batch is never sent. The services reach the emulator through a front that goes
+/// down (connections refused, as from a stopped Pub/Sub) half-way between two seconds' slots, when
+/// nothing is being published (a request cut in flight may land with its answer lost, which no
+/// client can tell from a failure); the emulator behind it forgets nothing.
+#[tokio::test]
+async fn pubsub_down_during_batched_overflow_publishes_publishes_nothing_twice() {
+    let pubsub = Pubsub::shared();
+    let mut front = PausableFront::start(&pubsub.host).await;
+    let services = front.host.clone();
+    let front = &mut front;
+    let out = burst_through(&pubsub, &services, shared_url(), 150, 30, async |_: &str, _: &mut Vec<Came>| {
+        let into_second = drip_core::time::wall_clock_millis() % SECOND;
+        tokio::time::sleep(Duration::from_millis(((1_500 - into_second) % SECOND) as u64)).await;
+        front.down();
+        // Longer than the client's retry time limit (2.5 s here): some publishes fail for good and
+        // their tasks are retried; others are still retrying when Pub/Sub comes back.
+        tokio::time::sleep(Duration::from_millis(4_000)).await;
+        front.up();
+    })
+    .await;
+    let overflowed = out.iter().filter(|c| c.route == "overflow").count();
+    println!("pubsub down mid-burst: {} came out, {overflowed} through the overflow topic", out.len());
+    assert!(out.iter().all(|c| c.route != "dlq"), "{out:?}");
+    assert!(overflowed >= 100, "the burst drained through batched overflow publishes: {overflowed}");
+    assert_each_once(out.iter().map(|c| c.id.as_str()), 150);
 }
 
 #[tokio::test]

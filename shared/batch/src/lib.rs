@@ -9,6 +9,12 @@
 //! request) never strands the answers of the others waiting with it; an item that finds its lane
 //! idle (no call in flight) is carried by its caller's own task (no spawn, no channel: a lone push pays nothing for
 //! batching), and should that caller give up, the lane passes to what waits.
+//!
+//! An item whose caller gives up while it still waits is withdrawn: no call ever carries it, so a
+//! caller that reports failure never leaves its item to be sent anyway. Once a call carries an item
+//! it is not withdrawn (a call cannot take back what it sent): a caller must wait for the outcome
+//! of a call in flight, which is why a flusher bounds its own calls (the Pub/Sub client's retry
+//! time limit, Cloud Tasks' attempt timeout) rather than its callers bounding theirs tighter.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -37,8 +43,29 @@ pub fn up_to<T>(max: usize, waiting: &mut dyn Iterator<Item = &T>) -> usize {
 }
 
 struct Waiting<F: Flush> {
+    /// Which submission it is, to withdraw it if its caller gives up.
+    id: u64,
     item: F::Item,
     reply: oneshot::Sender<F::Output>,
+}
+
+/// Withdraws a waiting item when its caller gives up (the submit future is dropped) before a call
+/// took it.
+struct Withdraw<'a, F: Flush> {
+    group: &'a GroupCommit<F>,
+    lane: &'a F::Lane,
+    id: u64,
+    armed: bool,
+}
+
+impl<F: Flush> Drop for Withdraw<'_, F> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Some(entry) = self.group.lanes().get_mut(self.lane)
+        {
+            entry.waiting.retain(|w| w.id != self.id);
+        }
+    }
 }
 
 /// How a submitted item goes.
@@ -75,6 +102,7 @@ pub struct GroupCommit<F: Flush> {
     flusher: F,
     max_in_flight: usize,
     lanes: Mutex<HashMap<F::Lane, Lane<F>>>,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 impl<F: Flush> std::fmt::Debug for GroupCommit<F> {
@@ -85,7 +113,12 @@ impl<F: Flush> std::fmt::Debug for GroupCommit<F> {
 
 impl<F: Flush> GroupCommit<F> {
     pub fn new(flusher: F, max_in_flight: usize) -> Arc<Self> {
-        Arc::new(Self { flusher, max_in_flight: max_in_flight.max(1), lanes: Mutex::new(HashMap::new()) })
+        Arc::new(Self {
+            flusher,
+            max_in_flight: max_in_flight.max(1),
+            lanes: Mutex::new(HashMap::new()),
+            next_id: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     pub fn flusher(&self) -> &F {
@@ -98,9 +131,11 @@ impl<F: Flush> GroupCommit<F> {
     }
 
     /// `item`'s output, once the call that carries it is done; `None` only when that call never
-    /// answered (the runtime is shutting down, or the flusher panicked).
+    /// answered (the runtime is shutting down, or the flusher panicked). Dropped before a call took
+    /// the item, it withdraws it.
     pub async fn submit(self: &Arc<Self>, lane: F::Lane, item: F::Item) -> Option<F::Output> {
         let (reply, answer) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = {
             let mut lanes = self.lanes();
             let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
@@ -114,7 +149,7 @@ impl<F: Flush> GroupCommit<F> {
             if idle && entry.waiting.is_empty() {
                 Start::Alone(item)
             } else {
-                entry.waiting.push_back(Waiting { item, reply });
+                entry.waiting.push_back(Waiting { id, item, reply });
                 if free { Start::Driver } else { Start::Waits }
             }
         };
@@ -127,11 +162,20 @@ impl<F: Flush> GroupCommit<F> {
                 self.flusher.flush(&lane, vec![item]).await.into_iter().next()
             }
             Start::Driver => {
-                tokio::spawn(Arc::clone(self).drive(lane));
-                answer.await.ok()
+                tokio::spawn(Arc::clone(self).drive(lane.clone()));
+                self.await_answer(&lane, id, answer).await
             }
-            Start::Waits => answer.await.ok(),
+            Start::Waits => self.await_answer(&lane, id, answer).await,
         }
+    }
+
+    /// The answer to a queued item; dropped before it comes, the item is withdrawn if no call took
+    /// it yet.
+    async fn await_answer(&self, lane: &F::Lane, id: u64, answer: oneshot::Receiver<F::Output>) -> Option<F::Output> {
+        let mut withdraw = Withdraw { group: self, lane, id, armed: true };
+        let output = answer.await.ok();
+        withdraw.armed = false;
+        output
     }
 
     fn next_batch(&self, lane: &F::Lane) -> Option<Vec<Waiting<F>>> {
@@ -264,6 +308,43 @@ mod tests {
         assert_eq!((a.len(), b.len()), (3, 3));
         let batches = group.flusher().batches.lock().unwrap().clone();
         assert!(batches.iter().all(|b| b.iter().all(|&i| i < 10) || b.iter().all(|&i| i >= 10)), "{batches:?}");
+    }
+
+    /// A caller that gives up while its item waits for a call in flight withdraws it: no call
+    /// carries it (its caller reported failure; it must not be sent anyway), and what comes after
+    /// it is not held up.
+    #[tokio::test(start_paused = true)]
+    async fn an_item_whose_caller_gave_up_while_it_waited_is_never_sent() {
+        let group = doubler(64, 1);
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit("a", 1).await }
+        });
+        tokio::task::yield_now().await;
+        let gave_up = tokio::time::timeout(Duration::from_millis(5), group.submit("a", 2)).await;
+        assert!(gave_up.is_err(), "it waited for the call in flight, and gave up");
+        let (later, first) = tokio::join!(group.submit("a", 3), first);
+        assert_eq!((first.unwrap(), later), (Some(2), Some(6)));
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1], vec![3]], "2 was never sent");
+    }
+
+    /// Once a call carries an item, a caller that gives up does not take it back: the call's
+    /// outcome stands (it is sent), so callers wait for a call in flight.
+    #[tokio::test(start_paused = true)]
+    async fn an_item_a_call_carries_is_sent_whoever_gives_up() {
+        let group = doubler(64, 1);
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit("a", 1).await }
+        });
+        tokio::task::yield_now().await;
+        // 2 waits for 1's call (10 ms), then a call carries it (10 ms more); its caller gives up
+        // during that call.
+        let gave_up = tokio::time::timeout(Duration::from_millis(15), group.submit("a", 2)).await;
+        assert!(gave_up.is_err());
+        first.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1], vec![2]], "2's call went on");
     }
 
     #[tokio::test(start_paused = true)]

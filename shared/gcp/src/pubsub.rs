@@ -15,6 +15,10 @@ use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicyExt};
 use google_cloud_pubsub::client::{BasePublisher, Publisher};
 use google_cloud_pubsub::model::Message;
 
+/// How much longer than its own time limit the client may take to answer: an attempt the limit
+/// bounds, the backoff's last sleep, and scheduling on a loaded instance.
+const CLIENT_ANSWER_SLACK: Duration = Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("publishing to {topic}: {source}")]
@@ -127,16 +131,23 @@ impl Publishers {
             .map(|(data, attributes)| publisher.publish(Message::new().set_data(data).set_attributes(attributes)))
             .collect();
         let answers = futures_util::future::join_all(pending.into_iter().map(|publish| self.answer(topic, publish)));
-        let (_, answers) = tokio::join!(tokio::time::timeout(self.timeout, publisher.flush()), answers);
+        let (_, answers) =
+            tokio::join!(tokio::time::timeout(self.timeout + CLIENT_ANSWER_SLACK, publisher.flush()), answers);
         answers
     }
 
+    /// The client's answer to a publish. The client ends every publish within `timeout` by itself
+    /// (its retry policy's time limit also bounds each attempt), and its answer is the outcome: a
+    /// failure it reports was not sent later. Our own timer only catches a client that never
+    /// answers, so it waits longer than the client may take; were it to fire first, Drip would
+    /// report failure for a publish still going on, which could land after a retry published it
+    /// again.
     async fn answer(
         &self,
         topic: &str,
         publish: impl Future<Output = Result<String, google_cloud_pubsub::error::PublishError>>,
     ) -> Result<String, PublishError> {
-        match tokio::time::timeout(self.timeout, publish).await {
+        match tokio::time::timeout(self.timeout + CLIENT_ANSWER_SLACK, publish).await {
             Ok(Ok(id)) => Ok(id),
             Ok(Err(source)) => Err(PublishError::Failed { topic: topic.to_owned(), source }),
             Err(_) => Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: self.timeout }),
