@@ -16,19 +16,8 @@ use drip_core::overflow::{BATCH_ENVELOPE, MAX_INLINE_TASK_BODY, TaskBatch, batch
 use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTaskError, Created};
 
+pub use crate::tasks::TaskBatching;
 use crate::tasks::Tasks;
-
-/// How delayed events are grouped into tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskBatching {
-    /// The most events one task carries (1: a task per event).
-    pub max_events: usize,
-    /// The slots of one task's events lie in one bucket of this length.
-    pub bucket: Millis,
-    /// Creates of one (queue, bucket) in flight at once: fewer make larger batches, and make a
-    /// push that arrives during them wait for one more create (docs/design.md: "Batching").
-    pub in_flight: usize,
-}
 
 /// One event's own task: what it would be created as alone.
 #[derive(Debug, Clone)]

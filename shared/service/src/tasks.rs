@@ -12,7 +12,17 @@ use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTask, CreateTaskError, Created, TaskCreator, TaskTarget};
 use envconfig::Envconfig;
 
-use crate::task_batches::TaskBatching;
+/// How delayed events are grouped into tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskBatching {
+    /// The most events one task carries (1: a task per event).
+    pub max_events: usize,
+    /// The slots of one task's events lie in one bucket of this length.
+    pub bucket: Millis,
+    /// Creates of one (queue, bucket) in flight at once: fewer make larger batches, and make a
+    /// push that arrives during them wait for one more create (docs/design.md: "Batching").
+    pub in_flight: usize,
+}
 
 /// Cloud Tasks settings (docs/operations.md: "Settings").
 #[derive(Debug, Clone, Envconfig)]

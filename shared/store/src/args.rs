@@ -10,7 +10,7 @@ use drip_core::schedule::override_id;
 use drip_core::time::Millis;
 
 use crate::keys::{ANSWER_BUCKET, budget_key, field};
-use crate::redis_store::{ANSWER_MARGIN, STATE_MARGIN};
+use crate::keys::{ANSWER_MARGIN, STATE_MARGIN};
 use crate::{EntityKeys, SlotRequest};
 
 /// Arguments in the order a script reads them.

@@ -9,9 +9,9 @@ use drip_core::schedule::BudgetState;
 use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
+use crate::keys::STATE_MARGIN;
 use crate::keys::{budget_key, field};
 use crate::overrides::adapt_args;
-use crate::redis_store::STATE_MARGIN;
 use crate::scripts::BUDGET;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 

@@ -10,10 +10,22 @@ use std::sync::Arc;
 
 use drip_batch::{Flush, GroupCommit, up_to};
 use drip_core::time::Millis;
-use redis::aio::ConnectionLike;
 
 use crate::args::EncodedEvent;
-use crate::{RedisStore, Reserved, StoreError, StoreFuture};
+use crate::{Reserved, StoreError, StoreFuture};
+
+/// The unbatched script calls a batch is made of (the Redis store's): group commit knows them by
+/// this, not by the store, so the store can hold its groups.
+pub(crate) trait ScriptCalls: Clone + Send + Sync + 'static {
+    /// One `reserve.lua` call for `events`, decided at `now` (`None`: Redis `TIME`).
+    fn reserve_encoded(
+        &self,
+        now: Option<Millis>,
+        events: Vec<EncodedEvent>,
+    ) -> impl Future<Output = Result<Vec<Reserved>, StoreError>> + Send;
+    /// One `dispatch.lua` call for `ops`.
+    fn dispatch_ops(&self, ops: &[DispatchOp]) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+}
 
 /// How reservations are grouped into script calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,12 +65,12 @@ fn each<T>(count: usize, call: Result<Vec<T>, StoreError>) -> Vec<Result<T, Stor
 }
 
 /// One `reserve.lua` call for a batch, on a store that does not batch itself.
-pub(crate) struct ReserveCalls<C> {
-    store: RedisStore<C>,
+pub(crate) struct ReserveCalls<S> {
+    store: S,
     batching: Batching,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Flush for ReserveCalls<C> {
+impl<S: ScriptCalls> Flush for ReserveCalls<S> {
     type Lane = LaneKey;
     type Item = EncodedEvent;
     type Output = Result<Reserved, StoreError>;
@@ -83,12 +95,12 @@ pub(crate) struct DispatchOp {
 }
 
 /// One `dispatch.lua` call for a batch of marker operations.
-pub(crate) struct DispatchCalls<C> {
-    store: RedisStore<C>,
+pub(crate) struct DispatchCalls<S> {
+    store: S,
     batching: Batching,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Flush for DispatchCalls<C> {
+impl<S: ScriptCalls> Flush for DispatchCalls<S> {
     type Lane = String;
     type Item = DispatchOp;
     type Output = Result<String, StoreError>;
@@ -112,10 +124,7 @@ fn never_answered<T>() -> Result<T, StoreError> {
     Err(StoreError::UnexpectedReply("the batch's call never answered".into()))
 }
 
-impl<C> Grouped<(EncodedEvent, Option<Millis>), Reserved> for GroupCommit<ReserveCalls<C>>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl<S: ScriptCalls> Grouped<(EncodedEvent, Option<Millis>), Reserved> for GroupCommit<ReserveCalls<S>> {
     fn submit(self: Arc<Self>, (event, now): (EncodedEvent, Option<Millis>)) -> StoreFuture<'static, Reserved> {
         let tag = lane_of(self.flusher().batching, event.first_key());
         Box::pin(
@@ -124,10 +133,7 @@ where
     }
 }
 
-impl<C> Grouped<DispatchOp, String> for GroupCommit<DispatchCalls<C>>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl<S: ScriptCalls> Grouped<DispatchOp, String> for GroupCommit<DispatchCalls<S>> {
     fn submit(self: Arc<Self>, op: DispatchOp) -> StoreFuture<'static, String> {
         let tag = lane_of(self.flusher().batching, &op.marker);
         Box::pin(async move { GroupCommit::submit(&self, tag, op).await.unwrap_or_else(never_answered) })
@@ -142,10 +148,7 @@ pub(crate) type ReserveGroup = dyn Grouped<(EncodedEvent, Option<Millis>), Reser
 pub(crate) type DispatchGroup = dyn Grouped<DispatchOp, String>;
 
 /// The store's two groups: reservations, and the dispatcher's marker operations.
-pub(crate) fn groups<C: ConnectionLike + Clone + Send + Sync + 'static>(
-    store: RedisStore<C>,
-    batching: Batching,
-) -> (Arc<ReserveGroup>, Arc<DispatchGroup>) {
+pub(crate) fn groups<S: ScriptCalls>(store: S, batching: Batching) -> (Arc<ReserveGroup>, Arc<DispatchGroup>) {
     let reserve = GroupCommit::new(ReserveCalls { store: store.clone(), batching }, batching.max_in_flight);
     let dispatch = GroupCommit::new(DispatchCalls { store, batching }, batching.max_in_flight);
     (reserve, dispatch)

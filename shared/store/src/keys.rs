@@ -6,8 +6,15 @@
 use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::state_id;
-use drip_core::time::Millis;
+use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use sha2::{Digest, Sha256};
+
+/// How long a message's answer outlives `max_delay`, for redeliveries that come late.
+pub const ANSWER_MARGIN: Millis = HOUR;
+/// How long an entity's state outlives its last slot plus its longest window.
+pub const STATE_MARGIN: Millis = MINUTE;
+/// How long the dispatcher remembers a published task (Cloud Tasks rarely runs one twice, soon).
+pub const DISPATCHED_MEMORY: Millis = DAY;
 
 /// Answers are kept in one small hash per entity and minute of publication, which expires as a
 /// whole: a field costs ~30 bytes where a key of its own costs ~190.

@@ -1,22 +1,15 @@
 use std::sync::Arc;
 
 use drip_core::schedule::{Attempt, Reservation, Status};
-use drip_core::time::{DAY, HOUR, MINUTE, Millis};
+use drip_core::time::Millis;
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
-use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup};
-use crate::keys::{dispatch_key, field, payload_key};
+use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
+use crate::keys::{DISPATCHED_MEMORY, dispatch_key, field, payload_key};
 use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
 use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
-
-/// How long a message's answer outlives `max_delay`, for redeliveries that come late.
-pub const ANSWER_MARGIN: Millis = HOUR;
-/// How long an entity's state outlives its last slot plus its longest window.
-pub const STATE_MARGIN: Millis = MINUTE;
-/// How long the dispatcher remembers a published task (Cloud Tasks rarely runs one twice, soon).
-pub const DISPATCHED_MEMORY: Millis = DAY;
 
 /// The one answer of a call that carried one item.
 fn only_answer<T>(mut answers: Vec<T>) -> Result<T, StoreError> {
@@ -200,6 +193,20 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             reply => reply?,
         };
         parse_replies(&reply)
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> ScriptCalls for RedisStore<C> {
+    async fn reserve_encoded(
+        &self,
+        now: Option<Millis>,
+        events: Vec<EncodedEvent>,
+    ) -> Result<Vec<Reserved>, StoreError> {
+        RedisStore::reserve_encoded(self, now, events).await
+    }
+
+    async fn dispatch_ops(&self, ops: &[DispatchOp]) -> Result<Vec<String>, StoreError> {
+        RedisStore::dispatch_ops(self, ops).await
     }
 }
 

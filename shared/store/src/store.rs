@@ -3,8 +3,6 @@
 //! Redis in production and over the model in tests that need no services.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 
 use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule};
@@ -16,10 +14,8 @@ use crate::inspect::{EntityReport, report};
 use crate::overrides::Author;
 use crate::{
     AuditEntry, DispatchClaim, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
-    StoreError,
+    StoreFuture,
 };
-
-pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// `/readyz`: whether the store answers.
 pub trait Ping: Send + Sync {

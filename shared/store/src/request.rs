@@ -1,0 +1,86 @@
+//! What a reservation asks of a store and what it gets back: the types every other module of the
+//! store speaks, depending on none of them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use drip_core::schedule::{Reservation, ReserveRequest};
+use drip_core::time::Millis;
+
+use crate::keys::RuleRef;
+
+/// One event's reservation request for one entity: the model's request ([`ReserveRequest`], the
+/// event's parameters) with where the store files it and which clock decides it.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRequest<'a> {
+    pub rule: &'a str,
+    pub key: &'a str,
+    /// The hash tag of the rule's budgets (`RuleRef::tag`), if it draws from any.
+    pub tag: Option<&'a str>,
+    /// Give a message that already has an answer a new slot (its attempt holds the lease and was
+    /// told to wait by the downstream); false for an ordinary reservation.
+    pub reslot: bool,
+    /// The event as the model reserves it. Its `message_id` is the message's identity
+    /// (`MessageRef::identity`: id and subscription); its `now` counts only when `store_clock` is
+    /// false.
+    pub event: ReserveRequest<'a>,
+    /// Decide at the store's clock (Redis `TIME`, so instances with skewed clocks agree) instead
+    /// of `event.now`.
+    pub store_clock: bool,
+}
+
+impl<'a> SlotRequest<'a> {
+    /// The rule the request's entity belongs to, as keys name it.
+    pub fn rule_ref(&self) -> RuleRef<'a> {
+        RuleRef { id: self.rule, tag: self.tag }
+    }
+
+    /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
+    pub fn new(rule: &'a str, key: &'a str, event: ReserveRequest<'a>) -> Self {
+        Self { rule, key, tag: None, reslot: false, event, store_clock: true }
+    }
+
+    /// The request for one event of `rule` (its limits, budgets and the rest, as
+    /// `ReserveRequest::for_rule` gives them), on the store's clock.
+    pub fn for_rule(rule: &'a drip_core::rules::Rule, key: &'a str, message_id: &'a str, cost: u64) -> Self {
+        Self { tag: rule.budget_tag(), ..Self::new(&rule.id, key, ReserveRequest::for_rule(rule, message_id, cost, 0)) }
+    }
+
+    /// The same request decided at `now` instead of the store's clock (tests, the simulator).
+    pub fn at(self, now: Millis) -> Self {
+        Self { event: ReserveRequest { now, ..self.event }, store_clock: false, ..self }
+    }
+
+    /// The same request for a message published at `published` (its answer is filed under that
+    /// minute; `None`: undated).
+    pub fn published(self, published: Option<Millis>) -> Self {
+        Self { event: ReserveRequest { published, ..self.event }, ..self }
+    }
+
+    /// When to decide: `None` is the store's clock.
+    pub fn now(&self) -> Option<Millis> {
+        (!self.store_clock).then_some(self.event.now)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    pub reservation: Reservation,
+    /// The store's time of this call (for a redelivery, later than `reservation.decided_at`).
+    pub now: Millis,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("unexpected reply from reserve.lua: {0}")]
+    UnexpectedReply(String),
+    /// The script call that carried this event with others failed.
+    #[error("{0}")]
+    Batch(Arc<StoreError>),
+}
+
+/// What every store operation returns.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
