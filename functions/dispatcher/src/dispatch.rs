@@ -447,7 +447,8 @@ async fn reschedule(
     let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..meta.clone() };
     let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() })?;
     let name = task_id(&rule.id, &identity, Some(slot));
-    state.metrics.time("cloud_tasks", tasks.create((&rule.id, &meta.key), &name, slot, body)).await?;
+    let next = drip_service::task_batches::EventTask { name, slot, body };
+    state.metrics.time("cloud_tasks", tasks.create((&rule.id, &meta.key), next)).await?;
     if let Err(error) = state.store.complete(&request, &reserved).await {
         tracing::warn!(%error, "could not record the new slot as acted upon");
     }

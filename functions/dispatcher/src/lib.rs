@@ -20,7 +20,8 @@ use drip_service::auth::RouteAuth;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
-use drip_service::tasks::{TaskSettings, Tasks};
+use drip_service::task_batches::TaskBatcher;
+use drip_service::tasks::TaskSettings;
 use drip_service::timed_store::TimedStore;
 use drip_store::Store;
 
@@ -101,7 +102,9 @@ pub struct AppState {
     /// `overflow: { url }` targets.
     pub target: Arc<HttpTarget>,
     /// For new slots of events such a target told to wait; `None` when not configured.
-    pub tasks: Option<Tasks>,
+    /// Creates rescheduled events' tasks, those of one queue and bucket that arrive together in
+    /// one (as the limiter's).
+    pub tasks: Option<Arc<TaskBatcher>>,
     /// How long before its slot a sealed task may run (it then waits for the slot).
     pub early_tolerance: Millis,
     /// Unsealed tasks are published until then (an upgrade window); `None`: never.
@@ -127,7 +130,10 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
     ));
     let tasks = match settings.tasks.configured() {
-        true => Some(settings.tasks.connect(&common.project, common.task_signer()?).await?),
+        true => Some(TaskBatcher::new(
+            settings.tasks.connect(&common.project, common.task_signer()?).await?,
+            settings.tasks.batching(),
+        )),
         false => None,
     };
     // An `overflow: { url }` target may say wait: then this service creates the event's next task.

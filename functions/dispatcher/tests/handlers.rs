@@ -18,6 +18,7 @@ use drip_gcp::doubles::{RecordingPublisher, RecordingTasks};
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
 use drip_service::auth::RouteAuth;
 use drip_service::metrics::ServiceMetrics;
+use drip_service::task_batches::{TaskBatcher, TaskBatching};
 use drip_service::tasks::Tasks;
 use drip_store::{MemoryStore, MessageOf, Store};
 use tower::ServiceExt;
@@ -59,7 +60,10 @@ fn dispatcher() -> Dispatcher {
         max_attempts: 100,
         lease: 10_000,
         target: Arc::new(HttpTarget::new(Duration::from_secs(1), IdTokenMode::Never).unwrap()),
-        tasks: Some(Tasks::new(tasks.clone(), vec!["q".into()], TaskSigner::new(KEY))),
+        tasks: Some(TaskBatcher::new(
+            Tasks::new(tasks.clone(), vec!["q".into()], TaskSigner::new(KEY)),
+            TaskBatching { max_events: 500, bucket: 1_000, in_flight: 1 },
+        )),
         early_tolerance: SECOND,
         accept_unsigned_until: None,
     };
@@ -247,6 +251,39 @@ async fn a_batch_handles_each_event_as_it_would_be_alone() {
     let moved: serde_json::Value = serde_json::from_slice(&tasks[0].body).unwrap();
     assert_eq!(moved["messageId"], "p1");
     assert!(tasks[0].at >= paused_until, "its new slot is after the pause");
+}
+
+/// The dispatcher's reschedules go through the same task batcher as the limiter's delayed events:
+/// events of a paused key whose tasks run together get new slots in one bucket, and those that
+/// arrive while a create is in flight share the next task (the first goes alone, at once).
+#[tokio::test]
+async fn rescheduled_events_of_one_bucket_share_one_task() {
+    let d = dispatcher();
+    let now = wall_clock_millis();
+    let until = (now + 10 * 60 * SECOND).div_euclid(SECOND) * SECOND;
+    let rule = d.state.rules.current().rules[0].clone();
+    let keys = ["merchant_a", "merchant_b", "merchant_c"];
+    for key in keys {
+        Store::pause(&*d.store, &rule, key, until).await.unwrap();
+    }
+    *d.tasks.latency.lock().unwrap() = Duration::from_millis(50);
+    let payout = || BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let runs = keys.map(|key| {
+        let body = event(&format!("r-{key}"), key, now, TaskPayload::inline(b"{}"), payout());
+        let sealed = seal(&body, now, TASK_NAME);
+        (body, sealed)
+    });
+    let (a, b, c) = tokio::join!(
+        d.run(&runs[0].0, Some(&runs[0].1)),
+        d.run(&runs[1].0, Some(&runs[1].1)),
+        d.run(&runs[2].0, Some(&runs[2].1))
+    );
+    assert_eq!((a, b, c), (StatusCode::OK, StatusCode::OK, StatusCode::OK));
+    let tasks = d.tasks.created.lock().unwrap().clone();
+    assert_eq!(tasks.len(), 2, "one alone, then one carrying the two that waited: {tasks:?}");
+    let shared = TaskBatch::parse(&tasks[1].body).expect("a batch body");
+    assert_eq!(shared.batch.len(), 2);
+    assert!(tasks.iter().all(|t| t.at == until), "every new slot is the pauses' end");
 }
 
 /// A batch came only after seals: an unsealed one is refused even while unsigned tasks are accepted.
