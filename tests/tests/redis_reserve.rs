@@ -696,6 +696,15 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
     assert!(lua[3].replayed(), "{:?}", lua[3]);
 }
 
+/// `examples/payouts.yaml`'s payouts rule (three fixed limits), under an id of its own.
+fn example_payouts_rule(prefix: &str) -> drip_core::rules::Rule {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/payouts.yaml");
+    let rules = drip_core::rules::RuleSet::load(std::path::Path::new(path)).unwrap();
+    let mut rule = rules.rule("payouts").unwrap().clone();
+    rule.id = unique(prefix);
+    rule
+}
+
 /// `inspect`'s backlog is exact whatever the limits: 350 payouts into `examples/payouts.yaml`
 /// (three fixed limits, 10 a second binding first) leave 340 waiting, and both stores say
 /// exactly how many hold a slot after the moment they report, as the reservations themselves
@@ -703,13 +712,7 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
 #[test]
 fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let rules = drip_core::rules::RuleSet::load(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/payouts.yaml"
-    )))
-    .unwrap();
-    let mut rule = rules.rule("payouts").unwrap().clone();
-    rule.id = unique("exact");
+    let rule = example_payouts_rule("exact");
     let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
     let memory = MemoryStore::new();
     for store in [&redis as &dyn Store, &memory] {
@@ -748,13 +751,7 @@ fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
 #[test]
 fn inspect_rows_are_exact_or_ranges_that_hold_the_truth() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let rules = drip_core::rules::RuleSet::load(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/payouts.yaml"
-    )))
-    .unwrap();
-    let mut rule = rules.rule("payouts").unwrap().clone();
-    rule.id = unique("rows");
+    let rule = example_payouts_rule("rows");
     let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
     let memory = MemoryStore::new();
     for store in [&redis as &dyn Store, &memory] {
