@@ -55,7 +55,8 @@ locals {
   # The operators' door: admin and feedback routes only (DRIP_ROUTES has no push), behind Cloud
   # Run's invoker check and Drip's own per-route callers. Operators call as the operator account
   # (`gcloud auth print-identity-token --impersonate-service-account`), automation as itself.
-  admin_env = merge(local.common_env, local.tasks_env, {
+  # It creates no task, so it gets neither the queues nor the task signing key.
+  admin_env = merge(local.common_env, {
     DRIP_ROUTES           = "admin,feedback"
     DRIP_AUTH             = "oidc"
     DRIP_OIDC_AUDIENCE    = local.admin_url
@@ -177,9 +178,9 @@ resource "google_cloud_run_v2_service" "drip" {
       }
 
       # DRIP_TASK_SIGNING_KEY (and DRIP_TASK_SIGNING_KEY_PREVIOUS during a rotation) from the
-      # secret made outside Terraform.
+      # secret made outside Terraform; the admin service makes no task and holds no key.
       dynamic "env" {
-        for_each = local.signing_key_env
+        for_each = each.key == "admin" ? {} : local.signing_key_env
         content {
           name = env.key
           value_source {

@@ -53,7 +53,8 @@ resource "google_secret_manager_secret_iam_member" "services_read" {
 }
 
 resource "google_secret_manager_secret_iam_member" "services_read_signing_key" {
-  for_each = local.service_members
+  # The services that seal or check tasks; not the admin service.
+  for_each = { for role, member in local.service_members : role => member if role != "admin" }
 
   project   = var.project_id
   secret_id = var.task_signing_key_secret

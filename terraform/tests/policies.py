@@ -174,6 +174,21 @@ def ingress_container_declares_a_port(module: Module):
     return problems
 
 
+def admin_service_holds_no_signing_key(module: Module):
+    """The admin service, reachable from the internet, creates no task: it is given neither the
+    task signing key nor the right to read its secret, nor the queues."""
+    problems = []
+    text = (module.directory / "run.tf").read_text()
+    if not re.search(r'for_each\s*=\s*each\.key\s*==\s*"admin"\s*\?\s*{}\s*:\s*local\.signing_key_env', text):
+        problems.append("the admin service is given the task signing key")
+    grants = module.of_type("google_secret_manager_secret_iam_member").get("services_read_signing_key")
+    if grants is None or 'role != "admin"' not in str(grants.arguments.get("for_each")):
+        problems.append("the admin service's account may read the task signing key's secret")
+    if "local.tasks_env" in str(module.locals.get("admin_env", "")):
+        problems.append("the admin service is given the Cloud Tasks settings")
+    return problems
+
+
 def operators_reach_admin_routes_only(module: Module):
     """Operators on a laptop reach the admin service as the operator account (Token Creator on it
     for var.operators, invoker on the admin service), which serves admin and feedback routes only;
@@ -289,7 +304,7 @@ def tasks_are_signed_with_a_secret(module: Module):
     signing_env = str(module.locals.get("signing_key_env", ""))
     if "DRIP_TASK_SIGNING_KEY" not in signing_env or "DRIP_TASK_SIGNING_KEY_PREVIOUS" not in signing_env:
         problems.append("local.signing_key_env does not name DRIP_TASK_SIGNING_KEY and its previous key")
-    if not re.search(r'for_each\s*=\s*local\.signing_key_env\s*content\s*{[^}]*value_source\s*{\s*secret_key_ref\s*{\s*secret\s*=\s*var\.task_signing_key_secret', text):
+    if not re.search(r'for_each\s*=\s*[^\n]*local\.signing_key_env\s*content\s*{[^}]*value_source\s*{\s*secret_key_ref\s*{\s*secret\s*=\s*var\.task_signing_key_secret', text):
         problems.append("the services get no DRIP_TASK_SIGNING_KEY from var.task_signing_key_secret")
     if re.search(r'variable\s+"task_signing_key"\s*{', text) or "task_signing_key" in str(module.locals.get("secret_names", "")):
         problems.append("the task signing key's value passes through Terraform (a variable or a module secret)")
@@ -474,6 +489,7 @@ POLICIES = {
         cloud_run_is_private,
         ingress_container_declares_a_port,
         operators_reach_admin_routes_only,
+        admin_service_holds_no_signing_key,
         redis_cluster_has_a_connection_policy,
         redis_has_auth_and_tls,
         redis_secrets_stay_in_secret_manager,

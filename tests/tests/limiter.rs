@@ -280,7 +280,7 @@ async fn over_limit_events_become_tasks_for_the_next_window_with_name_and_body()
     let next_hour = (now / (60 * MINUTE) + 1) * 60 * MINUTE;
     assert_eq!(task.schedule_time, next_hour, "the start of the next 1h window");
     let rule = t.rule("payouts");
-    let queues = &t.limiter.state.tasks.tasks().queues;
+    let queues = &t.limiter.state.tasks.as_ref().expect("a limiter serving /push").tasks().queues;
     let queue = &queues[drip_tests::stack::queue_of(&rule, "merchant_42", queues.len())];
     assert_eq!(&task.queue, queue);
     let identity = drip_core::event::MessageRef::new("d3", Some(SUBSCRIPTION.into())).identity();

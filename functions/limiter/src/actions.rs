@@ -217,7 +217,10 @@ impl AppState {
             encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
         }
         let task = EventTask { name: task_id(&rule.id, identity, None), slot, body: encoded };
-        let create = self.tasks.create((&rule.id, key), task);
+        let Some(tasks) = &self.tasks else {
+            return Err(Failure::transient(anyhow::anyhow!("this instance creates no task: it serves no /push")));
+        };
+        let create = tasks.create((&rule.id, key), task);
         match self.metrics.time("cloud_tasks", create).await {
             Ok(created) => Ok(created),
             Err(error) if error.is_invalid() => Err(permanent(DlqReason::TaskRejected, error.to_string())),

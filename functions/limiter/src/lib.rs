@@ -41,8 +41,10 @@ pub struct AppState {
     pub rules: Arc<LiveRules>,
     pub store: Arc<dyn Store>,
     pub publishers: Arc<dyn Publish>,
-    /// Creates delayed events' tasks, those of one queue and bucket that arrive together in one.
-    pub tasks: Arc<TaskBatcher>,
+    /// Creates delayed events' tasks, those of one queue and bucket that arrive together in one;
+    /// `None` on an instance that serves no `/push` (the admin service needs neither Cloud Tasks
+    /// nor the task signing key).
+    pub tasks: Option<Arc<TaskBatcher>>,
     /// Forward URLs.
     pub target: Arc<HttpTarget>,
     /// Who may call each route class.
@@ -85,8 +87,13 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let _ = deadline_sized_for.set(longest_inline_wait);
     let attempt_deadline = settings.attempt_deadline(longest_inline_wait as u64);
     let redis = common.redis_store().await?;
-    let tasks = settings.tasks.connect(&common.project, common.task_signer()?).await?;
-    let tasks = TaskBatcher::new(tasks, settings.tasks.batching());
+    let tasks = match settings.route_auth()?.routes.push {
+        true => Some(TaskBatcher::new(
+            settings.tasks.connect(&common.project, common.task_signer()?).await?,
+            settings.tasks.batching(),
+        )),
+        false => None,
+    };
     let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
     Ok(AppState {
         rules,

@@ -97,8 +97,12 @@ impl LimiterAuth {
 impl Settings {
     pub fn from_env() -> anyhow::Result<Self> {
         let settings: Self = drip_service::settings::from_env()?;
-        settings.tasks.check(&settings.common.project)?;
-        settings.route_auth()?;
+        // Cloud Tasks and the signing key serve delayed events only: an instance without /push
+        // (the admin service) needs neither.
+        if settings.route_auth()?.routes.push {
+            settings.tasks.check(&settings.common.project)?;
+            settings.common.task_signer()?;
+        }
         Ok(settings)
     }
 

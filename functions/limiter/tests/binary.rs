@@ -198,6 +198,48 @@ fn serves_and_stops_cleanly_on_sigterm() {
     }
 }
 
+/// The admin service as Terraform runs it: the limiter with `DRIP_ROUTES=admin,feedback`, OIDC on,
+/// no push callers, and neither Cloud Tasks settings nor the task signing key (it never creates a
+/// task). It starts, answers its admin routes' auth check, and serves no `/push` to anyone.
+#[test]
+fn the_admin_service_starts_without_tasks_or_a_signing_key_and_serves_no_push() {
+    let pubsub = Pubsub::shared();
+    let port = free_port();
+    let mut env = base_env(&pubsub.host, &repo("examples/payouts.yaml"), port);
+    let tasks_only =
+        ["CLOUD_TASKS_ENDPOINT", "DRIP_TASKS_QUEUES", "DRIP_DISPATCHER_URL", "DRIP_TASK_SIGNING_KEY", "DRIP_AUTH"];
+    env.retain(|(k, _)| !tasks_only.contains(k));
+    env.push(("DRIP_ROUTES", "admin,feedback".into()));
+    env.push(("DRIP_OIDC_AUDIENCE", "https://drip-admin.example".into()));
+    env.push(("DRIP_ADMIN_CALLERS", "operator@p.iam.gserviceaccount.com".into()));
+    env.push(("DRIP_OIDC_JWKS_URL", "http://127.0.0.1:9/jwks".into()));
+    let mut child = limiter(&as_refs(&env)).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !runtime.block_on(async {
+        reqwest::get(format!("{base}/readyz")).await.map(|r| r.status().is_success()).unwrap_or(false)
+    }) {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            panic!("the admin service did not start ({status}): {stderr}");
+        }
+        assert!(Instant::now() < deadline, "the admin service never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (push, inspect) = runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let push = http.post(format!("{base}/push")).body("{}").send().await.unwrap().status();
+        let inspect = http.get(format!("{base}/v1/rules/payouts/keys/m1")).send().await.unwrap().status();
+        (push, inspect)
+    });
+    assert_eq!(push, reqwest::StatusCode::NOT_FOUND, "no /push here, whoever calls");
+    assert_eq!(inspect, reqwest::StatusCode::UNAUTHORIZED, "the admin routes are served, behind OIDC");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// With OIDC on, `/metrics` on the main port wants a token; DRIP_METRICS_PORT serves it on
 /// 127.0.0.1 without one, for the collector sidecar of the same instance.
 #[test]

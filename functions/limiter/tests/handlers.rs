@@ -131,10 +131,10 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
         store: store.clone(),
         publishers: pubsub.clone(),
-        tasks: TaskBatcher::new(
+        tasks: Some(TaskBatcher::new(
             Tasks::new(tasks.clone(), vec![QUEUE.to_owned()], TaskSigner::new(SIGNING_KEY)),
             TaskBatching { max_events: 500, bucket: SECOND, in_flight: 1 },
-        ),
+        )),
         target: Arc::new(HttpTarget::new(Duration::from_secs(5), IdTokenMode::Never).unwrap()),
         auth: drip_limiter::LimiterAuth::off(),
         metrics,

@@ -97,7 +97,8 @@ pub struct CommonSettings {
     pub oidc_jwks_url: Option<String>,
     /// The secret both services hold (Secret Manager): the limiter signs each task body with it and
     /// the dispatcher publishes only what it signed (docs/design.md: "How the dispatcher trusts a task").
-    #[envconfig(from = "DRIP_TASK_SIGNING_KEY")]
+    /// Required wherever tasks are made or run; an instance serving no `/push` needs none.
+    #[envconfig(from = "DRIP_TASK_SIGNING_KEY", default = "")]
     pub task_signing_key: String,
     /// The key before a rotation, still accepted (never used to sign): set it to the old key and
     /// DRIP_TASK_SIGNING_KEY to the new one, roll out, and drop it once the old tasks are gone
@@ -146,6 +147,11 @@ impl CommonSettings {
     /// Signs and checks task bodies; a short key is refused, since it is all that stands between
     /// whoever can create tasks and the overflow and dead-letter topics.
     pub fn task_signer(&self) -> anyhow::Result<drip_core::overflow::TaskSigner> {
+        if self.task_signing_key.is_empty() {
+            bail!(
+                "DRIP_TASK_SIGNING_KEY is not set: give the task signing key (at least 32 characters, e.g. `openssl rand -hex 32`; Terraform reads it from task_signing_key_secret)"
+            );
+        }
         if self.task_signing_key.len() < 32 {
             bail!("DRIP_TASK_SIGNING_KEY must be at least 32 characters (e.g. `openssl rand -hex 32`)");
         }
