@@ -1,8 +1,9 @@
 //! The writing half of the argument contract with the Lua scripts; `lua/prelude.lua`'s cursor
 //! (`str()`, `int()`) is the reading half, and each script's `read_*` function names what it reads
-//! in this order. Values are written in order; a section is a count, then that many records; `''`
-//! is "none". A golden test pins the arguments of one rich request, so that a change to the
-//! contract is a visible diff.
+//! in this order. Values are written in order, each under the name the script reads it by; a
+//! section is a count, then that many records; `''` is "none". A golden test pins the arguments of
+//! one rich request as `name = value` lines, so that a change to the contract is a diff that says
+//! which field moved.
 
 use drip_core::budgets::{Adaptive, adaptive_window};
 use drip_core::rules::{Limit, Placement, Window};
@@ -13,29 +14,28 @@ use crate::keys::{ANSWER_BUCKET, budget_key, field};
 use crate::keys::{ANSWER_MARGIN, STATE_MARGIN};
 use crate::{EntityKeys, SlotRequest};
 
-/// Arguments in the order a script reads them.
+/// Arguments in the order a script reads them, each with the name it is read by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Args(Vec<Vec<u8>>);
+pub struct Args(Vec<Vec<u8>>, Vec<&'static str>);
 
 impl Args {
-    pub fn int(&mut self, n: impl Into<i64>) -> &mut Self {
-        self.0.push(n.into().to_string().into_bytes());
-        self
+    pub fn int(&mut self, name: &'static str, n: impl Into<i64>) -> &mut Self {
+        self.str(name, n.into().to_string())
     }
 
-    pub fn opt(&mut self, n: Option<impl Into<i64>>) -> &mut Self {
-        self.0.push(n.map(|n| n.into().to_string().into_bytes()).unwrap_or_default());
-        self
+    pub fn opt(&mut self, name: &'static str, n: Option<impl Into<i64>>) -> &mut Self {
+        self.str(name, n.map(|n| n.into().to_string()).unwrap_or_default())
     }
 
-    pub fn str(&mut self, s: impl AsRef<[u8]>) -> &mut Self {
+    pub fn str(&mut self, name: &'static str, s: impl AsRef<[u8]>) -> &mut Self {
         self.0.push(s.as_ref().to_vec());
+        self.1.push(name);
         self
     }
 
-    /// A count-prefixed section: `items.len()`, then each item as `write` writes it.
-    pub fn section<T>(&mut self, items: &[T], mut write: impl FnMut(&mut Self, &T)) -> &mut Self {
-        self.int(items.len() as i64);
+    /// A count-prefixed section: `items.len()` (named `name`), then each item as `write` writes it.
+    pub fn section<T>(&mut self, name: &'static str, items: &[T], mut write: impl FnMut(&mut Self, &T)) -> &mut Self {
+        self.int(name, items.len() as i64);
         for item in items {
             write(self, item);
         }
@@ -44,6 +44,16 @@ impl Args {
 
     pub fn values(&self) -> &[Vec<u8>] {
         &self.0
+    }
+
+    /// Each value with its name, in order.
+    pub fn named(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
+        self.1.iter().copied().zip(self.0.iter().map(Vec::as_slice))
+    }
+
+    fn extend(&mut self, other: &Args) {
+        self.0.extend(other.0.iter().cloned());
+        self.1.extend(other.1.iter().copied());
     }
 }
 
@@ -99,8 +109,11 @@ pub fn answers_keep(max_delay: Millis) -> Millis {
 /// An adaptive limit as the scripts read it: ceiling, step (ppm) and window (ms), or three nones.
 fn adaptive(args: &mut Args, adaptive: Option<&Adaptive>, limits: &[Limit]) {
     match adaptive {
-        None => args.str("").str("").str(""),
-        Some(a) => args.int(a.ceiling() as i64).int(a.step as i64).int(adaptive_window(limits)),
+        None => args.str("adaptive.ceiling", "").str("adaptive.step", "").str("adaptive.window", ""),
+        Some(a) => args
+            .int("adaptive.ceiling", a.ceiling() as i64)
+            .int("adaptive.step", a.step as i64)
+            .int("adaptive.window", adaptive_window(limits)),
     };
 }
 
@@ -171,47 +184,56 @@ impl ReserveArgs {
         }
 
         let mut args = Args::default();
-        args.int(base)
-            .str(keys.answer_field)
-            .int(event.cost as i64)
-            .int(event.max_delay)
-            .int(keys.answers_base)
-            .int(answers_keep(event.max_delay))
-            .int(event.lease)
-            .int(longest_window + STATE_MARGIN)
-            .str(if request.reslot { "reslot" } else { "" })
-            .opt(event.floor)
-            .int(event.margin);
+        args.int("event.first_key", base)
+            .str("event.answer_field", keys.answer_field)
+            .int("event.cost", event.cost as i64)
+            .int("event.max_delay", event.max_delay)
+            .int("event.answers_base", keys.answers_base)
+            .int("event.answers_keep", answers_keep(event.max_delay))
+            .int("event.lease", event.lease)
+            .int("event.state_keep", longest_window + STATE_MARGIN)
+            .str("event.reslot", if request.reslot { "reslot" } else { "" })
+            .opt("event.floor", event.floor)
+            .int("event.margin", event.margin);
         adaptive(&mut args, event.adaptive.as_ref(), event.limits);
-        args.section(&limits, |args, l| {
-            args.str(l.kind).int(l.limit.per()).int(l.limit.limit() as i64).int(l.extra);
+        args.section("limits", &limits, |args, l| {
+            args.str("limit.kind", l.kind)
+                .int("limit.per", l.limit.per())
+                .int("limit.count", l.limit.limit() as i64)
+                .int("limit.extra", l.extra);
         });
         // The fields each HMGET names, in order: the state's, then the overrides'.
-        args.str(field::LAST).str(field::EXPIRES).str(field::ANSWERS_EXPIRY);
+        args.str("state_field", field::LAST)
+            .str("state_field", field::EXPIRES)
+            .str("state_field", field::ANSWERS_EXPIRY);
         for name in limits.iter().flat_map(|l| &l.state_fields) {
-            args.str(name);
+            args.str("state_field", name);
         }
-        args.str(field::PAUSE).str(field::ADAPT);
+        args.str("override_field", field::PAUSE).str("override_field", field::ADAPT);
         for name in limits.iter().flat_map(|l| &l.override_fields) {
-            args.str(name);
+            args.str("override_field", name);
         }
         let numbered: Vec<(i64, &_)> =
             event.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
-        args.section(&numbered, |args, (key, budget)| {
-            args.int(*key);
+        args.section("budgets", &numbered, |args, (key, budget)| {
+            args.int("budget.key", *key);
             adaptive(args, budget.adaptive.as_ref(), &budget.limits);
-            args.opt(budget.max_share.map(|share| share as i64));
-            args.section(&budget.limits, |args, limit| {
-                args.int(limit.per()).int(limit.limit() as i64).str(script_kind(limit));
+            args.opt("budget.max_share", budget.max_share.map(|share| share as i64));
+            args.section("budget.limits", &budget.limits, |args, limit| {
+                args.int("budget.limit.per", limit.per())
+                    .int("budget.limit.count", limit.limit() as i64)
+                    .str("budget.limit.kind", script_kind(limit));
             });
             // The fields its HMGET names: pause, adaptive level, expiry, each limit's oldest window
             // and each limit's run of full windows.
-            args.str(field::PAUSE).str(field::ADAPT).str(field::EXPIRES);
+            args.str("budget_field", field::PAUSE)
+                .str("budget_field", field::ADAPT)
+                .str("budget_field", field::EXPIRES);
             for limit in &budget.limits {
-                args.str(field::budget_oldest(limit.per()));
+                args.str("budget_field", field::budget_oldest(limit.per()));
             }
             for limit in &budget.limits {
-                args.str(field::budget_run(limit.per()));
+                args.str("budget_field", field::budget_run(limit.per()));
             }
         });
         self.events.push(args);
@@ -221,6 +243,7 @@ impl ReserveArgs {
     /// Adds an event encoded on its own, its keys after those already in the call.
     pub fn push(&mut self, mut event: EncodedEvent) -> &mut Self {
         if let Some(base) = event.args.0.first_mut() {
+            // `event.first_key`: where this event's keys start in the call.
             *base = (self.keys.len() as i64 + 1).to_string().into_bytes();
         }
         self.keys.append(&mut event.keys);
@@ -231,9 +254,7 @@ impl ReserveArgs {
     /// The arguments in order: now, then the section of events.
     pub fn args(&self) -> Args {
         let mut args = Args::default();
-        args.opt(self.now).section(&self.events, |args, event| {
-            args.0.extend(event.0.iter().cloned());
-        });
+        args.opt("now", self.now).section("events", &self.events, |args, event| args.extend(event));
         args
     }
 }

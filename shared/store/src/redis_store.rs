@@ -261,6 +261,13 @@ impl ReserveCall {
         }
         cmd
     }
+
+    /// The call as the contract names it: each key, then each argument under the name the script
+    /// reads it by (what the golden test pins).
+    pub fn described(&self) -> (Vec<String>, Vec<(&'static str, Vec<u8>)>) {
+        let args = self.0.args();
+        (self.0.keys.clone(), args.named().map(|(name, value)| (name, value.to_vec())).collect())
+    }
 }
 
 /// The source of `reserve.lua` as it runs (after the prelude), for `SCRIPT LOAD`.

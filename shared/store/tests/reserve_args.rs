@@ -39,16 +39,25 @@ fn the_arguments_of_a_rich_call_are_pinned() {
     let mut first = SlotRequest::for_rule(rule, "merchant_7", "m1", 2).at(now).published(Some(now));
     first.event = ReserveRequest { lease: 15_000, floor: Some(now + 2_000), ..first.event };
     let second = SlotRequest { reslot: true, ..SlotRequest::for_rule(rule, "merchant_8", "m2", 1).at(now) };
-    let cmd = store.reserve_batch_call(&[first, second]).cmd();
-    let mut lines = Vec::new();
-    for arg in cmd.args_iter().skip(2) {
-        if let redis::Arg::Simple(bytes) = arg {
-            lines.push(match std::str::from_utf8(bytes) {
-                Ok(text) => format!("{text:?}"),
-                Err(_) => format!("0x{}", hex(bytes)),
-            });
-        }
+    let call = store.reserve_batch_call(&[first, second]);
+    let (keys, args) = call.described();
+    let mut lines: Vec<String> = keys.iter().map(|key| format!("key = {key:?}")).collect();
+    for (name, value) in &args {
+        lines.push(match std::str::from_utf8(value) {
+            Ok(text) => format!("{name} = {text:?}"),
+            Err(_) => format!("{name} = 0x{}", hex(value)),
+        });
     }
+    // The command sends exactly these, in this order (after the script's SHA and the key count).
+    let sent: Vec<Vec<u8>> = call
+        .cmd()
+        .args_iter()
+        .skip(3)
+        .filter_map(|arg| if let redis::Arg::Simple(bytes) = arg { Some(bytes.to_vec()) } else { None })
+        .collect();
+    let described: Vec<Vec<u8>> =
+        keys.iter().map(|k| k.as_bytes().to_vec()).chain(args.iter().map(|(_, v)| v.clone())).collect();
+    assert_eq!(sent, described, "the names describe what is sent");
     let text = lines.join("\n") + "\n";
     let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/reserve_args.txt");
     if std::env::var_os("DRIP_BLESS").is_some() {
