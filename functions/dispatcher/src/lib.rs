@@ -22,7 +22,6 @@ use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
 use drip_service::task_batches::TaskBatcher;
 use drip_service::tasks::TaskSettings;
-use drip_service::timed_store::TimedStore;
 use drip_store::Store;
 
 use envconfig::Envconfig;
@@ -124,11 +123,11 @@ impl AppState {
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let common = &settings.common;
-    let redis = common.redis_store().await?;
     let metrics = Arc::new(ServiceMetrics::new(
         ("dispatches", "Tasks received, by rule and outcome"),
         ("dispatch_lateness_seconds", "How long after its slot a task reached the dispatcher"),
     ));
+    let redis = common.redis_store(metrics.shared.clone()).await?;
     let tasks = match settings.tasks.configured() {
         true => Some(TaskBatcher::new(
             settings.tasks.connect(&common.project, common.task_signer()?).await?,
@@ -149,8 +148,8 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     });
     Ok(AppState {
         rules: common.load_rules(accept, metrics.shared.clone())?,
-        // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
-        store: TimedStore::new(Arc::new(redis), metrics.shared.clone()),
+        // Every Redis request is timed by the connection (drip_dependency_call_seconds{dependency="redis"}).
+        store: Arc::new(redis),
         signer: common.task_signer()?,
         max_attempts: settings.tasks_max_attempts,
         // A publish or a delivery, a dead letter, a new slot and its task, and Redis around them.

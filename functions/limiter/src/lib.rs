@@ -24,7 +24,6 @@ use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
 use drip_service::task_batches::TaskBatcher;
-use drip_service::timed_store::TimedStore;
 use drip_store::Store;
 
 pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
@@ -86,7 +85,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let longest_inline_wait = longest_inline_wait(&rules.current());
     let _ = deadline_sized_for.set(longest_inline_wait);
     let attempt_deadline = settings.attempt_deadline(longest_inline_wait as u64);
-    let redis = common.redis_store().await?;
+    let redis = common.redis_store(metrics.shared.clone()).await?;
     let tasks = match settings.route_auth()?.routes.push {
         true => Some(TaskBatcher::new(
             settings.tasks.connect(&common.project, common.task_signer()?).await?,
@@ -97,8 +96,8 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let target = HttpTarget::new(Duration::from_millis(settings.forward_timeout_ms), settings.forward_id_token)?;
     Ok(AppState {
         rules,
-        // Every store call is timed (drip_dependency_call_seconds{dependency="redis"}).
-        store: TimedStore::new(Arc::new(redis), metrics.shared.clone()),
+        // Every Redis request is timed by the connection (drip_dependency_call_seconds{dependency="redis"}).
+        store: Arc::new(redis),
         publishers: common.connect_pubsub(metrics.shared.clone()).await?,
         tasks,
         target: Arc::new(target),

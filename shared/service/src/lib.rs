@@ -14,7 +14,6 @@ pub mod shutdown;
 pub mod task_batches;
 pub mod tasks;
 pub mod telemetry;
-pub mod timed_store;
 
 /// A lease (on a message's answer, or on a task's dispatch) outlives the attempt that holds it by
 /// this much, so it never lapses while that attempt may still act.

@@ -160,9 +160,14 @@ impl Metrics {
     pub async fn time<T, E>(&self, dependency: &'static str, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
         let started = Instant::now();
         let result = call.await;
-        let labels = CallLabels { dependency, result: if result.is_ok() { "ok" } else { "error" } };
-        self.calls.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        self.call(dependency, started.elapsed(), result.is_ok());
         result
+    }
+
+    /// A call to `dependency` that took `took`.
+    pub fn call(&self, dependency: &'static str, took: std::time::Duration, ok: bool) {
+        let labels = CallLabels { dependency, result: if ok { "ok" } else { "error" } };
+        self.calls.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
     /// The rules in force changed from `from` (none at start-up) to `to`.
@@ -415,5 +420,15 @@ mod tests {
         assert!(longest.recent(13).is_empty(), "nothing for two minutes: left out");
         longest.observe("r", 3.0, 20);
         assert_eq!(longest.recent(20), [("r".to_owned(), 3.0)], "a gap forgets what came before it");
+    }
+}
+
+/// Each Redis request the services' connection sends, timed under `redis`.
+#[derive(Debug)]
+pub struct RedisCalls(pub Arc<Metrics>);
+
+impl drip_store::CallObserver for RedisCalls {
+    fn observe(&self, took: std::time::Duration, ok: bool) {
+        self.0.call("redis", took, ok);
     }
 }

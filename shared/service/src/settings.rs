@@ -12,7 +12,7 @@ use drip_gcp::Publish;
 use drip_gcp::access_tokens::AccessTokens;
 use drip_gcp::oidc::{OidcSettings, OidcVerifier};
 use drip_gcp::pubsub::{BatchedPublishes, Publishers};
-use drip_store::{AnyConnection, Batching, RedisSettings, RedisStore, TokenAuth, TokenFuture, TokenSource};
+use drip_store::{AnyConnection, Batching, Observed, RedisSettings, RedisStore, TokenAuth, TokenFuture, TokenSource};
 
 /// Access tokens live an hour; connections re-authenticate well before.
 const IAM_TOKEN_REFRESH: Duration = Duration::from_secs(20 * 60);
@@ -201,10 +201,16 @@ impl CommonSettings {
         AnyConnection::connect(&self.redis_settings()?).await.context("REDIS_URL")
     }
 
-    /// The services' store: Redis, reservations grouped per connection (per hash tag on a Cluster).
-    pub async fn redis_store(&self) -> anyhow::Result<RedisStore<AnyConnection>> {
+    /// The services' store: Redis, reservations grouped per connection (per hash tag on a Cluster),
+    /// every request timed into `drip_dependency_call_seconds{dependency="redis"}` by the connection
+    /// itself (below the store, so no store operation is written again to be timed).
+    pub async fn redis_store(
+        &self,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<RedisStore<Observed<AnyConnection>>> {
         let batching = Batching::new(self.reserve_batch_max, self.redis_cluster);
-        Ok(RedisStore::new(self.connect_redis().await?, self.redis_namespace.clone()).with_batching(batching))
+        let connection = Observed::new(self.connect_redis().await?, Arc::new(crate::metrics::RedisCalls(metrics)));
+        Ok(RedisStore::new(connection, self.redis_namespace.clone()).with_batching(batching))
     }
 
     /// Pub/Sub, the publishes to one topic that arrive together sent together.

@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::auth::{BasicAuth, StreamingCredentialsProvider};
@@ -22,6 +22,63 @@ impl std::fmt::Debug for AnyConnection {
             AnyConnection::Single(_) => "AnyConnection::Single",
             AnyConnection::Cluster(_) => "AnyConnection::Cluster",
         })
+    }
+}
+
+/// What a connection reports of each request it sends (a command or a pipeline): how long its
+/// answer took, and whether it failed. The services time Redis here, below the `Store` trait, so
+/// a store operation is written once per store and never again to be timed.
+pub trait CallObserver: Send + Sync {
+    fn observe(&self, took: Duration, ok: bool);
+}
+
+/// `inner`, each request it sends reported to `observer`.
+#[derive(Clone)]
+pub struct Observed<C> {
+    inner: C,
+    observer: Arc<dyn CallObserver>,
+}
+
+impl<C> Observed<C> {
+    pub fn new(inner: C, observer: Arc<dyn CallObserver>) -> Self {
+        Self { inner, observer }
+    }
+}
+
+impl<C: std::fmt::Debug> std::fmt::Debug for Observed<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for Observed<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let (started, observer) = (Instant::now(), self.observer.clone());
+        let call = self.inner.req_packed_command(cmd);
+        Box::pin(async move {
+            let result = call.await;
+            observer.observe(started.elapsed(), result.is_ok());
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let (started, observer) = (Instant::now(), self.observer.clone());
+        let call = self.inner.req_packed_commands(pipeline, offset, count);
+        Box::pin(async move {
+            let result = call.await;
+            observer.observe(started.elapsed(), result.is_ok());
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
     }
 }
 

@@ -15,7 +15,9 @@ mod resume;
 mod scripts;
 mod store;
 
-pub use connection::{AnyConnection, ConnectError, RedisSettings, TokenAuth, TokenFuture, TokenSource};
+pub use connection::{
+    AnyConnection, CallObserver, ConnectError, Observed, RedisSettings, TokenAuth, TokenFuture, TokenSource,
+};
 pub use group_commit::Batching;
 pub use keys::{
     ANSWER_BUCKET, ANSWER_MARGIN, DISPATCHED_MEMORY, EntityKeys, RuleRef, STATE_MARGIN, budget_key, dispatch_key, field,
