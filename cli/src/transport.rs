@@ -189,13 +189,13 @@ impl Transport {
                 let rule = rule(rules, path, name)?;
                 let budget = match budget {
                     None => None,
-                    Some(budget) => Some(rule.budgets.iter().find(|b| b.name == budget).with_context(|| {
+                    Some(budget) => Some(rule.budget(budget).with_context(|| {
                         format!("rule '{name}' draws from no budget '{budget}' in {}", path.display())
                     })?),
                 };
                 let key = if budget.is_some() { String::new() } else { cap_key(key.into()) };
                 let author = Author { by: &operator(), reason };
-                Ok(drip_store::resume(store, rule, &key, budget.map(|b| &**b), author).await?)
+                Ok(drip_store::resume(store, rule, &key, budget, author).await?)
             }
         }
     }

@@ -249,8 +249,8 @@ pub async fn feedback(
     let Some(rule) = rules.rule(&body.rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
     let budget = match &body.budget {
         None => None,
-        Some(name) => match rule.budgets.iter().find(|b| &b.name == name) {
-            Some(budget) => Some(&**budget),
+        Some(name) => match rule.budget(name) {
+            Some(budget) => Some(budget),
             None => {
                 return error(StatusCode::BAD_REQUEST, format!("rule '{}' draws from no budget '{name}'", rule.name));
             }
@@ -345,7 +345,7 @@ pub async fn resume_budget(
 ) -> Response {
     let rule = target.rule();
     let name = params.get("budget").map_or("", String::as_str);
-    let Some(budget) = rule.budgets.iter().find(|b| b.name == name) else {
+    let Some(budget) = rule.budget(name) else {
         return error(StatusCode::NOT_FOUND, format!("rule '{}' draws from no budget '{name}'", rule.name));
     };
     resume(&state, caller, (rule, "", Some(budget)), query.reason.as_deref()).await

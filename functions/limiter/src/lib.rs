@@ -86,7 +86,8 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let _ = deadline_sized_for.set(longest_inline_wait);
     let attempt_deadline = settings.attempt_deadline(longest_inline_wait as u64);
     let redis = common.redis_store(metrics.shared.clone()).await?;
-    let tasks = match settings.route_auth()?.routes.push {
+    let auth = settings.route_auth()?;
+    let tasks = match auth.routes.push {
         true => Some(TaskBatcher::new(
             settings.tasks.connect(&common.project, common.task_signer()?).await?,
             settings.tasks.batching(),
@@ -101,7 +102,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         publishers: common.connect_pubsub(metrics.shared.clone()).await?,
         tasks,
         target: Arc::new(target),
-        auth: settings.route_auth()?,
+        auth,
         metrics,
         claim_check_max_bytes: settings.claim_check_max_bytes,
         attempt_deadline,

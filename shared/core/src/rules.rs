@@ -243,11 +243,16 @@ impl Rule {
         self.budgets.first().map(|b| b.tag.as_str())
     }
 
+    /// The budget it draws from that is named `name`, if any.
+    pub fn budget(&self, name: &str) -> Option<&Budget> {
+        self.budgets.iter().find(|b| b.name == name).map(|b| &**b)
+    }
+
     /// The budget its feedback goes to, when not the key.
     pub fn feedback_budget(&self) -> Option<&Budget> {
         match &self.feedback {
             FeedbackTarget::Key => None,
-            FeedbackTarget::Budget(name) => self.budgets.iter().find(|b| &b.name == name).map(|b| &**b),
+            FeedbackTarget::Budget(name) => self.budget(name),
         }
     }
 }

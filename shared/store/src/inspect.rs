@@ -90,8 +90,8 @@ pub struct LimitReport {
     /// last window, so once that window is ahead the current one's use is not kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_now_at_most: Option<u64>,
-    /// When `ahead` is an estimate, the most it can be: bounded by the windows between now and the
-    /// last one, and by the backlog times the largest cost an event may have.
+    /// When `ahead` is an estimate, the most it can be: the events reserved after the current
+    /// window times the largest cost an event of a cost template may have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ahead_at_most: Option<u64>,
 }
