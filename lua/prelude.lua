@@ -70,3 +70,83 @@ end
 local function level_matters_until(level, ceiling, step, window, now)
   return now + (math.ceil((ceiling - level) / step) + 2) * window
 end
+
+-- An entity's overrides live in one field of its state hash, 'o': what `drip limits set`, a
+-- pause and an adaptive level leave, as 'name=value' entries joined by ';' (keys.rs:
+-- field::overrides): 'pause', 'adapt' ('<level>:<window number>'), 'adapt:u' (when it stops
+-- mattering), and per override id (e.g. 'fixed:60000') its count and '<id>:u' its end. Read on
+-- the common path only when present; most entities have none.
+local OVERRIDES = 'o'
+-- How long overrides outlive their latest end (drip-store's OVERRIDE_MARGIN; a test keeps them equal).
+local OVERRIDE_MARGIN = 86400000
+
+local function parse_overrides(blob)
+  local o = {}
+  if blob then
+    for name, value in string.gmatch(blob, '([^;=]+)=([^;]*)') do
+      o[name] = value
+    end
+  end
+  return o
+end
+
+local function format_overrides(o)
+  local names = {}
+  for name in pairs(o) do
+    names[#names + 1] = name
+  end
+  table.sort(names)
+  for i = 1, #names do
+    names[i] = names[i] .. '=' .. o[names[i]]
+  end
+  return table.concat(names, ';')
+end
+
+-- When the overrides stop mattering: their latest end plus the margin, or true while an override
+-- without an end exists; false for none.
+local function overrides_keep(o)
+  local latest, forever = false, false
+  for name, value in pairs(o) do
+    if name == 'pause' or string.sub(name, -2) == ':u' then
+      local ends = tonumber(value)
+      if ends and (not latest or ends > latest) then
+        latest = ends
+      end
+    elseif name ~= 'adapt' and not o[name .. ':u'] then
+      forever = true
+    end
+  end
+  if forever then
+    return true
+  end
+  return latest and latest + OVERRIDE_MARGIN
+end
+
+-- Sets the TTL of an entity's state hash so that it lives until `expires` (absolute, on the
+-- scripts' clock; `now` the same clock) and as long as its overrides matter.
+local function expire_entity(key, expires, o, now)
+  local keep = overrides_keep(o)
+  if keep == true then
+    redis.call('PERSIST', key)
+    return
+  end
+  if keep and (not expires or keep > expires) then
+    expires = keep
+  end
+  if expires then
+    redis.call('PEXPIRE', key, math.max(expires - now, 1))
+  end
+end
+
+-- Folds an entity's overrides kept by earlier versions in a hash of their own (drip:{rule|key}:o)
+-- into `o` (entries already in `o` are newer and win). Returns whether there was one: the caller
+-- deletes that hash once it has written `o`.
+local function fold_legacy_overrides(legacy_key, o)
+  local fields = redis.call('HGETALL', legacy_key)
+  for i = 1, #fields, 2 do
+    if o[fields[i]] == nil then
+      o[fields[i]] = fields[i + 1]
+    end
+  end
+  return #fields > 0
+end

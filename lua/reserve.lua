@@ -5,9 +5,16 @@
 -- Arguments (drip-store's args.rs writes them; the prelude's cursor reads them): now ('' for the
 -- server's TIME), then a section of events. Each event names where its keys start in KEYS (its
 -- entity's state hash drip:{rule|key}:state, then the answers of messages published in one minute
--- drip:{rule|key}:a:<minute>, the entity's overrides drip:{rule|key}:o, one sorted set per
--- sliding limit, one hash per shared budget drip:{b:<tag>}:budget:<name>), then its own fields:
--- see `read_event`. All keys of one call share a hash slot.
+-- drip:{rule|key}:a:<minute>, where earlier versions kept the entity's overrides drip:{rule|key}:o,
+-- one sorted set per sliding limit, one hash per shared budget drip:{b:<tag>}:budget:<name>), then
+-- its own fields: see `read_event`. All keys of one call share a hash slot.
+--
+-- The entity's state hash is everything the common path reads, in one HMGET: its frontier 'f',
+-- when its TTL was last set to end 'exp', the answers minute whose expiry is set 'ab', each limit's
+-- two fields, and its overrides, pause and adaptive level in one field (the prelude's OVERRIDES);
+-- 'last' is the frontier as earlier versions named it (an entity they wrote is carried over on its
+-- next reservation). A message's answer is written with HSETNX before anything else is, so that
+-- the common path reads nothing more: a message the hash already knows gets its first answer back.
 --
 -- A limit of kind 'share' is a budget's fair share (a fixed window on the entity's own slots): its
 -- count is the budget limit's count in force times max_share, its extra the budget's number.
@@ -33,6 +40,8 @@ local ANSWER_MINUTE = 60000
 -- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
 -- still to make (key -> {fields, order, ttl}), made when the call ends.
 local reads, answers, writes = {}, {}, {}
+-- An entity's overrides when it has none (never written to).
+local NO_OVERRIDES = {}
 
 -- HMGET of ARGV[from..to], or what this call read (and changed) of the same fields before.
 local function hmget(key, from, to)
@@ -127,13 +136,9 @@ local function share(events)
   end
 end
 
--- The message's answer, if it has one.
+-- The message's answer, if it has one, for an event whose answers hash the call read (`share`).
 local function recorded_answer(e)
-  local key = KEYS[e.base + 1]
-  if e.shared_answers then
-    return answers[key][e.field]
-  end
-  return redis.call('HGET', key, e.field)
+  return answers[KEYS[e.base + 1]][e.field]
 end
 
 -- Files the message's answer `value` (`ttl`: a PEXPIRE of the answers hash after).
@@ -160,18 +165,16 @@ local function read_event()
     lease = tonumber(ARGV[at + 7]), state_ttl = tonumber(ARGV[at + 8]), reslot = ARGV[at + 9] == 'reslot',
     floor = tonumber(ARGV[at + 10]) or false, margin = tonumber(ARGV[at + 11]),
     ceiling = tonumber(ARGV[at + 12]) or false, step = tonumber(ARGV[at + 13]), window = tonumber(ARGV[at + 14]),
-    limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides_from = 0,
-    overrides_to = 0, shared = false, shared_answers = false}
+    limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides = false,
+    folded = false, shared = false, shared_answers = false}
   local limits = e.limits
   for i = 1, int() do
-    at = span(4) - 1
+    at = span(5) - 1
     limits[i] = {kind = ARGV[at + 1], per = tonumber(ARGV[at + 2]), n = tonumber(ARGV[at + 3]),
-      extra = tonumber(ARGV[at + 4]), count = 0}
+      extra = tonumber(ARGV[at + 4]), id = ARGV[at + 5], count = 0}
   end
-  -- 'last', 'exp', 'ab', then each limit's two state fields; 'pause', 'adapt', then each limit's
-  -- override count and end.
-  e.state_from, e.state_to = span(3 + 2 * #limits)
-  e.overrides_from, e.overrides_to = span(2 + 2 * #limits)
+  -- STATE_FIELDS: 'f', 'exp', 'ab', each limit's two state fields, the overrides, 'last'.
+  e.state_from, e.state_to = span(5 + 2 * #limits)
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
@@ -236,13 +239,13 @@ end
 
 -- The count of each limit in force now: the rule's, or the entity's override until its end, at the
 -- adaptive level if the rule has one; a budget's share from its count in force. Returns false
--- when the cost is over one of them. The overrides hash's first fields are 'pause' (the
--- downstream asked to wait until then) and 'adapt' (the adaptive level's state).
+-- when the cost is over one of them. `e.overrides` (the prelude's parse_overrides) holds 'pause'
+-- (the downstream asked to wait until then), 'adapt' (the adaptive level's state) and the
+-- overrides by id.
 local function counts_in_force(e, now)
-  local overrides = e.shared and hmget(KEYS[e.base + 2], e.overrides_from, e.overrides_to)
-    or redis.call('HMGET', KEYS[e.base + 2], unpack(ARGV, e.overrides_from, e.overrides_to))
-  e.paused_until = tonumber(overrides[1]) or false
-  local level = e.ceiling and level_in_force(overrides[2], e.ceiling, e.step, e.window, now)
+  local o = e.overrides
+  e.paused_until = tonumber(o.pause) or false
+  local level = e.ceiling and level_in_force(o.adapt, e.ceiling, e.step, e.window, now)
   local limits = e.limits
   for i = 1, #limits do
     local l = limits[i]
@@ -254,9 +257,9 @@ local function counts_in_force(e, now)
       end
       limit = math.max(math.floor(limit * budget.share / 1000000), e.cost, 1)
     else
-      local override = tonumber(overrides[1 + 2 * i])
+      local override = tonumber(o[l.id])
       if override then
-        local ends = tonumber(overrides[2 + 2 * i])
+        local ends = tonumber(o[l.id .. ':u'])
         if not ends or now < ends then
           limit = override
         end
@@ -455,7 +458,7 @@ end
 local function commit_entity(e, values, slot, now)
   local state_key, cost, state_ttl = KEYS[e.base], e.cost, e.state_ttl
   local ttl = slot - now + state_ttl
-  local changes = {'last', slot, 'ab', e.answers_base}
+  local changes = {'f', slot, 'ab', e.answers_base}
   local limits = e.limits
   for i = 1, #limits do
     local l = limits[i]
@@ -506,9 +509,26 @@ local function commit_entity(e, values, slot, now)
   -- that most calls need no PEXPIRE.
   local expires = tonumber(values[2])
   local pexpire = false
-  if not expires or expires < slot + state_ttl then
-    changes[#changes + 1], changes[#changes + 2] = 'exp', slot + 2 * state_ttl
-    pexpire = ttl + state_ttl
+  if e.folded or not expires or expires < slot + state_ttl then
+    expires = slot + 2 * state_ttl
+    changes[#changes + 1], changes[#changes + 2] = 'exp', expires
+    -- Overrides may need the hash to live longer, or for ever.
+    local keep = e.overrides ~= NO_OVERRIDES and overrides_keep(e.overrides)
+    if keep == true then
+      redis.call('PERSIST', state_key)
+    else
+      pexpire = math.max(expires, keep or 0) - now
+    end
+  end
+  if e.folded then
+    -- Carried over from an earlier version's layout (read_overrides).
+    local blob = format_overrides(e.overrides)
+    if blob ~= '' then
+      changes[#changes + 1], changes[#changes + 2] = OVERRIDES, blob
+    end
+    values[#values - 1], e.folded = blob, false
+    redis.call('HDEL', state_key, 'last')
+    redis.call('DEL', KEYS[e.base + 2])
   end
   if not e.shared then
     redis.call('HSET', state_key, unpack(changes))
@@ -520,9 +540,7 @@ local function commit_entity(e, values, slot, now)
   write_hash(state_key, changes, pexpire)
   -- What this call's next event of the entity reads: the state as it is now.
   values[1], values[3] = slot, e.answers_base
-  if pexpire then
-    values[2] = slot + 2 * state_ttl
-  end
+  values[2] = expires
 end
 
 -- Each budget: the slot's window of each limit takes the cost; windows before now's are dropped
@@ -575,19 +593,58 @@ local function commit_budgets(e, slot, now)
   end
 end
 
--- Files the event's answer. The answers hash expires a minute + max_delay + a margin after its
--- minute (or after now, for a message first delivered later): once set in its minute, that covers
--- every answer of the minute. `expiry_set`: the state says it was set for this minute.
+-- Files the event's answer, before anything else is written: returns false (and writes nothing)
+-- when the message already has one (a redelivery, which `decide` then answers with it). The
+-- answers hash expires a minute + max_delay + a margin after its minute (or after now, for a
+-- message first delivered later): once set in its minute, that covers every answer of the minute.
+-- `expiry_set`: the state says it was set for this minute.
 local function file_answer(e, kind, slot, now, expiry_set)
   local base = e.answers_base
   -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
   local ttl = not (expiry_set and now <= base + ANSWER_MINUTE) and math.max(base - now, 0) + e.answers_keep
-  set_answer(e, answer_value(kind, slot, now, now + e.lease - base, base), ttl)
+  local value = answer_value(kind, slot, now, now + e.lease - base, base)
+  if e.shared_answers or e.reslot then
+    -- The call read this hash's answers already (`share`), or a new slot replaces the old.
+    set_answer(e, value, ttl)
+    return true
+  end
+  local key = KEYS[e.base + 1]
+  if redis.call('HSETNX', key, e.field, value) == 0 then
+    return false
+  end
+  if ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  return true
+end
+
+-- The entity's overrides (an empty table, NO_OVERRIDES, for none: most entities) and its frontier,
+-- carrying over an entity an earlier version wrote: its frontier was 'last' and its overrides a
+-- hash of their own (commit_entity writes both the new way).
+local function read_overrides(e, values)
+  local n = e.state_to - e.state_from + 1
+  local blob, legacy_last = values[n - 1], values[n]
+  if not values[1] and legacy_last then
+    e.overrides = parse_overrides(blob)
+    e.folded = true
+    fold_legacy_overrides(KEYS[e.base + 2], e.overrides)
+    return tonumber(legacy_last)
+  elseif blob then
+    e.overrides = parse_overrides(blob)
+  else
+    e.overrides = NO_OVERRIDES
+  end
+  return tonumber(values[1])
+end
+
+-- A message file_answer found already answered: its answer, replayed.
+local function known(e, now)
+  return replay(e, redis.call('HGET', KEYS[e.base + 1], e.field), now)
 end
 
 -- One event: its recorded answer, or a new decision filed as its answer: seven numbers.
 local function decide(e, now)
-  local recorded = not e.reslot and recorded_answer(e)
+  local recorded = not e.reslot and e.shared_answers and recorded_answer(e)
   if recorded then
     return replay(e, recorded, now)
   end
@@ -596,11 +653,13 @@ local function decide(e, now)
   -- as its own arithmetic.
   local values = e.shared and hmget(KEYS[e.base], e.state_from, e.state_to)
     or redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+  local last = read_overrides(e, values)
   if not read_budgets(e, now) or not counts_in_force(e, now) then
-    file_answer(e, 'C', now, now, false)
+    if not file_answer(e, 'C', now, now, false) then
+      return known(e, now)
+    end
     return {now, 2, 0, now, now, 0, 0}
   end
-  local last = tonumber(values[1])
   if e.floor and (not last or e.floor > last) then
     last = e.floor
   end
@@ -610,6 +669,9 @@ local function decide(e, now)
     return redis.error_reply('drip: slot search did not settle')
   end
   if slot > horizon then
+    if not file_answer(e, 'L', slot, now, false) then
+      return known(e, now)
+    end
     -- Nothing is reserved, but what the search walked is kept: the next search jumps over it.
     for b = 1, #e.budgets do
       local set = changed_runs(e.budgets[b])
@@ -617,13 +679,13 @@ local function decide(e, now)
         redis.call('HSET', e.budgets[b].hash, unpack(set))
       end
     end
-    file_answer(e, 'L', slot, now, false)
     return {slot, 1, 0, now, now, 0, 0}
   end
-  local expiry_set = tonumber(values[3]) == e.answers_base
+  if not file_answer(e, 'R', slot, now, tonumber(values[3]) == e.answers_base) then
+    return known(e, now)
+  end
   commit_entity(e, values, slot, now)
   commit_budgets(e, slot, now)
-  file_answer(e, 'R', slot, now, expiry_set)
   return {slot, 0, 0, now, now, 0, 0}
 end
 

@@ -546,7 +546,8 @@ fn script_commands(stats: &str) -> BTreeMap<String, u64> {
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
             let calls = rest.split(',').next()?.parse().ok()?;
-            (!matches!(name, "evalsha" | "eval" | "config" | "info" | "script")).then(|| (name.to_owned(), calls))
+            let command = name.split('|').next().unwrap_or(name);
+            (!matches!(command, "evalsha" | "eval" | "config" | "info" | "script")).then(|| (name.to_owned(), calls))
         })
         .collect()
 }
@@ -797,4 +798,132 @@ fn inspect_rows_are_exact_or_ranges_that_hold_the_truth() {
             assert!(row.ahead <= report.backlog.max(ahead), "{store:?}: no row says more is ahead than waits: {row:?}");
         }
     }
+}
+
+/// The common path is the token bucket's: one read of the entity's state (its limits, overrides,
+/// pause and adaptive level in one hash) and one write of it, plus the message's answer, written
+/// with HSETNX so that knowing whether the message is new costs no read of its own. Counted from
+/// Redis's commandstats on a private server, for a plain entity and for one with an override and a
+/// pause; a redelivery adds the one read of its answer.
+#[tokio::test]
+async fn the_common_path_reads_the_entity_once_and_writes_it_once() {
+    let server = RedisServer::start(&[]);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let store = RedisStore::new(connection.clone(), "drip");
+    let limits = [Limit::new(1_000, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let request = |id: &str, key: &'static str, now: Millis| {
+        let event = ReserveRequest { published: Some(T0), lease: 10 * SECOND, ..ReserveRequest::new("", &limits, now) };
+        (id.to_owned(), SlotRequest::new("r", key, event).at(now))
+    };
+    let reserve = async |(id, mut request): (String, SlotRequest<'_>)| {
+        request.event.message_id = &id;
+        store.reserve(&request).await.unwrap().reservation
+    };
+    let overridden = drip_core::schedule::LimitOverride { limit: 500, until: None };
+    store.set_override(RuleRef::plain("r"), "busy", &limits[0], overridden, "test", Some(T0)).await.unwrap();
+    store.pause(RuleRef::plain("r"), "busy", T0 + 10, Some(T0)).await.unwrap();
+    for key in ["plain", "busy"] {
+        // The first event of the entity and of the minute sets the expiries; the next ones do not.
+        reserve(request("first", key, T0 + 20)).await;
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
+        for i in 0..10 {
+            let reserved = reserve(request(&format!("m{i}"), key, T0 + 30 + i)).await;
+            assert_eq!(reserved.attempt, drip_core::schedule::Attempt::Decided);
+        }
+        let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
+        let expected: BTreeMap<String, u64> = [("hmget", 10), ("hsetnx", 10), ("hset", 10)]
+            .into_iter()
+            .map(|(name, calls)| (name.to_owned(), calls))
+            .collect();
+        assert_eq!(script_commands(&stats), expected, "{key}: ten events, each one read and two writes");
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut connection).await.unwrap();
+        let again = reserve(request("m3", key, T0 + 50)).await;
+        assert_eq!((again.attempt, again.slot), (drip_core::schedule::Attempt::Busy, T0 + 33));
+        let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
+        let commands = script_commands(&stats);
+        assert_eq!((commands.get("hsetnx"), commands.get("hget"), commands.get("hset")), (Some(&1), Some(&1), None));
+    }
+}
+
+/// A rolling deploy: an entity as the earlier layout left it (its frontier 'last', its overrides
+/// and pause in a hash of their own, a message's answer in the minute's answers hash), then
+/// reserved by this version. The old message's redelivery gets its answer and consumes nothing;
+/// a new message keeps FIFO, the override and the pause; the entity is carried over to the new
+/// layout (its overrides in its state hash, the old hash gone) and lives as long as they matter.
+#[tokio::test]
+async fn an_entity_the_earlier_layout_wrote_keeps_its_answers_and_overrides() {
+    let mut connection = shared_connection().await;
+    let store = RedisStore::new(connection.clone(), "drip");
+    let rule = unique("layout");
+    let limits = [Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let request =
+        |id: &'static str, now: Millis| SlotRequest::new(&rule, "k", ReserveRequest::new(id, &limits, now)).at(now);
+    let old = request("old", T0);
+    let keys = store.keys(&old);
+    let window = state_id(&limits[0]);
+    // As the earlier version wrote it: "old" reserved at T0 + 1 s (leased until T0 + 11 s).
+    let slot = T0 + SECOND;
+    let answer =
+        format!("R{}:{}:{}", slot - keys.answers_base, T0 - keys.answers_base, T0 + 11 * SECOND - keys.answers_base);
+    let _: () = connection.hset(&keys.answers, &keys.answer_field[..], answer).await.unwrap();
+    let (used_window, used) = (format!("{window}:w"), format!("{window}:u"));
+    let state = [
+        ("last", slot.to_string()),
+        ("exp", (slot + 10 * MINUTE).to_string()),
+        ("ab", keys.answers_base.to_string()),
+        (used_window.as_str(), slot.to_string()),
+        (used.as_str(), "1".to_owned()),
+    ];
+    let _: () = connection.hset_multiple(&keys.state, &state).await.unwrap();
+    let _: () = connection.pexpire(&keys.state, 10 * MINUTE).await.unwrap();
+    let legacy = [("fixed:1000", "1".to_owned()), ("pause", (T0 + 3 * SECOND).to_string())];
+    let _: () = connection.hset_multiple(&keys.legacy_overrides, &legacy).await.unwrap();
+    let before = store.entity_state(RuleRef::plain(&rule), "k", &limits).await.unwrap();
+    assert_eq!(before.last_slot, Some(slot), "the earlier frontier is read back");
+    assert_eq!(before.paused_until, Some(T0 + 3 * SECOND), "and the earlier overrides");
+
+    let redelivered = store.reserve(&request("old", T0 + 20 * SECOND)).await.unwrap().reservation;
+    assert_eq!((redelivered.slot, redelivered.decided_at), (slot, T0), "the first answer, replayed");
+    assert_eq!(redelivered.attempt, drip_core::schedule::Attempt::Resumed, "its lease had ended");
+    assert_eq!(store.entity_state(RuleRef::plain(&rule), "k", &limits).await.unwrap(), before, "nothing consumed");
+
+    let new = [request("new1", T0 + 100), request("new2", T0 + 200)];
+    let slots: Vec<Millis> = store.reserve_batch(&new).await.unwrap().iter().map(|r| r.reservation.slot).collect();
+    assert_eq!(slots, [T0 + 3 * SECOND, T0 + 4 * SECOND], "after the pause, one a second (the override)");
+    let fields: HashMap<String, String> = connection.hgetall(&keys.state).await.unwrap();
+    assert!(!fields.contains_key("last") && fields.contains_key("f"), "carried over: {fields:?}");
+    assert!(fields.get("o").is_some_and(|o| o.contains("fixed:1000=1")), "{fields:?}");
+    assert!(!connection.exists::<_, bool>(&keys.legacy_overrides).await.unwrap(), "the old hash is gone");
+    assert_eq!(connection.pttl::<_, i64>(&keys.state).await.unwrap(), -1, "an override without an end keeps it");
+    store.delete_override(RuleRef::plain(&rule), "k", &limits[0], "test", Some(T0 + 300)).await.unwrap();
+    let ttl: i64 = connection.pttl(&keys.state).await.unwrap();
+    assert!(ttl > 0, "the state expires again once no override is for ever: {ttl}");
+}
+
+/// An override or a pause keeps the entity's state hash (where it lives) alive until it stops
+/// mattering, and no longer than the state's own expiry once it has.
+#[tokio::test]
+async fn overrides_keep_the_state_alive_as_long_as_they_matter() {
+    let mut connection = shared_connection().await;
+    let store = RedisStore::new(connection.clone(), "drip");
+    let rule = unique("keep");
+    let limits = [Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let now = drip_core::time::wall_clock_millis();
+    let request = SlotRequest::new(&rule, "k", ReserveRequest::new("m", &limits, now)).at(now);
+    store.reserve(&request).await.unwrap();
+    let state = store.keys(&request).state;
+    let own: i64 = connection.pttl(&state).await.unwrap();
+    assert!(own > 0 && own <= 2 * (SECOND + drip_store::STATE_MARGIN) + SECOND, "{own}");
+    let until = now + 3 * drip_core::time::HOUR;
+    let set = drip_core::schedule::LimitOverride { limit: 1, until: Some(until) };
+    store.set_override(RuleRef::plain(&rule), "k", &limits[0], set, "test", Some(now)).await.unwrap();
+    let kept: i64 = connection.pttl(&state).await.unwrap();
+    assert!(kept >= until - now + drip_store::OVERRIDE_MARGIN - SECOND, "until the override's end and a day: {kept}");
+    // Another reservation does not cut it short.
+    store.reserve(&SlotRequest::new(&rule, "k", ReserveRequest::new("m2", &limits, now)).at(now)).await.unwrap();
+    assert!(connection.pttl::<_, i64>(&state).await.unwrap() >= kept - SECOND);
+    store.delete_override(RuleRef::plain(&rule), "k", &limits[0], "test", Some(now)).await.unwrap();
+    let back: i64 = connection.pttl(&state).await.unwrap();
+    assert!(back > 0 && back <= own + SECOND, "back to the state's own expiry: {back} (was {own})");
 }

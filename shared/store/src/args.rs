@@ -124,8 +124,8 @@ struct EntityLimit {
     /// gcra: its burst; sliding: its sorted set's number among the event's; share: its budget's.
     extra: i64,
     state_fields: [String; 2],
-    /// Its override's count and end fields (a share has none that are ever set).
-    override_fields: [String; 2],
+    /// Its override's id in the entity's overrides (a share has none).
+    override_id: String,
 }
 
 impl ReserveArgs {
@@ -138,7 +138,7 @@ impl ReserveArgs {
     pub fn event(&mut self, namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> &mut Self {
         let event = &request.event;
         let base = self.keys.len() as i64 + 1;
-        self.keys.extend([keys.state.clone(), keys.answers.clone(), keys.overrides.clone()]);
+        self.keys.extend([keys.state.clone(), keys.answers.clone(), keys.legacy_overrides.clone()]);
         self.keys.extend(keys.sliding.iter().cloned());
         let budgets_at = self.keys.len() as i64 + 1 - base;
         self.keys.extend(event.budgets.iter().map(|b| budget_key(namespace, b)));
@@ -164,7 +164,7 @@ impl ReserveArgs {
                     limit: *limit,
                     extra,
                     state_fields: field::limit_state(limit),
-                    override_fields: field::override_fields(&override_id(limit)),
+                    override_id: override_id(limit),
                 }
             })
             .collect();
@@ -177,8 +177,7 @@ impl ReserveArgs {
                     limit: *limit,
                     extra: number as i64 + 1,
                     state_fields: field::fixed_state(&id),
-                    // Never set: a share has no override.
-                    override_fields: field::override_fields(&id),
+                    override_id: String::new(),
                 });
             }
         }
@@ -200,19 +199,17 @@ impl ReserveArgs {
             args.str("limit.kind", l.kind)
                 .int("limit.per", l.limit.per())
                 .int("limit.count", l.limit.limit() as i64)
-                .int("limit.extra", l.extra);
+                .int("limit.extra", l.extra)
+                .str("limit.override_id", &l.override_id);
         });
-        // The fields each HMGET names, in order: the state's, then the overrides'.
-        args.str("state_field", field::LAST)
+        // The fields of the state's one HMGET, in order (reserve.lua's STATE_FIELDS).
+        args.str("state_field", field::FRONTIER)
             .str("state_field", field::EXPIRES)
             .str("state_field", field::ANSWERS_EXPIRY);
         for name in limits.iter().flat_map(|l| &l.state_fields) {
             args.str("state_field", name);
         }
-        args.str("override_field", field::PAUSE).str("override_field", field::ADAPT);
-        for name in limits.iter().flat_map(|l| &l.override_fields) {
-            args.str("override_field", name);
-        }
+        args.str("state_field", field::OVERRIDES).str("state_field", field::LEGACY_FRONTIER);
         let numbered: Vec<(i64, &_)> =
             event.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
         args.section("budgets", &numbered, |args, (key, budget)| {

@@ -51,13 +51,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// The latest end of a pause of the rule's key or of any budget it draws from, if any.
     pub async fn paused_until(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
+        let own = self.override_entries(&keys).await?.get(field::PAUSE).and_then(|p| p.parse().ok());
+        if rule.budgets.is_empty() {
+            return Ok(own);
+        }
         let mut pipe = redis::pipe();
-        pipe.hget(&keys.overrides, "pause");
         for budget in &rule.budgets {
-            pipe.hget(budget_key(self.namespace(), budget), "pause");
+            pipe.hget(budget_key(self.namespace(), budget), field::PAUSE);
         }
         let ends: Vec<Option<Millis>> = pipe.query_async(&mut self.connection()).await?;
-        Ok(ends.into_iter().flatten().max())
+        Ok(ends.into_iter().flatten().chain(own).max())
     }
 
     /// The budget's state as the reference model holds it.

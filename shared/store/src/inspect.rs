@@ -147,7 +147,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
     /// The entity's last slot (its FIFO frontier), if it remembers one.
     pub async fn frontier(&self, rule: RuleRef<'_>, key: &str) -> Result<Option<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, &[]);
-        Ok(redis::cmd("HGET").arg(&keys.state).arg("last").query_async(&mut self.connection()).await?)
+        let (frontier, legacy): (Option<Millis>, Option<Millis>) = redis::cmd("HMGET")
+            .arg(&keys.state)
+            .arg(field::FRONTIER)
+            .arg(field::LEGACY_FRONTIER)
+            .query_async(&mut self.connection())
+            .await?;
+        Ok(frontier.or(legacy))
     }
 
     /// The entity's state as the reference model holds it (`drip_core::schedule::EntityState`):
@@ -160,12 +166,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
     ) -> Result<EntityState, StoreError> {
         let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, limits);
         let mut connection = self.connection();
-        let fields: HashMap<String, i64> = redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
+        let fields: HashMap<String, String> =
+            redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
+        let fields: HashMap<String, i64> =
+            fields.into_iter().filter_map(|(name, value)| Some((name, value.parse().ok()?))).collect();
         let held = |limit: &Limit| field::limit_state(limit).map(|name| fields.get(&name).copied());
-        let overrides: BTreeMap<String, String> =
-            redis::cmd("HGETALL").arg(&keys.overrides).query_async(&mut connection).await?;
+        let overrides = self.override_entries(&keys).await?;
         let mut state = EntityState {
-            last_slot: fields.get(field::LAST).copied(),
+            last_slot: fields.get(field::FRONTIER).or(fields.get(field::LEGACY_FRONTIER)).copied(),
             limits: BTreeMap::new(),
             overrides: crate::overrides::parse_overrides(&overrides),
             paused_until: overrides.get(field::PAUSE).and_then(|p| p.parse().ok()),

@@ -47,9 +47,9 @@ pub struct EntityKeys {
     pub answers_base: Millis,
     /// The message's field in it: 8 bytes of the SHA-256 of its identity.
     pub answer_field: [u8; 8],
-    /// The entity's per-limit overrides (`drip limits set`): a hash of `<override id>` → count and
-    /// `<override id>:u` → until (ms), with no TTL but the longest `until`.
-    pub overrides: String,
+    /// Where earlier versions kept the entity's overrides, pause and adaptive level (a hash of
+    /// their own): folded into the state hash's overrides field by the first script that meets it.
+    pub legacy_overrides: String,
     /// One sorted set per sliding limit, in the order of the rule's limits.
     pub sliding: Vec<String>,
 }
@@ -80,7 +80,7 @@ impl EntityKeys {
             answers,
             answers_base,
             answer_field,
-            overrides: format!("{prefix}:o"),
+            legacy_overrides: format!("{prefix}:o"),
             sliding: limits
                 .iter()
                 .filter(|l| l.window() == Window::Sliding)
@@ -163,7 +163,7 @@ mod tests {
             EntityKeys::new("drip", RuleRef::plain("payouts"), "k", "m2", Some(0), &limits).answer_field
         );
         assert_eq!(keys.sliding, ["drip:{payouts|a%7Db%7Bc%25}:sliding:60000"]);
-        assert_eq!(keys.overrides, "drip:{payouts|a%7Db%7Bc%25}:o");
+        assert_eq!(keys.legacy_overrides, "drip:{payouts|a%7Db%7Bc%25}:o");
         assert_eq!(overridden_keys("drip", "payouts"), "drip:{payouts}:overridden");
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
@@ -185,12 +185,26 @@ pub mod field {
 
     /// The entity's state hash (and a budget's, `exp`): its frontier, when its TTL was last set to
     /// end, the answers minute whose expiry is set.
-    pub const LAST: &str = "last";
+    pub const FRONTIER: &str = "f";
     pub const EXPIRES: &str = "exp";
     pub const ANSWERS_EXPIRY: &str = "ab";
-    /// The overrides and budget hashes: when a pause ends, and the adaptive level.
+    /// The frontier as earlier versions named it (reserve.lua carries such an entity over).
+    pub const LEGACY_FRONTIER: &str = "last";
+    /// The entity's overrides, pause and adaptive level: one field of its state hash, `name=value`
+    /// entries joined by `;` (the prelude's `parse_overrides`), absent for most entities.
+    pub const OVERRIDES: &str = "o";
+    /// Entries of the overrides field, and fields of a budget's hash: when a pause ends, and the
+    /// adaptive level.
     pub const PAUSE: &str = "pause";
     pub const ADAPT: &str = "adapt";
+
+    /// The overrides field's entries by name (as earlier versions held them in a hash of their own).
+    pub fn parse_overrides_field(blob: &str) -> std::collections::BTreeMap<String, String> {
+        blob.split(';')
+            .filter_map(|entry| entry.split_once('='))
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect()
+    }
 
     /// A limit's two fields in the entity's state hash: fixed window and cost used in it, gcra TAT
     /// and remainder, sliding base (and nothing).
@@ -206,11 +220,6 @@ pub mod field {
     /// A fixed window's fields under `id` (a limit, or a budget's fair share `share:<budget>:<per>`).
     pub fn fixed_state(id: &str) -> [String; 2] {
         [format!("{id}:w"), format!("{id}:u")]
-    }
-
-    /// An override's count and end fields in the overrides hash.
-    pub fn override_fields(id: &str) -> [String; 2] {
-        [id.to_owned(), format!("{id}:u")]
     }
 
     /// A budget limit's window `<per>:<window>` (the cost reserved in it).

@@ -1,6 +1,6 @@
 //! Per-entity limit overrides (`drip limits set`, `PUT /v1/rules/{rule}/keys/{key}/limits`) and
-//! pauses (a downstream's Retry-After, `POST /v1/feedback`): kept in the entity's own hash
-//! (`drip:{rule|key}:o`, same hash tag, read by reserve.lua in the same call), each override change
+//! pauses (a downstream's Retry-After, `POST /v1/feedback`): kept in one field of the entity's state
+//! hash (`field::OVERRIDES`, read by reserve.lua's one HMGET of the state), each override change
 //! recorded in an audit list of the rule.
 
 use std::collections::BTreeMap;
@@ -17,8 +17,8 @@ use crate::keys::{field, overridden_keys, overrides_log};
 use crate::scripts::OVERRIDE;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
-/// How long an overrides hash outlives the latest `until` in it.
-const OVERRIDE_MARGIN: Millis = DAY;
+/// How long overrides outlive the latest `until` among them (the prelude's OVERRIDE_MARGIN).
+pub const OVERRIDE_MARGIN: Millis = DAY;
 /// How many changes each rule's audit list keeps.
 const AUDIT_LENGTH: isize = 1_000;
 
@@ -216,21 +216,28 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         (op, count, until): (&str, String, String),
         now: Option<Millis>,
     ) -> Result<Option<LimitOverride>, StoreError> {
-        let keys = self.override_keys(rule, key);
-        let mut invocation = OVERRIDE.prepare_invoke();
-        invocation
-            .key(&keys.overrides)
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(op)
-            .arg(override_id(limit))
-            .arg(count)
-            .arg(until)
-            .arg(OVERRIDE_MARGIN);
-        let previous: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        let previous = self.run_override(rule, key, [op, &override_id(limit), &count, &until], now).await?;
         Ok(match previous.as_slice() {
             [limit, until] => Some(LimitOverride { limit: *limit as u64, until: (*until >= 0).then_some(*until) }),
             _ => None,
         })
+    }
+
+    /// One override.lua operation (`op`, the override id, the value, until) on the entity.
+    async fn run_override(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+        operation: [&str; 4],
+        now: Option<Millis>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let keys = self.override_keys(rule, key);
+        let mut invocation = OVERRIDE.prepare_invoke();
+        invocation.key(&keys.state).key(&keys.legacy_overrides).arg(now.map(|n| n.to_string()).unwrap_or_default());
+        for arg in operation {
+            invocation.arg(arg);
+        }
+        Ok(invocation.invoke_async(&mut self.connection()).await?)
     }
 
     async fn record(
@@ -273,17 +280,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         until: Millis,
         now: Option<Millis>,
     ) -> Result<(), StoreError> {
-        let keys = self.override_keys(rule, key);
-        let mut invocation = OVERRIDE.prepare_invoke();
-        invocation
-            .key(&keys.overrides)
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg("pause")
-            .arg("")
-            .arg("")
-            .arg(until)
-            .arg(OVERRIDE_MARGIN);
-        let _: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        self.run_override(rule, key, ["pause", "", "", &until.to_string()], now).await?;
         Ok(())
     }
 
@@ -294,17 +291,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         key: &str,
         now: Option<Millis>,
     ) -> Result<Option<Millis>, StoreError> {
-        let keys = self.override_keys(rule, key);
-        let mut invocation = OVERRIDE.prepare_invoke();
-        invocation
-            .key(&keys.overrides)
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg("resume")
-            .arg("")
-            .arg("")
-            .arg("")
-            .arg(OVERRIDE_MARGIN);
-        let ended: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        let ended = self.run_override(rule, key, ["resume", "", "", ""], now).await?;
         Ok(ended.first().copied())
     }
 
@@ -318,26 +305,26 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         (adaptive, limits): (&Adaptive, &[Limit]),
         now: Option<Millis>,
     ) -> Result<u64, StoreError> {
-        let keys = self.override_keys(rule, key);
-        let mut invocation = OVERRIDE.prepare_invoke();
-        invocation
-            .key(&keys.overrides)
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(field::ADAPT)
-            .arg("")
-            .arg(adapt_args(adaptive, limits).join(":"))
-            .arg("")
-            .arg(OVERRIDE_MARGIN);
-        let level: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        let parameters = adapt_args(adaptive, limits).join(":");
+        let level = self.run_override(rule, key, [field::ADAPT, "", &parameters, ""], now).await?;
         level.first().map(|&l| l as u64).ok_or_else(|| StoreError::UnexpectedReply(format!("{level:?}")))
     }
 
     /// The entity's overrides by override id (those whose `until` has passed included, until the
     /// hash expires).
     pub async fn overrides(&self, rule: RuleRef<'_>, key: &str) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
-        let keys = self.override_keys(rule, key);
-        let fields: BTreeMap<String, String> = self.connection().hgetall(&keys.overrides).await?;
-        Ok(parse_overrides(&fields))
+        Ok(parse_overrides(&self.override_entries(&self.override_keys(rule, key)).await?))
+    }
+
+    /// The entries of the entity's overrides field, with what an earlier version left in a hash
+    /// of its own that no script has folded in yet.
+    pub(crate) async fn override_entries(&self, keys: &EntityKeys) -> Result<BTreeMap<String, String>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.hget(&keys.state, field::OVERRIDES).hgetall(&keys.legacy_overrides);
+        let (blob, mut entries): (Option<String>, BTreeMap<String, String>) =
+            pipe.query_async(&mut self.connection()).await?;
+        entries.extend(field::parse_overrides_field(blob.as_deref().unwrap_or_default()));
+        Ok(entries)
     }
 
     /// Every entity of the rule with overrides, and its overrides.

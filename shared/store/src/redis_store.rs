@@ -328,4 +328,10 @@ mod tests {
         let line = format!("local ANSWER_MINUTE = {}", crate::ANSWER_BUCKET);
         assert!(super::reserve_script().contains(&line), "reserve.lua must say `{line}`");
     }
+
+    #[test]
+    fn the_scripts_know_how_long_overrides_outlive_their_end() {
+        let line = format!("local OVERRIDE_MARGIN = {}", crate::overrides::OVERRIDE_MARGIN);
+        assert!(super::reserve_script().contains(&line), "the prelude must say `{line}`");
+    }
 }
