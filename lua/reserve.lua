@@ -162,7 +162,8 @@ local function read_event()
   local at = span(14) - 1
   local e = {base = tonumber(ARGV[at + 1]), field = ARGV[at + 2], cost = tonumber(ARGV[at + 3]),
     max_delay = tonumber(ARGV[at + 4]), answers_base = tonumber(ARGV[at + 5]), answers_keep = tonumber(ARGV[at + 6]),
-    lease = tonumber(ARGV[at + 7]), state_ttl = tonumber(ARGV[at + 8]), reslot = ARGV[at + 9] == 'reslot',
+    lease = tonumber(ARGV[at + 7]), state_ttl = tonumber(ARGV[at + 8]), reslot = ARGV[at + 9] ~= '',
+    gives_back = ARGV[at + 9] == 'give',
     floor = tonumber(ARGV[at + 10]) or false, margin = tonumber(ARGV[at + 11]),
     ceiling = tonumber(ARGV[at + 12]) or false, step = tonumber(ARGV[at + 13]), window = tonumber(ARGV[at + 14]),
     limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides = false,
@@ -276,6 +277,94 @@ local function counts_in_force(e, now)
     l.count = limit
   end
   return true
+end
+
+-- The slot of the message's answer, if it holds one (a message given a new slot).
+local function old_slot(e)
+  local key = KEYS[e.base + 1]
+  local recorded
+  if e.shared_answers then
+    recorded = answers[key][e.field]
+  else
+    recorded = redis.call('HGET', key, e.field)
+  end
+  local kind, slot = parse_answer(recorded or '')
+  if kind ~= 'R' then
+    return nil
+  end
+  return e.answers_base + tonumber(slot)
+end
+
+-- Gives the units of the message's old slot back (schedule.rs's give_back), wherever the window
+-- that holds them has not closed and can take them back exactly: the entity's fixed (start)
+-- windows and fair shares when the slot lies in the window it holds, budgets' start-placed
+-- windows; gcra and sliding only when it is the entity's latest slot (`last`). Written at once:
+-- they stand whatever the new decision.
+local function give_back(e, values, last, now)
+  local old = old_slot(e)
+  if not old then
+    return
+  end
+  local cost, latest, limits, changes = e.cost, last == old, e.limits, {}
+  for i = 1, #limits do
+    local l = limits[i]
+    local kind, per = l.kind, l.per
+    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
+    if (kind == 'fixed' or kind == 'share') and a == old - old % per and a + per > now then
+      local used = math.max(b - cost, 0)
+      values[2 * i + 3] = used
+      changes[#changes + 1], changes[#changes + 2] = fb, used
+    elseif kind == 'gcra' and latest and a then
+      -- TAT - cost * T, exactly: its remainder is in units of 1/count ms.
+      local d = b - cost * per
+      local tat, rem = a + math.floor(d / l.count), d % l.count
+      values[2 * i + 2], values[2 * i + 3] = tat, rem
+      changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
+    elseif kind == 'sliding' and latest and a then
+      local key = KEYS[e.base + 2 + l.extra]
+      local newest = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local n = #newest
+      if n >= 2 and tonumber(newest[n - 1]) == old then
+        local before = (n == 4 and tonumber(newest[2])) or a
+        local total = tonumber(newest[n]) - cost
+        if total <= before then
+          redis.call('ZREM', key, newest[n - 1])
+        else
+          redis.call('ZADD', key, total, newest[n - 1])
+        end
+      end
+    end
+  end
+  if #changes > 0 then
+    if e.shared then
+      write_hash(KEYS[e.base], changes, false)
+    else
+      redis.call('HSET', KEYS[e.base], unpack(changes))
+    end
+  end
+  for j = 1, #e.budgets do
+    local budget = e.budgets[j]
+    for k = 1, #budget.limits do
+      local l = budget.limits[k]
+      local per = l.per
+      local window = old - old % per
+      if not l.spread and window + per > now then
+        local name = per .. ':' .. window
+        local used = tonumber(redis.call('HGET', budget.hash, name))
+        if used then
+          used = math.max(used - cost, 0)
+          redis.call('HSET', budget.hash, name, used)
+          l.used[window] = used
+          local run = l.run
+          if run and window >= run.from and window <= run.through and used < run.least then
+            run.least = used
+            redis.call('HSET', budget.hash, 'run:' .. per, run.from .. ':' .. run.through .. ':' .. used)
+          end
+        end
+      end
+    end
+  end
 end
 
 -- The earliest time >= t at which one of the entity's limits accepts the cost more (schedule.rs's
@@ -659,6 +748,9 @@ local function decide(e, now)
       return known(e, now)
     end
     return {now, 2, 0, now, now, 0, 0}
+  end
+  if e.gives_back then
+    give_back(e, values, last, now)
   end
   if e.floor and (not last or e.floor > last) then
     last = e.floor

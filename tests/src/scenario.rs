@@ -8,7 +8,7 @@ use drip_core::budgets::{Adaptive, Budget, PPM};
 use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::ANSWER_MINUTE;
-use drip_core::schedule::{LimitOverride, Reservation, Status, override_id, state_id};
+use drip_core::schedule::{LimitOverride, OldSlot, Reservation, Status, override_id, state_id};
 use drip_core::time::Millis;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -87,8 +87,9 @@ pub struct Arrival {
     pub published: Millis,
     /// The same message id was delivered before.
     pub redelivery: bool,
-    /// A redelivery that asks for a new slot (its attempt was told to wait by the downstream).
-    pub reslot: bool,
+    /// A redelivery that asks for a new slot (its attempt was told to wait by the downstream, or
+    /// was never delivered), its old slot's units kept or given back.
+    pub reslot: Option<OldSlot>,
     /// A frontier carried over from the rule's previous key.
     pub floor: Option<Millis>,
 }
@@ -154,7 +155,7 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                         now,
                         published: now,
                         redelivery: false,
-                        reslot: false,
+                        reslot: None,
                         floor: None,
                     },
                 };
@@ -307,7 +308,7 @@ pub fn check_schedule(scenario: &Scenario, answers: &[Reservation]) -> Result<()
 /// carry a frontier over from a previous key.
 pub fn scenario_with_pauses(max_events: usize) -> impl Strategy<Value = Scenario> {
     let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..6);
-    let reslots = prop::collection::vec(any::<Index>(), 0..6);
+    let reslots = prop::collection::vec((any::<Index>(), any::<bool>()), 0..6);
     let floors = prop::collection::vec((any::<Index>(), -1_000i64..3_000), 0..6);
     (scenario(Kinds::All, max_events), pauses, reslots, floors).prop_map(|(mut scenario, pauses, reslots, floors)| {
         for (at, ahead) in floors {
@@ -318,33 +319,88 @@ pub fn scenario_with_pauses(max_events: usize) -> impl Strategy<Value = Scenario
             let before = at.index(scenario.events.len());
             scenario.pauses.push((before, entity, scenario.events[before].now + lasts));
         }
-        for at in reslots {
-            let i = at.index(scenario.events.len());
-            if scenario.events[i].redelivery {
-                scenario.events[i].reslot = true;
-            }
-        }
+        reslot_redeliveries(&mut scenario, reslots);
         scenario
     })
 }
 
+/// Makes some redeliveries ask for a new slot, their old one given back or kept.
+fn reslot_redeliveries(scenario: &mut Scenario, reslots: Vec<(Index, bool)>) {
+    for (at, gives_back) in reslots {
+        let i = at.index(scenario.events.len());
+        if scenario.events[i].redelivery {
+            scenario.events[i].reslot = Some(if gives_back { OldSlot::GivenBack } else { OldSlot::Kept });
+        }
+    }
+}
+
+/// Slots and their costs, in time order.
+type Ledger = Vec<(Millis, u64)>;
+
+/// The slots in use, per entity and across them: what a consumer would receive. A message given a
+/// new slot with its old one given back no longer counts at the old one (one that keeps it does).
+#[derive(Default)]
+struct InUse<'a> {
+    ledgers: BTreeMap<usize, Ledger>,
+    everyone: Ledger,
+    frontiers: HashMap<usize, Millis>,
+    by_message: HashMap<&'a str, (Millis, u64)>,
+}
+
+impl<'a> InUse<'a> {
+    /// Takes the arrival's answer in (a fresh decision); returns the entity's frontier before it.
+    fn take(&mut self, arrival: &'a Arrival, answer: &Reservation) -> Option<Millis> {
+        self.take_delivered(arrival, answer, answer.slot)
+    }
+
+    /// The same for an event delivered at `at` (its slot, or later within the margin).
+    fn take_delivered(&mut self, arrival: &'a Arrival, answer: &Reservation, at: Millis) -> Option<Millis> {
+        if arrival.reslot == Some(OldSlot::GivenBack)
+            && let Some(old) = self.by_message.remove(arrival.id.as_str())
+        {
+            let ledger = self.ledgers.entry(arrival.entity).or_default();
+            if let Some(at) = ledger.iter().position(|&entry| entry == old) {
+                ledger.remove(at);
+            }
+            if let Some(at) = self.everyone.iter().position(|&entry| entry == old) {
+                self.everyone.remove(at);
+            }
+        }
+        if answer.status != Status::Reserved {
+            return None;
+        }
+        let entry = (at, arrival.cost);
+        self.by_message.insert(&arrival.id, entry);
+        self.ledgers.entry(arrival.entity).or_default().push(entry);
+        self.everyone.push(entry);
+        self.frontiers.insert(arrival.entity, answer.slot)
+    }
+
+    fn sorted(mut self) -> (BTreeMap<usize, Ledger>, Ledger) {
+        self.ledgers.values_mut().for_each(|ledger| ledger.sort());
+        self.everyone.sort();
+        (self.ledgers, self.everyone)
+    }
+}
+
 /// For scenarios with pauses: per entity, slots never go backwards in reservation order, none
-/// reserved after a pause lies before its end, and every limit holds over everything reserved
-/// (a message given a new slot keeps its old one's capacity used).
+/// reserved after a pause lies before its end, and every limit holds over the slots in use.
 pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
-    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
+    let mut in_use = InUse::default();
     let mut paused: HashMap<usize, Millis> = HashMap::new();
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
         for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
             let current = paused.entry(entity).or_insert(until);
             *current = (*current).max(until);
         }
-        if answer.replayed() || answer.status != Status::Reserved {
+        if answer.replayed() {
             continue;
         }
-        let ledger = ledgers.entry(arrival.entity).or_default();
-        if ledger.last().is_some_and(|&(last, _)| answer.slot < last) {
+        if in_use.take(arrival, answer).is_some_and(|last| answer.slot < last) {
             return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        if answer.status != Status::Reserved {
+            continue;
         }
         if arrival.floor.is_some_and(|floor| answer.slot < floor) {
             return Err(format!("{arrival:?} got {answer:?}, before the frontier it carried"));
@@ -352,9 +408,8 @@ pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
         if paused.get(&arrival.entity).is_some_and(|&until| answer.slot < until) {
             return Err(format!("{arrival:?} got {answer:?}, inside a pause until {:?}", paused[&arrival.entity]));
         }
-        ledger.push((answer.slot, arrival.cost));
     }
-    for (entity, ledger) in &ledgers {
+    for (entity, ledger) in &in_use.sorted().0 {
         check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}: {e}"))?;
     }
     Ok(())
@@ -503,8 +558,11 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
     let budgets = prop::collection::vec(budget, 1..=2);
     let signals = prop::collection::vec((any::<Index>(), prop::option::weighted(0.7, 0..3usize)), 0..6);
     let pauses = prop::collection::vec((any::<Index>(), any::<Index>(), 0i64..3_000), 0..3);
-    (scenario(Kinds::All, max_events), budgets, prop::option::weighted(0.4, adaptive()), signals, pauses).prop_map(
-        |(mut scenario, budgets, adaptive, signals, pauses)| {
+    let reslots = prop::collection::vec((any::<Index>(), any::<bool>()), 0..6);
+    let shared = (budgets, prop::option::weighted(0.4, adaptive()), signals, pauses, reslots);
+    (scenario(Kinds::All, max_events), shared).prop_map(
+        |(mut scenario, (budgets, adaptive, signals, pauses, reslots))| {
+            reslot_redeliveries(&mut scenario, reslots);
             let budgets: Vec<Arc<Budget>> = budgets
                 .into_iter()
                 .enumerate()
@@ -548,27 +606,26 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
 /// no more of a budget window than its fair share (or one event's cost, when that is more); no
 /// slot lies inside a pause of a budget.
 pub fn check_budget_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
-    let mut ledgers: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
-    let mut everyone: Vec<(Millis, u64)> = Vec::new();
+    let mut in_use = InUse::default();
     let mut paused: Vec<Millis> = vec![Millis::MIN; scenario.shared.budgets.len()];
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             paused[budget] = paused[budget].max(until);
         }
-        if answer.replayed() || answer.status != Status::Reserved {
+        if answer.replayed() {
             continue;
         }
-        let ledger = ledgers.entry(arrival.entity).or_default();
-        if ledger.last().is_some_and(|&(last, _)| answer.slot < last) {
+        if in_use.take(arrival, answer).is_some_and(|last| answer.slot < last) {
             return Err(format!("{arrival:?} got {answer:?}, before the entity's previous slot"));
+        }
+        if answer.status != Status::Reserved {
+            continue;
         }
         if let Some(until) = paused.iter().find(|&&until| answer.slot < until) {
             return Err(format!("{arrival:?} got {answer:?}, inside a budget's pause until {until}"));
         }
-        ledger.push((answer.slot, arrival.cost));
-        everyone.push((answer.slot, arrival.cost));
     }
-    everyone.sort();
+    let (ledgers, everyone) = in_use.sorted();
     let largest_cost = scenario.events.iter().map(|e| e.cost).max().unwrap_or(1);
     for budget in &scenario.shared.budgets {
         check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {}: {e}", budget.name))?;
@@ -614,24 +671,20 @@ pub fn scenario_with_margin(max_events: usize) -> impl Strategy<Value = Scenario
 /// [0, margin) by event), for the entity's limits and the budgets alike.
 pub fn check_delivery_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
     let margin = scenario.shared.margin;
-    let mut delivered: BTreeMap<usize, Vec<(Millis, u64)>> = BTreeMap::new();
-    let mut everyone = Vec::new();
+    let mut in_use = InUse::default();
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
-        if answer.replayed() || answer.status != Status::Reserved {
-            continue;
+        if !answer.replayed() {
+            let late = if margin > 0 { (i as i64 * 37) % margin } else { 0 };
+            in_use.take_delivered(arrival, answer, answer.slot + late);
         }
-        let late = if margin > 0 { (i as i64 * 37) % margin } else { 0 };
-        delivered.entry(arrival.entity).or_default().push((answer.slot + late, arrival.cost));
-        everyone.push((answer.slot + late, arrival.cost));
     }
     let not_gcra: Vec<Limit> =
         scenario.limits.iter().copied().filter(|l| !matches!(l.window(), Window::Gcra { .. })).collect();
-    everyone.sort();
+    let (delivered, everyone) = in_use.sorted();
     for budget in &scenario.shared.budgets {
         check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {} at delivery: {e}", budget.name))?;
     }
-    for (entity, ledger) in &mut delivered {
-        ledger.sort();
+    for (entity, ledger) in &delivered {
         check_limits(&not_gcra, ledger).map_err(|e| format!("entity {entity} at delivery: {e}"))?;
     }
     check_schedule_or_budgets(scenario, answers)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use drip_core::budgets::Budget;
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{LimitState, Reservation, ReserveRequest, Status, state_id};
+use drip_core::schedule::{LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
@@ -82,7 +82,7 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
 }
 
 /// Cuts the events into consecutive batches of the given sizes (cycled), each ending before an
-/// operation between events (an override, a pause, a signal), and gives every event of a batch its
+/// operation between events (an override, a pause, a signal) and before a new slot, and gives every event of a batch its
 /// first event's `now`: one script call has one clock.
 fn batched(mut scenario: Scenario, sizes: &[usize]) -> (Scenario, Vec<Range<usize>>) {
     let between = |i: usize| {
@@ -90,6 +90,9 @@ fn batched(mut scenario: Scenario, sizes: &[usize]) -> (Scenario, Vec<Range<usiz
             || scenario.pauses.iter().any(|p| p.0 == i)
             || scenario.shared.signals.iter().any(|s| s.0 == i)
             || scenario.shared.budget_pauses.iter().any(|p| p.0 == i)
+            // A message is given a new slot after its attempt acted on the first one (completed
+            // it or not), never in the call that reserved it.
+            || scenario.events[i].reslot.is_some()
     };
     let (mut batches, mut start, n) = (Vec::new(), 0, scenario.events.len());
     for &size in sizes.iter().cycle() {
@@ -361,7 +364,7 @@ fn seed_scenario() -> Scenario {
             now: T0 + SECOND,
             published: T0,
             redelivery: false,
-            reslot: false,
+            reslot: None,
             floor: None,
         })
         .collect();
@@ -669,7 +672,7 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
         now,
         published,
         redelivery,
-        reslot: false,
+        reslot: None,
         floor: None,
     };
     let (t0, t1, t2) = (noon + 59 * SECOND, noon + MINUTE, noon + MINUTE + SECOND);
@@ -926,4 +929,46 @@ async fn overrides_keep_the_state_alive_as_long_as_they_matter() {
     store.delete_override(RuleRef::plain(&rule), "k", &limits[0], "test", Some(now)).await.unwrap();
     let back: i64 = connection.pttl(&state).await.unwrap();
     assert!(back > 0 && back <= own + SECOND, "back to the state's own expiry: {back} (was {own})");
+}
+
+/// A message given a new slot with its old one given back, through both stores: the old slot's
+/// unit returns to the budget's window (and the entity's), so the new slot can be in the same
+/// window; kept, it cannot. Both stores leave the same state.
+#[tokio::test]
+async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
+    let redis = RedisStore::new(shared_connection().await, "drip");
+    let limits = [Limit::new(5, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let budget = Arc::new(Budget {
+        name: unique("gateway"),
+        limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        max_share: None,
+        adaptive: None,
+        tag: unique("gateway"),
+    });
+    let budgets = [budget.clone()];
+    for (old, slot, next_window) in [(OldSlot::GivenBack, T0 + 100, None), (OldSlot::Kept, T0 + SECOND, Some(1))] {
+        let rule = unique("give-back");
+        let memory = MemoryStore::new();
+        let request = |id: &'static str, now: Millis, reslot: Option<OldSlot>| {
+            let event = ReserveRequest { budgets: &budgets, ..ReserveRequest::new(id, &limits, now) };
+            let tag = Some(budget.tag.as_str());
+            SlotRequest { reslot, tag, ..SlotRequest::new(&rule, "k", event).at(now) }
+        };
+        for store in [&redis as &dyn Store, &memory] {
+            assert_eq!(store.reserve(&request("a", T0, None)).await.unwrap().reservation.slot, T0);
+            assert_eq!(store.reserve(&request("b", T0, None)).await.unwrap().reservation.slot, T0);
+            let again = store.reserve(&request("a", T0 + 100, Some(old))).await.unwrap().reservation;
+            assert_eq!(again.slot, slot, "{old:?}");
+        }
+        let tagged = RuleRef { id: &rule, tag: Some(&budget.tag) };
+        let in_redis = redis.entity_state(tagged, "k", &limits).await.unwrap();
+        assert_eq!(Some(&in_redis), memory.entity_state(&rule, "k").as_ref(), "{old:?}");
+        let shared = redis.budget_state(&budget).await.unwrap();
+        let windows = (shared.windows.get(&(SECOND, T0)).copied(), shared.windows.get(&(SECOND, T0 + SECOND)).copied());
+        assert_eq!(windows, (Some(2), next_window), "{old:?}: the budget's windows");
+        assert_eq!(Some(&shared), memory.budget_state(&budget.name).as_ref(), "{old:?}");
+        // The next test case starts the budget afresh.
+        let mut connection = shared_connection().await;
+        let _: () = connection.del(drip_store::budget_key("drip", &budget)).await.unwrap();
+    }
 }

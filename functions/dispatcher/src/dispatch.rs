@@ -25,7 +25,7 @@ use drip_core::overflow::{
     CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, task_id,
 };
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
-use drip_core::schedule::Status;
+use drip_core::schedule::{OldSlot, Status};
 use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::{EventPost, PostError};
 use drip_service::answer::Answer;
@@ -326,13 +326,28 @@ async fn publish(
             return Ok(Outcome::DeadLetter(reason));
         }
     };
-    // A pause that began after this task was made (its slot was reserved before it) holds it too.
+    // A pause that began after this task was made (its slot was reserved before it) holds it too;
+    // the event was not delivered, so its slot's units go back.
+    let mut data = data;
     if state.tasks.is_some()
         && let Some(until) = state.store.paused_until(rule, &task.rate_limit_meta.key).await?
         && until > wall_clock_millis()
     {
         let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
-        return reschedule(state, task, (rule, delivery), &why, data).await;
+        return reschedule(state, task, (rule, delivery), (OldSlot::GivenBack, &why), data).await;
+    }
+    // A task that comes after its slot's windows (created or retried late, a publish refused for a
+    // while) would land on the events that own the window it comes in: it takes the earliest slot
+    // that fits now, its old one given back, and goes now only if that slot is now.
+    if state.tasks.is_some()
+        && let Ok(slot) = parse_rfc3339(&task.rate_limit_meta.scheduled_for)
+        && rule.waits_when_late(slot, wall_clock_millis())
+    {
+        let why = format!("late for its slot {}", format_rfc3339(slot));
+        match take_new_slot(state, task, (rule, delivery), (OldSlot::GivenBack, &why), data, true).await? {
+            NewSlot::Later(outcome) => return Ok(outcome),
+            NewSlot::Now(back) => data = back,
+        }
     }
     if let Some(url) = &rule.overflow_url {
         return deliver_to_url(state, task, (rule, delivery), url, data).await;
@@ -384,11 +399,11 @@ async fn deliver_to_url(
         Meaning::Pause { until } => {
             let effect = feedback(status, Some(until)).await?;
             tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, %detail, "the overflow URL asked to wait: paused, event rescheduled");
-            reschedule(state, task, (rule, delivery), &detail, data).await
+            reschedule(state, task, (rule, delivery), (rule.refused_slot(), &detail), data).await
         }
         Meaning::Reslot => {
             feedback(status, None).await?;
-            reschedule(state, task, (rule, delivery), &detail, data).await
+            reschedule(state, task, (rule, delivery), (rule.refused_slot(), &detail), data).await
         }
         Meaning::Retry => {
             feedback(status, None).await?;
@@ -401,16 +416,40 @@ async fn deliver_to_url(
     }
 }
 
-/// Gives the task's event a new slot (after any pause, within the rule's limits and budgets, the
-/// old slot's capacity still used) and a new task at it; the event's answer records it, so a
-/// redelivered push is acked as it is. Beyond `max_delay`, the event (its `data`) is dead-lettered.
+/// Gives the task's event a new slot and a new task at it (see [`take_new_slot`]).
 async fn reschedule(
     state: &AppState,
     task: &TaskBody,
-    (rule, delivery): (&Rule, &Delivery<'_>),
-    why: &str,
+    route: (&Rule, &Delivery<'_>),
+    why: (OldSlot, &str),
     data: Vec<u8>,
 ) -> anyhow::Result<Outcome> {
+    match take_new_slot(state, task, route, why, data, false).await? {
+        NewSlot::Later(outcome) => Ok(outcome),
+        NewSlot::Now(_) => Err(anyhow::anyhow!("a new slot now was not asked for")),
+    }
+}
+
+/// What giving a task's event a new slot came to.
+enum NewSlot {
+    /// The slot is now and the caller asked to deliver it then: its data, back.
+    Now(Vec<u8>),
+    /// A task at a later slot, or a dead letter beyond `max_delay`.
+    Later(Outcome),
+}
+
+/// Gives the task's event a new slot (after any pause, within the rule's limits and budgets, its
+/// old slot's units kept or given back as `old` says) and a new task at it, unless `now_if_due`
+/// and the slot is now. The event's answer records it, so a redelivered push is acked as it is.
+/// Beyond `max_delay`, the event (its `data`) is dead-lettered.
+async fn take_new_slot(
+    state: &AppState,
+    task: &TaskBody,
+    (rule, delivery): (&Rule, &Delivery<'_>),
+    (old, why): (OldSlot, &str),
+    data: Vec<u8>,
+    now_if_due: bool,
+) -> anyhow::Result<NewSlot> {
     let Some(tasks) = &state.tasks else {
         anyhow::bail!(
             "{why}; DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set, so Cloud Tasks retries it instead"
@@ -425,7 +464,7 @@ async fn reschedule(
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
     let published = drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes);
     let request = SlotRequest {
-        reslot: true,
+        reslot: Some(old),
         ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1)).published(published)
     };
     let reserved = state.store.reserve(&request).await?;
@@ -438,9 +477,16 @@ async fn reschedule(
     if let Some(reason) = late {
         let detail = format!("{why}; the next slot, {}, cannot be had ({reason})", format_rfc3339(slot));
         publish_dead_letter(state, task, Some(rule), Refused { reason, detail }, data, None).await?;
-        return Ok(Outcome::DeadLetter(reason));
+        return Ok(NewSlot::Later(Outcome::DeadLetter(reason)));
     }
     let now = reserved.now;
+    if now_if_due && slot <= now {
+        if let Err(error) = state.store.complete(&request, &reserved).await {
+            tracing::warn!(%error, "could not record the new slot as acted upon");
+        }
+        tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, "{why}: its new slot is now");
+        return Ok(NewSlot::Now(data));
+    }
     if let TaskPayload::ClaimCheck(reference) = &task.payload {
         state.store.keep_payload(reference, slot - now + CLAIM_CHECK_MARGIN).await?;
     }
@@ -452,8 +498,8 @@ async fn reschedule(
     if let Err(error) = state.store.complete(&request, &reserved).await {
         tracing::warn!(%error, "could not record the new slot as acted upon");
     }
-    tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, slot = %format_rfc3339(slot), "rescheduled");
-    Ok(Outcome::Rescheduled)
+    tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, slot = %format_rfc3339(slot), "{why}: rescheduled");
+    Ok(NewSlot::Later(Outcome::Rescheduled))
 }
 
 fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {

@@ -46,7 +46,11 @@ struct Dispatcher {
 }
 
 fn dispatcher() -> Dispatcher {
-    let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", RULES).unwrap(), "handlers.yaml").unwrap();
+    dispatcher_with(RULES)
+}
+
+fn dispatcher_with(rules: &str) -> Dispatcher {
+    let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", rules).unwrap(), "handlers.yaml").unwrap();
     let metrics = Arc::new(ServiceMetrics::new(("dispatches", "-"), ("dispatch_lateness_seconds", "-")));
     let pubsub = Arc::new(RecordingPublisher::default());
     let (store, tasks) = (Arc::new(MemoryStore::new()), Arc::new(RecordingTasks::default()));
@@ -332,4 +336,74 @@ async fn a_batch_for_an_overflow_url_posts_each_event_alone_at_its_slot() {
         assert!(*at >= slot, "posted at {at}, before its slot {slot}");
     }
     assert!(d.published().is_empty(), "nothing on the overflow topic: the URL took them");
+}
+
+/// Reserves message `id` of `key` at `at`, as the limiter did when it made the message's task.
+async fn reserve_at(d: &Dispatcher, key: &str, id: &str, at: Millis) -> Millis {
+    let rule = d.state.rules.current().rules[0].clone();
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let identity = MessageRef::new(id.to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
+    let request = drip_store::SlotRequest::for_rule(&rule, key, &identity, 1).at(at);
+    Store::reserve(&*d.store, &request).await.unwrap().reservation.slot
+}
+
+/// A task that comes in a later window than its slot's (created or retried late) takes the
+/// earliest slot that fits now, its old one given back: a task of its own when the current
+/// window is full, published at once when it has room. `late_events: deliver` publishes at once.
+#[tokio::test]
+async fn a_late_task_waits_its_turn_unless_its_window_has_room() {
+    let d = dispatcher();
+    let now = wall_clock_millis();
+    let past = (now - 5 * SECOND).div_euclid(SECOND) * SECOND;
+    let payout = || BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    // merchant_7's window now is taken by an event that owns it; merchant_9's is free.
+    assert_eq!(reserve_at(&d, "merchant_7", "late-7", past).await, past);
+    reserve_at(&d, "merchant_7", "owner", now).await;
+    assert_eq!(reserve_at(&d, "merchant_9", "late-9", past).await, past);
+    for (id, key) in [("late-7", "merchant_7"), ("late-9", "merchant_9")] {
+        let body = event(id, key, past, TaskPayload::inline(b"{}"), payout());
+        assert_eq!(d.run(&body, Some(&seal(&body, past, TASK_NAME))).await, StatusCode::OK);
+    }
+    let published: Vec<String> = d.published_ids().into_iter().map(|(_, id, _)| id).collect();
+    assert_eq!(published, ["late-9"], "the key with room now publishes at once");
+    let tasks = d.tasks.created.lock().unwrap().clone();
+    assert_eq!(tasks.len(), 1, "the other waits for the window after the one its owner holds: {tasks:?}");
+    assert!(tasks[0].at > now.div_euclid(SECOND) * SECOND && tasks[0].at <= now + 2 * SECOND, "{tasks:?}");
+
+    let d = dispatcher_with(
+        &RULES
+            .replace("overflow_topic: payouts-overflow", "overflow_topic: payouts-overflow\n    late_events: deliver"),
+    );
+    assert_eq!(reserve_at(&d, "merchant_7", "late-7", past).await, past);
+    reserve_at(&d, "merchant_7", "owner", now).await;
+    let body = event("late-7", "merchant_7", past, TaskPayload::inline(b"{}"), payout());
+    assert_eq!(d.run(&body, Some(&seal(&body, past, TASK_NAME))).await, StatusCode::OK);
+    assert_eq!(d.published_ids().len(), 1, "late_events: deliver publishes at once");
+    assert!(d.tasks.created.lock().unwrap().is_empty());
+}
+
+/// A task that finds its key paused was never delivered: its slot's units go back as it takes
+/// the slot after the pause. Two payouts an hour, both reserved, then a pause: the first's task
+/// gets the slot at the pause's end in the same hour; were its old slot kept, the hour would be
+/// full and it would be dead-lettered past max_delay.
+#[tokio::test]
+async fn a_task_that_finds_a_pause_gives_its_slot_back() {
+    let hourly = RULES.replace("limits: [ { limit: 1, per: 1s } ]", "limits: [ { limit: 2, per: 1h } ]");
+    let d = dispatcher_with(&hourly);
+    let now = wall_clock_millis();
+    let hour_end = (now / HOUR + 1) * HOUR;
+    let until = (now + SECOND).min(hour_end - 1);
+    assert_eq!(reserve_at(&d, "merchant_7", "first", now).await, now);
+    assert_eq!(reserve_at(&d, "merchant_7", "second", now).await, now);
+    let rule = d.state.rules.current().rules[0].clone();
+    Store::pause(&*d.store, &rule, "merchant_7", until).await.unwrap();
+    let payout = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let body = event("first", "merchant_7", now, TaskPayload::inline(b"{}"), payout);
+    assert_eq!(d.run(&body, Some(&seal(&body, now, TASK_NAME))).await, StatusCode::OK);
+    assert!(d.published_ids().is_empty(), "nothing published during the pause, nothing dead-lettered");
+    let tasks = d.tasks.created.lock().unwrap().clone();
+    assert_eq!(tasks.iter().map(|t| t.at).collect::<Vec<_>>(), [until], "the slot at the pause's end");
+    let state = d.store.entity_state(&rule.id, "merchant_7").unwrap();
+    let hour = drip_core::schedule::LimitState::Fixed { window: now / HOUR * HOUR, used: 2 };
+    assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour], "two units in the hour, not three");
 }

@@ -13,7 +13,7 @@ use drip_core::event::Event;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::routing::{Decision, Plan, plan};
 use drip_core::rules::{Mode, Rule};
-use drip_core::schedule::{Attempt, Reservation, ReserveRequest};
+use drip_core::schedule::{Attempt, OldSlot, Reservation, ReserveRequest};
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
 use drip_service::feedback;
@@ -111,7 +111,18 @@ async fn reserve_and_act(
     };
     let mut request = SlotRequest::for_rule(rule, key, &identity, cost);
     request.event = ReserveRequest { lease: state.lease, published, floor, ..request.event };
-    let reserved = state.step(state.store.reserve(&request)).await?;
+    let mut reserved = state.step(state.store.reserve(&request)).await?;
+    // A redelivery of an event that was to go at once, after its attempt died (its lease held the
+    // slot meanwhile), would land on the events that own the window it comes in: it takes the
+    // earliest slot that fits now, its old one given back (it was never forwarded).
+    if reserved.reservation.attempt == Attempt::Resumed
+        && Decision::of(&reserved.reservation, rule.inline_wait) == Decision::Forward
+        && rule.waits_when_late(reserved.reservation.slot, reserved.now)
+    {
+        let again = SlotRequest { reslot: Some(OldSlot::GivenBack), ..request };
+        tracing::info!(message_id = %event.id, rule = %rule.name, key, slot = %format_rfc3339(reserved.reservation.slot), "a redelivery late for its slot: given a new one");
+        reserved = state.step(state.store.reserve(&again)).await?;
+    }
     let reservation = reserved.reservation;
     match reservation.attempt {
         Attempt::Busy => {
@@ -213,7 +224,10 @@ async fn act(
                 let effect = feedback::apply((&*state.store, &state.metrics), rule, key, None, signal).await?;
                 tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = until.map(format_rfc3339), %detail, "the downstream asked to wait: event rescheduled");
             }
-            let again = SlotRequest { reslot: true, ..*request };
+            // Never delivered (a pause while it waited inline), or refused: its old slot's units
+            // go back unless the rule counts refused calls.
+            let old = if status.is_some() { rule.refused_slot() } else { OldSlot::GivenBack };
+            let again = SlotRequest { reslot: Some(old), ..*request };
             let moved = state.store.reserve(&again).await?;
             let acting = Acting { slot: moved.reservation.slot, ..acting };
             let done = match Decision::of(&moved.reservation, 0) {

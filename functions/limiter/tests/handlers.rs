@@ -963,3 +963,35 @@ async fn each_instance_serves_only_the_route_classes_it_is_given() {
     assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/merchant_1/pause", None).await.0, StatusCode::NOT_FOUND);
     assert_eq!(l.send("POST", "/v1/feedback", Some(feedback)).await.0, StatusCode::OK, "merchant_1 now has state");
 }
+
+/// A push redelivered after the attempt that was to forward it died (its lease held the slot
+/// meanwhile) comes after its slot's window: it takes the earliest slot that fits now, its old
+/// one given back, instead of landing on the event that owns the window it comes in. Here the
+/// window holds one event and has one already: the late event waits inline for the next window.
+#[tokio::test]
+async fn a_late_redelivery_waits_for_a_window_with_room() {
+    let l = limiter();
+    let now = drip_core::time::wall_clock_millis();
+    let window = |t: i64| t.div_euclid(2 * SECOND);
+    // Its first attempt reserved it 3 s ago (a window of its own) and died before forwarding.
+    let past = now - 3 * SECOND;
+    let published = drip_core::time::format_rfc3339(past);
+    let attributes = [("event_type", "inline"), ("merchant", "8")];
+    let owned: std::collections::BTreeMap<String, String> =
+        attributes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let identity =
+        drip_core::event::MessageRef::new("crashed".to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&owned);
+    let rule = l.state.rules.current().rule("inline").unwrap().clone();
+    let filed = drip_core::event::filing_time(Some(&published), &owned);
+    let request = drip_store::SlotRequest::for_rule(&rule, "merchant_8", &identity, 1).published(filed).at(past);
+    let first = drip_store::Store::reserve(&*l.store, &request).await.unwrap().reservation;
+    assert_eq!(first.slot, past);
+    // The window now belongs to another event.
+    assert_eq!(l.push("owner", &attributes, b"{}").await, StatusCode::NO_CONTENT);
+    let body = drip_tests::push_envelope("crashed", SUBSCRIPTION, &published, &attributes, b"{}");
+    assert_eq!(l.post("/push", body).await.0, StatusCode::NO_CONTENT);
+    let at: Vec<(String, i64)> =
+        l.published("inline-ready").iter().map(|p| (p.attributes["drip-message-id"].clone(), window(p.at))).collect();
+    assert_eq!(at.len(), 2, "{at:?}");
+    assert_ne!(at[0].1, at[1].1, "one event per 2 s window at the topic, the late one in the next: {at:?}");
+}

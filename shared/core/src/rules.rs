@@ -111,6 +111,40 @@ pub struct Rule {
     pub adaptive: Option<Adaptive>,
     /// How late a delivery may be and still count in its slot's window (`ReserveRequest::margin`).
     pub delivery_margin: Millis,
+    /// What an event that comes later than that does.
+    pub late_events: LateEvents,
+    /// A call the downstream refused (429/503) still counts: its slot is kept when it is
+    /// rescheduled (`OldSlot::Kept`); by default its units go back.
+    pub count_refused: bool,
+}
+
+impl Rule {
+    /// What becomes of the slot of an event the downstream refused (429/503) when it is given a
+    /// new one: kept when the rule counts refused calls, else given back.
+    pub fn refused_slot(&self) -> crate::schedule::OldSlot {
+        match self.count_refused {
+            true => crate::schedule::OldSlot::Kept,
+            false => crate::schedule::OldSlot::GivenBack,
+        }
+    }
+
+    /// Whether an event of this rule delivered at `at` for `slot` would be late
+    /// (`ReserveRequest::delivery_is_late`), and the rule wants such events to wait their turn.
+    pub fn waits_when_late(&self, slot: Millis, at: Millis) -> bool {
+        self.late_events == LateEvents::Wait
+            && crate::schedule::ReserveRequest::for_rule(self, "", 1, 0).delivery_is_late(slot, at)
+    }
+}
+
+/// What an event that reaches Drip after its slot plus the rule's `delivery_margin` does (a push
+/// redelivered after the limiter was killed, a Cloud Task created late or retried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateEvents {
+    /// It takes the earliest slot that fits now (its old one given back), so no window at the
+    /// consumer holds more than its limit.
+    Wait,
+    /// It goes at once: latency over the limit.
+    Deliver,
 }
 
 /// `enforce` (the default) acts on each decision; `shadow` reserves and records exactly as

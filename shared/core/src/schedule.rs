@@ -38,6 +38,18 @@ pub enum Status {
     CostExceedsLimit,
 }
 
+/// What becomes of the old slot of a message given a new one ([`Scheduler::reslot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OldSlot {
+    /// It still counts in its windows: the downstream received the event, and the rule counts the
+    /// calls it refused (`count_refused`).
+    Kept,
+    /// Its units go back to the windows that have not closed, atomically with taking the new slot:
+    /// the event was never delivered (its task found a pause, or it came too late to be delivered
+    /// in its slot's windows), or the downstream refused it and the rule does not count refusals.
+    GivenBack,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reservation {
     pub slot: Millis,
@@ -118,6 +130,19 @@ impl<'a> ReserveRequest<'a> {
             adaptive: None,
             margin: 0,
         }
+    }
+
+    /// Whether delivering at `at` an event whose slot is `slot` may put a window over its limit at
+    /// the consumer: `at` lies in a later window than the slot's for a fixed limit (the rule's or a
+    /// budget's: a slot is never in a window's last `margin`), or more than `margin` (at least
+    /// [`DISPATCH_JITTER`]) after the slot for a sliding or gcra limit. Such an event takes a new
+    /// slot instead (`LateEvents::Wait`).
+    pub fn delivery_is_late(&self, slot: Millis, at: Millis) -> bool {
+        let budget_limits = self.budgets.iter().flat_map(|b| &b.limits);
+        self.limits.iter().chain(budget_limits).any(|limit| match limit.window() {
+            Window::Fixed(_) => at.div_euclid(limit.per()) > slot.div_euclid(limit.per()),
+            Window::Sliding | Window::Gcra { .. } => at > slot + self.margin.max(DISPATCH_JITTER),
+        })
     }
 
     /// A request for one event of `rule` at `now`: the rule's limits, `max_delay`, budgets,
@@ -261,6 +286,12 @@ struct Entity {
     answers: HashMap<AnswerFile, Answer>,
 }
 
+/// How late a sliding or gcra event may be delivered before it counts as late (without a larger
+/// `delivery_margin`): the jitter of a Cloud Tasks dispatch. An event later than that has met a
+/// fault (a crash, a retried create or publish) and takes a new slot; a few milliseconds of
+/// jitter must not send every event of a backlog to its end.
+pub const DISPATCH_JITTER: Millis = crate::time::SECOND;
+
 /// Answers are filed by the minute of their message's publication (Redis keeps one hash per
 /// minute, so that old answers expire together).
 pub const ANSWER_MINUTE: Millis = 60_000;
@@ -313,14 +344,24 @@ impl Scheduler {
             let Answer { slot, status, decided_at, .. } = *answer;
             return Reservation { slot, status, decided_at, attempt };
         }
-        self.decide(rule, key, request)
+        self.decide(rule, key, request, None)
     }
 
     /// Reserves a new slot for a message that already has one (the attempt holding its lease was
-    /// told to wait by the downstream): the earliest slot now, after any pause, replaces the answer.
-    /// The old slot's capacity stays used: a window never gets more than its limit.
-    pub fn reslot(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
-        self.decide(rule, key, request)
+    /// told to wait by the downstream, found a pause, or came too late): the earliest slot now,
+    /// after any pause, replaces the answer. `old` says whether the old slot's units go back first
+    /// (see [`give_back`] for where they can).
+    pub fn reslot(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>, old: OldSlot) -> Reservation {
+        let given_back = match old {
+            OldSlot::Kept => None,
+            OldSlot::GivenBack => self
+                .entities
+                .get(&(rule.to_owned(), key.to_owned()))
+                .and_then(|e| e.answers.get(&answer_file(request.message_id, request.published)))
+                .filter(|a| a.status == Status::Reserved)
+                .map(|a| a.slot),
+        };
+        self.decide(rule, key, request, given_back)
     }
 
     /// No slot of the entity before `until` (a later pause extends it, an earlier one changes nothing).
@@ -369,11 +410,21 @@ impl Scheduler {
         self.budgets.get(budget)
     }
 
-    /// A fresh decision for the request's message: its slot reserved (or why not) and its answer filed.
-    fn decide(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
+    /// A fresh decision for the request's message: its slot reserved (or why not) and its answer
+    /// filed, after `given_back`'s units went back (unless the cost is over a count in force).
+    fn decide(
+        &mut self,
+        rule: &str,
+        key: &str,
+        request: &ReserveRequest<'_>,
+        given_back: Option<Millis>,
+    ) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let shared = budget_limits(&self.budgets, request);
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
+        if let Some(old) = given_back.filter(|_| !exceeded) {
+            give_back(&mut entity.state, &mut self.budgets, (request, old), &own, &shared);
+        }
         let (slot, runs) = if exceeded {
             (request.now, Vec::new())
         } else {
@@ -448,6 +499,64 @@ impl Scheduler {
     pub fn delete_override(&mut self, rule: &str, key: &str, id: &str) -> Option<LimitOverride> {
         let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
         entity.state.overrides.remove(id)
+    }
+}
+
+/// Gives the units of `old` (a slot of the request's message that was never used) back, wherever
+/// the window that holds them has not closed at `now` and can take them back exactly: the
+/// entity's fixed (start) windows and fair shares when `old` lies in the window the entity holds,
+/// budgets' start-placed windows (a run of full windows it lies in keeps only what it now holds);
+/// gcra and sliding limits only when `old` is the entity's latest slot (undoing an earlier one
+/// would need the slots after it). Spread-placed windows keep them: the positions of their later
+/// events count on them. What is kept is only capacity unused, never a window over its limit.
+fn give_back(
+    state: &mut EntityState,
+    budgets: &mut HashMap<String, BudgetState>,
+    (request, old): (&ReserveRequest<'_>, Millis),
+    own: &[EntityLimit],
+    shared: &[BudgetLimit<'_>],
+) {
+    let (cost, now) = (request.cost, request.now);
+    let latest = state.last_slot == Some(old);
+    for EntityLimit { id, limit, count } in own {
+        let per = limit.per();
+        match (limit.window(), state.limits.get_mut(id)) {
+            (Window::Fixed(Placement::Start), Some(LimitState::Fixed { window, used }))
+                if *window == old.div_euclid(per) * per && *window + per > now =>
+            {
+                *used = used.saturating_sub(cost);
+            }
+            (Window::Gcra { .. }, Some(LimitState::Gcra { tat, tat_rem })) if latest => {
+                // TAT − cost·T, exactly: its remainder is in units of 1/count ms.
+                let n = *count as i64;
+                let d = *tat_rem as i64 - cost as i64 * per;
+                *tat += d.div_euclid(n);
+                *tat_rem = d.rem_euclid(n) as u64;
+            }
+            (Window::Sliding, Some(LimitState::Sliding { base, entries })) if latest => {
+                let before = entries.len().checked_sub(2).map_or(*base, |i| entries[i].1);
+                if let Some(newest) = entries.back_mut().filter(|(time, _)| *time == old) {
+                    newest.1 = newest.1.saturating_sub(cost);
+                    if newest.1 <= before {
+                        entries.pop_back();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for BudgetLimit { budget, limit, .. } in shared {
+        let (per, window) = (limit.per(), old.div_euclid(limit.per()) * limit.per());
+        if limit.window() != Window::Fixed(Placement::Start) || window + per <= now {
+            continue;
+        }
+        let Some(held) = budgets.get_mut(&budget.name) else { continue };
+        if let Some(used) = held.windows.get_mut(&(per, window)) {
+            *used = used.saturating_sub(cost);
+            if let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window)) {
+                run.least = run.least.min(*used);
+            }
+        }
     }
 }
 
@@ -746,6 +855,37 @@ mod tests {
                 s.reserve("r", "k", &r).slot
             })
             .collect()
+    }
+
+    #[test]
+    fn a_delivery_is_late_once_it_leaves_its_slot_s_window_or_margin() {
+        let fixed = [limit(10, SECOND, Window::Fixed(Placement::Start))];
+        let request = request("m", &fixed, 0);
+        assert!(!request.delivery_is_late(1_200, 1_999), "the same window");
+        assert!(request.delivery_is_late(1_200, 2_000), "the next window");
+        let gcra = [limit(10, SECOND, Window::Gcra { burst: 1 })];
+        let request = ReserveRequest { margin: 2 * SECOND, ..super::tests::request("m", &gcra, 0) };
+        assert!(!request.delivery_is_late(1_200, 3_200), "within the margin");
+        assert!(request.delivery_is_late(1_200, 3_201), "past it");
+        let request = super::tests::request("m", &gcra, 0);
+        assert!(!request.delivery_is_late(1_200, 1_200 + DISPATCH_JITTER), "a dispatch's jitter is not late");
+        assert!(request.delivery_is_late(1_200, 1_201 + DISPATCH_JITTER));
+    }
+
+    /// A message given a new slot with its old one given back: the units return to the window
+    /// the entity holds and to the budget's, so the window takes another event; kept, they do not.
+    #[test]
+    fn a_new_slot_gives_the_old_one_s_units_back_when_asked() {
+        let limits = [limit(2, SECOND, Window::Fixed(Placement::Start))];
+        for (old, slot, held) in [(OldSlot::GivenBack, 100, (0, 2)), (OldSlot::Kept, SECOND, (SECOND, 1))] {
+            let mut s = Scheduler::new();
+            assert_eq!(s.reserve("r", "k", &request("a", &limits, 0)).slot, 0);
+            assert_eq!(s.reserve("r", "k", &request("b", &limits, 0)).slot, 0);
+            // "a" was never delivered: it asks again at 100 ms.
+            assert_eq!(s.reslot("r", "k", &request("a", &limits, 100), old).slot, slot, "{old:?}");
+            let state = s.entity_state("r", "k").unwrap().limits.values().next().cloned();
+            assert_eq!(state, Some(LimitState::Fixed { window: held.0, used: held.1 }), "{old:?}");
+        }
     }
 
     #[test]

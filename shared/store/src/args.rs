@@ -7,7 +7,7 @@
 
 use drip_core::budgets::{Adaptive, adaptive_window};
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::override_id;
+use drip_core::schedule::{OldSlot, override_id};
 use drip_core::time::Millis;
 
 use crate::keys::{ANSWER_BUCKET, budget_key, field};
@@ -191,7 +191,14 @@ impl ReserveArgs {
             .int("event.answers_keep", answers_keep(event.max_delay))
             .int("event.lease", event.lease)
             .int("event.state_keep", longest_window + STATE_MARGIN)
-            .str("event.reslot", if request.reslot { "reslot" } else { "" })
+            .str(
+                "event.reslot",
+                match request.reslot {
+                    None => "",
+                    Some(OldSlot::Kept) => "keep",
+                    Some(OldSlot::GivenBack) => "give",
+                },
+            )
             .opt("event.floor", event.floor)
             .int("event.margin", event.margin);
         adaptive(&mut args, event.adaptive.as_ref(), event.limits);

@@ -112,12 +112,9 @@ impl MemoryStore {
     pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
         let now = request.now().unwrap_or_else(wall_clock_millis);
         let model_request = ReserveRequest { now, ..request.event };
-        let reservation = self.with(|s| {
-            if request.reslot {
-                s.reslot(request.rule, request.key, &model_request)
-            } else {
-                s.reserve(request.rule, request.key, &model_request)
-            }
+        let reservation = self.with(|s| match request.reslot {
+            Some(old) => s.reslot(request.rule, request.key, &model_request, old),
+            None => s.reserve(request.rule, request.key, &model_request),
         });
         Ok(Reserved { reservation, now })
     }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use drip_core::schedule::{Reservation, ReserveRequest};
+use drip_core::schedule::{OldSlot, Reservation, ReserveRequest};
 use drip_core::time::Millis;
 
 use crate::keys::RuleRef;
@@ -19,8 +19,9 @@ pub struct SlotRequest<'a> {
     /// The hash tag of the rule's budgets (`RuleRef::tag`), if it draws from any.
     pub tag: Option<&'a str>,
     /// Give a message that already has an answer a new slot (its attempt holds the lease and was
-    /// told to wait by the downstream); false for an ordinary reservation.
-    pub reslot: bool,
+    /// told to wait by the downstream, found a pause, or came too late), its old slot's units kept
+    /// or given back; `None` for an ordinary reservation.
+    pub reslot: Option<OldSlot>,
     /// The event as the model reserves it. Its `message_id` is the message's identity
     /// (`MessageRef::identity`: id and subscription); its `now` counts only when `store_clock` is
     /// false.
@@ -38,7 +39,7 @@ impl<'a> SlotRequest<'a> {
 
     /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
     pub fn new(rule: &'a str, key: &'a str, event: ReserveRequest<'a>) -> Self {
-        Self { rule, key, tag: None, reslot: false, event, store_clock: true }
+        Self { rule, key, tag: None, reslot: None, event, store_clock: true }
     }
 
     /// The request for one event of `rule` (its limits, budgets and the rest, as

@@ -38,7 +38,10 @@ fn the_arguments_of_a_rich_call_are_pinned() {
     let now = 1_800_000_000_123;
     let mut first = SlotRequest::for_rule(rule, "merchant_7", "m1", 2).at(now).published(Some(now));
     first.event = ReserveRequest { lease: 15_000, floor: Some(now + 2_000), ..first.event };
-    let second = SlotRequest { reslot: true, ..SlotRequest::for_rule(rule, "merchant_8", "m2", 1).at(now) };
+    let second = SlotRequest {
+        reslot: Some(drip_core::schedule::OldSlot::GivenBack),
+        ..SlotRequest::for_rule(rule, "merchant_8", "m2", 1).at(now)
+    };
     let call = store.reserve_batch_call(&[first, second]);
     let (keys, args) = call.described();
     let mut lines: Vec<String> = keys.iter().map(|key| format!("key = {key:?}")).collect();

@@ -80,6 +80,15 @@ enum ModeName {
     Shadow,
 }
 
+/// `late_events` of a rule.
+#[derive(schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum LateEventsName {
+    Wait,
+    Deliver,
+}
+
 /// `overflow_format` of a rule.
 #[derive(schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -207,6 +216,14 @@ pub(super) struct RawRule {
     /// The limits hold at every delivery up to this late (e.g. `100ms`): slots leave room for it.
     #[schemars(regex(pattern = DURATION))]
     pub(super) delivery_margin: Option<String>,
+    /// What an event that comes after its slot plus `delivery_margin` does (a redelivery after a
+    /// crash, a retried task): `wait` (default: it takes the earliest slot that fits now) or
+    /// `deliver` (it goes at once, latency over the limit).
+    #[schemars(with = "Option<LateEventsName>")]
+    pub(super) late_events: Option<String>,
+    /// Whether a call the downstream refused (429/503) counts against the limits (default false:
+    /// its units go back when it is rescheduled).
+    pub(super) count_refused: Option<bool>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]

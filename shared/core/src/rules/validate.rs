@@ -142,6 +142,14 @@ pub(super) fn validate_rule(
             None
         }
     };
+    let late_events = match raw.late_events.as_deref() {
+        None | Some("wait") => Some(LateEvents::Wait),
+        Some("deliver") => Some(LateEvents::Deliver),
+        Some(other) => {
+            errors.push("late_events", format!("unknown value '{other}', expected wait or deliver"));
+            None
+        }
+    };
     let overflow_format = match raw.overflow_format.as_deref() {
         None | Some("enriched") => Some(OverflowFormat::Enriched),
         Some("original") => Some(OverflowFormat::Original),
@@ -231,6 +239,8 @@ pub(super) fn validate_rule(
         feedback: feedback?,
         adaptive: adaptive?,
         delivery_margin: delivery_margin?,
+        late_events: late_events?,
+        count_refused: raw.count_refused.unwrap_or(false),
     };
     Some((rule, budget_names))
 }
