@@ -228,6 +228,7 @@ pub fn task_settings(endpoint: &str, queues: &[String], dispatcher_url: &str, ti
         task_batch_max: 500,
         task_batch_bucket_ms: 1_000,
         task_batch_in_flight: 2,
+        task_batch_linger_ms: 0,
     }
 }
 
@@ -314,6 +315,7 @@ async fn start_dispatcher(
             task_batch_max: 500,
             task_batch_bucket_ms: 1_000,
             task_batch_in_flight: 2,
+            task_batch_linger_ms: 0,
         },
     };
     let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("rules")));

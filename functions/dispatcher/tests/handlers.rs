@@ -66,7 +66,7 @@ fn dispatcher_with(rules: &str) -> Dispatcher {
         target: Arc::new(HttpTarget::new(Duration::from_secs(1), IdTokenMode::Never).unwrap()),
         tasks: Some(TaskBatcher::new(
             Tasks::new(tasks.clone(), vec!["q".into()], TaskSigner::new(KEY)),
-            TaskBatching { max_events: 500, bucket: 1_000, in_flight: 1 },
+            TaskBatching { max_events: 500, bucket: 1_000, in_flight: 1, linger: 0 },
         )),
         early_tolerance: SECOND,
         accept_unsigned_until: None,

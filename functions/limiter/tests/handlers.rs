@@ -133,7 +133,7 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         publishers: pubsub.clone(),
         tasks: Some(TaskBatcher::new(
             Tasks::new(tasks.clone(), vec![QUEUE.to_owned()], TaskSigner::new(SIGNING_KEY)),
-            TaskBatching { max_events: 500, bucket: SECOND, in_flight: 1 },
+            TaskBatching { max_events: 500, bucket: SECOND, in_flight: 1, linger: 0 },
         )),
         target: Arc::new(HttpTarget::new(Duration::from_secs(5), IdTokenMode::Never).unwrap()),
         auth: drip_limiter::LimiterAuth::off(),

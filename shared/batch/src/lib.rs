@@ -1,9 +1,11 @@
 //! Group commit, the one batching rule Drip uses for reservations (a `reserve.lua` call), delayed
 //! events (a Cloud Task) and publishes (a Pub/Sub request): while a lane has `max_in_flight` calls
 //! in flight, what arrives waits, and the next call carries everything waiting (as much as one
-//! call takes). There is no timer: an item that arrives at an idle lane goes at once, so batching
-//! never adds latency to a lone request, and batches grow exactly as fast as calls are slower
-//! than arrivals.
+//! call takes). By default there is no timer: an item that arrives at an idle lane goes at once, so
+//! batching never adds latency to a lone request, and batches grow exactly as fast as calls are
+//! slower than arrivals. A lane may be given a linger ([`GroupCommit::with_linger`]): an item that
+//! finds it idle then waits that long for others to join its call (delayed events, whose slot is
+//! seconds away, can afford it; their push is answered later, the event is not delivered later).
 //!
 //! A batch's call runs in a task of its own, so a caller that gives up (a deadline, a dropped
 //! request) never strands the answers of the others waiting with it; an item that finds its lane
@@ -101,6 +103,8 @@ struct Lane<F: Flush> {
 pub struct GroupCommit<F: Flush> {
     flusher: F,
     max_in_flight: usize,
+    /// How long the first item at an idle lane waits for others before its call (zero: none).
+    linger: std::time::Duration,
     lanes: Mutex<HashMap<F::Lane, Lane<F>>>,
     next_id: std::sync::atomic::AtomicU64,
 }
@@ -113,9 +117,15 @@ impl<F: Flush> std::fmt::Debug for GroupCommit<F> {
 
 impl<F: Flush> GroupCommit<F> {
     pub fn new(flusher: F, max_in_flight: usize) -> Arc<Self> {
+        Self::with_linger(flusher, max_in_flight, std::time::Duration::ZERO)
+    }
+
+    /// The same, where an item that finds its lane idle waits `linger` for others to join its call.
+    pub fn with_linger(flusher: F, max_in_flight: usize, linger: std::time::Duration) -> Arc<Self> {
         Arc::new(Self {
             flusher,
             max_in_flight: max_in_flight.max(1),
+            linger,
             lanes: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
         })
@@ -146,7 +156,7 @@ impl<F: Flush> GroupCommit<F> {
             }
             // Only on an idle lane: with calls in flight, a spawned call leaves what arrives with
             // it a moment to join (batches under load stay as large as before).
-            if idle && entry.waiting.is_empty() {
+            if idle && entry.waiting.is_empty() && self.linger.is_zero() {
                 Start::Alone(item)
             } else {
                 entry.waiting.push_back(Waiting { id, item, reply });
@@ -162,7 +172,15 @@ impl<F: Flush> GroupCommit<F> {
                 self.flusher.flush(&lane, vec![item]).await.into_iter().next()
             }
             Start::Driver => {
-                tokio::spawn(Arc::clone(self).drive(lane.clone()));
+                let linger = self.linger;
+                let group = Arc::clone(self);
+                let lane_of_call = lane.clone();
+                tokio::spawn(async move {
+                    if !linger.is_zero() {
+                        tokio::time::sleep(linger).await;
+                    }
+                    group.drive(lane_of_call).await;
+                });
                 self.await_answer(&lane, id, answer).await
             }
             Start::Waits => self.await_answer(&lane, id, answer).await,
@@ -269,6 +287,27 @@ mod tests {
         assert_eq!(group.submit("a", 21).await, Some(42));
         assert_eq!(started.elapsed(), Duration::from_millis(10), "no wait before its call");
         assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![21]]);
+    }
+
+    /// With a linger, the first item at an idle lane waits that long, and what arrives meanwhile
+    /// shares its call.
+    #[tokio::test(start_paused = true)]
+    async fn with_a_linger_items_arriving_close_together_share_a_call() {
+        let tasks = Mutex::default();
+        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
+        let group = GroupCommit::with_linger(flusher, 1, Duration::from_millis(50));
+        let started = tokio::time::Instant::now();
+        let submit = |item: u32, after: u64| {
+            let group = group.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                group.submit("a", item).await
+            }
+        };
+        let (a, b, c) = tokio::join!(submit(1, 0), submit(2, 20), submit(3, 40));
+        assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1, 2, 3]], "one call for the three");
+        assert_eq!(started.elapsed(), Duration::from_millis(60), "the linger, then the call");
     }
 
     /// A lone item's call runs in its caller's task (no spawn, no channel on the path of a lone

@@ -10,6 +10,7 @@
 //! redelivery regrouped elsewhere): the dispatcher's once-only claim per event publishes it once.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use drip_batch::{Flush, GroupCommit};
 use drip_core::overflow::{BATCH_ENVELOPE, MAX_INLINE_TASK_BODY, TaskBatch, batch_task_id};
@@ -121,7 +122,9 @@ impl std::fmt::Debug for TaskBatcher {
 
 impl TaskBatcher {
     pub fn new(tasks: Tasks, batching: TaskBatching) -> Arc<Self> {
-        let group = GroupCommit::new(TaskCreates { tasks: tasks.clone(), batching }, batching.in_flight);
+        let linger = Duration::from_millis(batching.linger.max(0) as u64);
+        let group =
+            GroupCommit::with_linger(TaskCreates { tasks: tasks.clone(), batching }, batching.in_flight, linger);
         Arc::new(Self { tasks, batching, group })
     }
 

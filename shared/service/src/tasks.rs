@@ -22,6 +22,9 @@ pub struct TaskBatching {
     /// Creates of one (queue, bucket) in flight at once: fewer make larger batches, and make a
     /// push that arrives during them wait for one more create (docs/design.md: "Batching").
     pub in_flight: usize,
+    /// How long a delayed event that finds its (queue, bucket) idle waits for others to share its
+    /// task (0: none). Its push is answered that much later; the event is not delivered later.
+    pub linger: Millis,
 }
 
 /// Cloud Tasks settings (docs/operations.md: "Settings").
@@ -64,6 +67,9 @@ pub struct TaskSettings {
     /// Creates of one queue and bucket in flight at once.
     #[envconfig(from = "DRIP_TASK_BATCH_IN_FLIGHT", default = "2")]
     pub task_batch_in_flight: usize,
+    /// How long a delayed event at an idle (queue, bucket) waits for others to share its task.
+    #[envconfig(from = "DRIP_TASK_BATCH_LINGER_MS", default = "0")]
+    pub task_batch_linger_ms: u64,
 }
 
 impl TaskSettings {
@@ -119,6 +125,7 @@ impl TaskSettings {
             max_events: self.task_batch_max.max(1),
             bucket: self.task_batch_bucket_ms.max(1) as Millis,
             in_flight: self.task_batch_in_flight.max(1),
+            linger: self.task_batch_linger_ms as Millis,
         }
     }
 
