@@ -28,14 +28,23 @@ local function clock(given)
   return time[1] * 1000 + math.floor(time[2] / 1000)
 end
 
--- An answer: '<R|L|C><slot>:<decided>:<held>', times relative to the answers hash's base; held is
--- the lease's end (relative), 'd' once completed or 'r' once released (keys.rs: Answer).
-local function answer_value(kind, slot, decided, held, base)
-  return kind .. (slot - base) .. ':' .. (decided - base) .. ':' .. held
+-- An answer: '<R|L|C><slot>:<decided>:<held>[:<cost>]', times relative to the answers hash's
+-- base; held is the lease's end (relative), 'd' once completed or 'r' once released; then the
+-- cost it booked when not 1 (keys.rs: field::completed_answer). A cost reported after the call is
+-- kept beside it, in the field named the answer's and CORRECTED (its value: the actual cost).
+local function answer_value(kind, slot, decided, held, base, cost)
+  local value = kind .. (slot - base) .. ':' .. (decided - base) .. ':' .. held
+  if cost ~= 1 then
+    return value .. ':' .. cost
+  end
+  return value
 end
+-- kind, slot and decided (relative, as text), held, the booked cost.
 local function parse_answer(value)
-  return string.match(value, '^(%a)(%-?%d+):(%-?%d+):(%-?%w+)$')
+  local kind, slot, decided, held, cost = string.match(value, '^(%a)(%-?%d+):(%-?%d+):(%-?%w+):?(%d*)$')
+  return kind, slot, decided, held, tonumber(cost) or 1
 end
+local CORRECTED = 'c'
 
 -- An adaptive level (ppm) as stored: '<level>:<window number>' (budgets.rs: AdaptiveState).
 local function parse_level(state)

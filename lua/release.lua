@@ -9,9 +9,10 @@ local answer = redis.call('HGET', KEYS[1], field)
 if not answer then
   return 0
 end
-local kind, slot, decided, held = parse_answer(answer)
+local kind, slot, decided, held, cost = parse_answer(answer)
 if held == 'd' then
   return 0
 end
-redis.call('HSET', KEYS[1], field, kind .. slot .. ':' .. decided .. ':r')
+-- Relative times as they are (a base of 0).
+redis.call('HSET', KEYS[1], field, answer_value(kind, tonumber(slot), tonumber(decided), 'r', 0, cost))
 return 1

@@ -24,10 +24,9 @@
 -- '<per>:<window>' (the cost reserved in that window): a calendar, since entities reserve its
 -- windows out of order.
 --
--- Returns, for each event in order, seven numbers: slot, late (1 when beyond max_delay, 2 when the
--- cost is over a limit in force: nothing reserved), replayed (1 for a known message), now,
--- decided_at (the now of the first answer), completed (1 once completed), busy (1 when another
--- attempt holds the message's lease: this one must not act). An answer is the prelude's codec, so
+-- Returns, for each event in order, the five numbers `reply` builds: slot, status (STATUS), what
+-- the attempt may do (ATTEMPT), now and decided_at (the now of the first answer). An answer is the
+-- prelude's codec, so
 -- that an in-flight message costs Redis about 30 bytes in a small hash. Work per event is
 -- O(limits) (O(log n) per sliding limit, and a budget's calendar walked about once per window).
 -- Lua prints integers below 1e14 exactly, so times need no string.format.
@@ -158,21 +157,27 @@ end
 -- One event's fields, in the order args.rs writes them. Every table is built whole (a field added
 -- later costs a rehash), and field names come as spans of ARGV for HMGET.
 local function read_event()
-  -- A fixed record read by position (a call per value costs the script 0.1 µs each).
-  local at = span(14) - 1
-  local e = {base = tonumber(ARGV[at + 1]), field = ARGV[at + 2], cost = tonumber(ARGV[at + 3]),
-    max_delay = tonumber(ARGV[at + 4]), answers_base = tonumber(ARGV[at + 5]), answers_keep = tonumber(ARGV[at + 6]),
-    lease = tonumber(ARGV[at + 7]), state_ttl = tonumber(ARGV[at + 8]), reslot = ARGV[at + 9] ~= '',
-    gives_back = ARGV[at + 9] == 'give',
-    floor = tonumber(ARGV[at + 10]) or false, margin = tonumber(ARGV[at + 11]),
-    ceiling = tonumber(ARGV[at + 12]) or false, step = tonumber(ARGV[at + 13]), window = tonumber(ARGV[at + 14]),
+  -- A fixed record, each field at the place args.rs names (the generated EVENT_* constants), read
+  -- without a call per value (a call costs the script 0.1 µs each).
+  local at = span(EVENT_RECORD) - 1
+  -- '' (reserve), 'keep' or 'give' (a new slot, the old one kept or given back), 'correct'.
+  local mode = ARGV[at + EVENT_MODE]
+  local e = {base = tonumber(ARGV[at + EVENT_FIRST_KEY]), field = ARGV[at + EVENT_ANSWER_FIELD],
+    cost = tonumber(ARGV[at + EVENT_COST]), max_delay = tonumber(ARGV[at + EVENT_MAX_DELAY]),
+    answers_base = tonumber(ARGV[at + EVENT_ANSWERS_BASE]), answers_keep = tonumber(ARGV[at + EVENT_ANSWERS_KEEP]),
+    lease = tonumber(ARGV[at + EVENT_LEASE]), state_ttl = tonumber(ARGV[at + EVENT_STATE_KEEP]),
+    reslot = mode == 'keep' or mode == 'give', gives_back = mode == 'give', correct = mode == 'correct',
+    floor = tonumber(ARGV[at + EVENT_FLOOR]) or false,
+    margin = tonumber(ARGV[at + EVENT_MARGIN]), ceiling = tonumber(ARGV[at + ADAPTIVE_CEILING]) or false,
+    step = tonumber(ARGV[at + ADAPTIVE_STEP]), window = tonumber(ARGV[at + ADAPTIVE_WINDOW]),
     limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides = false,
     folded = false, shared = false, shared_answers = false}
   local limits = e.limits
   for i = 1, int() do
-    at = span(5) - 1
-    limits[i] = {kind = ARGV[at + 1], per = tonumber(ARGV[at + 2]), n = tonumber(ARGV[at + 3]),
-      extra = tonumber(ARGV[at + 4]), id = ARGV[at + 5], count = 0}
+    at = span(LIMIT_RECORD) - 1
+    limits[i] = {kind = ARGV[at + LIMIT_KIND], per = tonumber(ARGV[at + LIMIT_PER]),
+      n = tonumber(ARGV[at + LIMIT_COUNT]), extra = tonumber(ARGV[at + LIMIT_EXTRA]),
+      id = ARGV[at + LIMIT_OVERRIDE_ID], count = 0}
   end
   -- STATE_FIELDS: 'f', 'exp', 'ab', each limit's two state fields, the overrides, 'last'.
   e.state_from, e.state_to = span(5 + 2 * #limits)
@@ -192,20 +197,32 @@ local function read_event()
   return e
 end
 
+-- An answer's kind as its reply's status (redis_store.rs's parse_reply): reserved, beyond
+-- max_delay, cost over a limit in force (nothing reserved for the last two).
+local STATUS = {R = 0, L = 1, C = 2}
+-- What the attempt that asked may do: act on a new decision, act on the message's earlier answer
+-- (its lease taken again), not act (another attempt holds the lease), or nothing (acted upon).
+local ATTEMPT = {decided = 0, resumed = 1, busy = 2, done = 3}
+local REPLY_LENGTH = 5
+
+-- One event's reply: the only place one is built.
+local function reply(slot, kind, attempt, now, decided_at)
+  return {slot, STATUS[kind], attempt, now, decided_at}
+end
+
 -- The answer a message already has: its reply, with its lease taken again unless it is held or done.
 local function replay(e, recorded, now)
-  local kind, slot, decided_at, held = parse_answer(recorded)
-  local late = (kind == 'L' and 1) or (kind == 'C' and 2) or 0
+  local kind, slot, decided_at, held, cost = parse_answer(recorded)
   local base = e.answers_base
   slot, decided_at = base + slot, base + decided_at
   if held == 'd' then
-    return {slot, late, 1, now, decided_at, 1, 0}
+    return reply(slot, kind, ATTEMPT.done, now, decided_at)
   end
   if held ~= 'r' and base + held > now then
-    return {slot, late, 1, now, decided_at, 0, 1}
+    return reply(slot, kind, ATTEMPT.busy, now, decided_at)
   end
-  set_answer(e, answer_value(kind, slot, decided_at, now + e.lease - base, base), false)
-  return {slot, late, 1, now, decided_at, 0, 0}
+  set_answer(e, answer_value(kind, slot, decided_at, now + e.lease - base, base, cost), false)
+  return reply(slot, kind, ATTEMPT.resumed, now, decided_at)
 end
 
 -- Each budget's hash as the search needs it: pause, adaptive level in force, expiry, and per limit
@@ -279,33 +296,45 @@ local function counts_in_force(e, now)
   return true
 end
 
--- The slot of the message's answer, if it holds one (a message given a new slot).
+-- The slot of the message's answer and the cost it holds (the booked one, or the one reported
+-- after the call), if it holds one: a message given a new slot, whose new answer starts afresh
+-- (the reported cost is dropped).
 local function old_slot(e)
   local key = KEYS[e.base + 1]
-  local recorded
+  local held = redis.call('HMGET', key, e.field, e.field .. CORRECTED)
+  local recorded = held[1]
   if e.shared_answers then
     recorded = answers[key][e.field]
-  else
-    recorded = redis.call('HGET', key, e.field)
   end
-  local kind, slot = parse_answer(recorded or '')
+  local kind, slot, _, _, cost = parse_answer(recorded or '')
+  if held[2] then
+    redis.call('HDEL', key, e.field .. CORRECTED)
+  end
   if kind ~= 'R' then
     return nil
   end
-  return e.answers_base + tonumber(slot)
+  return e.answers_base + tonumber(slot), tonumber(held[2]) or cost
 end
 
--- Gives the units of the message's old slot back (schedule.rs's give_back), wherever the window
+-- Writes the entity's state fields `changes` (name, value, ...) now, or with the call's writes
+-- when another event of the call shares the entity.
+local function write_state(e, changes)
+  if #changes == 0 then
+    return
+  elseif e.shared then
+    write_hash(KEYS[e.base], changes, false)
+  else
+    redis.call('HSET', KEYS[e.base], unpack(changes))
+  end
+end
+
+-- Gives `cost` units of the slot `old` back (schedule.rs's give_back), wherever the window
 -- that holds them has not closed and can take them back exactly: the entity's fixed (start)
 -- windows and fair shares when the slot lies in the window it holds, budgets' start-placed
 -- windows; gcra and sliding only when it is the entity's latest slot (`last`). Written at once:
 -- they stand whatever the new decision.
-local function give_back(e, values, last, now)
-  local old = old_slot(e)
-  if not old then
-    return
-  end
-  local cost, latest, limits, changes = e.cost, last == old, e.limits, {}
+local function give_back(e, values, last, now, old, cost)
+  local latest, limits, changes = last == old, e.limits, {}
   for i = 1, #limits do
     local l = limits[i]
     local kind, per = l.kind, l.per
@@ -336,13 +365,7 @@ local function give_back(e, values, last, now)
       end
     end
   end
-  if #changes > 0 then
-    if e.shared then
-      write_hash(KEYS[e.base], changes, false)
-    else
-      redis.call('HSET', KEYS[e.base], unpack(changes))
-    end
-  end
+  write_state(e, changes)
   for j = 1, #e.budgets do
     local budget = e.budgets[j]
     for k = 1, #budget.limits do
@@ -361,6 +384,50 @@ local function give_back(e, values, last, now)
             run.least = used
             redis.call('HSET', budget.hash, 'run:' .. per, run.from .. ':' .. run.through .. ':' .. used)
           end
+        end
+      end
+    end
+  end
+end
+
+-- Charges `more` units to `slot`'s windows (schedule.rs's charge): the entity's fixed windows and
+-- fair shares when the slot lies in the window it holds, budgets' windows that have not closed, a
+-- gcra limit's TAT, a sliding limit's newest slot.
+local function charge(e, values, now, slot, more)
+  local limits, changes = e.limits, {}
+  for i = 1, #limits do
+    local l = limits[i]
+    local kind, per = l.kind, l.per
+    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
+    if (kind == 'fixed' or kind == 'spread' or kind == 'share') and a == slot - slot % per then
+      values[2 * i + 3] = b + more
+      changes[#changes + 1], changes[#changes + 2] = fb, b + more
+    elseif kind == 'gcra' and a then
+      local rem = b + more * per
+      local tat = a + math.floor(rem / l.count)
+      rem = rem % l.count
+      values[2 * i + 2], values[2 * i + 3] = tat, rem
+      changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
+    elseif kind == 'sliding' and a then
+      local key = KEYS[e.base + 2 + l.extra]
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if newest[1] then
+        redis.call('ZADD', key, tonumber(newest[2]) + more, newest[1])
+      end
+    end
+  end
+  write_state(e, changes)
+  for j = 1, #e.budgets do
+    local budget = e.budgets[j]
+    for k = 1, #budget.limits do
+      local per = budget.limits[k].per
+      local window = slot - slot % per
+      if window + per > now then
+        local name = per .. ':' .. window
+        local used = tonumber(redis.call('HGET', budget.hash, name))
+        if used then
+          redis.call('HSET', budget.hash, name, used + more)
         end
       end
     end
@@ -691,7 +758,7 @@ local function file_answer(e, kind, slot, now, expiry_set)
   local base = e.answers_base
   -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
   local ttl = not (expiry_set and now <= base + ANSWER_MINUTE) and math.max(base - now, 0) + e.answers_keep
-  local value = answer_value(kind, slot, now, now + e.lease - base, base)
+  local value = answer_value(kind, slot, now, now + e.lease - base, base, e.cost)
   if e.shared_answers or e.reslot then
     -- The call read this hash's answers already (`share`), or a new slot replaces the old.
     set_answer(e, value, ttl)
@@ -726,13 +793,49 @@ local function read_overrides(e, values)
   return tonumber(values[1])
 end
 
+-- What a correction did, as its reply's third number; its fifth is the cost it had booked.
+local CORRECTION = {applied = 0, already = 1, unknown = 2}
+
+-- A cost reported after the call (the event's cost) corrects what the message's reservation
+-- booked, once (schedule.rs's correct): more is charged to its slot's windows, less given back.
+local function correct(e, now)
+  local key = KEYS[e.base + 1]
+  local recorded = (e.shared_answers and answers[key][e.field]) or redis.call('HGET', key, e.field)
+  if not recorded then
+    return reply(now, 'R', CORRECTION.unknown, now, 0)
+  end
+  local kind, slot, decided_at, _, booked = parse_answer(recorded)
+  slot, decided_at = e.answers_base + slot, e.answers_base + decided_at
+  if kind ~= 'R' then
+    return reply(slot, kind, CORRECTION.unknown, now, booked)
+  elseif redis.call('HSETNX', key, e.field .. CORRECTED, e.cost) == 0 then
+    return reply(slot, kind, CORRECTION.already, now, booked)
+  end
+  -- The counts in force as an event of cost 1 sees them (no count is below it).
+  local actual = e.cost
+  e.cost = 1
+  local values = redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+  local last = read_overrides(e, values)
+  read_budgets(e, now)
+  counts_in_force(e, now)
+  if actual < booked then
+    give_back(e, values, last, now, slot, booked - actual)
+  elseif actual > booked then
+    charge(e, values, now, slot, actual - booked)
+  end
+  return reply(slot, kind, CORRECTION.applied, now, booked)
+end
+
 -- A message file_answer found already answered: its answer, replayed.
 local function known(e, now)
   return replay(e, redis.call('HGET', KEYS[e.base + 1], e.field), now)
 end
 
--- One event: its recorded answer, or a new decision filed as its answer: seven numbers.
+-- One event: its recorded answer, or a new decision filed as its answer: its reply.
 local function decide(e, now)
+  if e.correct then
+    return correct(e, now)
+  end
   local recorded = not e.reslot and e.shared_answers and recorded_answer(e)
   if recorded then
     return replay(e, recorded, now)
@@ -747,10 +850,13 @@ local function decide(e, now)
     if not file_answer(e, 'C', now, now, false) then
       return known(e, now)
     end
-    return {now, 2, 0, now, now, 0, 0}
+    return reply(now, 'C', ATTEMPT.decided, now, now)
   end
-  if e.gives_back then
-    give_back(e, values, last, now)
+  if e.reslot then
+    local old, cost = old_slot(e)
+    if old and e.gives_back then
+      give_back(e, values, last, now, old, cost)
+    end
   end
   if e.floor and (not last or e.floor > last) then
     last = e.floor
@@ -771,23 +877,23 @@ local function decide(e, now)
         redis.call('HSET', e.budgets[b].hash, unpack(set))
       end
     end
-    return {slot, 1, 0, now, now, 0, 0}
+    return reply(slot, 'L', ATTEMPT.decided, now, now)
   end
   if not file_answer(e, 'R', slot, now, tonumber(values[3]) == e.answers_base) then
     return known(e, now)
   end
   commit_entity(e, values, slot, now)
   commit_budgets(e, slot, now)
-  return {slot, 0, 0, now, now, 0, 0}
+  return reply(slot, 'R', ATTEMPT.decided, now, now)
 end
 
 local now = clock(int())
 local count = int()
 if count == 1 then
   -- An event alone shares nothing: no sharing tables, and its reply is the call's.
-  local reply = decide(read_event(), now)
+  local decided = decide(read_event(), now)
   flush_writes()
-  return reply
+  return decided
 end
 local events = {}
 for i = 1, count do
@@ -796,15 +902,15 @@ end
 share(events)
 local replies = {}
 for i = 1, #events do
-  local reply = decide(events[i], now)
-  if reply.err then
+  local decided = decide(events[i], now)
+  if decided.err then
     -- What the events before it decided stands (their answers are filed): so does their state.
     flush_writes()
-    return reply
+    return decided
   end
   local n = #replies
-  for i = 1, 7 do
-    replies[n + i] = reply[i]
+  for j = 1, REPLY_LENGTH do
+    replies[n + j] = decided[j]
   end
 end
 flush_writes()

@@ -116,7 +116,23 @@ fn describe(entry: &AuditEntry) -> String {
         AuditEntry::Override(change) => describe_override(change),
         AuditEntry::Feedback(call) => describe_feedback(call),
         AuditEntry::Resume(resume) => describe_resume(resume),
+        AuditEntry::Cost(cost) => describe_cost(cost),
     }
+}
+
+/// `sms user_7 message m1 cost 3 (booked 1: applied) (by … at …)`.
+fn describe_cost(cost: &drip_store::CostChange) -> String {
+    let booked = cost.booked.map_or(String::new(), |b| format!("booked {b}: "));
+    format!(
+        "{} {} message {} cost {} ({booked}{}) (by {} at {})\n",
+        cost.rule,
+        cost.key,
+        cost.message_id,
+        cost.actual,
+        cost.outcome,
+        cost.by,
+        format_rfc3339(cost.at)
+    )
 }
 
 /// `payouts merchant_7 resumed key: lifted the pause until … (by … at …: reason)`.

@@ -43,6 +43,9 @@ pub struct Shared {
     pub budget_pauses: Vec<(usize, usize, Millis)>,
     /// The rule's `delivery_margin`.
     pub margin: Millis,
+    /// Before the event at `.0`, the cost reported after the call of the message of the event at
+    /// `.1` (an earlier one) is `.2`.
+    pub corrections: Vec<(usize, usize, u64)>,
 }
 
 impl Scenario {
@@ -595,7 +598,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                 })
                 .collect();
             budget_pauses.sort_by_key(|p| p.0);
-            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses, margin: 0 };
+            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses, ..Shared::default() };
             scenario
         },
     )
@@ -695,5 +698,48 @@ fn check_schedule_or_budgets(scenario: &Scenario, answers: &[Reservation]) -> Re
         check_schedule(scenario, answers)
     } else {
         check_budget_bounds(scenario, answers)
+    }
+}
+
+/// A scenario (with budgets, or not) where the costs of some messages are reported after their
+/// call: each correction names an earlier event and the cost it really had (0 to 4 units).
+pub fn scenario_with_corrections(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let corrections = prop::collection::vec((any::<Index>(), any::<Index>(), 0u64..=4), 1..10);
+    (prop_oneof![scenario(Kinds::All, max_events), scenario_with_budgets(max_events)], corrections).prop_map(
+        |(mut scenario, corrections)| {
+            let n = scenario.events.len();
+            let mut corrections: Vec<(usize, usize, u64)> = corrections
+                .into_iter()
+                .filter_map(|(at, of, actual)| {
+                    let before = at.index(n);
+                    (before > 0).then(|| (before, of.index(before), actual))
+                })
+                .collect();
+            corrections.sort_by_key(|c| c.0);
+            scenario.shared.corrections = corrections;
+            scenario
+        },
+    )
+}
+
+/// For scenarios with corrections: the limits hold over the slots in use, each event counted at
+/// its cost after any correction that lowered it (the units given back were taken by later
+/// events, so no window may be over); a raised cost is the partner's, counted as booked.
+pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let mut lowered: HashMap<&str, u64> = HashMap::new();
+    for &(_, of, actual) in &scenario.shared.corrections {
+        let event = &scenario.events[of];
+        lowered.entry(&event.id).or_insert(actual);
+    }
+    let corrected: Vec<Arrival> = scenario
+        .events
+        .iter()
+        .map(|a| Arrival { cost: lowered.get(a.id.as_str()).map_or(a.cost, |&c| c.min(a.cost)), ..a.clone() })
+        .collect();
+    let scenario = Scenario { events: corrected, ..scenario.clone() };
+    if scenario.shared.budgets.is_empty() {
+        check_pause_bounds(&scenario, answers)
+    } else {
+        check_budget_bounds(&scenario, answers)
     }
 }

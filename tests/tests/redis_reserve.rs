@@ -8,14 +8,15 @@ use std::sync::Arc;
 use drip_core::budgets::Budget;
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
+use drip_core::schedule::{Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_delivery_bounds, check_edit_bounds,
-    check_limits, check_overridden_bounds, check_pause_bounds, check_schedule, scenario, scenario_with_an_edit,
-    scenario_with_budgets, scenario_with_margin, scenario_with_overrides, scenario_with_pauses,
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_corrected_bounds, check_delivery_bounds,
+    check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds, check_schedule, scenario,
+    scenario_with_an_edit, scenario_with_budgets, scenario_with_corrections, scenario_with_margin,
+    scenario_with_overrides, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -27,11 +28,25 @@ use redis::AsyncCommands;
 /// the events each script call carries (every event alone when empty); the model reserves them one
 /// after another, which is what a batch means. Completions and releases follow each call.
 async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Vec<Reservation> {
-    const LEASE: Millis = 1_500;
+    run_all(store, rule, scenario, batches).await.0
+}
+
+/// The same, with what each of the scenario's cost corrections did, in order.
+async fn run_all(
+    store: &impl Overridable,
+    rule: &str,
+    scenario: &Scenario,
+    batches: &[Range<usize>],
+) -> (Vec<Reservation>, Vec<Correction>) {
     let alone: Vec<Range<usize>> = (0..scenario.events.len()).map(|i| i..i + 1).collect();
-    let mut answers = Vec::new();
+    let (mut answers, mut corrections) = (Vec::new(), Vec::new());
     for batch in if batches.is_empty() { &alone } else { batches } {
         let (i, arrival) = (batch.start, &scenario.events[batch.start]);
+        for &(_, of, actual) in scenario.shared.corrections.iter().filter(|c| c.0 == i) {
+            let key = scenario.events[of].key();
+            let request = SlotRequest { reslot: None, ..request_of(scenario, rule, &key, of) }.at(arrival.now);
+            corrections.push(store.correct_cost(&request, actual).await.expect("correct_cost"));
+        }
         for op in scenario.overrides.iter().filter(|op| op.before_event == i) {
             store.apply(rule, op, &scenario.limits[op.limit], arrival.now).await;
         }
@@ -45,29 +60,8 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
             store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
         }
         let keys: Vec<String> = scenario.events[batch.clone()].iter().map(Arrival::key).collect();
-        let requests: Vec<SlotRequest> = batch
-            .clone()
-            .zip(&keys)
-            .map(|(j, key)| {
-                let arrival = &scenario.events[j];
-                let event = ReserveRequest {
-                    cost: arrival.cost,
-                    max_delay: scenario.max_delay,
-                    lease: LEASE,
-                    published: Some(arrival.published),
-                    floor: arrival.floor,
-                    budgets: &scenario.shared.budgets,
-                    adaptive: scenario.shared.adaptive,
-                    margin: scenario.shared.margin,
-                    ..ReserveRequest::new(&arrival.id, scenario.limits_at(j), arrival.now)
-                };
-                SlotRequest {
-                    reslot: arrival.reslot,
-                    tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
-                    ..SlotRequest::new(rule, key, event).at(arrival.now)
-                }
-            })
-            .collect();
+        let requests: Vec<SlotRequest> =
+            batch.clone().zip(&keys).map(|(j, key)| request_of(scenario, rule, key, j)).collect();
         let reserved = store.reserve_all(&requests).await;
         for (request, reserved) in requests.iter().zip(reserved) {
             match answers.len() % 3 {
@@ -78,7 +72,29 @@ async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches:
             answers.push(reserved.reservation);
         }
     }
-    answers
+    (answers, corrections)
+}
+
+/// The request of the event at `j` of `scenario`, at its arrival.
+fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize) -> SlotRequest<'a> {
+    const LEASE: Millis = 1_500;
+    let arrival = &scenario.events[j];
+    let event = ReserveRequest {
+        cost: arrival.cost,
+        max_delay: scenario.max_delay,
+        lease: LEASE,
+        published: Some(arrival.published),
+        floor: arrival.floor,
+        budgets: &scenario.shared.budgets,
+        adaptive: scenario.shared.adaptive,
+        margin: scenario.shared.margin,
+        ..ReserveRequest::new(&arrival.id, scenario.limits_at(j), arrival.now)
+    };
+    SlotRequest {
+        reslot: arrival.reslot,
+        tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
+        ..SlotRequest::new(rule, key, event).at(arrival.now)
+    }
 }
 
 /// Cuts the events into consecutive batches of the given sizes (cycled), each ending before an
@@ -247,9 +263,14 @@ fn differential_in_batches(
         let (scenario, batches) = if sizes.is_empty() { (scenario, Vec::new()) } else { batched(scenario, &sizes) };
         let scenario = with_own_budgets(scenario, &rule);
         let memory = MemoryStore::new();
-        let (model, lua) = runtime.block_on(async {
-            (run(&memory, &rule, &scenario, &batches).await, run(&redis, &rule, &scenario, &batches).await)
+        let ((model, model_corrections), (lua, lua_corrections)) = runtime.block_on(async {
+            (run_all(&memory, &rule, &scenario, &batches).await, run_all(&redis, &rule, &scenario, &batches).await)
         });
+        if model_corrections != lua_corrections {
+            return Err(TestCaseError::fail(format!(
+                "corrections: model {model_corrections:?}, lua {lua_corrections:?}"
+            )));
+        }
         for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
             if m != l {
                 return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
@@ -318,6 +339,14 @@ fn reserve_lua_gives_the_model_s_answer_with_overrides() {
 #[test]
 fn reserve_lua_gives_the_model_s_answer_across_a_rule_edit() {
     differential(scenario_with_an_edit(60), 160, check_edit_bounds);
+}
+
+/// Costs reported after the call, lowering or raising what messages booked (budgets too): the model
+/// and the Lua agree on each correction, every answer and the state left behind, and the limits
+/// hold over the slots in use at the lowered costs.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_costs_corrected_after_the_call() {
+    differential(scenario_with_corrections(60), 160, check_corrected_bounds);
 }
 
 /// Pauses and new slots for redelivered messages: the model and the Lua agree, nothing lands inside a

@@ -395,7 +395,20 @@ async fn deliver_to_url(
     };
     let (status, detail) = (answer.status(), answer.detail("the overflow URL"));
     match answer.delivery() {
-        Meaning::Delivered => Ok(Outcome::Published),
+        Meaning::Delivered { cost: None } => Ok(Outcome::Published),
+        Meaning::Delivered { cost: Some(actual) } => {
+            // What the call really cost corrects what the event booked (once per message); the
+            // event was delivered, so failing to record it is only logged.
+            let (identity, published) = filing_of(task);
+            let request =
+                SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1)).published(published);
+            if let Err(error) =
+                drip_service::costs::correct(&*state.store, &state.metrics, &rule.name, &request, actual).await
+            {
+                tracing::warn!(rule = %rule.name, key = %meta.key, %error, "could not correct the event's cost");
+            }
+            Ok(Outcome::Published)
+        }
         Meaning::Pause { until } => {
             let effect = feedback(status, Some(until)).await?;
             tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, %detail, "the overflow URL asked to wait: paused, event rescheduled");
@@ -461,8 +474,7 @@ async fn take_new_slot(
         );
     }
     let meta = &task.rate_limit_meta;
-    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
-    let published = drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes);
+    let (identity, published) = filing_of(task);
     let request = SlotRequest {
         reslot: Some(old),
         ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1)).published(published)
@@ -502,6 +514,12 @@ async fn take_new_slot(
     Ok(NewSlot::Later(Outcome::Rescheduled))
 }
 
+/// Where the task's message's answer is filed: its identity and its publish time.
+fn filing_of(task: &TaskBody) -> (String, Option<Millis>) {
+    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
+    (identity, drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes))
+}
+
 fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
     let meta = &task.rate_limit_meta;
     Stamp {
@@ -510,6 +528,7 @@ fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
         rule: Some(rule.map_or(meta.rule.as_str(), |r| r.name.as_str())),
         key: Some(&meta.key),
         scheduled_for: parse_rfc3339(&meta.scheduled_for).ok(),
+        published: drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes),
         ..Stamp::default()
     }
 }

@@ -54,6 +54,8 @@ pub struct Acting<'a> {
     pub identity: &'a str,
     pub slot: Millis,
     pub cost: u64,
+    /// When it was published (its answer's filing time), if known.
+    pub published: Option<Millis>,
     /// A `mode: shadow` rule's would-be decision: forwarded at once, saying it.
     pub shadow: Option<&'a str>,
 }
@@ -66,6 +68,7 @@ impl Acting<'_> {
             rule: Some(&self.rule.name),
             key: Some(self.key),
             scheduled_for: Some(self.slot),
+            published: self.published,
             shadow_decision: self.shadow,
             ..Stamp::default()
         }
@@ -114,7 +117,8 @@ impl AppState {
     }
 
     /// Forwards the event at its slot (now, or after an inline wait).
-    pub(crate) async fn forward(&self, acting: Acting<'_>) -> Result<(), Failure> {
+    /// Forwards the event; returns the cost the target reported it really had (`X-Drip-Cost`).
+    pub(crate) async fn forward(&self, acting: Acting<'_>) -> Result<Option<u64>, Failure> {
         let Acting { rule, key, event, slot, .. } = acting;
         match &rule.forward {
             Forward::Topic(topic) => {
@@ -124,7 +128,7 @@ impl AppState {
                     .time("pubsub", self.publishers.publish(topic, event.data.clone(), attributes))
                     .await
                     .map_err(Failure::transient)?;
-                Ok(())
+                Ok(None)
             }
             Forward::Url(url) => {
                 let post = EventPost {
@@ -146,7 +150,7 @@ impl AppState {
                 };
                 let (status, detail) = (answer.status(), answer.detail("forward URL"));
                 match answer.delivery() {
-                    Delivery::Delivered => Ok(()),
+                    Delivery::Delivered { cost } => Ok(cost),
                     Delivery::Pause { until } => Err(Failure::Wait { until: Some(until), status, detail }),
                     Delivery::Reslot => Err(Failure::Wait { until: None, status, detail }),
                     Delivery::Retry => {

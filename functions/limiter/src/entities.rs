@@ -29,15 +29,16 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use drip_core::event::MessageRef;
 use drip_core::rules::{Limit, Rule};
-use drip_core::schedule::LimitOverride;
+use drip_core::schedule::{Correction, LimitOverride};
 use drip_core::template::cap_key;
 use drip_core::time::{format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_service::auth::Caller;
 use drip_service::feedback;
 use drip_service::live_rules::LoadedRules;
 use drip_store::inspect::{KeyOverrides, override_reports};
-use drip_store::{FeedbackChange, OverrideChange};
+use drip_store::{FeedbackChange, OverrideChange, SlotRequest};
 use serde::Deserialize;
 
 use crate::AppState;
@@ -235,9 +236,55 @@ pub struct Feedback {
     rule: String,
     key: Option<String>,
     budget: Option<String>,
-    status: u16,
+    /// The downstream's answer; none for a report of a cost alone.
+    status: Option<u16>,
     /// Seconds, as the downstream's `Retry-After` said.
     retry_after: Option<u64>,
+    /// What the call really cost (a count of the rule's units), for the message named by
+    /// `messageId`, `subscription` and `published` (its `drip-*` attributes).
+    cost: Option<u64>,
+    message_id: Option<String>,
+    subscription: Option<String>,
+    published: Option<String>,
+}
+
+/// `POST /v1/feedback` with a `cost`: what the message's call really cost corrects what it booked,
+/// once (`drip_service::costs`), audited.
+async fn report_cost(state: &AppState, rule: &Rule, key: &str, body: &Feedback, by: &str) -> Response {
+    let (Some(actual), Some(message_id), Some(published)) = (body.cost, &body.message_id, &body.published) else {
+        return error(StatusCode::BAD_REQUEST, "a cost names its message: messageId, published (and subscription)");
+    };
+    let Ok(published_at) = parse_rfc3339(published) else {
+        return error(StatusCode::BAD_REQUEST, format!("published: '{published}' is not an RFC 3339 time"));
+    };
+    let identity = MessageRef::new(message_id.clone(), body.subscription.clone()).identity();
+    let request = SlotRequest::for_rule(rule, key, &identity, 1).published(Some(published_at));
+    let correction =
+        match drip_service::costs::correct(&*state.store, &state.metrics, &rule.name, &request, actual).await {
+            Ok(correction) => correction,
+            Err(e) => return unavailable("cost report", e),
+        };
+    let (booked, outcome) = match correction {
+        Correction::Applied { booked, .. } => (Some(booked), "applied"),
+        Correction::Already => (None, "already"),
+        Correction::Unknown => (None, "unknown"),
+    };
+    tracing::info!(%by, rule = %rule.name, key, message_id, actual, booked, outcome, "cost reported");
+    let change = drip_store::CostChange {
+        at: wall_clock_millis(),
+        by: by.to_owned(),
+        rule: rule.id.clone(),
+        key: key.to_owned(),
+        message_id: message_id.clone(),
+        booked,
+        actual,
+        outcome: outcome.to_owned(),
+    };
+    if let Err(error) = state.store.record_audit(&drip_store::AuditEntry::Cost(change)).await {
+        tracing::warn!(%error, rule = %rule.name, key, "could not keep the cost report in the audit list");
+    }
+    let status = if correction == Correction::Unknown { StatusCode::NOT_FOUND } else { StatusCode::OK };
+    (status, Json(serde_json::json!({ "outcome": outcome, "booked": booked, "actual": actual }))).into_response()
 }
 
 pub async fn feedback(
@@ -256,19 +303,29 @@ pub async fn feedback(
             }
         },
     };
-    let key = match (body.key, budget) {
+    let key = match (body.key.clone(), budget) {
         (Some(key), _) => cap_key(key),
         (None, Some(_)) => String::new(),
         (None, None) => return error(StatusCode::BAD_REQUEST, "give a key or a budget"),
     };
+    let status = match (body.status, body.cost) {
+        (Some(status), _) => status,
+        (None, Some(_)) if budget.is_none() => {
+            return report_cost(&state, rule, &key, &body, &caller_name(caller)).await;
+        }
+        (None, _) => return error(StatusCode::BAD_REQUEST, "give a status, or a key's message and its cost"),
+    };
+    if body.cost.is_some() {
+        return error(StatusCode::BAD_REQUEST, "report a cost on its own, without a status");
+    }
     // Only a 429 or 503 that says how long to wait pauses (a wait of 0 s is no pause: lifting one
     // is `DELETE .../pause`); a 429, 408, 5xx or a timeout (status 0 or 504) lowers an adaptive
     // limit; anything else changes nothing.
-    let until = match (body.status, body.retry_after) {
+    let until = match (status, body.retry_after) {
         (429 | 503, Some(seconds)) if seconds > 0 => Some(drip_gcp::http_target::wait_seconds(seconds)),
         _ => None,
     };
-    let signal = feedback::Signal { status: (body.status != 0).then_some(body.status), until };
+    let signal = feedback::Signal { status: (status != 0).then_some(status), until };
     // A key's pause before this answer, for the audit. A key Drip has never scheduled has nothing
     // to pause: no state is made for it.
     let before = match budget.or(rule.feedback_budget()) {
@@ -286,14 +343,14 @@ pub async fn feedback(
         Ok(effect) => {
             // Audited like an override change: who, what, before and after, logged and kept in
             // the rule's audit list (`drip limits history`).
-            tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status = body.status, retry_after = body.retry_after, paused_before = before.map(format_rfc3339), paused_after = effect.paused_until.map(format_rfc3339), adaptive_level = effect.adaptive_level, "feedback");
+            tracing::warn!(%by, rule = %rule.name, key, target = %effect.target, status, retry_after = body.retry_after, paused_before = before.map(format_rfc3339), paused_after = effect.paused_until.map(format_rfc3339), adaptive_level = effect.adaptive_level, "feedback");
             let change = FeedbackChange {
                 at: wall_clock_millis(),
                 by: by.to_owned(),
                 rule: rule.id.clone(),
                 key: key.clone(),
                 target: effect.target.clone(),
-                status: body.status,
+                status,
                 retry_after: body.retry_after,
                 paused_before: before,
                 paused_after: effect.paused_until,

@@ -135,7 +135,8 @@ async fn reserve_and_act(
         }
         Attempt::Decided | Attempt::Resumed => {}
     }
-    let acting = Acting { rule, key, event, identity: &identity, slot: reservation.slot, cost, shadow: None };
+    let slot = reservation.slot;
+    let acting = Acting { rule, key, event, identity: &identity, slot, cost, published, shadow: None };
     let act = act(state, acting, &request, &reserved, publish_time);
     let result = state.step(act).await;
     // After a downstream's Retry-After, the message's answer is its new slot.
@@ -179,7 +180,9 @@ async fn act(
         // Reserved and recorded as if enforced; the event goes now, saying what would have happened
         // (a forward refused for good is dead-lettered, as when enforcing).
         _ if rule.mode == Mode::Shadow => {
-            state.forward(Acting { shadow: Some(&would), ..acting }).await.map(|()| match decision {
+            let forwarded = state.forward(Acting { shadow: Some(&would), ..acting }).await;
+            reported_cost(state, rule, request, &forwarded).await;
+            forwarded.map(|_| match decision {
                 Decision::Forward => Outcome::Forward,
                 Decision::Delay => Outcome::Delay,
                 Decision::DeadLetter(reason) => Outcome::DeadLetter(reason),
@@ -210,7 +213,11 @@ async fn act(
                     status: None,
                     detail: "paused while it waited inline".into(),
                 }),
-                None => state.forward(acting).await.map(|()| Outcome::Forward),
+                None => {
+                    let forwarded = state.forward(acting).await;
+                    reported_cost(state, rule, request, &forwarded).await;
+                    forwarded.map(|_| Outcome::Forward)
+                }
             }
         }
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
@@ -307,5 +314,20 @@ fn log_decision(
         tracing::error!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, "event dead-lettered");
     } else {
         tracing::info!(message_id = %event.id, subscription, rule, key, decision, scheduled_for, delay_ms, replayed, "decision");
+    }
+}
+
+/// A cost the forward URL reported after the call corrects what the event booked; failing to
+/// record it is only logged (the event was delivered, and its booking stands).
+async fn reported_cost(
+    state: &AppState,
+    rule: &Rule,
+    request: &SlotRequest<'_>,
+    forwarded: &Result<Option<u64>, Failure>,
+) {
+    let Ok(Some(actual)) = forwarded else { return };
+    if let Err(error) = drip_service::costs::correct(&*state.store, &state.metrics, &rule.name, request, *actual).await
+    {
+        tracing::warn!(rule = %rule.name, key = request.key, %error, "could not correct the event's cost");
     }
 }

@@ -995,3 +995,64 @@ async fn a_late_redelivery_waits_for_a_window_with_room() {
     assert_eq!(at.len(), 2, "{at:?}");
     assert_ne!(at[0].1, at[1].1, "one event per 2 s window at the topic, the late one in the next: {at:?}");
 }
+
+/// A target that answers 200 with `X-Drip-Cost: <cost>`.
+async fn costing_target(cost: u64) -> String {
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(
+            move || async move { (StatusCode::OK, [("x-drip-cost", cost.to_string())]).into_response() },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// Costs known only after the call: the forward URL's `X-Drip-Cost` and `POST /v1/feedback` with
+/// the message's `drip-*` attributes each correct what the event booked, once per message, and
+/// the window's count follows (here one booked unit became 40, then a report of 7 units for
+/// another message that booked 1).
+#[tokio::test]
+async fn a_cost_reported_after_the_call_corrects_the_booking_once() {
+    let l = limiter_forwarding_to(&costing_target(40).await);
+    let hook = [("event_type", "hook"), ("endpoint", "llm")];
+    assert_eq!(l.push("c1", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    let used = |l: &Limiter| match l.store.entity_state("hooks", "endpoint_llm").unwrap().limits.values().next() {
+        Some(drip_core::schedule::LimitState::Fixed { used, .. }) => *used,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(used(&l), 40, "the header's 40 units, not the one booked");
+    // A consumer's report, naming the message as the forwarded one's attributes do.
+    let l = limiter();
+    let paced = [("event_type", "inline"), ("merchant", "5")];
+    let published = drip_core::time::format_rfc3339(drip_core::time::wall_clock_millis());
+    let body = drip_tests::push_envelope("c2", SUBSCRIPTION, &published, &paced, b"{}");
+    assert_eq!(l.post("/push", body).await.0, StatusCode::NO_CONTENT);
+    let forwarded = &l.published("inline-ready")[0];
+    assert_eq!(forwarded.attributes["drip-published"], published, "what a consumer needs to report a cost");
+    let report = serde_json::json!({
+        "rule": "inline", "key": "merchant_5", "cost": 0,
+        "messageId": forwarded.attributes["drip-message-id"],
+        "subscription": forwarded.attributes["drip-subscription"],
+        "published": forwarded.attributes["drip-published"],
+    });
+    let (status, answer) = l.send("POST", "/v1/feedback", Some(report.clone())).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str(), answer["booked"].as_u64()),
+        (StatusCode::OK, Some("applied"), Some(1))
+    );
+    let (status, answer) = l.send("POST", "/v1/feedback", Some(report)).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (StatusCode::OK, Some("already")),
+        "a retried report changes nothing"
+    );
+    // The unit given back lets the next event go in the same 2 s window.
+    assert_eq!(l.push("c3", &paced, b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(l.published("inline-ready").len(), 2);
+    assert!(l.tasks().is_empty(), "no wait for the next window");
+    let (_, history) = l.send("GET", "/v1/rules/inline/history", None).await;
+    assert!(history.to_string().contains("\"actual\":0"), "audited: {history}");
+}

@@ -17,6 +17,9 @@ pub const SUBSCRIPTION: &str = "drip-subscription";
 pub const RULE: &str = "drip-rule";
 pub const KEY: &str = "drip-key";
 pub const SCHEDULED_FOR: &str = "drip-scheduled-for";
+/// When the event was published (the time its answer is filed under): with `drip-message-id` and
+/// `drip-subscription`, what `POST /v1/feedback` needs to correct its cost after the call.
+pub const PUBLISHED: &str = "drip-published";
 pub const REASON: &str = "drip-reason";
 pub const DETAIL: &str = "drip-detail";
 /// On a forward of a `mode: shadow` rule: what enforcing would have done (`forward`, `delay`, or
@@ -52,6 +55,7 @@ pub struct Stamp<'a> {
     pub rule: Option<&'a str>,
     pub key: Option<&'a str>,
     pub scheduled_for: Option<Millis>,
+    pub published: Option<Millis>,
     /// Overflow messages carry the seed's `isRatelimited: true`.
     pub ratelimited: bool,
     /// Dead letters: why, and the detail.
@@ -81,6 +85,7 @@ impl Stamp<'_> {
         add(RULE, self.rule.map(str::to_owned));
         add(KEY, self.key.map(str::to_owned));
         add(SCHEDULED_FOR, self.scheduled_for.map(format_rfc3339));
+        add(PUBLISHED, self.published.map(format_rfc3339));
         add(IS_RATELIMITED, self.ratelimited.then(|| "true".to_owned()));
         add(REASON, self.reason.map(|(reason, _)| reason.as_str().to_owned()));
         add(DETAIL, self.reason.map(|(_, detail)| detail.to_owned()));

@@ -38,6 +38,17 @@ pub enum Status {
     CostExceedsLimit,
 }
 
+/// What a cost reported after the call did ([`Scheduler::correct`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Correction {
+    /// The booked cost became the actual one in every window that could take the difference.
+    Applied { booked: u64, actual: u64 },
+    /// The message's cost was corrected before: a retried report changes nothing.
+    Already,
+    /// No reservation of the message is known (never reserved, dead-lettered, or forgotten).
+    Unknown,
+}
+
 /// What becomes of the old slot of a message given a new one ([`Scheduler::reslot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OldSlot {
@@ -275,6 +286,9 @@ struct Answer {
     slot: Millis,
     status: Status,
     decided_at: Millis,
+    /// The cost it booked, and the cost reported after the call, once one was.
+    cost: u64,
+    corrected: Option<u64>,
     completed: bool,
     /// The attempt that took the lease acts alone until then.
     lease_until: Millis,
@@ -359,9 +373,40 @@ impl Scheduler {
                 .get(&(rule.to_owned(), key.to_owned()))
                 .and_then(|e| e.answers.get(&answer_file(request.message_id, request.published)))
                 .filter(|a| a.status == Status::Reserved)
-                .map(|a| a.slot),
+                .map(|a| (a.slot, a.corrected.unwrap_or(a.cost))),
         };
         self.decide(rule, key, request, given_back)
+    }
+
+    /// A cost reported after the call (`actual`) corrects what the message's reservation booked, once:
+    /// more is charged to its slot's windows (later slots of the key and its budgets move out),
+    /// less given back where it can be ([`give_back`]'s rules); never below zero. `request` names
+    /// the message and the rule's limits and budgets at `now` (its cost is not read).
+    pub fn correct(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>, actual: u64) -> Correction {
+        let Some(entity) = self.entities.get_mut(&(rule.to_owned(), key.to_owned())) else {
+            return Correction::Unknown;
+        };
+        let Some(answer) = entity.answers.get_mut(&answer_file(request.message_id, request.published)) else {
+            return Correction::Unknown;
+        };
+        if answer.status != Status::Reserved {
+            return Correction::Unknown;
+        }
+        if answer.corrected.is_some() {
+            return Correction::Already;
+        }
+        let (slot, booked) = (answer.slot, answer.cost);
+        answer.corrected = Some(actual);
+        let unit = ReserveRequest { cost: 1, ..*request };
+        let shared = budget_limits(&self.budgets, &unit);
+        let (_, own) = entity_limits(&entity.state, &unit, &shared);
+        let moved = (request.now, slot, actual.abs_diff(booked));
+        if actual < booked {
+            give_back(&mut entity.state, &mut self.budgets, moved, &own, &shared);
+        } else if actual > booked {
+            charge(&mut entity.state, &mut self.budgets, moved, &own, &shared);
+        }
+        Correction::Applied { booked, actual }
     }
 
     /// No slot of the entity before `until` (a later pause extends it, an earlier one changes nothing).
@@ -411,19 +456,20 @@ impl Scheduler {
     }
 
     /// A fresh decision for the request's message: its slot reserved (or why not) and its answer
-    /// filed, after `given_back`'s units went back (unless the cost is over a count in force).
+    /// filed, after the units of `given_back` (a slot and the cost it booked) went back (unless the
+    /// cost is over a count in force).
     fn decide(
         &mut self,
         rule: &str,
         key: &str,
         request: &ReserveRequest<'_>,
-        given_back: Option<Millis>,
+        given_back: Option<(Millis, u64)>,
     ) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let shared = budget_limits(&self.budgets, request);
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
-        if let Some(old) = given_back.filter(|_| !exceeded) {
-            give_back(&mut entity.state, &mut self.budgets, (request, old), &own, &shared);
+        if let Some((old, cost)) = given_back.filter(|_| !exceeded) {
+            give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &shared);
         }
         let (slot, runs) = if exceeded {
             (request.now, Vec::new())
@@ -449,6 +495,8 @@ impl Scheduler {
             slot,
             status,
             decided_at: request.now,
+            cost: request.cost,
+            corrected: None,
             completed: false,
             lease_until: request.now + request.lease,
         };
@@ -512,11 +560,10 @@ impl Scheduler {
 fn give_back(
     state: &mut EntityState,
     budgets: &mut HashMap<String, BudgetState>,
-    (request, old): (&ReserveRequest<'_>, Millis),
+    (now, old, cost): (Millis, Millis, u64),
     own: &[EntityLimit],
     shared: &[BudgetLimit<'_>],
 ) {
-    let (cost, now) = (request.cost, request.now);
     let latest = state.last_slot == Some(old);
     for EntityLimit { id, limit, count } in own {
         let per = limit.per();
@@ -556,6 +603,46 @@ fn give_back(
             if let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window)) {
                 run.least = run.least.min(*used);
             }
+        }
+    }
+}
+
+/// Charges `more` units to `slot`'s windows (a cost reported after the call above what was booked):
+/// the entity's fixed windows and fair shares when `slot` lies in the window it holds, budgets'
+/// windows that have not closed, a gcra limit's TAT (it moves later), a sliding limit's newest slot
+/// (every interval a later slot can share with `slot` also holds the newest). A window may then
+/// hold more than its count: later slots move out until it passes.
+fn charge(
+    state: &mut EntityState,
+    budgets: &mut HashMap<String, BudgetState>,
+    (now, slot, more): (Millis, Millis, u64),
+    own: &[EntityLimit],
+    shared: &[BudgetLimit<'_>],
+) {
+    for EntityLimit { id, limit, count } in own {
+        let per = limit.per();
+        match state.limits.get_mut(id) {
+            Some(LimitState::Fixed { window, used }) if *window == slot.div_euclid(per) * per => *used += more,
+            Some(LimitState::Gcra { tat, tat_rem }) => {
+                let rem = *tat_rem + more * per as u64;
+                *tat += (rem / count) as i64;
+                *tat_rem = rem % count;
+            }
+            Some(LimitState::Sliding { entries, .. }) => {
+                if let Some(newest) = entries.back_mut() {
+                    newest.1 += more;
+                }
+            }
+            _ => {}
+        }
+    }
+    for BudgetLimit { budget, limit, .. } in shared {
+        let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
+        if window + per <= now {
+            continue;
+        }
+        if let Some(used) = budgets.get_mut(&budget.name).and_then(|b| b.windows.get_mut(&(per, window))) {
+            *used += more;
         }
     }
 }
@@ -886,6 +973,25 @@ mod tests {
             let state = s.entity_state("r", "k").unwrap().limits.values().next().cloned();
             assert_eq!(state, Some(LimitState::Fixed { window: held.0, used: held.1 }), "{old:?}");
         }
+    }
+
+    /// A cost known only after the call corrects what was booked, once: more moves the next slot
+    /// out, less gives units back to a window still open.
+    #[test]
+    fn a_cost_reported_after_the_call_corrects_the_booking_once() {
+        let limits = [limit(4, SECOND, Window::Fixed(Placement::Start))];
+        let mut s = Scheduler::new();
+        let estimate = |id, now| ReserveRequest { cost: 2, ..request(id, &limits, now) };
+        assert_eq!(s.reserve("r", "k", &estimate("a", 0)).slot, 0);
+        // "a" really cost 4: the window is over by 2, so the next event waits for the next one.
+        assert_eq!(s.correct("r", "k", &request("a", &limits, 10), 4), Correction::Applied { booked: 2, actual: 4 });
+        assert_eq!(s.correct("r", "k", &request("a", &limits, 11), 1), Correction::Already, "once per message");
+        assert_eq!(s.reserve("r", "k", &request("b", &limits, 20)).slot, SECOND);
+        // "b" was booked at 1 and cost nothing: the window it holds gets it back.
+        assert_eq!(s.correct("r", "k", &request("b", &limits, 30), 0), Correction::Applied { booked: 1, actual: 0 });
+        let state = s.entity_state("r", "k").unwrap().limits.values().next().cloned();
+        assert_eq!(state, Some(LimitState::Fixed { window: SECOND, used: 0 }));
+        assert_eq!(s.correct("r", "k", &request("never", &limits, 30), 2), Correction::Unknown);
     }
 
     #[test]

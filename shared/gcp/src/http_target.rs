@@ -58,6 +58,10 @@ pub enum PostError {
     Token(String),
 }
 
+/// A target's answer header that says what the call really cost (a count of the rule's units),
+/// when only the call could know (tokens of a model API, pages of a report).
+pub const COST_HEADER: &str = "x-drip-cost";
+
 /// An HTTP client for targets: never follows redirects, times out, adds ID tokens.
 #[derive(Debug)]
 pub struct HttpTarget {
@@ -106,7 +110,9 @@ impl HttpTarget {
         let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let code = status.as_u16();
         Ok(match (code, header("retry-after")) {
-            _ if status.is_success() => Answer::Delivered,
+            _ if status.is_success() => {
+                Answer::Delivered { cost: header(COST_HEADER).and_then(|c| c.trim().parse().ok()) }
+            }
             (429 | 503, Some(retry_after)) if retry_after_until(&retry_after).is_some() => {
                 Answer::Wait { status: code, until: retry_after_until(&retry_after).unwrap_or_default(), retry_after }
             }

@@ -4,6 +4,7 @@
 
 pub mod answer;
 pub mod auth;
+pub mod costs;
 pub mod counted_publish;
 pub mod feedback;
 pub mod health;

@@ -63,6 +63,7 @@ pub struct Metrics {
     rules_refused: Gauge,
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    cost_corrections: Family<CorrectionLabels, prometheus_client::metrics::counter::Counter>,
     http: HistogramFamily<HttpLabels>,
     max_delay: Family<RuleLabels, Gauge<f64, AtomicU64>>,
     delivery_margin: Family<RuleLabels, Gauge<f64, AtomicU64>>,
@@ -74,6 +75,12 @@ pub struct Metrics {
 pub struct TopicLabels {
     /// The topic as the rules name it.
     pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CorrectionLabels {
+    pub rule: String,
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +118,12 @@ impl Default for Metrics {
             "Answers that asked to wait longer than the rule's max_pause (capped, read as overload), by budget or rule",
             pauses_capped.clone(),
         );
+        let cost_corrections = Family::<CorrectionLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "cost_corrections",
+            "Costs reported after the call (X-Drip-Cost, /v1/feedback), by rule and what they did: more, less, same (booked right), already (a retried report) or unknown (no reservation)",
+            cost_corrections.clone(),
+        );
         let http: HistogramFamily<HttpLabels> = Family::new_with_constructor(seconds_histogram);
         registry.register("http_request_seconds", "Requests served, by route and status", http.clone());
         let build = Family::<BuildLabels, Gauge>::default();
@@ -146,6 +159,7 @@ impl Default for Metrics {
             rules_refused,
             adaptive_level,
             pauses_capped,
+            cost_corrections,
             http,
             max_delay,
             delivery_margin,
@@ -195,6 +209,11 @@ impl Metrics {
 
     pub fn pause_capped(&self, target: String) {
         self.pauses_capped.get_or_create(&TargetLabels { target }).inc();
+    }
+
+    /// A cost reported after the call, and what it did (`more`, `less`, `same`, `already`, `unknown`).
+    pub fn cost_corrected(&self, rule: &str, outcome: &'static str) {
+        self.cost_corrections.get_or_create(&CorrectionLabels { rule: rule.to_owned(), outcome }).inc();
     }
 
     /// A publish request to `topic` carrying `messages`.

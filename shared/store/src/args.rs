@@ -14,6 +14,30 @@ use crate::keys::{ANSWER_BUCKET, budget_key, field};
 use crate::keys::{ANSWER_MARGIN, STATE_MARGIN};
 use crate::{EntityKeys, SlotRequest};
 
+/// The event's fixed record, in the order [`ReserveArgs::event`] writes it: `reserve.lua`'s
+/// `read_event` reads each field at its place by a constant generated from its name
+/// (`event.cost` is `EVENT_COST`; scripts.rs), never by a number of its own.
+pub(crate) const EVENT_RECORD: [&str; 14] = [
+    "event.first_key",
+    "event.answer_field",
+    "event.cost",
+    "event.max_delay",
+    "event.answers_base",
+    "event.answers_keep",
+    "event.lease",
+    "event.state_keep",
+    "event.mode",
+    "event.floor",
+    "event.margin",
+    "adaptive.ceiling",
+    "adaptive.step",
+    "adaptive.window",
+];
+
+/// One limit's record in the event's `limits` section, read the same way.
+pub(crate) const LIMIT_RECORD: [&str; 5] =
+    ["limit.kind", "limit.per", "limit.count", "limit.extra", "limit.override_id"];
+
 /// Arguments in the order a script reads them, each with the name it is read by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Args(Vec<Vec<u8>>, Vec<&'static str>);
@@ -49,6 +73,14 @@ impl Args {
     /// Each value with its name, in order.
     pub fn named(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
         self.1.iter().copied().zip(self.0.iter().map(Vec::as_slice))
+    }
+
+    /// Replaces the value written under `name`.
+    fn set(&mut self, name: &'static str, value: impl AsRef<[u8]>) -> &mut Self {
+        if let Some(at) = self.1.iter().position(|&n| n == name) {
+            self.0[at] = value.as_ref().to_vec();
+        }
+        self
     }
 
     fn extend(&mut self, other: &Args) {
@@ -192,7 +224,7 @@ impl ReserveArgs {
             .int("event.lease", event.lease)
             .int("event.state_keep", longest_window + STATE_MARGIN)
             .str(
-                "event.reslot",
+                "event.mode",
                 match request.reslot {
                     None => "",
                     Some(OldSlot::Kept) => "keep",
@@ -244,6 +276,22 @@ impl ReserveArgs {
         self
     }
 
+    /// Adds a correction of `request`'s message: the cost reported after its call, `actual`
+    /// (reserve.lua's `correct`), in place of a reservation.
+    pub fn correction(
+        &mut self,
+        namespace: &str,
+        keys: &EntityKeys,
+        request: &SlotRequest<'_>,
+        actual: u64,
+    ) -> &mut Self {
+        self.event(namespace, keys, request);
+        if let Some(event) = self.events.last_mut() {
+            event.set("event.mode", "correct").set("event.cost", actual.to_string());
+        }
+        self
+    }
+
     /// Adds an event encoded on its own, its keys after those already in the call.
     pub fn push(&mut self, mut event: EncodedEvent) -> &mut Self {
         if let Some(base) = event.args.0.first_mut() {
@@ -260,5 +308,33 @@ impl ReserveArgs {
         let mut args = Args::default();
         args.opt("now", self.now).section("events", &self.events, |args, event| args.extend(event));
         args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drip_core::rules::{Limit, Placement, Window};
+    use drip_core::schedule::ReserveRequest;
+
+    use super::*;
+
+    /// The script reads the records at the places these names give: the encoder writes them so.
+    #[test]
+    fn the_encoder_writes_the_records_the_script_reads_by_name() {
+        let limits = [
+            Limit::new(10, 1_000, Window::Fixed(Placement::Start)).unwrap(),
+            Limit::new(5, 1_000, Window::Gcra { burst: 2 }).unwrap(),
+        ];
+        let request = SlotRequest::new("r", "k", ReserveRequest::new("m", &limits, 0));
+        let keys = EntityKeys::new("drip", request.rule_ref(), "k", "m", None, &limits);
+        let mut call = ReserveArgs::new(None);
+        call.event("drip", &keys, &request);
+        let names: Vec<&str> = call.events[0].named().map(|(name, _)| name).collect();
+        assert_eq!(names[..EVENT_RECORD.len()], EVENT_RECORD);
+        let limits_at = EVENT_RECORD.len();
+        assert_eq!(names[limits_at], "limits");
+        for limit in names[limits_at + 1..].chunks(LIMIT_RECORD.len()).take(limits.len()) {
+            assert_eq!(limit, LIMIT_RECORD);
+        }
     }
 }

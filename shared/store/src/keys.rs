@@ -264,14 +264,15 @@ pub mod field {
         Some(base + slot.parse::<Millis>().ok()?)
     }
 
-    /// A completed answer, `<R|L|C><slot>:<decided>:d`, times relative to the answers' `base` (the
-    /// prelude's `answer_value`).
-    pub fn completed_answer(reservation: &Reservation, base: Millis) -> String {
+    /// A completed answer, `<R|L|C><slot>:<decided>:d[:<cost>]`, times relative to the answers'
+    /// `base`, the cost it booked when not 1 (the prelude's `answer_value`).
+    pub fn completed_answer(reservation: &Reservation, base: Millis, cost: u64) -> String {
         let kind = match reservation.status {
             Status::Reserved => 'R',
             Status::MaxDelayExceeded => 'L',
             Status::CostExceedsLimit => 'C',
         };
-        format!("{kind}{}:{}:d", reservation.slot - base, reservation.decided_at - base)
+        let booked = if cost == 1 { String::new() } else { format!(":{cost}") };
+        format!("{kind}{}:{}:d{booked}", reservation.slot - base, reservation.decided_at - base)
     }
 }

@@ -23,7 +23,9 @@ pub use keys::{
     ANSWER_BUCKET, ANSWER_MARGIN, DISPATCHED_MEMORY, EntityKeys, RuleRef, STATE_MARGIN, budget_key, dispatch_key, field,
 };
 pub use memory::MemoryStore;
-pub use overrides::{AuditEntry, Author, FeedbackChange, OVERRIDE_MARGIN, OverrideChange, OverrideView, ResumeChange};
+pub use overrides::{
+    AuditEntry, Author, CostChange, FeedbackChange, OVERRIDE_MARGIN, OverrideChange, OverrideView, ResumeChange,
+};
 pub use redis_store::{DispatchClaim, MessageOf, RedisStore, ReserveCall, parse_replies, parse_reply, reserve_script};
 pub use request::{Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{Resumed, resume};

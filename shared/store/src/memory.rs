@@ -3,7 +3,7 @@ use std::sync::Mutex;
 
 use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::Limit;
-use drip_core::schedule::{BudgetState, LimitOverride, ReserveRequest, Scheduler, override_id};
+use drip_core::schedule::{BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, override_id};
 use drip_core::time::{Millis, wall_clock_millis};
 
 use crate::{AuditEntry, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, SlotRequest, StoreError};
@@ -117,6 +117,12 @@ impl MemoryStore {
             None => s.reserve(request.rule, request.key, &model_request),
         });
         Ok(Reserved { reservation, now })
+    }
+
+    pub async fn correct_cost(&self, request: &SlotRequest<'_>, actual: u64) -> Result<Correction, StoreError> {
+        let now = request.now().unwrap_or_else(wall_clock_millis);
+        let model_request = ReserveRequest { now, ..request.event };
+        Ok(self.with(|s| s.correct(request.rule, request.key, &model_request, actual)))
     }
 
     pub async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {

@@ -117,6 +117,23 @@ pub struct ResumeChange {
     pub reason: Option<String>,
 }
 
+/// A cost reported after the call through `POST /v1/feedback`, as the rule's audit list keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct CostChange {
+    #[serde(with = "drip_core::time::rfc3339")]
+    pub at: Millis,
+    pub by: String,
+    pub rule: String,
+    pub key: String,
+    /// The message's `drip-message-id`.
+    pub message_id: String,
+    /// What it booked, when a reservation of it was known.
+    pub booked: Option<u64>,
+    pub actual: u64,
+    /// `applied`, `already` (a retried report: nothing changed) or `unknown`.
+    pub outcome: String,
+}
+
 /// An entry of a rule's audit list.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(untagged)]
@@ -124,6 +141,7 @@ pub enum AuditEntry {
     Override(OverrideChange),
     Feedback(FeedbackChange),
     Resume(ResumeChange),
+    Cost(CostChange),
 }
 
 impl AuditEntry {
@@ -133,6 +151,7 @@ impl AuditEntry {
             AuditEntry::Override(change) => &change.rule,
             AuditEntry::Feedback(call) => &call.rule,
             AuditEntry::Resume(resume) => &resume.rule,
+            AuditEntry::Cost(cost) => &cost.rule,
         }
     }
 }

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use drip_core::schedule::{Attempt, Reservation, Status};
+use drip_core::schedule::{Attempt, Correction, Reservation, Status};
 use drip_core::time::Millis;
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
@@ -85,7 +85,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     async fn mark_completed(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
         let keys = self.keys(request);
         let base = keys.answers_base;
-        let value = field::completed_answer(&reserved.reservation, base);
+        let value = field::completed_answer(&reserved.reservation, base, request.event.cost);
         let ttl = (base - reserved.now).max(0) + answers_keep(request.event.max_delay);
         let mut pipe = redis::pipe();
         pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
@@ -185,14 +185,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     async fn call_reserve(&self, call: ReserveCall) -> Result<Vec<Reserved>, StoreError> {
-        let reply: Vec<i64> = match call.cmd().query_async(&mut self.connection()).await {
+        parse_replies(&self.run_reserve(call).await?)
+    }
+
+    /// The script's reply, loading it first when Redis lost it.
+    async fn run_reserve(&self, call: ReserveCall) -> Result<Vec<i64>, StoreError> {
+        Ok(match call.cmd().query_async(&mut self.connection()).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let _: String = RESERVE.prepare_invoke().load_async(&mut self.connection()).await?;
                 call.cmd().query_async(&mut self.connection()).await?
             }
             reply => reply?,
-        };
-        parse_replies(&reply)
+        })
     }
 }
 
@@ -232,6 +236,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// `reserved` is what `reserve` answered this attempt.
     pub async fn complete(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
         self.mark_completed(request, reserved).await
+    }
+
+    /// Corrects what `request`'s message booked with the cost reported after its call, once
+    /// (`Scheduler::correct`).
+    pub async fn correct_cost(&self, request: &SlotRequest<'_>, actual: u64) -> Result<Correction, StoreError> {
+        let mut args = ReserveArgs::new(request.now());
+        args.correction(&self.namespace, &self.keys(request), request, actual);
+        let reply = self.run_reserve(ReserveCall(args)).await?;
+        // reserve.lua's `correct`: slot, status, what it did (CORRECTION), now, the booked cost.
+        match reply.as_slice() {
+            [_, _, 0, _, booked] => Ok(Correction::Applied { booked: *booked as u64, actual }),
+            [_, _, 1, _, _] => Ok(Correction::Already),
+            [_, _, 2, _, _] => Ok(Correction::Unknown),
+            _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+        }
     }
 
     /// Ends the lease of an attempt that failed, so that a retry may act at once.
@@ -275,30 +294,34 @@ pub fn reserve_script() -> &'static str {
     &RESERVE_SOURCE
 }
 
-/// Reads `reserve.lua`'s reply: seven numbers per event.
+/// How many numbers `reserve.lua` replies per event (its `REPLY_LENGTH`).
+const REPLY_LENGTH: usize = 5;
+
+/// Reads `reserve.lua`'s reply: `REPLY_LENGTH` numbers per event.
 pub fn parse_replies(reply: &[i64]) -> Result<Vec<Reserved>, StoreError> {
-    if reply.is_empty() || !reply.len().is_multiple_of(7) {
+    if reply.is_empty() || !reply.len().is_multiple_of(REPLY_LENGTH) {
         return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
     }
-    reply.chunks(7).map(parse_reply).collect()
+    reply.chunks(REPLY_LENGTH).map(parse_reply).collect()
 }
 
-/// Reads one event's seven numbers of `reserve.lua`'s reply.
+/// Reads one event's reply (the script's `reply`): slot, status, attempt, now, decided_at.
 pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
-    let &[slot, late, replayed, now, decided_at, completed, busy] = reply else {
+    let &[slot, status, attempt, now, decided_at] = reply else {
         return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
     };
-    let status = match late {
+    // The script's STATUS and ATTEMPT.
+    let status = match status {
         0 => Status::Reserved,
         1 => Status::MaxDelayExceeded,
         2 => Status::CostExceedsLimit,
         _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
     };
-    let attempt = match (replayed, completed, busy) {
-        (0, 0, 0) => Attempt::Decided,
-        (1, 0, 0) => Attempt::Resumed,
-        (1, 0, 1) => Attempt::Busy,
-        (1, 1, 0) => Attempt::Done,
+    let attempt = match attempt {
+        0 => Attempt::Decided,
+        1 => Attempt::Resumed,
+        2 => Attempt::Busy,
+        3 => Attempt::Done,
         _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
     };
     let reservation = Reservation { slot, status, decided_at, attempt };
@@ -326,6 +349,12 @@ mod tests {
     #[test]
     fn the_script_knows_the_answers_minute() {
         let line = format!("local ANSWER_MINUTE = {}", crate::ANSWER_BUCKET);
+        assert!(super::reserve_script().contains(&line), "reserve.lua must say `{line}`");
+    }
+
+    #[test]
+    fn the_script_replies_as_the_parser_reads() {
+        let line = format!("local REPLY_LENGTH = {}", super::REPLY_LENGTH);
         assert!(super::reserve_script().contains(&line), "reserve.lua must say `{line}`");
     }
 

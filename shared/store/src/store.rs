@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use drip_core::budgets::Budget;
 use drip_core::rules::{Limit, Rule};
-use drip_core::schedule::LimitOverride;
+use drip_core::schedule::{Correction, LimitOverride};
 use drip_core::time::{Millis, wall_clock_millis};
 use redis::aio::ConnectionLike;
 
@@ -28,6 +28,8 @@ pub trait Store: Ping + std::fmt::Debug {
     fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved>;
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
+    /// Corrects what the request's message booked with the cost reported after its call, once.
+    fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction>;
     /// Keeps a payload too large for a task until its dispatch; returns the task's reference to it.
     fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String>;
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport>;
@@ -99,6 +101,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
         Box::pin(RedisStore::release(self, request, reserved))
+    }
+
+    fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction> {
+        Box::pin(RedisStore::correct_cost(self, request, actual))
     }
 
     fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String> {
@@ -218,6 +224,10 @@ impl Store for MemoryStore {
 
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
         Box::pin(MemoryStore::release(self, request, reserved))
+    }
+
+    fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction> {
+        Box::pin(MemoryStore::correct_cost(self, request, actual))
     }
 
     fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], _: Millis) -> StoreFuture<'a, String> {
