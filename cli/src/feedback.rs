@@ -2,6 +2,8 @@
 //! called the downstream itself does (`POST /v1/feedback`): a 429 or 503 with `--retry-after`
 //! pauses the key (or the budget), a 429, 408, 5xx or a timeout (`--status 0`) lowers an
 //! adaptive limit. The operator's lever for "the partner says stop" before any consumer says so.
+//! With `--cost`, it reports what one message's call really cost instead (docs/rules.md: "Costs
+//! known only after the call").
 
 use std::process::ExitCode;
 
@@ -26,12 +28,24 @@ pub struct Args {
     #[arg(long, conflicts_with = "key")]
     budget: Option<String>,
     /// The downstream's HTTP status (0: it timed out).
-    #[arg(long)]
-    status: u16,
+    #[arg(long, required_unless_present = "cost")]
+    status: Option<u16>,
     /// Seconds, as the downstream's `Retry-After` said (at least 1; to lift a pause, use `drip
     /// resume`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     retry_after: Option<u64>,
+    /// What the call of the message really cost, in the rule's units (instead of a status).
+    #[arg(long, conflicts_with_all = ["status", "budget"], requires_all = ["message_id", "published"])]
+    cost: Option<u64>,
+    /// The message whose cost it was: its `drip-message-id` attribute.
+    #[arg(long)]
+    message_id: Option<String>,
+    /// Its `drip-subscription` attribute.
+    #[arg(long)]
+    subscription: Option<String>,
+    /// Its `drip-published` attribute (RFC 3339).
+    #[arg(long)]
+    published: Option<String>,
     /// `table` (lines) or `json` (the limiter's answer).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -48,6 +62,10 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
         "budget": args.budget,
         "status": args.status,
         "retryAfter": args.retry_after,
+        "cost": args.cost,
+        "messageId": args.message_id,
+        "subscription": args.subscription,
+        "published": args.published,
     });
     let url = args.api.api.as_deref().context(
         "feedback goes through the limiter's API: give --api URL (or DRIP_API), e.g. the admin service's URL (docs/operations.md: \"Reaching production\")",
@@ -55,6 +73,12 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
     let answer: serde_json::Value =
         Api::connect(&args.api, url).await?.call(Method::POST, &["v1", "feedback"], &[], Some(body)).await?;
     let table = match &answer {
+        answer if answer["outcome"].is_string() => format!(
+            "cost {}: {} (booked {})\n",
+            answer["actual"],
+            answer["outcome"].as_str().unwrap_or("-"),
+            answer["booked"].as_u64().map_or("-".to_owned(), |b| b.to_string())
+        ),
         serde_json::Value::Null => "no change: the answer neither pauses nor lowers anything\n".to_owned(),
         answer => {
             let paused =
