@@ -157,7 +157,7 @@ end
 -- One event's fields, in the order args.rs writes them. Every table is built whole (a field added
 -- later costs a rehash), and field names come as spans of ARGV for HMGET.
 local function read_event()
-  -- A fixed record, each field at the place args.rs names (the generated EVENT_* constants), read
+  -- A fixed record, each field at the place args.rs names (the EVENT_* names, numbers once built), read
   -- without a call per value (a call costs the script 0.1 µs each).
   local at = span(EVENT_RECORD) - 1
   -- '' (reserve), 'keep' or 'give' (a new slot, the old one kept or given back), 'correct'.

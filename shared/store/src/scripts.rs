@@ -15,20 +15,23 @@ fn with_prelude(script: &str) -> String {
 }
 
 pub(crate) static RESERVE_SOURCE: LazyLock<String> =
-    LazyLock::new(|| with_prelude(&format!("{}\n{}", record_places(), include_str!("../../../lua/reserve.lua"))));
+    LazyLock::new(|| with_prelude(&with_record_places(include_str!("../../../lua/reserve.lua"))));
 
-/// Lua constants for each field's place in the argument records args.rs writes (`event.cost` is
-/// `EVENT_COST`), and each record's length (`EVENT_RECORD`): the script reads by these names.
-fn record_places() -> String {
-    let mut lua = String::from("-- Generated from drip-store's args.rs: each field's place in its record.\n");
+/// The script with each record place it names (`EVENT_COST`: the place of args.rs's `event.cost`
+/// in the event's record; `EVENT_RECORD`: the record's length) written as its number. Numbers, not
+/// Lua locals: every local a function captures costs each call of the script, and these are read
+/// on every event.
+fn with_record_places(script: &str) -> String {
+    let mut places: Vec<(String, usize)> = Vec::new();
     for (record, fields) in [("EVENT_RECORD", &EVENT_RECORD[..]), ("LIMIT_RECORD", &LIMIT_RECORD[..])] {
-        lua.push_str(&format!("local {record} = {}\n", fields.len()));
-        for (place, name) in fields.iter().enumerate() {
-            lua.push_str(&format!("local {} = {}\n", name.replace('.', "_").to_uppercase(), place + 1));
-        }
+        places.push((record.to_owned(), fields.len()));
+        places.extend(fields.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at + 1)));
     }
-    lua
+    // Longest first, so that no name is replaced inside a longer one.
+    places.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+    places.into_iter().fold(script.to_owned(), |text, (name, place)| text.replace(&name, &place.to_string()))
 }
+
 pub(crate) static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(&RESERVE_SOURCE));
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/release.lua"))));
