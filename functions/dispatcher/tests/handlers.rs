@@ -407,3 +407,33 @@ async fn a_task_that_finds_a_pause_gives_its_slot_back() {
     let hour = drip_core::schedule::LimitState::Fixed { window: now / HOUR * HOUR, used: 2 };
     assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour], "two units in the hour, not three");
 }
+
+/// An `overflow: { url }` target that answers with `X-Drip-Cost` corrects what the event booked:
+/// here the payout booked 1 of the key's 5 an hour and really cost 4, so the hour holds 4.
+#[tokio::test]
+async fn an_overflow_url_s_reported_cost_corrects_the_booking() {
+    let target = axum::Router::new().fallback(|| async { (StatusCode::OK, [("x-drip-cost", "4")]) });
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, target).await });
+    let hourly = RULES.replace("limits: [ { limit: 1, per: 1s } ]", "limits: [ { limit: 5, per: 1h } ]");
+    let d = dispatcher_with(&format!("{hourly}    overflow: {{ url: \"{url}\" }}\n"));
+    let now = wall_clock_millis();
+    assert_eq!(reserve_at(&d, "merchant_7", "costly", now).await, now);
+    let body = event(
+        "costly",
+        "merchant_7",
+        now,
+        TaskPayload::inline(b"{}"),
+        BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]),
+    );
+    assert_eq!(d.run(&body, Some(&seal(&body, now, TASK_NAME))).await, StatusCode::OK);
+    let rule = d.state.rules.current().rules[0].clone();
+    let state = d.store.entity_state(&rule.id, "merchant_7").unwrap();
+    let hour = drip_core::schedule::LimitState::Fixed { window: now / HOUR * HOUR, used: 4 };
+    assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour], "the reported 4, not the booked 1");
+    // The same task run again (Cloud Tasks retries, rarely) changes nothing.
+    assert_eq!(d.run(&body, Some(&seal(&body, now, TASK_NAME))).await, StatusCode::OK);
+    let state = d.store.entity_state(&rule.id, "merchant_7").unwrap();
+    assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour]);
+}
