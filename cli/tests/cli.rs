@@ -669,6 +669,16 @@ async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api(
     let report = json(&drip_async(api(OPERATOR, &["inspect", &rule, "merchant_7", "--output", "json"])).await);
     assert!(report["pausedUntil"].is_string(), "the feedback paused the key: {report}");
 
+    // A cost after the call names its message; one Drip never reserved is unknown (404).
+    let cost = ["--cost", "3", "--message-id", "never-sent", "--published", "2026-12-01T00:00:00Z"];
+    let mut report_cost = vec!["feedback", "--rule", &rule, "--key", "merchant_7"];
+    report_cost.extend(cost);
+    let unknown = drip_async(api(CONSUMER, &report_cost)).await;
+    assert!(!unknown.status.success(), "{unknown:?}");
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"), "{unknown:?}");
+    let without_message =
+        drip(&["feedback", "--api", "http://127.0.0.1:9", "--rule", &rule, "--key", "k", "--cost", "3"]);
+    assert!(!without_message.status.success(), "a cost needs --message-id and --published");
     let refused =
         drip_async(api(OPERATOR, &["feedback", "--rule", &rule, "--key", "merchant_7", "--status", "503"])).await;
     assert!(!refused.status.success());
