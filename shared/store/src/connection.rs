@@ -51,15 +51,19 @@ impl<C: std::fmt::Debug> std::fmt::Debug for Observed<C> {
     }
 }
 
+/// `call`, reporting how long it took (from now) and whether it succeeded to `observer`.
+fn observed<'a, T: Send + 'a>(observer: Arc<dyn CallObserver>, call: RedisFuture<'a, T>) -> RedisFuture<'a, T> {
+    let started = Instant::now();
+    Box::pin(async move {
+        let result = call.await;
+        observer.observe(started.elapsed(), result.is_ok());
+        result
+    })
+}
+
 impl<C: ConnectionLike + Send> ConnectionLike for Observed<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let (started, observer) = (Instant::now(), self.observer.clone());
-        let call = self.inner.req_packed_command(cmd);
-        Box::pin(async move {
-            let result = call.await;
-            observer.observe(started.elapsed(), result.is_ok());
-            result
-        })
+        observed(self.observer.clone(), self.inner.req_packed_command(cmd))
     }
 
     fn req_packed_commands<'a>(
@@ -68,13 +72,7 @@ impl<C: ConnectionLike + Send> ConnectionLike for Observed<C> {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let (started, observer) = (Instant::now(), self.observer.clone());
-        let call = self.inner.req_packed_commands(pipeline, offset, count);
-        Box::pin(async move {
-            let result = call.await;
-            observer.observe(started.elapsed(), result.is_ok());
-            result
-        })
+        observed(self.observer.clone(), self.inner.req_packed_commands(pipeline, offset, count))
     }
 
     fn get_db(&self) -> i64 {
