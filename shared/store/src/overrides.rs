@@ -338,12 +338,28 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// The entries of the entity's overrides field, with what an earlier version left in a hash
     /// of its own that no script has folded in yet.
     pub(crate) async fn override_entries(&self, keys: &EntityKeys) -> Result<BTreeMap<String, String>, StoreError> {
+        Ok(self.override_entries_with(keys, |_| {}).await?.0)
+    }
+
+    /// The same, in one round trip with the commands `more` adds; their replies follow.
+    pub(crate) async fn override_entries_with(
+        &self,
+        keys: &EntityKeys,
+        more: impl FnOnce(&mut redis::Pipeline),
+    ) -> Result<(BTreeMap<String, String>, Vec<redis::Value>), StoreError> {
         let mut pipe = redis::pipe();
         pipe.hget(&keys.state, field::OVERRIDES).hgetall(&keys.legacy_overrides);
-        let (blob, mut entries): (Option<String>, BTreeMap<String, String>) =
-            pipe.query_async(&mut self.connection()).await?;
+        more(&mut pipe);
+        let mut replies: Vec<redis::Value> = pipe.query_async(&mut self.connection()).await?;
+        let rest = replies.split_off(replies.len().min(2));
+        let unexpected = |e: redis::ParsingError| StoreError::UnexpectedReply(e.to_string());
+        let mut replies = replies.into_iter();
+        let blob: Option<String> =
+            replies.next().map(redis::from_redis_value).transpose().map_err(unexpected)?.flatten();
+        let mut entries: BTreeMap<String, String> =
+            replies.next().map(redis::from_redis_value).transpose().map_err(unexpected)?.unwrap_or_default();
         entries.extend(field::parse_overrides_field(blob.as_deref().unwrap_or_default()));
-        Ok(entries)
+        Ok((entries, rest))
     }
 
     /// Every entity of the rule with overrides, and its overrides.
