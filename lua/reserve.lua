@@ -328,6 +328,34 @@ local function write_state(e, changes)
   end
 end
 
+-- Moves `delta` units into (positive) or out of (negative) the window of `slot` of each budget
+-- limit where it has not closed (schedule.rs's shift_budget_windows): out only of start-placed
+-- windows, never below zero, and a run of full windows it lies in keeps only what it now holds.
+local function shift_budgets(e, slot, now, delta)
+  for j = 1, #e.budgets do
+    local budget = e.budgets[j]
+    for k = 1, #budget.limits do
+      local l = budget.limits[k]
+      local per = l.per
+      local window = slot - slot % per
+      if window + per > now and not (delta < 0 and l.spread) then
+        local name = per .. ':' .. window
+        local used = tonumber(redis.call('HGET', budget.hash, name))
+        if used then
+          used = math.max(used + delta, 0)
+          redis.call('HSET', budget.hash, name, used)
+          l.used[window] = used
+          local run = l.run
+          if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
+            run.least = used
+            redis.call('HSET', budget.hash, 'run:' .. per, run.from .. ':' .. run.through .. ':' .. used)
+          end
+        end
+      end
+    end
+  end
+end
+
 -- Gives `cost` units of the slot `old` back (schedule.rs's give_back), wherever the window
 -- that holds them has not closed and can take them back exactly: the entity's fixed (start)
 -- windows and fair shares when the slot lies in the window it holds, budgets' start-placed
@@ -366,28 +394,7 @@ local function give_back(e, values, last, now, old, cost)
     end
   end
   write_state(e, changes)
-  for j = 1, #e.budgets do
-    local budget = e.budgets[j]
-    for k = 1, #budget.limits do
-      local l = budget.limits[k]
-      local per = l.per
-      local window = old - old % per
-      if not l.spread and window + per > now then
-        local name = per .. ':' .. window
-        local used = tonumber(redis.call('HGET', budget.hash, name))
-        if used then
-          used = math.max(used - cost, 0)
-          redis.call('HSET', budget.hash, name, used)
-          l.used[window] = used
-          local run = l.run
-          if run and window >= run.from and window <= run.through and used < run.least then
-            run.least = used
-            redis.call('HSET', budget.hash, 'run:' .. per, run.from .. ':' .. run.through .. ':' .. used)
-          end
-        end
-      end
-    end
-  end
+  shift_budgets(e, old, now, -cost)
 end
 
 -- Charges `more` units to `slot`'s windows (schedule.rs's charge): the entity's fixed windows and
@@ -418,20 +425,7 @@ local function charge(e, values, now, slot, more)
     end
   end
   write_state(e, changes)
-  for j = 1, #e.budgets do
-    local budget = e.budgets[j]
-    for k = 1, #budget.limits do
-      local per = budget.limits[k].per
-      local window = slot - slot % per
-      if window + per > now then
-        local name = per .. ':' .. window
-        local used = tonumber(redis.call('HGET', budget.hash, name))
-        if used then
-          redis.call('HSET', budget.hash, name, used + more)
-        end
-      end
-    end
-  end
+  shift_budgets(e, slot, now, more)
 end
 
 -- The earliest time >= t at which one of the entity's limits accepts the cost more (schedule.rs's

@@ -592,19 +592,7 @@ fn give_back(
             _ => {}
         }
     }
-    for BudgetLimit { budget, limit, .. } in shared {
-        let (per, window) = (limit.per(), old.div_euclid(limit.per()) * limit.per());
-        if limit.window() != Window::Fixed(Placement::Start) || window + per <= now {
-            continue;
-        }
-        let Some(held) = budgets.get_mut(&budget.name) else { continue };
-        if let Some(used) = held.windows.get_mut(&(per, window)) {
-            *used = used.saturating_sub(cost);
-            if let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window)) {
-                run.least = run.least.min(*used);
-            }
-        }
-    }
+    shift_budget_windows(budgets, shared, (now, old), -(cost as i64));
 }
 
 /// Charges `more` units to `slot`'s windows (a cost reported after the call above what was booked):
@@ -636,13 +624,32 @@ fn charge(
             _ => {}
         }
     }
+    shift_budget_windows(budgets, shared, (now, slot), more as i64);
+}
+
+/// Moves `delta` units into (positive) or out of (negative) the window of `slot` of each budget
+/// limit in `shared`, where it has not closed at `now`: out only of start-placed windows (the
+/// positions of a spread window's later events count on what it holds), never below zero, and a
+/// run of full windows it lies in keeps only what the window now holds.
+fn shift_budget_windows(
+    budgets: &mut HashMap<String, BudgetState>,
+    shared: &[BudgetLimit<'_>],
+    (now, slot): (Millis, Millis),
+    delta: i64,
+) {
     for BudgetLimit { budget, limit, .. } in shared {
         let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
-        if window + per <= now {
+        let spread = limit.window() != Window::Fixed(Placement::Start);
+        if window + per <= now || (delta < 0 && spread) {
             continue;
         }
-        if let Some(used) = budgets.get_mut(&budget.name).and_then(|b| b.windows.get_mut(&(per, window))) {
-            *used += more;
+        let Some(held) = budgets.get_mut(&budget.name) else { continue };
+        let Some(used) = held.windows.get_mut(&(per, window)) else { continue };
+        *used = used.saturating_add_signed(delta);
+        if delta < 0
+            && let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window))
+        {
+            run.least = run.least.min(*used);
         }
     }
 }
