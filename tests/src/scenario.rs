@@ -722,20 +722,31 @@ pub fn scenario_with_corrections(max_events: usize) -> impl Strategy<Value = Sce
     )
 }
 
-/// For scenarios with corrections: the limits hold over the slots in use, each event counted at
+/// For scenarios with corrections: the limits hold over the slots in use, each booking counted at
 /// its cost after any correction that lowered it (the units given back were taken by later
-/// events, so no window may be over); a raised cost is the partner's, counted as booked.
+/// events, so no window may be over); a raised cost is the partner's, counted as booked. A
+/// correction applies to the message's booking when it is made, once: a new slot is a new booking.
 pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
-    let mut lowered: HashMap<&str, u64> = HashMap::new();
-    for &(_, of, actual) in &scenario.shared.corrections {
-        let event = &scenario.events[of];
-        lowered.entry(&event.id).or_insert(actual);
+    let mut corrected: Vec<Arrival> = scenario.events.clone();
+    let mut booking: HashMap<&str, usize> = HashMap::new();
+    let mut done: Vec<bool> = vec![false; answers.len()];
+    for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
+        for &(_, of, actual) in scenario.shared.corrections.iter().filter(|c| c.0 == i) {
+            if let Some(&at) = booking.get(scenario.events[of].id.as_str())
+                && !std::mem::replace(&mut done[at], true)
+            {
+                corrected[at].cost = actual.min(corrected[at].cost);
+            }
+        }
+        if answer.replayed() {
+            continue;
+        }
+        if answer.status == Status::Reserved {
+            booking.insert(&arrival.id, i);
+        } else {
+            booking.remove(arrival.id.as_str());
+        }
     }
-    let corrected: Vec<Arrival> = scenario
-        .events
-        .iter()
-        .map(|a| Arrival { cost: lowered.get(a.id.as_str()).map_or(a.cost, |&c| c.min(a.cost)), ..a.clone() })
-        .collect();
     let scenario = Scenario { events: corrected, ..scenario.clone() };
     if scenario.shared.budgets.is_empty() {
         check_pause_bounds(&scenario, answers)
