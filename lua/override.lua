@@ -6,9 +6,11 @@
 -- KEYS[2]  where earlier versions kept its overrides (folded in, then deleted)   drip:{rule|key}:o
 -- Arguments, in order (the prelude's cursor): now ('' for the server's TIME); the operation: 'set',
 -- 'delete', 'pause' (the entity waits until `until`; a later pause extends it), 'resume' (the
--- pause is lifted; returns {its end} or {} when there was none), or 'adapt' (a 429,
+-- pause is lifted; returns {its end} or {} when there was none), 'adapt' (a 429,
 -- 5xx or timeout for an adaptive limit: the value is 'ceiling:decrease:min:step:window', as
--- budget.lua's; 'adapt' holds '<level>:<window number>' and 'adapt:u' when it stops mattering);
+-- budget.lua's; 'adapt' holds '<level>:<window number>' and 'adapt:u' when it stops mattering), or
+-- 'latency' (a window's latency report: the value is latency.lua's parse_latency_args; 'lat' holds
+-- the controller's state; returns {verdict, level before, level after, gradient});
 -- the override id (e.g. fixed:60000); the value (set: the new count); until (ms since the epoch,
 -- or '' for none).
 --
@@ -29,7 +31,19 @@ if o[id] then
   previous = {tonumber(o[id]), tonumber(o[id .. ':u']) or -1}
 end
 
-if op == 'adapt' then
+if op == 'latency' then
+  local c, count, p, calls = parse_latency_args(value)
+  local verdict, before, after, gradient, adapt, lat = level_after_latency(o.adapt, o.lat, p, calls, count, c, now)
+  if verdict ~= 0 then
+    if adapt ~= '' then
+      o.adapt = adapt
+      o['adapt:u'] = level_matters_until(after, c.ceiling, c.step, c.window, now)
+    end
+    o.lat = lat
+    o['lat:u'] = now + LATENCY_MEMORY_WINDOWS * c.window
+  end
+  previous = {verdict, before, after, gradient}
+elseif op == 'adapt' then
   local ceiling, decrease, min, step, window = string.match(value, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
   ceiling, decrease, min, step, window =
     tonumber(ceiling), tonumber(decrease), tonumber(min), tonumber(step), tonumber(window)

@@ -46,10 +46,11 @@ local function parse_answer(value)
 end
 local CORRECTED = 'c'
 
--- An adaptive level (ppm) as stored: '<level>:<window number>' (budgets.rs: AdaptiveState).
+-- An adaptive level (ppm) as stored: '<level>:<window number>', with ':l' when a latency report
+-- set it (budgets.rs: AdaptiveState).
 local function parse_level(state)
-  local level, at = string.match(state or '', '^(%d+):(%-?%d+)$')
-  return tonumber(level), tonumber(at)
+  local level, at, by = string.match(state or '', '^(%d+):(%-?%d+)(:?l?)$')
+  return tonumber(level), tonumber(at), by == ':l'
 end
 -- The level in force at `now`: the last signal's, a step up per quiet window since, at most the ceiling.
 local function level_in_force(state, ceiling, step, window, now)
@@ -63,9 +64,9 @@ end
 -- A 429, 5xx or timeout at `now`: the level drops by `decrease` (not below min) once per window.
 -- Returns the level after it and the state to store ('' when it is unchanged).
 local function level_after_signal(state, ceiling, decrease, min, step, window, now)
-  local stored, at = parse_level(state)
+  local stored, at, by_latency = parse_level(state)
   local current = math.floor(now / window)
-  if at == current then
+  if at == current and not by_latency then
     return stored, ''
   end
   local level = ceiling

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 
-use drip_core::budgets::Budget;
+use drip_core::budgets::{Adaptive, Budget, LatencyChange, LatencyControl, LatencyReport, PPM};
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
@@ -999,5 +999,134 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
         // The next test case starts the budget afresh.
         let mut connection = shared_connection().await;
         let _: () = connection.del(drip_store::budget_key("drip", &budget)).await.unwrap();
+    }
+}
+
+/// What happens to a key's or a budget's adaptive level, one step of a latency sequence.
+#[derive(Debug, Clone)]
+enum LevelOp {
+    /// A 429, 5xx or timeout.
+    Signal,
+    /// A window's latency report.
+    Report(LatencyReport),
+}
+
+fn latency_sequence() -> impl Strategy<Value = (Adaptive, Vec<Limit>, Vec<(Millis, LevelOp)>)> {
+    use proptest::prelude::*;
+    let control = (1_100_000u64..=4_000_000, 1u64..=1_000_000, 1u64..=1_000_000, 1u64..=10, any::<bool>()).prop_map(
+        |(tolerance, smoothing, baseline, recover, shadow)| LatencyControl {
+            tolerance,
+            smoothing,
+            baseline,
+            recover,
+            shadow,
+        },
+    );
+    let adaptive = (0u64..300_000, 100_000u64..=900_000, 50_000u64..=500_000, 10_000u64..=300_000, control).prop_map(
+        |(margin, decrease, min, step, latency)| Adaptive {
+            margin,
+            decrease,
+            min: min.min(PPM - margin),
+            step,
+            latency: Some(latency),
+        },
+    );
+    let limits = prop::collection::vec((1u64..=200, prop::sample::select(vec![100i64, 250, 1_000, 2_000])), 1..3)
+        .prop_map(|limits| {
+            let mut seen = std::collections::BTreeSet::new();
+            limits
+                .into_iter()
+                .filter(|(_, per)| seen.insert(*per))
+                .map(|(count, per)| Limit::new(count, per, Window::Fixed(Placement::Start)).unwrap())
+                .collect::<Vec<_>>()
+        });
+    // Percentiles from sub-millisecond to past the cap, with runs of steady ones (a baseline forms).
+    let percentile = prop_oneof![0u64..2_000, 50_000u64..120_000, 100_000u64..1_000_000, 500_000_000u64..700_000_000];
+    let op = prop_oneof![
+        1 => Just(LevelOp::Signal),
+        6 => (percentile, 0u64..=250).prop_map(|(percentile, calls)| LevelOp::Report(LatencyReport { percentile, calls })),
+    ];
+    (adaptive, limits, prop::collection::vec((0i64..3_000, op), 1..40))
+}
+
+/// Latency reports and 429s in any order, on a key and on a budget: override.lua and budget.lua
+/// give the model's verdicts and levels and leave its states, and a reservation after them sees
+/// the same level (reserve.lua reads a level a latency report set).
+#[test]
+fn latency_reports_give_the_model_s_levels() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
+    let config = Config {
+        cases: 160,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/redis_reserve.proptest-regressions"
+        )))),
+        ..Config::default()
+    };
+    let result = TestRunner::new(config).run(&latency_sequence(), |(adaptive, limits, ops)| {
+        let rule = unique("latency");
+        let budget = Budget {
+            name: format!("{rule}-b"),
+            limits: limits.clone(),
+            max_share: None,
+            adaptive: Some(adaptive),
+            tag: format!("{rule}-b"),
+        };
+        let memory = MemoryStore::new();
+        let rule_ref = RuleRef { id: &rule, tag: None };
+        let mut now = T0;
+        for (i, (dt, op)) in ops.iter().enumerate() {
+            now += dt;
+            let (model, lua) = match op {
+                LevelOp::Signal => {
+                    let model = memory.signal(&rule, "k", (&adaptive, &limits), now);
+                    let lua = runtime
+                        .block_on(redis.signal(rule_ref, "k", (&adaptive, &limits), Some(now)))
+                        .expect("signal");
+                    let model_budget = memory.signal_budget(&budget, now);
+                    let lua_budget = runtime.block_on(redis.signal_budget(&budget, Some(now))).expect("signal_budget");
+                    (format!("{model} {model_budget:?}"), format!("{lua} {lua_budget:?}"))
+                }
+                LevelOp::Report(report) => {
+                    let model = memory.report_latency(&rule, "k", (&adaptive, &limits), *report, now).map(LatencyChange::from);
+                    let lua = runtime
+                        .block_on(redis.report_latency(rule_ref, "k", (&adaptive, &limits), *report, Some(now)))
+                        .expect("report_latency");
+                    let model_budget = memory.report_budget_latency(&budget, *report, now).map(LatencyChange::from);
+                    let lua_budget =
+                        runtime.block_on(redis.report_budget_latency(&budget, *report, Some(now))).expect("budget");
+                    (format!("{model:?} {model_budget:?}"), format!("{lua:?} {lua_budget:?}"))
+                }
+            };
+            if model != lua {
+                return Err(TestCaseError::fail(format!("step {i} {op:?} at +{}: model {model}, lua {lua}", now - T0)));
+            }
+        }
+        let in_model = memory.entity_state(&rule, "k").unwrap_or_default();
+        let in_redis = runtime.block_on(redis.entity_state(rule_ref, "k", &limits)).expect("entity_state");
+        if (in_model.adaptive, in_model.latency) != (in_redis.adaptive, in_redis.latency) {
+            return Err(TestCaseError::fail(format!("key: model {in_model:?}, lua {in_redis:?}")));
+        }
+        let in_model = memory.budget_state(&budget.name).unwrap_or_default();
+        let in_redis = runtime.block_on(redis.budget_state(&budget)).expect("budget_state");
+        if (in_model.adaptive, in_model.latency) != (in_redis.adaptive, in_redis.latency) {
+            return Err(TestCaseError::fail(format!("budget: model {in_model:?}, lua {in_redis:?}")));
+        }
+        // A burst after it: the level in force sets where each event goes.
+        for i in 0..5 {
+            let id = format!("m{i}");
+            let event = ReserveRequest { adaptive: Some(adaptive), ..ReserveRequest::new(&id, &limits, now) };
+            let request = SlotRequest::new(&rule, "k", event).at(now);
+            let model = runtime.block_on(memory.reserve(&request)).expect("reserve").reservation;
+            let lua = runtime.block_on(redis.reserve(&request)).expect("reserve").reservation;
+            if model != lua {
+                return Err(TestCaseError::fail(format!("event {i} after the sequence: model {model:?}, lua {lua:?}")));
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }

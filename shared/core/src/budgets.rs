@@ -57,13 +57,17 @@ pub struct Adaptive {
     pub decrease: u64,
     pub min: u64,
     pub step: u64,
+    /// The downstream's latency moves the level too, before it refuses anything.
+    pub latency: Option<LatencyControl>,
 }
 
 /// The adaptive level after the last signal: `level` ppm, set in window number `window`.
+/// `by_latency`: a latency report set it, so a 429 in the same window still lowers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdaptiveState {
     pub level: u64,
     pub window: i64,
+    pub by_latency: bool,
 }
 
 impl Adaptive {
@@ -77,7 +81,7 @@ impl Adaptive {
     pub fn level(&self, state: Option<AdaptiveState>, window: Millis, now: Millis) -> u64 {
         match state {
             None => self.ceiling(),
-            Some(AdaptiveState { level, window: at }) => {
+            Some(AdaptiveState { level, window: at, .. }) => {
                 let quiet = (now.div_euclid(window) - at - 1).max(0) as u64;
                 level.saturating_add(quiet.saturating_mul(self.step)).min(self.ceiling())
             }
@@ -89,10 +93,10 @@ impl Adaptive {
     pub fn signal(&self, state: Option<AdaptiveState>, window: Millis, now: Millis) -> AdaptiveState {
         let current = now.div_euclid(window);
         match state {
-            Some(state) if state.window == current => state,
+            Some(state) if state.window == current && !state.by_latency => state,
             _ => {
                 let level = (self.level(state, window, now) * self.decrease / PPM).max(self.min);
-                AdaptiveState { level, window: current }
+                AdaptiveState { level, window: current, by_latency: false }
             }
         }
     }
@@ -102,6 +106,165 @@ impl Adaptive {
         let steps = (self.ceiling().saturating_sub(state.level)).div_ceil(self.step) as i64;
         (steps + 2) * window
     }
+}
+
+/// `adaptive: { latency: { tolerance, smoothing, baseline, recover, shadow } }`: the downstream's
+/// latency as the leading signal (Gradient2's gradient applied to a rate, CUBIC's climb back). Each
+/// window's high percentile of call latency is compared with a slow baseline of it; above
+/// `tolerance ×` the baseline, the level is cut in proportion, and it grows back only in windows
+/// whose calls use at least half of the count in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LatencyControl {
+    /// A window is slow when its percentile exceeds `tolerance ×` the baseline (ppm: 2.0 is 2_000_000).
+    pub tolerance: u64,
+    /// How far one slow window moves the level toward `level × gradient` (ppm).
+    pub smoothing: u64,
+    /// How far one window's percentile moves the baseline (ppm).
+    pub baseline: u64,
+    /// Healthy, busy windows for the level to climb back to the level that last hurt (CUBIC's K).
+    pub recover: u64,
+    /// Compute, log and count what the controller would do; change no level.
+    pub shadow: bool,
+}
+
+/// Latencies under this (µs) are never slow: a gradient between sub-millisecond figures is noise.
+pub const LATENCY_FLOOR_US: u64 = 1_000;
+
+/// A percentile above this (µs, ten minutes) counts as this (the arithmetic stays exact in Lua).
+pub const LATENCY_MAX_US: u64 = 600_000_000;
+
+/// How many windows a latency state is kept after its last report (its baseline is the slow part).
+pub const LATENCY_MEMORY_WINDOWS: i64 = 100;
+
+/// The climb's clock stops at this many `recover` periods (its step is steep by then; the level
+/// reaches the ceiling and the climb starts over).
+pub const LATENCY_MAX_CLIMB: u64 = 4;
+
+/// What the latency controller knows of a key or budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LatencyState {
+    /// The slow average of the windows' percentiles (µs).
+    pub baseline: u64,
+    /// The level (ppm) in force when latency last rose past tolerance; 0 before it ever did.
+    pub hurt: u64,
+    /// The level right after that cut.
+    pub cut: u64,
+    /// Healthy, busy windows since that cut.
+    pub grown: u64,
+    /// The window of the report that last decided (one decides per window).
+    pub window: i64,
+    /// The controller's own level: in shadow mode the level it would have set, else the live one.
+    pub level: u64,
+}
+
+/// One window of calls to the downstream, as a service measured them (or a consumer reported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyReport {
+    /// The window's high percentile (µs).
+    pub percentile: u64,
+    /// How many calls it was taken over.
+    pub calls: u64,
+}
+
+/// What a latency report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyVerdict {
+    /// Over tolerance: the level was cut by the gradient (ppm, in [0.5, 1)).
+    Slow { gradient: u64 },
+    /// Healthy and busy: the level grew.
+    Grew,
+    /// Healthy, but the calls used less than half the count in force: the level is held.
+    Held,
+    /// A report of this window decided already: nothing changed.
+    Repeat,
+}
+
+/// A latency report's result: the live level's new state (`None`: unchanged, always in shadow
+/// mode), the controller's state, and the level before and after (the would-be level in shadow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyOutcome {
+    pub adaptive: Option<AdaptiveState>,
+    pub latency: LatencyState,
+    pub verdict: LatencyVerdict,
+    pub before: u64,
+    pub after: u64,
+}
+
+/// What a latency report did, as the services log and count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyChange {
+    pub verdict: LatencyVerdict,
+    pub before: u64,
+    pub after: u64,
+}
+
+impl From<LatencyOutcome> for LatencyChange {
+    fn from(outcome: LatencyOutcome) -> Self {
+        Self { verdict: outcome.verdict, before: outcome.before, after: outcome.after }
+    }
+}
+
+impl Adaptive {
+    /// The state after `report`, received at `now`, for a target whose adaptive window is
+    /// `window` and whose limit of that window counts `count` (configured, before any level).
+    pub fn after_latency(
+        &self,
+        (adaptive, latency): (Option<AdaptiveState>, Option<LatencyState>),
+        report: LatencyReport,
+        (count, window): (u64, Millis),
+        now: Millis,
+    ) -> Option<LatencyOutcome> {
+        let control = self.latency?;
+        let current = now.div_euclid(window);
+        let as_level = |l: LatencyState| AdaptiveState { level: l.level, window: l.window, by_latency: true };
+        let before = self.level(if control.shadow { latency.map(as_level) } else { adaptive }, window, now);
+        if let Some(state) = latency.filter(|l| l.window == current) {
+            let verdict = LatencyVerdict::Repeat;
+            return Some(LatencyOutcome { adaptive: None, latency: state, verdict, before, after: before });
+        }
+        let seen = report.percentile.clamp(1, LATENCY_MAX_US);
+        let previous = latency.map_or(seen, |l| l.baseline);
+        let gradient = (control.tolerance * previous.max(LATENCY_FLOOR_US) / seen).clamp(PPM / 2, PPM);
+        let mut state = latency.unwrap_or_default();
+        state.baseline = if seen >= previous {
+            previous + (seen - previous) * control.baseline / PPM
+        } else {
+            previous - (previous - seen) * control.baseline / PPM
+        };
+        let (after, verdict) = if gradient < PPM {
+            let cut = (before - (before - before * gradient / PPM) * control.smoothing / PPM).max(self.min);
+            (state.hurt, state.cut, state.grown) = (before, cut, 0);
+            (cut, LatencyVerdict::Slow { gradient })
+        } else if report.calls * 2 * PPM >= count * before {
+            state.grown = (state.grown + 1).min(LATENCY_MAX_CLIMB * control.recover);
+            let climb = if state.hurt == 0 { self.step } else { cubic_climb(&state, self.step, control.recover) };
+            let after = before.saturating_add(climb).min(self.ceiling());
+            if after == self.ceiling() {
+                (state.hurt, state.cut, state.grown) = (0, 0, 0);
+            }
+            (after, LatencyVerdict::Grew)
+        } else {
+            (before, LatencyVerdict::Held)
+        };
+        state.window = current;
+        state.level = after;
+        let adaptive = (!control.shadow).then_some(AdaptiveState { level: after, window: current, by_latency: true });
+        Some(LatencyOutcome { adaptive, latency: state, verdict, before, after })
+    }
+}
+
+/// What the `grown`th healthy, busy window after a cut adds: the step of a cubic through the cut
+/// level that flattens at the level that hurt after `recover` windows, then probes above it,
+/// faster and faster (CUBIC's window growth; its span is at least `step`, so a cut at the floor
+/// still climbs).
+fn cubic_climb(state: &LatencyState, step: u64, recover: u64) -> u64 {
+    let span = (state.hurt.saturating_sub(state.cut)).max(step);
+    let k = recover.max(1);
+    let curve = |t: u64| -> i128 {
+        let d = t as i128 - k as i128;
+        span as i128 * d * d * d / (k as i128).pow(3)
+    };
+    (curve(state.grown) - curve(state.grown - 1)).max(0) as u64
 }
 
 /// The count of `limit` in force at the adaptive `level` (ppm), from `base` (the rule's count or an
@@ -120,6 +283,12 @@ pub fn adaptive_window(limits: &[Limit]) -> Millis {
     limits.iter().map(Limit::per).min().unwrap_or(1)
 }
 
+/// The count of the limit that sets the adaptive window (the shortest period; the smallest count
+/// among limits of that period): what a latency report's calls are compared with.
+pub fn adaptive_window_count(limits: &[Limit]) -> u64 {
+    limits.iter().map(|l| (l.per(), l.limit())).min().map_or(1, |(_, count)| count)
+}
+
 /// A fraction in [0, 1] from the rules file, in ppm.
 pub fn fraction_ppm(value: f64) -> Option<u64> {
     (value.is_finite() && (0.0..=1.0).contains(&value)).then(|| (value * PPM as f64).round() as u64)
@@ -129,13 +298,13 @@ pub fn fraction_ppm(value: f64) -> Option<u64> {
 mod tests {
     use super::*;
 
-    const AIMD: Adaptive = Adaptive { margin: 100_000, decrease: 500_000, min: 200_000, step: 100_000 };
+    const AIMD: Adaptive = Adaptive { margin: 100_000, decrease: 500_000, min: 200_000, step: 100_000, latency: None };
 
     #[test]
     fn a_signal_multiplies_once_per_window_and_quiet_windows_climb_back() {
         assert_eq!(AIMD.level(None, 1_000, 0), 900_000);
         let first = AIMD.signal(None, 1_000, 5_100);
-        assert_eq!(first, AdaptiveState { level: 450_000, window: 5 });
+        assert_eq!(first, AdaptiveState { level: 450_000, window: 5, by_latency: false });
         assert_eq!(AIMD.signal(Some(first), 1_000, 5_900), first, "one decrease per window");
         let second = AIMD.signal(Some(first), 1_000, 6_000);
         assert_eq!(second.level, 225_000);
@@ -150,5 +319,59 @@ mod tests {
         assert_eq!(adapted_count(&fixed, 100, None, 1), 100, "no adaptive limit");
         let gcra = Limit::new(100, 1_000, Window::Gcra { burst: 5 }).unwrap();
         assert_eq!(adapted_count(&gcra, 100, Some(225_000), 1), 100, "a gcra limit keeps its count");
+    }
+
+    const CONTROL: LatencyControl =
+        LatencyControl { tolerance: 2_000_000, smoothing: 500_000, baseline: 50_000, recover: 4, shadow: false };
+
+    fn report(ms: u64, calls: u64) -> LatencyReport {
+        LatencyReport { percentile: ms * 1_000, calls }
+    }
+
+    #[test]
+    fn latency_past_tolerance_cuts_in_proportion_and_a_busy_healthy_window_climbs_back_cubically() {
+        let aimd = Adaptive { latency: Some(CONTROL), ..AIMD };
+        let count_window = (100, 1_000);
+        let first = aimd.after_latency((None, None), report(80, 90), count_window, 10_000).unwrap();
+        assert_eq!(first.latency.baseline, 80_000, "the first report is the baseline");
+        assert_eq!((first.verdict, first.after), (LatencyVerdict::Grew, 900_000), "at the ceiling already");
+        let again = aimd.after_latency((first.adaptive, Some(first.latency)), report(900, 90), count_window, 10_500);
+        assert_eq!(again.unwrap().verdict, LatencyVerdict::Repeat, "one report decides per window");
+        // p99 at 4× the baseline: gradient 2×80/320 = 0.5, half of the way there (smoothing 0.5).
+        let slow = aimd.after_latency((first.adaptive, Some(first.latency)), report(320, 90), count_window, 11_000).unwrap();
+        assert_eq!(slow.verdict, LatencyVerdict::Slow { gradient: 500_000 });
+        assert_eq!((slow.before, slow.after), (900_000, 675_000));
+        assert_eq!(slow.latency.baseline, 80_000 + 240_000 / 20, "the baseline moves slowly toward it");
+        assert_eq!((slow.latency.hurt, slow.latency.cut), (900_000, 675_000));
+        let signalled = aimd.signal(slow.adaptive, 1_000, 11_500);
+        assert_eq!(signalled.level, 337_500, "a 429 in the window a latency report decided still lowers the level");
+        // Healthy but app-limited: 30 calls against 67 in force: held.
+        let held = aimd.after_latency((slow.adaptive, Some(slow.latency)), report(80, 30), count_window, 12_000).unwrap();
+        assert_eq!((held.verdict, held.after), (LatencyVerdict::Held, 675_000));
+        // Busy: the cubic climbs steeply first, flattens at the level that hurt after `recover`.
+        let mut state = (held.adaptive, Some(held.latency));
+        let mut levels = Vec::new();
+        for w in 13..=20 {
+            let next = aimd.after_latency(state, report(80, 90), count_window, w * 1_000).unwrap();
+            levels.push(next.after);
+            state = (next.adaptive, Some(next.latency));
+        }
+        // span 225_000 over K = 4: the curve 225000·(t−4)³/64 (truncated) at t = 0, 1, 2, 3, 4 is
+        // −225000, −94921, −28125, −3515, 0: its steps are the climbs.
+        assert_eq!(levels[..4], [805_079, 871_875, 896_485, 900_000][..]);
+        assert_eq!(levels[4..], [900_000; 4][..], "the ceiling, not above");
+        assert_eq!(state.1.unwrap().hurt, 0, "at the ceiling the climb starts over");
+    }
+
+    #[test]
+    fn a_shadow_controller_keeps_its_own_level_and_changes_none() {
+        let shadow = Adaptive { latency: Some(LatencyControl { shadow: true, ..CONTROL }), ..AIMD };
+        let first = shadow.after_latency((None, None), report(50, 90), (100, 1_000), 0).unwrap();
+        let slow = shadow.after_latency((None, Some(first.latency)), report(400, 90), (100, 1_000), 1_000).unwrap();
+        assert_eq!(slow.adaptive, None, "the live level is untouched");
+        assert_eq!((slow.after, slow.latency.level), (675_000, 675_000));
+        let next = shadow.after_latency((None, Some(slow.latency)), report(400, 90), (100, 1_000), 2_000).unwrap();
+        assert_eq!(next.before, 675_000, "the next report starts from the would-be level");
+        assert_eq!(AIMD.after_latency((None, None), report(50, 90), (100, 1_000), 0), None, "no latency control");
     }
 }

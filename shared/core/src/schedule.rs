@@ -23,7 +23,10 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::budgets::{Adaptive, AdaptiveState, Budget, adapted_count, adaptive_window};
+use crate::budgets::{
+    Adaptive, AdaptiveState, Budget, LatencyOutcome, LatencyReport, LatencyState, adapted_count, adaptive_window,
+    adaptive_window_count,
+};
 use crate::rules::{Limit, Placement, Window};
 use crate::time::Millis;
 
@@ -257,6 +260,8 @@ pub struct EntityState {
     pub paused_until: Option<Millis>,
     /// The adaptive limit's level after the last 429, 5xx or timeout (kept with the overrides).
     pub adaptive: Option<AdaptiveState>,
+    /// The latency controller's state, when the adaptive limit follows latency.
+    pub latency: Option<LatencyState>,
 }
 
 /// The state of one shared budget: what each window of each limit holds, a pause and the
@@ -269,6 +274,7 @@ pub struct BudgetState {
     pub runs: BTreeMap<Millis, FullRun>,
     pub paused_until: Option<Millis>,
     pub adaptive: Option<AdaptiveState>,
+    pub latency: Option<LatencyState>,
 }
 
 /// Consecutive windows `from..=through` of one budget limit, each holding at least `least`: a
@@ -449,6 +455,39 @@ impl Scheduler {
         let after = adaptive.signal(state.adaptive, adaptive_window(&budget.limits), now);
         state.adaptive = Some(after);
         Some(after.level)
+    }
+
+    /// A window's latency of an entity's downstream, reported at `now` (see
+    /// [`Adaptive::after_latency`]); `None` when its adaptive limit does not follow latency.
+    pub fn report_latency(
+        &mut self,
+        (rule, key): (&str, &str),
+        (adaptive, limits): (&Adaptive, &[Limit]),
+        report: LatencyReport,
+        now: Millis,
+    ) -> Option<LatencyOutcome> {
+        adaptive.latency?;
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        let target = (adaptive_window_count(limits), adaptive_window(limits));
+        let outcome = adaptive.after_latency((entity.state.adaptive, entity.state.latency), report, target, now)?;
+        entity.state.latency = Some(outcome.latency);
+        if let Some(level) = outcome.adaptive {
+            entity.state.adaptive = Some(level);
+        }
+        Some(outcome)
+    }
+
+    /// The same for a budget.
+    pub fn report_budget_latency(&mut self, budget: &Budget, report: LatencyReport, now: Millis) -> Option<LatencyOutcome> {
+        let adaptive = budget.adaptive.filter(|a| a.latency.is_some())?;
+        let state = self.budgets.entry(budget.name.clone()).or_default();
+        let target = (adaptive_window_count(&budget.limits), adaptive_window(&budget.limits));
+        let outcome = adaptive.after_latency((state.adaptive, state.latency), report, target, now)?;
+        state.latency = Some(outcome.latency);
+        if let Some(level) = outcome.adaptive {
+            state.adaptive = Some(level);
+        }
+        Some(outcome)
     }
 
     pub fn budget_state(&self, budget: &str) -> Option<&BudgetState> {
@@ -1243,7 +1282,7 @@ mod budget_tests {
             count in 2u64..6,
             adaptive_signals in proptest::collection::vec(0usize..120, 0..3),
         ) {
-            let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 200_000, step: 100_000 };
+            let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 200_000, step: 100_000, latency: None };
             let budget = Arc::new(Budget {
                 limits: vec![
                     Limit::new(count, SECOND, Window::Fixed(Placement::Start)).unwrap(),
@@ -1280,7 +1319,7 @@ mod budget_tests {
 
     #[test]
     fn an_adaptive_budget_counts_less_after_a_signal() {
-        let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000 };
+        let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000, latency: None };
         let budget = Arc::new(Budget { adaptive: Some(adaptive), ..(*budget(10, Placement::Start, None)).clone() });
         let budgets = [budget.clone()];
         let mut s = Scheduler::new();

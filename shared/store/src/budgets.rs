@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use drip_core::budgets::Budget;
+use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::rules::Rule;
 use drip_core::schedule::BudgetState;
 use drip_core::time::Millis;
@@ -11,7 +11,7 @@ use redis::aio::ConnectionLike;
 
 use crate::keys::STATE_MARGIN;
 use crate::keys::{budget_key, field};
-use crate::overrides::adapt_args;
+use crate::overrides::{adapt_args, latency_args, latency_change};
 use crate::scripts::BUDGET;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
@@ -36,7 +36,33 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         self.budget_op(budget, now, &args).await.map(|level| Some(level as u64))
     }
 
+    /// A window's latency of the budget's downstream; `None` when its adaptive limit does not
+    /// follow latency.
+    pub async fn report_budget_latency(
+        &self,
+        budget: &Budget,
+        report: LatencyReport,
+        now: Option<Millis>,
+    ) -> Result<Option<LatencyChange>, StoreError> {
+        let Some(parameters) =
+            budget.adaptive.as_ref().and_then(|adaptive| latency_args(adaptive, &budget.limits, report))
+        else {
+            return Ok(None);
+        };
+        let reply: Vec<i64> = self.budget_invocation(budget, now, &["latency".into(), parameters]).await?;
+        latency_change(&reply).map(Some)
+    }
+
     async fn budget_op(&self, budget: &Budget, now: Option<Millis>, args: &[String]) -> Result<i64, StoreError> {
+        self.budget_invocation(budget, now, args).await
+    }
+
+    async fn budget_invocation<T: redis::FromRedisValue>(
+        &self,
+        budget: &Budget,
+        now: Option<Millis>,
+        args: &[String],
+    ) -> Result<T, StoreError> {
         let mut invocation = BUDGET.prepare_invoke();
         invocation
             .key(budget_key(self.namespace(), budget))
@@ -76,6 +102,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let mut state = BudgetState {
             paused_until: fields.get(field::PAUSE).and_then(|p| p.parse().ok()),
             adaptive: fields.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),
+            latency: fields.get(field::LATENCY).and_then(|l| field::parse_latency(l)),
             ..BudgetState::default()
         };
         for (name, value) in &fields {

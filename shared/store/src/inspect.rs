@@ -178,6 +178,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
             overrides: crate::overrides::parse_overrides(&overrides),
             paused_until: overrides.get(field::PAUSE).and_then(|p| p.parse().ok()),
             adaptive: overrides.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),
+            latency: overrides.get(field::LATENCY).and_then(|l| field::parse_latency(l)),
         };
         // Fair shares of budgets: fixed windows named `share:<budget>:<per>`.
         for (name, &window) in &fields {

@@ -178,7 +178,7 @@ mod tests {
 /// (the encoder, `inspect` and the plain commands use these; the scripts and their prelude are the
 /// other half).
 pub mod field {
-    use drip_core::budgets::AdaptiveState;
+    use drip_core::budgets::{AdaptiveState, LatencyState};
     use drip_core::rules::{Limit, Window};
     use drip_core::schedule::{FullRun, Reservation, Status, state_id};
     use drip_core::time::Millis;
@@ -197,6 +197,8 @@ pub mod field {
     /// adaptive level.
     pub const PAUSE: &str = "pause";
     pub const ADAPT: &str = "adapt";
+    /// The latency controller's state, beside the adaptive level (`parse_latency`).
+    pub const LATENCY: &str = "lat";
 
     /// The overrides field's entries by name (as earlier versions held them in a hash of their own).
     pub fn parse_overrides_field(blob: &str) -> std::collections::BTreeMap<String, String> {
@@ -251,10 +253,32 @@ pub mod field {
         Some((per, FullRun { from: from.parse().ok()?, through: through.parse().ok()?, least: least.parse().ok()? }))
     }
 
-    /// An adaptive level: `<level>:<window number>` (the prelude's `parse_level`).
+    /// An adaptive level: `<level>:<window number>`, with `:l` when a latency report set it (the
+    /// prelude's `parse_level`).
     pub fn parse_adaptive(text: &str) -> Option<AdaptiveState> {
-        let (level, window) = text.split_once(':')?;
-        Some(AdaptiveState { level: level.parse().ok()?, window: window.parse().ok()? })
+        let (level, rest) = text.split_once(':')?;
+        let (window, by_latency) = match rest.strip_suffix(":l") {
+            Some(window) => (window, true),
+            None => (rest, false),
+        };
+        Some(AdaptiveState { level: level.parse().ok()?, window: window.parse().ok()?, by_latency })
+    }
+
+    /// The latency controller's state: `<baseline>:<hurt>:<cut>:<grown>:<window>:<level>` (the
+    /// prelude's `parse_latency`).
+    pub fn parse_latency(text: &str) -> Option<LatencyState> {
+        let mut parts = text.split(':');
+        let mut next = || parts.next()?.parse::<i64>().ok();
+        let (baseline, hurt, cut, grown, window, level) = (next()?, next()?, next()?, next()?, next()?, next()?);
+        let unsigned = |n: i64| u64::try_from(n).ok();
+        Some(LatencyState {
+            baseline: unsigned(baseline)?,
+            hurt: unsigned(hurt)?,
+            cut: unsigned(cut)?,
+            grown: unsigned(grown)?,
+            window,
+            level: unsigned(level)?,
+        })
     }
 
     /// The slot of a reserved event's answer (`R<slot>:...`, relative to `base`); `None` for a

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use drip_core::budgets::{Adaptive, Budget};
+use drip_core::budgets::{Adaptive, Budget, LatencyOutcome, LatencyReport};
 use drip_core::rules::Limit;
 use drip_core::schedule::{BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, override_id};
 use drip_core::time::{Millis, wall_clock_millis};
@@ -185,6 +185,23 @@ impl MemoryStore {
     /// As `RedisStore::signal_budget`, on the model.
     pub fn signal_budget(&self, budget: &Budget, now: Millis) -> Option<u64> {
         self.with(|s| s.signal_budget(budget, now))
+    }
+
+    /// As `RedisStore::report_latency`, on the model.
+    pub fn report_latency(
+        &self,
+        rule: &str,
+        key: &str,
+        adaptive_limits: (&Adaptive, &[Limit]),
+        report: LatencyReport,
+        now: Millis,
+    ) -> Option<LatencyOutcome> {
+        self.with(|s| s.report_latency((rule, key), adaptive_limits, report, now))
+    }
+
+    /// As `RedisStore::report_budget_latency`, on the model.
+    pub fn report_budget_latency(&self, budget: &Budget, report: LatencyReport, now: Millis) -> Option<LatencyOutcome> {
+        self.with(|s| s.report_budget_latency(budget, report, now))
     }
 
     /// The model's state of one budget.

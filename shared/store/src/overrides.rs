@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use drip_core::budgets::{Adaptive, adaptive_window};
+use drip_core::budgets::{
+    Adaptive, LatencyChange, LatencyReport, LatencyVerdict, adaptive_window, adaptive_window_count,
+};
 use drip_core::rules::Limit;
 use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::time::{DAY, Millis};
@@ -173,7 +175,9 @@ impl From<LimitOverride> for OverrideView {
 pub(crate) fn parse_overrides(fields: &BTreeMap<String, String>) -> BTreeMap<String, LimitOverride> {
     fields
         .iter()
-        .filter(|(name, _)| !name.ends_with(":u") && ![field::PAUSE, field::ADAPT].contains(&name.as_str()))
+        .filter(|(name, _)| {
+            !name.ends_with(":u") && ![field::PAUSE, field::ADAPT, field::LATENCY].contains(&name.as_str())
+        })
         .filter_map(|(id, limit)| {
             let until = fields.get(&format!("{id}:u")).and_then(|u| u.parse().ok());
             Some((id.clone(), LimitOverride { limit: limit.parse().ok()?, until }))
@@ -185,6 +189,35 @@ pub(crate) fn parse_overrides(fields: &BTreeMap<String, String>) -> BTreeMap<Str
 pub(crate) fn adapt_args(adaptive: &Adaptive, limits: &[Limit]) -> [String; 5] {
     [adaptive.ceiling(), adaptive.decrease, adaptive.min, adaptive.step, adaptive_window(limits) as u64]
         .map(|n| n.to_string())
+}
+
+/// A latency report as override.lua's and budget.lua's 'latency' read it (latency.lua's
+/// `parse_latency_args`); `None` when the adaptive limit does not follow latency.
+pub(crate) fn latency_args(adaptive: &Adaptive, limits: &[Limit], report: LatencyReport) -> Option<String> {
+    let control = adaptive.latency?;
+    let mut parts: Vec<String> = adapt_args(adaptive, limits).into();
+    parts.extend(
+        [control.tolerance, control.smoothing, control.baseline, control.recover, u64::from(control.shadow)]
+            .into_iter()
+            .chain([adaptive_window_count(limits), report.percentile, report.calls])
+            .map(|n| n.to_string()),
+    );
+    Some(parts.join(":"))
+}
+
+/// What a latency report did, from the scripts' reply `{verdict, before, after, gradient}`.
+pub(crate) fn latency_change(reply: &[i64]) -> Result<LatencyChange, StoreError> {
+    let &[verdict, before, after, gradient] = reply else {
+        return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
+    };
+    let verdict = match verdict {
+        0 => LatencyVerdict::Repeat,
+        1 => LatencyVerdict::Slow { gradient: gradient as u64 },
+        2 => LatencyVerdict::Grew,
+        3 => LatencyVerdict::Held,
+        _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+    };
+    Ok(LatencyChange { verdict, before: before as u64, after: after as u64 })
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
@@ -327,6 +360,21 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let parameters = adapt_args(adaptive, limits).join(":");
         let level = self.run_override(rule, key, [field::ADAPT, "", &parameters, ""], now).await?;
         level.first().map(|&l| l as u64).ok_or_else(|| StoreError::UnexpectedReply(format!("{level:?}")))
+    }
+
+    /// A window's latency of the entity's downstream (see `Adaptive::after_latency`); `None` when
+    /// its adaptive limit does not follow latency.
+    pub async fn report_latency(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+        (adaptive, limits): (&Adaptive, &[Limit]),
+        report: LatencyReport,
+        now: Option<Millis>,
+    ) -> Result<Option<LatencyChange>, StoreError> {
+        let Some(parameters) = latency_args(adaptive, limits, report) else { return Ok(None) };
+        let reply = self.run_override(rule, key, ["latency", "", &parameters, ""], now).await?;
+        latency_change(&reply).map(Some)
     }
 
     /// The entity's overrides by override id (those whose `until` has passed included, until the

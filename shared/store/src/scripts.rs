@@ -38,6 +38,11 @@ pub(crate) static RELEASE: LazyLock<Script> =
 pub(crate) static DISPATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/dispatch.lua"))));
 pub(crate) static BUDGET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/budget.lua"))));
+    LazyLock::new(|| Script::new(&with_latency(include_str!("../../../lua/budget.lua"))));
 pub(crate) static OVERRIDE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/override.lua"))));
+    LazyLock::new(|| Script::new(&with_latency(include_str!("../../../lua/override.lua"))));
+
+/// A script that takes latency reports: the prelude, then `lua/latency.lua`, then it.
+fn with_latency(script: &str) -> String {
+    with_prelude(&format!("{}\n{script}", include_str!("../../../lua/latency.lua")))
+}

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use drip_core::budgets::Budget;
+use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride};
 use drip_core::time::{Millis, wall_clock_millis};
@@ -63,6 +63,20 @@ pub trait Store: Ping + std::fmt::Debug {
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>>;
     /// The same for a budget's adaptive level.
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>>;
+    /// A window's latency of the entity's downstream: its adaptive level follows it, if the rule's
+    /// adaptive limit follows latency (returns what the report did).
+    fn report_latency<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>>;
+    /// The same for a budget.
+    fn report_budget_latency<'a>(
+        &'a self,
+        budget: &'a Budget,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>>;
     /// The entity's last slot, if it remembers one.
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>>;
     /// The latest end of a pause of the key or of one of its rule's budgets, if any.
@@ -172,6 +186,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
         Box::pin(RedisStore::signal_budget(self, budget, None))
+    }
+
+    fn report_latency<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        Box::pin(async move {
+            let Some(adaptive) = &rule.adaptive else { return Ok(None) };
+            RedisStore::report_latency(self, RuleRef::of(rule), key, (adaptive, &rule.limits), report, None).await
+        })
+    }
+
+    fn report_budget_latency<'a>(
+        &'a self,
+        budget: &'a Budget,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        Box::pin(RedisStore::report_budget_latency(self, budget, report, None))
     }
 
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
@@ -307,6 +341,26 @@ impl Store for MemoryStore {
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
         let level = self.signal_budget(budget, wall_clock_millis());
         Box::pin(async move { Ok(level) })
+    }
+
+    fn report_latency<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        let change =
+            rule.adaptive.and_then(|a| self.report_latency(&rule.id, key, (&a, &rule.limits), report, wall_clock_millis()));
+        Box::pin(async move { Ok(change.map(LatencyChange::from)) })
+    }
+
+    fn report_budget_latency<'a>(
+        &'a self,
+        budget: &'a Budget,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        let change = self.report_budget_latency(budget, report, wall_clock_millis());
+        Box::pin(async move { Ok(change.map(LatencyChange::from)) })
     }
 
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {

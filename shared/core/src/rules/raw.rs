@@ -153,6 +153,30 @@ pub(super) struct RawAdaptive {
     /// at most 1).
     #[schemars(range(min = 0.000001, max = 1))]
     pub(super) step: Option<f64>,
+    /// The downstream's latency moves the level before it refuses anything.
+    pub(super) latency: Option<RawLatency>,
+}
+
+/// Latency as the leading signal: each window's high percentile against a slow baseline of it.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLatency {
+    /// A window is slow when its percentile exceeds this × the baseline (default 2; above 1, at
+    /// most 10).
+    #[schemars(range(min = 1.000001, max = 10))]
+    pub(super) tolerance: Option<f64>,
+    /// How far one slow window moves the level toward level × tolerance × baseline / percentile
+    /// (default 0.5; above 0, at most 1).
+    #[schemars(range(min = 0.000001, max = 1))]
+    pub(super) smoothing: Option<f64>,
+    /// How far one window's percentile moves the baseline (default 0.05; above 0, at most 1).
+    #[schemars(range(min = 0.000001, max = 1))]
+    pub(super) baseline: Option<f64>,
+    /// Healthy, busy windows to climb back to the level that last hurt (default 8; 1 to 100).
+    #[schemars(range(min = 1, max = 100))]
+    pub(super) recover: Option<u64>,
+    /// Log and count what the controller would do, change no level (default false).
+    pub(super) shadow: Option<bool>,
 }
 
 /// One rule: which events it takes, how it keys them, the limits of each key, and where events go.

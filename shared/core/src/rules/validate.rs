@@ -8,7 +8,7 @@ use serde_yaml_ng::Value;
 use super::errors::*;
 use super::raw::*;
 use super::*;
-use crate::budgets::{Adaptive, Budget, FeedbackTarget, fraction_ppm};
+use crate::budgets::{Adaptive, Budget, FeedbackTarget, LatencyControl, PPM, fraction_ppm};
 use crate::template::Template;
 use crate::time::{Millis, parse_duration};
 
@@ -356,7 +356,30 @@ pub(super) fn parse_adaptive(raw: &RawAdaptive) -> Result<Adaptive, String> {
     if min > crate::budgets::PPM - margin {
         return Err(format!("min {} is above 1 - margin ({})", min as f64 / 1e6, 1.0 - margin as f64 / 1e6));
     }
-    Ok(Adaptive { margin, decrease, min, step })
+    let latency = raw.latency.as_ref().map(parse_latency).transpose()?;
+    Ok(Adaptive { margin, decrease, min, step, latency })
+}
+
+fn parse_latency(raw: &RawLatency) -> Result<LatencyControl, String> {
+    let tolerance = raw.tolerance.unwrap_or(2.0);
+    if !(tolerance.is_finite() && tolerance > 1.0 && tolerance <= 10.0) {
+        return Err(format!("latency.tolerance must be above 1 and at most 10, got {tolerance}"));
+    }
+    let fraction = |name: &str, value: Option<f64>, default: f64| match fraction_ppm(value.unwrap_or(default)) {
+        Some(ppm) if ppm > 0 => Ok(ppm),
+        _ => Err(format!("latency.{name} must be a fraction above 0 and at most 1, got {}", value.unwrap_or(default))),
+    };
+    let recover = raw.recover.unwrap_or(8);
+    if !(1..=100).contains(&recover) {
+        return Err(format!("latency.recover must be a whole number of windows from 1 to 100, got {recover}"));
+    }
+    Ok(LatencyControl {
+        tolerance: (tolerance * PPM as f64).round() as u64,
+        smoothing: fraction("smoothing", raw.smoothing, 0.5)?,
+        baseline: fraction("baseline", raw.baseline, 0.05)?,
+        recover,
+        shadow: raw.shadow.unwrap_or(false),
+    })
 }
 
 pub(super) fn validate_limits(raw: &[RawLimit], errors: &mut RuleErrors<'_, '_>) -> Option<Vec<Limit>> {
