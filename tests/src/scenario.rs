@@ -544,8 +544,9 @@ fn earlier_feasible(
 }
 
 fn adaptive() -> impl Strategy<Value = Adaptive> {
-    (0u64..300_000, 300_000u64..950_000, 50_000u64..500_000, 50_000u64..400_000)
-        .prop_map(|(margin, decrease, min, step)| Adaptive { margin, decrease, min: min.min(PPM - margin), step, latency: None })
+    (0u64..300_000, 300_000u64..950_000, 50_000u64..500_000, 50_000u64..400_000).prop_map(
+        |(margin, decrease, min, step)| Adaptive { margin, decrease, min: min.min(PPM - margin), step, latency: None },
+    )
 }
 
 /// One or two shared budgets (fixed windows, start or spread; sometimes a fair share, sometimes

@@ -1081,15 +1081,15 @@ fn latency_reports_give_the_model_s_levels() {
             let (model, lua) = match op {
                 LevelOp::Signal => {
                     let model = memory.signal(&rule, "k", (&adaptive, &limits), now);
-                    let lua = runtime
-                        .block_on(redis.signal(rule_ref, "k", (&adaptive, &limits), Some(now)))
-                        .expect("signal");
+                    let lua =
+                        runtime.block_on(redis.signal(rule_ref, "k", (&adaptive, &limits), Some(now))).expect("signal");
                     let model_budget = memory.signal_budget(&budget, now);
                     let lua_budget = runtime.block_on(redis.signal_budget(&budget, Some(now))).expect("signal_budget");
                     (format!("{model} {model_budget:?}"), format!("{lua} {lua_budget:?}"))
                 }
                 LevelOp::Report(report) => {
-                    let model = memory.report_latency(&rule, "k", (&adaptive, &limits), *report, now).map(LatencyChange::from);
+                    let model =
+                        memory.report_latency(&rule, "k", (&adaptive, &limits), *report, now).map(LatencyChange::from);
                     let lua = runtime
                         .block_on(redis.report_latency(rule_ref, "k", (&adaptive, &limits), *report, Some(now)))
                         .expect("report_latency");

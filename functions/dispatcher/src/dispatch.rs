@@ -380,7 +380,10 @@ async fn deliver_to_url(
         data: &data,
     };
     let refused = |reason, detail: String| Refused { reason, detail };
-    let answer = match state.metrics.time("overflow_url", state.target.post(url, post)).await {
+    let started = std::time::Instant::now();
+    let answer = state.metrics.time("overflow_url", state.target.post(url, post)).await;
+    state.latency.record((&*state.store, &state.metrics), (rule, &meta.key, None), started.elapsed()).await;
+    let answer = match answer {
         Ok(answer) => answer,
         Err(PostError::InvalidHeader(detail)) => {
             publish_dead_letter(state, task, Some(rule), refused(DlqReason::InvalidHeaderValue, detail), data, None)

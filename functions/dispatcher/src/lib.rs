@@ -17,6 +17,7 @@ use drip_gcp::Publish;
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
 use drip_service::answer::count_outcomes;
 use drip_service::auth::RouteAuth;
+use drip_service::latency::LatencyWindows;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::settings::CommonSettings;
@@ -100,6 +101,8 @@ pub struct AppState {
     pub lease: Millis,
     /// `overflow: { url }` targets.
     pub target: Arc<HttpTarget>,
+    /// The calls to those targets of the current window, for latency-driven adaptive limits.
+    pub latency: Arc<LatencyWindows>,
     /// For new slots of events such a target told to wait; `None` when not configured.
     /// Creates rescheduled events' tasks, those of one queue and bucket that arrive together in
     /// one (as the limiter's).
@@ -165,6 +168,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
             std::time::Duration::from_millis(settings.forward_timeout_ms),
             settings.forward_id_token,
         )?),
+        latency: Arc::default(),
         tasks,
         early_tolerance: settings.early_tolerance_ms as Millis,
         accept_unsigned_until: settings.accept_unsigned_until()?,

@@ -64,6 +64,7 @@ fn dispatcher_with(rules: &str) -> Dispatcher {
         max_attempts: 100,
         lease: 10_000,
         target: Arc::new(HttpTarget::new(Duration::from_secs(1), IdTokenMode::Never).unwrap()),
+        latency: Arc::default(),
         tasks: Some(TaskBatcher::new(
             Tasks::new(tasks.clone(), vec!["q".into()], TaskSigner::new(KEY)),
             TaskBatching { max_events: 500, bucket: 1_000, in_flight: 1, linger: 0 },

@@ -141,7 +141,10 @@ impl AppState {
                     shadow: acting.shadow,
                     data: &event.data,
                 };
-                let answer = match self.metrics.time("forward_url", self.target.post(url, post)).await {
+                let started = std::time::Instant::now();
+                let answer = self.metrics.time("forward_url", self.target.post(url, post)).await;
+                self.latency.record((&*self.store, &self.metrics), (rule, key, None), started.elapsed()).await;
+                let answer = match answer {
                     Ok(answer) => answer,
                     Err(PostError::InvalidHeader(detail)) => {
                         return Err(permanent(DlqReason::InvalidHeaderValue, detail));

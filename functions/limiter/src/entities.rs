@@ -29,6 +29,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use drip_core::budgets::{Budget, LatencyReport, PPM};
 use drip_core::event::MessageRef;
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride};
@@ -246,6 +247,51 @@ pub struct Feedback {
     message_id: Option<String>,
     subscription: Option<String>,
     published: Option<String>,
+    /// How long the downstream took (ms): one call's latency, or with `calls` a window's high
+    /// percentile over that many calls, for an adaptive limit that follows latency.
+    latency_ms: Option<f64>,
+    calls: Option<u64>,
+}
+
+/// `POST /v1/feedback` with `latencyMs`: one call joins its window (judged when the window ends);
+/// a window's percentile with its `calls` is judged now.
+async fn report_latency(
+    state: &AppState,
+    rule: &Rule,
+    key: &str,
+    budget: Option<&Budget>,
+    body: &Feedback,
+) -> Response {
+    let Some(ms) = body.latency_ms.filter(|ms| ms.is_finite() && *ms >= 0.0) else {
+        return error(StatusCode::BAD_REQUEST, "latencyMs must be a number of milliseconds, 0 or more");
+    };
+    let follows = budget.or(rule.feedback_budget()).map_or(rule.adaptive, |b| b.adaptive).and_then(|a| a.latency);
+    if follows.is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the adaptive limit of rule '{}' (or of the budget its feedback names) does not follow latency: add adaptive.latency",
+                rule.name
+            ),
+        );
+    }
+    let micros = (ms * 1_000.0).round() as u64;
+    let Some(calls) = body.calls else {
+        let (store, metrics) = (&*state.store, &*state.metrics);
+        state.latency.record((store, metrics), (rule, key, budget), std::time::Duration::from_micros(micros)).await;
+        return (StatusCode::ACCEPTED, Json(serde_json::json!({ "outcome": "recorded" }))).into_response();
+    };
+    let report = LatencyReport { percentile: micros, calls };
+    match drip_service::latency::report_to_store((&*state.store, &state.metrics), rule, key, budget, report).await {
+        Ok(change) => Json(serde_json::json!({
+            "outcome": "judged",
+            "verdict": change.map(|c| drip_service::latency::verdict_name(c.verdict)),
+            "levelBefore": change.map(|c| c.before as f64 / PPM as f64),
+            "level": change.map(|c| c.after as f64 / PPM as f64),
+        }))
+        .into_response(),
+        Err(e) => unavailable("latency report", e),
+    }
 }
 
 /// `POST /v1/feedback` with a `cost`: what the message's call really cost corrects what it booked,
@@ -308,6 +354,15 @@ pub async fn feedback(
         (None, Some(_)) => String::new(),
         (None, None) => return error(StatusCode::BAD_REQUEST, "give a key or a budget"),
     };
+    if body.latency_ms.is_some() || body.calls.is_some() {
+        if body.status.is_some() || body.cost.is_some() || body.calls.is_some() && body.latency_ms.is_none() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "report a latency on its own: latencyMs (and calls), without a status or a cost",
+            );
+        }
+        return report_latency(&state, rule, &key, budget, &body).await;
+    }
     let status = match (body.status, body.cost) {
         (Some(status), _) => status,
         (None, Some(_)) if budget.is_none() => {

@@ -20,6 +20,7 @@ use drip_core::time::Millis;
 use drip_gcp::Publish;
 use drip_gcp::http_target::HttpTarget;
 use drip_service::answer::count_outcomes;
+use drip_service::latency::LatencyWindows;
 use drip_service::live_rules::{Acceptance, LiveRules};
 use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub tasks: Option<Arc<TaskBatcher>>,
     /// Forward URLs.
     pub target: Arc<HttpTarget>,
+    /// The calls to those targets of the current window, for latency-driven adaptive limits.
+    pub latency: Arc<LatencyWindows>,
     /// Who may call each route class.
     pub auth: LimiterAuth,
     pub metrics: Arc<ServiceMetrics>,
@@ -102,6 +105,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         publishers: common.connect_pubsub(metrics.shared.clone()).await?,
         tasks,
         target: Arc::new(target),
+        latency: Arc::default(),
         auth,
         metrics,
         claim_check_max_bytes: settings.claim_check_max_bytes,

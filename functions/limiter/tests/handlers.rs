@@ -136,6 +136,7 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
             TaskBatching { max_events: 500, bucket: SECOND, in_flight: 1, linger: 0 },
         )),
         target: Arc::new(HttpTarget::new(Duration::from_secs(5), IdTokenMode::Never).unwrap()),
+        latency: Arc::default(),
         auth: drip_limiter::LimiterAuth::off(),
         metrics,
         claim_check_max_bytes: 4 * 1024 * 1024,

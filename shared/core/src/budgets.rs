@@ -338,7 +338,8 @@ mod tests {
         let again = aimd.after_latency((first.adaptive, Some(first.latency)), report(900, 90), count_window, 10_500);
         assert_eq!(again.unwrap().verdict, LatencyVerdict::Repeat, "one report decides per window");
         // p99 at 4× the baseline: gradient 2×80/320 = 0.5, half of the way there (smoothing 0.5).
-        let slow = aimd.after_latency((first.adaptive, Some(first.latency)), report(320, 90), count_window, 11_000).unwrap();
+        let slow =
+            aimd.after_latency((first.adaptive, Some(first.latency)), report(320, 90), count_window, 11_000).unwrap();
         assert_eq!(slow.verdict, LatencyVerdict::Slow { gradient: 500_000 });
         assert_eq!((slow.before, slow.after), (900_000, 675_000));
         assert_eq!(slow.latency.baseline, 80_000 + 240_000 / 20, "the baseline moves slowly toward it");
@@ -346,7 +347,8 @@ mod tests {
         let signalled = aimd.signal(slow.adaptive, 1_000, 11_500);
         assert_eq!(signalled.level, 337_500, "a 429 in the window a latency report decided still lowers the level");
         // Healthy but app-limited: 30 calls against 67 in force: held.
-        let held = aimd.after_latency((slow.adaptive, Some(slow.latency)), report(80, 30), count_window, 12_000).unwrap();
+        let held =
+            aimd.after_latency((slow.adaptive, Some(slow.latency)), report(80, 30), count_window, 12_000).unwrap();
         assert_eq!((held.verdict, held.after), (LatencyVerdict::Held, 675_000));
         // Busy: the cubic climbs steeply first, flattens at the level that hurt after `recover`.
         let mut state = (held.adaptive, Some(held.latency));

@@ -478,7 +478,12 @@ impl Scheduler {
     }
 
     /// The same for a budget.
-    pub fn report_budget_latency(&mut self, budget: &Budget, report: LatencyReport, now: Millis) -> Option<LatencyOutcome> {
+    pub fn report_budget_latency(
+        &mut self,
+        budget: &Budget,
+        report: LatencyReport,
+        now: Millis,
+    ) -> Option<LatencyOutcome> {
         let adaptive = budget.adaptive.filter(|a| a.latency.is_some())?;
         let state = self.budgets.entry(budget.name.clone()).or_default();
         let target = (adaptive_window_count(&budget.limits), adaptive_window(&budget.limits));

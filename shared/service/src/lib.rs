@@ -8,6 +8,7 @@ pub mod costs;
 pub mod counted_publish;
 pub mod feedback;
 pub mod health;
+pub mod latency;
 pub mod live_rules;
 pub mod metrics;
 pub mod settings;

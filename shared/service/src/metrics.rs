@@ -64,6 +64,8 @@ pub struct Metrics {
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     cost_corrections: Family<CorrectionLabels, prometheus_client::metrics::counter::Counter>,
+    latency_percentile: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+    latency_reports: Family<LatencyLabels, prometheus_client::metrics::counter::Counter>,
     http: HistogramFamily<HttpLabels>,
     max_delay: Family<RuleLabels, Gauge<f64, AtomicU64>>,
     delivery_margin: Family<RuleLabels, Gauge<f64, AtomicU64>>,
@@ -81,6 +83,15 @@ pub struct TopicLabels {
 pub struct CorrectionLabels {
     pub rule: String,
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabels {
+    pub target: String,
+    /// `slow`, `grew`, `held` or `repeat`.
+    pub verdict: &'static str,
+    /// `true` when the controller only says what it would do.
+    pub shadow: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -124,6 +135,18 @@ impl Default for Metrics {
             "Costs reported after the call (X-Drip-Cost, /v1/feedback), by rule and what they did: more, less, same (booked right), already (a retried report) or unknown (no reservation)",
             cost_corrections.clone(),
         );
+        let latency_percentile = Family::<TargetLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "latency_percentile_ms",
+            "The downstream's latency (ms) in the last window reported to the latency controller: its p99 (p95 under 100 calls, p90 under 20), by budget or rule",
+            latency_percentile.clone(),
+        );
+        let latency_reports = Family::<LatencyLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "latency_reports",
+            "Windows of downstream latency the controller judged, by budget or rule and verdict: slow (the level cut), grew, held (healthy but under half the count used), repeat (a report of that window had decided); shadow=true: nothing was changed",
+            latency_reports.clone(),
+        );
         let http: HistogramFamily<HttpLabels> = Family::new_with_constructor(seconds_histogram);
         registry.register("http_request_seconds", "Requests served, by route and status", http.clone());
         let build = Family::<BuildLabels, Gauge>::default();
@@ -160,6 +183,8 @@ impl Default for Metrics {
             adaptive_level,
             pauses_capped,
             cost_corrections,
+            latency_percentile,
+            latency_reports,
             http,
             max_delay,
             delivery_margin,
@@ -214,6 +239,13 @@ impl Metrics {
     /// A cost reported after the call, and what it did (`more`, `less`, `same`, `already`, `unknown`).
     pub fn cost_corrected(&self, rule: &str, outcome: &'static str) {
         self.cost_corrections.get_or_create(&CorrectionLabels { rule: rule.to_owned(), outcome }).inc();
+    }
+
+    /// A window's latency percentile (ms) judged by the controller, and its verdict.
+    pub fn latency_judged(&self, target: String, percentile_ms: f64, verdict: &'static str, shadow: bool) {
+        self.latency_percentile.get_or_create(&TargetLabels { target: target.clone() }).set(percentile_ms);
+        let shadow = if shadow { "true" } else { "false" };
+        self.latency_reports.get_or_create(&LatencyLabels { target, verdict, shadow }).inc();
     }
 
     /// A publish request to `topic` carrying `messages`.

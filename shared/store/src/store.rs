@@ -349,8 +349,9 @@ impl Store for MemoryStore {
         key: &'a str,
         report: LatencyReport,
     ) -> StoreFuture<'a, Option<LatencyChange>> {
-        let change =
-            rule.adaptive.and_then(|a| self.report_latency(&rule.id, key, (&a, &rule.limits), report, wall_clock_millis()));
+        let change = rule
+            .adaptive
+            .and_then(|a| self.report_latency(&rule.id, key, (&a, &rule.limits), report, wall_clock_millis()));
         Box::pin(async move { Ok(change.map(LatencyChange::from)) })
     }
 
