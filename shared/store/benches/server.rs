@@ -43,7 +43,7 @@ fn configurations() -> Vec<Configuration> {
         name: "bench-gateway".into(),
         limits: vec![Limit::new(1_000_000, SECOND, Window::Fixed(Placement::Spread)).unwrap()],
         max_share: Some(200_000),
-        adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000 }),
+        adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000, latency: None }),
         tag: "bench-gateway".into(),
     });
     vec![
