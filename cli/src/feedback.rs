@@ -3,7 +3,8 @@
 //! pauses the key (or the budget), a 429, 408, 5xx or a timeout (`--status 0`) lowers an
 //! adaptive limit. The operator's lever for "the partner says stop" before any consumer says so.
 //! With `--cost`, it reports what one message's call really cost instead (docs/rules.md: "Costs
-//! known only after the call").
+//! known only after the call"); with `--latency-ms`, how long calls took (docs/rules.md: "Latency
+//! as the leading signal").
 
 use std::process::ExitCode;
 
@@ -28,7 +29,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "key")]
     budget: Option<String>,
     /// The downstream's HTTP status (0: it timed out).
-    #[arg(long, required_unless_present = "cost")]
+    #[arg(long, required_unless_present_any = ["cost", "latency_ms"])]
     status: Option<u16>,
     /// Seconds, as the downstream's `Retry-After` said (at least 1; to lift a pause, use `drip
     /// resume`).
@@ -46,6 +47,13 @@ pub struct Args {
     /// Its `drip-published` attribute (RFC 3339).
     #[arg(long)]
     published: Option<String>,
+    /// How long a call to the downstream took (ms), for an adaptive limit that follows latency
+    /// (instead of a status): one call, or with `--calls` a window's high percentile.
+    #[arg(long, conflicts_with_all = ["status", "cost"])]
+    latency_ms: Option<f64>,
+    /// How many calls `--latency-ms` is the percentile of (the window is judged now).
+    #[arg(long, requires = "latency_ms")]
+    calls: Option<u64>,
     /// `table` (lines) or `json` (the limiter's answer).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -66,6 +74,8 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
         "messageId": args.message_id,
         "subscription": args.subscription,
         "published": args.published,
+        "latencyMs": args.latency_ms,
+        "calls": args.calls,
     });
     let url = args.api.api.as_deref().context(
         "feedback goes through the limiter's API: give --api URL (or DRIP_API), e.g. the admin service's URL (docs/operations.md: \"Reaching production\")",
@@ -73,6 +83,14 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
     let answer: serde_json::Value =
         Api::connect(&args.api, url).await?.call(Method::POST, &["v1", "feedback"], &[], Some(body)).await?;
     let table = match &answer {
+        answer if answer["latency"] == "recorded" => "latency recorded: judged with its window\n".to_owned(),
+        answer if answer["latency"] == "judged" => match answer["verdict"].as_str() {
+            Some(verdict) => format!(
+                "latency judged {verdict}: adaptive level {} (was {})\n",
+                answer["level"], answer["levelBefore"]
+            ),
+            None => "latency not judged: the target's adaptive limit does not follow latency\n".to_owned(),
+        },
         answer if answer["outcome"].is_string() => format!(
             "cost {}: {} (booked {})\n",
             answer["actual"],

@@ -88,6 +88,9 @@ fn render(report: &EntityReport) -> String {
     if let Some(level) = report.adaptive_level {
         out += &format!("adaptive   level {level:.3} of each count\n");
     }
+    if let Some(latency) = &report.latency {
+        out += &format!("latency    {}\n", describe_latency(latency));
+    }
     for budget in &report.budgets {
         let share = budget.max_share.map_or(String::new(), |s| format!(", max share {s}"));
         out += &format!("budget     {}{share}\n", budget.name);
@@ -103,6 +106,21 @@ fn render(report: &EntityReport) -> String {
         if let Some(level) = budget.adaptive_level {
             out += &format!("  adaptive level {level:.3}\n");
         }
+        if let Some(latency) = &budget.latency {
+            out += &format!("  latency {}\n", describe_latency(latency));
+        }
     }
     out
+}
+
+/// `baseline 80.0 ms; cut from 0.900 to 0.675, climbing for 2 windows; last judged …`.
+fn describe_latency(latency: &drip_store::inspect::LatencyView) -> String {
+    let mut line = format!("baseline {:.1} ms", latency.baseline_ms);
+    if let (Some(hurt), Some(cut)) = (latency.level_that_hurt, latency.cut_to) {
+        line += &format!("; cut from {hurt:.3} to {cut:.3}, climbing for {} windows", latency.climbing_for);
+    }
+    if let Some(level) = latency.shadow_level {
+        line += &format!("; shadow: would be at level {level:.3}");
+    }
+    line + &format!("; last judged the window of {}", latency.last_judged)
 }

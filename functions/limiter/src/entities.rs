@@ -279,12 +279,12 @@ async fn report_latency(
     let Some(calls) = body.calls else {
         let (store, metrics) = (&*state.store, &*state.metrics);
         state.latency.record((store, metrics), (rule, key, budget), std::time::Duration::from_micros(micros)).await;
-        return (StatusCode::ACCEPTED, Json(serde_json::json!({ "outcome": "recorded" }))).into_response();
+        return (StatusCode::ACCEPTED, Json(serde_json::json!({ "latency": "recorded" }))).into_response();
     };
     let report = LatencyReport { percentile: micros, calls };
     match drip_service::latency::report_to_store((&*state.store, &state.metrics), rule, key, budget, report).await {
         Ok(change) => Json(serde_json::json!({
-            "outcome": "judged",
+            "latency": "judged",
             "verdict": change.map(|c| drip_service::latency::verdict_name(c.verdict)),
             "levelBefore": change.map(|c| c.before as f64 / PPM as f64),
             "level": change.map(|c| c.after as f64 / PPM as f64),

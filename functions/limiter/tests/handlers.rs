@@ -88,6 +88,16 @@ rules:
     forward: { url: "TARGET" }
     overflow_topic: hooks-overflow
     dlq_topic: hooks-dlq
+  - name: slowhooks
+    match: { attributes: { event_type: slowhook } }
+    key: "endpoint_{attributes.endpoint}"
+    limits: [ { limit: 1000, per: 1s, window: fixed } ]
+    max_delay: 1h
+    inline_wait: 0s
+    forward: { url: "TARGET" }
+    overflow_topic: hooks-overflow
+    dlq_topic: hooks-dlq
+    adaptive: { margin: 0, decrease: 0.5, min: 0.2, latency: { tolerance: 2, smoothing: 1, recover: 2 } }
   - name: trial
     mode: shadow
     match: { attributes: { event_type: trial } }
@@ -1056,4 +1066,82 @@ async fn a_cost_reported_after_the_call_corrects_the_booking_once() {
     assert!(l.tasks().is_empty(), "no wait for the next window");
     let (_, history) = l.send("GET", "/v1/rules/inline/history", None).await;
     assert!(history.to_string().contains("\"actual\":0"), "audited: {history}");
+}
+
+/// A target that answers 204 after the delay (ms) the test sets.
+async fn slowing_target() -> (String, Arc<std::sync::atomic::AtomicU64>) {
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(2));
+    let set = delay.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let delay = set.load(std::sync::atomic::Ordering::Relaxed);
+            async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, delay)
+}
+
+/// Sleeps to just past the next whole second (the rule's adaptive window).
+async fn next_window() {
+    let now = drip_core::time::wall_clock_millis();
+    tokio::time::sleep(Duration::from_millis((1_000 - now % 1_000 + 20) as u64)).await;
+}
+
+/// Latency as the leading signal: the forward URL's calls are timed; a window whose p90 is past
+/// twice the baseline cuts the key's level (before any 429), shown by the entity endpoint and
+/// the metrics; a consumer's window report through /v1/feedback is judged the same way.
+#[tokio::test]
+async fn a_slowing_forward_url_lowers_the_level_before_any_refusal() {
+    let (url, delay) = slowing_target().await;
+    let l = limiter_forwarding_to(&url);
+    let hook = [("event_type", "slowhook"), ("endpoint", "p")];
+    next_window().await;
+    for i in 0..6 {
+        assert_eq!(l.push(&format!("fast{i}"), &hook, b"{}").await, StatusCode::NO_CONTENT);
+    }
+    delay.store(150, std::sync::atomic::Ordering::Relaxed);
+    next_window().await;
+    // The first call of this window reports the fast one: the baseline.
+    for i in 0..6 {
+        assert_eq!(l.push(&format!("slow{i}"), &hook, b"{}").await, StatusCode::NO_CONTENT);
+    }
+    let (_, report) = l.send("GET", "/v1/rules/slowhooks/keys/endpoint_p", None).await;
+    assert_eq!(report["adaptiveLevel"].as_f64(), Some(1.0), "a fast window changes nothing: {report}");
+    let baseline = report["latency"]["baselineMs"].as_f64().expect("a baseline");
+    assert!(baseline < 100.0, "{report}");
+    next_window().await;
+    assert_eq!(l.push("next", &hook, b"{}").await, StatusCode::NO_CONTENT);
+    let (_, report) = l.send("GET", "/v1/rules/slowhooks/keys/endpoint_p", None).await;
+    let level = report["adaptiveLevel"].as_f64().unwrap();
+    assert!(level < 1.0 && level >= 0.5, "cut by at most half: {report}");
+    assert_eq!(report["latency"]["levelThatHurt"].as_f64(), Some(1.0), "{report}");
+    assert_eq!(report["limits"][0]["capacity"].as_u64(), Some((1000.0 * level) as u64), "{report}");
+    let metrics = l.state.metrics.shared.render();
+    assert!(
+        metrics.contains("drip_latency_reports_total{target=\"rule:slowhooks\",verdict=\"slow\",shadow=\"false\"} 1"),
+        "{metrics}"
+    );
+
+    // A consumer's own window: 90 calls at p99 40 ms on another key sets its baseline, a later
+    // window at 400 ms is slow; a second report in that window changes nothing.
+    let window =
+        |ms: f64| serde_json::json!({ "rule": "slowhooks", "key": "endpoint_q", "latencyMs": ms, "calls": 900 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(window(40.0))).await;
+    assert_eq!((status, body["latency"].as_str()), (StatusCode::OK, Some("judged")), "{body}");
+    next_window().await;
+    let (_, body) = l.send("POST", "/v1/feedback", Some(window(400.0))).await;
+    assert_eq!((body["verdict"].as_str(), body["level"].as_f64()), (Some("slow"), Some(0.5)), "{body}");
+    let (_, body) = l.send("POST", "/v1/feedback", Some(window(4000.0))).await;
+    assert_eq!((body["verdict"].as_str(), body["level"].as_f64()), (Some("repeat"), Some(0.5)), "{body}");
+    let (status, body) = l
+        .send("POST", "/v1/feedback", Some(serde_json::json!({ "rule": "hooks", "key": "endpoint_q", "latencyMs": 5 })))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a rule without latency control says so: {body}");
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::sync::Arc;
 
-use drip_core::budgets::{Budget, PPM, adapted_count, adaptive_window};
+use drip_core::budgets::{Adaptive, Budget, LatencyState, PPM, adapted_count, adaptive_window};
 use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
@@ -43,6 +43,9 @@ pub struct EntityReport {
     pub paused_until: Option<String>,
     /// The rule's adaptive level now (a fraction of each count), if it has one.
     pub adaptive_level: Option<f64>,
+    /// What the latency controller knows of the key, when its adaptive limit follows latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyView>,
     /// The shared budgets the rule draws from, as everyone sees them.
     pub budgets: Vec<BudgetReport>,
     /// Why a new event would wait now: each pause, full limit (of the key or of a budget) and
@@ -59,6 +62,41 @@ pub struct BudgetReport {
     pub max_share: Option<f64>,
     pub paused_until: Option<String>,
     pub adaptive_level: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyView>,
+}
+
+/// The latency controller's state of a key or budget (docs/rules.md: "Latency as the leading signal").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LatencyView {
+    /// The slow average of the windows' high percentiles (ms).
+    pub baseline_ms: f64,
+    /// The level when latency last rose past tolerance, and the level right after that cut (none
+    /// since the level last reached its ceiling).
+    pub level_that_hurt: Option<f64>,
+    pub cut_to: Option<f64>,
+    /// Busy, healthy windows since that cut.
+    pub climbing_for: u64,
+    /// When the window of the last judged report began.
+    pub last_judged: String,
+    /// In shadow mode: the level the controller would have set (the limits do not follow it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_level: Option<f64>,
+}
+
+fn latency_view(adaptive: Option<Adaptive>, state: Option<LatencyState>, window: Millis) -> Option<LatencyView> {
+    let control = adaptive?.latency?;
+    let state = state?;
+    let fraction = |ppm: u64| ppm as f64 / PPM as f64;
+    Some(LatencyView {
+        baseline_ms: state.baseline as f64 / 1_000.0,
+        level_that_hurt: (state.hurt > 0).then(|| fraction(state.hurt)),
+        cut_to: (state.hurt > 0).then(|| fraction(state.cut)),
+        climbing_for: state.grown,
+        last_judged: format_rfc3339(state.window * window),
+        shadow_level: control.shadow.then(|| fraction(state.level)),
+    })
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -359,6 +397,7 @@ pub(crate) fn report(
         overrides,
         paused_until,
         adaptive_level: level.map(|level| level as f64 / PPM as f64),
+        latency: latency_view(rule.adaptive, state.latency, adaptive_window(&rule.limits)),
         budgets,
         waiting_on,
     }
@@ -455,5 +494,6 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
         max_share: budget.max_share.map(|share| share as f64 / PPM as f64),
         paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
         adaptive_level: level.map(|level| level as f64 / PPM as f64),
+        latency: latency_view(budget.adaptive, state.latency, adaptive_window(&budget.limits)),
     }
 }
