@@ -16,7 +16,8 @@ use drip_store::{Store, StoreError};
 
 use crate::metrics::ServiceMetrics;
 
-/// Fewer calls in a window than this are not judged: one slow call is not a trend.
+/// Fewer calls in a window than this are not judged alone: one slow call is not a trend. They are
+/// judged with the next window's.
 pub const MIN_CALLS: usize = 5;
 /// A window keeps at most this many calls (an instance past it samples the first ones).
 const MAX_SAMPLES: usize = 10_000;
@@ -87,7 +88,13 @@ impl LatencyWindows {
         if entry.window != current {
             let samples = std::mem::take(&mut entry.samples);
             if entry.window == current - 1 {
-                closed = Some(samples);
+                if samples.len() >= MIN_CALLS {
+                    closed = Some(samples);
+                } else {
+                    // Too few to judge: they join the next window's (a slow key is judged over
+                    // two windows or more rather than never).
+                    entry.samples = samples;
+                }
             }
             entry.window = current;
         }
@@ -192,5 +199,13 @@ mod tests {
             windows.add(target(), 1_000, 6_100 + i, 1);
         }
         assert_eq!(windows.add(target(), 1_000, 9_000, 1), None, "window 6 is too old to judge at 9 s");
+        // Three calls in window 9 are too few: they are judged with window 10's.
+        for i in 0..2 {
+            windows.add(target(), 1_000, 9_100 + i, 7_000);
+        }
+        assert_eq!(windows.add(target(), 1_000, 10_000, 3_000), None, "window 9 carries over");
+        windows.add(target(), 1_000, 10_500, 3_000);
+        let report = windows.add(target(), 1_000, 11_000, 1).expect("windows 9 and 10 close");
+        assert_eq!(report, LatencyReport { percentile: 7_000, calls: 5 });
     }
 }

@@ -12,12 +12,14 @@ use drip_core::time::Millis;
 use pubsub_emulator_client::EmulatorClient;
 
 mod charts;
+mod partner;
 mod publish;
 mod report;
 mod throttle;
 mod watch;
 
 pub(crate) use charts::*;
+pub(crate) use partner::*;
 pub(crate) use publish::*;
 pub(crate) use report::*;
 pub(crate) use throttle::*;
@@ -60,6 +62,10 @@ pub struct Args {
     /// 429 with `Retry-After: 3` from 1 s to 7 s after the burst, then 204.
     #[arg(long)]
     throttle: Option<String>,
+    /// The latency scenario: stream events to the rules `payouts-aimd` and `payouts-latency` side
+    /// by side, and consume what they forward into a partner with a hidden capacity.
+    #[arg(long, conflicts_with = "throttle")]
+    latency: bool,
 }
 
 pub(crate) struct Delivery {
@@ -118,6 +124,9 @@ pub(crate) struct Outcome {
 }
 
 pub(crate) async fn demo(args: &Args) -> anyhow::Result<bool> {
+    if args.latency {
+        return latency_scenario(args).await;
+    }
     let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let rule =
         rules.rule(&args.rule).with_context(|| format!("no rule '{}' in {}", args.rule, args.rules.display()))?;
