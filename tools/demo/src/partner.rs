@@ -71,7 +71,8 @@ struct Figures {
 /// The consumer of one lane: pulls what Drip forwarded (at once or from overflow, at its slot),
 /// calls the partner for each message concurrently, and reports each answer to the limiter as a
 /// consumer that calls the partner itself does: a 429 (`status`), and for the latency-driven
-/// rule each call's latency (`latencyMs`). A refused call is tried again after a second.
+/// rule each call's latency (`latencyMs`). A refused event is published again to the source topic:
+/// its retry goes through Drip, at the rate in force, like every other event.
 async fn consume(lane: &'static str, lanes: Lanes, pubsub: EmulatorClient, limiter: String, until: Millis) {
     let rule = format!("payouts-{lane}");
     let http = reqwest::Client::new();
@@ -82,38 +83,42 @@ async fn consume(lane: &'static str, lanes: Lanes, pubsub: EmulatorClient, limit
             pulled.extend(pubsub.pull(&subscription, 200).await.unwrap_or_default());
         }
         for message in pulled {
-            let id = message.attributes.get("drip-message-id").cloned().unwrap_or(message.message_id);
+            let id = message.attributes.get("payout").cloned().unwrap_or_default();
             let (lanes, http, feedback, rule) = (lanes.clone(), http.clone(), feedback.clone(), rule.clone());
+            let pubsub = pubsub.clone();
             tokio::spawn(async move {
-                loop {
-                    let started = wall_clock_millis();
-                    let latency = lanes
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .entry(lane)
-                        .or_default()
-                        .call(started, id.clone());
-                    let body = match latency {
-                        Some(ms) => {
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                            let took = (wall_clock_millis() - started) as f64;
-                            (lane == "latency")
-                                .then(|| serde_json::json!({ "rule": rule, "key": "merchant_m001", "latencyMs": took }))
-                        }
-                        None => Some(serde_json::json!({ "rule": rule, "key": "merchant_m001", "status": 429 })),
-                    };
-                    if let Some(body) = body {
-                        let _ = http.post(&feedback).json(&body).send().await;
+                let started = wall_clock_millis();
+                let latency =
+                    lanes.lock().unwrap_or_else(|e| e.into_inner()).entry(lane).or_default().call(started, id.clone());
+                let body = match latency {
+                    Some(ms) => {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        let took = (wall_clock_millis() - started) as f64;
+                        (lane == "latency")
+                            .then(|| serde_json::json!({ "rule": rule, "key": "merchant_m001", "latencyMs": took }))
                     }
-                    if latency.is_some() {
-                        break;
+                    None => {
+                        let (data, attributes) = lane_payout(id.parse().unwrap_or_default(), lane);
+                        let _ = pubsub.publish(SOURCE, &data, &attributes).await;
+                        Some(serde_json::json!({ "rule": rule, "key": "merchant_m001", "status": 429 }))
                     }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                };
+                if let Some(body) = body {
+                    let _ = http.post(&feedback).json(&body).send().await;
                 }
             });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The `i`th payout of a lane, its number in attribute `payout` (the same in a retry published
+/// again: the partner counts payouts, not messages).
+fn lane_payout(i: usize, lane: &str) -> (Vec<u8>, BTreeMap<String, String>) {
+    let (data, mut attributes) = payout(i, "m001");
+    attributes.insert("variant".into(), lane.into());
+    attributes.insert("payout".into(), i.to_string());
+    (data, attributes)
 }
 
 /// Runs the scenario; prints each lane's 429s and settled throughput side by side. True when
@@ -152,16 +157,14 @@ pub(crate) async fn latency_scenario(args: &Args) -> anyhow::Result<bool> {
         let mut batch = Vec::new();
         for lane in LANES {
             for _ in 0..RATE / 4 {
-                let (data, mut attributes) = payout(i, "m001");
-                attributes.insert("variant".into(), lane.into());
-                batch.push((data, attributes));
+                batch.push(lane_payout(i, lane));
                 i += 1;
             }
         }
-        let ids = pubsub.publish_batch(SOURCE, &batch).await?;
-        for (id, (_, attributes)) in ids.into_iter().zip(&batch) {
+        pubsub.publish_batch(SOURCE, &batch).await?;
+        for (_, attributes) in &batch {
             let lane = if attributes["variant"] == "aimd" { LANES[0] } else { LANES[1] };
-            published.entry(lane).or_default().insert(id);
+            published.entry(lane).or_default().insert(attributes["payout"].clone());
         }
         next += tick;
         tokio::time::sleep_until(next).await;
