@@ -679,6 +679,25 @@ async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api(
     let without_message =
         drip(&["feedback", "--api", "http://127.0.0.1:9", "--rule", &rule, "--key", "k", "--cost", "3"]);
     assert!(!without_message.status.success(), "a cost needs --message-id and --published");
+    // A latency report reaches the limiter, which says this rule's limit does not follow latency.
+    let latency =
+        drip_async(api(CONSUMER, &["feedback", "--rule", &rule, "--key", "merchant_7", "--latency-ms", "80"])).await;
+    assert!(!latency.status.success(), "{latency:?}");
+    assert!(String::from_utf8_lossy(&latency.stderr).contains("adaptive.latency"), "{latency:?}");
+    let both = drip(&[
+        "feedback",
+        "--api",
+        "http://127.0.0.1:9",
+        "--rule",
+        &rule,
+        "--key",
+        "k",
+        "--status",
+        "429",
+        "--latency-ms",
+        "5",
+    ]);
+    assert!(!both.status.success(), "a latency is reported on its own");
     let refused =
         drip_async(api(OPERATOR, &["feedback", "--rule", &rule, "--key", "merchant_7", "--status", "503"])).await;
     assert!(!refused.status.success());
