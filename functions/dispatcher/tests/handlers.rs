@@ -438,3 +438,36 @@ async fn an_overflow_url_s_reported_cost_corrects_the_booking() {
     let state = d.store.entity_state(&rule.id, "merchant_7").unwrap();
     assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour]);
 }
+
+/// The overflow URL's calls are timed too: a batch whose events reach a target that answers in 2 ms
+/// in one window and in 30 ms in the next cuts the key's latency-driven level when a later window
+/// opens (two late events: a slow call that ends in the next window carries its window over).
+#[tokio::test]
+async fn a_slowing_overflow_url_lowers_the_key_s_level() {
+    let target = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+        let slow = headers.get("x-drip-message-id").is_some_and(|id| id.as_bytes().starts_with(b"slow"));
+        tokio::time::sleep(std::time::Duration::from_millis(if slow { 30 } else { 2 })).await;
+        StatusCode::NO_CONTENT
+    });
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, target).await });
+    let adapted = RULES.replace(
+        "limits: [ { limit: 1, per: 1s } ]",
+        "limits: [ { limit: 100, per: 500ms } ]\n    adaptive: { margin: 0, latency: { smoothing: 1 } }",
+    );
+    let d = dispatcher_with(&format!("{adapted}    overflow: {{ url: \"{url}\" }}\n"));
+    let window = (wall_clock_millis() / 500 + 1) * 500;
+    let mut events: Vec<Vec<u8>> = (0..6).map(|i| task(&format!("fast{i}"), window + 10 * i, 1)).collect();
+    events.extend((0..8).map(|i| task(&format!("slow{i}"), window + 500 + 10 * i, 1)));
+    events.extend([task("last", window + 1_100, 1), task("later", window + 1_600, 1)]);
+    let (body, sealed) = batch(&events, window);
+    tokio::time::sleep(std::time::Duration::from_millis((window - wall_clock_millis()).max(0) as u64)).await;
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let rule = d.state.rules.current().rules[0].clone();
+    let state = d.store.entity_state(&rule.id, "merchant_7").unwrap();
+    let latency = state.latency.expect("the target's latency was reported");
+    assert_eq!(latency.hurt, drip_core::budgets::PPM, "cut from the ceiling: {latency:?}");
+    let level = state.adaptive.expect("a level").level;
+    assert!((drip_core::budgets::PPM / 2..drip_core::budgets::PPM).contains(&level), "cut, by half at most: {level}");
+}
