@@ -439,14 +439,15 @@ async fn an_overflow_url_s_reported_cost_corrects_the_booking() {
     assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour]);
 }
 
-/// The overflow URL's calls are timed too: a batch whose events reach a target that answers in 2 ms
-/// in one window and in 30 ms in the next cuts the key's latency-driven level when a later window
-/// opens (two late events: a slow call that ends in the next window carries its window over).
+/// The overflow URL's calls are timed too: a batch whose events reach a target that answers at
+/// once in one window and in 150 ms in the next cuts the key's latency-driven level when a later
+/// window opens (two late events: one is enough unless a slow call ends in the next window and
+/// carries its window over).
 #[tokio::test]
 async fn a_slowing_overflow_url_lowers_the_key_s_level() {
     let target = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
         let slow = headers.get("x-drip-message-id").is_some_and(|id| id.as_bytes().starts_with(b"slow"));
-        tokio::time::sleep(std::time::Duration::from_millis(if slow { 30 } else { 2 })).await;
+        tokio::time::sleep(std::time::Duration::from_millis(if slow { 150 } else { 1 })).await;
         StatusCode::NO_CONTENT
     });
     let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await.unwrap();
@@ -454,13 +455,13 @@ async fn a_slowing_overflow_url_lowers_the_key_s_level() {
     tokio::spawn(async move { axum::serve(listener, target).await });
     let adapted = RULES.replace(
         "limits: [ { limit: 1, per: 1s } ]",
-        "limits: [ { limit: 100, per: 500ms } ]\n    adaptive: { margin: 0, latency: { smoothing: 1 } }",
+        "limits: [ { limit: 100, per: 1s } ]\n    adaptive: { margin: 0, latency: { smoothing: 1 } }",
     );
     let d = dispatcher_with(&format!("{adapted}    overflow: {{ url: \"{url}\" }}\n"));
-    let window = (wall_clock_millis() / 500 + 1) * 500;
+    let window = (wall_clock_millis() / 1_000 + 1) * 1_000;
     let mut events: Vec<Vec<u8>> = (0..6).map(|i| task(&format!("fast{i}"), window + 10 * i, 1)).collect();
-    events.extend((0..8).map(|i| task(&format!("slow{i}"), window + 500 + 10 * i, 1)));
-    events.extend([task("last", window + 1_100, 1), task("later", window + 1_600, 1)]);
+    events.extend((0..6).map(|i| task(&format!("slow{i}"), window + 1_000 + 10 * i, 1)));
+    events.extend([task("last", window + 2_100, 1), task("later", window + 3_100, 1)]);
     let (body, sealed) = batch(&events, window);
     tokio::time::sleep(std::time::Duration::from_millis((window - wall_clock_millis()).max(0) as u64)).await;
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
