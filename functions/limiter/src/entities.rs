@@ -265,8 +265,7 @@ async fn report_latency(
     let Some(ms) = body.latency_ms.filter(|ms| ms.is_finite() && *ms >= 0.0) else {
         return error(StatusCode::BAD_REQUEST, "latencyMs must be a number of milliseconds, 0 or more");
     };
-    let follows = budget.or(rule.feedback_budget()).map_or(rule.adaptive, |b| b.adaptive).and_then(|a| a.latency);
-    if follows.is_none() {
+    if drip_service::latency::latency_control(rule, budget).is_none() {
         return error(
             StatusCode::BAD_REQUEST,
             format!(

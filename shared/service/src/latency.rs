@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use drip_core::budgets::{Budget, LatencyChange, LatencyReport, LatencyVerdict, PPM, adaptive_window};
+use drip_core::budgets::{Budget, LatencyChange, LatencyControl, LatencyReport, LatencyVerdict, PPM, adaptive_window};
 use drip_core::rules::Rule;
 use drip_core::time::{Millis, wall_clock_millis};
 use drip_store::{Store, StoreError};
@@ -108,19 +108,20 @@ impl LatencyWindows {
     }
 }
 
-/// Where `rule`'s latency goes (`budget`, else its feedback budget, else the key) and that target's adaptive
-/// window, when that target's adaptive limit follows latency.
+/// The latency control of `rule`'s feedback target: `budget`'s, else that of the budget its
+/// feedback names, else its keys' (`None`: that target's adaptive limit does not follow latency).
+pub fn latency_control(rule: &Rule, budget: Option<&Budget>) -> Option<LatencyControl> {
+    budget.or_else(|| rule.feedback_budget()).map_or(rule.adaptive, |b| b.adaptive)?.latency
+}
+
+/// Where `rule`'s latency goes (`budget`, else its feedback budget, else the key) and that
+/// target's adaptive window, when that target's adaptive limit follows latency.
 fn latency_target(rule: &Rule, key: &str, budget: Option<&Budget>) -> Option<(Target, Millis)> {
-    match budget.or_else(|| rule.feedback_budget()) {
-        Some(budget) => {
-            budget.adaptive?.latency?;
-            Some((Target::Budget(budget.name.clone()), adaptive_window(&budget.limits)))
-        }
-        None => {
-            rule.adaptive?.latency?;
-            Some((Target::Key { rule: rule.id.clone(), key: key.to_owned() }, adaptive_window(&rule.limits)))
-        }
-    }
+    latency_control(rule, budget)?;
+    Some(match budget.or_else(|| rule.feedback_budget()) {
+        Some(budget) => (Target::Budget(budget.name.clone()), adaptive_window(&budget.limits)),
+        None => (Target::Key { rule: rule.id.clone(), key: key.to_owned() }, adaptive_window(&rule.limits)),
+    })
 }
 
 /// Reports a window's latency of `rule`'s feedback target (or `budget`) to the store, then logs
@@ -133,13 +134,11 @@ pub async fn report_to_store(
     report: LatencyReport,
 ) -> Result<Option<LatencyChange>, StoreError> {
     let budget = budget.or_else(|| rule.feedback_budget());
-    let (change, adaptive, labelled) = match budget {
-        Some(budget) => {
-            (store.report_budget_latency(budget, report).await?, budget.adaptive, format!("budget:{}", budget.name))
-        }
-        None => (store.report_latency(rule, key, report).await?, rule.adaptive, format!("rule:{}", rule.name)),
+    let (change, labelled) = match budget {
+        Some(budget) => (store.report_budget_latency(budget, report).await?, format!("budget:{}", budget.name)),
+        None => (store.report_latency(rule, key, report).await?, format!("rule:{}", rule.name)),
     };
-    let (Some(change), Some(control)) = (change, adaptive.and_then(|a| a.latency)) else { return Ok(None) };
+    let (Some(change), Some(control)) = (change, latency_control(rule, budget)) else { return Ok(None) };
     let verdict = verdict_name(change.verdict);
     let percentile_ms = report.percentile as f64 / 1_000.0;
     metrics.shared.latency_judged(labelled.clone(), percentile_ms, verdict, control.shadow);

@@ -170,9 +170,10 @@ pub(crate) async fn latency_scenario(args: &Args) -> anyhow::Result<bool> {
         tokio::time::sleep_until(next).await;
     }
     let deadline = started + STREAM_SECS * 1_000 + args.timeout_secs as Millis * 1_000;
+    let mut dead = Vec::new();
     let dead_letters = loop {
         let delivered: usize = LANES.iter().map(|lane| delivered(&lanes, lane).len()).sum();
-        let dead = dead_lettered(&pubsub, &rules).await?;
+        pull_dead_letters(&pubsub, &rules, &mut dead).await?;
         let total: usize = published.values().map(HashSet::len).sum();
         println!(
             "  +{:>3} s  delivered {delivered} of {total}, dead-lettered {}",
@@ -231,14 +232,15 @@ fn delivered(lanes: &Lanes, lane: &str) -> HashSet<String> {
     lanes.get(lane).map(|l| l.accepted.iter().map(|(_, id, _)| id.clone()).collect()).unwrap_or_default()
 }
 
-/// Everything the rules' dead-letter topics hold so far (pulled once: kept across calls).
-async fn dead_lettered(pubsub: &EmulatorClient, rules: &drip_core::rules::RuleSet) -> anyhow::Result<Vec<String>> {
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Adds what the rules' dead-letter topics hold now to `dead` (pulling acks them).
+async fn pull_dead_letters(
+    pubsub: &EmulatorClient,
+    rules: &drip_core::rules::RuleSet,
+    dead: &mut Vec<String>,
+) -> anyhow::Result<()> {
     let topics: HashSet<String> = rules.rules.iter().map(|r| r.dlq_topic.to_string()).collect();
     for topic in topics {
-        for message in pubsub.pull(&topic, 1_000).await? {
-            SEEN.lock().unwrap_or_else(|e| e.into_inner()).push(message.message_id);
-        }
+        dead.extend(pubsub.pull(&topic, 1_000).await?.into_iter().map(|m| m.message_id));
     }
-    Ok(SEEN.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    Ok(())
 }
