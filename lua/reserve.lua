@@ -184,11 +184,19 @@ local function read_event()
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
-      limits = {}, pause = false, exp = false, level = false, hash = false}
+      limits = {}, floors = {}, own_floor = false, pause = false, exp = false, level = false, hash = false}
     local budget_limits = budget.limits
     for j = 1, int() do
       budget_limits[j] = {per = int(), n = int(), spread = str() == 'spread', lo = false, run = false,
-        run_changed = false, used = false}
+        run_changed = false, used = false, parts = false}
+    end
+    -- Rules holding a floor: name, share in ppm, and whether it is this event's rule.
+    local floors = budget.floors
+    for k = 1, int() do
+      floors[k] = {rule = str(), ppm = int()}
+      if int() == 1 then
+        budget.own_floor = k
+      end
     end
     -- 'pause', 'adapt', 'exp', then each limit's 'lo:<per>' and 'run:<per>'.
     budget.fields_from, budget.fields_to = span(3 + 2 * #budget_limits)
@@ -244,7 +252,7 @@ local function read_budgets(e, now)
       if budget.level then
         l.n = math.max(math.floor(l.n * budget.level / 1000000), e.cost, 1)
       end
-      l.lo, l.used = tonumber(held[3 + j]) or false, {}
+      l.lo, l.used, l.parts = tonumber(held[3 + j]) or false, {}, {}
       local run = held[3 + count + j]
       if run then
         local from, through, least = string.match(run, '^(%-?%d+):(%-?%d+):(%d+)$')
@@ -344,7 +352,15 @@ local function shift_budgets(e, slot, now, delta)
         if used then
           used = math.max(used + delta, 0)
           redis.call('HSET', budget.hash, name, used)
-          l.used[window] = used
+          if budget.own_floor then
+            local part = name .. ':f:' .. budget.floors[budget.own_floor].rule
+            local held = tonumber(redis.call('HGET', budget.hash, part))
+            if held then
+              redis.call('HSET', budget.hash, part, math.max(held + delta, 0))
+            end
+          end
+          -- Read again when the search needs it (with the floors' parts).
+          l.used[window] = nil
           local run = l.run
           if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
             run.least = used
@@ -480,11 +496,59 @@ local function limit_accepts(e, l, a, b, last, t)
   return t
 end
 
+-- What a budget window holds: its cost, and each floor's part of it (false without floors).
+local function window_use(budget, l, window)
+  local used = l.used[window]
+  if used then
+    return used, l.parts[window]
+  end
+  local name, floors = l.per .. ':' .. window, budget.floors
+  local parts = false
+  if #floors == 0 then
+    used = tonumber(redis.call('HGET', budget.hash, name)) or 0
+  else
+    local names = {name}
+    for k = 1, #floors do
+      names[k + 1] = name .. ':f:' .. floors[k].rule
+    end
+    local held = redis.call('HMGET', budget.hash, unpack(names))
+    used, parts = tonumber(held[1]) or 0, {}
+    for k = 1, #floors do
+      parts[k] = tonumber(held[k + 1]) or 0
+    end
+  end
+  l.used[window], l.parts[window] = used, parts
+  return used, parts
+end
+
+-- Whether a window holding `used` (`parts` by floor) takes `cost` more (schedule.rs's
+-- window_takes): never past the count; before the window starts, what the cost takes beyond its
+-- rule's unused floor must leave every other floor's unused units free.
+local function window_takes(budget, n, used, parts, cost, started)
+  if used + cost > n then
+    return false
+  end
+  local floors = budget.floors
+  if started or #floors == 0 then
+    return true
+  end
+  local unused, own_unused = 0, 0
+  for k = 1, #floors do
+    local left = math.max(math.floor(n * floors[k].ppm / 1000000) - parts[k], 0)
+    unused = unused + left
+    if k == budget.own_floor then
+      own_unused = left
+    end
+  end
+  local borrowed = math.max(cost - own_unused, 0)
+  return borrowed == 0 or used + unused + borrowed <= n
+end
+
 -- The earliest time >= slot at which one budget limit accepts the cost more: the first window from
--- the slot's with room (one past the horizon ends the search: the event is late whatever it
+-- the slot's that takes it (one past the horizon ends the search: the event is late whatever it
 -- holds), jumping over the limit's run of full windows when the cost cannot fit beside what they
 -- hold; what it walks updates the run exactly as schedule.rs's budget_accepts does.
-local function budget_accepts(e, key, l, slot, horizon, now)
+local function budget_accepts(e, budget, l, slot, horizon, now)
   local per, n, run, cost, margin = l.per, l.n, l.run, e.cost, e.margin
   local window = slot - slot % per
   local t = slot
@@ -502,12 +566,8 @@ local function budget_accepts(e, key, l, slot, horizon, now)
     if jumpable and window >= run.from and window <= run.through then
       window, jumped = run.through + per, true
     else
-      local used = l.used[window]
-      if not used then
-        used = tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0
-        l.used[window] = used
-      end
-      if used + cost <= n then
+      local used, parts = window_use(budget, l, window)
+      if window_takes(budget, n, used, parts, cost, window <= now) then
         if l.spread then
           t = math.max(t, window + math.floor(used * (per - margin) / n))
         else
@@ -578,7 +638,7 @@ local function earliest_slot(e, values, last, horizon, now)
     for b = 1, #budgets do
       local budget = budgets[b]
       for j = 1, #budget.limits do
-        local t = budget_accepts(e, budget.hash, budget.limits[j], slot, horizon, now)
+        local t = budget_accepts(e, budget, budget.limits[j], slot, horizon, now)
         if t > next_slot then
           next_slot = t
         end
@@ -704,19 +764,30 @@ local function commit_budgets(e, slot, now)
     for j = 1, #budget.limits do
       local l = budget.limits[j]
       local per = l.per
-      redis.call('HINCRBY', key, per .. ':' .. (slot - slot % per), e.cost)
+      local name = per .. ':' .. (slot - slot % per)
+      redis.call('HINCRBY', key, name, e.cost)
+      if budget.own_floor then
+        redis.call('HINCRBY', key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)
+      end
       local current = now - now % per
       if l.lo and l.lo < current then
-        local dead = {}
+        local dead, floors = {}, budget.floors
         if (current - l.lo) / per <= 64 then
           for window = l.lo, current - per, per do
-            dead[#dead + 1] = per .. ':' .. window
+            local window_name = per .. ':' .. window
+            dead[#dead + 1] = window_name
+            for k = 1, #floors do
+              dead[#dead + 1] = window_name .. ':f:' .. floors[k].rule
+            end
           end
         else
           local prefix = per .. ':'
-          for _, name in ipairs(redis.call('HKEYS', key)) do
-            if string.sub(name, 1, #prefix) == prefix and tonumber(string.sub(name, #prefix + 1)) < current then
-              dead[#dead + 1] = name
+          for _, field in ipairs(redis.call('HKEYS', key)) do
+            if string.sub(field, 1, #prefix) == prefix then
+              local window = tonumber(string.match(field, '^%-?%d+', #prefix + 1))
+              if window and window < current then
+                dead[#dead + 1] = field
+              end
             end
           end
         end

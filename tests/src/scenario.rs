@@ -35,6 +35,9 @@ pub struct Scenario {
 pub struct Shared {
     /// The budgets every event draws from.
     pub budgets: Vec<Arc<Budget>>,
+    /// The entities are split over this many rules (entity `e` is rule `e % rules`'s), so that
+    /// budgets' floors (naming rules `r0`, `r1`, ...) have rules to hold for; 0 or 1: one rule.
+    pub rules: usize,
     /// The rule's adaptive limit.
     pub adaptive: Option<Adaptive>,
     /// Before the event at `.0`, a 429/5xx/timeout for entity `.1` (`None`: for the first budget).
@@ -49,6 +52,15 @@ pub struct Shared {
 }
 
 impl Scenario {
+    /// The rule of `entity`'s events, for a run whose rule is named `base`: `base` itself, or
+    /// `base-r<i>` when the entities are split over rules (and budgets' floors name `r<i>`).
+    pub fn rule_of(&self, base: &str, entity: usize) -> String {
+        match self.shared.rules {
+            0 | 1 => base.to_owned(),
+            rules => format!("{base}-r{}", entity % rules),
+        }
+    }
+
     /// The rule's limits when the event at `index` arrives.
     pub fn limits_at(&self, index: usize) -> &[Limit] {
         match &self.edit {
@@ -550,14 +562,16 @@ fn adaptive() -> impl Strategy<Value = Adaptive> {
 }
 
 /// One or two shared budgets (fixed windows, start or spread; sometimes a fair share, sometimes
-/// adaptive) that every event also draws from, an adaptive rule sometimes, 429s for entities and
-/// the first budget between events, and pauses of the budgets.
+/// adaptive, sometimes floors for one or both of two rules the entities are split over) that
+/// every event also draws from, an adaptive rule sometimes, 429s for entities and the first
+/// budget between events, and pauses of the budgets.
 pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenario> {
     let budget_limit = (2u64..=8, prop::sample::select(vec![250i64, 500, 1_000, 2_000]), any::<bool>());
     let budget = (
         prop::collection::vec(budget_limit, 1..=2),
         prop::option::weighted(0.5, 200_000u64..=900_000),
         prop::option::weighted(0.4, adaptive()),
+        prop::option::weighted(0.5, (50_000u64..=700_000, 0u64..=300_000)),
     );
     let budgets = prop::collection::vec(budget, 1..=2);
     let signals = prop::collection::vec((any::<Index>(), prop::option::weighted(0.7, 0..3usize)), 0..6);
@@ -570,7 +584,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
             let budgets: Vec<Arc<Budget>> = budgets
                 .into_iter()
                 .enumerate()
-                .map(|(i, (limits, max_share, adaptive))| {
+                .map(|(i, (limits, max_share, adaptive, floors))| {
                     let mut seen = std::collections::HashSet::new();
                     let limits = limits
                         .into_iter()
@@ -580,9 +594,14 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                             Limit::new(n, per, Window::Fixed(placement)).unwrap()
                         })
                         .collect();
-                    Arc::new(Budget { name: format!("b{i}"), limits, max_share, adaptive, tag: "b0".into() })
+                    let floors = floors.map_or_else(Vec::new, |(r0, r1)| {
+                        let second = (r1 > 0).then(|| ("r1".to_owned(), r1));
+                        std::iter::once(("r0".to_owned(), r0)).chain(second).collect()
+                    });
+                    Arc::new(Budget { name: format!("b{i}"), limits, max_share, adaptive, floors, tag: "b0".into() })
                 })
                 .collect();
+            let rules = if budgets.iter().any(|b| !b.floors.is_empty()) { 2 } else { 1 };
             let smallest = budgets.iter().flat_map(|b| &b.limits).map(Limit::limit).min().unwrap_or(1);
             for event in &mut scenario.events {
                 event.cost = event.cost.min(smallest);
@@ -599,7 +618,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                 })
                 .collect();
             budget_pauses.sort_by_key(|p| p.0);
-            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses, ..Shared::default() };
+            scenario.shared = Shared { budgets, adaptive, signals, budget_pauses, rules, ..Shared::default() };
             scenario
         },
     )

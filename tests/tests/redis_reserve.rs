@@ -39,29 +39,32 @@ async fn run_all(
     batches: &[Range<usize>],
 ) -> (Vec<Reservation>, Vec<Correction>) {
     let alone: Vec<Range<usize>> = (0..scenario.events.len()).map(|i| i..i + 1).collect();
+    let rules: Vec<String> = scenario.events.iter().map(|a| scenario.rule_of(rule, a.entity)).collect();
     let (mut answers, mut corrections) = (Vec::new(), Vec::new());
     for batch in if batches.is_empty() { &alone } else { batches } {
         let (i, arrival) = (batch.start, &scenario.events[batch.start]);
         for &(_, of, actual) in scenario.shared.corrections.iter().filter(|c| c.0 == i) {
             let key = scenario.events[of].key();
-            let request = SlotRequest { reslot: None, ..request_of(scenario, rule, &key, of) }.at(arrival.now);
+            let request = SlotRequest { reslot: None, ..request_of(scenario, &rules[of], &key, of) }.at(arrival.now);
             corrections.push(store.correct_cost(&request, actual).await.expect("correct_cost"));
         }
         for op in scenario.overrides.iter().filter(|op| op.before_event == i) {
-            store.apply(rule, op, &scenario.limits[op.limit], arrival.now).await;
+            store.apply(&scenario.rule_of(rule, op.entity), op, &scenario.limits[op.limit], arrival.now).await;
         }
         for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
-            store.pause_entity(rule, &format!("entity_{entity}"), until, arrival.now).await;
+            let key = format!("entity_{entity}");
+            store.pause_entity(&scenario.rule_of(rule, entity), &key, until, arrival.now).await;
         }
         for &(_, entity) in scenario.shared.signals.iter().filter(|s| s.0 == i) {
-            store.signal_for(rule, scenario, entity, arrival.now).await;
+            let rule = entity.map_or_else(|| rule.to_owned(), |entity| scenario.rule_of(rule, entity));
+            store.signal_for(&rule, scenario, entity, arrival.now).await;
         }
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
         }
         let keys: Vec<String> = scenario.events[batch.clone()].iter().map(Arrival::key).collect();
         let requests: Vec<SlotRequest> =
-            batch.clone().zip(&keys).map(|(j, key)| request_of(scenario, rule, key, j)).collect();
+            batch.clone().zip(&keys).map(|(j, key)| request_of(scenario, &rules[j], key, j)).collect();
         let reserved = store.reserve_all(&requests).await;
         for (request, reserved) in requests.iter().zip(reserved) {
             match answers.len() % 3 {
@@ -223,10 +226,13 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable 
     }
 }
 
-/// Budgets live apart from rules in Redis: each run gets its own, named after `rule`.
+/// Budgets live apart from rules in Redis: each run gets its own, named after `rule` (and so are
+/// the rules its floors name: `Scenario::rule_of`).
 fn with_own_budgets(mut scenario: Scenario, rule: &str) -> Scenario {
     let budgets = scenario.shared.budgets.iter().map(|b| {
-        Arc::new(Budget { name: format!("{rule}-{}", b.name), tag: format!("{rule}-{}", b.tag), ..(**b).clone() })
+        let floors = b.floors.iter().map(|(name, floor)| (format!("{rule}-{name}"), *floor)).collect();
+        let (name, tag) = (format!("{rule}-{}", b.name), format!("{rule}-{}", b.tag));
+        Arc::new(Budget { name, tag, floors, ..(**b).clone() })
     });
     scenario.shared.budgets = budgets.collect();
     scenario
@@ -277,15 +283,16 @@ fn differential_in_batches(
             }
         }
         // The state each left behind, read back from Redis into the model's type.
-        let entities: std::collections::BTreeSet<String> = scenario
+        let entities: std::collections::BTreeSet<usize> = scenario
             .events
             .iter()
-            .map(|a| a.key())
-            .chain(scenario.overrides.iter().map(|o| o.key()))
-            .chain(scenario.pauses.iter().map(|p| format!("entity_{}", p.1)))
+            .map(|a| a.entity)
+            .chain(scenario.overrides.iter().map(|o| o.entity))
+            .chain(scenario.pauses.iter().map(|p| p.1))
             .collect();
-        for key in entities {
-            let limits = scenario.all_limits();
+        for entity in entities {
+            let (limits, key, rule) =
+                (scenario.all_limits(), format!("entity_{entity}"), scenario.rule_of(&rule, entity));
             let in_redis =
                 runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), &key, &limits)).expect("entity_state");
             let in_model = memory.entity_state(&rule, &key).unwrap_or_default();
@@ -301,6 +308,11 @@ fn differential_in_batches(
                     .windows
                     .into_iter()
                     .filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per)
+                    .collect(),
+                floor_used: state
+                    .floor_used
+                    .into_iter()
+                    .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
                     .collect(),
                 ..state
             };
@@ -529,6 +541,7 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
             limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
             max_share: None,
             adaptive: None,
+            floors: Vec::new(),
             tag: format!("gateway{full}"),
         });
         let key = drip_store::budget_key("drip", &budget);
@@ -972,6 +985,7 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
         limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
         max_share: None,
         adaptive: None,
+        floors: Vec::new(),
         tag: unique("gateway"),
     });
     let budgets = [budget.clone()];
@@ -1071,6 +1085,7 @@ fn latency_reports_give_the_model_s_levels() {
             limits: limits.clone(),
             max_share: None,
             adaptive: Some(adaptive),
+            floors: Vec::new(),
             tag: format!("{rule}-b"),
         };
         let memory = MemoryStore::new();

@@ -18,6 +18,9 @@ pub struct Budget {
     /// The most one entity may take of each window of each limit, in ppm (fair share).
     pub max_share: Option<u64>,
     pub adaptive: Option<Adaptive>,
+    /// Rules guaranteed a share of each window while they have demand, by rule name, in ppm
+    /// (summing to at most 1). See [`Budget::floor_units`].
+    pub floors: Vec<(String, u64)>,
     /// The Redis Cluster hash tag of the budget and of every entity of every rule that draws from
     /// it (the smallest budget name of the group that rules link together): one script call then
     /// touches one slot. See docs/rules.md, "Shared budgets".
@@ -29,6 +32,13 @@ impl Budget {
     /// (never less than the event's cost: a share never makes an event impossible).
     pub fn share_of(&self, count: u64, cost: u64) -> Option<u64> {
         self.max_share.map(|share| (count * share / PPM).max(cost).max(1))
+    }
+
+    /// The units of a window whose count in force is `count` that each floor holds: `count × floor`,
+    /// rounded down. Before its window starts, a floor's unused units are the floor's rule's
+    /// alone; from its start they are anyone's (a rule with no demand then strands nothing).
+    pub fn floor_units(&self, count: u64) -> impl Iterator<Item = (&str, u64)> {
+        self.floors.iter().map(move |(rule, floor)| (rule.as_str(), count * floor / PPM))
     }
 
     /// Names one share limit inside an entity's state: `share:<budget>:<per>`.

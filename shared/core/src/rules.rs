@@ -394,6 +394,8 @@ impl RuleSet {
         }
         let declared: Vec<String> = top.budgets.iter().flat_map(|b| b.keys().cloned()).collect();
         let specs = validate_budgets(top.budgets.unwrap_or_default(), &mut errors);
+        let named: Vec<String> =
+            top.rules.iter().filter_map(|raw| raw.get("name").and_then(|n| n.as_str()).map(str::to_owned)).collect();
         let mut rules: Vec<Rule> = Vec::new();
         let mut drawn: Vec<Vec<String>> = Vec::new();
         let mut first_index_of: HashMap<String, usize> = HashMap::new();
@@ -442,6 +444,23 @@ impl RuleSet {
                     "cost",
                     format!("{cost} exceeds a limit of budget '{}', so no event could ever be scheduled", budget.name),
                 );
+            }
+        }
+        for budget in budgets.values() {
+            for (name, _) in &budget.floors {
+                if !rules.iter().any(|r| &r.name == name && r.budget(&budget.name).is_some()) {
+                    let label = format!("budget '{}'", budget.name);
+                    let message = if rules.iter().any(|r| &r.name == name) {
+                        format!(
+                            "rule '{name}' does not draw from this budget: a floor is held for a rule that lists it"
+                        )
+                    } else if named.contains(name) {
+                        continue; // The rule's own errors are reported.
+                    } else {
+                        format!("there is no rule '{name}' in this file")
+                    };
+                    RuleErrors { errors: &mut errors, label: &label }.push(&format!("floors.{name}"), message);
+                }
             }
         }
         if errors.list.is_empty() { Ok(RuleSet { rules, default_dlq_topic, budgets }) } else { Err(errors.finish()) }

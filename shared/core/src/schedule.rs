@@ -270,6 +270,8 @@ pub struct EntityState {
 pub struct BudgetState {
     /// By (per, window start): the cost reserved in that window.
     pub windows: BTreeMap<(Millis, Millis), u64>,
+    /// By (per, window start, rule) for each rule holding a floor: its part of that window's cost.
+    pub floor_used: BTreeMap<(Millis, Millis, String), u64>,
     /// By per: the run of full windows the last searches of that limit walked.
     pub runs: BTreeMap<Millis, FullRun>,
     pub paused_until: Option<Millis>,
@@ -338,11 +340,12 @@ struct EntityLimit {
     count: u64,
 }
 
-/// One budget limit as it counts this reservation.
+/// One budget limit as it counts this reservation of an event of `rule`.
 struct BudgetLimit<'a> {
     budget: &'a Budget,
     limit: &'a Limit,
     count: u64,
+    rule: &'a str,
 }
 
 impl Scheduler {
@@ -404,7 +407,7 @@ impl Scheduler {
         let (slot, booked) = (answer.slot, answer.cost);
         answer.corrected = Some(actual);
         let unit = ReserveRequest { cost: 1, ..*request };
-        let shared = budget_limits(&self.budgets, &unit);
+        let shared = budget_limits(&self.budgets, &unit, rule);
         let (_, own) = entity_limits(&entity.state, &unit, &shared);
         let moved = (request.now, slot, actual.abs_diff(booked));
         if actual < booked {
@@ -510,7 +513,7 @@ impl Scheduler {
         given_back: Option<(Millis, u64)>,
     ) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        let shared = budget_limits(&self.budgets, request);
+        let shared = budget_limits(&self.budgets, request, rule);
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
         if let Some((old, cost)) = given_back.filter(|_| !exceeded) {
             give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &shared);
@@ -531,7 +534,11 @@ impl Scheduler {
             commit(&mut entity.state, request, &own, slot);
             for BudgetLimit { budget, limit, .. } in &shared {
                 let (state, per) = (self.budgets.entry(budget.name.clone()).or_default(), limit.per());
-                *state.windows.entry((per, slot.div_euclid(per) * per)).or_default() += request.cost;
+                let window = slot.div_euclid(per) * per;
+                *state.windows.entry((per, window)).or_default() += request.cost;
+                if budget.floors.iter().any(|(member, _)| member == rule) {
+                    *state.floor_used.entry((per, window, rule.to_owned())).or_default() += request.cost;
+                }
             }
             Status::Reserved
         };
@@ -681,7 +688,7 @@ fn shift_budget_windows(
     (now, slot): (Millis, Millis),
     delta: i64,
 ) {
-    for BudgetLimit { budget, limit, .. } in shared {
+    for BudgetLimit { budget, limit, rule, .. } in shared {
         let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
         let spread = limit.window() != Window::Fixed(Placement::Start);
         if window + per <= now || (delta < 0 && spread) {
@@ -690,10 +697,14 @@ fn shift_budget_windows(
         let Some(held) = budgets.get_mut(&budget.name) else { continue };
         let Some(used) = held.windows.get_mut(&(per, window)) else { continue };
         *used = used.saturating_add_signed(delta);
+        let least = *used;
+        if let Some(part) = held.floor_used.get_mut(&(per, window, rule.to_string())) {
+            *part = part.saturating_add_signed(delta);
+        }
         if delta < 0
             && let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window))
         {
-            run.least = run.least.min(*used);
+            run.least = run.least.min(least);
         }
     }
 }
@@ -726,7 +737,7 @@ fn entity_limits(
             EntityLimit { id: state_id(limit), limit: *limit, count: adapted_count(limit, base, level, request.cost) }
         })
         .collect();
-    for BudgetLimit { budget, limit, count } in shared {
+    for BudgetLimit { budget, limit, count, .. } in shared {
         exceeded |= request.cost > limit.limit();
         if let Some(share) = budget.share_of(*count, request.cost) {
             let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
@@ -740,13 +751,18 @@ fn budget_level(budget: &Budget, state: Option<&BudgetState>, now: Millis) -> Op
     budget.adaptive.map(|a| a.level(state.and_then(|s| s.adaptive), adaptive_window(&budget.limits), now))
 }
 
-/// Every limit of every budget the request draws from, with its count in force now.
-fn budget_limits<'a>(budgets: &HashMap<String, BudgetState>, request: &ReserveRequest<'a>) -> Vec<BudgetLimit<'a>> {
+/// Every limit of every budget the request (an event of `rule`) draws from, with its count in force now.
+fn budget_limits<'a>(
+    budgets: &HashMap<String, BudgetState>,
+    request: &ReserveRequest<'a>,
+    rule: &'a str,
+) -> Vec<BudgetLimit<'a>> {
     let mut shared = Vec::new();
     for budget in request.budgets {
         let level = budget_level(budget, budgets.get(&budget.name), request.now);
         for limit in &budget.limits {
-            shared.push(BudgetLimit { budget, limit, count: adapted_count(limit, limit.limit(), level, request.cost) });
+            let count = adapted_count(limit, limit.limit(), level, request.cost);
+            shared.push(BudgetLimit { budget, limit, count, rule });
         }
     }
     shared
@@ -779,9 +795,8 @@ fn earliest_slot<'a>(
             })
             .fold(t, Millis::max);
         for (l, run) in shared.iter().zip(&mut runs) {
-            let windows = budgets.get(&l.budget.name).map(|s| &s.windows);
             let accepted;
-            (accepted, *run) = budget_accepts(windows, *run, l, request, t);
+            (accepted, *run) = budget_accepts(budgets.get(&l.budget.name), *run, l, request, t);
             next = next.max(accepted);
         }
         if next == t {
@@ -793,10 +808,10 @@ fn earliest_slot<'a>(
 }
 
 /// The earliest time ≥ `t` at which one budget limit accepts the request's cost more: the first
-/// window from `t`'s with room (a window past the horizon ends the search: the event is late
-/// whatever it holds), and the limit's run of full windows after this search.
+/// window from `t`'s with room ([`window_takes`]; a window past the horizon ends the search: the
+/// event is late whatever it holds), and the limit's run of full windows after this search.
 fn budget_accepts(
-    windows: Option<&BTreeMap<(Millis, Millis), u64>>,
+    held: Option<&BudgetState>,
     run: Option<FullRun>,
     limit: &BudgetLimit<'_>,
     request: &ReserveRequest<'_>,
@@ -817,8 +832,10 @@ fn budget_accepts(
             (window, jumped) = (r.through + per, true);
             continue;
         }
-        let used = windows.and_then(|w| w.get(&(per, window)).copied()).unwrap_or(0);
-        if used + cost <= n {
+        let used = held.and_then(|s| s.windows.get(&(per, window)).copied()).unwrap_or(0);
+        let used_by = |rule: &str| held.and_then(|s| s.floor_used.get(&(per, window, rule.to_owned())).copied());
+        let started = window <= request.now;
+        if window_takes(limit, (used, used_by), cost, started) {
             let spread = limit.limit.window() == Window::Fixed(Placement::Spread);
             break t.max(if spread { spread_position(window, used, per - margin, n) } else { window });
         }
@@ -899,6 +916,37 @@ fn earliest_accepted(
             _ => t,
         },
     }
+}
+
+/// Whether a budget window with `n` in force, holding `used` (of which `used_by(rule)` by each
+/// rule holding a floor), takes `cost` more of the limit's rule: never past `n`; and before the
+/// window starts, what the cost takes beyond its own rule's unused floor must leave every other
+/// floor's unused units free (the window's total plus every unused floor stays within `n`). Once
+/// the window has started, unused floors are anyone's. A cost within its own floor needs only
+/// room, so a floor holds even after the count in force fell.
+fn window_takes(
+    limit: &BudgetLimit<'_>,
+    (used, used_by): (u64, impl Fn(&str) -> Option<u64>),
+    cost: u64,
+    started: bool,
+) -> bool {
+    let n = limit.count;
+    if used + cost > n {
+        return false;
+    }
+    if started || limit.budget.floors.is_empty() {
+        return true;
+    }
+    let (mut unused, mut own_unused) = (0, 0);
+    for (member, units) in limit.budget.floor_units(n) {
+        let left = units.saturating_sub(used_by(member).unwrap_or(0));
+        unused += left;
+        if member == limit.rule {
+            own_unused = left;
+        }
+    }
+    let borrowed = cost.saturating_sub(own_unused);
+    borrowed == 0 || used + unused + borrowed <= n
 }
 
 /// Where `spread` placement puts the next event of a window holding `used` of `n`: evenly over the
@@ -1206,6 +1254,7 @@ mod budget_tests {
             limits: vec![Limit::new(limit, SECOND, Window::Fixed(placement)).unwrap()],
             max_share,
             adaptive: None,
+            floors: Vec::new(),
             tag: "gateway".into(),
         })
     }
@@ -1286,6 +1335,7 @@ mod budget_tests {
             events in proptest::collection::vec((0u8..6, 1u64..4, 0i64..4_000, 0u8..3), 1..120),
             count in 2u64..6,
             adaptive_signals in proptest::collection::vec(0usize..120, 0..3),
+            floors in proptest::option::of((0u64..=600_000, 0u64..=400_000)),
         ) {
             let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 200_000, step: 100_000, latency: None };
             let budget = Arc::new(Budget {
@@ -1294,6 +1344,7 @@ mod budget_tests {
                     Limit::new(count * 3, 5 * SECOND, Window::Fixed(Placement::Spread)).unwrap(),
                 ],
                 adaptive: Some(adaptive),
+                floors: floors.map_or_else(Vec::new, |(r0, r1)| vec![("r0".into(), r0), ("r1".into(), r1)]),
                 ..(*budget(count, Placement::Start, None)).clone()
             });
             let budgets = [budget.clone()];
@@ -1314,12 +1365,65 @@ mod budget_tests {
                     margin: Millis::from(margin) * 100,
                     ..request(&id, &own, now)
                 };
-                let key = format!("k{key}");
-                let a = fast.reserve("r", &key, &request);
-                let b = without_runs(&mut plain).reserve("r", &key, &request);
+                let (rule, key) = (format!("r{}", key % 3), format!("k{key}"));
+                let a = fast.reserve(&rule, &key, &request);
+                let b = without_runs(&mut plain).reserve(&rule, &key, &request);
                 proptest::prop_assert_eq!((a.slot, a.status), (b.slot, b.status), "event {}", i);
             }
         }
+    }
+
+    fn reserve_for(s: &mut Scheduler, rule: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Millis {
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
+        s.reserve(rule, "k", &request).slot
+    }
+
+    #[test]
+    fn a_floor_keeps_its_share_of_each_window_from_a_flood_booked_ahead() {
+        let budgets = [Arc::new(Budget {
+            floors: vec![("small".into(), 300_000)],
+            ..(*budget(10, Placement::Start, None)).clone()
+        })];
+        let mut s = Scheduler::new();
+        let flood: Vec<Millis> = (0..40).map(|i| reserve_for(&mut s, "big", &format!("b{i}"), 0, &budgets)).collect();
+        // Window 0 has started (its floor is anyone's); later windows keep 3 of 10 for `small`.
+        assert_eq!(flood.iter().filter(|&&t| t == 0).count(), 10);
+        for window in [1_000, 2_000, 3_000, 4_000] {
+            assert_eq!(flood.iter().filter(|&&t| t == window).count(), 7, "window {window}");
+        }
+        assert_eq!(flood.iter().filter(|&&t| t == 5_000).count(), 2);
+        // `small` arrives after the flood and books its floor of the first window that has one.
+        let small: Vec<Millis> =
+            (0..4).map(|i| reserve_for(&mut s, "small", &format!("s{i}"), 500, &budgets)).collect();
+        assert_eq!(small, [1_000, 1_000, 1_000, 2_000]);
+        let state = s.budget_state("gateway").unwrap();
+        assert_eq!(state.windows[&(SECOND, 1_000)], 10);
+        assert_eq!(state.floor_used[&(SECOND, 2_000, "small".to_owned())], 1);
+        // Without the floor, `small` would have waited behind the whole flood.
+        let plain = [budget(10, Placement::Start, None)];
+        let mut s = Scheduler::new();
+        (0..40).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &plain));
+        assert_eq!(reserve_for(&mut s, "small", "s0", 500, &plain), 4_000);
+    }
+
+    #[test]
+    fn an_unused_floor_is_anyone_s_once_its_window_starts() {
+        let budgets = [Arc::new(Budget {
+            floors: vec![("small".into(), 300_000)],
+            ..(*budget(10, Placement::Start, None)).clone()
+        })];
+        let mut s = Scheduler::new();
+        (0..38).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &budgets));
+        // Before window 1s starts, another rule cannot borrow `small`'s 3 units there: it goes to
+        // the first window with room beside the floor (5s, still empty).
+        assert_eq!(reserve_for(&mut s, "other", "o0", 900, &budgets), 5_000);
+        // Once it has started, they are free to whoever asks first.
+        let started: Vec<Millis> =
+            (1..5).map(|i| reserve_for(&mut s, "other", &format!("o{i}"), 1_000, &budgets)).collect();
+        assert_eq!(started, [5_000, 5_000, 5_000, 5_000], "FIFO: `other`'s next events follow its first");
+        assert_eq!(reserve_for(&mut s, "third", "t0", 1_000, &budgets), 1_000);
+        assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 1_000)], 8);
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn configurations() -> Vec<Configuration> {
         limits: vec![Limit::new(1_000_000, SECOND, Window::Fixed(Placement::Spread)).unwrap()],
         max_share: Some(200_000),
         adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000, latency: None }),
+        floors: Vec::new(),
         tag: "bench-gateway".into(),
     });
     vec![
@@ -337,6 +338,7 @@ async fn full_calendar(
             limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
             max_share: None,
             adaptive: None,
+            floors: Vec::new(),
             tag: format!("bench-calendar-{ahead}"),
         });
         let key = drip_store::budget_key("bench", &budget);

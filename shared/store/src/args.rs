@@ -260,6 +260,11 @@ impl ReserveArgs {
                     .int("budget.limit.count", limit.limit() as i64)
                     .str("budget.limit.kind", script_kind(limit));
             });
+            args.section("budget.floors", &budget.floors, |args, (rule, floor)| {
+                args.str("budget.floor.rule", rule)
+                    .int("budget.floor.ppm", *floor as i64)
+                    .int("budget.floor.own", i64::from(*rule == request.rule));
+            });
             // The fields its HMGET names: pause, adaptive level, expiry, each limit's oldest window
             // and each limit's run of full windows.
             args.str("budget_field", field::PAUSE)

@@ -108,6 +108,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         for (name, value) in &fields {
             if let Some((per, run)) = field::parse_budget_run(name, value) {
                 state.runs.insert(per, run);
+            } else if let Some((per, window, rule)) = field::parse_budget_floor(name)
+                && let Ok(used) = value.parse()
+            {
+                state.floor_used.insert((per, window, rule.to_owned()), used);
             } else if let Some(window) = field::parse_budget_window(name)
                 && let Ok(used) = value.parse()
             {

@@ -235,6 +235,18 @@ pub mod field {
         Some((per.parse().ok()?, window.parse().ok()?))
     }
 
+    /// A floor-holding rule's part of a budget window: `<per>:<window>:f:<rule>`.
+    pub fn budget_floor(per: Millis, window: Millis, rule: &str) -> String {
+        format!("{per}:{window}:f:{rule}")
+    }
+
+    /// A `<per>:<window>:f:<rule>` field as its window and rule, if it is one.
+    pub fn parse_budget_floor(name: &str) -> Option<(Millis, Millis, &str)> {
+        let (window, rule) = name.split_once(":f:")?;
+        let (per, window) = parse_budget_window(window)?;
+        Some((per, window, rule))
+    }
+
     /// A budget limit's oldest window the hash may hold (older ones are dropped when it moves).
     pub fn budget_oldest(per: Millis) -> String {
         format!("lo:{per}")

@@ -1,6 +1,6 @@
 //! The contract between the Rust encoder and reserve.lua, pinned: the keys and arguments of one
 //! rich call (two events: a fixed, a sliding and a gcra limit with a floor, a delivery margin and
-//! an adaptive level, and a shared budget with a fair share and its own adaptive level). A change to
+//! an adaptive level, and a shared budget with a fair share, its own adaptive level and floors for two rules). A change to
 //! the contract shows as a diff of `golden/reserve_args.txt`; `DRIP_BLESS=1` rewrites it.
 
 use drip_core::rules::{RuleSet, ServiceRules};
@@ -14,6 +14,7 @@ budgets:
     limits: [ { limit: 100, per: 1s, placement: spread } ]
     max_share: 0.25
     adaptive: { margin: 0.1, decrease: 0.5, min: 0.2 }
+    floors: { payouts: 0.2, refunds: 0.1 }
 rules:
   - name: payouts
     match: { attributes: { event_type: payout } }
@@ -25,6 +26,14 @@ rules:
     budgets: [partner]
     adaptive: { margin: 0.1, decrease: 0.8, min: 0.25 }
     delivery_margin: 100ms
+    max_delay: 1h
+    forward: { topic: ready }
+    overflow_topic: overflow
+  - name: refunds
+    match: { attributes: { event_type: refund } }
+    key: "merchant_{attributes.merchant}"
+    limits: [ { limit: 10, per: 1s } ]
+    budgets: [partner]
     max_delay: 1h
     forward: { topic: ready }
     overflow_topic: overflow

@@ -116,7 +116,7 @@ pub(super) struct RawTop {
     pub(super) budgets: Option<BTreeMap<String, Value>>,
 }
 
-/// A budget: its limits, or `{ limits, max_share, adaptive }`.
+/// A budget: its limits, or `{ limits, max_share, adaptive, floors }`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub(super) enum RawBudget {
@@ -133,6 +133,10 @@ pub(super) struct RawBudgetFields {
     #[schemars(range(min = 0.000001, max = 1))]
     pub(super) max_share: Option<f64>,
     pub(super) adaptive: Option<RawAdaptive>,
+    /// By rule name: the share of each window that rule can always book while it has demand
+    /// (e.g. 0.1), each above 0, together at most 1. What no floor holds is anyone's.
+    #[schemars(extend("additionalProperties" = { "type": "number", "exclusiveMinimum": 0, "maximum": 1 }))]
+    pub(super) floors: Option<BTreeMap<String, f64>>,
 }
 
 /// AIMD: a 429, 5xx or timeout from the downstream lowers the counts to a level, which climbs

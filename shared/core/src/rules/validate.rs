@@ -256,12 +256,12 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
             continue;
         }
         let fields = match deserialize::<RawBudget>(value) {
-            Ok(RawBudget::Limits(limits)) => RawBudgetFields { limits, max_share: None, adaptive: None },
+            Ok(RawBudget::Limits(limits)) => RawBudgetFields { limits, max_share: None, adaptive: None, floors: None },
             Ok(RawBudget::Full(fields)) => fields,
             Err(_) => {
                 errors.push(
                     "",
-                    "expected a list of limits or { limits, max_share, adaptive } (fields: limit, per, placement)"
+                    "expected a list of limits or { limits, max_share, adaptive, floors } (fields: limit, per, placement)"
                         .into(),
                 );
                 continue;
@@ -301,11 +301,43 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
                 None
             }
         };
+        let floors = validate_floors(fields.floors.unwrap_or_default(), &mut errors);
+        ok &= floors.is_some();
         if ok {
-            budgets.insert(name.clone(), Budget { name, limits, max_share, adaptive, tag: String::new() });
+            let floors = floors.unwrap_or_default();
+            budgets.insert(name.clone(), Budget { name, limits, max_share, adaptive, floors, tag: String::new() });
         }
     }
     budgets
+}
+
+/// A budget's floors in ppm, each above 0 and together at most 1 (which rules they name is checked
+/// once the rules are read).
+fn validate_floors(raw: BTreeMap<String, f64>, errors: &mut RuleErrors<'_, '_>) -> Option<Vec<(String, u64)>> {
+    let mut floors = Vec::new();
+    for (rule, floor) in &raw {
+        match fraction_ppm(*floor).filter(|&ppm| ppm > 0) {
+            Some(ppm) => floors.push((rule.clone(), ppm)),
+            None => {
+                errors.push(&format!("floors.{rule}"), format!("must be a fraction above 0 and at most 1, got {floor}"))
+            }
+        }
+    }
+    if floors.len() < raw.len() {
+        return None;
+    }
+    let sum: u64 = floors.iter().map(|(_, ppm)| ppm).sum();
+    if sum > PPM {
+        let terms: Vec<String> = raw.iter().map(|(rule, floor)| format!("{rule} {floor}")).collect();
+        let message = format!(
+            "sum to {} ({}): at most 1, since every floor must fit in each window at once",
+            sum as f64 / PPM as f64,
+            terms.join(" + ")
+        );
+        errors.push("floors", message);
+        return None;
+    }
+    Some(floors)
 }
 
 /// Gives every budget its hash tag: budgets that one rule draws from together must live on one
