@@ -100,6 +100,14 @@ fn render(report: &EntityReport) -> String {
                 limit.limit, limit.used_now, limit.capacity, limit.ahead
             );
         }
+        for floor in &budget.floors {
+            for (limit, held) in budget.limits.iter().zip(&floor.limits) {
+                out += &format!(
+                    "  floor {} {}: {} of {} units of each {} window; {} used now, {} booked ahead\n",
+                    floor.rule, floor.floor, held.units, limit.capacity, limit.limit, held.used_now, held.ahead
+                );
+            }
+        }
         if let Some(until) = &budget.paused_until {
             out += &format!("  paused until {until}\n");
         }

@@ -34,7 +34,28 @@ budgets:
     limits: [ { limit: 4, per: 1d } ]
     max_share: 0.5
     adaptive: { margin: 0, decrease: 0.5, min: 0.25 }
+  gateway:
+    limits: [ { limit: 4, per: 1h } ]
+    floors: { otp: 0.5 }
 rules:
+  - name: blast
+    match: { attributes: { event_type: blast } }
+    key: "campaign_{attributes.campaign}"
+    limits: [ { limit: 1000, per: 1h } ]
+    budgets: [gateway]
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: sms-ready }
+    overflow_topic: sms-overflow
+  - name: otp
+    match: { attributes: { event_type: otp } }
+    key: "user_{attributes.user}"
+    limits: [ { limit: 10, per: 1h } ]
+    budgets: [gateway]
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: sms-ready }
+    overflow_topic: sms-overflow
   - name: inline
     match: { attributes: { event_type: inline } }
     key: "merchant_{attributes.merchant}"
@@ -749,6 +770,31 @@ async fn a_flood_from_one_tenant_leaves_the_others_their_share_of_a_budget() {
         (Some("partner"), Some(4)),
         "{report}"
     );
+}
+
+/// A blast of one rule booked hours ahead leaves the other rule its floor of each later window:
+/// an OTP sent after the blast goes out in the next hour, not after the blast.
+#[tokio::test]
+async fn a_floor_keeps_a_rule_its_share_of_a_budget_a_blast_booked_ahead() {
+    let l = limiter();
+    for i in 0..12 {
+        assert_eq!(
+            l.push(&format!("b{i}"), &[("event_type", "blast"), ("campaign", "c")], b"{}").await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    let hour = drip_core::time::HOUR;
+    let next = (drip_core::time::wall_clock_millis() / hour + 1) * hour;
+    assert_eq!(l.published("sms-ready").len(), 4, "the current hour has started: its floor is anyone's");
+    let blast: Vec<drip_core::time::Millis> = l.tasks().iter().map(|t| t.at).collect();
+    assert_eq!(blast, [0, 0, 1, 1, 2, 2, 3, 3].map(|h| next + h * hour), "2 of each later hour's 4");
+    assert_eq!(l.push("o1", &[("event_type", "otp"), ("user", "u")], b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(l.tasks().last().map(|t| t.at), Some(next), "the OTP takes its floor of the next hour");
+    let (_, report) = l.send("GET", "/v1/rules/otp/keys/user_u", None).await;
+    let floor = &report["budgets"][0]["floors"][0];
+    assert_eq!((floor["rule"].as_str(), floor["floor"].as_f64()), (Some("otp"), Some(0.5)), "{report}");
+    let held = &floor["limits"][0];
+    assert_eq!((held["units"].as_u64(), held["usedNow"].as_u64(), held["ahead"].as_u64()), (Some(2), Some(0), Some(1)));
 }
 
 #[tokio::test]

@@ -227,6 +227,26 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
                 ),
             ));
         }
+        if before.floors != after.floors {
+            let show = |floors: &[(String, u64)]| {
+                let each: Vec<String> = floors
+                    .iter()
+                    .map(|(rule, f)| format!("{rule} {}", *f as f64 / crate::budgets::PPM as f64))
+                    .collect();
+                if each.is_empty() { "none".to_owned() } else { each.join(", ") }
+            };
+            edits.push(edit(
+                Safety::Safe,
+                format!(
+                    "budget '{}' floors {} -> {}: from the next reservation, in every window that has not started; \
+                     what windows already hold stays booked (a new floor holds only what they have left), and a \
+                     floor's rule's events booked before it are not counted as its part",
+                    after.name,
+                    show(&before.floors),
+                    show(&after.floors)
+                ),
+            ));
+        }
     }
     if old.delivery_margin != new.delivery_margin || old.overflow_url != new.overflow_url {
         edits.push(edit(
@@ -332,6 +352,16 @@ rules:
         let kyc = edits(&super::diff(&parse(&with_budget), &parse(&raised)), "kyc");
         assert_eq!(kyc.len(), 1);
         assert_eq!(kyc[0].0, Safety::Safe, "{kyc:?}");
+        let floored = raised.replacen(
+            "  gateway: [ { limit: 80, per: 1s } ]\n",
+            "  gateway: { limits: [ { limit: 80, per: 1s } ], floors: { kyc: 0.25 } }\n",
+            1,
+        );
+        let kyc = edits(&super::diff(&parse(&raised), &parse(&floored)), "kyc");
+        assert!(
+            matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("floors none -> kyc 0.25")),
+            "{kyc:?}"
+        );
         let margin = OLD.replacen("    key: \"k\"\n", "    key: \"k\"\n    delivery_margin: 100ms\n", 1);
         let kyc = edits(&super::diff(&parse(OLD), &parse(&margin)), "kyc");
         assert!(matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("delivery_margin")), "{kyc:?}");

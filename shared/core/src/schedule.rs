@@ -1243,9 +1243,11 @@ mod override_tests {
 
 #[cfg(test)]
 mod budget_tests {
+    use proptest::strategy::{Just, Strategy};
+
     use super::tests::request;
     use super::*;
-    use crate::budgets::Adaptive;
+    use crate::budgets::{Adaptive, PPM};
     use crate::time::SECOND;
 
     fn budget(limit: u64, placement: Placement, max_share: Option<u64>) -> Arc<Budget> {
@@ -1405,6 +1407,41 @@ mod budget_tests {
         let mut s = Scheduler::new();
         (0..40).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &plain));
         assert_eq!(reserve_for(&mut s, "small", "s0", 500, &plain), 4_000);
+    }
+
+    proptest::proptest! {
+        /// Whatever another rule (with or without a floor of its own) booked ahead, a rule whose
+        /// floor holds `units` of each window books `units / cost` events into every window that
+        /// had not started: its i-th event lies no later than window `1 + i / (units / cost)`.
+        #[test]
+        fn a_floor_s_rule_books_its_floor_of_every_window_whatever_was_booked_ahead(
+            count in 2u64..20,
+            (floor, other) in (50_000u64..=PPM).prop_flat_map(|f| (Just(f), 0..=PPM - f)),
+            flood in proptest::collection::vec(1u64..4, 0..200),
+            small in 1usize..40,
+            cost in 1u64..4,
+        ) {
+            let units = count * floor / PPM;
+            proptest::prop_assume!(units >= cost);
+            let floors = vec![("small".to_owned(), floor), ("big".to_owned(), other)];
+            let budgets = [Arc::new(Budget { floors, ..(*budget(count, Placement::Start, None)).clone() })];
+            let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let mut s = Scheduler::new();
+            for (i, c) in flood.iter().enumerate() {
+                let id = format!("b{i}");
+                let request = ReserveRequest { cost: (*c).min(count), max_delay: 1_000 * SECOND, budgets: &budgets, ..request(&id, &limits, 0) };
+                s.reserve("big", "k", &request);
+            }
+            for i in 0..small {
+                let id = format!("s{i}");
+                let request = ReserveRequest { cost, max_delay: 1_000 * SECOND, budgets: &budgets, ..request(&id, &limits, 500) };
+                let slot = s.reserve("small", "k", &request).slot;
+                let bound = (1 + i as u64 / (units / cost)) as Millis * SECOND;
+                proptest::prop_assert!(slot <= bound, "event {} at {} after {:?}", i, slot, s.budget_state("gateway"));
+            }
+            let state = s.budget_state("gateway").unwrap();
+            proptest::prop_assert!(state.windows.values().all(|&used| used <= count), "{:?}", state.windows);
+        }
     }
 
     #[test]

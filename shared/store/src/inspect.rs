@@ -64,6 +64,29 @@ pub struct BudgetReport {
     pub adaptive_level: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<LatencyView>,
+    /// Each rule's floor and what that rule holds of it (docs/rules.md: "Floors in a shared budget").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub floors: Vec<FloorReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FloorReport {
+    pub rule: String,
+    /// The share of each window held for the rule until the window starts.
+    pub floor: f64,
+    /// Per limit of the budget, in its order.
+    pub limits: Vec<FloorUse>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FloorUse {
+    /// The units of each window held for the rule at the count in force now.
+    pub units: u64,
+    /// The rule's cost in the current window, and in the windows after it.
+    pub used_now: u64,
+    pub ahead: u64,
 }
 
 /// The latency controller's state of a key or budget (docs/rules.md: "Latency as the leading signal").
@@ -495,5 +518,24 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
         paused_until: state.paused_until.filter(|&until| until > now).map(format_rfc3339),
         adaptive_level: level.map(|level| level as f64 / PPM as f64),
         latency: latency_view(budget.adaptive, state.latency, adaptive_window(&budget.limits)),
+        floors: floor_reports(budget, state, level, now),
     }
+}
+
+fn floor_reports(budget: &Budget, state: &BudgetState, level: Option<u64>, now: Millis) -> Vec<FloorReport> {
+    let floors = budget.floors.iter().map(|(rule, floor)| {
+        let limits = budget.limits.iter().map(|limit| {
+            let (per, count) = (limit.per(), adapted_count(limit, limit.limit(), level, 1));
+            let current = now.div_euclid(per) * per;
+            let part = |w: Millis| state.floor_used.get(&(per, w, rule.clone())).copied().unwrap_or(0);
+            let ahead = state.floor_used.range((per, current + per, String::new())..(per, Millis::MAX, String::new()));
+            FloorUse {
+                units: count * floor / PPM,
+                used_now: part(current),
+                ahead: ahead.filter(|((_, _, r), _)| r == rule).map(|(_, &used)| used).sum(),
+            }
+        });
+        FloorReport { rule: rule.clone(), floor: *floor as f64 / PPM as f64, limits: limits.collect() }
+    });
+    floors.collect()
 }
