@@ -35,6 +35,10 @@ pub struct Scenario {
 pub struct Shared {
     /// The budgets every event draws from.
     pub budgets: Vec<Arc<Budget>>,
+    /// The rule's classes calendar (`Classes::calendar`, floors named `c0`, `c1`, ...) when it has
+    /// classes, and what a classed event draws from: it, then `budgets`.
+    pub classes: Option<Arc<Budget>>,
+    pub draws: Vec<Arc<Budget>>,
     /// The entities are split over this many rules (entity `e` is rule `e % rules`'s), so that
     /// budgets' floors (naming rules `r0`, `r1`, ...) have rules to hold for; 0 or 1: one rule.
     pub rules: usize,
@@ -52,6 +56,14 @@ pub struct Shared {
 }
 
 impl Scenario {
+    /// The entity that reserves `arrival`: its key, or for a rule with classes `<key>#c<class>`.
+    pub fn entity_key(&self, arrival: &Arrival) -> String {
+        match self.shared.classes {
+            Some(_) => format!("entity_{}#c{}", arrival.entity, arrival.class),
+            None => arrival.key(),
+        }
+    }
+
     /// The rule of `entity`'s events, for a run whose rule is named `base`: `base` itself, or
     /// `base-r<i>` when the entities are split over rules (and budgets' floors name `r<i>`).
     pub fn rule_of(&self, base: &str, entity: usize) -> String {
@@ -107,6 +119,8 @@ pub struct Arrival {
     pub reslot: Option<OldSlot>,
     /// A frontier carried over from the rule's previous key.
     pub floor: Option<Millis>,
+    /// Its class, for a rule with classes (`Shared::classes`).
+    pub class: usize,
 }
 
 impl Arrival {
@@ -172,6 +186,7 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                         redelivery: false,
                         reslot: None,
                         floor: None,
+                        class: 0,
                     },
                 };
                 events.push(event);
@@ -598,7 +613,15 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                         let second = (r1 > 0).then(|| ("r1".to_owned(), r1));
                         std::iter::once(("r0".to_owned(), r0)).chain(second).collect()
                     });
-                    Arc::new(Budget { name: format!("b{i}"), limits, max_share, adaptive, floors, tag: "b0".into() })
+                    Arc::new(Budget {
+                        name: format!("b{i}"),
+                        limits,
+                        max_share,
+                        adaptive,
+                        floors,
+                        per_key: false,
+                        tag: "b0".into(),
+                    })
                 })
                 .collect();
             let rules = if budgets.iter().any(|b| !b.floors.is_empty()) { 2 } else { 1 };
@@ -773,4 +796,103 @@ pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> R
     } else {
         check_budget_bounds(&scenario, answers)
     }
+}
+
+/// A rule with classes (two or three, `c0` and sometimes `c1` holding a reserve) over fixed limits,
+/// with or without shared budgets (their floors, fair shares, pauses), new slots for redeliveries
+/// and republished ids: each key's classes share its calendar, each class its own FIFO.
+pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let classes = (2usize..=3, 150_000u64..=600_000, prop::option::weighted(0.5, 100_000u64..=300_000));
+    let picks = prop::collection::vec(0usize..3, max_events);
+    (scenario_with_budgets(max_events), prop::bool::weighted(0.3), classes, picks).prop_map(
+        |(mut scenario, keep_budgets, (count, c0, c1), picks)| {
+            if !keep_budgets {
+                scenario.shared.budgets.clear();
+                scenario.shared.budget_pauses.clear();
+                scenario.shared.rules = 1;
+            }
+            scenario.shared.adaptive = None;
+            scenario.shared.signals.retain(|s| s.1.is_none() && keep_budgets);
+            scenario.overrides.clear();
+            scenario.pauses.clear();
+            let mut seen = std::collections::HashSet::new();
+            let limits: Vec<Limit> = scenario
+                .limits
+                .iter()
+                .filter(|l| seen.insert(l.per()))
+                .map(|l| {
+                    // Counts of 4 or more, so that reserves hold whole units.
+                    let window = if matches!(l.window(), Window::Fixed(_)) {
+                        l.window()
+                    } else {
+                        Window::Fixed(Placement::Start)
+                    };
+                    Limit::new(l.limit() + 3, l.per(), window).unwrap()
+                })
+                .collect();
+            let smallest = limits.iter().map(Limit::limit).min().unwrap_or(1);
+            // Arrivals five times as dense: backlogs that book ahead, where reserves matter.
+            let start = scenario.events.first().map_or(0, |a| a.now);
+            for arrival in &mut scenario.events {
+                arrival.now = start + (arrival.now - start) / 5;
+                arrival.published = start + (arrival.published - start) / 5;
+            }
+            for (arrival, pick) in scenario.events.iter_mut().zip(&picks) {
+                arrival.cost = arrival.cost.min(smallest);
+                if !arrival.redelivery {
+                    arrival.class = pick % count;
+                }
+            }
+            // A redelivery is the same message: the class of its first delivery.
+            let first: HashMap<String, usize> =
+                scenario.events.iter().filter(|a| !a.redelivery).map(|a| (a.id.clone(), a.class)).collect();
+            for arrival in &mut scenario.events {
+                arrival.class = first.get(&arrival.id).copied().unwrap_or(arrival.class);
+            }
+            let floors = std::iter::once(("c0".to_owned(), c0)).chain(c1.map(|c1| ("c1".to_owned(), c1))).collect();
+            let calendar = Arc::new(Budget {
+                name: "classes".into(),
+                limits: limits.clone(),
+                max_share: None,
+                adaptive: None,
+                floors,
+                per_key: true,
+                tag: String::new(),
+            });
+            scenario.limits = limits;
+            scenario.shared.draws =
+                std::iter::once(calendar.clone()).chain(scenario.shared.budgets.iter().cloned()).collect();
+            scenario.shared.classes = Some(calendar);
+            scenario
+        },
+    )
+}
+
+/// For scenarios with classes: per key and class, slots never go backwards; per key, every window
+/// of each of the rule's limits holds at most its count over all classes; every budget window at
+/// most its count.
+pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let mut in_use = InUse::default();
+    let mut frontiers: HashMap<(usize, usize), Millis> = HashMap::new();
+    for (arrival, answer) in scenario.events.iter().zip(answers) {
+        if answer.replayed() {
+            continue;
+        }
+        in_use.take(arrival, answer);
+        if answer.status != Status::Reserved {
+            continue;
+        }
+        let last = frontiers.insert((arrival.entity, arrival.class), answer.slot);
+        if last.is_some_and(|last| answer.slot < last) {
+            return Err(format!("{arrival:?} got {answer:?}, before its class's previous slot"));
+        }
+    }
+    let (ledgers, everyone) = in_use.sorted();
+    for (entity, ledger) in &ledgers {
+        check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}, all classes: {e}"))?;
+    }
+    for budget in &scenario.shared.budgets {
+        check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {}: {e}", budget.name))?;
+    }
+    Ok(())
 }

@@ -42,6 +42,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             budgets: &shared.budgets,
             adaptive: shared.adaptive,
             margin: shared.margin,
+            class: None,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

@@ -13,10 +13,10 @@ use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_corrected_bounds, check_delivery_bounds,
-    check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds, check_schedule, scenario,
-    scenario_with_an_edit, scenario_with_budgets, scenario_with_corrections, scenario_with_margin,
-    scenario_with_overrides, scenario_with_pauses,
+    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
+    check_delivery_bounds, check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds,
+    check_schedule, scenario, scenario_with_an_edit, scenario_with_budgets, scenario_with_classes,
+    scenario_with_corrections, scenario_with_margin, scenario_with_overrides, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -44,7 +44,7 @@ async fn run_all(
     for batch in if batches.is_empty() { &alone } else { batches } {
         let (i, arrival) = (batch.start, &scenario.events[batch.start]);
         for &(_, of, actual) in scenario.shared.corrections.iter().filter(|c| c.0 == i) {
-            let key = scenario.events[of].key();
+            let key = scenario.entity_key(&scenario.events[of]);
             let request = SlotRequest { reslot: None, ..request_of(scenario, &rules[of], &key, of) }.at(arrival.now);
             corrections.push(store.correct_cost(&request, actual).await.expect("correct_cost"));
         }
@@ -62,7 +62,7 @@ async fn run_all(
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
         }
-        let keys: Vec<String> = scenario.events[batch.clone()].iter().map(Arrival::key).collect();
+        let keys: Vec<String> = scenario.events[batch.clone()].iter().map(|a| scenario.entity_key(a)).collect();
         let requests: Vec<SlotRequest> =
             batch.clone().zip(&keys).map(|(j, key)| request_of(scenario, &rules[j], key, j)).collect();
         let reserved = store.reserve_all(&requests).await;
@@ -92,6 +92,13 @@ fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize)
         adaptive: scenario.shared.adaptive,
         margin: scenario.shared.margin,
         ..ReserveRequest::new(&arrival.id, scenario.limits_at(j), arrival.now)
+    };
+    // A rule with classes: the key's calendar holds the rule's limits, the entity none.
+    let event = match (&scenario.shared.classes, drip_core::rules::Classes::split(key)) {
+        (Some(_), Some(class)) => {
+            ReserveRequest { limits: &[], budgets: &scenario.shared.draws, class: Some(class), ..event }
+        }
+        _ => event,
     };
     SlotRequest {
         reslot: arrival.reslot,
@@ -146,7 +153,8 @@ trait Overridable: Store {
 }
 
 fn rule_ref<'a>(rule: &'a str, scenario: &'a Scenario) -> RuleRef<'a> {
-    RuleRef { id: rule, tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()) }
+    let tag = scenario.shared.budgets.first().map(|b| b.tag.as_str());
+    RuleRef { id: rule, tag, classed: scenario.shared.classes.is_some() }
 }
 
 impl Overridable for MemoryStore {
@@ -235,6 +243,10 @@ fn with_own_budgets(mut scenario: Scenario, rule: &str) -> Scenario {
         Arc::new(Budget { name, tag, floors, ..(**b).clone() })
     });
     scenario.shared.budgets = budgets.collect();
+    if let Some(calendar) = &scenario.shared.classes {
+        scenario.shared.draws =
+            std::iter::once(calendar.clone()).chain(scenario.shared.budgets.iter().cloned()).collect();
+    }
     scenario
 }
 
@@ -283,39 +295,36 @@ fn differential_in_batches(
             }
         }
         // The state each left behind, read back from Redis into the model's type.
-        let entities: std::collections::BTreeSet<usize> = scenario
+        let entities: std::collections::BTreeSet<(usize, String)> = scenario
             .events
             .iter()
-            .map(|a| a.entity)
-            .chain(scenario.overrides.iter().map(|o| o.entity))
-            .chain(scenario.pauses.iter().map(|p| p.1))
+            .map(|a| (a.entity, scenario.entity_key(a)))
+            .chain(scenario.overrides.iter().map(|o| (o.entity, o.key())))
+            .chain(scenario.pauses.iter().map(|p| (p.1, format!("entity_{}", p.1))))
             .collect();
-        for entity in entities {
-            let (limits, key, rule) =
-                (scenario.all_limits(), format!("entity_{entity}"), scenario.rule_of(&rule, entity));
+        for (entity, key) in &entities {
+            // A class's entity holds none of the rule's limits: its key's calendar does.
+            let limits = if scenario.shared.classes.is_some() { Vec::new() } else { scenario.all_limits() };
+            let rule = scenario.rule_of(&rule, *entity);
             let in_redis =
-                runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), &key, &limits)).expect("entity_state");
-            let in_model = memory.entity_state(&rule, &key).unwrap_or_default();
+                runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), key, &limits)).expect("entity_state");
+            let in_model = memory.entity_state(&rule, key).unwrap_or_default();
             if in_model != in_redis {
                 return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
             }
         }
         // Each budget's calendar from the last event's window on (Redis drops older windows).
         let last_now = scenario.events.last().map_or(0, |a| a.now);
+        let current = |state: drip_core::schedule::BudgetState| drip_core::schedule::BudgetState {
+            windows: state.windows.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+            floor_used: state
+                .floor_used
+                .into_iter()
+                .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
+                .collect(),
+            ..state
+        };
         for budget in &scenario.shared.budgets {
-            let current = |state: drip_core::schedule::BudgetState| drip_core::schedule::BudgetState {
-                windows: state
-                    .windows
-                    .into_iter()
-                    .filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per)
-                    .collect(),
-                floor_used: state
-                    .floor_used
-                    .into_iter()
-                    .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
-                    .collect(),
-                ..state
-            };
             let in_redis = current(runtime.block_on(redis.budget_state(budget)).expect("budget_state"));
             let in_model = current(memory.budget_state(&budget.name).unwrap_or_default());
             if in_model != in_redis {
@@ -323,6 +332,18 @@ fn differential_in_batches(
                     "budget {}: model {in_model:?}, lua {in_redis:?}",
                     budget.name
                 )));
+            }
+        }
+        // Each key's classes calendar likewise.
+        if let Some(calendar) = &scenario.shared.classes {
+            for (entity, _) in &entities {
+                let (key, rule) = (format!("entity_{entity}"), scenario.rule_of(&rule, *entity));
+                let rule = rule_ref(&rule, &scenario);
+                let in_redis = current(runtime.block_on(redis.class_calendar_state(rule, &key)).expect("calendar"));
+                let in_model = current(memory.budget_state(&calendar.state_name(Some(&key))).unwrap_or_default());
+                if in_model != in_redis {
+                    return Err(TestCaseError::fail(format!("{key}'s calendar: model {in_model:?}, lua {in_redis:?}")));
+                }
             }
         }
         check(&scenario, &lua).map_err(TestCaseError::fail)
@@ -377,6 +398,17 @@ fn reserve_lua_gives_the_model_s_answer_with_budgets_and_adaptive_limits() {
     differential(scenario_with_budgets(60), 192, check_budget_bounds);
 }
 
+/// A rule with classes (a reserve for one or two of them) over fixed limits, with and without
+/// shared budgets, new slots and republished ids: the model and reserve.lua agree on every answer,
+/// the entities' and the calendars' state; FIFO holds per key and class, and no window of a key
+/// (all classes together) or of a budget holds more than its count.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_classes() {
+    differential(scenario_with_classes(60), 160, check_class_bounds);
+    let sizes = || proptest::collection::vec(1usize..=64, 1..8);
+    differential_in_batches((scenario_with_classes(60), sizes()), 64, check_class_bounds);
+}
+
 /// Batches of 1 to 64 events per script call (mixed entities, redeliveries and republished ids
 /// inside a batch, budgets, fair shares, adaptive limits; a batch ends before a pause or a signal):
 /// reserve.lua gives each event the answer the model gives it reserving them one after another,
@@ -407,6 +439,7 @@ fn seed_scenario() -> Scenario {
             redelivery: false,
             reslot: None,
             floor: None,
+            class: 0,
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
@@ -542,6 +575,7 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
             max_share: None,
             adaptive: None,
             floors: Vec::new(),
+            per_key: false,
             tag: format!("gateway{full}"),
         });
         let key = drip_store::budget_key("drip", &budget);
@@ -716,6 +750,7 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
         redelivery,
         reslot: None,
         floor: None,
+        class: 0,
     };
     let (t0, t1, t2) = (noon + 59 * SECOND, noon + MINUTE, noon + MINUTE + SECOND);
     let scenario = Scenario {
@@ -986,6 +1021,7 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
         max_share: None,
         adaptive: None,
         floors: Vec::new(),
+        per_key: false,
         tag: unique("gateway"),
     });
     let budgets = [budget.clone()];
@@ -1003,7 +1039,7 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
             let again = store.reserve(&request("a", T0 + 100, Some(old))).await.unwrap().reservation;
             assert_eq!(again.slot, slot, "{old:?}");
         }
-        let tagged = RuleRef { id: &rule, tag: Some(&budget.tag) };
+        let tagged = RuleRef { id: &rule, tag: Some(&budget.tag), classed: false };
         let in_redis = redis.entity_state(tagged, "k", &limits).await.unwrap();
         assert_eq!(Some(&in_redis), memory.entity_state(&rule, "k").as_ref(), "{old:?}");
         let shared = redis.budget_state(&budget).await.unwrap();
@@ -1086,10 +1122,11 @@ fn latency_reports_give_the_model_s_levels() {
             max_share: None,
             adaptive: Some(adaptive),
             floors: Vec::new(),
+            per_key: false,
             tag: format!("{rule}-b"),
         };
         let memory = MemoryStore::new();
-        let rule_ref = RuleRef { id: &rule, tag: None };
+        let rule_ref = RuleRef { id: &rule, tag: None, classed: false };
         let mut now = T0;
         for (i, (dt, op)) in ops.iter().enumerate() {
             now += dt;

@@ -47,6 +47,15 @@ rules:
     inline_wait: 0s
     forward: { topic: sms-ready }
     overflow_topic: sms-overflow
+  - name: settlements
+    match: { attributes: { event_type: settlement } }
+    key: "merchant_{attributes.merchant}"
+    limits: [ { limit: 10, per: 1h } ]
+    classes: { from: "{attributes.priority}", default: bulk, reserve: { live: 0.2 } }
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: settlements-ready }
+    overflow_topic: settlements-overflow
   - name: otp
     match: { attributes: { event_type: otp } }
     key: "user_{attributes.user}"
@@ -795,6 +804,41 @@ async fn a_floor_keeps_a_rule_its_share_of_a_budget_a_blast_booked_ahead() {
     assert_eq!((floor["rule"].as_str(), floor["floor"].as_f64()), (Some("otp"), Some(0.5)), "{report}");
     let held = &floor["limits"][0];
     assert_eq!((held["units"].as_u64(), held["usedNow"].as_u64(), held["ahead"].as_u64()), (Some(2), Some(0), Some(1)));
+}
+
+/// A merchant's bulk backlog books hours ahead; its live payouts, a class with a reserve of each
+/// hour, go in the next hour. An unknown class is the default's, behind the bulk. Inspect shows the
+/// key's calendar and the reserve; per-key overrides are refused for a rule with classes.
+#[tokio::test]
+async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
+    let l = limiter();
+    let event = |priority: &'static str| [("event_type", "settlement"), ("merchant", "m"), ("priority", priority)];
+    for i in 0..26 {
+        assert_eq!(l.push(&format!("b{i}"), &event("bulk"), b"{}").await, StatusCode::NO_CONTENT);
+    }
+    let hour = drip_core::time::HOUR;
+    let next = (drip_core::time::wall_clock_millis() / hour + 1) * hour;
+    assert_eq!(l.published("settlements-ready").len(), 10, "the current hour's reserve is anyone's");
+    let bulk: Vec<drip_core::time::Millis> = l.tasks().iter().map(|t| t.at).collect();
+    assert_eq!(bulk, [[next; 8], [next + hour; 8]].concat(), "8 of each later hour's 10");
+    assert_eq!(l.push("l0", &event("live"), b"{}").await, StatusCode::NO_CONTENT);
+    let live = l.tasks().last().cloned().unwrap();
+    assert_eq!(live.at, next, "the live payout takes its reserve of the next hour");
+    let body: TaskBody = serde_json::from_slice(&live.body).unwrap();
+    assert_eq!(body.rate_limit_meta.key, "merchant_m#live");
+    assert_eq!(l.push("u0", &event("urgent"), b"{}").await, StatusCode::NO_CONTENT);
+    assert_eq!(l.tasks().last().map(|t| t.at), Some(next + 2 * hour), "not a class: the default's FIFO");
+    let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23live", None).await;
+    let calendar = &report["budgets"][0];
+    assert_eq!(calendar["name"].as_str(), Some("classes of merchant_m"), "{report}");
+    assert_eq!(calendar["limits"][0]["ahead"].as_u64(), Some(18), "{report}");
+    let reserve = &calendar["floors"][0];
+    assert_eq!((reserve["rule"].as_str(), reserve["limits"][0]["ahead"].as_u64()), (Some("live"), Some(1)));
+    assert_eq!(report["backlog"].as_u64(), Some(1), "the class's own backlog: {report}");
+    let path = "/v1/rules/settlements/keys/merchant_m%23live/limits";
+    let (status, body) = l.send("PUT", path, Some(serde_json::json!({ "limit": "20/1h" }))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.to_string().contains("has classes"), "{body}");
 }
 
 #[tokio::test]

@@ -21,6 +21,9 @@ pub struct Budget {
     /// Rules guaranteed a share of each window while they have demand, by rule name, in ppm
     /// (summing to at most 1). See [`Budget::floor_units`].
     pub floors: Vec<(String, u64)>,
+    /// A rule's classes calendar (docs/rules.md: "Classes under one limit"): the rule's limits,
+    /// one calendar per key (its state is named [`Budget::state_name`]), floors held for classes.
+    pub per_key: bool,
     /// The Redis Cluster hash tag of the budget and of every entity of every rule that draws from
     /// it (the smallest budget name of the group that rules link together): one script call then
     /// touches one slot. See docs/rules.md, "Shared budgets".
@@ -39,6 +42,14 @@ impl Budget {
     /// alone; from its start they are anyone's (a rule with no demand then strands nothing).
     pub fn floor_units(&self, count: u64) -> impl Iterator<Item = (&str, u64)> {
         self.floors.iter().map(move |(rule, floor)| (rule.as_str(), count * floor / PPM))
+    }
+
+    /// The name its state is kept under: its own, or for a classes calendar, `<name>|<key>`.
+    pub fn state_name(&self, key: Option<&str>) -> String {
+        match (self.per_key, key) {
+            (true, Some(key)) => format!("{}|{key}", self.name),
+            _ => self.name.clone(),
+        }
     }
 
     /// Names one share limit inside an entity's state: `share:<budget>:<per>`.

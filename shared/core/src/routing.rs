@@ -3,7 +3,7 @@
 
 use crate::event::Event;
 pub use crate::outcome::DlqReason;
-use crate::rules::{Cost, Mode, OnMissingKey, Rule, RuleSet};
+use crate::rules::{Classes, Cost, Mode, OnMissingKey, Rule, RuleSet};
 use crate::schedule::{Reservation, Status};
 use crate::template::{RenderError, cap_key};
 use crate::time::Millis;
@@ -63,11 +63,17 @@ pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
         let detail = format!("cost {cost} exceeds the largest the rule's limits allow, {}", rule.max_cost());
         return dead_letter(Some(key), DlqReason::CostExceedsLimit, detail);
     }
+    // A rule with classes reserves by the key's class: its own FIFO under the key's calendar.
+    let entity = |key: String| match &rule.classes {
+        Some(classes) => Classes::entity(&key, classes.class_of(event)),
+        None => key,
+    };
+    let key = entity(key);
     let previous_key = rule
         .previous_key
         .as_ref()
         .and_then(|template| template.render(event).ok())
-        .map(cap_key)
+        .map(|previous| entity(cap_key(previous)))
         .filter(|previous| *previous != key);
     Plan::Reserve { rule, key, cost, previous_key }
 }

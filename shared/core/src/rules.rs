@@ -116,6 +116,47 @@ pub struct Rule {
     /// A call the downstream refused (429/503) still counts: its slot is kept when it is
     /// rescheduled (`OldSlot::Kept`); by default its units go back.
     pub count_refused: bool,
+    /// Classes under its limits (docs/rules.md: "Classes under one limit").
+    pub classes: Option<Classes>,
+}
+
+/// A rule's `classes:`. An event of class `c` of key `k` is reserved by entity `k#c` (its own
+/// FIFO) against the key's calendar of the rule's limits, where each class's reserve is a floor.
+#[derive(Debug, Clone)]
+pub struct Classes {
+    /// Where an event's class is read.
+    pub from: Template,
+    /// The class of an event whose template renders nothing or a name not listed.
+    pub default: String,
+    /// Every class: the default and each one with a reserve.
+    pub names: Vec<String>,
+    /// The rule's limits as one calendar per key, each reserve a floor of it ([`Budget::per_key`]).
+    pub calendar: Arc<Budget>,
+    /// The calendar, then the rule's budgets: what an event of a class draws from.
+    pub draws: Vec<Arc<Budget>>,
+}
+
+impl Classes {
+    /// The event's class: the template's value when it names a class, else the default.
+    pub fn class_of(&self, event: &crate::event::Event) -> &str {
+        let rendered = self.from.render(event).ok();
+        rendered.and_then(|name| self.names.iter().find(|n| **n == name)).unwrap_or(&self.default)
+    }
+
+    /// The entity that reserves the events of `key`'s class `class`: `<key>#<class>`.
+    pub fn entity(key: &str, class: &str) -> String {
+        format!("{key}#{class}")
+    }
+
+    /// An entity of a classed rule as its key and class (class names hold no `#`).
+    pub fn split(entity: &str) -> Option<(&str, &str)> {
+        entity.rsplit_once('#')
+    }
+
+    /// Each class's reserve of a window with `count` in force, in units.
+    pub fn reserves(&self, count: u64) -> impl Iterator<Item = (&str, u64)> {
+        self.calendar.floor_units(count)
+    }
 }
 
 impl Rule {
@@ -238,6 +279,12 @@ impl Rule {
     /// Which of this rule's limits `spec` overrides, and with what count: `500/1m` names the limit
     /// whose period is 1m (`window` picks one when two share it: `fixed`, `sliding`, `gcra`).
     pub fn override_target(&self, spec: &str, window: Option<&str>) -> Result<(&Limit, u64), String> {
+        if self.classes.is_some() {
+            return Err(format!(
+                "rule '{}' has classes: its limits are each key's calendar, which per-key overrides do not change; edit the rule's limits instead",
+                self.name
+            ));
+        }
         let (count, per) = spec.split_once('/').ok_or_else(|| format!("'{spec}' is not COUNT/PERIOD, e.g. 500/1m"))?;
         let count: u64 = match count.trim().parse() {
             Ok(n) if n >= 1 => n,
@@ -425,10 +472,34 @@ impl RuleSet {
             rules.push(rule);
             drawn.push(budget_names);
         }
+        // A budget's floors name rules; its state counts them by id (what survives a rename).
+        let mut specs = specs;
+        for budget in specs.values_mut() {
+            for (name, _) in &mut budget.floors {
+                let drawing =
+                    rules.iter().zip(&drawn).find(|(r, names)| r.name == *name && names.contains(&budget.name));
+                if let Some((rule, _)) = drawing {
+                    *name = rule.id.clone();
+                    continue;
+                }
+                let message = if rules.iter().any(|r| r.name == *name) {
+                    format!("rule '{name}' does not draw from this budget: a floor is held for a rule that lists it")
+                } else if named.contains(name) {
+                    continue; // The rule's own errors are reported.
+                } else {
+                    format!("there is no rule '{name}' in this file")
+                };
+                let label = format!("budget '{}'", budget.name);
+                RuleErrors { errors: &mut errors, label: &label }.push(&format!("floors.{name}"), message);
+            }
+        }
         let budgets = link_budgets(specs, &drawn);
         for (rule, names) in rules.iter_mut().zip(&drawn) {
             // A budget that did not validate is reported already (and the file refused).
             rule.budgets = names.iter().filter_map(|name| budgets.get(name).cloned()).collect();
+            if let Some(classes) = &mut rule.classes {
+                classes.draws = std::iter::once(classes.calendar.clone()).chain(rule.budgets.iter().cloned()).collect();
+            }
             if let Some(limit) =
                 rule.budgets.iter().flat_map(|b| &b.limits).find(|l| 2 * rule.delivery_margin > l.per())
             {
@@ -444,23 +515,6 @@ impl RuleSet {
                     "cost",
                     format!("{cost} exceeds a limit of budget '{}', so no event could ever be scheduled", budget.name),
                 );
-            }
-        }
-        for budget in budgets.values() {
-            for (name, _) in &budget.floors {
-                if !rules.iter().any(|r| &r.name == name && r.budget(&budget.name).is_some()) {
-                    let label = format!("budget '{}'", budget.name);
-                    let message = if rules.iter().any(|r| &r.name == name) {
-                        format!(
-                            "rule '{name}' does not draw from this budget: a floor is held for a rule that lists it"
-                        )
-                    } else if named.contains(name) {
-                        continue; // The rule's own errors are reported.
-                    } else {
-                        format!("there is no rule '{name}' in this file")
-                    };
-                    RuleErrors { errors: &mut errors, label: &label }.push(&format!("floors.{name}"), message);
-                }
             }
         }
         if errors.list.is_empty() { Ok(RuleSet { rules, default_dlq_topic, budgets }) } else { Err(errors.finish()) }

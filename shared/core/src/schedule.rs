@@ -124,6 +124,9 @@ pub struct ReserveRequest<'a> {
     /// window's events over the rest), and a sliding interval is `per + margin` long, so the limit
     /// holds at delivery times as well as at slots. 0: the limit holds at the slots.
     pub margin: Millis,
+    /// For a rule with classes: the key whose classes share its calendar (a budget with
+    /// `per_key`, among `budgets`) and the event's class. The entity reserving is the key's class.
+    pub class: Option<(&'a str, &'a str)>,
 }
 
 impl<'a> ReserveRequest<'a> {
@@ -143,6 +146,17 @@ impl<'a> ReserveRequest<'a> {
             budgets: &[],
             adaptive: None,
             margin: 0,
+            class: None,
+        }
+    }
+
+    /// The same request for an event of `rule`'s class `class` of `key`: the rule's limits are the
+    /// key's calendar (`Classes::calendar`, first of `budgets`), none on the entity itself. A rule
+    /// without classes keeps the request as it is.
+    pub fn for_class(self, rule: &'a crate::rules::Rule, (key, class): (&'a str, &'a str)) -> Self {
+        match &rule.classes {
+            Some(classes) => Self { limits: &[], budgets: &classes.draws, class: Some((key, class)), ..self },
+            None => self,
         }
     }
 
@@ -340,12 +354,15 @@ struct EntityLimit {
     count: u64,
 }
 
-/// One budget limit as it counts this reservation of an event of `rule`.
+/// One budget limit as it counts this reservation.
 struct BudgetLimit<'a> {
     budget: &'a Budget,
     limit: &'a Limit,
     count: u64,
-    rule: &'a str,
+    /// Whose floor the event books: its class in a classes calendar, else its rule.
+    member: &'a str,
+    /// The [`BudgetState`] it counts in ([`Budget::state_name`]).
+    state: String,
 }
 
 impl Scheduler {
@@ -523,8 +540,8 @@ impl Scheduler {
         } else {
             earliest_slot(&entity.state, &self.budgets, request, &own, &shared)
         };
-        for ((budget, per), run) in runs {
-            self.budgets.entry(budget.to_owned()).or_default().runs.insert(per, run);
+        for ((state, per), run) in runs {
+            self.budgets.entry(state).or_default().runs.insert(per, run);
         }
         let status = if exceeded {
             Status::CostExceedsLimit
@@ -532,12 +549,12 @@ impl Scheduler {
             Status::MaxDelayExceeded
         } else {
             commit(&mut entity.state, request, &own, slot);
-            for BudgetLimit { budget, limit, .. } in &shared {
-                let (state, per) = (self.budgets.entry(budget.name.clone()).or_default(), limit.per());
+            for BudgetLimit { budget, limit, member, state, .. } in &shared {
+                let (state, per) = (self.budgets.entry(state.clone()).or_default(), limit.per());
                 let window = slot.div_euclid(per) * per;
                 *state.windows.entry((per, window)).or_default() += request.cost;
-                if budget.floors.iter().any(|(member, _)| member == rule) {
-                    *state.floor_used.entry((per, window, rule.to_owned())).or_default() += request.cost;
+                if budget.floors.iter().any(|(floor, _)| floor == member) {
+                    *state.floor_used.entry((per, window, (*member).to_owned())).or_default() += request.cost;
                 }
             }
             Status::Reserved
@@ -688,17 +705,17 @@ fn shift_budget_windows(
     (now, slot): (Millis, Millis),
     delta: i64,
 ) {
-    for BudgetLimit { budget, limit, rule, .. } in shared {
+    for BudgetLimit { limit, member, state, .. } in shared {
         let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
         let spread = limit.window() != Window::Fixed(Placement::Start);
         if window + per <= now || (delta < 0 && spread) {
             continue;
         }
-        let Some(held) = budgets.get_mut(&budget.name) else { continue };
+        let Some(held) = budgets.get_mut(state) else { continue };
         let Some(used) = held.windows.get_mut(&(per, window)) else { continue };
         *used = used.saturating_add_signed(delta);
         let least = *used;
-        if let Some(part) = held.floor_used.get_mut(&(per, window, rule.to_string())) {
+        if let Some(part) = held.floor_used.get_mut(&(per, window, member.to_string())) {
             *part = part.saturating_add_signed(delta);
         }
         if delta < 0
@@ -758,18 +775,21 @@ fn budget_limits<'a>(
     rule: &'a str,
 ) -> Vec<BudgetLimit<'a>> {
     let mut shared = Vec::new();
+    let (key, class) = request.class.unzip();
     for budget in request.budgets {
-        let level = budget_level(budget, budgets.get(&budget.name), request.now);
+        let state = budget.state_name(key);
+        let level = budget_level(budget, budgets.get(&state), request.now);
+        let member = if budget.per_key { class.unwrap_or_default() } else { rule };
         for limit in &budget.limits {
             let count = adapted_count(limit, limit.limit(), level, request.cost);
-            shared.push(BudgetLimit { budget, limit, count, rule });
+            shared.push(BudgetLimit { budget, limit, count, member, state: state.clone() });
         }
     }
     shared
 }
 
-/// A budget limit's run of full windows after a search: (budget name, per) and the run.
-type WalkedRun<'a> = ((&'a str, Millis), FullRun);
+/// A budget limit's run of full windows after a search: (budget state name, per) and the run.
+type WalkedRun = ((String, Millis), FullRun);
 
 /// The slot the next event of this entity would get, and the runs of full windows its search
 /// walked, by budget and per (nothing is changed).
@@ -779,12 +799,12 @@ fn earliest_slot<'a>(
     request: &ReserveRequest<'_>,
     own: &[EntityLimit],
     shared: &[BudgetLimit<'a>],
-) -> (Millis, Vec<WalkedRun<'a>>) {
+) -> (Millis, Vec<WalkedRun>) {
     let mut runs: Vec<Option<FullRun>> =
-        shared.iter().map(|l| budgets.get(&l.budget.name).and_then(|s| s.runs.get(&l.limit.per()).copied())).collect();
+        shared.iter().map(|l| budgets.get(&l.state).and_then(|s| s.runs.get(&l.limit.per()).copied())).collect();
     let frontier = frontier(state, request);
     let mut t = frontier.map_or(request.now, |last| last.max(request.now));
-    let pauses = request.budgets.iter().filter_map(|b| budgets.get(&b.name).and_then(|s| s.paused_until));
+    let pauses = shared.iter().filter_map(|l| budgets.get(&l.state).and_then(|s| s.paused_until));
     t = state.paused_until.into_iter().chain(pauses).fold(t, Millis::max);
     loop {
         let mut next = own
@@ -796,11 +816,11 @@ fn earliest_slot<'a>(
             .fold(t, Millis::max);
         for (l, run) in shared.iter().zip(&mut runs) {
             let accepted;
-            (accepted, *run) = budget_accepts(budgets.get(&l.budget.name), *run, l, request, t);
+            (accepted, *run) = budget_accepts(budgets.get(&l.state), *run, l, request, t);
             next = next.max(accepted);
         }
         if next == t {
-            let walked = shared.iter().zip(runs).filter_map(|(l, run)| Some(((&*l.budget.name, l.limit.per()), run?)));
+            let walked = shared.iter().zip(runs).filter_map(|(l, run)| Some(((l.state.clone(), l.limit.per()), run?)));
             return (t, walked.collect());
         }
         t = next;
@@ -941,7 +961,7 @@ fn window_takes(
     for (member, units) in limit.budget.floor_units(n) {
         let left = units.saturating_sub(used_by(member).unwrap_or(0));
         unused += left;
-        if member == limit.rule {
+        if member == limit.member {
             own_unused = left;
         }
     }
@@ -1257,6 +1277,7 @@ mod budget_tests {
             max_share,
             adaptive: None,
             floors: Vec::new(),
+            per_key: false,
             tag: "gateway".into(),
         })
     }
@@ -1461,6 +1482,51 @@ mod budget_tests {
         assert_eq!(started, [5_000, 5_000, 5_000, 5_000], "FIFO: `other`'s next events follow its first");
         assert_eq!(reserve_for(&mut s, "third", "t0", 1_000, &budgets), 1_000);
         assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 1_000)], 8);
+    }
+
+    /// A rule of 10 a second with classes: `live` reserves 20% of each window. Entities are a key's
+    /// classes (`<key>#<class>`), each its own FIFO; the key's calendar holds the limit.
+    fn reserve_class(
+        s: &mut Scheduler,
+        (key, class): (&str, &str),
+        id: &str,
+        now: Millis,
+        calendar: &Arc<Budget>,
+    ) -> Millis {
+        let draws = [calendar.clone()];
+        let request = ReserveRequest {
+            max_delay: 100 * SECOND,
+            budgets: &draws,
+            class: Some((key, class)),
+            ..request(id, &[], now)
+        };
+        s.reserve("payouts", &format!("{key}#{class}"), &request).slot
+    }
+
+    #[test]
+    fn a_class_with_a_reserve_overtakes_a_bulk_backlog_of_its_key_and_keys_stay_apart() {
+        let calendar = Arc::new(Budget {
+            name: "payouts".into(),
+            floors: vec![("live".into(), 200_000)],
+            per_key: true,
+            ..(*budget(10, Placement::Start, None)).clone()
+        });
+        let mut s = Scheduler::new();
+        let bulk: Vec<Millis> =
+            (0..26).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 0, &calendar)).collect();
+        assert_eq!(bulk.iter().filter(|&&t| t == 0).count(), 10, "the current window's reserve is anyone's");
+        assert_eq!(bulk.iter().filter(|&&t| t == 1_000).count(), 8);
+        assert_eq!(bulk.iter().filter(|&&t| t == 2_000).count(), 8);
+        assert!(bulk.windows(2).all(|w| w[0] <= w[1]), "FIFO within the class");
+        // A live payout published behind the bulk backlog goes in the next window, not after it.
+        let live: Vec<Millis> =
+            (0..3).map(|i| reserve_class(&mut s, ("m", "live"), &format!("l{i}"), 100, &calendar)).collect();
+        assert_eq!(live, [1_000, 1_000, 2_000]);
+        // Another merchant's calendar is its own.
+        assert_eq!(reserve_class(&mut s, ("n", "bulk"), "n0", 100, &calendar), 100);
+        let m = s.budget_state("payouts|m").unwrap();
+        assert_eq!((m.windows[&(SECOND, 1_000)], m.floor_used[&(SECOND, 1_000, "live".to_owned())]), (10, 2));
+        assert_eq!(s.budget_state("payouts|n").unwrap().windows[&(SECOND, 0)], 1);
     }
 
     #[test]

@@ -45,6 +45,7 @@ fn configurations() -> Vec<Configuration> {
         max_share: Some(200_000),
         adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000, latency: None }),
         floors: Vec::new(),
+        per_key: false,
         tag: "bench-gateway".into(),
     });
     vec![
@@ -339,6 +340,7 @@ async fn full_calendar(
             max_share: None,
             adaptive: None,
             floors: Vec::new(),
+            per_key: false,
             tag: format!("bench-calendar-{ahead}"),
         });
         let key = drip_store::budget_key("bench", &budget);

@@ -10,7 +10,7 @@ use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{OldSlot, override_id};
 use drip_core::time::Millis;
 
-use crate::keys::{ANSWER_BUCKET, budget_key, field};
+use crate::keys::{ANSWER_BUCKET, budget_key, class_calendar_key, field};
 use crate::keys::{ANSWER_MARGIN, STATE_MARGIN};
 use crate::{EntityKeys, SlotRequest};
 
@@ -173,7 +173,11 @@ impl ReserveArgs {
         self.keys.extend([keys.state.clone(), keys.answers.clone(), keys.legacy_overrides.clone()]);
         self.keys.extend(keys.sliding.iter().cloned());
         let budgets_at = self.keys.len() as i64 + 1 - base;
-        self.keys.extend(event.budgets.iter().map(|b| budget_key(namespace, b)));
+        let (scope, class) = event.class.unzip();
+        self.keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
+            (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
+            _ => budget_key(namespace, b),
+        }));
 
         let budget_limits = event.budgets.iter().flat_map(|b| &b.limits);
         let longest_window =
@@ -260,10 +264,12 @@ impl ReserveArgs {
                     .int("budget.limit.count", limit.limit() as i64)
                     .str("budget.limit.kind", script_kind(limit));
             });
-            args.section("budget.floors", &budget.floors, |args, (rule, floor)| {
-                args.str("budget.floor.rule", rule)
+            // A classes calendar's floors are its classes' reserves; a budget's, its rules'.
+            let member = if budget.per_key { class.unwrap_or_default() } else { request.rule };
+            args.section("budget.floors", &budget.floors, |args, (name, floor)| {
+                args.str("budget.floor.rule", name)
                     .int("budget.floor.ppm", *floor as i64)
-                    .int("budget.floor.own", i64::from(*rule == request.rule));
+                    .int("budget.floor.own", i64::from(name == member));
             });
             // The fields its HMGET names: pause, adaptive level, expiry, each limit's oldest window
             // and each limit's run of full windows.

@@ -10,7 +10,7 @@ use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
 use crate::keys::STATE_MARGIN;
-use crate::keys::{budget_key, field};
+use crate::keys::{budget_key, class_calendar_key, field};
 use crate::overrides::{adapt_args, latency_args, latency_change};
 use crate::scripts::BUDGET;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
@@ -97,8 +97,17 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// The budget's state as the reference model holds it.
     pub async fn budget_state(&self, budget: &Budget) -> Result<BudgetState, StoreError> {
+        self.calendar_state(&budget_key(self.namespace(), budget)).await
+    }
+
+    /// The calendar `key`'s classes share (`Classes::calendar`), as the model holds it.
+    pub async fn class_calendar_state(&self, rule: RuleRef<'_>, key: &str) -> Result<BudgetState, StoreError> {
+        self.calendar_state(&class_calendar_key(self.namespace(), rule, key)).await
+    }
+
+    async fn calendar_state(&self, hash: &str) -> Result<BudgetState, StoreError> {
         let fields: HashMap<String, String> =
-            redis::cmd("HGETALL").arg(budget_key(self.namespace(), budget)).query_async(&mut self.connection()).await?;
+            redis::cmd("HGETALL").arg(hash).query_async(&mut self.connection()).await?;
         let mut state = BudgetState {
             paused_until: fields.get(field::PAUSE).and_then(|p| p.parse().ok()),
             adaptive: fields.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),

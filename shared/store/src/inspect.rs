@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use drip_core::budgets::{Adaptive, Budget, LatencyState, PPM, adapted_count, adaptive_window};
-use drip_core::rules::{Limit, Rule, Window};
+use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
@@ -165,6 +165,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         let now = seconds * 1_000 + micros / 1_000;
         let state = self.entity_state(RuleRef::of(rule), key, &rule.limits).await?;
         let mut budgets = Vec::new();
+        if let Some((calendar, scope)) = class_calendar(rule, key) {
+            budgets.push((calendar.clone(), self.class_calendar_state(RuleRef::of(rule), scope).await?));
+        }
         for budget in &rule.budgets {
             budgets.push((budget.clone(), self.budget_state(budget).await?));
         }
@@ -330,6 +333,13 @@ impl Slots<'_> {
 }
 
 /// Reads use, backlog and drain time off the state and the reserved slots.
+/// The calendar a classed rule's entity `<key>#<class>` shares with its key's other classes, and
+/// that key.
+pub(crate) fn class_calendar<'a>(rule: &'a Rule, key: &'a str) -> Option<(&'a Arc<Budget>, &'a str)> {
+    let classes = rule.classes.as_ref()?;
+    Classes::split(key).map(|(scope, _)| (&classes.calendar, scope))
+}
+
 pub(crate) fn report(
     rule: &Rule,
     key: &str,
@@ -347,12 +357,18 @@ pub(crate) fn report(
     let mut limits = Vec::new();
     let overrides = override_reports(rule, &state.overrides, now);
     let level = rule.adaptive.map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
-    for limit in &rule.limits {
+    // A class's entity holds none of the rule's limits: the key's calendar (a budget below) does.
+    let own = if class_calendar(rule, key).is_some() { &[][..] } else { &rule.limits[..] };
+    for limit in own {
         let capacity = adapted_count(limit, effective_limit(limit, &state.overrides, now), level, 1);
         limits.push(limit_report(limit, capacity, state.limits.get(&state_id(limit)), now, &slots));
     }
     let last_slot = state.last_slot;
-    let budgets: Vec<BudgetReport> = budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
+    let mut budgets: Vec<BudgetReport> =
+        budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
+    if let (Some((_, scope)), Some(calendar)) = (class_calendar(rule, key), budgets.first_mut()) {
+        calendar.name = format!("classes of {scope}");
+    }
     let paused_until = state.paused_until.filter(|&until| until > now).map(format_rfc3339);
     // The latest pause holding the key (its own or a budget's).
     let pause_ends = budgets_in

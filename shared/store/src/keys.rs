@@ -4,7 +4,7 @@
 //! instead (`{b:<tag>}`), with the budget: one group of budgets, one slot (docs/rules.md: "Shared budgets").
 
 use drip_core::budgets::Budget;
-use drip_core::rules::{Limit, Rule, Window};
+use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::state_id;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
 use sha2::{Digest, Sha256};
@@ -20,21 +20,42 @@ pub const DISPATCHED_MEMORY: Millis = DAY;
 /// whole: a field costs ~30 bytes where a key of its own costs ~190.
 pub const ANSWER_BUCKET: Millis = drip_core::schedule::ANSWER_MINUTE;
 
-/// A rule as its entities' keys name it: its id, and the hash tag of its budgets if it has any.
+/// A rule as its entities' keys name it: its id, the hash tag of its budgets if it has any, and
+/// whether it has classes (its entities are `<key>#<class>`, each key's classes on one slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleRef<'a> {
     pub id: &'a str,
     pub tag: Option<&'a str>,
+    pub classed: bool,
 }
 
 impl<'a> RuleRef<'a> {
     pub fn of(rule: &'a Rule) -> Self {
-        Self { id: &rule.id, tag: rule.budget_tag() }
+        Self { id: &rule.id, tag: rule.budget_tag(), classed: rule.classes.is_some() }
     }
 
-    /// A rule that draws from no budget.
+    /// A rule that draws from no budget and has no classes.
     pub fn plain(id: &'a str) -> Self {
-        Self { id, tag: None }
+        Self { id, tag: None, classed: false }
+    }
+
+    /// `<namespace>:{...}`: the start of every Redis key of the entity `key`: under the budgets'
+    /// tag, or the entity's own; a class's entity `<key>#<class>` shares its key's tag.
+    fn prefix(&self, namespace: &str, key: &str) -> String {
+        match (self.tag, self.classed.then(|| Classes::split(key)).flatten()) {
+            (Some(tag), _) => format!("{namespace}:{{b:{tag}}}:{}|{}", self.id, escape(key)),
+            (None, Some((key, class))) => format!("{}#{}", entity_prefix(namespace, self.id, key), escape(class)),
+            (None, None) => entity_prefix(namespace, self.id, key),
+        }
+    }
+}
+
+/// The calendar a classed rule's `key` shares among its classes (`Classes::calendar`), on the
+/// slot of the key's entities.
+pub fn class_calendar_key(namespace: &str, rule: RuleRef<'_>, key: &str) -> String {
+    match rule.tag {
+        Some(tag) => format!("{namespace}:{{b:{tag}}}:classes:{}|{}", rule.id, escape(key)),
+        None => format!("{}:classes", entity_prefix(namespace, rule.id, key)),
     }
 }
 
@@ -67,10 +88,7 @@ impl EntityKeys {
         published: Option<Millis>,
         limits: &[Limit],
     ) -> Self {
-        let prefix = match rule.tag {
-            None => entity_prefix(namespace, rule.id, key),
-            Some(tag) => format!("{namespace}:{{b:{tag}}}:{}|{}", rule.id, escape(key)),
-        };
+        let prefix = rule.prefix(namespace, key);
         let (answers, answers_base) = answers_file(&prefix, published.map(|at| at.div_euclid(ANSWER_BUCKET)));
         let digest = Sha256::digest(message.as_bytes());
         let mut answer_field = [0u8; 8];
@@ -167,7 +185,7 @@ mod tests {
         assert_eq!(overridden_keys("drip", "payouts"), "drip:{payouts}:overridden");
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
-        let budgeted = RuleRef { id: "sms", tag: Some("gateway") };
+        let budgeted = RuleRef { id: "sms", tag: Some("gateway"), classed: false };
         let keys = EntityKeys::new("drip", budgeted, "u{1}", "m1", Some(0), &limits);
         assert_eq!(keys.state, "drip:{b:gateway}:sms|u%7B1%7D:state");
         assert!(keys.sliding[0].starts_with("drip:{b:gateway}:"), "every key of the entity under the budget's tag");

@@ -34,7 +34,7 @@ pub struct SlotRequest<'a> {
 impl<'a> SlotRequest<'a> {
     /// The rule the request's entity belongs to, as keys name it.
     pub fn rule_ref(&self) -> RuleRef<'a> {
-        RuleRef { id: self.rule, tag: self.tag }
+        RuleRef { id: self.rule, tag: self.tag, classed: self.event.class.is_some() }
     }
 
     /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
@@ -44,8 +44,17 @@ impl<'a> SlotRequest<'a> {
 
     /// The request for one event of `rule` (its limits, budgets and the rest, as
     /// `ReserveRequest::for_rule` gives them), on the store's clock.
+    ///
+    /// For a rule with classes, `key` is the entity `<key>#<class>` (`Classes::entity`, as routing
+    /// makes it): the event draws from its key's calendar.
     pub fn for_rule(rule: &'a drip_core::rules::Rule, key: &'a str, message_id: &'a str, cost: u64) -> Self {
-        Self { tag: rule.budget_tag(), ..Self::new(&rule.id, key, ReserveRequest::for_rule(rule, message_id, cost, 0)) }
+        let mut event = ReserveRequest::for_rule(rule, message_id, cost, 0);
+        if rule.classes.is_some()
+            && let Some(class) = drip_core::rules::Classes::split(key)
+        {
+            event = event.for_class(rule, class);
+        }
+        Self { tag: rule.budget_tag(), ..Self::new(&rule.id, key, event) }
     }
 
     /// The same request decided at `now` instead of the store's clock (tests, the simulator).

@@ -271,8 +271,11 @@ impl Store for MemoryStore {
 
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
         let state = self.entity_state(&rule.id, key).unwrap_or_default();
-        let budgets: Vec<_> =
-            rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default())).collect();
+        let calendar = crate::inspect::class_calendar(rule, key).map(|(calendar, scope)| {
+            (calendar.clone(), self.budget_state(&calendar.state_name(Some(scope))).unwrap_or_default())
+        });
+        let shared = rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default()));
+        let budgets: Vec<_> = calendar.into_iter().chain(shared).collect();
         let now = wall_clock_millis();
         let slots = self.reserved_slots(&rule.id, key, crate::inspect::slots_since(rule, now));
         Box::pin(async move { Ok(report(rule, key, now, &state, &budgets, &slots)) })

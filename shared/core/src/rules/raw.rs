@@ -252,6 +252,23 @@ pub(super) struct RawRule {
     /// Whether a call the downstream refused (429/503) counts against the limits (default false:
     /// its units go back when it is rescheduled).
     pub(super) count_refused: Option<bool>,
+    /// Classes under the rule's limits: each class its own FIFO, some holding a reserve of each window.
+    pub(super) classes: Option<RawClasses>,
+}
+
+/// `classes: { from, default, reserve }`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClasses {
+    /// Where an event's class is read: a template over attributes or the body (`{attributes.priority}`).
+    pub(super) from: String,
+    /// The class of an event whose template gives nothing, or a class not listed.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_-]{1,64}$"))]
+    pub(super) default: String,
+    /// By class: the share of each window of the rule's limits held for it until the window starts
+    /// (e.g. `{ live: 0.05 }`), each above 0, together at most 1; the class borrows the rest too.
+    #[schemars(extend("additionalProperties" = { "type": "number", "exclusiveMinimum": 0, "maximum": 1 }))]
+    pub(super) reserve: Option<BTreeMap<String, f64>>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]

@@ -214,6 +214,14 @@ pub(super) fn validate_rule(
         );
     }
 
+    let classes = match (raw.classes, &limits) {
+        (None, _) => Some(None),
+        (Some(raw), Some(limits)) => {
+            validate_classes(raw, (&id, limits), adaptive.as_ref().is_some_and(Option::is_some), errors)
+        }
+        (Some(_), None) => None,
+    };
+
     if errors.errors.list.len() > before {
         return None;
     }
@@ -241,8 +249,60 @@ pub(super) fn validate_rule(
         delivery_margin: delivery_margin?,
         late_events: late_events?,
         count_refused: raw.count_refused.unwrap_or(false),
+        classes: classes?,
     };
     Some((rule, budget_names))
+}
+
+/// A rule's classes: names, the `from` template, reserves (as floors of a calendar of the rule's
+/// limits, which must be fixed windows); not with `adaptive`.
+fn validate_classes(
+    raw: RawClasses,
+    (id, limits): (&str, &[Limit]),
+    adaptive: bool,
+    errors: &mut RuleErrors<'_, '_>,
+) -> Option<Option<Classes>> {
+    let before = errors.errors.list.len();
+    let from = errors.check("classes.from", Template::parse(&raw.from));
+    const CLASS_NAME: &str = "a class name must be 1-64 characters of A-Z, a-z, 0-9, _ or -";
+    if !valid_rule_name(&raw.default) {
+        errors.push("classes.default", CLASS_NAME.into());
+    }
+    let reserve = raw.reserve.unwrap_or_default();
+    for name in reserve.keys().filter(|name| !valid_rule_name(name)) {
+        errors.push(&format!("classes.reserve.{name}"), CLASS_NAME.into());
+    }
+    let floors = validate_floors(reserve, "classes.reserve", errors);
+    if let Some((i, limit)) = limits.iter().enumerate().find(|(_, l)| !matches!(l.window(), Window::Fixed(_))) {
+        errors.push(
+            &format!("limits[{i}].window"),
+            format!(
+                "classes need fixed windows (placement start or spread), not {}: classes book a key's windows out of order, which only a count per window can take",
+                limit.window().kind()
+            ),
+        );
+    }
+    if adaptive {
+        errors.push("classes", "not with adaptive: the classes' calendar keeps the rule's counts as written".into());
+    }
+    if errors.errors.list.len() > before {
+        return None;
+    }
+    let floors = floors?;
+    let mut names: Vec<String> = floors.iter().map(|(name, _)| name.clone()).collect();
+    if !names.contains(&raw.default) {
+        names.push(raw.default.clone());
+    }
+    let calendar = Arc::new(Budget {
+        name: id.to_owned(),
+        limits: limits.to_vec(),
+        max_share: None,
+        adaptive: None,
+        floors,
+        per_key: true,
+        tag: String::new(),
+    });
+    Some(Some(Classes { from: from?, default: raw.default, names, calendar, draws: Vec::new() }))
 }
 
 /// Each budget of the `budgets:` section, valid, without its hash tag yet (see [`link_budgets`]).
@@ -301,26 +361,32 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
                 None
             }
         };
-        let floors = validate_floors(fields.floors.unwrap_or_default(), &mut errors);
+        let floors = validate_floors(fields.floors.unwrap_or_default(), "floors", &mut errors);
         ok &= floors.is_some();
         if ok {
             let floors = floors.unwrap_or_default();
-            budgets.insert(name.clone(), Budget { name, limits, max_share, adaptive, floors, tag: String::new() });
+            budgets.insert(
+                name.clone(),
+                Budget { name, limits, max_share, adaptive, floors, per_key: false, tag: String::new() },
+            );
         }
     }
     budgets
 }
 
-/// A budget's floors in ppm, each above 0 and together at most 1 (which rules they name is checked
-/// once the rules are read).
-fn validate_floors(raw: BTreeMap<String, f64>, errors: &mut RuleErrors<'_, '_>) -> Option<Vec<(String, u64)>> {
+/// Floors (a budget's, by rule) or reserves (classes') in ppm, each above 0 and together at most 1
+/// (which rules a budget's floors name is checked once the rules are read).
+fn validate_floors(
+    raw: BTreeMap<String, f64>,
+    field: &str,
+    errors: &mut RuleErrors<'_, '_>,
+) -> Option<Vec<(String, u64)>> {
     let mut floors = Vec::new();
-    for (rule, floor) in &raw {
+    for (name, floor) in &raw {
         match fraction_ppm(*floor).filter(|&ppm| ppm > 0) {
-            Some(ppm) => floors.push((rule.clone(), ppm)),
-            None => {
-                errors.push(&format!("floors.{rule}"), format!("must be a fraction above 0 and at most 1, got {floor}"))
-            }
+            Some(ppm) => floors.push((name.clone(), ppm)),
+            None => errors
+                .push(&format!("{field}.{name}"), format!("must be a fraction above 0 and at most 1, got {floor}")),
         }
     }
     if floors.len() < raw.len() {
@@ -330,11 +396,11 @@ fn validate_floors(raw: BTreeMap<String, f64>, errors: &mut RuleErrors<'_, '_>) 
     if sum > PPM {
         let terms: Vec<String> = raw.iter().map(|(rule, floor)| format!("{rule} {floor}")).collect();
         let message = format!(
-            "sum to {} ({}): at most 1, since every floor must fit in each window at once",
+            "sum to {} ({}): at most 1, since each must fit in every window at once",
             sum as f64 / PPM as f64,
             terms.join(" + ")
         );
-        errors.push("floors", message);
+        errors.push(field, message);
         return None;
     }
     Some(floors)
