@@ -1182,3 +1182,35 @@ fn latency_reports_give_the_model_s_levels() {
         panic!("{e}");
     }
 }
+
+/// A pause of one class of a key holds all its classes (it is the key's calendar's), in both
+/// stores alike; lifting it through any class lifts it for all.
+#[test]
+fn a_pause_of_one_class_holds_every_class_of_its_key() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
+    let id = unique("classes").replace('-', "_");
+    let yaml = format!(
+        "default_dlq_topic: dlq\nrules:\n  - name: {id}\n    key: \"m\"\n    limits: [ {{ limit: 5, per: 1s }} ]\n    classes: {{ from: \"{{attributes.c}}\", default: bulk, reserve: {{ live: 0.4 }} }}\n    max_delay: 1h\n    forward: {{ topic: ready }}\n    overflow_topic: overflow\n"
+    );
+    let rules = drip_core::rules::RuleSet::parse("classes.yaml", &yaml).unwrap();
+    let rule = rules.rules[0].clone();
+    let memory = MemoryStore::new();
+    let now = T0 + 100;
+    let stores: [&dyn Store; 2] = [&redis, &memory];
+    let mut answers = Vec::new();
+    for store in stores {
+        runtime.block_on(async {
+            store.pause(&rule, "m#live", now + 5 * SECOND).await.unwrap();
+            assert_eq!(store.paused_until(&rule, "m#bulk").await.unwrap(), Some(now + 5 * SECOND));
+            let bulk = SlotRequest::for_rule(&rule, "m#bulk", "b1", 1).at(now);
+            let held = store.reserve(&bulk).await.unwrap().reservation.slot;
+            assert_eq!(store.resume(&rule, "m#bulk").await.unwrap(), Some(now + 5 * SECOND));
+            let live = SlotRequest::for_rule(&rule, "m#live", "l1", 1).at(now);
+            let free = store.reserve(&live).await.unwrap().reservation.slot;
+            answers.push((held, free));
+        });
+    }
+    assert_eq!(answers[0], (now + 5 * SECOND, now), "the bulk class waited for the live class's pause, until lifted");
+    assert_eq!(answers[0], answers[1], "Redis and the model agree");
+}

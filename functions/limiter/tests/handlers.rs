@@ -835,6 +835,20 @@ async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     let reserve = &calendar["floors"][0];
     assert_eq!((reserve["rule"].as_str(), reserve["limits"][0]["ahead"].as_u64()), (Some("live"), Some(1)));
     assert_eq!(report["backlog"].as_u64(), Some(1), "the class's own backlog: {report}");
+    // The partner's 429 on one class holds the key: every class waits for the pause's end.
+    let feedback =
+        serde_json::json!({ "rule": "settlements", "key": "merchant_m#live", "status": 429, "retryAfter": 7200 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(feedback)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let until = parse_rfc3339(body["pausedUntil"].as_str().unwrap()).unwrap();
+    assert_eq!(l.push("l1", &event("live"), b"{}").await, StatusCode::NO_CONTENT);
+    assert!(l.tasks().last().unwrap().at >= until, "the live class waits for the key's pause");
+    let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23bulk", None).await;
+    assert!(report["budgets"][0]["pausedUntil"].as_str().is_some(), "the calendar holds the pause: {report}");
+    let (status, _) = l.send("DELETE", "/v1/rules/settlements/keys/merchant_m%23bulk/pause", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23live", None).await;
+    assert!(report["budgets"][0]["pausedUntil"].is_null(), "lifted for every class: {report}");
     let path = "/v1/rules/settlements/keys/merchant_m%23live/limits";
     let (status, body) = l.send("PUT", path, Some(serde_json::json!({ "limit": "20/1h" }))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");

@@ -57,29 +57,63 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         self.budget_invocation(budget, now, args).await
     }
 
+    /// A pause of a classed rule's entity `<key>#<class>` holds every class of the key: it is the
+    /// key's calendar's (a downstream that refuses one class refuses the key).
+    pub async fn pause_class_calendar(
+        &self,
+        (rule, key): (RuleRef<'_>, &str),
+        until: Millis,
+        now: Option<Millis>,
+    ) -> Result<(), StoreError> {
+        let hash = class_calendar_key(self.namespace(), rule, key);
+        self.hash_invocation::<i64>(hash, now, &["pause".into(), until.to_string()]).await.map(drop)
+    }
+
+    /// Lifts the pause of a key's calendar; returns when it would have ended.
+    pub async fn resume_class_calendar(
+        &self,
+        (rule, key): (RuleRef<'_>, &str),
+        now: Option<Millis>,
+    ) -> Result<Option<Millis>, StoreError> {
+        let hash = class_calendar_key(self.namespace(), rule, key);
+        let ended: i64 = self.hash_invocation(hash, now, &["resume".into()]).await?;
+        Ok((ended >= 0).then_some(ended))
+    }
+
     async fn budget_invocation<T: redis::FromRedisValue>(
         &self,
         budget: &Budget,
         now: Option<Millis>,
         args: &[String],
     ) -> Result<T, StoreError> {
+        self.hash_invocation(budget_key(self.namespace(), budget), now, args).await
+    }
+
+    /// budget.lua on the calendar hash `hash` (a budget's or a key's classes').
+    async fn hash_invocation<T: redis::FromRedisValue>(
+        &self,
+        hash: String,
+        now: Option<Millis>,
+        args: &[String],
+    ) -> Result<T, StoreError> {
         let mut invocation = BUDGET.prepare_invoke();
-        invocation
-            .key(budget_key(self.namespace(), budget))
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(STATE_MARGIN);
+        invocation.key(hash).arg(now.map(|n| n.to_string()).unwrap_or_default()).arg(STATE_MARGIN);
         for arg in args {
             invocation.arg(arg);
         }
         Ok(invocation.invoke_async(&mut self.connection()).await?)
     }
 
-    /// The latest end of a pause of the rule's key or of any budget it draws from, if any.
+    /// The latest end of a pause of the rule's key (a classed key's calendar) or of any budget it
+    /// draws from, if any.
     pub async fn paused_until(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
         // The key's and its budgets' pauses in one round trip (the dispatcher asks before each publish).
         let (entries, budgets) = self
             .override_entries_with(&keys, |pipe| {
+                if let Some((_, scope)) = crate::inspect::class_calendar(rule, key) {
+                    pipe.hget(class_calendar_key(self.namespace(), RuleRef::of(rule), scope), field::PAUSE);
+                }
                 for budget in &rule.budgets {
                     pipe.hget(budget_key(self.namespace(), budget), field::PAUSE);
                 }

@@ -209,7 +209,7 @@ impl MemoryStore {
         self.with(|s| s.budget_state(budget).cloned())
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut locked(&self.scheduler))
     }
 }

@@ -162,7 +162,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     }
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
-        Box::pin(RedisStore::pause(self, RuleRef::of(rule), key, until, None))
+        match crate::inspect::class_calendar(rule, key) {
+            Some((_, scope)) => Box::pin(self.pause_class_calendar((RuleRef::of(rule), scope), until, None)),
+            None => Box::pin(RedisStore::pause(self, RuleRef::of(rule), key, until, None)),
+        }
     }
 
     fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
@@ -170,7 +173,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     }
 
     fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        Box::pin(RedisStore::resume(self, RuleRef::of(rule), key, None))
+        match crate::inspect::class_calendar(rule, key) {
+            Some((_, scope)) => Box::pin(self.resume_class_calendar((RuleRef::of(rule), scope), None)),
+            None => Box::pin(RedisStore::resume(self, RuleRef::of(rule), key, None)),
+        }
     }
 
     fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
@@ -317,7 +323,10 @@ impl Store for MemoryStore {
     }
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
-        self.pause(&rule.id, key, until);
+        match crate::inspect::class_calendar(rule, key) {
+            Some((calendar, scope)) => self.with(|s| s.pause_budget(&calendar.state_name(Some(scope)), until)),
+            None => self.pause(&rule.id, key, until),
+        }
         Box::pin(async { Ok(()) })
     }
 
@@ -327,7 +336,10 @@ impl Store for MemoryStore {
     }
 
     fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        let ended = MemoryStore::resume(self, &rule.id, key);
+        let ended = match crate::inspect::class_calendar(rule, key) {
+            Some((calendar, scope)) => self.with(|s| s.resume_budget(&calendar.state_name(Some(scope)))),
+            None => MemoryStore::resume(self, &rule.id, key),
+        };
         Box::pin(async move { Ok(ended) })
     }
 
@@ -374,7 +386,10 @@ impl Store for MemoryStore {
 
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         let own = self.entity_state(&rule.id, key).and_then(|state| state.paused_until);
+        let calendar = crate::inspect::class_calendar(rule, key)
+            .and_then(|(calendar, scope)| self.budget_state(&calendar.state_name(Some(scope)))?.paused_until);
         let budgets = rule.budgets.iter().filter_map(|b| self.budget_state(&b.name).and_then(|s| s.paused_until));
+        let budgets = calendar.into_iter().chain(budgets);
         let until = own.into_iter().chain(budgets).max();
         Box::pin(async move { Ok(until) })
     }
