@@ -76,6 +76,9 @@ def test_every_operator_question_has_a_panel():
         'run_googleapis_com:request_count{monitored_resource="cloud_run_revision",service_name="drip-limiter"}',
         "drip_adaptive_level",
         "drip_pauses_capped_total",
+        "drip_delay_seconds_by_class_bucket",
+        "drip_latency_percentile_ms",
+        "drip_latency_reports_total",
     ]:
         assert needed in text, f"no panel queries {needed}"
 

@@ -152,7 +152,13 @@ async fn reserve_and_act(
     let reservation = reserved.reservation;
     log_decision(event, Some(rule), Some(key), outcome, Some(&reservation), reservation.replayed());
     if !reservation.replayed() && !matches!(outcome, Outcome::DeadLetter(DlqReason::MaxDelayExceeded)) {
-        state.metrics.observe(&rule.name, (reservation.slot - reservation.decided_at) as f64 / 1_000.0);
+        let delay = (reservation.slot - reservation.decided_at) as f64 / 1_000.0;
+        state.metrics.observe(&rule.name, delay);
+        if rule.classes.is_some()
+            && let Some((_, class)) = drip_core::rules::Classes::split(key)
+        {
+            state.metrics.observe_class(&rule.name, class, delay);
+        }
     }
     // Acting twice on a redelivery is what this prevents; failing to record it only risks that
     // (the lease still holds a concurrent duplicate off until it expires).

@@ -826,6 +826,8 @@ async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     assert_eq!(live.at, next, "the live payout takes its reserve of the next hour");
     let body: TaskBody = serde_json::from_slice(&live.body).unwrap();
     assert_eq!(body.rate_limit_meta.key, "merchant_m#live");
+    let metrics = l.state.metrics.shared.render();
+    assert!(metrics.contains("drip_delay_seconds_by_class_count{rule=\"settlements\",class=\"live\"} 1"), "{metrics}");
     assert_eq!(l.push("u0", &event("urgent"), b"{}").await, StatusCode::NO_CONTENT);
     assert_eq!(l.tasks().last().map(|t| t.at), Some(next + 2 * hour), "not a class: the default's FIFO");
     let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23live", None).await;

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::budgets::PPM;
 use crate::rules::{Cost, Rule, RuleSet, Window};
 use crate::schedule::{override_id, state_id};
 
@@ -191,7 +192,57 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         edits.push(edit(Safety::Safe, "overflow_format or on_missing_key changed: from the next event"));
     }
     edits.extend(budget_edits(old, new));
+    edits.extend(class_edits(old, new));
     edits
+}
+
+/// Classes added, removed or changed: what becomes of the backlog already scheduled.
+fn class_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
+    let show = |rule: &Rule| {
+        rule.classes.as_ref().map_or("none".to_owned(), |c| {
+            let reserves: Vec<String> =
+                c.calendar.floors.iter().map(|(class, r)| format!("{class} {}", *r as f64 / PPM as f64)).collect();
+            format!("{} (default {}; reserve {})", c.names.join(", "), c.default, reserves.join(", "))
+        })
+    };
+    match (&old.classes, &new.classes) {
+        (None, None) => Vec::new(),
+        (None, Some(_)) => vec![edit(
+            Safety::NeedsCare,
+            format!(
+                "classes added ({}): each key's events are then reserved per class against a calendar of the rule's limits that does not count the backlog already scheduled under the key, so until that backlog drains a window can hold it and the classes' events too: add classes when the rule's backlog is empty (drip inspect), or pause its keys until it drains",
+                show(new)
+            ),
+        )],
+        (Some(_), None) => vec![edit(
+            Safety::NeedsCare,
+            "classes removed: the classes' backlogs keep their slots, which the keys' own limits do not count, so until they drain a window can hold them and new events too: remove classes when the rule's backlog is empty",
+        )],
+        (Some(before), Some(after)) => {
+            let same = before.from == after.from
+                && before.default == after.default
+                && before.names == after.names
+                && before.calendar.floors == after.calendar.floors;
+            let mut edits = Vec::new();
+            if !same {
+                edits.push(edit(
+                    Safety::Safe,
+                    format!(
+                        "classes {} -> {}: from the next reservation, in every window that has not started; events already scheduled keep their slots (a class no longer listed keeps its backlog, which the calendar counts)",
+                        show(old),
+                        show(new)
+                    ),
+                ));
+            }
+            if new.limits.iter().any(|l| !old.limits.iter().any(|o| o.per() == l.per())) {
+                edits.push(edit(
+                    Safety::NeedsCare,
+                    "a limit of a new period on a rule with classes: its windows in the keys' calendars start empty, so until the backlog already scheduled drains a window of it can hold that backlog and new events too",
+                ));
+            }
+            edits
+        }
+    }
 }
 
 /// Budgets the rule draws from, and where its entities live (a budget's hash tag).
@@ -229,10 +280,8 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         }
         if before.floors != after.floors {
             let show = |floors: &[(String, u64)]| {
-                let each: Vec<String> = floors
-                    .iter()
-                    .map(|(rule, f)| format!("{rule} {}", *f as f64 / crate::budgets::PPM as f64))
-                    .collect();
+                let each: Vec<String> =
+                    floors.iter().map(|(rule, f)| format!("{rule} {}", *f as f64 / PPM as f64)).collect();
                 if each.is_empty() { "none".to_owned() } else { each.join(", ") }
             };
             edits.push(edit(
@@ -305,6 +354,38 @@ rules:
     #[test]
     fn the_same_file_has_no_edits() {
         assert!(diff(&parse(OLD), &parse(OLD)).is_empty());
+    }
+
+    #[test]
+    fn adding_classes_needs_care_and_changing_reserves_is_safe() {
+        let classed = OLD.replacen(
+            "    key: \"k\"\n",
+            "    key: \"k\"\n    classes: { from: \"{attributes.p}\", default: bulk, reserve: { live: 0.1 } }\n",
+            1,
+        );
+        let kyc = edits(&diff(&parse(OLD), &parse(&classed)), "kyc");
+        assert!(
+            matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.contains("classes added (live, bulk (default bulk; reserve live 0.1))")),
+            "{kyc:?}"
+        );
+        let raised = classed.replacen("live: 0.1", "live: 0.2", 1);
+        let kyc = edits(&diff(&parse(&classed), &parse(&raised)), "kyc");
+        assert!(matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("reserve live 0.2")), "{kyc:?}");
+        let longer = raised.replacen(
+            "limits: [ { limit: 5, per: 1s, window: fixed } ]",
+            "limits: [ { limit: 5, per: 1s }, { limit: 100, per: 1m } ]",
+            1,
+        );
+        let kyc = edits(&diff(&parse(&raised), &parse(&longer)), "kyc");
+        assert!(
+            kyc.iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("new period on a rule with classes")),
+            "{kyc:?}"
+        );
+        let kyc = edits(&diff(&parse(&raised), &parse(OLD)), "kyc");
+        assert!(
+            matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.starts_with("classes removed")),
+            "{kyc:?}"
+        );
     }
 
     #[test]

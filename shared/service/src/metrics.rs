@@ -306,6 +306,12 @@ pub struct RuleLabels {
     pub rule: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub rule: String,
+    pub class: String,
+}
+
 /// A service's metrics: the shared call metrics, a counter of outcomes by rule, and a histogram
 /// of seconds by rule (the limiter's delays, the dispatcher's lateness).
 #[derive(Debug)]
@@ -313,6 +319,8 @@ pub struct ServiceMetrics {
     pub shared: Arc<Metrics>,
     outcomes: Family<OutcomeLabels, prometheus_client::metrics::counter::Counter>,
     seconds: HistogramFamily<RuleLabels>,
+    /// The same seconds by class, for rules with classes (`<seconds>_by_class`).
+    by_class: HistogramFamily<ClassLabels>,
     longest: Arc<LongestRecent>,
 }
 
@@ -385,13 +393,16 @@ impl ServiceMetrics {
         let seconds_family: HistogramFamily<RuleLabels> = Family::new_with_constructor(delay_histogram);
         metrics.registry.register(outcomes.0, outcomes.1, outcome_family.clone());
         metrics.registry.register(seconds.0, seconds.1, seconds_family.clone());
+        let by_class: HistogramFamily<ClassLabels> = Family::new_with_constructor(delay_histogram);
+        let by_class_help = format!("{} By class, for rules with classes", seconds.1);
+        metrics.registry.register(format!("{}_by_class", seconds.0), by_class_help, by_class.clone());
         let longest = Arc::new(LongestRecent {
             name: format!("{}_max", seconds.0),
             help: format!("The longest of this minute and the last: {}", seconds.1),
             by_rule: Default::default(),
         });
         metrics.registry.register_collector(Box::new(longest.clone()));
-        Self { shared: Arc::new(metrics), outcomes: outcome_family, seconds: seconds_family, longest }
+        Self { shared: Arc::new(metrics), outcomes: outcome_family, seconds: seconds_family, by_class, longest }
     }
 
     pub fn count(&self, rule: &str, outcome: &str) {
@@ -401,6 +412,12 @@ impl ServiceMetrics {
     pub fn observe(&self, rule: &str, seconds: f64) {
         self.seconds.get_or_create(&RuleLabels { rule: rule.to_owned() }).observe(seconds);
         self.longest.observe(rule, seconds, this_minute());
+    }
+
+    /// The seconds of an event of `class` of a rule with classes (also counted by [`Self::observe`]).
+    pub fn observe_class(&self, rule: &str, class: &str, seconds: f64) {
+        let labels = ClassLabels { rule: rule.to_owned(), class: class.to_owned() };
+        self.by_class.get_or_create(&labels).observe(seconds);
     }
 
     /// Times a call to a dependency (see [`Metrics::time`]).
