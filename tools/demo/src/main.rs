@@ -13,6 +13,7 @@ use pubsub_emulator_client::EmulatorClient;
 
 mod charts;
 mod partner;
+mod priority;
 mod publish;
 mod report;
 mod throttle;
@@ -20,6 +21,7 @@ mod watch;
 
 pub(crate) use charts::*;
 pub(crate) use partner::*;
+pub(crate) use priority::*;
 pub(crate) use publish::*;
 pub(crate) use report::*;
 pub(crate) use throttle::*;
@@ -66,6 +68,10 @@ pub struct Args {
     /// by side, and consume what they forward into a partner with a hidden capacity.
     #[arg(long, conflicts_with = "throttle")]
     latency: bool,
+    /// The priority scenario: one merchant's bulk burst and a trickle of its live payouts through
+    /// the rules `payouts-fifo` and `payouts-classes` side by side.
+    #[arg(long, conflicts_with_all = ["throttle", "latency"])]
+    priority: bool,
 }
 
 pub(crate) struct Delivery {
@@ -126,6 +132,9 @@ pub(crate) struct Outcome {
 pub(crate) async fn demo(args: &Args) -> anyhow::Result<bool> {
     if args.latency {
         return latency_scenario(args).await;
+    }
+    if args.priority {
+        return priority_scenario(args).await;
     }
     let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let rule =

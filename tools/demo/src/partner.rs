@@ -233,7 +233,7 @@ fn delivered(lanes: &Lanes, lane: &str) -> HashSet<String> {
 }
 
 /// Adds what the rules' dead-letter topics hold now to `dead` (pulling acks them).
-async fn pull_dead_letters(
+pub(crate) async fn pull_dead_letters(
     pubsub: &EmulatorClient,
     rules: &drip_core::rules::RuleSet,
     dead: &mut Vec<String>,
