@@ -63,6 +63,10 @@ fn render(report: &EntityReport) -> String {
         }
         (None, None) => out += "backlog    none\n",
     }
+    for class in &report.classes {
+        let drains = class.drains_at.as_deref().map_or(String::new(), |at| format!(", drains at {at}"));
+        out += &format!("class      {}: {} events ahead{drains}\n", class.class, class.backlog);
+    }
     for why in &report.waiting_on {
         out += &format!("waiting    {why}\n");
     }
@@ -102,8 +106,9 @@ fn render(report: &EntityReport) -> String {
         }
         for floor in &budget.floors {
             for (limit, held) in budget.limits.iter().zip(&floor.limits) {
+                let kind = if budget.classes { "reserve" } else { "floor" };
                 out += &format!(
-                    "  floor {} {}: {} of {} units of each {} window; {} used now, {} booked ahead\n",
+                    "  {kind} {} {}: {} of {} units of each {} window; {} used now, {} booked ahead\n",
                     floor.rule, floor.floor, held.units, limit.capacity, limit.limit, held.used_now, held.ahead
                 );
             }

@@ -78,7 +78,7 @@ impl Transport {
         match self {
             Transport::Api(api) => api.get(&[V1, "rules", name, "keys", key], &[]).await,
             Transport::Redis { store, rules, path } => {
-                Ok(store.inspect(rule(rules, path, name)?, &cap_key(key.into())).await?)
+                Ok(drip_store::inspect::inspect_key(store, rule(rules, path, name)?, &cap_key(key.into())).await?)
             }
         }
     }

@@ -293,6 +293,44 @@ fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>)
     assert!(stdout(&text).contains("waiting    100 per 1m (fixed): full (100 of 100) until"), "{}", stdout(&text));
 }
 
+/// `drip inspect RULE KEY` of a rule with classes, straight from Redis: the key's classes
+/// together (each one's backlog), its calendar and each reserve; `KEY#CLASS` is one class.
+#[test]
+fn inspect_shows_a_key_s_classes_and_their_reserves() {
+    let rules_path = std::env::temp_dir().join(format!("{}.yaml", unique("classes")));
+    std::fs::write(
+        &rules_path,
+        "default_dlq_topic: dlq\nrules:\n  - name: settlements\n    key: \"merchant_{attributes.m}\"\n    limits: [ { limit: 10, per: 1h } ]\n    classes: { from: \"{attributes.p}\", default: bulk, reserve: { live: 0.2 } }\n    max_delay: 30d\n    forward: { topic: ready }\n    overflow_topic: overflow\n",
+    )
+    .unwrap();
+    let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
+    let rule = rules.rule("settlements").unwrap();
+    let namespace = unique("inspect-classes");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let connection = drip_tests::redis_server::shared_connection().await;
+        let store = drip_store::RedisStore::new(connection, namespace.clone());
+        for (i, class) in ["bulk"; 26].into_iter().chain(["live"; 3]).enumerate() {
+            let (key, id) = (format!("merchant_7#{class}"), format!("m{i}"));
+            store.reserve(&drip_store::SlotRequest::for_rule(rule, &key, &id, 1)).await.unwrap();
+        }
+    });
+    let url = shared_url();
+    let inspect = |key: &str| {
+        let args = ["inspect", "--redis", &url, "--rules", rules_path.to_str().unwrap(), "--namespace", &namespace];
+        stdout(&drip(&[&args[..], &["settlements", key]].concat()))
+    };
+    let whole = inspect("merchant_7");
+    assert!(whole.contains("backlog    19 events ahead"), "16 bulk and 3 live after this hour: {whole}");
+    assert!(whole.contains("class      live: 3 events ahead"), "{whole}");
+    assert!(whole.contains("class      bulk: 16 events ahead"), "{whole}");
+    assert!(whole.contains("budget     classes of merchant_7"), "{whole}");
+    assert!(whole.contains("reserve live 0.2: 2 of 10 units of each 10 per 1h (fixed) window"), "{whole}");
+    let live = inspect("merchant_7#live");
+    assert!(live.contains("backlog    3 events ahead") && !live.contains("class      "), "one class: {live}");
+    std::fs::remove_file(&rules_path).ok();
+}
+
 #[test]
 fn inspect_reports_an_entity_waiting_in_redis() {
     inspect_after_a_burst(&shared_url(), false, None);

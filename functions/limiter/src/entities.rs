@@ -87,8 +87,9 @@ fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
     self::error(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable")
 }
 
+/// A key of a rule with classes (not one class of it) is reported as its classes together.
 pub async fn inspect(State(state): State<AppState>, target: PathTarget) -> Response {
-    match state.store.inspect(target.rule(), &target.key).await {
+    match drip_store::inspect::inspect_key(&*state.store, target.rule(), &target.key).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => unavailable("inspect", e),
     }

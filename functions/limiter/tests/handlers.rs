@@ -837,6 +837,15 @@ async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     let reserve = &calendar["floors"][0];
     assert_eq!((reserve["rule"].as_str(), reserve["limits"][0]["ahead"].as_u64()), (Some("live"), Some(1)));
     assert_eq!(report["backlog"].as_u64(), Some(1), "the class's own backlog: {report}");
+    let (_, whole) = l.send("GET", "/v1/rules/settlements/keys/merchant_m", None).await;
+    let classes: Vec<(&str, u64)> = whole["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["class"].as_str().unwrap(), c["backlog"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(classes, [("live", 1), ("bulk", 17)], "each class's backlog: {whole}");
+    assert_eq!((whole["backlog"].as_u64(), whole["budgets"][0]["classes"].as_bool()), (Some(18), Some(true)));
     // The partner's 429 on one class holds the key: every class waits for the pause's end.
     let feedback =
         serde_json::json!({ "rule": "settlements", "key": "merchant_m#live", "status": 429, "retryAfter": 7200 });

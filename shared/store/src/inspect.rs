@@ -51,6 +51,68 @@ pub struct EntityReport {
     /// Why a new event would wait now: each pause, full limit (of the key or of a budget) and
     /// lowered adaptive level, with until when where the state says.
     pub waiting_on: Vec<String>,
+    /// For a rule with classes asked about a key (not one class of it): each class's backlog.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassReport>,
+}
+
+/// One class of a key of a rule with classes: its own FIFO's backlog.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassReport {
+    pub class: String,
+    /// Its events that hold a slot after now.
+    pub backlog: u64,
+    pub last_slot: Option<String>,
+    pub drains_at: Option<String>,
+}
+
+/// What a store says of `key`: the entity's report, or for a rule with classes asked about a key
+/// (not one class of it), its classes together ([`key_of_classes`]).
+pub async fn inspect_key<S: crate::Store + ?Sized>(
+    store: &S,
+    rule: &Rule,
+    key: &str,
+) -> Result<EntityReport, StoreError> {
+    let classes = class_entities(rule, key);
+    if classes.is_empty() {
+        return store.inspect(rule, key).await;
+    }
+    let mut reports = Vec::with_capacity(classes.len());
+    for (class, entity) in classes {
+        reports.push((class, store.inspect(rule, &entity).await?));
+    }
+    Ok(key_of_classes(key, reports).expect("a rule with classes has at least one"))
+}
+
+/// The classes of `key` whose entities to read for a report of the whole key: each class's
+/// `<key>#<class>`, when the rule has classes and `key` names no class of it.
+fn class_entities(rule: &Rule, key: &str) -> Vec<(String, String)> {
+    let Some(classes) = &rule.classes else { return Vec::new() };
+    if Classes::split(key).is_some_and(|(_, class)| classes.names.iter().any(|n| n == class)) {
+        return Vec::new();
+    }
+    classes.names.iter().map(|class| (class.clone(), Classes::entity(key, class))).collect()
+}
+
+/// The report of a whole key of a rule with classes, from its classes' reports (`class_entities`
+/// order): the key's calendar and budgets, each class's backlog, the total backlog and the last
+/// drain.
+fn key_of_classes(key: &str, reports: Vec<(String, EntityReport)>) -> Option<EntityReport> {
+    let classes: Vec<ClassReport> = reports
+        .iter()
+        .map(|(class, r)| ClassReport {
+            class: class.clone(),
+            backlog: r.backlog,
+            last_slot: r.last_slot.clone(),
+            drains_at: r.drains_at.clone(),
+        })
+        .collect();
+    let backlog = classes.iter().map(|c| c.backlog).sum();
+    let drains_at = classes.iter().filter_map(|c| c.drains_at.clone()).max();
+    let last_slot = classes.iter().filter_map(|c| c.last_slot.clone()).max();
+    let (_, first) = reports.into_iter().next()?;
+    Some(EntityReport { key: key.to_owned(), backlog, drains_at, last_slot, classes, ..first })
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,9 +126,13 @@ pub struct BudgetReport {
     pub adaptive_level: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<LatencyView>,
-    /// Each rule's floor and what that rule holds of it (docs/rules.md: "Floors in a shared budget").
+    /// Each rule's floor and what that rule holds of it (docs/rules.md: "Floors in a shared budget");
+    /// for a key's classes calendar, each class's reserve.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub floors: Vec<FloorReport>,
+    /// A key's classes calendar, not a shared budget: its floors are classes' reserves.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub classes: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -368,6 +434,7 @@ pub(crate) fn report(
         budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
     if let (Some((_, scope)), Some(calendar)) = (class_calendar(rule, key), budgets.first_mut()) {
         calendar.name = format!("classes of {scope}");
+        calendar.classes = true;
     }
     let paused_until = state.paused_until.filter(|&until| until > now).map(format_rfc3339);
     // The latest pause holding the key (its own or a budget's).
@@ -439,6 +506,7 @@ pub(crate) fn report(
         latency: latency_view(rule.adaptive, state.latency, adaptive_window(&rule.limits)),
         budgets,
         waiting_on,
+        classes: Vec::new(),
     }
 }
 
@@ -535,6 +603,7 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
         adaptive_level: level.map(|level| level as f64 / PPM as f64),
         latency: latency_view(budget.adaptive, state.latency, adaptive_window(&budget.limits)),
         floors: floor_reports(budget, state, level, now),
+        classes: false,
     }
 }
 
