@@ -138,6 +138,16 @@ rules:
     forward: { topic: trial-ready }
     overflow_topic: trial-overflow
     dlq_topic: trial-dlq
+  - name: trial_classes
+    mode: shadow
+    match: { attributes: { event_type: trial_classes } }
+    key: "merchant_{data.merchant_id}"
+    limits: [ { limit: 5, per: 1h } ]
+    classes: { from: "{attributes.priority}", default: bulk, reserve: { live: 0.2 } }
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: trial-classes-ready }
+    overflow_topic: trial-classes-overflow
   - name: trial_sms
     mode: shadow
     match: { attributes: { event_type: trial_sms } }
@@ -594,6 +604,27 @@ async fn a_shadow_rule_forwards_an_event_that_costs_more_than_its_limit_and_says
     let said: Vec<(&str, &str)> = said.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     assert_eq!(said, [("big", "dlq:cost_exceeds_limit"), ("small", "forward")], "forwarded once each");
     assert!(l.published("trial-sms-dlq").is_empty(), "nothing dead-lettered for the limit's sake");
+}
+
+/// A shadow rule with classes forwards everything at once and says what each class would have
+/// had: the bulk booked ahead at 4 of each hour's 5, the live payout in its reserve of the next.
+#[tokio::test]
+async fn a_shadow_rule_with_classes_says_what_each_class_would_have_had() {
+    let l = limiter();
+    let event = |priority: &'static str| [("event_type", "trial_classes"), ("priority", priority)];
+    for i in 0..13 {
+        assert_eq!(l.push(&format!("b{i}"), &event("bulk"), br#"{"merchant_id":52}"#).await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.push("l0", &event("live"), br#"{"merchant_id":52}"#).await, StatusCode::NO_CONTENT);
+    let forwarded = l.published("trial-classes-ready");
+    assert_eq!(forwarded.len(), 14, "every event forwarded at once");
+    assert!(l.tasks().is_empty(), "no task");
+    let hour = drip_core::time::HOUR;
+    let next = (drip_core::time::wall_clock_millis() / hour + 1) * hour;
+    let slot = |i: usize| parse_rfc3339(&forwarded[i].attributes["drip-scheduled-for"]).unwrap();
+    assert_eq!((slot(5), slot(8), slot(9), slot(12)), (next, next, next + hour, next + hour), "4 of 5 an hour");
+    assert_eq!(forwarded[13].attributes["drip-shadow-decision"], "delay");
+    assert_eq!(slot(13), next, "the live payout would have had its reserve of the next hour");
 }
 
 #[tokio::test]
