@@ -804,8 +804,9 @@ pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> R
 pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
     let classes = (2usize..=3, 150_000u64..=600_000, prop::option::weighted(0.5, 100_000u64..=300_000));
     let picks = prop::collection::vec(0usize..3, max_events);
-    (scenario_with_budgets(max_events), prop::bool::weighted(0.3), classes, picks).prop_map(
-        |(mut scenario, keep_budgets, (count, c0, c1), picks)| {
+    let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..4);
+    (scenario_with_budgets(max_events), prop::bool::weighted(0.3), classes, picks, pauses).prop_map(
+        |(mut scenario, keep_budgets, (count, c0, c1), picks, pauses)| {
             if !keep_budgets {
                 scenario.shared.budgets.clear();
                 scenario.shared.budget_pauses.clear();
@@ -837,6 +838,13 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
                 arrival.now = start + (arrival.now - start) / 5;
                 arrival.published = start + (arrival.published - start) / 5;
             }
+            // Pauses of a key (the downstream's answer to one of its classes) hold all its classes.
+            let n = scenario.events.len();
+            for (at, entity, lasts) in pauses {
+                let before = at.index(n);
+                scenario.pauses.push((before, entity, scenario.events[before].now + lasts));
+            }
+            scenario.pauses.sort_by_key(|p| p.0);
             for (arrival, pick) in scenario.events.iter_mut().zip(&picks) {
                 arrival.cost = arrival.cost.min(smallest);
                 if !arrival.redelivery {
@@ -868,15 +876,24 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
     )
 }
 
-/// For scenarios with classes: per key and class, slots never go backwards; per key, every window
-/// of each of the rule's limits holds at most its count over all classes; every budget window at
-/// most its count.
+/// For scenarios with classes: per key and class, slots never go backwards; no slot decided
+/// after a pause of its key lies before the pause's end, whatever its class; per key, every
+/// window of each of the rule's limits holds at most its count over all classes; every budget
+/// window at most its count.
 pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
     let mut in_use = InUse::default();
     let mut frontiers: HashMap<(usize, usize), Millis> = HashMap::new();
-    for (arrival, answer) in scenario.events.iter().zip(answers) {
+    let mut paused: HashMap<usize, Millis> = HashMap::new();
+    for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
+        for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
+            let current = paused.entry(entity).or_insert(until);
+            *current = (*current).max(until);
+        }
         if answer.replayed() {
             continue;
+        }
+        if answer.status == Status::Reserved && paused.get(&arrival.entity).is_some_and(|&until| answer.slot < until) {
+            return Err(format!("{arrival:?} got {answer:?}, inside its key's pause"));
         }
         in_use.take(arrival, answer);
         if answer.status != Status::Reserved {

@@ -52,8 +52,11 @@ async fn run_all(
             store.apply(&scenario.rule_of(rule, op.entity), op, &scenario.limits[op.limit], arrival.now).await;
         }
         for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
-            let key = format!("entity_{entity}");
-            store.pause_entity(&scenario.rule_of(rule, entity), &key, until, arrival.now).await;
+            let (key, rule) = (format!("entity_{entity}"), scenario.rule_of(rule, entity));
+            match &scenario.shared.classes {
+                Some(calendar) => store.pause_calendar((&rule, scenario), (calendar, &key), until, arrival.now).await,
+                None => store.pause_entity(&rule, &key, until, arrival.now).await,
+            }
         }
         for &(_, entity) in scenario.shared.signals.iter().filter(|s| s.0 == i) {
             let rule = entity.map_or_else(|| rule.to_owned(), |entity| scenario.rule_of(rule, entity));
@@ -147,6 +150,8 @@ trait Overridable: Store {
     async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved>;
     async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis);
+    /// A pause of a key of a rule with classes (its calendar's: every class waits).
+    async fn pause_calendar(&self, rule: (&str, &Scenario), calendar: (&Budget, &str), until: Millis, now: Millis);
     /// A 429 for the entity (or, for `None`, the first budget), where it has an adaptive limit.
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis);
     async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis);
@@ -175,6 +180,10 @@ impl Overridable for MemoryStore {
 
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, _: Millis) {
         self.pause(rule, key, until);
+    }
+
+    async fn pause_calendar(&self, _: (&str, &Scenario), (calendar, key): (&Budget, &str), until: Millis, _: Millis) {
+        self.pause_class_calendar(calendar, key, until);
     }
 
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
@@ -211,6 +220,17 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable 
 
     async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis) {
         self.pause(RuleRef::plain(rule), key, until, Some(now)).await.expect("pause");
+    }
+
+    async fn pause_calendar(
+        &self,
+        (rule, scenario): (&str, &Scenario),
+        (_, key): (&Budget, &str),
+        until: Millis,
+        now: Millis,
+    ) {
+        let rule = rule_ref(rule, scenario);
+        self.pause_class_calendar((rule, key), until, Some(now)).await.expect("pause");
     }
 
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {

@@ -166,6 +166,11 @@ impl MemoryStore {
         self.with(|s| s.pause_budget(&budget.name, until));
     }
 
+    /// As `RedisStore::pause_class_calendar`, on the model: every class of `key` waits.
+    pub fn pause_class_calendar(&self, calendar: &Budget, key: &str, until: drip_core::time::Millis) {
+        self.with(|s| s.pause_budget(&calendar.state_name(Some(key)), until));
+    }
+
     /// As `RedisStore::resume`, on the model.
     pub fn resume(&self, rule: &str, key: &str) -> Option<Millis> {
         self.with(|s| s.resume(rule, key))

@@ -324,7 +324,7 @@ impl Store for MemoryStore {
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         match crate::inspect::class_calendar(rule, key) {
-            Some((calendar, scope)) => self.with(|s| s.pause_budget(&calendar.state_name(Some(scope)), until)),
+            Some((calendar, scope)) => self.pause_class_calendar(calendar, scope, until),
             None => self.pause(&rule.id, key, until),
         }
         Box::pin(async { Ok(()) })
