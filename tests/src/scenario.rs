@@ -413,16 +413,21 @@ impl<'a> InUse<'a> {
     }
 }
 
+/// The pauses made before the event at `i`, into `paused` (by entity: the latest end).
+fn take_pauses(scenario: &Scenario, i: usize, paused: &mut HashMap<usize, Millis>) {
+    for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
+        let current = paused.entry(entity).or_insert(until);
+        *current = (*current).max(until);
+    }
+}
+
 /// For scenarios with pauses: per entity, slots never go backwards in reservation order, none
 /// reserved after a pause lies before its end, and every limit holds over the slots in use.
 pub fn check_pause_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
     let mut in_use = InUse::default();
     let mut paused: HashMap<usize, Millis> = HashMap::new();
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
-        for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
-            let current = paused.entry(entity).or_insert(until);
-            *current = (*current).max(until);
-        }
+        take_pauses(scenario, i, &mut paused);
         if answer.replayed() {
             continue;
         }
@@ -885,10 +890,7 @@ pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
     let mut frontiers: HashMap<(usize, usize), Millis> = HashMap::new();
     let mut paused: HashMap<usize, Millis> = HashMap::new();
     for (i, (arrival, answer)) in scenario.events.iter().zip(answers).enumerate() {
-        for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
-            let current = paused.entry(entity).or_insert(until);
-            *current = (*current).max(until);
-        }
+        take_pauses(scenario, i, &mut paused);
         if answer.replayed() {
             continue;
         }

@@ -48,13 +48,30 @@ fn configurations() -> Vec<Configuration> {
         per_key: false,
         tag: "bench-gateway".into(),
     });
+    let classes = Arc::new(Budget {
+        name: "bench-classes".into(),
+        limits: vec![fixed(100, MINUTE)],
+        max_share: None,
+        adaptive: None,
+        floors: vec![("live".into(), 50_000)],
+        per_key: true,
+        tag: String::new(),
+    });
     vec![
         ("1 fixed limit (100/min)", vec![fixed(100, MINUTE)], vec![]),
         ("gcra 10/s burst 100", vec![Limit::new(10, SECOND, Window::Gcra { burst: 100 }).unwrap()], vec![]),
         ("10/s + 100/min + 10,000/day", vec![fixed(10, SECOND), fixed(100, MINUTE), fixed(10_000, DAY)], vec![]),
         ("sliding 100/min", vec![Limit::new(100, MINUTE, Window::Sliding).unwrap()], vec![]),
         ("1 fixed + a shared budget (fair share, adaptive)", vec![fixed(100, MINUTE)], vec![gateway]),
+        // The key's class `bulk` of a rule with classes: the limit is the key's calendar.
+        ("1 fixed with classes (bulk beside a live reserve)", vec![], vec![classes]),
     ]
+}
+
+/// The entity of `key` under a configuration: `<key>#bulk` when its first budget is a classes
+/// calendar, else the key.
+fn entity(key: String, budgets: &[Arc<Budget>]) -> String {
+    if budgets.first().is_some_and(|b| b.per_key) { format!("{key}#bulk") } else { key }
 }
 
 /// `(calls, usec)` of one command in `INFO commandstats`.
@@ -105,7 +122,10 @@ fn request<'a>(
         budgets,
         ..ReserveRequest::new(id, limits, 0)
     };
-    SlotRequest { tag: budgets.first().map(|b| b.tag.as_str()), ..SlotRequest::new(rule, key, event) }
+    let classed = budgets.first().is_some_and(|b| b.per_key);
+    let event = ReserveRequest { class: drip_core::rules::Classes::split(key).filter(|_| classed), ..event };
+    let tag = budgets.first().filter(|b| !b.per_key).map(|b| b.tag.as_str());
+    SlotRequest { tag, ..SlotRequest::new(rule, key, event) }
 }
 
 async fn load(connection: &mut MultiplexedConnection, script: &str) -> String {
@@ -144,7 +164,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
         let rule = format!("bench{n}");
         let published = wall_clock_millis();
         let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
-            let (key, id) = (format!("merchant_{}", i % ENTITIES), format!("{i}"));
+            let (key, id) = (entity(format!("merchant_{}", i % ENTITIES), &budgets), format!("{i}"));
             store.reserve_call(&request(&rule, &key, &id, (&limits, &budgets), published)).cmd()
         })
         .await;
@@ -155,7 +175,8 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
         let rule = format!("bench-batch{n}");
         let published = wall_clock_millis();
         let (usec, per_second) = measure(connection, "evalsha", calls / BATCH, |i| {
-            let keys: Vec<String> = (0..BATCH).map(|j| format!("merchant_{}", (i * BATCH + j) % ENTITIES)).collect();
+            let keys: Vec<String> =
+                (0..BATCH).map(|j| entity(format!("merchant_{}", (i * BATCH + j) % ENTITIES), &budgets)).collect();
             let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
             let requests: Vec<SlotRequest> = keys
                 .iter()

@@ -124,18 +124,7 @@ fn lane_payout(i: usize, lane: &str) -> (Vec<u8>, BTreeMap<String, String>) {
 /// Runs the scenario; prints each lane's 429s and settled throughput side by side. True when
 /// every event reached the partner once.
 pub(crate) async fn latency_scenario(args: &Args) -> anyhow::Result<bool> {
-    let rules = drip_core::rules::RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
-    let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
-    for rule in &rules.rules {
-        let Forward::Topic(forward) = &rule.forward else {
-            anyhow::bail!("the latency scenario's rules forward to topics")
-        };
-        for topic in [forward, &rule.overflow_topic, &rule.dlq_topic] {
-            pubsub.topic_with_subscription(topic).await.ok();
-        }
-    }
-    pubsub.create_topic(SOURCE).await?;
-    pubsub.create_subscription(SOURCE, SOURCE, Some(&format!("{}/push", args.limiter.trim_end_matches('/')))).await?;
+    let (rules, pubsub) = set_up_lanes(args).await?;
     let lanes: Lanes = Arc::default();
     let until = wall_clock_millis() + STREAM_SECS * 1_000 + args.timeout_secs as Millis * 1_000;
     for lane in LANES {
@@ -225,6 +214,24 @@ pub(crate) async fn latency_scenario(args: &Args) -> anyhow::Result<bool> {
     }
     println!("result: {}", if ok { "OK (every event reached the partner once)" } else { "FAILED" });
     Ok(ok)
+}
+
+/// The rules file of a scenario with rules side by side, each rule's topics with a pull
+/// subscription of the same name, and the source topic whose push subscription feeds the limiter.
+pub(crate) async fn set_up_lanes(args: &Args) -> anyhow::Result<(drip_core::rules::RuleSet, EmulatorClient)> {
+    let rules = drip_core::rules::RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+    let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
+    for rule in &rules.rules {
+        let Forward::Topic(forward) = &rule.forward else {
+            anyhow::bail!("rule '{}' of a side-by-side scenario must forward to a topic", rule.name)
+        };
+        for topic in [forward, &rule.overflow_topic, &rule.dlq_topic] {
+            pubsub.topic_with_subscription(topic).await.ok();
+        }
+    }
+    pubsub.create_topic(SOURCE).await?;
+    pubsub.create_subscription(SOURCE, SOURCE, Some(&format!("{}/push", args.limiter.trim_end_matches('/')))).await?;
+    Ok((rules, pubsub))
 }
 
 fn delivered(lanes: &Lanes, lane: &str) -> HashSet<String> {

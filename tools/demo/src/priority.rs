@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use drip_core::rules::{Forward, RuleSet};
 use drip_core::time::{Millis, parse_rfc3339, wall_clock_millis};
 use plotters::prelude::*;
 use pubsub_emulator_client::EmulatorClient;
@@ -85,20 +84,9 @@ fn most_per_window(times: impl Iterator<Item = Millis>, per: Millis) -> usize {
 /// every payout reached its topic once, no window held more than the limit (at the slots and at
 /// the topics) and nothing was dead-lettered.
 pub(crate) async fn priority_scenario(args: &Args) -> anyhow::Result<bool> {
-    let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
+    let (rules, pubsub) = set_up_lanes(args).await?;
     let limit = rules.rule("payouts-classes").and_then(|r| r.limits.first().copied());
     let Some(limit) = limit else { anyhow::bail!("the priority scenario needs rule payouts-classes") };
-    let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
-    for rule in &rules.rules {
-        let Forward::Topic(forward) = &rule.forward else {
-            anyhow::bail!("the priority scenario's rules forward to topics")
-        };
-        for topic in [forward, &rule.overflow_topic, &rule.dlq_topic] {
-            pubsub.topic_with_subscription(topic).await.ok();
-        }
-    }
-    pubsub.create_topic(SOURCE).await?;
-    pubsub.create_subscription(SOURCE, SOURCE, Some(&format!("{}/push", args.limiter.trim_end_matches('/')))).await?;
     println!(
         "one merchant: {BULK} bulk payouts at once, then (once the limiter took them in) a live payout every {LIVE_EVERY_MS} ms ({LIVE} in all), under {} per {} ms; \
          each through payouts-fifo (no classes) and payouts-classes (live reserves a share of each window)",
