@@ -409,6 +409,31 @@ async fn a_task_that_finds_a_pause_gives_its_slot_back() {
     assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour], "two units in the hour, not three");
 }
 
+/// The same with classes: a pause of the key's live class holds its bulk class's task too (the
+/// pause is the key's calendar's), whose slot goes back to the calendar as it takes the next.
+#[tokio::test]
+async fn a_task_of_one_class_waits_for_a_pause_of_another_class_of_its_key() {
+    let classed = RULES.replace(
+        "limits: [ { limit: 1, per: 1s } ]",
+        "limits: [ { limit: 2, per: 1h } ]\n    classes: { from: \"{attributes.priority}\", default: bulk, reserve: { live: 0.5 } }",
+    );
+    let d = dispatcher_with(&classed);
+    let now = wall_clock_millis();
+    let until = (now + SECOND).min((now / HOUR + 1) * HOUR - 1);
+    assert_eq!(reserve_at(&d, "merchant_7#bulk", "first", now).await, now);
+    assert_eq!(reserve_at(&d, "merchant_7#live", "second", now).await, now);
+    let rule = d.state.rules.current().rules[0].clone();
+    Store::pause(&*d.store, &rule, "merchant_7#live", until).await.unwrap();
+    let payout = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let body = event("first", "merchant_7#bulk", now, TaskPayload::inline(b"{}"), payout);
+    assert_eq!(d.run(&body, Some(&seal(&body, now, TASK_NAME))).await, StatusCode::OK);
+    assert!(d.published_ids().is_empty(), "the bulk class waits for the live class's pause");
+    let tasks = d.tasks.created.lock().unwrap().clone();
+    assert_eq!(tasks.iter().map(|t| t.at).collect::<Vec<_>>(), [until], "the slot at the pause's end");
+    let calendar = d.store.budget_state(&format!("{}|merchant_7", rule.id)).unwrap();
+    assert_eq!(calendar.windows[&(HOUR, now / HOUR * HOUR)], 2, "two units in the hour, not three");
+}
+
 /// An `overflow: { url }` target that answers with `X-Drip-Cost` corrects what the event booked:
 /// here the payout booked 1 of the key's 5 an hour and really cost 4, so the hour holds 4.
 #[tokio::test]
