@@ -1002,7 +1002,6 @@ fn the_rules_schema_refuses_what_the_loader_refuses() {
         ("budget_gcra_window", "a budget's window against the rules drawing on it"),
         ("budget_listed_twice", "a rule's budgets against each other"),
         ("classes_reserve_over_one", "a rule's reserves against each other"),
-        ("classes_with_adaptive", "classes against adaptive"),
         ("classes_with_sliding_limit", "classes against the rule's windows"),
         ("cost_exceeds_budget", "cost against a budget's limit"),
         ("cost_exceeds_gcra_burst", "cost against burst"),

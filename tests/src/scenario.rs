@@ -804,21 +804,26 @@ pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> R
 }
 
 /// A rule with classes (two or three, `c0` and sometimes `c1` holding a reserve) over fixed limits,
-/// with or without shared budgets (their floors, fair shares, pauses), new slots for redeliveries
-/// and republished ids: each key's classes share its calendar, each class its own FIFO.
+/// sometimes adaptive (429s for keys lower their calendars' level), with or without shared budgets
+/// (their floors, fair shares, pauses), pauses of keys, new slots for redeliveries and republished
+/// ids: each key's classes share its calendar, each class its own FIFO.
 pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
-    let classes = (2usize..=3, 150_000u64..=600_000, prop::option::weighted(0.5, 100_000u64..=300_000));
+    let classes = (
+        (2usize..=3, 150_000u64..=600_000, prop::option::weighted(0.5, 100_000u64..=300_000)),
+        prop::option::weighted(0.4, adaptive()),
+    );
     let picks = prop::collection::vec(0usize..3, max_events);
     let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..4);
     (scenario_with_budgets(max_events), prop::bool::weighted(0.3), classes, picks, pauses).prop_map(
-        |(mut scenario, keep_budgets, (count, c0, c1), picks, pauses)| {
+        |(mut scenario, keep_budgets, ((count, c0, c1), adaptive), picks, pauses)| {
             if !keep_budgets {
                 scenario.shared.budgets.clear();
                 scenario.shared.budget_pauses.clear();
                 scenario.shared.rules = 1;
             }
+            // The rule's adaptive level is its keys' calendars' (signals for a key go there).
             scenario.shared.adaptive = None;
-            scenario.shared.signals.retain(|s| s.1.is_none() && keep_budgets);
+            scenario.shared.signals.retain(|s| s.1.is_some() || keep_budgets);
             scenario.overrides.clear();
             scenario.pauses.clear();
             let mut seen = std::collections::HashSet::new();
@@ -867,7 +872,7 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
                 name: "classes".into(),
                 limits: limits.clone(),
                 max_share: None,
-                adaptive: None,
+                adaptive,
                 floors,
                 per_key: true,
                 tag: String::new(),

@@ -188,6 +188,11 @@ impl Overridable for MemoryStore {
 
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
         match entity {
+            Some(entity) if scenario.shared.classes.is_some() => {
+                let calendar = scenario.shared.classes.as_ref().expect("classes");
+                let key = format!("entity_{entity}");
+                self.signal_budget(&MemoryStore::class_calendar(calendar, &key), now);
+            }
             Some(entity) => {
                 if let Some(adaptive) = &scenario.shared.adaptive {
                     let key = format!("entity_{entity}");
@@ -235,6 +240,12 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable 
 
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
         match entity {
+            Some(entity) if scenario.shared.classes.is_some() => {
+                let calendar = scenario.shared.classes.as_ref().expect("classes");
+                let key = format!("entity_{entity}");
+                let rule = rule_ref(rule, scenario);
+                self.signal_class_calendar((rule, &key), calendar, Some(now)).await.expect("signal");
+            }
             Some(entity) => {
                 if let Some(adaptive) = &scenario.shared.adaptive {
                     let key = format!("entity_{entity}");

@@ -141,6 +141,14 @@ impl Dispatcher {
     }
 }
 
+/// Waits until the wall clock is 100-300 ms into a second: a slot a few ms back then stays in the
+/// current 1 s window while the test runs (a task for an earlier window is late, and re-slotted).
+async fn early_in_a_second() {
+    while !(100..300).contains(&(wall_clock_millis() % 1_000)) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Only the limiter's sealed task is published, at its slot and once: a forged amount, an unsealed
 /// copy, another task's name and an early run are refused or retried, a replay is a duplicate.
 #[tokio::test]
@@ -189,6 +197,7 @@ async fn an_expired_seal_is_refused() {
 #[tokio::test]
 async fn a_batch_publishes_each_event_at_its_slot_and_a_retry_only_the_rest() {
     let d = dispatcher();
+    early_in_a_second().await;
     let now = wall_clock_millis();
     let slots = [now - 50, now + 200, now + 400, now + 600];
     let events: Vec<Vec<u8>> =
@@ -224,6 +233,7 @@ async fn a_batch_publishes_each_event_at_its_slot_and_a_retry_only_the_rest() {
 #[tokio::test]
 async fn a_batch_handles_each_event_as_it_would_be_alone() {
     let d = dispatcher();
+    early_in_a_second().await;
     let now = wall_clock_millis() - 10;
     let rules = d.state.rules.current();
     let rule = &rules.rules[0];

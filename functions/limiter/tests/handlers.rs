@@ -56,6 +56,16 @@ rules:
     inline_wait: 0s
     forward: { topic: settlements-ready }
     overflow_topic: settlements-overflow
+  - name: settlements_adaptive
+    match: { attributes: { event_type: settlement_adaptive } }
+    key: "merchant_{attributes.merchant}"
+    limits: [ { limit: 10, per: 1h } ]
+    classes: { from: "{attributes.priority}", default: bulk, reserve: { live: 0.2 } }
+    adaptive: { margin: 0, decrease: 0.5, min: 0.2 }
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: settlements-ready }
+    overflow_topic: settlements-overflow
   - name: otp
     match: { attributes: { event_type: otp } }
     key: "user_{attributes.user}"
@@ -895,6 +905,27 @@ async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     let (status, body) = l.send("PUT", path, Some(serde_json::json!({ "limit": "20/1h" }))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.to_string().contains("has classes"), "{body}");
+}
+
+/// An adaptive rule with classes: the level is the key's (its calendar's), so a 5xx reported for
+/// one class lowers the count every class of the key books against.
+#[tokio::test]
+async fn feedback_on_one_class_lowers_the_level_of_every_class_of_its_key() {
+    let l = limiter();
+    let event =
+        |priority: &'static str| [("event_type", "settlement_adaptive"), ("merchant", "a"), ("priority", priority)];
+    assert_eq!(l.push("l0", &event("live"), b"{}").await, StatusCode::NO_CONTENT);
+    let feedback = serde_json::json!({ "rule": "settlements_adaptive", "key": "merchant_a#live", "status": 503 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(feedback)).await;
+    assert_eq!((status, body["adaptiveLevel"].as_f64()), (StatusCode::OK, Some(0.5)), "{body}");
+    let (_, report) = l.send("GET", "/v1/rules/settlements_adaptive/keys/merchant_a%23bulk", None).await;
+    let calendar = &report["budgets"][0];
+    assert_eq!((calendar["adaptiveLevel"].as_f64(), calendar["limits"][0]["capacity"].as_u64()), (Some(0.5), Some(5)));
+    assert!(report["adaptiveLevel"].is_null(), "a class has no level of its own: {report}");
+    for i in 0..6 {
+        assert_eq!(l.push(&format!("b{i}"), &event("bulk"), b"{}").await, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(l.published("settlements-ready").len(), 5, "1 live and 4 bulk: 5 of the hour at the level in force");
 }
 
 #[tokio::test]

@@ -155,7 +155,10 @@ impl<'a> ReserveRequest<'a> {
     /// without classes keeps the request as it is.
     pub fn for_class(self, rule: &'a crate::rules::Rule, (key, class): (&'a str, &'a str)) -> Self {
         match &rule.classes {
-            Some(classes) => Self { limits: &[], budgets: &classes.draws, class: Some((key, class)), ..self },
+            Some(classes) => {
+                // The rule's adaptive level is the calendar's (`Classes::calendar`), not the entity's.
+                Self { limits: &[], budgets: &classes.draws, class: Some((key, class)), adaptive: None, ..self }
+            }
             None => self,
         }
     }

@@ -30,10 +30,25 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// The budget's downstream answered 429, 5xx or timed out: its adaptive level drops (once per
     /// window). Returns the level after it (ppm); nothing for a budget without an adaptive limit.
     pub async fn signal_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<u64>, StoreError> {
+        self.signal_at(budget_key(self.namespace(), budget), budget, now).await
+    }
+
+    /// The same for the calendar of a key of a rule with classes (`Classes::calendar`): its
+    /// classes share one adaptive level.
+    pub async fn signal_class_calendar(
+        &self,
+        (rule, key): (RuleRef<'_>, &str),
+        calendar: &Budget,
+        now: Option<Millis>,
+    ) -> Result<Option<u64>, StoreError> {
+        self.signal_at(class_calendar_key(self.namespace(), rule, key), calendar, now).await
+    }
+
+    async fn signal_at(&self, hash: String, budget: &Budget, now: Option<Millis>) -> Result<Option<u64>, StoreError> {
         let Some(adaptive) = &budget.adaptive else { return Ok(None) };
         let mut args = vec!["adapt".to_owned()];
         args.extend(adapt_args(adaptive, &budget.limits));
-        self.budget_op(budget, now, &args).await.map(|level| Some(level as u64))
+        self.hash_invocation::<i64>(hash, now, &args).await.map(|level| Some(level as u64))
     }
 
     /// A window's latency of the budget's downstream; `None` when its adaptive limit does not
@@ -44,12 +59,33 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         report: LatencyReport,
         now: Option<Millis>,
     ) -> Result<Option<LatencyChange>, StoreError> {
+        self.latency_at(budget_key(self.namespace(), budget), budget, report, now).await
+    }
+
+    /// The same for the calendar of a key of a rule with classes.
+    pub async fn report_class_calendar_latency(
+        &self,
+        (rule, key): (RuleRef<'_>, &str),
+        calendar: &Budget,
+        report: LatencyReport,
+        now: Option<Millis>,
+    ) -> Result<Option<LatencyChange>, StoreError> {
+        self.latency_at(class_calendar_key(self.namespace(), rule, key), calendar, report, now).await
+    }
+
+    async fn latency_at(
+        &self,
+        hash: String,
+        budget: &Budget,
+        report: LatencyReport,
+        now: Option<Millis>,
+    ) -> Result<Option<LatencyChange>, StoreError> {
         let Some(parameters) =
             budget.adaptive.as_ref().and_then(|adaptive| latency_args(adaptive, &budget.limits, report))
         else {
             return Ok(None);
         };
-        let reply: Vec<i64> = self.budget_invocation(budget, now, &["latency".into(), parameters]).await?;
+        let reply: Vec<i64> = self.hash_invocation(hash, now, &["latency".into(), parameters]).await?;
         latency_change(&reply).map(Some)
     }
 

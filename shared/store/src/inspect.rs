@@ -422,7 +422,11 @@ pub(crate) fn report(
     let slots = Slots { slots, cost };
     let mut limits = Vec::new();
     let overrides = override_reports(rule, &state.overrides, now);
-    let level = rule.adaptive.map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
+    // A class's entity has no level of its own: its key's calendar (a budget below) has it.
+    let level = rule
+        .adaptive
+        .filter(|_| class_calendar(rule, key).is_none())
+        .map(|a| a.level(state.adaptive, adaptive_window(&rule.limits), now));
     // A class's entity holds none of the rule's limits: the key's calendar (a budget below) does.
     let own = if class_calendar(rule, key).is_some() { &[][..] } else { &rule.limits[..] };
     for limit in own {

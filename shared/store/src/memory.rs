@@ -166,6 +166,12 @@ impl MemoryStore {
         self.with(|s| s.pause_budget(&budget.name, until));
     }
 
+    /// The calendar of `key` of a rule with classes, as the model keeps it: a budget named
+    /// `Budget::state_name`.
+    pub fn class_calendar(calendar: &Budget, key: &str) -> Budget {
+        Budget { name: calendar.state_name(Some(key)), per_key: false, ..calendar.clone() }
+    }
+
     /// As `RedisStore::pause_class_calendar`, on the model: every class of `key` waits.
     pub fn pause_class_calendar(&self, calendar: &Budget, key: &str, until: drip_core::time::Millis) {
         self.with(|s| s.pause_budget(&calendar.state_name(Some(key)), until));

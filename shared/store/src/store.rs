@@ -185,6 +185,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
         Box::pin(async move {
+            if let Some((calendar, scope)) = crate::inspect::class_calendar(rule, key) {
+                return self.signal_class_calendar((RuleRef::of(rule), scope), calendar, None).await;
+            }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
             RedisStore::signal(self, RuleRef::of(rule), key, (adaptive, &rule.limits), None).await.map(Some)
         })
@@ -201,6 +204,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         report: LatencyReport,
     ) -> StoreFuture<'a, Option<LatencyChange>> {
         Box::pin(async move {
+            if let Some((calendar, scope)) = crate::inspect::class_calendar(rule, key) {
+                return self.report_class_calendar_latency((RuleRef::of(rule), scope), calendar, report, None).await;
+            }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
             RedisStore::report_latency(self, RuleRef::of(rule), key, (adaptive, &rule.limits), report, None).await
         })
@@ -349,7 +355,11 @@ impl Store for MemoryStore {
     }
 
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
-        let level = rule.adaptive.map(|a| self.signal(&rule.id, key, (&a, &rule.limits), wall_clock_millis()));
+        let now = wall_clock_millis();
+        let level = match crate::inspect::class_calendar(rule, key) {
+            Some((calendar, scope)) => self.signal_budget(&MemoryStore::class_calendar(calendar, scope), now),
+            None => rule.adaptive.map(|a| self.signal(&rule.id, key, (&a, &rule.limits), now)),
+        };
         Box::pin(async move { Ok(level) })
     }
 
@@ -364,9 +374,13 @@ impl Store for MemoryStore {
         key: &'a str,
         report: LatencyReport,
     ) -> StoreFuture<'a, Option<LatencyChange>> {
-        let change = rule
-            .adaptive
-            .and_then(|a| self.report_latency(&rule.id, key, (&a, &rule.limits), report, wall_clock_millis()));
+        let now = wall_clock_millis();
+        let change = match crate::inspect::class_calendar(rule, key) {
+            Some((calendar, scope)) => {
+                self.report_budget_latency(&MemoryStore::class_calendar(calendar, scope), report, now)
+            }
+            None => rule.adaptive.and_then(|a| self.report_latency(&rule.id, key, (&a, &rule.limits), report, now)),
+        };
         Box::pin(async move { Ok(change.map(LatencyChange::from)) })
     }
 

@@ -216,9 +216,7 @@ pub(super) fn validate_rule(
 
     let classes = match (raw.classes, &limits) {
         (None, _) => Some(None),
-        (Some(raw), Some(limits)) => {
-            validate_classes(raw, (&id, limits), adaptive.as_ref().is_some_and(Option::is_some), errors)
-        }
+        (Some(raw), Some(limits)) => validate_classes(raw, (&id, limits), adaptive.flatten(), errors),
         (Some(_), None) => None,
     };
 
@@ -255,11 +253,11 @@ pub(super) fn validate_rule(
 }
 
 /// A rule's classes: names, the `from` template, reserves (as floors of a calendar of the rule's
-/// limits, which must be fixed windows); not with `adaptive`.
+/// limits, which must be fixed windows, at the rule's adaptive level when it has one).
 fn validate_classes(
     raw: RawClasses,
     (id, limits): (&str, &[Limit]),
-    adaptive: bool,
+    adaptive: Option<Adaptive>,
     errors: &mut RuleErrors<'_, '_>,
 ) -> Option<Option<Classes>> {
     let before = errors.errors.list.len();
@@ -282,9 +280,6 @@ fn validate_classes(
             ),
         );
     }
-    if adaptive {
-        errors.push("classes", "not with adaptive: the classes' calendar keeps the rule's counts as written".into());
-    }
     if errors.errors.list.len() > before {
         return None;
     }
@@ -297,7 +292,7 @@ fn validate_classes(
         name: id.to_owned(),
         limits: limits.to_vec(),
         max_share: None,
-        adaptive: None,
+        adaptive,
         floors,
         per_key: true,
         tag: String::new(),
