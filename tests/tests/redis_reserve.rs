@@ -183,7 +183,7 @@ impl Overridable for MemoryStore {
     }
 
     async fn pause_calendar(&self, _: (&str, &Scenario), (calendar, key): (&Budget, &str), until: Millis, _: Millis) {
-        self.pause_class_calendar(calendar, key, until);
+        self.pause_budget(&MemoryStore::class_calendar(calendar, key), until);
     }
 
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {

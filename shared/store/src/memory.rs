@@ -172,11 +172,6 @@ impl MemoryStore {
         Budget { name: calendar.state_name(Some(key)), per_key: false, ..calendar.clone() }
     }
 
-    /// As `RedisStore::pause_class_calendar`, on the model: every class of `key` waits.
-    pub fn pause_class_calendar(&self, calendar: &Budget, key: &str, until: drip_core::time::Millis) {
-        self.with(|s| s.pause_budget(&calendar.state_name(Some(key)), until));
-    }
-
     /// As `RedisStore::resume`, on the model.
     pub fn resume(&self, rule: &str, key: &str) -> Option<Millis> {
         self.with(|s| s.resume(rule, key))
@@ -220,7 +215,7 @@ impl MemoryStore {
         self.with(|s| s.budget_state(budget).cloned())
     }
 
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut locked(&self.scheduler))
     }
 }

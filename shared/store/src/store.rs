@@ -330,7 +330,7 @@ impl Store for MemoryStore {
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         match crate::inspect::class_calendar(rule, key) {
-            Some((calendar, scope)) => self.pause_class_calendar(calendar, scope, until),
+            Some((calendar, scope)) => self.pause_budget(&MemoryStore::class_calendar(calendar, scope), until),
             None => self.pause(&rule.id, key, until),
         }
         Box::pin(async { Ok(()) })
@@ -343,7 +343,7 @@ impl Store for MemoryStore {
 
     fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         let ended = match crate::inspect::class_calendar(rule, key) {
-            Some((calendar, scope)) => self.with(|s| s.resume_budget(&calendar.state_name(Some(scope)))),
+            Some((calendar, scope)) => MemoryStore::resume_budget(self, &MemoryStore::class_calendar(calendar, scope)),
             None => MemoryStore::resume(self, &rule.id, key),
         };
         Box::pin(async move { Ok(ended) })
