@@ -18,12 +18,20 @@ use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// No slot of any entity drawing from the budget before `until` (a later pause is kept).
     pub async fn pause_budget(&self, budget: &Budget, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
-        self.budget_op(budget, now, &["pause".into(), until.to_string()]).await.map(drop)
+        self.pause_at(budget_key(self.namespace(), budget), until, now).await
     }
 
     /// Lifts the budget's pause; returns when it would have ended.
     pub async fn resume_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<Millis>, StoreError> {
-        let ended = self.budget_op(budget, now, &["resume".into()]).await?;
+        self.resume_at(budget_key(self.namespace(), budget), now).await
+    }
+
+    async fn pause_at(&self, hash: String, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
+        self.hash_invocation::<i64>(hash, now, &["pause".into(), until.to_string()]).await.map(drop)
+    }
+
+    async fn resume_at(&self, hash: String, now: Option<Millis>) -> Result<Option<Millis>, StoreError> {
+        let ended: i64 = self.hash_invocation(hash, now, &["resume".into()]).await?;
         Ok((ended >= 0).then_some(ended))
     }
 
@@ -89,10 +97,6 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         latency_change(&reply).map(Some)
     }
 
-    async fn budget_op(&self, budget: &Budget, now: Option<Millis>, args: &[String]) -> Result<i64, StoreError> {
-        self.budget_invocation(budget, now, args).await
-    }
-
     /// A pause of a classed rule's entity `<key>#<class>` holds every class of the key: it is the
     /// key's calendar's (a downstream that refuses one class refuses the key).
     pub async fn pause_class_calendar(
@@ -101,8 +105,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         until: Millis,
         now: Option<Millis>,
     ) -> Result<(), StoreError> {
-        let hash = class_calendar_key(self.namespace(), rule, key);
-        self.hash_invocation::<i64>(hash, now, &["pause".into(), until.to_string()]).await.map(drop)
+        self.pause_at(class_calendar_key(self.namespace(), rule, key), until, now).await
     }
 
     /// Lifts the pause of a key's calendar; returns when it would have ended.
@@ -111,18 +114,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         (rule, key): (RuleRef<'_>, &str),
         now: Option<Millis>,
     ) -> Result<Option<Millis>, StoreError> {
-        let hash = class_calendar_key(self.namespace(), rule, key);
-        let ended: i64 = self.hash_invocation(hash, now, &["resume".into()]).await?;
-        Ok((ended >= 0).then_some(ended))
-    }
-
-    async fn budget_invocation<T: redis::FromRedisValue>(
-        &self,
-        budget: &Budget,
-        now: Option<Millis>,
-        args: &[String],
-    ) -> Result<T, StoreError> {
-        self.hash_invocation(budget_key(self.namespace(), budget), now, args).await
+        self.resume_at(class_calendar_key(self.namespace(), rule, key), now).await
     }
 
     /// budget.lua on the calendar hash `hash` (a budget's or a key's classes').
