@@ -184,11 +184,12 @@ local function read_event()
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
-      limits = {}, floors = {}, own_floor = false, pause = false, exp = false, level = false, hash = false}
+      leased = int() == 1, index = b, limits = {}, floors = {}, own_floor = false, pause = false, exp = false,
+      level = false, hash = false}
     local budget_limits = budget.limits
     for j = 1, int() do
       budget_limits[j] = {per = int(), n = int(), spread = str() == 'spread', lo = false, run = false,
-        run_changed = false, used = false, parts = false}
+        run_changed = false, used = false, parts = false, leased = false, full = false, top = false}
     end
     -- Rules holding a floor: name, share in ppm, and whether it is this event's rule.
     local floors = budget.floors
@@ -198,8 +199,13 @@ local function read_event()
         budget.own_floor = k
       end
     end
-    -- 'pause', 'adapt', 'exp', then each limit's 'lo:<per>' and 'run:<per>'.
-    budget.fields_from, budget.fields_to = span(3 + 2 * #budget_limits)
+    -- 'pause', 'adapt', 'exp', then each limit's 'lo:<per>' and 'run:<per>'; a leased budget's pool
+    -- then each limit's 'F:<per>' and 'T:<per>'.
+    local per_limit = 2
+    if budget.leased then
+      per_limit = 4
+    end
+    budget.fields_from, budget.fields_to = span(3 + per_limit * #budget_limits)
     budgets[b] = budget
   end
   return e
@@ -207,7 +213,7 @@ end
 
 -- An answer's kind as its reply's status (redis_store.rs's parse_reply): reserved, beyond
 -- max_delay, cost over a limit in force (nothing reserved for the last two).
-local STATUS = {R = 0, L = 1, C = 2}
+local STATUS = {R = 0, L = 1, C = 2, W = 3}
 -- What the attempt that asked may do: act on a new decision, act on the message's earlier answer
 -- (its lease taken again), not act (another attempt holds the lease), or nothing (acted upon).
 local ATTEMPT = {decided = 0, resumed = 1, busy = 2, done = 3}
@@ -216,6 +222,13 @@ local REPLY_LENGTH = 5
 -- One event's reply: the only place one is built.
 local function reply(slot, kind, attempt, now, decided_at)
   return {slot, STATUS[kind], attempt, now, decided_at}
+end
+
+-- An event that needs a lease first (its call stops at it, nothing of it written but a new slot's
+-- give-back): the window, W, which budget and limit of the event, and now.
+local function lease_wanted(e, now)
+  local wanted = e.wanted
+  return {wanted.window, STATUS.W, wanted.budget, wanted.limit, now}
 end
 
 -- The answer a message already has: its reply, with its lease taken again unless it is held or done.
@@ -253,6 +266,9 @@ local function read_budgets(e, now)
         l.n = math.max(math.floor(l.n * budget.level / 1000000), e.cost, 1)
       end
       l.lo, l.used, l.parts = tonumber(held[3 + j]) or false, {}, {}
+      if budget.leased then
+        l.leased, l.full, l.top = {}, tonumber(held[3 + 2 * count + j]) or false, tonumber(held[3 + 3 * count + j]) or false
+      end
       local run = held[3 + count + j]
       if run then
         local from, through, least = string.match(run, '^(%-?%d+):(%-?%d+):(%d+)$')
@@ -544,6 +560,51 @@ local function window_takes(budget, n, used, parts, cost, started)
   return borrowed == 0 or used + unused + borrowed <= n
 end
 
+-- A pool's window of a leased budget limit: what the partition booked of it and what it was leased.
+local function pool_use(budget, l, window)
+  local used = l.used[window]
+  if used then
+    return used, l.leased[window]
+  end
+  local name = l.per .. ':' .. window
+  local held = redis.call('HMGET', budget.hash, name, name .. ':l')
+  used = tonumber(held[1]) or 0
+  local leased = tonumber(held[2]) or 0
+  l.used[window], l.leased[window] = used, leased
+  return used, leased
+end
+
+-- The earliest time >= slot at which a partition's pool of a leased budget limit accepts the cost
+-- more (schedule.rs's pool_accepts): the first window whose lease has room; false, with the window
+-- in e.wanted, when a window lacks room and its home was not known to be full there.
+local function pool_accepts(e, budget, l, j, slot, horizon)
+  local per, cost, margin = l.per, e.cost, e.margin
+  local window = slot - slot % per
+  local t = slot
+  if t >= window + per - margin then
+    window = window + per
+    t = window
+  end
+  while true do
+    if window > horizon then
+      return math.max(t, window)
+    end
+    local used, leased = pool_use(budget, l, window)
+    if used + cost <= leased then
+      return math.max(t, window)
+    end
+    if not l.full or window > l.full then
+      e.wanted = {budget = budget.index, limit = j, window = window}
+      return false
+    end
+    if not l.top or window >= l.top then
+      window = l.full + per
+    else
+      window = window + per
+    end
+  end
+end
+
 -- The earliest time >= slot at which one budget limit accepts the cost more: the first window from
 -- the slot's that takes it (one past the horizon ends the search: the event is late whatever it
 -- holds), jumping over the limit's run of full windows when the cost cannot fit beside what they
@@ -638,7 +699,15 @@ local function earliest_slot(e, values, last, horizon, now)
     for b = 1, #budgets do
       local budget = budgets[b]
       for j = 1, #budget.limits do
-        local t = budget_accepts(e, budget, budget.limits[j], slot, horizon, now)
+        local t
+        if budget.leased then
+          t = pool_accepts(e, budget, budget.limits[j], j, slot, horizon)
+          if not t then
+            return false
+          end
+        else
+          t = budget_accepts(e, budget, budget.limits[j], slot, horizon, now)
+        end
         if t > next_slot then
           next_slot = t
         end
@@ -778,6 +847,9 @@ local function commit_budgets(e, slot, now)
             dead[#dead + 1] = window_name
             for k = 1, #floors do
               dead[#dead + 1] = window_name .. ':f:' .. floors[k].rule
+            end
+            if budget.leased then
+              dead[#dead + 1] = window_name .. ':l'
             end
           end
         else
@@ -928,7 +1000,14 @@ local function decide(e, now)
   end
   local horizon = now + e.max_delay
   local slot = earliest_slot(e, values, last, horizon, now)
-  if not slot then
+  if slot == false then
+    -- A redelivery learns its answer when filing one fails (below): it must not ask for a lease.
+    local recorded = not e.reslot and redis.call('HGET', KEYS[e.base + 1], e.field)
+    if recorded then
+      return replay(e, recorded, now)
+    end
+    return lease_wanted(e, now)
+  elseif not slot then
     return redis.error_reply('drip: slot search did not settle')
   end
   if slot > horizon then
@@ -952,7 +1031,39 @@ local function decide(e, now)
   return reply(slot, 'R', ATTEMPT.decided, now, now)
 end
 
+-- Leases the partitions' homes granted (lease.lua), credited to their pools: a lease is the
+-- partition's total of the window, so a credit taken twice or out of order changes nothing.
+local function credit(now)
+  local key, per, window, total, full, keep = KEYS[int()], int(), int(), int(), int(), int()
+  local full_field, top_field = 'F:' .. per, 'T:' .. per
+  local set = {}
+  local held = redis.call('HMGET', key, full_field, top_field)
+  if not tonumber(held[1]) or full > tonumber(held[1]) then
+    set[#set + 1], set[#set + 2] = full_field, full
+  end
+  if window then
+    local name = per .. ':' .. window .. ':l'
+    local leased = tonumber(redis.call('HGET', key, name)) or 0
+    if total > leased then
+      set[#set + 1], set[#set + 2] = name, total
+    end
+    if not tonumber(held[2]) or window > tonumber(held[2]) then
+      set[#set + 1], set[#set + 2] = top_field, window
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', key, unpack(set))
+    local ttl = math.max((window or now) + keep - now, 1)
+    if redis.call('PTTL', key) < ttl then
+      redis.call('PEXPIRE', key, ttl)
+    end
+  end
+end
+
 local now = clock(int())
+for _ = 1, int() do
+  credit(now)
+end
 local count = int()
 if count == 1 then
   -- An event alone shares nothing: no sharing tables, and its reply is the call's.
@@ -976,6 +1087,10 @@ for i = 1, #events do
   local n = #replies
   for j = 1, REPLY_LENGTH do
     replies[n + j] = decided[j]
+  end
+  if decided[2] == STATUS.W then
+    -- The events after it wait for its lease: the caller sends them again with it.
+    break
   end
 end
 flush_writes()

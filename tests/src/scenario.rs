@@ -625,6 +625,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                         adaptive,
                         floors,
                         per_key: false,
+                        leases: None,
                         tag: "b0".into(),
                     })
                 })
@@ -650,6 +651,37 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
             scenario
         },
     )
+}
+
+/// A scenario whose budgets are leased over 2 to 4 partitions, each asking its home for a chunk of
+/// anything from one unit to a whole window at a time (no adaptive level, floors or spread
+/// placement: a leased budget has none); arrivals compressed so that backlogs book ahead and the
+/// homes run out of room.
+pub fn scenario_with_leases(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let leases = prop::collection::vec((2u32..=4, 1u64..=PPM), 2);
+    (scenario_with_budgets(max_events), leases, 1i64..=4).prop_map(|(mut scenario, leases, squeeze)| {
+        let partitions = leases[0].0;
+        let budgets = scenario.shared.budgets.iter().zip(&leases).map(|(b, &(_, chunk))| {
+            let limits =
+                b.limits.iter().map(|l| Limit::new(l.limit(), l.per(), Window::Fixed(Placement::Start)).unwrap());
+            Arc::new(Budget {
+                limits: limits.collect(),
+                adaptive: None,
+                floors: Vec::new(),
+                leases: Some(drip_core::budgets::Leases { partitions, chunk }),
+                ..(**b).clone()
+            })
+        });
+        scenario.shared.budgets = budgets.collect();
+        scenario.shared.rules = 1;
+        scenario.shared.signals.retain(|(_, entity)| entity.is_some());
+        let start = scenario.events.first().map_or(0, |a| a.now);
+        for event in &mut scenario.events {
+            event.now = start + (event.now - start) / squeeze;
+            event.published = start + (event.published - start) / squeeze;
+        }
+        scenario
+    })
 }
 
 /// For scenarios with budgets: per entity, slots never go backwards and the rule's limits hold;
@@ -875,6 +907,7 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
                 adaptive,
                 floors,
                 per_key: true,
+                leases: None,
                 tag: String::new(),
             });
             scenario.limits = limits;

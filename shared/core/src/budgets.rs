@@ -24,6 +24,9 @@ pub struct Budget {
     /// A rule's classes calendar (docs/rules.md: "Classes under one limit"): the rule's limits,
     /// one calendar per key (its state is named [`Budget::state_name`]), floors held for classes.
     pub per_key: bool,
+    /// Leased capacity (docs/rules.md, "A budget past one shard"): its keys spread over partitions,
+    /// each booking against units its home leased it. `None`: one calendar, on one shard.
+    pub leases: Option<Leases>,
     /// The Redis Cluster hash tag of the budget and of every entity of every rule that draws from
     /// it (the smallest budget name of the group that rules link together): one script call then
     /// touches one slot. See docs/rules.md, "Shared budgets".
@@ -52,9 +55,56 @@ impl Budget {
         }
     }
 
+    /// The partition a key of a rule drawing from this budget lives in, when the budget is leased:
+    /// FNV-1a (64 bits) of the key, modulo the partitions. A classed rule's key is its scope (every
+    /// class of a key in one partition).
+    pub fn partition_of(&self, key: &str) -> Option<u32> {
+        self.leases.map(|leases| leases.partition_of(key))
+    }
+
+    /// The name a partition's pool of this budget is kept under: `<name>@<partition>`.
+    pub fn pool_name(&self, partition: u32) -> String {
+        format!("{}@{partition}", self.name)
+    }
+
     /// Names one share limit inside an entity's state: `share:<budget>:<per>`.
     pub fn share_id(&self, limit: &Limit) -> String {
         format!("share:{}:{}", self.name, limit.per())
+    }
+}
+
+/// `leases: { partitions, chunk }`: the budget's keys spread over `partitions` partitions (each its
+/// own Redis Cluster hash tag), and each partition books against a pool of units its budget's home
+/// leased it, window by window. The home never leases more than a window holds, so no window is
+/// ever over its limit; what a partition leased and did not use by the window's end is stranded
+/// (shown as extra delay, never as excess).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Leases {
+    pub partitions: u32,
+    /// How much a partition asks for at once, as a fraction of the window's count (ppm): the
+    /// most a partition can strand in one window (it asks again only once it used the last).
+    pub chunk: u64,
+}
+
+impl Leases {
+    /// The default chunk: 5 % of a window split over the partitions, so that every partition
+    /// stranding a whole chunk strands 5 % of the window.
+    pub fn default_chunk(partitions: u32) -> u64 {
+        (PPM / 20 / u64::from(partitions.max(1))).max(1)
+    }
+
+    pub fn partition_of(&self, key: &str) -> u32 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in key.as_bytes() {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (hash % u64::from(self.partitions.max(1))) as u32
+    }
+
+    /// How many units of a window whose count is `count` a partition asks for to book `cost`.
+    pub fn want(&self, count: u64, cost: u64) -> u64 {
+        (count * self.chunk).div_ceil(PPM).max(cost)
     }
 }
 

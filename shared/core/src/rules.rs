@@ -507,6 +507,25 @@ impl RuleSet {
                 RuleErrors { errors: &mut errors, label: &label }
                     .push("delivery_margin", format!("must be at most half of every window of its budgets ({limit})"));
             }
+            let partitions: Vec<Option<u32>> = rule.budgets.iter().map(|b| b.leases.map(|l| l.partitions)).collect();
+            if partitions.windows(2).any(|pair| pair[0] != pair[1]) {
+                let label = format!("rule '{}'", rule.name);
+                let each: Vec<String> = rule
+                    .budgets
+                    .iter()
+                    .map(|b| match b.leases {
+                        Some(l) => format!("'{}' leased over {} partitions", b.name, l.partitions),
+                        None => format!("'{}' not leased", b.name),
+                    })
+                    .collect();
+                RuleErrors { errors: &mut errors, label: &label }.push(
+                    "budgets",
+                    format!(
+                        "budgets drawn from together must be leased over the same partitions, or none of them ({}): a key lives in one partition of all of them",
+                        each.join(", ")
+                    ),
+                );
+            }
             if let Cost::Fixed(cost) = rule.cost
                 && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit() < cost))
             {

@@ -294,6 +294,63 @@ pub struct BudgetState {
     pub paused_until: Option<Millis>,
     pub adaptive: Option<AdaptiveState>,
     pub latency: Option<LatencyState>,
+    /// A leased budget's partition pool: by (per, window start), the units its home leased it
+    /// (`windows` then holds what the partition booked of them).
+    pub leased: BTreeMap<(Millis, Millis), u64>,
+    /// A pool: by per, the last window its home had no room in when it last asked (a lease's
+    /// `full_through`); the pool asks again only past it.
+    pub known_full: BTreeMap<Millis, Millis>,
+    /// A leased budget's home: by (per, window start, partition), the units leased to that
+    /// partition (`windows` then holds what the home leased in all).
+    pub granted: BTreeMap<(Millis, Millis, u32), u64>,
+}
+
+/// What a leased budget's home answers a partition that asks for units of one limit from a window
+/// on: the window it leased in and the partition's whole lease of it (a total, so crediting it
+/// twice or out of order changes nothing), or `None` when no window up to the horizon had room;
+/// and the last window before it that had none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub window: Option<Millis>,
+    pub total: u64,
+    pub full_through: Millis,
+}
+
+impl BudgetState {
+    /// The home's grant (`lua/lease.lua`): the first window from `from` up to `horizon` whose
+    /// leases leave room for `cost` of `count` leases `partition` up to `want` units of it (never
+    /// past `count`).
+    pub fn grant(
+        &mut self,
+        partition: u32,
+        (per, from, horizon): (Millis, Millis, Millis),
+        count: u64,
+        (cost, want): (u64, u64),
+    ) -> Lease {
+        let mut window = from;
+        while window <= horizon {
+            let total = self.windows.entry((per, window)).or_default();
+            if *total + cost <= count {
+                let units = want.min(count - *total);
+                *total += units;
+                let held = self.granted.entry((per, window, partition)).or_default();
+                *held += units;
+                return Lease { window: Some(window), total: *held, full_through: window - per };
+            }
+            window += per;
+        }
+        Lease { window: None, total: 0, full_through: window - per }
+    }
+
+    /// A partition pool takes a lease of one limit (idempotent: a lease is the partition's total).
+    pub fn credit(&mut self, per: Millis, lease: Lease) {
+        if let Some(window) = lease.window {
+            let leased = self.leased.entry((per, window)).or_default();
+            *leased = (*leased).max(lease.total);
+        }
+        let full = self.known_full.entry(per).or_insert(lease.full_through);
+        *full = (*full).max(lease.full_through);
+    }
 }
 
 /// Consecutive windows `from..=through` of one budget limit, each holding at least `least`: a
@@ -364,8 +421,25 @@ struct BudgetLimit<'a> {
     count: u64,
     /// Whose floor the event books: its class in a classes calendar, else its rule.
     member: &'a str,
-    /// The [`BudgetState`] it counts in ([`Budget::state_name`]).
+    /// The [`BudgetState`] it counts in ([`Budget::state_name`], or a leased budget's partition pool).
     state: String,
+    /// A leased budget's partition: `state` is its pool, the budget's own state its home (which
+    /// holds the pause).
+    partition: Option<u32>,
+}
+
+impl BudgetLimit<'_> {
+    /// The state that holds the budget's pause.
+    fn home(&self) -> &str {
+        if self.partition.is_some() { &self.budget.name } else { &self.state }
+    }
+}
+
+/// A leased budget limit (by its place among a request's budget limits) has no units for the cost
+/// from this window on: its home is asked before the search goes on.
+struct LeaseWanted {
+    limit: usize,
+    window: Millis,
 }
 
 impl Scheduler {
@@ -427,7 +501,7 @@ impl Scheduler {
         let (slot, booked) = (answer.slot, answer.cost);
         answer.corrected = Some(actual);
         let unit = ReserveRequest { cost: 1, ..*request };
-        let shared = budget_limits(&self.budgets, &unit, rule);
+        let shared = budget_limits(&self.budgets, &unit, (rule, key));
         let (_, own) = entity_limits(&entity.state, &unit, &shared);
         let moved = (request.now, slot, actual.abs_diff(booked));
         if actual < booked {
@@ -533,7 +607,7 @@ impl Scheduler {
         given_back: Option<(Millis, u64)>,
     ) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        let shared = budget_limits(&self.budgets, request, rule);
+        let shared = budget_limits(&self.budgets, request, (rule, key));
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
         if let Some((old, cost)) = given_back.filter(|_| !exceeded) {
             give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &shared);
@@ -541,7 +615,12 @@ impl Scheduler {
         let (slot, runs) = if exceeded {
             (request.now, Vec::new())
         } else {
-            earliest_slot(&entity.state, &self.budgets, request, &own, &shared)
+            loop {
+                match earliest_slot(&entity.state, &self.budgets, request, &own, &shared) {
+                    Ok(found) => break found,
+                    Err(wanted) => lease(&mut self.budgets, &shared[wanted.limit], request, wanted.window),
+                }
+            }
         };
         for ((state, per), run) in runs {
             self.budgets.entry(state).or_default().runs.insert(per, run);
@@ -775,17 +854,18 @@ fn budget_level(budget: &Budget, state: Option<&BudgetState>, now: Millis) -> Op
 fn budget_limits<'a>(
     budgets: &HashMap<String, BudgetState>,
     request: &ReserveRequest<'a>,
-    rule: &'a str,
+    (rule, key): (&'a str, &str),
 ) -> Vec<BudgetLimit<'a>> {
     let mut shared = Vec::new();
-    let (key, class) = request.class.unzip();
+    let (scope, class) = request.class.unzip();
     for budget in request.budgets {
-        let state = budget.state_name(key);
+        let partition = budget.partition_of(scope.unwrap_or(key));
+        let state = partition.map_or_else(|| budget.state_name(scope), |p| budget.pool_name(p));
         let level = budget_level(budget, budgets.get(&state), request.now);
         let member = if budget.per_key { class.unwrap_or_default() } else { rule };
         for limit in &budget.limits {
             let count = adapted_count(limit, limit.limit(), level, request.cost);
-            shared.push(BudgetLimit { budget, limit, count, member, state: state.clone() });
+            shared.push(BudgetLimit { budget, limit, count, member, state: state.clone(), partition });
         }
     }
     shared
@@ -802,12 +882,12 @@ fn earliest_slot<'a>(
     request: &ReserveRequest<'_>,
     own: &[EntityLimit],
     shared: &[BudgetLimit<'a>],
-) -> (Millis, Vec<WalkedRun>) {
+) -> Result<(Millis, Vec<WalkedRun>), LeaseWanted> {
     let mut runs: Vec<Option<FullRun>> =
         shared.iter().map(|l| budgets.get(&l.state).and_then(|s| s.runs.get(&l.limit.per()).copied())).collect();
     let frontier = frontier(state, request);
     let mut t = frontier.map_or(request.now, |last| last.max(request.now));
-    let pauses = shared.iter().filter_map(|l| budgets.get(&l.state).and_then(|s| s.paused_until));
+    let pauses = shared.iter().filter_map(|l| budgets.get(l.home()).and_then(|s| s.paused_until));
     t = state.paused_until.into_iter().chain(pauses).fold(t, Millis::max);
     loop {
         let mut next = own
@@ -817,17 +897,72 @@ fn earliest_slot<'a>(
                 earliest_accepted(&l.limit, (l.count, held), frontier, (request.cost, request.margin), t)
             })
             .fold(t, Millis::max);
-        for (l, run) in shared.iter().zip(&mut runs) {
-            let accepted;
-            (accepted, *run) = budget_accepts(budgets.get(&l.state), *run, l, request, t);
+        for (i, (l, run)) in shared.iter().zip(&mut runs).enumerate() {
+            let accepted = if l.partition.is_some() {
+                pool_accepts(budgets.get(&l.state), l, request, t).map_err(|window| LeaseWanted { limit: i, window })?
+            } else {
+                let accepted;
+                (accepted, *run) = budget_accepts(budgets.get(&l.state), *run, l, request, t);
+                accepted
+            };
             next = next.max(accepted);
         }
         if next == t {
             let walked = shared.iter().zip(runs).filter_map(|(l, run)| Some(((l.state.clone(), l.limit.per()), run?)));
-            return (t, walked.collect());
+            return Ok((t, walked.collect()));
         }
         t = next;
     }
+}
+
+/// The earliest time ≥ `t` at which a partition's pool of a leased budget limit accepts the
+/// request's cost more: the first window from `t`'s whose lease has room for it (one past the
+/// horizon ends the search). A window without room that the home was not known to be full in is
+/// `Err`: the home is asked for a lease from it first. Windows the pool holds no lease in past its
+/// last leased one are jumped (`lua/reserve.lua` walks them the same way).
+fn pool_accepts(
+    held: Option<&BudgetState>,
+    limit: &BudgetLimit<'_>,
+    request: &ReserveRequest<'_>,
+    t: Millis,
+) -> Result<Millis, Millis> {
+    let (per, cost) = (limit.limit.per(), request.cost);
+    let horizon = request.now + request.max_delay;
+    let (mut window, t) = outside_margin(t, per, request.margin);
+    let full = held.and_then(|s| s.known_full.get(&per).copied()).unwrap_or(Millis::MIN);
+    let top =
+        held.and_then(|s| s.leased.keys().filter(|(p, _)| *p == per).map(|&(_, w)| w).max()).unwrap_or(Millis::MIN);
+    loop {
+        if window > horizon {
+            return Ok(t.max(window));
+        }
+        let used = held.and_then(|s| s.windows.get(&(per, window)).copied()).unwrap_or(0);
+        let leased = held.and_then(|s| s.leased.get(&(per, window)).copied()).unwrap_or(0);
+        if used + cost <= leased {
+            return Ok(t.max(window));
+        }
+        if window > full {
+            return Err(window);
+        }
+        window = if window >= top { full + per } else { window + per };
+    }
+}
+
+/// Asks the home of a leased budget limit for units from `window` on and credits the partition's
+/// pool with what it leased (what `RedisStore` does in two calls between two reservation calls).
+fn lease(
+    budgets: &mut HashMap<String, BudgetState>,
+    limit: &BudgetLimit<'_>,
+    request: &ReserveRequest<'_>,
+    window: Millis,
+) {
+    let (Some(partition), Some(leases)) = (limit.partition, limit.budget.leases) else { return };
+    let per = limit.limit.per();
+    let want = leases.want(limit.count, request.cost);
+    let span = (per, window, request.now + request.max_delay);
+    let lease =
+        budgets.entry(limit.budget.name.clone()).or_default().grant(partition, span, limit.count, (request.cost, want));
+    budgets.entry(limit.state.clone()).or_default().credit(per, lease);
 }
 
 /// The earliest time ≥ `t` at which one budget limit accepts the request's cost more: the first
@@ -1281,6 +1416,7 @@ mod budget_tests {
             adaptive: None,
             floors: Vec::new(),
             per_key: false,
+            leases: None,
             tag: "gateway".into(),
         })
     }
@@ -1512,6 +1648,7 @@ mod budget_tests {
             name: "payouts".into(),
             floors: vec![("live".into(), 200_000)],
             per_key: true,
+            leases: None,
             ..(*budget(10, Placement::Start, None)).clone()
         });
         let mut s = Scheduler::new();

@@ -46,6 +46,7 @@ fn configurations() -> Vec<Configuration> {
         adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000, latency: None }),
         floors: Vec::new(),
         per_key: false,
+        leases: None,
         tag: "bench-gateway".into(),
     });
     let classes = Arc::new(Budget {
@@ -55,6 +56,7 @@ fn configurations() -> Vec<Configuration> {
         adaptive: None,
         floors: vec![("live".into(), 50_000)],
         per_key: true,
+        leases: None,
         tag: String::new(),
     });
     vec![
@@ -362,6 +364,7 @@ async fn full_calendar(
             adaptive: None,
             floors: Vec::new(),
             per_key: false,
+            leases: None,
             tag: format!("bench-calendar-{ahead}"),
         });
         let key = drip_store::budget_key("bench", &budget);

@@ -10,7 +10,7 @@ use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{OldSlot, override_id};
 use drip_core::time::Millis;
 
-use crate::keys::{ANSWER_BUCKET, budget_key, class_calendar_key, field};
+use crate::keys::{ANSWER_BUCKET, budget_key, class_calendar_key, field, pool_key};
 use crate::keys::{ANSWER_MARGIN, STATE_MARGIN};
 use crate::{EntityKeys, SlotRequest};
 
@@ -96,6 +96,31 @@ pub struct ReserveArgs {
     pub keys: Vec<String>,
     pub events: Vec<Args>,
     now: Option<Millis>,
+    /// Leases the call credits to partitions' pools before its events (reserve.lua's `credit`).
+    credits: Vec<Args>,
+}
+
+/// Where an event's leased budget asks for units (`lua/lease.lua`) and how much: its home's hash,
+/// its partition, and per budget limit its period, count and what one lease asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseTarget {
+    pub home: String,
+    /// The pool's key, which the credit names.
+    pub pool: String,
+    pub partition: u32,
+    pub partitions: u32,
+    /// By budget limit: per, count, the units one lease asks for.
+    pub limits: Vec<(Millis, u64, u64)>,
+}
+
+/// What a home leased a pool of one budget limit (`Lease` of the model), to be credited to the
+/// pool by the partition's next call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credit {
+    pub per: Millis,
+    pub lease: drip_core::schedule::Lease,
+    /// How long the pool must keep it at least: the window's end and a margin, from `now`.
+    pub keep: Millis,
 }
 
 /// One event's keys and arguments, encoded on its own (its first argument, where its keys start in
@@ -105,6 +130,10 @@ pub struct ReserveArgs {
 pub struct EncodedEvent {
     keys: Vec<String>,
     args: Args,
+    /// By budget (in the event's order): where a leased one asks for units.
+    pub(crate) leases: Vec<Option<LeaseTarget>>,
+    pub(crate) cost: u64,
+    pub(crate) max_delay: Millis,
 }
 
 impl EncodedEvent {
@@ -113,13 +142,50 @@ impl EncodedEvent {
         let mut call = ReserveArgs::new(None);
         call.event(namespace, keys, request);
         let args = call.events.pop().unwrap_or_default();
-        Self { keys: call.keys, args }
+        let leases = lease_targets(namespace, request);
+        Self { keys: call.keys, args, leases, cost: request.event.cost, max_delay: request.event.max_delay }
     }
 
     /// The event's first key (its entity's state): every key of the event shares its hash tag.
     pub fn first_key(&self) -> &str {
         self.keys.first().map_or("", String::as_str)
     }
+
+    /// Whether it draws from a leased budget (its call may stop at it to ask for a lease).
+    pub fn leased(&self) -> bool {
+        self.leases.iter().any(Option::is_some)
+    }
+
+    /// The same event sent again after its call stopped at it for a lease: a new slot that gave
+    /// its old slot's units back did so already, and now keeps them.
+    pub(crate) fn again(mut self) -> Self {
+        if self.args.named().any(|(name, value)| name == "event.mode" && value == b"give") {
+            self.args.set("event.mode", "keep");
+        }
+        self
+    }
+}
+
+/// By budget of the request: where a leased one asks its home for units.
+fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<Option<LeaseTarget>> {
+    let event = &request.event;
+    let scope = event.class.map_or(request.key, |(scope, _)| scope);
+    event
+        .budgets
+        .iter()
+        .map(|b| {
+            let leases = b.leases?;
+            let partition = leases.partition_of(scope);
+            let limits = b.limits.iter().map(|l| (l.per(), l.limit(), leases.want(l.limit(), event.cost))).collect();
+            Some(LeaseTarget {
+                home: budget_key(namespace, b),
+                pool: pool_key(namespace, b, partition),
+                partition,
+                partitions: leases.partitions,
+                limits,
+            })
+        })
+        .collect()
 }
 
 /// How reserve.lua names a limit's kind (a budget limit's placement: `fixed` or `spread`).
@@ -163,7 +229,22 @@ struct EntityLimit {
 impl ReserveArgs {
     /// A call at `now` (`None`: the server's `TIME`).
     pub fn new(now: Option<Millis>) -> Self {
-        Self { keys: Vec::new(), events: Vec::new(), now }
+        Self { keys: Vec::new(), events: Vec::new(), now, credits: Vec::new() }
+    }
+
+    /// Credits a lease to the pool `pool` before the call's events (its key joins the call's).
+    pub fn credit(&mut self, pool: &str, credit: Credit) -> &mut Self {
+        self.keys.push(pool.to_owned());
+        let mut args = Args::default();
+        let Credit { per, lease, keep } = credit;
+        args.int("credit.key", self.keys.len() as i64)
+            .int("credit.per", per)
+            .opt("credit.window", lease.window)
+            .int("credit.total", lease.total as i64)
+            .int("credit.full_through", lease.full_through)
+            .int("credit.keep", keep);
+        self.credits.push(args);
+        self
     }
 
     /// Adds `request`'s event, its keys `keys` (the entity's) and its budgets' hashes.
@@ -176,7 +257,10 @@ impl ReserveArgs {
         let (scope, class) = event.class.unzip();
         self.keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
             (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
-            _ => budget_key(namespace, b),
+            _ => match b.leases {
+                Some(leases) => pool_key(namespace, b, leases.partition_of(scope.unwrap_or(request.key))),
+                None => budget_key(namespace, b),
+            },
         }));
 
         let budget_limits = event.budgets.iter().flat_map(|b| &b.limits);
@@ -259,6 +343,7 @@ impl ReserveArgs {
             args.int("budget.key", *key);
             adaptive(args, budget.adaptive.as_ref(), &budget.limits);
             args.opt("budget.max_share", budget.max_share.map(|share| share as i64));
+            args.int("budget.leased", i64::from(budget.leases.is_some()));
             args.section("budget.limits", &budget.limits, |args, limit| {
                 args.int("budget.limit.per", limit.per())
                     .int("budget.limit.count", limit.limit() as i64)
@@ -281,6 +366,16 @@ impl ReserveArgs {
             }
             for limit in &budget.limits {
                 args.str("budget_field", field::budget_run(limit.per()));
+            }
+            // A leased budget's pool: each limit's window its home was last full through, and
+            // its latest leased window.
+            if budget.leases.is_some() {
+                for limit in &budget.limits {
+                    args.str("budget_field", field::pool_full(limit.per()));
+                }
+                for limit in &budget.limits {
+                    args.str("budget_field", field::pool_top(limit.per()));
+                }
             }
         });
         self.events.push(args);
@@ -314,10 +409,14 @@ impl ReserveArgs {
         self
     }
 
-    /// The arguments in order: now, then the section of events.
+    /// The arguments in order: now, the section of credits, then the section of events.
     pub fn args(&self) -> Args {
         let mut args = Args::default();
-        args.opt("now", self.now).section("events", &self.events, |args, event| args.extend(event));
+        args.opt("now", self.now).section("credits", &self.credits, |args, credit| args.extend(credit)).section(
+            "events",
+            &self.events,
+            |args, event| args.extend(event),
+        );
         args
     }
 }

@@ -10,20 +10,35 @@ use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
 use crate::keys::STATE_MARGIN;
-use crate::keys::{budget_key, class_calendar_key, field};
+use crate::keys::{budget_key, class_calendar_key, field, pool_key};
 use crate::overrides::{adapt_args, latency_args, latency_change};
 use crate::scripts::BUDGET;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// No slot of any entity drawing from the budget before `until` (a later pause is kept).
+    /// A leased budget's pause is its home's, copied to each partition's pool (which is all its
+    /// reservations read), pools first.
     pub async fn pause_budget(&self, budget: &Budget, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
+        for pool in self.pool_keys(budget) {
+            self.pause_at(pool, until, now).await?;
+        }
         self.pause_at(budget_key(self.namespace(), budget), until, now).await
     }
 
-    /// Lifts the budget's pause; returns when it would have ended.
+    /// Lifts the budget's pause (its home's and its pools'); returns when it would have ended.
     pub async fn resume_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<Millis>, StoreError> {
-        self.resume_at(budget_key(self.namespace(), budget), now).await
+        let lifted = self.resume_at(budget_key(self.namespace(), budget), now).await?;
+        for pool in self.pool_keys(budget) {
+            self.resume_at(pool, now).await?;
+        }
+        Ok(lifted)
+    }
+
+    /// A leased budget's partitions' pools (none for a budget without leases).
+    fn pool_keys(&self, budget: &Budget) -> Vec<String> {
+        let partitions = budget.leases.map_or(0, |l| l.partitions);
+        (0..partitions).map(|p| pool_key(self.namespace(), budget, p)).collect()
     }
 
     async fn pause_at(&self, hash: String, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
@@ -162,6 +177,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         self.calendar_state(&budget_key(self.namespace(), budget)).await
     }
 
+    /// A leased budget's pool in one partition, as the reference model holds it (`Budget::pool_name`).
+    pub async fn pool_state(&self, budget: &Budget, partition: u32) -> Result<BudgetState, StoreError> {
+        self.calendar_state(&pool_key(self.namespace(), budget, partition)).await
+    }
+
     /// The calendar `key`'s classes share (`Classes::calendar`), as the model holds it.
     pub async fn class_calendar_state(&self, rule: RuleRef<'_>, key: &str) -> Result<BudgetState, StoreError> {
         self.calendar_state(&class_calendar_key(self.namespace(), rule, key)).await
@@ -177,7 +197,19 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             ..BudgetState::default()
         };
         for (name, value) in &fields {
-            if let Some((per, run)) = field::parse_budget_run(name, value) {
+            if let Some(per) = name.strip_prefix("F:").and_then(|p| p.parse().ok())
+                && let Ok(window) = value.parse()
+            {
+                state.known_full.insert(per, window);
+            } else if let Some((per, window, what)) = field::parse_lease_field(name)
+                && let Ok(units) = value.parse()
+                && (what == "l" || what.starts_with('p'))
+            {
+                match what.strip_prefix('p').map(str::parse) {
+                    Some(Ok(partition)) => _ = state.granted.insert((per, window, partition), units),
+                    _ => _ = state.leased.insert((per, window), units),
+                }
+            } else if let Some((per, run)) = field::parse_budget_run(name, value) {
                 state.runs.insert(per, run);
             } else if let Some((per, window, rule)) = field::parse_budget_floor(name)
                 && let Ok(used) = value.parse()

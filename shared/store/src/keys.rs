@@ -3,7 +3,10 @@
 //! it unchanged). A rule that draws from a shared budget keeps its entities under the budget's tag
 //! instead (`{b:<tag>}`), with the budget: one group of budgets, one slot (docs/rules.md: "Shared budgets").
 
-use drip_core::budgets::Budget;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use drip_core::budgets::{Budget, Leases};
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::state_id;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
@@ -20,30 +23,46 @@ pub const DISPATCHED_MEMORY: Millis = DAY;
 /// whole: a field costs ~30 bytes where a key of its own costs ~190.
 pub const ANSWER_BUCKET: Millis = drip_core::schedule::ANSWER_MINUTE;
 
-/// A rule as its entities' keys name it: its id, the hash tag of its budgets if it has any, and
-/// whether it has classes (its entities are `<key>#<class>`, each key's classes on one slot).
+/// A rule as its entities' keys name it: its id, the hash tag of its budgets if it has any (and
+/// their leases, which spread its keys over partitions), and whether it has classes (its entities
+/// are `<key>#<class>`, each key's classes on one slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleRef<'a> {
     pub id: &'a str,
     pub tag: Option<&'a str>,
+    pub leases: Option<Leases>,
     pub classed: bool,
 }
 
 impl<'a> RuleRef<'a> {
     pub fn of(rule: &'a Rule) -> Self {
-        Self { id: &rule.id, tag: rule.budget_tag(), classed: rule.classes.is_some() }
+        let leases = rule.budgets.iter().find_map(|b| b.leases);
+        Self { id: &rule.id, tag: rule.budget_tag(), leases, classed: rule.classes.is_some() }
     }
 
     /// A rule that draws from no budget and has no classes.
     pub fn plain(id: &'a str) -> Self {
-        Self { id, tag: None, classed: false }
+        Self { id, tag: None, leases: None, classed: false }
+    }
+
+    /// The hash tag of the budgets' group for the entity `key` (a class's entity `<key>#<class>`
+    /// counts as its key): the group's, or with leases, its key's partition's.
+    fn group_tag(&self, key: &str) -> Option<String> {
+        let tag = self.tag?;
+        Some(match self.leases {
+            None => format!("b:{tag}"),
+            Some(leases) => {
+                let scope = self.classed.then(|| Classes::split(key)).flatten().map_or(key, |(scope, _)| scope);
+                partition_tag(tag, leases.partitions, leases.partition_of(scope))
+            }
+        })
     }
 
     /// `<namespace>:{...}`: the start of every Redis key of the entity `key`: under the budgets'
     /// tag, or the entity's own; a class's entity `<key>#<class>` shares its key's tag.
     fn prefix(&self, namespace: &str, key: &str) -> String {
-        match (self.tag, self.classed.then(|| Classes::split(key)).flatten()) {
-            (Some(tag), _) => format!("{namespace}:{{b:{tag}}}:{}|{}", self.id, escape(key)),
+        match (self.group_tag(key), self.classed.then(|| Classes::split(key)).flatten()) {
+            (Some(tag), _) => format!("{namespace}:{{{tag}}}:{}|{}", self.id, escape(key)),
             (None, Some((key, class))) => format!("{}#{}", entity_prefix(namespace, self.id, key), escape(class)),
             (None, None) => entity_prefix(namespace, self.id, key),
         }
@@ -53,10 +72,43 @@ impl<'a> RuleRef<'a> {
 /// The calendar a classed rule's `key` shares among its classes (`Classes::calendar`), on the
 /// slot of the key's entities.
 pub fn class_calendar_key(namespace: &str, rule: RuleRef<'_>, key: &str) -> String {
-    match rule.tag {
-        Some(tag) => format!("{namespace}:{{b:{tag}}}:classes:{}|{}", rule.id, escape(key)),
+    match rule.group_tag(key) {
+        Some(tag) => format!("{namespace}:{{{tag}}}:classes:{}|{}", rule.id, escape(key)),
         None => format!("{}:classes", entity_prefix(namespace, rule.id, key)),
     }
+}
+
+/// The hash tag of partition `partition` of a leased budget group `tag`: `b:<tag>|p<partition>~<n>`,
+/// with the smallest `n` that puts its cluster slot in the partition's share of the slot range
+/// (the `partition`-th of `partitions` equal parts). A cluster assigns its masters contiguous,
+/// equal ranges of slots, so the partitions spread evenly over them instead of by chance.
+pub fn partition_tag(tag: &str, partitions: u32, partition: u32) -> String {
+    /// By (group tag, partitions, partition): found once per process.
+    type Tags = Mutex<HashMap<(String, u32, u32), String>>;
+    static TAGS: OnceLock<Tags> = OnceLock::new();
+    let tags = TAGS.get_or_init(Default::default);
+    let id = (tag.to_owned(), partitions, partition);
+    if let Some(found) = tags.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+        return found.clone();
+    }
+    let (from, to) = slot_share(partitions, partition);
+    let found = (0u32..)
+        .map(|n| format!("b:{tag}|p{partition}~{n}"))
+        .find(|name| (from..to).contains(&slot(name)))
+        .expect("some suffix lands in every share");
+    tags.lock().unwrap_or_else(|e| e.into_inner()).insert(id, found.clone());
+    found
+}
+
+/// Redis Cluster's 16,384 slots split in `parts` equal shares: the `part`-th, as a range.
+fn slot_share(parts: u32, part: u32) -> (u16, u16) {
+    let bound = |i: u32| (u64::from(i) * 16_384 / u64::from(parts.max(1))) as u16;
+    (bound(part), if part + 1 >= parts { 16_384 } else { bound(part + 1) })
+}
+
+/// The cluster slot of a hash tag's keys.
+fn slot(tag: &str) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16_384
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,9 +177,17 @@ fn answers_file(prefix: &str, minute: Option<Millis>) -> (String, Millis) {
     }
 }
 
-/// A shared budget's hash (its calendar, pause and adaptive level), under its group's tag.
+/// A shared budget's hash (its calendar, pause and adaptive level), under its group's tag; for a
+/// leased budget, its home (what it leased of each window, to which partition).
 pub fn budget_key(namespace: &str, budget: &Budget) -> String {
     format!("{namespace}:{{b:{}}}:budget:{}", budget.tag, budget.name)
+}
+
+/// A leased budget's pool in one partition (what it was leased and booked of each window), on the
+/// slot of the partition's entities.
+pub fn pool_key(namespace: &str, budget: &Budget, partition: u32) -> String {
+    let partitions = budget.leases.map_or(1, |l| l.partitions);
+    format!("{namespace}:{{{}}}:budget:{}", partition_tag(&budget.tag, partitions, partition), budget.name)
 }
 
 /// A claim-checked payload: `<prefix>:p:<message identity>`.
@@ -185,10 +245,30 @@ mod tests {
         assert_eq!(overridden_keys("drip", "payouts"), "drip:{payouts}:overridden");
         assert_eq!(payload_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:p:m1");
         assert_eq!(dispatch_key("drip", "payouts", "a}b{c%", "m1"), "drip:{payouts|a%7Db%7Bc%25}:d:m1");
-        let budgeted = RuleRef { id: "sms", tag: Some("gateway"), classed: false };
+        let budgeted = RuleRef { id: "sms", tag: Some("gateway"), leases: None, classed: false };
         let keys = EntityKeys::new("drip", budgeted, "u{1}", "m1", Some(0), &limits);
         assert_eq!(keys.state, "drip:{b:gateway}:sms|u%7B1%7D:state");
         assert!(keys.sliding[0].starts_with("drip:{b:gateway}:"), "every key of the entity under the budget's tag");
+    }
+
+    #[test]
+    fn a_leased_group_s_partitions_land_in_equal_shares_of_the_slots() {
+        for partitions in [2, 3, 7, 16] {
+            for partition in 0..partitions {
+                let tag = partition_tag("gateway", partitions, partition);
+                assert!(tag.starts_with(&format!("b:gateway|p{partition}~")), "{tag}");
+                let (from, to) = slot_share(partitions, partition);
+                assert!((from..to).contains(&slot(&tag)), "{tag}: slot {} not in {from}..{to}", slot(&tag));
+            }
+        }
+        // What `CLUSTER KEYSLOT` answers (Redis's documentation: somekey is 11058).
+        assert_eq!((slot("somekey"), slot("foo")), (11_058, 12_182));
+        let leases = Leases { partitions: 3, chunk: 10_000 };
+        let rule = RuleRef { id: "sms", tag: Some("gateway"), leases: Some(leases), classed: true };
+        let keys = EntityKeys::new("drip", rule, "u1#otp", "m1", Some(0), &[]);
+        let tag = partition_tag("gateway", 3, leases.partition_of("u1"));
+        assert_eq!(keys.state, format!("drip:{{{tag}}}:sms|u1#otp:state"), "a class lives in its key's partition");
+        assert!(class_calendar_key("drip", rule, "u1").starts_with(&format!("drip:{{{tag}}}:")));
     }
 }
 
@@ -263,6 +343,33 @@ pub mod field {
         let (window, rule) = name.split_once(":f:")?;
         let (per, window) = parse_budget_window(window)?;
         Some((per, window, rule))
+    }
+
+    /// A pool's lease of a budget window: `<per>:<window>:l` (the units its home leased it).
+    pub fn pool_leased(per: Millis, window: Millis) -> String {
+        format!("{per}:{window}:l")
+    }
+
+    /// A pool's last window its home had no room in when it last asked: `F:<per>`.
+    pub fn pool_full(per: Millis) -> String {
+        format!("F:{per}")
+    }
+
+    /// A pool's latest window it holds a lease in: `T:<per>` (past it, its search jumps).
+    pub fn pool_top(per: Millis) -> String {
+        format!("T:{per}")
+    }
+
+    /// A home's lease of a window to one partition: `<per>:<window>:p<partition>`.
+    pub fn home_granted(per: Millis, window: Millis, partition: u32) -> String {
+        format!("{per}:{window}:p{partition}")
+    }
+
+    /// A `<per>:<window>:l` or `<per>:<window>:p<partition>` field as its window and what follows.
+    pub fn parse_lease_field(name: &str) -> Option<(Millis, Millis, &str)> {
+        let (per, rest) = name.split_once(':')?;
+        let (window, what) = rest.split_once(':')?;
+        Some((per.parse().ok()?, window.parse().ok()?, what))
     }
 
     /// A budget limit's oldest window the hash may hold (older ones are dropped when it moves).

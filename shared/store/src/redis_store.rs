@@ -5,10 +5,12 @@ use drip_core::time::Millis;
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
-use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
+use std::collections::VecDeque;
+
+use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs, answers_keep};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
-use crate::keys::{DISPATCHED_MEMORY, dispatch_key, field, payload_key};
-use crate::scripts::{DISPATCH, RELEASE, RESERVE, RESERVE_SOURCE};
+use crate::keys::{DISPATCHED_MEMORY, STATE_MARGIN, dispatch_key, field, payload_key};
+use crate::scripts::{DISPATCH, LEASE, RELEASE, RESERVE, RESERVE_SOURCE};
 use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
 
 /// The one answer of a call that carried one item.
@@ -168,20 +170,91 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// Reserves each request's slot, one after another in order, in one script call (every key of
     /// every request in one hash slot, on a Cluster). Each gets its own answer, as if reserved alone.
     pub async fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Result<Vec<Reserved>, StoreError> {
-        self.call_reserve(self.reserve_batch_call(requests)).await
+        let events = requests.iter().map(|r| EncodedEvent::new(&self.namespace, &self.keys(r), r)).collect();
+        self.reserve_encoded(requests.first().and_then(SlotRequest::now), events).await
     }
 
     /// The same for events encoded on their own (by different requests), at `now`.
+    ///
+    /// An event of a leased budget whose partition's pool has no units for it stops its call: its
+    /// home leases the partition some (`lua/lease.lua`, a call to another slot), and the call
+    /// goes on from that event with the lease credited to the pool (`Scheduler`'s `lease`).
     pub async fn reserve_encoded(
         &self,
         now: Option<Millis>,
         events: Vec<EncodedEvent>,
     ) -> Result<Vec<Reserved>, StoreError> {
-        let mut args = ReserveArgs::new(now);
-        for event in events {
-            args.push(event);
+        if !events.iter().any(EncodedEvent::leased) {
+            let mut args = ReserveArgs::new(now);
+            for event in events {
+                args.push(event);
+            }
+            return self.call_reserve(ReserveCall(args)).await;
         }
-        self.call_reserve(ReserveCall(args)).await
+        let mut decided = Vec::with_capacity(events.len());
+        let mut waiting: VecDeque<EncodedEvent> = events.into();
+        let mut credits: Vec<(String, Credit)> = Vec::new();
+        // Leases the event at the head of `waiting` asked for.
+        let mut asked = 0;
+        while asked < LEASE_ROUNDS {
+            let mut args = ReserveArgs::new(now);
+            for (pool, credit) in credits.drain(..) {
+                args.credit(&pool, credit);
+            }
+            for event in &waiting {
+                args.push(event.clone());
+            }
+            let reply = self.run_reserve(ReserveCall(args)).await?;
+            let mut wanted = None;
+            for answer in reply.chunks(REPLY_LENGTH) {
+                match answer {
+                    &[window, LEASE_WANTED, budget, limit, at] => wanted = Some((window, budget, limit, at)),
+                    _ => {
+                        decided.push(parse_reply(answer)?);
+                        waiting.pop_front();
+                        asked = 0;
+                    }
+                }
+            }
+            let Some((window, budget, limit, at)) = wanted else { return Ok(decided) };
+            let event = waiting.pop_front().ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))?;
+            let target = usize::try_from(budget - 1).ok().and_then(|b| event.leases.get(b)?.as_ref());
+            let found = usize::try_from(limit - 1).ok().and_then(|j| Some((target?, *target?.limits.get(j)?)));
+            let Some((target, (per, count, want))) = found else {
+                return Err(StoreError::UnexpectedReply(format!(
+                    "a lease for budget {budget} limit {limit}: {reply:?}"
+                )));
+            };
+            let lease = self.grant(target, (per, window, at + event.max_delay), now, (count, event.cost, want)).await?;
+            credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
+            waiting.push_front(event.again());
+            asked += 1;
+        }
+        Err(StoreError::UnexpectedReply(format!("a reservation stopped for a lease {LEASE_ROUNDS} times")))
+    }
+
+    /// The home's lease (`lua/lease.lua`) of one limit `(per, from, horizon)` for `target`'s
+    /// partition: `count` in a window, for a `cost`, asking `want`.
+    async fn grant(
+        &self,
+        target: &LeaseTarget,
+        (per, from, horizon): (Millis, Millis, Millis),
+        now: Option<Millis>,
+        (count, cost, want): (u64, u64, u64),
+    ) -> Result<drip_core::schedule::Lease, StoreError> {
+        let mut invocation = LEASE.prepare_invoke();
+        invocation.key(&target.home).arg(now.map(|n| n.to_string()).unwrap_or_default());
+        invocation.arg(target.partition).arg(target.partitions).arg(per).arg(from).arg(horizon);
+        invocation.arg(count).arg(cost).arg(want).arg(per + STATE_MARGIN);
+        let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
+        match reply.as_slice() {
+            &[window, total, full_through, found] => Ok(drip_core::schedule::Lease {
+                window: (found == 1).then_some(window),
+                total: total as u64,
+                full_through,
+            }),
+            _ => Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}"))),
+        }
     }
 
     async fn call_reserve(&self, call: ReserveCall) -> Result<Vec<Reserved>, StoreError> {
@@ -296,6 +369,11 @@ pub fn reserve_script() -> &'static str {
 
 /// How many numbers `reserve.lua` replies per event (its `REPLY_LENGTH`).
 const REPLY_LENGTH: usize = 5;
+/// The status of an event that stopped its call to ask for a lease (reserve.lua's `STATUS.W`).
+const LEASE_WANTED: i64 = 3;
+/// How many leases one event may ask for before the store gives up: each lease lets its search go
+/// at least one window further (or ends it), so only a pool contended by other callers asks often.
+const LEASE_ROUNDS: usize = 64;
 
 /// Reads `reserve.lua`'s reply: `REPLY_LENGTH` numbers per event.
 pub fn parse_replies(reply: &[i64]) -> Result<Vec<Reserved>, StoreError> {

@@ -34,7 +34,8 @@ pub struct SlotRequest<'a> {
 impl<'a> SlotRequest<'a> {
     /// The rule the request's entity belongs to, as keys name it.
     pub fn rule_ref(&self) -> RuleRef<'a> {
-        RuleRef { id: self.rule, tag: self.tag, classed: self.event.class.is_some() }
+        let leases = self.event.budgets.iter().find_map(|b| b.leases);
+        RuleRef { id: self.rule, tag: self.tag, leases, classed: self.event.class.is_some() }
     }
 
     /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.

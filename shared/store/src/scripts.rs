@@ -37,6 +37,8 @@ pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/release.lua"))));
 pub(crate) static DISPATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/dispatch.lua"))));
+pub(crate) static LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/lease.lua"))));
 pub(crate) static BUDGET: LazyLock<Script> =
     LazyLock::new(|| Script::new(&with_latency(include_str!("../../../lua/budget.lua"))));
 pub(crate) static OVERRIDE: LazyLock<Script> =

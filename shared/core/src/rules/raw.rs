@@ -116,12 +116,12 @@ pub(super) struct RawTop {
     pub(super) budgets: Option<BTreeMap<String, Value>>,
 }
 
-/// A budget: its limits, or `{ limits, max_share, adaptive, floors }`.
+/// A budget: its limits, or `{ limits, max_share, adaptive, floors, leases }`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub(super) enum RawBudget {
     Limits(Vec<RawLimit>),
-    Full(RawBudgetFields),
+    Full(Box<RawBudgetFields>),
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -137,6 +137,22 @@ pub(super) struct RawBudgetFields {
     /// (e.g. 0.1), each above 0, together at most 1. What no floor holds is anyone's.
     #[schemars(extend("additionalProperties" = { "type": "number", "exclusiveMinimum": 0, "maximum": 1 }))]
     pub(super) floors: Option<BTreeMap<String, f64>>,
+    /// Spread the keys of the rules drawing from it over partitions (Redis Cluster hash tags), each
+    /// booking against capacity its home leases it: a budget past one shard.
+    pub(super) leases: Option<RawLeases>,
+}
+
+/// `leases: { partitions, chunk }`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLeases {
+    /// How many partitions the keys spread over (at least 2; about the cluster's shard count).
+    #[schemars(range(min = 2, max = 1024))]
+    pub(super) partitions: u32,
+    /// How much of a window a partition leases at once (e.g. 0.01): the most it can leave unused in
+    /// a window. Default: 0.05 ÷ partitions.
+    #[schemars(range(min = 0.000001, max = 1))]
+    pub(super) chunk: Option<f64>,
 }
 
 /// AIMD: a 429, 5xx or timeout from the downstream lowers the counts to a level, which climbs

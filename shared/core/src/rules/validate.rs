@@ -8,7 +8,7 @@ use serde_yaml_ng::Value;
 use super::errors::*;
 use super::raw::*;
 use super::*;
-use crate::budgets::{Adaptive, Budget, FeedbackTarget, LatencyControl, PPM, fraction_ppm};
+use crate::budgets::{Adaptive, Budget, FeedbackTarget, LatencyControl, Leases, PPM, fraction_ppm};
 use crate::template::Template;
 use crate::time::{Millis, parse_duration};
 
@@ -295,6 +295,7 @@ fn validate_classes(
         adaptive,
         floors,
         per_key: true,
+        leases: None,
         tag: String::new(),
     });
     Some(Some(Classes { from: from?, default: raw.default, names, calendar, draws: Vec::new() }))
@@ -311,12 +312,14 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
             continue;
         }
         let fields = match deserialize::<RawBudget>(value) {
-            Ok(RawBudget::Limits(limits)) => RawBudgetFields { limits, max_share: None, adaptive: None, floors: None },
-            Ok(RawBudget::Full(fields)) => fields,
+            Ok(RawBudget::Limits(limits)) => {
+                RawBudgetFields { limits, max_share: None, adaptive: None, floors: None, leases: None }
+            }
+            Ok(RawBudget::Full(fields)) => *fields,
             Err(_) => {
                 errors.push(
                     "",
-                    "expected a list of limits or { limits, max_share, adaptive, floors } (fields: limit, per, placement)"
+                    "expected a list of limits or { limits, max_share, adaptive, floors, leases } (fields: limit, per, placement)"
                         .into(),
                 );
                 continue;
@@ -358,15 +361,58 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
         };
         let floors = validate_floors(fields.floors.unwrap_or_default(), "floors", &mut errors);
         ok &= floors.is_some();
+        let leases = fields.leases.map(|raw| validate_leases(raw, &limits, &mut errors));
+        ok &= !matches!(leases, Some(None));
+        if leases.is_some() && adaptive.is_some() {
+            errors.push(
+                "leases",
+                "a leased budget cannot be adaptive: its count is split among partitions ahead of time".into(),
+            );
+            ok = false;
+        }
+        if leases.is_some() && floors.as_ref().is_some_and(|f| !f.is_empty()) {
+            errors.push(
+                "leases",
+                "a leased budget cannot hold floors: a floor needs every rule's use of a window in one place".into(),
+            );
+            ok = false;
+        }
         if ok {
             let floors = floors.unwrap_or_default();
+            let leases = leases.flatten();
             budgets.insert(
                 name.clone(),
-                Budget { name, limits, max_share, adaptive, floors, per_key: false, tag: String::new() },
+                Budget { name, limits, max_share, adaptive, floors, per_key: false, leases, tag: String::new() },
             );
         }
     }
     budgets
+}
+
+/// A budget's `leases`: partitions at least 2, a chunk above 0 and at most 1, start-placed windows
+/// (spread placement would put every partition's events at the same places in a window).
+fn validate_leases(raw: RawLeases, limits: &[Limit], errors: &mut RuleErrors<'_, '_>) -> Option<Leases> {
+    let mut ok = true;
+    if !(2..=1024).contains(&raw.partitions) {
+        errors.push("leases.partitions", format!("must be 2 to 1024, got {}", raw.partitions));
+        ok = false;
+    }
+    let chunk = match raw.chunk {
+        None => Leases::default_chunk(raw.partitions),
+        Some(chunk) => fraction_ppm(chunk).filter(|&ppm| ppm > 0).unwrap_or_else(|| {
+            errors.push("leases.chunk", format!("must be a fraction above 0 and at most 1, got {chunk}"));
+            ok = false;
+            0
+        }),
+    };
+    if let Some(i) = limits.iter().position(|l| l.window() == Window::Fixed(Placement::Spread)) {
+        errors.push(
+            &format!("limits[{i}].placement"),
+            "a leased budget takes start placement: each partition books its own lease, so spread positions would collide".into(),
+        );
+        ok = false;
+    }
+    ok.then_some(Leases { partitions: raw.partitions, chunk })
 }
 
 /// Floors (a budget's, by rule) or reserves (classes') in ppm, each above 0 and together at most 1

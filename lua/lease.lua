@@ -1,0 +1,68 @@
+-- A leased budget's home grants a partition units of one limit (schedule.rs's BudgetState::grant):
+-- the first window from `from` up to `horizon` whose leases leave room for `cost` of `count` is
+-- leased to the partition, up to `want` units, never past `count`. The home is the budget's hash
+-- (drip:{b:<tag>}:budget:<name>): '<per>:<window>' what it leased of that window in all,
+-- '<per>:<window>:p<partition>' what it leased the partition, 'lo:<per>' its oldest window.
+--
+-- KEYS[1]  the home's hash
+-- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
+-- count, cost, want, keep (how long the hash outlives a window it leased, past the window).
+--
+-- Returns the window (0 and found = 0 for none), the partition's total lease of it (a total, so
+-- that crediting it twice or out of order changes nothing), the last window before it with no
+-- room, and found (1 or 0).
+
+local key = KEYS[1]
+local now = clock(int())
+local partition, partitions, per, from, horizon = int(), int(), int(), int(), int()
+local count, cost, want, keep = int(), int(), int(), int()
+
+-- Windows before now's lease nothing more: dropped (a few at a time, or by a scan after a gap).
+local current = now - now % per
+local lo = tonumber(redis.call('HGET', key, 'lo:' .. per))
+if lo and lo < current then
+  local dead = {}
+  if (current - lo) / per <= 64 then
+    for window = lo, current - per, per do
+      local name = per .. ':' .. window
+      dead[#dead + 1] = name
+      for p = 0, partitions - 1 do
+        dead[#dead + 1] = name .. ':p' .. p
+      end
+    end
+  else
+    local prefix = per .. ':'
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+      if string.sub(field, 1, #prefix) == prefix then
+        local window = tonumber(string.match(field, '^%-?%d+', #prefix + 1))
+        if window and window < current then
+          dead[#dead + 1] = field
+        end
+      end
+    end
+  end
+  if #dead > 0 then
+    redis.call('HDEL', key, unpack(dead))
+  end
+end
+if not lo or lo < current then
+  redis.call('HSET', key, 'lo:' .. per, current)
+end
+
+local window = from
+while window <= horizon do
+  local name = per .. ':' .. window
+  local total = tonumber(redis.call('HGET', key, name)) or 0
+  if total + cost <= count then
+    local units = math.min(want, count - total)
+    redis.call('HINCRBY', key, name, units)
+    local held = redis.call('HINCRBY', key, name .. ':p' .. partition, units)
+    local ttl = window + keep - now
+    if redis.call('PTTL', key) < ttl then
+      redis.call('PEXPIRE', key, ttl)
+    end
+    return {window, held, window - per, 1}
+  end
+  window = window + per
+end
+return {0, 0, window - per, 0}
