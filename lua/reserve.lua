@@ -225,10 +225,11 @@ local function reply(slot, kind, attempt, now, decided_at)
 end
 
 -- An event that needs a lease first (its call stops at it, nothing of it written but a new slot's
--- give-back): the window, W, which budget and limit of the event, and now.
+-- give-back): the window, W, which budget and limit of the event (budget * 256 + limit), the
+-- units its partition is about to use of the window, and now.
 local function lease_wanted(e, now)
   local wanted = e.wanted
-  return {wanted.window, STATUS.W, wanted.budget, wanted.limit, now}
+  return {wanted.window, STATUS.W, wanted.budget * 256 + wanted.limit, wanted.demand, now}
 end
 
 -- The answer a message already has: its reply, with its lease taken again unless it is held or done.
@@ -594,7 +595,10 @@ local function pool_accepts(e, budget, l, j, slot, horizon)
       return math.max(t, window)
     end
     if not l.full or window > l.full then
-      e.wanted = {budget = budget.index, limit = j, window = window}
+      -- About what the partition will use of it (schedule.rs's pool_demand): what it booked of the
+      -- window before, less what it holds of this one, and at least what it holds.
+      local before = pool_use(budget, l, window - per)
+      e.wanted = {budget = budget.index, limit = j, window = window, demand = math.max(before - leased, leased)}
       return false
     end
     if not l.top or window >= l.top then
@@ -839,6 +843,10 @@ local function commit_budgets(e, slot, now)
         redis.call('HINCRBY', key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)
       end
       local current = now - now % per
+      if budget.leased then
+        -- A pool keeps the window before now's: what it booked of it sizes its next lease.
+        current = current - per
+      end
       if l.lo and l.lo < current then
         local dead, floors = {}, budget.floors
         if (current - l.lo) / per <= 64 then

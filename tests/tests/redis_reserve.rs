@@ -1283,3 +1283,121 @@ fn a_pause_of_one_class_holds_every_class_of_its_key() {
     assert_eq!(answers[0], (now + 5 * SECOND, now), "the bulk class waited for the live class's pause, until lifted");
     assert_eq!(answers[0], answers[1], "Redis and the model agree");
 }
+
+/// A burst of 3,000 events of 600 keys over one budget of 200 a second leased over 3 partitions,
+/// reserved by 24 concurrent callers through group commit on a 3-master cluster: every event
+/// reserved, no budget window over 200 (counted from the slots), each home leasing at most the
+/// window's count and exactly what the pools hold, each pool booking within its leases, the
+/// partitions on three different masters, and stranded capacity per full window within the bound
+/// (a chunk per partition). The same burst on an unleased budget drains in as many windows, plus
+/// what stranding costs.
+#[tokio::test]
+async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
+    use drip_core::budgets::Leases;
+    let cluster = RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let connection = client.get_async_connection().await.unwrap();
+    let store = Arc::new(RedisStore::new(connection, "drip").with_batching(drip_store::Batching::new(16, true)));
+    let rule = unique("leased");
+    let limit = Limit::new(200, SECOND, Window::Fixed(Placement::Start)).unwrap();
+    let leases = Leases { partitions: 3, chunk: Leases::default_chunk(3) };
+    let budget = Arc::new(Budget {
+        name: format!("{rule}-gateway"),
+        limits: vec![limit],
+        max_share: None,
+        adaptive: None,
+        floors: Vec::new(),
+        per_key: false,
+        leases: Some(leases),
+        tag: format!("{rule}-gateway"),
+    });
+    let unleased =
+        Arc::new(Budget { name: format!("{rule}-one"), tag: format!("{rule}-one"), leases: None, ..(*budget).clone() });
+    let own = [Limit::new(50, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let (events, keys, callers) = (3_000usize, 600usize, 24usize);
+    let burst = |budget: Arc<Budget>, rule: String| {
+        let store = store.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for caller in 0..callers {
+                let (store, budget, rule) = (store.clone(), budget.clone(), rule.clone());
+                tasks.push(tokio::spawn(async move {
+                    let budgets = [budget];
+                    let mut slots = Vec::new();
+                    for i in (caller..events).step_by(callers) {
+                        let (key, id) = (format!("user{}", i % keys), format!("m{i}"));
+                        let event = ReserveRequest {
+                            max_delay: MINUTE,
+                            budgets: &budgets,
+                            ..ReserveRequest::new(&id, &own, 0)
+                        };
+                        let request =
+                            SlotRequest { tag: Some(&budgets[0].tag), ..SlotRequest::new(&rule, &key, event) };
+                        let reserved = store.reserve(&request).await.expect("reserve");
+                        assert_eq!(reserved.reservation.status, Status::Reserved, "{id}: {reserved:?}");
+                        slots.push((key, reserved.reservation.slot, reserved.now));
+                    }
+                    slots
+                }));
+            }
+            let mut slots = Vec::new();
+            for task in tasks {
+                slots.extend(task.await.unwrap());
+            }
+            slots
+        }
+    };
+    let slots = burst(budget.clone(), rule.clone()).await;
+    assert_eq!(slots.len(), events, "every event answered once");
+    let start = slots.iter().map(|&(_, _, now)| now).min().unwrap();
+    let mut per_window: BTreeMap<Millis, u64> = BTreeMap::new();
+    for (_, slot, _) in &slots {
+        *per_window.entry(slot - slot % SECOND).or_default() += 1;
+    }
+    let busiest = per_window.values().max().copied().unwrap_or(0);
+    assert!(busiest <= 200, "a window holds {busiest} of 200: {per_window:?}");
+    // What the home leased, and what each pool holds and booked of the windows it still keeps (a
+    // pool drops the windows before now's when it books).
+    let home = store.budget_state(&budget).await.unwrap();
+    let mut pools = Vec::new();
+    for partition in 0..3 {
+        pools.push(store.pool_state(&budget, partition).await.unwrap());
+    }
+    for (&window, &booked) in &per_window {
+        // The home drops the windows before now's when it leases.
+        let Some(&leased) = home.windows.get(&(SECOND, window)) else { continue };
+        assert!(leased <= 200, "window {window}: the home leased {leased} of 200");
+        assert!(leased >= booked, "window {window}: {booked} booked on {leased} leased");
+        let mut held = 0;
+        for (partition, pool) in pools.iter().enumerate() {
+            let Some(&pool_leased) = pool.leased.get(&(SECOND, window)) else { continue };
+            let granted = home.granted.get(&(SECOND, window, partition as u32)).copied().unwrap_or(0);
+            let used = pool.windows.get(&(SECOND, window)).copied().unwrap_or(0);
+            assert_eq!(pool_leased, granted, "window {window}, partition {partition}: credited what was leased");
+            assert!(used <= pool_leased, "window {window}, partition {partition}: booked {used} of {pool_leased}");
+            held += used;
+        }
+        assert!(held <= booked, "window {window}: the pools booked {held}, the slots say {booked}");
+    }
+    // Keys on every master: the partitions spread.
+    for node in &cluster.nodes {
+        assert!(node.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0"), "a master without keys");
+    }
+    // Stranded capacity over the full windows (all but the first and the last) against the
+    // burst's length: at most 5 % of them.
+    let full: Vec<Millis> = per_window.keys().copied().collect();
+    let full = &full[1..full.len() - 1];
+    let stranded: u64 = full.iter().map(|w| 200 - per_window[w]).sum();
+    let one = burst(unleased, format!("{rule}-one")).await;
+    let windows = |slots: &[(String, Millis, Millis)]| {
+        let last = slots.iter().map(|s| s.1).max().unwrap();
+        (last - last % SECOND - (start - start % SECOND)) / SECOND + 1
+    };
+    eprintln!(
+        "leased: {} windows, {stranded} units stranded in {} full windows; unleased: {} windows",
+        windows(&slots),
+        full.len(),
+        windows(&one)
+    );
+    assert!(stranded * 20 <= full.len() as u64 * 200, "stranded {stranded} of {}", full.len() * 200);
+}

@@ -631,9 +631,15 @@ impl Scheduler {
             Status::MaxDelayExceeded
         } else {
             commit(&mut entity.state, request, &own, slot);
-            for BudgetLimit { budget, limit, member, state, .. } in &shared {
+            for BudgetLimit { budget, limit, member, state, partition, .. } in &shared {
                 let (state, per) = (self.budgets.entry(state.clone()).or_default(), limit.per());
                 let window = slot.div_euclid(per) * per;
+                if partition.is_some() {
+                    // A pool keeps no window before the one before now's (reserve.lua drops them here too).
+                    let current = request.now.div_euclid(per) * per - per;
+                    state.windows.retain(|&(p, w), _| p != per || w >= current);
+                    state.leased.retain(|&(p, w), _| p != per || w >= current);
+                }
                 *state.windows.entry((per, window)).or_default() += request.cost;
                 if budget.floors.iter().any(|(floor, _)| floor == member) {
                     *state.floor_used.entry((per, window, (*member).to_owned())).or_default() += request.cost;
@@ -950,6 +956,8 @@ fn pool_accepts(
 
 /// Asks the home of a leased budget limit for units from `window` on and credits the partition's
 /// pool with what it leased (what `RedisStore` does in two calls between two reservation calls).
+/// A partition asks for what it will use soon: what it booked of the window before, less what it
+/// holds of this one ([`pool_demand`]), and at least a chunk ([`Leases::want`]).
 fn lease(
     budgets: &mut HashMap<String, BudgetState>,
     limit: &BudgetLimit<'_>,
@@ -958,11 +966,21 @@ fn lease(
 ) {
     let (Some(partition), Some(leases)) = (limit.partition, limit.budget.leases) else { return };
     let per = limit.limit.per();
-    let want = leases.want(limit.count, request.cost);
+    let demand = pool_demand(budgets.get(&limit.state), per, window);
+    let want = leases.want(limit.count, request.cost).max(demand);
     let span = (per, window, request.now + request.max_delay);
     let lease =
         budgets.entry(limit.budget.name.clone()).or_default().grant(partition, span, limit.count, (request.cost, want));
     budgets.entry(limit.state.clone()).or_default().credit(per, lease);
+}
+
+/// About what a pool will use of `window`: what it booked of the window before, less what it holds
+/// of `window`; and at least what it holds (a partition whose demand outgrows its lease doubles
+/// it). A pool keeps the window before now's for this.
+fn pool_demand(pool: Option<&BudgetState>, per: Millis, window: Millis) -> u64 {
+    let before = pool.and_then(|p| p.windows.get(&(per, window - per)).copied()).unwrap_or(0);
+    let held = pool.and_then(|p| p.leased.get(&(per, window)).copied()).unwrap_or(0);
+    before.saturating_sub(held).max(held)
 }
 
 /// The earliest time ≥ `t` at which one budget limit accepts the request's cost more: the first

@@ -7,13 +7,17 @@
 //! - Redis bytes per in-flight message and per entity (`used_memory`);
 //! - reservations per second on one shard with 1 to 256 clients, a call each and group-committed;
 //! - µs per call against backlog depth, as a table and an SVG chart (DRIP_BENCH_OUT);
-//! - µs per call of a new key against a shared budget whose calendar is full far ahead.
+//! - µs per call of a new key against a shared budget whose calendar is full far ahead;
+//! - with DRIP_BENCH_CLUSTER_URLS (a private 3-master cluster; `./run bench` starts one): a budgeted
+//!   rule's reservations per second on one master against leased over the cluster, the Redis calls
+//!   per event, and the capacity a leased budget strands with uniform and skewed keys.
 //!
 //! DRIP_BENCH_SCALE (default 1.0) scales every count; CI runs it small so it cannot rot.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use drip_core::budgets::Leases;
 use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::ReserveRequest;
@@ -419,6 +423,161 @@ fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::erro
     Ok(())
 }
 
+/// A budget of 5,000 a second (a partner's contract), leased over `partitions` or not.
+fn gateway(name: &str, partitions: Option<u32>) -> Arc<Budget> {
+    Arc::new(Budget {
+        name: name.into(),
+        limits: vec![Limit::new(GATEWAY, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        max_share: None,
+        adaptive: None,
+        floors: Vec::new(),
+        per_key: false,
+        leases: partitions.map(|p| Leases { partitions: p, chunk: Leases::default_chunk(p) }),
+        tag: name.into(),
+    })
+}
+
+const GATEWAY: u64 = 5_000;
+
+/// Reservations per second of a rule drawing from `budget` through group commit (a lane per hash
+/// tag), `clients` callers over `ENTITIES` keys (`skewed`: four events in five from a tenth of them).
+async fn budgeted_throughput<C>(store: &RedisStore<C>, budget: &Arc<Budget>, clients: usize, skewed: bool) -> f64
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
+    let events = budgeted_events(clients);
+    let published = wall_clock_millis();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (store, budgets, rule) = (store.clone(), [budget.clone()], format!("{}-rule", budget.name));
+        tasks.push(tokio::spawn(async move {
+            for i in 0..events / clients {
+                let n = c * 7_919 + i;
+                let key = if skewed && n % 5 != 0 { n % (ENTITIES / 10) } else { n % ENTITIES };
+                let (key, id) = (format!("user_{key}"), format!("{}-{c}-{i}", budgets[0].name));
+                let request = request(&rule, &key, &id, (&limits, &budgets), published);
+                let event = ReserveRequest { max_delay: DAY, ..request.event };
+                store.reserve(&SlotRequest { event, ..request }).await.expect("reserve");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("client");
+    }
+    events as f64 / started.elapsed().as_secs_f64()
+}
+
+fn budgeted_events(clients: usize) -> usize {
+    scaled(60_000) / clients * clients
+}
+
+/// Each node's `(EVALSHA calls, server µs)` since its last RESETSTAT, reset again.
+async fn evalsha_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)> {
+    let mut stats = Vec::new();
+    for node in nodes {
+        stats.push(commandstat(node, "evalsha").await);
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(node).await.expect("RESETSTAT");
+    }
+    stats
+}
+
+/// A leased budget's stranded units over its full windows (all but the first and the last it
+/// leased), as a share of those windows' count.
+async fn stranded<C>(store: &RedisStore<C>, budget: &Budget) -> (f64, usize)
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let home = store.budget_state(budget).await.expect("home");
+    let mut used: std::collections::BTreeMap<Millis, u64> = Default::default();
+    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
+        for (&(_, window), &n) in &store.pool_state(budget, partition).await.expect("pool").windows {
+            *used.entry(window).or_default() += n;
+        }
+    }
+    let windows: Vec<Millis> = home.windows.keys().map(|&(_, w)| w).collect();
+    let full = windows.get(1..windows.len().saturating_sub(1)).unwrap_or_default();
+    let left: u64 = full.iter().map(|w| GATEWAY - used.get(w).copied().unwrap_or(0)).sum();
+    (left as f64 / (GATEWAY * full.len().max(1) as u64) as f64, full.len())
+}
+
+/// The cluster rows: a budgeted rule on one master against leased over the cluster's masters, a
+/// call each and group-committed. Measured rates share this machine's cores among every master
+/// and the clients; the busiest master's server time per event is what bounds a cluster whose
+/// masters each have their own.
+async fn cluster_table(urls: &str, connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
+    for max_batch in [1, 64] {
+        cluster_rows(urls, max_batch, connection, store).await;
+    }
+    println!(
+        "(cores: {}; the masters, the bench and its clients share them)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+}
+
+/// One table of [`cluster_table`], each call carrying up to `max_batch` events.
+async fn cluster_rows(
+    urls: &str,
+    max_batch: usize,
+    connection: &mut MultiplexedConnection,
+    store: &RedisStore<MultiplexedConnection>,
+) {
+    let urls: Vec<&str> = urls.split(',').collect();
+    let client = redis::cluster::ClusterClient::new(urls.clone()).expect("DRIP_BENCH_CLUSTER_URLS");
+    // The cluster is not flushed between runs: each run's keys are its own.
+    let namespace = format!("bench-cluster-{}-{max_batch}", wall_clock_millis());
+    let cluster = RedisStore::new(client.get_async_connection().await.expect("the cluster"), namespace)
+        .with_batching(Batching::new(max_batch, true));
+    let mut nodes = Vec::new();
+    for url in &urls {
+        let node = redis::Client::open(*url).expect("a node");
+        nodes.push(node.get_multiplexed_async_connection().await.expect("a node"));
+    }
+    evalsha_by_node(&mut nodes).await;
+    let one = store.clone().with_batching(Batching::new(max_batch, true));
+    let clients = 256;
+    let events = budgeted_events(clients) as f64;
+    let calling = if max_batch == 1 { "a call each".to_owned() } else { format!("group commit ≤ {max_batch}") };
+    println!(
+        "\n| a rule drawing from a {GATEWAY}/s budget, {clients} clients, {calling} | reservations/s | vs one master | busiest master's server µs per event | vs one master (bound with a core per master) | script calls per event | stranded per full window |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
+    let base = budgeted_throughput(&one, &gateway(&format!("one-master-{max_batch}"), None), clients, false).await;
+    let (calls, usec) = commandstat(connection, "evalsha").await;
+    let base_usec = usec as f64 / events;
+    println!(
+        "| one master, the budget on one slot | {base:.0} | 1.00× | {base_usec:.2} | 1.00× | {:.3} | — |",
+        calls as f64 / events
+    );
+    let rows = [
+        ("the budget on one slot", None, false),
+        ("leased over 3, uniform keys", Some(3), false),
+        ("leased over 3, skewed keys", Some(3), true),
+    ];
+    for (name, partitions, skewed) in rows {
+        let budget = gateway(&format!("cluster-{}", name.replace([' ', ','], "-")), partitions);
+        let rate = budgeted_throughput(&cluster, &budget, clients, skewed).await;
+        let stats = evalsha_by_node(&mut nodes).await;
+        let busiest = stats.iter().map(|&(_, usec)| usec).max().unwrap_or(0) as f64 / events;
+        let calls: u64 = stats.iter().map(|&(calls, _)| calls).sum();
+        let stranded = match partitions {
+            Some(_) => {
+                let (share, windows) = stranded(&cluster, &budget).await;
+                format!("{:.2} % over {windows} windows", share * 100.0)
+            }
+            None => "—".into(),
+        };
+        println!(
+            "| 3-master cluster, {name} | {rate:.0} | {:.2}× | {busiest:.2} | {:.2}× | {:.3} | {stranded} |",
+            rate / base,
+            base_usec / busiest,
+            calls as f64 / events
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() {
     // It flushes the server it measures: only ever a private one (./run bench starts it).
@@ -479,6 +638,9 @@ async fn main() {
     println!("\n| full 1 s windows ahead in a shared budget | reserve.lua µs/call for a new key |\n|---|---|");
     for (ahead, usec) in full_calendar(&mut connection, &store).await {
         println!("| {ahead} | {usec:.2} |");
+    }
+    if let Ok(urls) = std::env::var("DRIP_BENCH_CLUSTER_URLS") {
+        cluster_table(&urls, &mut connection, &store).await;
     }
     // `cargo bench` runs in the crate's directory: the default is the workspace's target/.
     let out = std::env::var("DRIP_BENCH_OUT")

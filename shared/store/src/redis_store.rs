@@ -6,6 +6,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs, answers_keep};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
@@ -47,6 +48,32 @@ pub struct RedisStore<C> {
     namespace: String,
     /// `None`: one script call per reservation and per marker operation.
     groups: Option<(Arc<ReserveGroup>, Arc<DispatchGroup>)>,
+    /// By pool: one caller at a time asks its home for a lease (`LeaseGates`).
+    lease_gates: Arc<LeaseGates>,
+}
+
+/// Callers whose reservations stop for a lease of the same pool ask its home one at a time: the
+/// first asks and sends its event again with the lease while the others wait, and a waiter whose
+/// pool was leased meanwhile sends its event again without asking. Otherwise every caller that
+/// finds a pool empty at once would lease a chunk, and the home would lease a window out to
+/// partitions that book a unit of each chunk (stranding all the rest).
+#[derive(Default)]
+struct LeaseGates(std::sync::Mutex<std::collections::HashMap<String, Arc<LeaseGate>>>);
+
+#[derive(Default)]
+struct LeaseGate {
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Leases asked for through this gate so far.
+    leased: AtomicU64,
+    /// The costs of the callers waiting for their turn.
+    waiting: AtomicU64,
+}
+
+impl LeaseGates {
+    fn of(&self, pool: &str) -> Arc<LeaseGate> {
+        let mut gates = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        gates.entry(pool.to_owned()).or_default().clone()
+    }
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -57,7 +84,7 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C> RedisStore<C> {
     pub fn new(connection: C, namespace: impl Into<String>) -> Self {
-        Self { connection, namespace: namespace.into(), groups: None }
+        Self { connection, namespace: namespace.into(), groups: None, lease_gates: Default::default() }
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
@@ -196,6 +223,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let mut credits: Vec<(String, Credit)> = Vec::new();
         // Leases the event at the head of `waiting` asked for.
         let mut asked = 0;
+        // The turn at a pool's gate, held until the event is sent again.
+        let mut _turn = None;
         while asked < LEASE_ROUNDS {
             let mut args = ReserveArgs::new(now);
             for (pool, credit) in credits.drain(..) {
@@ -204,11 +233,15 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             for event in &waiting {
                 args.push(event.clone());
             }
-            let reply = self.run_reserve(ReserveCall(args)).await?;
+            let reply = self.run_reserve(ReserveCall(args)).await;
+            _turn = None;
+            let reply = reply?;
             let mut wanted = None;
             for answer in reply.chunks(REPLY_LENGTH) {
                 match answer {
-                    &[window, LEASE_WANTED, budget, limit, at] => wanted = Some((window, budget, limit, at)),
+                    &[window, LEASE_WANTED, which, demand, at] => {
+                        wanted = Some((window, which / 256, which % 256, demand.max(0) as u64, at));
+                    }
                     _ => {
                         decided.push(parse_reply(answer)?);
                         waiting.pop_front();
@@ -216,7 +249,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     }
                 }
             }
-            let Some((window, budget, limit, at)) = wanted else { return Ok(decided) };
+            let Some((window, budget, limit, demand, at)) = wanted else { return Ok(decided) };
             let event = waiting.pop_front().ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))?;
             let target = usize::try_from(budget - 1).ok().and_then(|b| event.leases.get(b)?.as_ref());
             let found = usize::try_from(limit - 1).ok().and_then(|j| Some((target?, *target?.limits.get(j)?)));
@@ -225,10 +258,22 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     "a lease for budget {budget} limit {limit}: {reply:?}"
                 )));
             };
-            let lease = self.grant(target, (per, window, at + event.max_delay), now, (count, event.cost, want)).await?;
-            credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
+            let gate = self.lease_gates.of(&target.pool);
+            let seen = gate.leased.load(Ordering::Acquire);
+            gate.waiting.fetch_add(event.cost, Ordering::AcqRel);
+            let turn = gate.turn.clone().lock_owned().await;
+            let others = gate.waiting.fetch_sub(event.cost, Ordering::AcqRel) - event.cost;
+            if gate.leased.load(Ordering::Acquire) == seen {
+                // Callers of the same pool waiting behind this one will want their units too.
+                let want = want.max(demand).max(event.cost + others);
+                let span = (per, window, at + event.max_delay);
+                let lease = self.grant(target, span, now, (count, event.cost, want)).await?;
+                credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
+                gate.leased.fetch_add(1, Ordering::AcqRel);
+                asked += 1;
+            }
+            _turn = Some(turn);
             waiting.push_front(event.again());
-            asked += 1;
         }
         Err(StoreError::UnexpectedReply(format!("a reservation stopped for a lease {LEASE_ROUNDS} times")))
     }
