@@ -113,6 +113,20 @@ fn render(report: &EntityReport) -> String {
                 );
             }
         }
+        if let Some(lease) = &budget.lease {
+            out += &format!(
+                "  leased over {} partitions (use above: what the home leased); this key's partition {}:\n",
+                lease.partitions, lease.partition
+            );
+            for (limit, held) in budget.limits.iter().zip(&lease.limits) {
+                let full =
+                    held.home_full_through.as_deref().map_or(String::new(), |w| format!("; home full through {w}"));
+                out += &format!(
+                    "  {:<28} {} of {} leased now booked, {} of {} ahead{full}\n",
+                    limit.limit, held.booked_now, held.leased_now, held.booked_ahead, held.leased_ahead
+                );
+            }
+        }
         if let Some(until) = &budget.paused_until {
             out += &format!("  paused until {until}\n");
         }

@@ -37,7 +37,19 @@ budgets:
   gateway:
     limits: [ { limit: 4, per: 1h } ]
     floors: { otp: 0.5 }
+  carrier:
+    limits: [ { limit: 6, per: 1h } ]
+    leases: { partitions: 3, chunk: 0.01 }
 rules:
+  - name: carrier_sms
+    match: { attributes: { event_type: carrier_sms } }
+    key: "user_{attributes.user}"
+    limits: [ { limit: 10, per: 1h } ]
+    budgets: [carrier]
+    max_delay: 30d
+    inline_wait: 0s
+    forward: { topic: carrier-ready }
+    overflow_topic: carrier-overflow
   - name: blast
     match: { attributes: { event_type: blast } }
     key: "campaign_{attributes.campaign}"
@@ -820,6 +832,35 @@ async fn a_flood_from_one_tenant_leaves_the_others_their_share_of_a_budget() {
         (Some("partner"), Some(4)),
         "{report}"
     );
+}
+
+/// A budget leased over three partitions: events of many users (so of every partition) take its
+/// windows in order, never more than its 6 an hour in all, each partition booking what its home
+/// leased it; inspect shows the key's partition's lease.
+#[tokio::test]
+async fn a_leased_budget_keeps_its_count_across_partitions() {
+    let l = limiter();
+    for i in 0..20 {
+        let user = format!("{i}");
+        let attributes = [("event_type", "carrier_sms"), ("user", user.as_str())];
+        assert_eq!(l.push(&format!("s{i}"), &attributes, b"{}").await, StatusCode::NO_CONTENT);
+    }
+    let hour = drip_core::time::HOUR;
+    let now = drip_core::time::wall_clock_millis();
+    let mut per_hour = std::collections::BTreeMap::new();
+    for at in l.tasks().iter().map(|t| t.at).chain(l.published("carrier-ready").iter().map(|_| now)) {
+        *per_hour.entry(at / hour).or_insert(0) += 1;
+    }
+    assert_eq!(per_hour.values().sum::<i32>(), 20, "every event forwarded or scheduled");
+    assert!(per_hour.values().all(|&n| n <= 6), "at most 6 an hour: {per_hour:?}");
+    assert_eq!(per_hour.len(), 4, "20 events at 6 an hour fill 3 hours and part of a fourth: {per_hour:?}");
+    let (_, report) = l.send("GET", "/v1/rules/carrier_sms/keys/user_1", None).await;
+    let lease = &report["budgets"][0]["lease"];
+    assert_eq!(lease["partitions"].as_u64(), Some(3), "{report}");
+    let held = &lease["limits"][0];
+    let leased = held["leasedNow"].as_u64().unwrap() + held["leasedAhead"].as_u64().unwrap();
+    let booked = held["bookedNow"].as_u64().unwrap() + held["bookedAhead"].as_u64().unwrap();
+    assert!(booked >= 1 && booked <= leased, "{report}");
 }
 
 /// A blast of one rule booked hours ahead leaves the other rule its floor of each later window:

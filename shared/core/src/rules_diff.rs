@@ -249,7 +249,21 @@ fn class_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
 fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
     let names = |rule: &Rule| rule.budgets.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
     let mut edits = Vec::new();
-    if old.budget_tag() != new.budget_tag() {
+    let leases = |rule: &Rule| rule.budgets.iter().find_map(|b| b.leases).map(|l| l.partitions);
+    if old.budget_tag() == new.budget_tag() && leases(old) != leases(new) {
+        let shape = |partitions: Option<u32>| match partitions {
+            Some(p) => format!("{p} partitions, each its own hash tag, booking what the budget's home leases them"),
+            None => "the budget group's one hash tag (one shard)".to_owned(),
+        };
+        edits.push(edit(
+            Safety::NeedsCare,
+            format!(
+                "leases: its entities move from {} to {}: their state starts empty and the budget's calendar                  restarts as leases (what windows already hold is not carried over), so until the old backlog                  drains a window can hold the old backlog and new events; switch with an empty backlog or the                  budget paused. Each reservation stays one script call; a partition asks the home for units about                  once per window (docs/rules.md: \"A budget past one shard\")",
+                shape(leases(old)),
+                shape(leases(new))
+            ),
+        ));
+    } else if old.budget_tag() != new.budget_tag() {
         let home =
             |rule: &Rule| rule.budget_tag().map_or("its own".to_owned(), |tag| format!("budget group '{tag}''s"));
         edits.push(edit(
@@ -443,6 +457,13 @@ rules:
             matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("floors none -> kyc 0.25")),
             "{kyc:?}"
         );
+        let leased = raised.replacen(
+            "  gateway: [ { limit: 80, per: 1s } ]\n",
+            "  gateway: { limits: [ { limit: 80, per: 1s } ], leases: { partitions: 4 } }\n",
+            1,
+        );
+        let kyc = edits(&super::diff(&parse(&raised), &parse(&leased)), "kyc");
+        assert!(matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.contains("to 4 partitions")), "{kyc:?}");
         let margin = OLD.replacen("    key: \"k\"\n", "    key: \"k\"\n    delivery_margin: 100ms\n", 1);
         let kyc = edits(&super::diff(&parse(OLD), &parse(&margin)), "kyc");
         assert!(matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("delivery_margin")), "{kyc:?}");

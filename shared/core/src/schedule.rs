@@ -1439,6 +1439,35 @@ mod budget_tests {
         })
     }
 
+    /// A budget of 10 a second leased over two partitions, a unit at a time: each partition asks its
+    /// home when its pool has no room, for what it booked of the window before or at least what it
+    /// holds (doubling); the home leases a window out and no further, and a partition that finds it
+    /// full asks from the next window and remembers it.
+    #[test]
+    fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
+        let leases = crate::budgets::Leases { partitions: 2, chunk: 100_000 };
+        let budgets = [Arc::new(Budget { leases: Some(leases), ..(*budget(10, Placement::Start, None)).clone() })];
+        let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+        let (p0, p1) = (in_partition(0), in_partition(1));
+        let mut s = Scheduler::new();
+        let slots: Vec<Millis> = (0..12)
+            .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
+            .collect();
+        // p0 leases 1, 1, 2, then 2 of the 4 it asks (the window's last); p1 leases 1, 1, 2, finds
+        // the window full at its ninth event and leases 4 of the next (what it booked of this one).
+        assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, 0, SECOND]);
+        let home = s.budget_state("gateway").unwrap();
+        assert_eq!(home.windows, BTreeMap::from([((SECOND, 0), 10), ((SECOND, SECOND), 4)]));
+        assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&6));
+        assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&4));
+        let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
+        assert_eq!(pool.known_full.get(&SECOND), Some(&0), "p1 knows window 0 is leased out");
+        assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&2), Some(&4)));
+        // A pause of a leased budget is its home's: both partitions wait.
+        s.pause_budget("gateway", 5 * SECOND);
+        assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);
+    }
+
     fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
         let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
         let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };

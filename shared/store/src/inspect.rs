@@ -133,6 +133,33 @@ pub struct BudgetReport {
     /// A key's classes calendar, not a shared budget: its floors are classes' reserves.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub classes: bool,
+    /// A leased budget (docs/rules.md: "A budget past one shard"): its limits' `usedNow` and
+    /// `ahead` are what its home leased to every partition; this is the key's partition's pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseReport>,
+}
+
+/// The key's partition of a leased budget: per limit, what its home leased it and what it booked.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseReport {
+    pub partitions: u32,
+    pub partition: u32,
+    /// Per limit of the budget, in its order.
+    pub limits: Vec<LeaseUse>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseUse {
+    /// The partition's lease of the current window, and what it booked of it.
+    pub leased_now: u64,
+    pub booked_now: u64,
+    /// Its leases of later windows, and what it booked of them.
+    pub leased_ahead: u64,
+    pub booked_ahead: u64,
+    /// The last window the home was full in when the partition last asked.
+    pub home_full_through: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -234,11 +261,17 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         if let Some((calendar, scope)) = class_calendar(rule, key) {
             budgets.push((calendar.clone(), self.class_calendar_state(RuleRef::of(rule), scope).await?));
         }
+        let mut pools = vec![None; budgets.len()];
+        let scope = class_calendar(rule, key).map_or(key, |(_, scope)| scope);
         for budget in &rule.budgets {
             budgets.push((budget.clone(), self.budget_state(budget).await?));
+            pools.push(match budget.partition_of(scope) {
+                Some(partition) => Some((partition, self.pool_state(budget, partition).await?)),
+                None => None,
+            });
         }
         let slots = self.reserved_slots(rule, key, (slots_since(rule, now), now)).await?;
-        Ok(report(rule, key, now, &state, &budgets, &slots))
+        Ok(report(rule, key, now, &state, &budgets, &pools, &slots))
     }
 
     /// The slots of the entity's reserved events at or after `since` whose answers Redis still
@@ -412,6 +445,7 @@ pub(crate) fn report(
     now: Millis,
     state: &EntityState,
     budgets_in: &[(Arc<Budget>, BudgetState)],
+    pools: &[Option<(u32, BudgetState)>],
     slots: &[Millis],
 ) -> EntityReport {
     let booked = slots.iter().filter(|&&slot| slot > now).count() as u64;
@@ -436,6 +470,10 @@ pub(crate) fn report(
     let last_slot = state.last_slot;
     let mut budgets: Vec<BudgetReport> =
         budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
+    for (report, pool) in budgets.iter_mut().zip(pools) {
+        report.lease =
+            pool.as_ref().map(|(partition, pool)| lease_report(&budgets_in, report, (*partition, pool), now));
+    }
     if let (Some((_, scope)), Some(calendar)) = (class_calendar(rule, key), budgets.first_mut()) {
         calendar.name = format!("classes of {scope}");
         calendar.classes = true;
@@ -608,7 +646,33 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
         latency: latency_view(budget.adaptive, state.latency, adaptive_window(&budget.limits)),
         floors: floor_reports(budget, state, level, now),
         classes: false,
+        lease: None,
     }
+}
+
+fn lease_report(
+    budgets_in: &[(Arc<Budget>, BudgetState)],
+    report: &BudgetReport,
+    (partition, pool): (u32, &BudgetState),
+    now: Millis,
+) -> LeaseReport {
+    let budget = budgets_in.iter().map(|(b, _)| b).find(|b| b.name == report.name);
+    let partitions = budget.and_then(|b| b.leases).map_or(0, |l| l.partitions);
+    let limits = budget.map(|b| b.limits.as_slice()).unwrap_or_default().iter().map(|limit| {
+        let per = limit.per();
+        let current = now.div_euclid(per) * per;
+        let sum = |map: &std::collections::BTreeMap<(Millis, Millis), u64>, from: Millis, to: Millis| -> u64 {
+            map.range((per, from)..(per, to)).map(|(_, &n)| n).sum()
+        };
+        LeaseUse {
+            leased_now: sum(&pool.leased, current, current + per),
+            booked_now: sum(&pool.windows, current, current + per),
+            leased_ahead: sum(&pool.leased, current + per, Millis::MAX),
+            booked_ahead: sum(&pool.windows, current + per, Millis::MAX),
+            home_full_through: pool.known_full.get(&per).map(|&w| format_rfc3339(w)),
+        }
+    });
+    LeaseReport { partitions, partition, limits: limits.collect() }
 }
 
 fn floor_reports(budget: &Budget, state: &BudgetState, level: Option<u64>, now: Millis) -> Vec<FloorReport> {

@@ -288,9 +288,17 @@ impl Store for MemoryStore {
         });
         let shared = rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default()));
         let budgets: Vec<_> = calendar.into_iter().chain(shared).collect();
+        let scope = crate::inspect::class_calendar(rule, key).map_or(key, |(_, scope)| scope);
+        let pools: Vec<_> = budgets
+            .iter()
+            .map(|(b, _)| {
+                let partition = b.partition_of(scope).filter(|_| !b.per_key)?;
+                Some((partition, self.budget_state(&b.pool_name(partition)).unwrap_or_default()))
+            })
+            .collect();
         let now = wall_clock_millis();
         let slots = self.reserved_slots(&rule.id, key, crate::inspect::slots_since(rule, now));
-        Box::pin(async move { Ok(report(rule, key, now, &state, &budgets, &slots)) })
+        Box::pin(async move { Ok(report(rule, key, now, &state, &budgets, &pools, &slots)) })
     }
 
     fn change_override<'a>(
