@@ -471,8 +471,7 @@ pub(crate) fn report(
     let mut budgets: Vec<BudgetReport> =
         budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
     for (report, pool) in budgets.iter_mut().zip(pools) {
-        report.lease =
-            pool.as_ref().map(|(partition, pool)| lease_report(&budgets_in, report, (*partition, pool), now));
+        report.lease = pool.as_ref().map(|(partition, pool)| lease_report(budgets_in, report, (*partition, pool), now));
     }
     if let (Some((_, scope)), Some(calendar)) = (class_calendar(rule, key), budgets.first_mut()) {
         calendar.name = format!("classes of {scope}");
