@@ -200,10 +200,10 @@ local function read_event()
       end
     end
     -- 'pause', 'adapt', 'exp', then each limit's 'lo:<per>' and 'run:<per>'; a leased budget's pool
-    -- then each limit's 'F:<per>' and 'T:<per>'.
+    -- then each limit's 'F:<per>', 'T:<per>' and 'B:<per>'.
     local per_limit = 2
     if budget.leased then
-      per_limit = 4
+      per_limit = 5
     end
     budget.fields_from, budget.fields_to = span(3 + per_limit * #budget_limits)
     budgets[b] = budget
@@ -269,6 +269,7 @@ local function read_budgets(e, now)
       l.lo, l.used, l.parts = tonumber(held[3 + j]) or false, {}, {}
       if budget.leased then
         l.leased, l.full, l.top = {}, tonumber(held[3 + 2 * count + j]) or false, tonumber(held[3 + 3 * count + j]) or false
+        l.booked, l.booked_changed = tonumber(held[3 + 4 * count + j]) or false, false
       end
       local run = held[3 + count + j]
       if run then
@@ -356,6 +357,14 @@ end
 -- Moves `delta` units into (positive) or out of (negative) the window of `slot` of each budget
 -- limit where it has not closed (schedule.rs's shift_budget_windows): out only of start-placed
 -- windows, never below zero, and a run of full windows it lies in keeps only what it now holds.
+-- A window up to the pool's booked hint gained room (a credit, a give-back): the hint ends before it.
+local function lower_booked(key, per, window)
+  local booked = tonumber(redis.call('HGET', key, 'B:' .. per))
+  if booked and window <= booked then
+    redis.call('HSET', key, 'B:' .. per, window - per)
+  end
+end
+
 local function shift_budgets(e, slot, now, delta)
   for j = 1, #e.budgets do
     local budget = e.budgets[j]
@@ -378,6 +387,10 @@ local function shift_budgets(e, slot, now, delta)
           end
           -- Read again when the search needs it (with the floors' parts).
           l.used[window] = nil
+          if delta < 0 and budget.leased then
+            lower_booked(budget.hash, per, window)
+            l.booked = false
+          end
           local run = l.run
           if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
             run.least = used
@@ -578,7 +591,12 @@ end
 -- The earliest time >= slot at which a partition's pool of a leased budget limit accepts the cost
 -- more (schedule.rs's pool_accepts): the first window whose lease has room; false, with the window
 -- in e.wanted, when a window lacks room and its home was not known to be full there.
-local function pool_accepts(e, budget, l, j, slot, horizon)
+--
+-- 'B:<per>' (l.booked) only speeds the walk up: every window up to it has no room at all (booked to
+-- its lease, or leased out by the home to others), so a walk jumps past it; a walk that met only
+-- such windows from there on moves it up to the window before the one it takes; a credit or a
+-- give-back into a window up to it moves it down (`lower_booked`).
+local function pool_accepts(e, budget, l, j, slot, horizon, now)
   local per, cost, margin = l.per, e.cost, e.margin
   local window = slot - slot % per
   local t = slot
@@ -586,14 +604,28 @@ local function pool_accepts(e, budget, l, j, slot, horizon)
     window = window + per
     t = window
   end
+  -- Whether every window from now's up to this one is known to have no room at all (up to the
+  -- booked hint), so that a walk from here that meets only such windows may move the hint up.
+  local known = now - now % per - per
+  if l.booked and l.booked > known then
+    known = l.booked
+  end
+  local empty = window <= known + per
+  if l.booked and window <= l.booked then
+    window = l.booked + per
+  end
   while true do
     if window > horizon then
       return math.max(t, window)
     end
     local used, leased = pool_use(budget, l, window)
     if used + cost <= leased then
+      if empty and window - per > known then
+        l.booked, l.booked_changed = window - per, true
+      end
       return math.max(t, window)
     end
+    empty = empty and used >= leased
     if not l.full or window > l.full then
       -- About what the partition will use of it (schedule.rs's pool_demand): what it booked of the
       -- window before, less what it holds of this one, and at least what it holds.
@@ -602,6 +634,7 @@ local function pool_accepts(e, budget, l, j, slot, horizon)
       return false
     end
     if not l.top or window >= l.top then
+      -- Past its last lease up to the home's full one, the pool holds nothing: no room at all.
       window = l.full + per
     else
       window = window + per
@@ -705,7 +738,7 @@ local function earliest_slot(e, values, last, horizon, now)
       for j = 1, #budget.limits do
         local t
         if budget.leased then
-          t = pool_accepts(e, budget, budget.limits[j], j, slot, horizon)
+          t = pool_accepts(e, budget, budget.limits[j], j, slot, horizon, now)
           if not t then
             return false
           end
@@ -732,6 +765,9 @@ local function changed_runs(budget)
     local l = budget.limits[j]
     if l.run_changed then
       set[#set + 1], set[#set + 2] = 'run:' .. l.per, l.run.from .. ':' .. l.run.through .. ':' .. l.run.least
+    end
+    if l.booked_changed then
+      set[#set + 1], set[#set + 2] = 'B:' .. l.per, l.booked
     end
   end
   return set
@@ -1054,6 +1090,7 @@ local function credit(now)
     local leased = tonumber(redis.call('HGET', key, name)) or 0
     if total > leased then
       set[#set + 1], set[#set + 2] = name, total
+      lower_booked(key, per, window)
     end
     if not tonumber(held[2]) or window > tonumber(held[2]) then
       set[#set + 1], set[#set + 2] = top_field, window

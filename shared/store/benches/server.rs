@@ -483,6 +483,25 @@ async fn evalsha_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)>
     stats
 }
 
+/// A server's CPU time so far (`INFO cpu`: its user and system seconds), in µs. Unlike a command's
+/// µs in `commandstats` (wall time), it does not grow while the process waits for a core: with
+/// three masters on two cores, that wait is most of a command's wall time.
+async fn cpu_usec(node: &mut MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(node).await.expect("INFO cpu");
+    let field = |name: &str| {
+        info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    (field("used_cpu_user").unwrap_or(0.0) + field("used_cpu_sys").unwrap_or(0.0)) * 1e6
+}
+
+async fn cpu_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<f64> {
+    let mut cpu = Vec::new();
+    for node in nodes {
+        cpu.push(cpu_usec(node).await);
+    }
+    cpu
+}
+
 /// A leased budget's stranded units over its full windows (all but the first and the last it
 /// leased), as a share of those windows' count.
 async fn stranded<C>(store: &RedisStore<C>, budget: &Budget) -> (f64, usize)
@@ -540,13 +559,14 @@ async fn cluster_rows(
     let events = budgeted_events(clients) as f64;
     let calling = if max_batch == 1 { "a call each".to_owned() } else { format!("group commit ≤ {max_batch}") };
     println!(
-        "\n| a rule drawing from a {GATEWAY}/s budget, {clients} clients, {calling} | reservations/s | vs one master | busiest master's server µs per event | vs one master (bound with a core per master) | script calls per event | stranded per full window |"
+        "\n| a rule drawing from a {GATEWAY}/s budget, {clients} clients, {calling} | reservations/s | vs one master | busiest master's CPU µs per event (all masters') | vs one master (bound with a core per master) | script calls per event | stranded per full window |"
     );
     println!("|---|---|---|---|---|---|---|");
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
+    let cpu_before = cpu_usec(connection).await;
     let base = budgeted_throughput(&one, &gateway(&format!("one-master-{max_batch}"), None), clients, false).await;
-    let (calls, usec) = commandstat(connection, "evalsha").await;
-    let base_usec = usec as f64 / events;
+    let (calls, _) = commandstat(connection, "evalsha").await;
+    let base_usec = (cpu_usec(connection).await - cpu_before) / events;
     println!(
         "| one master, the budget on one slot | {base:.0} | 1.00× | {base_usec:.2} | 1.00× | {:.3} | — |",
         calls as f64 / events
@@ -558,9 +578,12 @@ async fn cluster_rows(
     ];
     for (name, partitions, skewed) in rows {
         let budget = gateway(&format!("cluster-{}", name.replace([' ', ','], "-")), partitions);
+        let before = cpu_by_node(&mut nodes).await;
         let rate = budgeted_throughput(&cluster, &budget, clients, skewed).await;
         let stats = evalsha_by_node(&mut nodes).await;
-        let busiest = stats.iter().map(|&(_, usec)| usec).max().unwrap_or(0) as f64 / events;
+        let used: Vec<f64> = cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
+        let busiest = used.iter().copied().fold(0.0, f64::max);
+        let all: f64 = used.iter().sum();
         let calls: u64 = stats.iter().map(|&(calls, _)| calls).sum();
         let stranded = match partitions {
             Some(_) => {
@@ -570,7 +593,7 @@ async fn cluster_rows(
             None => "—".into(),
         };
         println!(
-            "| 3-master cluster, {name} | {rate:.0} | {:.2}× | {busiest:.2} | {:.2}× | {:.3} | {stranded} |",
+            "| 3-master cluster, {name} | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {:.3} | {stranded} |",
             rate / base,
             base_usec / busiest,
             calls as f64 / events

@@ -367,14 +367,17 @@ impl ReserveArgs {
             for limit in &budget.limits {
                 args.str("budget_field", field::budget_run(limit.per()));
             }
-            // A leased budget's pool: each limit's window its home was last full through, and
-            // its latest leased window.
+            // A leased budget's pool: each limit's window its home was last full through, its
+            // latest leased window, and the window up to which it has no room (a hint).
             if budget.leases.is_some() {
                 for limit in &budget.limits {
                     args.str("budget_field", field::pool_full(limit.per()));
                 }
                 for limit in &budget.limits {
                     args.str("budget_field", field::pool_top(limit.per()));
+                }
+                for limit in &budget.limits {
+                    args.str("budget_field", field::pool_booked(limit.per()));
                 }
             }
         });

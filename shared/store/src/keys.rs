@@ -360,6 +360,11 @@ pub mod field {
         format!("T:{per}")
     }
 
+    /// A pool's hint: no window up to `B:<per>` has room left (its walk jumps past them).
+    pub fn pool_booked(per: Millis) -> String {
+        format!("B:{per}")
+    }
+
     /// A home's lease of a window to one partition: `<per>:<window>:p<partition>`.
     pub fn home_granted(per: Millis, window: Millis, partition: u32) -> String {
         format!("{per}:{window}:p{partition}")
