@@ -10,7 +10,7 @@
 --
 -- Returns the window (0 and found = 0 for none), the partition's total lease of it (a total, so
 -- that crediting it twice or out of order changes nothing), the last window before it with no
--- room, and found (1 or 0).
+-- room, found (1 or 0), and the units this call leased.
 
 local key = KEYS[1]
 local now = clock(int())
@@ -61,8 +61,8 @@ while window <= horizon do
     if redis.call('PTTL', key) < ttl then
       redis.call('PEXPIRE', key, ttl)
     end
-    return {window, held, window - per, 1}
+    return {window, held, window - per, 1, units}
   end
   window = window + per
 end
-return {0, 0, window - per, 0}
+return {0, 0, window - per, 0, 0}

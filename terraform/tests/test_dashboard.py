@@ -79,6 +79,8 @@ def test_every_operator_question_has_a_panel():
         "drip_delay_seconds_by_class_bucket",
         "drip_latency_percentile_ms",
         "drip_latency_reports_total",
+        "drip_budget_leased_units_total",
+        "drip_budget_leases_total",
     ]:
         assert needed in text, f"no panel queries {needed}"
 

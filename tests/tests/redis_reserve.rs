@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use drip_core::budgets::{Adaptive, Budget, LatencyChange, LatencyControl, LatencyReport, PPM};
 use drip_core::ledger::fixed_window_usage;
@@ -1297,7 +1298,12 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
     let cluster = RedisCluster::start();
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     let connection = client.get_async_connection().await.unwrap();
-    let store = Arc::new(RedisStore::new(connection, "drip").with_batching(drip_store::Batching::new(16, true)));
+    let leased = Arc::new(LeasedUnits::default());
+    let store = Arc::new(
+        RedisStore::new(connection, "drip")
+            .with_lease_observer(leased.clone())
+            .with_batching(drip_store::Batching::new(16, true)),
+    );
     let rule = unique("leased");
     let limit = Limit::new(200, SECOND, Window::Fixed(Placement::Start)).unwrap();
     let leases = Leases { partitions: 3, chunk: Leases::default_chunk(3) };
@@ -1379,6 +1385,9 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
         }
         assert!(held <= booked, "window {window}: the pools booked {held}, the slots say {booked}");
     }
+    // The observer heard of every unit leased: at least every one booked.
+    let (grants, units) = (leased.grants.load(Ordering::Relaxed), leased.units.load(Ordering::Relaxed));
+    assert!(grants > 0 && units >= events as u64, "{grants} leases of {units} units for {events} events");
     // Keys on every master: the partitions spread.
     for node in &cluster.nodes {
         assert!(node.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0"), "a master without keys");
@@ -1402,4 +1411,18 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
     // What strands depends on how the callers interleave (docs/capacity.md measures it); a lease
     // per caller instead of per partition strands half of each window.
     assert!(stranded * 4 <= full.len() as u64 * 200, "stranded {stranded} of {}", full.len() * 200);
+}
+
+/// Counts what a store's lease observer hears (the services count it as `drip_budget_leases`).
+#[derive(Default)]
+struct LeasedUnits {
+    grants: AtomicU64,
+    units: AtomicU64,
+}
+
+impl drip_store::LeaseObserver for LeasedUnits {
+    fn leased(&self, _: &str, units: u64) {
+        self.grants.fetch_add(1, Ordering::Relaxed);
+        self.units.fetch_add(units, Ordering::Relaxed);
+    }
 }

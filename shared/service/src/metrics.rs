@@ -63,6 +63,8 @@ pub struct Metrics {
     rules_refused: Gauge,
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    budget_leases: Family<LeaseLabels, prometheus_client::metrics::counter::Counter>,
+    budget_leased_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     cost_corrections: Family<CorrectionLabels, prometheus_client::metrics::counter::Counter>,
     latency_percentile: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     latency_reports: Family<LatencyLabels, prometheus_client::metrics::counter::Counter>,
@@ -92,6 +94,12 @@ pub struct LatencyLabels {
     pub verdict: &'static str,
     /// `true` when the controller only says what it would do.
     pub shadow: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub budget: String,
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,6 +136,18 @@ impl Default for Metrics {
             "pauses_capped",
             "Answers that asked to wait longer than the rule's max_pause (capped, read as overload), by budget or rule",
             pauses_capped.clone(),
+        );
+        let budget_leases = Family::<LeaseLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "budget_leases",
+            "Leases a leased budget's home granted a partition (outcome leased), or could not (full: no room up to the horizon), by budget",
+            budget_leases.clone(),
+        );
+        let budget_leased_units = Family::<TargetLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "budget_leased_units",
+            "Units a leased budget's home leased to partitions, by budget (against what was reserved: what was stranded)",
+            budget_leased_units.clone(),
         );
         let cost_corrections = Family::<CorrectionLabels, prometheus_client::metrics::counter::Counter>::default();
         registry.register(
@@ -182,6 +202,8 @@ impl Default for Metrics {
             rules_refused,
             adaptive_level,
             pauses_capped,
+            budget_leases,
+            budget_leased_units,
             cost_corrections,
             latency_percentile,
             latency_reports,
@@ -234,6 +256,14 @@ impl Metrics {
 
     pub fn pause_capped(&self, target: String) {
         self.pauses_capped.get_or_create(&TargetLabels { target }).inc();
+    }
+
+    /// A leased budget's home granted `units` to a partition (0: it had no room up to the horizon).
+    pub fn budget_leased(&self, budget: &str, units: u64) {
+        let outcome = if units > 0 { "leased" } else { "full" };
+        self.budget_leases.get_or_create(&LeaseLabels { budget: budget.to_owned(), outcome }).inc();
+        let target = format!("budget:{budget}");
+        self.budget_leased_units.get_or_create(&TargetLabels { target }).inc_by(units);
     }
 
     /// A cost reported after the call, and what it did (`more`, `less`, `same`, `already`, `unknown`).
@@ -494,6 +524,12 @@ mod tests {
 /// Each Redis request the services' connection sends, timed under `redis`.
 #[derive(Debug)]
 pub struct RedisCalls(pub Arc<Metrics>);
+
+impl drip_store::LeaseObserver for RedisCalls {
+    fn leased(&self, budget: &str, units: u64) {
+        self.0.budget_leased(budget, units);
+    }
+}
 
 impl drip_store::CallObserver for RedisCalls {
     fn observe(&self, took: std::time::Duration, ok: bool) {

@@ -209,8 +209,11 @@ impl CommonSettings {
         metrics: Arc<crate::metrics::Metrics>,
     ) -> anyhow::Result<RedisStore<Observed<AnyConnection>>> {
         let batching = Batching::new(self.reserve_batch_max, self.redis_cluster);
-        let connection = Observed::new(self.connect_redis().await?, Arc::new(crate::metrics::RedisCalls(metrics)));
-        Ok(RedisStore::new(connection, self.redis_namespace.clone()).with_batching(batching))
+        let connection =
+            Observed::new(self.connect_redis().await?, Arc::new(crate::metrics::RedisCalls(metrics.clone())));
+        Ok(RedisStore::new(connection, self.redis_namespace.clone())
+            .with_lease_observer(Arc::new(crate::metrics::RedisCalls(metrics)))
+            .with_batching(batching))
     }
 
     /// Pub/Sub, the publishes to one topic that arrive together sent together.

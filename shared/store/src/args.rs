@@ -104,6 +104,7 @@ pub struct ReserveArgs {
 /// its partition, and per budget limit its period, count and what one lease asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseTarget {
+    pub budget: String,
     pub home: String,
     /// The pool's key, which the credit names.
     pub pool: String,
@@ -178,6 +179,7 @@ fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<Option<Lease
             let partition = leases.partition_of(scope);
             let limits = b.limits.iter().map(|l| (l.per(), l.limit(), leases.want(l.limit(), event.cost))).collect();
             Some(LeaseTarget {
+                budget: b.name.clone(),
                 home: budget_key(namespace, b),
                 pool: pool_key(namespace, b, partition),
                 partition,

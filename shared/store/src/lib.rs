@@ -26,7 +26,9 @@ pub use memory::MemoryStore;
 pub use overrides::{
     AuditEntry, Author, CostChange, FeedbackChange, OVERRIDE_MARGIN, OverrideChange, OverrideView, ResumeChange,
 };
-pub use redis_store::{DispatchClaim, MessageOf, RedisStore, ReserveCall, parse_replies, parse_reply, reserve_script};
+pub use redis_store::{
+    DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, parse_reply, reserve_script,
+};
 pub use request::{Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{Resumed, resume};
 pub use store::{Ping, Store};

@@ -50,6 +50,13 @@ pub struct RedisStore<C> {
     groups: Option<(Arc<ReserveGroup>, Arc<DispatchGroup>)>,
     /// By pool: one caller at a time asks its home for a lease (`LeaseGates`).
     lease_gates: Arc<LeaseGates>,
+    lease_observer: Option<Arc<dyn LeaseObserver>>,
+}
+
+/// Told of each lease a budget's home grants (the services count them: `drip_budget_leases`).
+pub trait LeaseObserver: Send + Sync {
+    /// `units` of `budget` leased to a partition; 0 when the home had no room up to the horizon.
+    fn leased(&self, budget: &str, units: u64);
 }
 
 /// Callers whose reservations stop for a lease of the same pool ask its home one at a time: the
@@ -84,7 +91,13 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C> RedisStore<C> {
     pub fn new(connection: C, namespace: impl Into<String>) -> Self {
-        Self { connection, namespace: namespace.into(), groups: None, lease_gates: Default::default() }
+        Self {
+            connection,
+            namespace: namespace.into(),
+            groups: None,
+            lease_gates: Default::default(),
+            lease_observer: None,
+        }
     }
 
     pub fn keys(&self, request: &SlotRequest<'_>) -> EntityKeys {
@@ -100,6 +113,11 @@ impl<C> RedisStore<C> {
 
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// Tells `observer` of each lease a leased budget's home grants.
+    pub fn with_lease_observer(self, observer: Arc<dyn LeaseObserver>) -> Self {
+        Self { lease_observer: Some(observer), ..self }
     }
 }
 
@@ -292,14 +310,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         invocation.arg(target.partition).arg(target.partitions).arg(per).arg(from).arg(horizon);
         invocation.arg(count).arg(cost).arg(want).arg(per + STATE_MARGIN);
         let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
-        match reply.as_slice() {
-            &[window, total, full_through, found] => Ok(drip_core::schedule::Lease {
-                window: (found == 1).then_some(window),
-                total: total as u64,
-                full_through,
-            }),
-            _ => Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}"))),
+        let &[window, total, full_through, found, units] = reply.as_slice() else {
+            return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));
+        };
+        if let Some(observer) = &self.lease_observer {
+            observer.leased(&target.budget, units.max(0) as u64);
         }
+        Ok(drip_core::schedule::Lease { window: (found == 1).then_some(window), total: total as u64, full_through })
     }
 
     async fn call_reserve(&self, call: ReserveCall) -> Result<Vec<Reserved>, StoreError> {
