@@ -266,7 +266,7 @@ pub async fn spawn_dispatcher_with(
     oidc: Option<(&str, &str, &str)>,
     max_attempts: i64,
 ) -> DispatcherUnderTest {
-    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), oidc, max_attempts, None, None).await
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), oidc, max_attempts, None, None, false).await
 }
 
 /// As [`spawn_dispatcher`], publishing unsealed tasks (to owned topics) until `until` (RFC 3339):
@@ -276,7 +276,7 @@ pub async fn spawn_dispatcher_accepting_unsigned(
     (redis_url, namespace, pubsub_host): (&str, &str, &str),
     until: &str,
 ) -> DispatcherUnderTest {
-    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, None, Some(until)).await
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, None, Some(until), false).await
 }
 
 /// A dispatcher that can give events new slots (an `overflow: { url }` that says wait): it
@@ -288,7 +288,15 @@ pub async fn spawn_rescheduling_dispatcher(
     queues: &[String],
 ) -> DispatcherUnderTest {
     let tasks = Some((tasks_endpoint, queues));
-    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, tasks, None).await
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, tasks, None, false).await
+}
+
+/// As [`spawn_dispatcher`], on a Redis Cluster (`redis_url` one of its nodes).
+pub async fn spawn_dispatcher_on_cluster(
+    rules_yaml: &str,
+    (redis_url, namespace, pubsub_host): (&str, &str, &str),
+) -> DispatcherUnderTest {
+    start_dispatcher(rules_yaml, (redis_url, namespace, pubsub_host), None, 100, None, None, true).await
 }
 
 async fn start_dispatcher(
@@ -298,6 +306,7 @@ async fn start_dispatcher(
     max_attempts: i64,
     tasks: Option<(&str, &[String])>,
     accept_unsigned_until: Option<&str>,
+    redis_cluster: bool,
 ) -> DispatcherUnderTest {
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("address"));
@@ -325,7 +334,7 @@ async fn start_dispatcher(
             port: 0,
             redis_url: redis_url.to_owned(),
             redis_ca_cert: None,
-            redis_cluster: false,
+            redis_cluster,
             redis_namespace: namespace.to_owned(),
             redis_timeout_ms: 3_000,
             reserve_batch_max: 64,

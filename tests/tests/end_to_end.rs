@@ -8,8 +8,11 @@ use std::time::Duration;
 use cloud_tasks_emulator::{Fault, Faults};
 use drip_core::time::{Millis, SECOND, parse_rfc3339};
 use drip_tests::pubsub_emulator::{Pubsub, Pulled};
-use drip_tests::redis_server::shared_url;
-use drip_tests::stack::{FlakyProxy, LimiterUnderTest, LimiterWiring, TasksStandIn, spawn_dispatcher, spawn_limiter};
+use drip_tests::redis_server::{RedisCluster, shared_url};
+use drip_tests::stack::{
+    FlakyProxy, LimiterUnderTest, LimiterWiring, TasksStandIn, spawn_dispatcher, spawn_dispatcher_on_cluster,
+    spawn_limiter,
+};
 use drip_tests::unique;
 
 const RULES: &str = r#"
@@ -243,4 +246,79 @@ async fn a_dispatcher_that_fails_once_is_retried_and_publishes_once() {
     let statuses: Vec<Option<u16>> = attempts.iter().map(|a| a.status).collect();
     assert_eq!(statuses, [Some(500), Some(200)], "one failure, one retry");
     assert_eq!(*s.proxy.as_ref().unwrap().seen.lock().unwrap(), 2);
+}
+
+/// A budget of 10 a second leased over 3 partitions of a 3-master cluster, 80 SMS of 40 users
+/// through the whole stack (limiter and dispatcher on the cluster): every message arrives, and no
+/// second holds more than 10 of them, at the slots or at the topics' publish times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_budget_holds_at_the_topics_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let redis_url = cluster.urls()[0].clone();
+    let prefix = unique("e2e-leased");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let rules = format!(
+        r#"
+default_dlq_topic: {prefix}-dlq
+budgets:
+  {prefix}-carrier:
+    limits: [ {{ limit: 10, per: 1s }} ]
+    leases: {{ partitions: 3 }}
+rules:
+  - name: {prefix}-sms
+    match: {{ attributes: {{ event_type: sms }} }}
+    key: "user_{{data.user}}"
+    limits: [ {{ limit: 5, per: 1s }} ]
+    budgets: [{prefix}-carrier]
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: {{ topic: {prefix}-ready }}
+    overflow_topic: {prefix}-overflow
+"#
+    );
+    let namespace = unique("drip");
+    let dispatcher = spawn_dispatcher_on_cluster(&rules, (&redis_url, &namespace, &pubsub.host)).await;
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 2);
+    let mut wiring = LimiterWiring::new(
+        redis_url.clone(),
+        pubsub.host.clone(),
+        &tasks,
+        queues,
+        format!("{}/dispatch", dispatcher.url),
+    );
+    wiring.namespace = namespace;
+    wiring.redis_cluster = true;
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let source = format!("{prefix}-source");
+    pubsub.create_topic(&source).await;
+    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    let s = Stack { prefix, pubsub, tasks, limiter, proxy: None };
+    let mut ids = HashSet::new();
+    for i in 0..80 {
+        ids.insert(s.publish("sms", format!(r#"{{"user":{},"n":{i}}}"#, i % 40)).await);
+    }
+    let delivered = s.delivered(&ids, Duration::from_secs(60)).await;
+    let mut first: HashMap<&String, &Pulled> = HashMap::new();
+    for (message, _) in &delivered {
+        first.entry(&message.attributes["drip-message-id"]).or_insert(message);
+    }
+    assert_eq!(first.len(), 80, "every message arrived");
+    let (mut at_slots, mut at_topics): (BTreeMap<Millis, usize>, BTreeMap<Millis, usize>) = Default::default();
+    for message in first.values() {
+        let slot = parse_rfc3339(&message.attributes["drip-scheduled-for"]).unwrap();
+        *at_slots.entry(slot / SECOND).or_default() += 1;
+        *at_topics.entry(parse_rfc3339(&message.publish_time).unwrap() / SECOND).or_default() += 1;
+    }
+    let (slots, topics) = (at_slots.values().max().copied(), at_topics.values().max().copied());
+    assert!(slots <= Some(10), "a second of the budget's slots holds {slots:?}: {at_slots:?}");
+    assert!(topics <= Some(10), "the topics saw {topics:?} in one second: {at_topics:?}");
+    assert!(at_slots.len() >= 8, "80 at 10 a second take at least 8 seconds: {at_slots:?}");
+    for node in &cluster.nodes {
+        assert!(node.cli(&["DBSIZE"]).is_some_and(|n| n.trim() != "0"), "a master without keys");
+    }
 }
