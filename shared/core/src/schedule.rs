@@ -975,12 +975,12 @@ fn lease(
 }
 
 /// About what a pool will use of `window`: what it booked of the window before, less what it holds
-/// of `window`; and at least what it holds (a partition whose demand outgrows its lease doubles
-/// it). A pool keeps the window before now's for this.
+/// of `window` (a pool keeps the window before now's for this). Asking for more (doubling what it
+/// holds when that runs out) strands more of each window: measured in docs/capacity.md.
 fn pool_demand(pool: Option<&BudgetState>, per: Millis, window: Millis) -> u64 {
     let before = pool.and_then(|p| p.windows.get(&(per, window - per)).copied()).unwrap_or(0);
     let held = pool.and_then(|p| p.leased.get(&(per, window)).copied()).unwrap_or(0);
-    before.saturating_sub(held).max(held)
+    before.saturating_sub(held)
 }
 
 /// The earliest time ≥ `t` at which one budget limit accepts the request's cost more: the first
@@ -1440,8 +1440,8 @@ mod budget_tests {
     }
 
     /// A budget of 10 a second leased over two partitions, a unit at a time: each partition asks its
-    /// home when its pool has no room, for what it booked of the window before or at least what it
-    /// holds (doubling); the home leases a window out and no further, and a partition that finds it
+    /// home when its pool has no room, for what it booked of the window before (here nothing: a
+    /// chunk, one unit); the home leases a window out and no further, and a partition that finds it
     /// full asks from the next window and remembers it.
     #[test]
     fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
@@ -1453,16 +1453,21 @@ mod budget_tests {
         let slots: Vec<Millis> = (0..12)
             .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
             .collect();
-        // p0 leases 1, 1, 2, then 2 of the 4 it asks (the window's last); p1 leases 1, 1, 2, finds
-        // the window full at its ninth event and leases 4 of the next (what it booked of this one).
-        assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, 0, SECOND]);
+        // Each leases a unit per event until the window is leased out (5 each); then each finds it
+        // full and leases a unit of the next.
+        assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
         let home = s.budget_state("gateway").unwrap();
-        assert_eq!(home.windows, BTreeMap::from([((SECOND, 0), 10), ((SECOND, SECOND), 4)]));
-        assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&6));
-        assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&4));
+        assert_eq!(home.windows, BTreeMap::from([((SECOND, 0), 10), ((SECOND, SECOND), 2)]));
+        assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&5));
+        assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&5));
         let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
         assert_eq!(pool.known_full.get(&SECOND), Some(&0), "p1 knows window 0 is leased out");
-        assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&2), Some(&4)));
+        assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&1), Some(&1)));
+        // The next window p1 asks for: what it booked of the window before (5), less what it holds.
+        let more = reserve(&mut s, &p1, "m12", 0, &budgets).slot;
+        assert_eq!(more, SECOND);
+        let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
+        assert_eq!(pool.leased.get(&(SECOND, SECOND)), Some(&5), "asked 5 - 1 = 4 more");
         // A pause of a leased budget is its home's: both partitions wait.
         s.pause_budget("gateway", 5 * SECOND);
         assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);

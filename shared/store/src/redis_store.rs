@@ -72,8 +72,27 @@ struct LeaseGate {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// Leases asked for through this gate so far.
     leased: AtomicU64,
-    /// The costs of the callers waiting for their turn.
-    waiting: AtomicU64,
+    /// By (per, window): the costs of the callers waiting for their turn to ask for it.
+    waiting: std::sync::Mutex<std::collections::HashMap<(Millis, Millis), u64>>,
+}
+
+impl LeaseGate {
+    /// Adds `cost` (or takes it away) to what callers wait for of `(per, window)`; returns what
+    /// the others wait for.
+    fn wait(&self, at: (Millis, Millis), cost: u64, arriving: bool) -> u64 {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let total = waiting.entry(at).or_default();
+        if arriving {
+            *total += cost;
+        } else {
+            *total = total.saturating_sub(cost);
+        }
+        let others = total.saturating_sub(if arriving { cost } else { 0 });
+        if *total == 0 {
+            waiting.remove(&at);
+        }
+        others
+    }
 }
 
 impl LeaseGates {
@@ -278,11 +297,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             };
             let gate = self.lease_gates.of(&target.pool);
             let seen = gate.leased.load(Ordering::Acquire);
-            gate.waiting.fetch_add(event.cost, Ordering::AcqRel);
+            gate.wait((per, window), event.cost, true);
             let turn = gate.turn.clone().lock_owned().await;
-            let others = gate.waiting.fetch_sub(event.cost, Ordering::AcqRel) - event.cost;
+            let others = gate.wait((per, window), event.cost, false);
             if gate.leased.load(Ordering::Acquire) == seen {
-                // Callers of the same pool waiting behind this one will want their units too.
+                // Callers of the same pool waiting behind this one for the same window will want
+                // their units too.
                 let want = want.max(demand).max(event.cost + others);
                 let span = (per, window, at + event.max_delay);
                 let lease = self.grant(target, span, now, (count, event.cost, want)).await?;
