@@ -21,29 +21,11 @@ local count, cost, want, keep = int(), int(), int(), int()
 local current = now - now % per
 local lo = tonumber(redis.call('HGET', key, 'lo:' .. per))
 if lo and lo < current then
-  local dead = {}
-  if (current - lo) / per <= 64 then
-    for window = lo, current - per, per do
-      local name = per .. ':' .. window
-      dead[#dead + 1] = name
-      for p = 0, partitions - 1 do
-        dead[#dead + 1] = name .. ':p' .. p
-      end
+  drop_windows(key, per, lo, current, function(name, dead)
+    for p = 0, partitions - 1 do
+      dead[#dead + 1] = name .. ':p' .. p
     end
-  else
-    local prefix = per .. ':'
-    for _, field in ipairs(redis.call('HKEYS', key)) do
-      if string.sub(field, 1, #prefix) == prefix then
-        local window = tonumber(string.match(field, '^%-?%d+', #prefix + 1))
-        if window and window < current then
-          dead[#dead + 1] = field
-        end
-      end
-    end
-  end
-  if #dead > 0 then
-    redis.call('HDEL', key, unpack(dead))
-  end
+  end)
 end
 if not lo or lo < current then
   redis.call('HSET', key, 'lo:' .. per, current)

@@ -160,3 +160,31 @@ local function fold_legacy_overrides(legacy_key, o)
   end
   return #fields > 0
 end
+
+-- Deletes the fields of a calendar hash (a budget's, a pool's, a home's) of the windows of `per`
+-- from `lo` (the oldest it may hold) up to before `current`: each window's `<per>:<window>` and
+-- the fields `more(name, dead)` adds for it, or after a long gap, every field of such a window
+-- found by a scan.
+local function drop_windows(key, per, lo, current, more)
+  local dead = {}
+  if (current - lo) / per <= 64 then
+    for window = lo, current - per, per do
+      local name = per .. ':' .. window
+      dead[#dead + 1] = name
+      more(name, dead)
+    end
+  else
+    local prefix = per .. ':'
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+      if string.sub(field, 1, #prefix) == prefix then
+        local window = tonumber(string.match(field, '^%-?%d+', #prefix + 1))
+        if window and window < current then
+          dead[#dead + 1] = field
+        end
+      end
+    end
+  end
+  if #dead > 0 then
+    redis.call('HDEL', key, unpack(dead))
+  end
+end

@@ -474,16 +474,23 @@ local function charge(e, values, now, slot, more)
   shift_budgets(e, slot, now, more)
 end
 
+-- The window of `t` and `t` itself, or, when `t` lies in the window's last `margin`, the next
+-- window and its start (schedule.rs's outside_margin).
+local function outside_margin(t, per, margin)
+  local window = t - t % per
+  if t >= window + per - margin then
+    return window + per, window + per
+  end
+  return window, t
+end
+
 -- The earliest time >= t at which one of the entity's limits accepts the cost more (schedule.rs's
 -- earliest_accepted); `a`, `b` its two state fields, `last` the entity's frontier.
 local function limit_accepts(e, l, a, b, last, t)
   local kind, per, limit, cost, margin = l.kind, l.per, l.count, e.cost, e.margin
   if kind == 'fixed' or kind == 'spread' or kind == 'share' then
-    local window = t - t % per
-    if t >= window + per - margin then
-      window = window + per
-      t = window
-    end
+    local window
+    window, t = outside_margin(t, per, margin)
     local used = 0
     if a == window then
       used = b
@@ -597,13 +604,8 @@ end
 -- such windows from there on moves it up to the window before the one it takes; a credit or a
 -- give-back into a window up to it moves it down (`lower_booked`).
 local function pool_accepts(e, budget, l, j, slot, horizon, now)
-  local per, cost, margin = l.per, e.cost, e.margin
-  local window = slot - slot % per
-  local t = slot
-  if t >= window + per - margin then
-    window = window + per
-    t = window
-  end
+  local per, cost = l.per, e.cost
+  local window, t = outside_margin(slot, per, e.margin)
   -- Whether every window from now's up to this one is known to have no room at all (up to the
   -- booked hint), so that a walk from here that meets only such windows may move the hint up.
   local known = now - now % per - per
@@ -648,12 +650,7 @@ end
 -- hold; what it walks updates the run exactly as schedule.rs's budget_accepts does.
 local function budget_accepts(e, budget, l, slot, horizon, now)
   local per, n, run, cost, margin = l.per, l.n, l.run, e.cost, e.margin
-  local window = slot - slot % per
-  local t = slot
-  if t >= window + per - margin then
-    window = window + per
-    t = window
-  end
+  local window, t = outside_margin(slot, per, margin)
   local jumpable = run and run.least + cost > n
   local walked_from, walked_through, walked_least, jumped
   while true do
@@ -884,32 +881,15 @@ local function commit_budgets(e, slot, now)
         current = current - per
       end
       if l.lo and l.lo < current then
-        local dead, floors = {}, budget.floors
-        if (current - l.lo) / per <= 64 then
-          for window = l.lo, current - per, per do
-            local window_name = per .. ':' .. window
-            dead[#dead + 1] = window_name
-            for k = 1, #floors do
-              dead[#dead + 1] = window_name .. ':f:' .. floors[k].rule
-            end
-            if budget.leased then
-              dead[#dead + 1] = window_name .. ':l'
-            end
+        local floors = budget.floors
+        drop_windows(key, per, l.lo, current, function(name, dead)
+          for k = 1, #floors do
+            dead[#dead + 1] = name .. ':f:' .. floors[k].rule
           end
-        else
-          local prefix = per .. ':'
-          for _, field in ipairs(redis.call('HKEYS', key)) do
-            if string.sub(field, 1, #prefix) == prefix then
-              local window = tonumber(string.match(field, '^%-?%d+', #prefix + 1))
-              if window and window < current then
-                dead[#dead + 1] = field
-              end
-            end
+          if budget.leased then
+            dead[#dead + 1] = name .. ':l'
           end
-        end
-        if #dead > 0 then
-          redis.call('HDEL', key, unpack(dead))
-        end
+        end)
       end
       if not l.lo or l.lo < current then
         set[#set + 1], set[#set + 2] = 'lo:' .. per, current
