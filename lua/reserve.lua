@@ -881,15 +881,21 @@ local function commit_budgets(e, slot, now)
         current = current - per
       end
       if l.lo and l.lo < current then
-        local floors = budget.floors
+        local floors, stranded = budget.floors, 0
         drop_windows(key, per, l.lo, current, function(name, dead)
           for k = 1, #floors do
             dead[#dead + 1] = name .. ':f:' .. floors[k].rule
           end
           if budget.leased then
+            -- What the partition was leased of a passed window and did not book: stranded.
+            local held = redis.call('HMGET', key, name, name .. ':l')
+            stranded = stranded + math.max((tonumber(held[2]) or 0) - (tonumber(held[1]) or 0), 0)
             dead[#dead + 1] = name .. ':l'
           end
         end)
+        if stranded > 0 then
+          redis.call('HINCRBY', key, 'S:' .. per, stranded)
+        end
       end
       if not l.lo or l.lo < current then
         set[#set + 1], set[#set + 2] = 'lo:' .. per, current

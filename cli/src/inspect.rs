@@ -122,8 +122,8 @@ fn render(report: &EntityReport) -> String {
                 let full =
                     held.home_full_through.as_deref().map_or(String::new(), |w| format!("; home full through {w}"));
                 out += &format!(
-                    "  {:<28} {} of {} leased now booked, {} of {} ahead{full}\n",
-                    limit.limit, held.booked_now, held.leased_now, held.booked_ahead, held.leased_ahead
+                    "  {:<28} {} of {} leased now booked, {} of {} ahead, {} stranded so far{full}\n",
+                    limit.limit, held.booked_now, held.leased_now, held.booked_ahead, held.leased_ahead, held.stranded
                 );
             }
         }

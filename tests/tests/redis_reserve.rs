@@ -357,6 +357,8 @@ fn differential_in_batches(
                 .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
                 .collect(),
             leased: state.leased.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+            // Redis counts what a pool stranded as it drops passed windows; the model keeps them.
+            stranded: BTreeMap::new(),
             granted: state
                 .granted
                 .into_iter()
@@ -1425,4 +1427,40 @@ impl drip_store::LeaseObserver for LeasedUnits {
         self.grants.fetch_add(1, Ordering::Relaxed);
         self.units.fetch_add(units, Ordering::Relaxed);
     }
+}
+
+/// A partition that leased a whole window and booked one unit of it strands the rest: its pool
+/// counts it once the window has passed (docs/rules.md, "A budget past one shard"), and the other
+/// partition, finding the window leased out, takes the next.
+#[tokio::test]
+async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
+    use drip_core::budgets::Leases;
+    let store = RedisStore::new(shared_connection().await, "drip");
+    let rule = unique("stranded");
+    let leases = Leases { partitions: 2, chunk: PPM };
+    let budget = Arc::new(Budget {
+        name: format!("{rule}-b"),
+        limits: vec![Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        max_share: None,
+        adaptive: None,
+        floors: Vec::new(),
+        per_key: false,
+        leases: Some(leases),
+        tag: format!("{rule}-b"),
+    });
+    let budgets = [budget.clone()];
+    let key_in = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+    let (p0, p1) = (key_in(0), key_in(1));
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let reserve = async |key: &str, id: &str, now: Millis| {
+        let event = ReserveRequest { max_delay: MINUTE, budgets: &budgets, ..ReserveRequest::new(id, &limits, now) };
+        let request = SlotRequest { tag: Some(&budget.tag), ..SlotRequest::new(&rule, key, event) }.at(now);
+        store.reserve(&request).await.expect("reserve").reservation.slot
+    };
+    assert_eq!(reserve(&p0, "m0", T0).await, T0, "p0 leases the whole window and books a unit");
+    assert_eq!(reserve(&p1, "m1", T0).await, T0 + SECOND, "p1 finds it leased out: the next window");
+    // Two windows later p0 books again, dropping the window it held 10 of and booked 1.
+    assert_eq!(reserve(&p0, "m2", T0 + 2 * SECOND).await, T0 + 2 * SECOND);
+    let pool = store.pool_state(&budget, 0).await.unwrap();
+    assert_eq!(pool.stranded.get(&SECOND), Some(&9), "{pool:?}");
 }

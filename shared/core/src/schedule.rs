@@ -303,6 +303,9 @@ pub struct BudgetState {
     /// A leased budget's home: by (per, window start, partition), the units leased to that
     /// partition (`windows` then holds what the home leased in all).
     pub granted: BTreeMap<(Millis, Millis, u32), u64>,
+    /// A pool in Redis: by per, the units of passed windows it was leased and did not book,
+    /// counted as it drops them (the model keeps every window: what it stranded is read off them).
+    pub stranded: BTreeMap<Millis, u64>,
 }
 
 /// What a leased budget's home answers a partition that asks for units of one limit from a window

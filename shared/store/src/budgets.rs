@@ -201,6 +201,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 && let Ok(window) = value.parse()
             {
                 state.known_full.insert(per, window);
+            } else if let Some(per) = name.strip_prefix("S:").and_then(|p| p.parse().ok())
+                && let Ok(units) = value.parse()
+            {
+                state.stranded.insert(per, units);
             } else if let Some((per, window, what)) = field::parse_lease_field(name)
                 && let Ok(units) = value.parse()
                 && (what == "l" || what.starts_with('p'))

@@ -160,6 +160,9 @@ pub struct LeaseUse {
     pub booked_ahead: u64,
     /// The last window the home was full in when the partition last asked.
     pub home_full_through: Option<String>,
+    /// What it was leased of passed windows and did not book, so far (counted in Redis as the
+    /// pool drops passed windows).
+    pub stranded: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -669,6 +672,7 @@ fn lease_report(
             leased_ahead: sum(&pool.leased, current + per, Millis::MAX),
             booked_ahead: sum(&pool.windows, current + per, Millis::MAX),
             home_full_through: pool.known_full.get(&per).map(|&w| format_rfc3339(w)),
+            stranded: pool.stranded.get(&per).copied().unwrap_or(0),
         }
     });
     LeaseReport { partitions, partition, limits: limits.collect() }

@@ -365,6 +365,12 @@ pub mod field {
         format!("B:{per}")
     }
 
+    /// A pool's stranded units so far: what it was leased of passed windows and did not book
+    /// (counted as it drops them; after a gap of many windows, not counted).
+    pub fn pool_stranded(per: Millis) -> String {
+        format!("S:{per}")
+    }
+
     /// A home's lease of a window to one partition: `<per>:<window>:p<partition>`.
     pub fn home_granted(per: Millis, window: Millis, partition: u32) -> String {
         format!("{per}:{window}:p{partition}")
