@@ -23,6 +23,17 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
 }
 
+/// A free port for a cluster node: Redis Cluster talks to its peers on the port 10,000 higher,
+/// so it must be at most 55,535 and that port free too (an ephemeral port often is above).
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A `redis-server` child process on 127.0.0.1.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -35,7 +46,8 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start(extra_args: &[&str]) -> Self {
-        let port = free_port();
+        let cluster = extra_args.windows(2).any(|pair| pair == ["--cluster-enabled", "yes"]);
+        let port = if cluster { free_cluster_port() } else { free_port() };
         let dir = std::env::temp_dir().join(format!("drip-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let child = Self::spawn(port, &dir, extra_args);

@@ -258,7 +258,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let mut decided = Vec::with_capacity(events.len());
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
-        // Leases the event at the head of `waiting` asked for.
+        // How often the event at the head of `waiting` stopped for a lease.
         let mut asked = 0;
         // The turn at a pool's gate, held until the event is sent again.
         let mut _turn = None;
@@ -308,8 +308,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 let lease = self.grant(target, span, now, (count, event.cost, want)).await?;
                 credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
                 gate.leased.fetch_add(1, Ordering::AcqRel);
-                asked += 1;
             }
+            asked += 1;
             _turn = Some(turn);
             waiting.push_front(event.again());
         }
@@ -453,8 +453,9 @@ pub fn reserve_script() -> &'static str {
 const REPLY_LENGTH: usize = 5;
 /// The status of an event that stopped its call to ask for a lease (reserve.lua's `STATUS.W`).
 const LEASE_WANTED: i64 = 3;
-/// How many leases one event may ask for before the store gives up: each lease lets its search go
-/// at least one window further (or ends it), so only a pool contended by other callers asks often.
+/// How often one event may stop for a lease before the store gives up (the caller answers 503 and
+/// the event comes again): each lease lets its search go at least one window further (or ends it),
+/// so only a pool that other callers keep emptying stops it often.
 const LEASE_ROUNDS: usize = 64;
 
 /// Reads `reserve.lua`'s reply: `REPLY_LENGTH` numbers per event.
