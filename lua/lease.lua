@@ -36,7 +36,13 @@ while window <= horizon do
   local name = per .. ':' .. window
   local total = tonumber(redis.call('HGET', key, name)) or 0
   if total + cost <= count then
-    local units = math.min(want, count - total)
+    -- A scarce window (less room than asked) is split: at most half of what is left, at least the
+    -- cost, so partitions asking in turn share it.
+    local room = count - total
+    local units = want
+    if want > room then
+      units = math.max(math.ceil(room / 2), cost)
+    end
     redis.call('HINCRBY', key, name, units)
     local held = redis.call('HINCRBY', key, name .. ':p' .. partition, units)
     local ttl = window + keep - now

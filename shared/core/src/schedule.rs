@@ -322,7 +322,8 @@ pub struct Lease {
 impl BudgetState {
     /// The home's grant (`lua/lease.lua`): the first window from `from` up to `horizon` whose
     /// leases leave room for `cost` of `count` leases `partition` up to `want` units of it (never
-    /// past `count`).
+    /// past `count`). A scarce window (less room than asked) is split: a lease takes at most half
+    /// of what is left (at least the cost), so partitions asking in turn share it.
     pub fn grant(
         &mut self,
         partition: u32,
@@ -334,7 +335,8 @@ impl BudgetState {
         while window <= horizon {
             let total = self.windows.entry((per, window)).or_default();
             if *total + cost <= count {
-                let units = want.min(count - *total);
+                let room = count - *total;
+                let units = if want <= room { want } else { room.div_ceil(2).max(cost) };
                 *total += units;
                 let held = self.granted.entry((per, window, partition)).or_default();
                 *held += units;
@@ -1471,6 +1473,14 @@ mod budget_tests {
         assert_eq!(more, SECOND);
         let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
         assert_eq!(pool.leased.get(&(SECOND, SECOND)), Some(&5), "asked 5 - 1 = 4 more");
+        // A scarce window is split: a partition asking for more than is left gets half of it.
+        let mut home = BudgetState::default();
+        let grant = |home: &mut BudgetState, partition, want| home.grant(partition, (SECOND, 0, SECOND), 10, (1, want));
+        assert_eq!(grant(&mut home, 0, 6).total, 6, "room enough: what it asked");
+        assert_eq!(grant(&mut home, 1, 8).total, 2, "4 left, 8 asked: half");
+        assert_eq!(grant(&mut home, 0, 8).total, 7, "2 left: half");
+        assert_eq!(grant(&mut home, 1, 8).total, 3, "1 left: the cost");
+        assert_eq!(grant(&mut home, 1, 8).window, Some(SECOND), "window 0 is leased out: the next");
         // A pause of a leased budget is its home's: both partitions wait.
         s.pause_budget("gateway", 5 * SECOND);
         assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);
