@@ -167,10 +167,19 @@ impl EncodedEvent {
     }
 }
 
-/// By budget of the request: where a leased one asks its home for units.
+/// The key a request's entity is partitioned by: its key, or a class's key (its classes together).
+fn partition_scope<'a>(request: &SlotRequest<'a>) -> &'a str {
+    request.event.class.map_or(request.key, |(scope, _)| scope)
+}
+
+/// By budget of the request: where a leased one asks its home for units (empty when none is
+/// leased: most events, which then allocate nothing for it).
 fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<Option<LeaseTarget>> {
     let event = &request.event;
-    let scope = event.class.map_or(request.key, |(scope, _)| scope);
+    if event.budgets.iter().all(|b| b.leases.is_none()) {
+        return Vec::new();
+    }
+    let scope = partition_scope(request);
     event
         .budgets
         .iter()
@@ -260,7 +269,7 @@ impl ReserveArgs {
         self.keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
             (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
             _ => match b.leases {
-                Some(leases) => pool_key(namespace, b, leases.partition_of(scope.unwrap_or(request.key))),
+                Some(leases) => pool_key(namespace, b, leases.partition_of(partition_scope(request))),
                 None => budget_key(namespace, b),
             },
         }));

@@ -473,8 +473,8 @@ pub(crate) fn report(
     let last_slot = state.last_slot;
     let mut budgets: Vec<BudgetReport> =
         budgets_in.iter().map(|(budget, held)| budget_report(budget, held, now)).collect();
-    for (report, pool) in budgets.iter_mut().zip(pools) {
-        report.lease = pool.as_ref().map(|(partition, pool)| lease_report(budgets_in, report, (*partition, pool), now));
+    for ((report, pool), (budget, _)) in budgets.iter_mut().zip(pools).zip(budgets_in) {
+        report.lease = pool.as_ref().map(|(partition, pool)| lease_report(budget, (*partition, pool), now));
     }
     if let (Some((_, scope)), Some(calendar)) = (class_calendar(rule, key), budgets.first_mut()) {
         calendar.name = format!("classes of {scope}");
@@ -652,15 +652,9 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
     }
 }
 
-fn lease_report(
-    budgets_in: &[(Arc<Budget>, BudgetState)],
-    report: &BudgetReport,
-    (partition, pool): (u32, &BudgetState),
-    now: Millis,
-) -> LeaseReport {
-    let budget = budgets_in.iter().map(|(b, _)| b).find(|b| b.name == report.name);
-    let partitions = budget.and_then(|b| b.leases).map_or(0, |l| l.partitions);
-    let limits = budget.map(|b| b.limits.as_slice()).unwrap_or_default().iter().map(|limit| {
+fn lease_report(budget: &Budget, (partition, pool): (u32, &BudgetState), now: Millis) -> LeaseReport {
+    let partitions = budget.leases.map_or(0, |l| l.partitions);
+    let limits = budget.limits.iter().map(|limit| {
         let per = limit.per();
         let current = now.div_euclid(per) * per;
         let sum = |map: &std::collections::BTreeMap<(Millis, Millis), u64>, from: Millis, to: Millis| -> u64 {
