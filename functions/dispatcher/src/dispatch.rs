@@ -18,19 +18,19 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
-use drip_core::delivery::Delivery as Meaning;
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{
     CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, task_id,
 };
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
-use drip_core::schedule::{OldSlot, Status};
+use drip_core::schedule::OldSlot;
 use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
-use drip_gcp::http_target::{EventPost, PostError};
+use drip_gcp::http_target::EventPost;
 use drip_service::answer::Answer;
-use drip_service::feedback;
-use drip_store::{DispatchClaim, MessageOf, SlotRequest};
+use drip_service::reschedule::{self, Failure, Rescheduler, Wait};
+use drip_service::task_batches::EventTask;
+use drip_store::{DispatchClaim, MessageOf, Reserved, SlotRequest};
 
 use crate::AppState;
 
@@ -194,9 +194,9 @@ async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_
         Ok(outcome) => Ok(outcome),
         Err(error) if state.is_last_attempt(delivery.retry_count) => {
             let detail = format!("attempt {} of {}: {error:#}", delivery.retry_count + 1, state.max_attempts);
-            dead_letter_task(state, task, route.rule(), Refused { reason: DlqReason::DispatchFailed, detail }, delivery)
+            let refused = Refused { reason: DlqReason::DispatchFailed, detail };
+            dead_letter(state, (Some(task), route.rule()), refused, None, delivery)
                 .await
-                .map(|()| Outcome::DeadLetter(DlqReason::DispatchFailed))
                 .map_err(|dlq| error.context(format!("and dead-lettering it failed too: {dlq:#}")))
         }
         Err(error) => Err(error),
@@ -282,92 +282,88 @@ async fn publish(
 ) -> anyhow::Result<Outcome> {
     let data = match &task.payload {
         TaskPayload::Json(_) | TaskPayload::Bytes(_) => task.payload.data().unwrap_or_default(),
-        TaskPayload::ClaimCheck(reference) => {
-            match state.store.get_payload(reference).await? {
-                Some(data) => data,
-                None => {
-                    // Retrying cannot bring it back: dead-letter the task body, which names the event.
-                    let refused = Refused {
-                        reason: DlqReason::ClaimCheckMissing,
-                        detail: format!("the claim-checked payload {reference} is gone"),
-                    };
-                    publish_dead_letter(state, task, route.rule(), refused, serde_json::to_vec(task)?, None).await?;
-                    return Ok(Outcome::DeadLetter(DlqReason::ClaimCheckMissing));
-                }
+        TaskPayload::ClaimCheck(reference) => match state.store.get_payload(reference).await? {
+            Some(data) => data,
+            None => {
+                // Retrying cannot bring it back: the dead letter carries the task body, which names the event.
+                let detail = format!("the claim-checked payload {reference} is gone");
+                let refused = Refused { reason: DlqReason::ClaimCheckMissing, detail };
+                return dead_letter(state, (Some(task), route.rule()), refused, None, delivery).await;
             }
+        },
+    };
+    let delivered = match route {
+        Route::Overflow(rule) => match deliver_event(state, task, (rule, delivery), &data).await {
+            Err(Failure::Wait(wait)) => reschedule(state, task, (rule, delivery), &wait).await,
+            delivered => delivered,
+        },
+        Route::Retired(_) => {
+            let meta = &task.rate_limit_meta;
+            let detail = format!("no rule has overflow topic {} now (rule {})", meta.overflow_topic, meta.rule);
+            Err(Failure::permanent(DlqReason::OverflowTopicRetired, detail))
         }
     };
-    let rule = match route {
-        Route::Overflow(rule) => *rule,
-        Route::Retired(rule) => {
-            let detail = format!(
-                "no rule has overflow topic {} now (rule {})",
-                task.rate_limit_meta.overflow_topic, task.rate_limit_meta.rule
-            );
-            let refused = Refused { reason: DlqReason::OverflowTopicRetired, detail };
-            publish_dead_letter(state, task, *rule, refused, data, None).await?;
-            return Ok(Outcome::DeadLetter(DlqReason::OverflowTopicRetired));
+    match delivered {
+        Ok(outcome) => Ok(outcome),
+        Err(Failure::Permanent(refused)) => {
+            dead_letter(state, (Some(task), route.rule()), refused, Some(data), delivery).await
         }
-    };
+        Err(Failure::Transient(error)) => Err(error),
+        Err(Failure::Wait(wait)) => Err(anyhow::anyhow!("{}: told to wait again", wait.detail)),
+    }
+}
+
+/// The event onto the rule's overflow topic or URL, unless it must wait: a pause that began after
+/// its task was made (its slot was reserved before it) holds it too, and a task that comes after
+/// its slot's windows takes its turn.
+async fn deliver_event(
+    state: &AppState,
+    task: &TaskBody,
+    (rule, delivery): (&Rule, &Delivery<'_>),
+    data: &[u8],
+) -> Result<Outcome, Failure> {
     // The enriched body, when the rule wants it; a dead letter carries the data as it came.
     let enriched = match rule.overflow_format {
         OverflowFormat::Original => None,
         OverflowFormat::Enriched => {
-            let enriched = TaskBody { payload: TaskPayload::inline(&data), ..task.clone() };
-            Some(serde_json::to_vec(&enriched)?)
+            let enriched = TaskBody { payload: TaskPayload::inline(data), ..task.clone() };
+            Some(serde_json::to_vec(&enriched).map_err(Failure::transient)?)
         }
     };
     let stamp = Stamp { ratelimited: true, ..stamp_of(task, Some(rule)) };
-    let attributes = match stamp.apply(&task.attributes, enriched.as_ref().map_or(data.len(), Vec::len)) {
-        Ok(attributes) => attributes,
-        Err(refused) => {
-            let reason = refused.reason;
-            publish_dead_letter(state, task, Some(rule), refused, data, None).await?;
-            return Ok(Outcome::DeadLetter(reason));
+    let attributes =
+        stamp.apply(&task.attributes, enriched.as_ref().map_or(data.len(), Vec::len)).map_err(Failure::Permanent)?;
+    if state.tasks.is_some() {
+        let paused = state.store.paused_until(rule, &task.rate_limit_meta.key).await.map_err(Failure::transient)?;
+        if let Some(until) = paused.filter(|&until| until > wall_clock_millis()) {
+            let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
+            return Err(Failure::Wait(Wait::paused(why)));
         }
-    };
-    // A pause that began after this task was made (its slot was reserved before it) holds it too;
-    // the event was not delivered, so its slot's units go back.
-    let mut data = data;
-    if state.tasks.is_some()
-        && let Some(until) = state.store.paused_until(rule, &task.rate_limit_meta.key).await?
-        && until > wall_clock_millis()
-    {
-        let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
-        return reschedule(state, task, (rule, delivery), (OldSlot::GivenBack, &why), data).await;
-    }
-    // A task that comes after its slot's windows (created or retried late, a publish refused for a
-    // while) would land on the events that own the window it comes in: it takes the earliest slot
-    // that fits now, its old one given back, and goes now only if that slot is now.
-    if state.tasks.is_some()
-        && let Ok(slot) = parse_rfc3339(&task.rate_limit_meta.scheduled_for)
-        && rule.waits_when_late(slot, wall_clock_millis())
-    {
-        let why = format!("late for its slot {}", format_rfc3339(slot));
-        match take_new_slot(state, task, (rule, delivery), (OldSlot::GivenBack, &why), data, true).await? {
-            NewSlot::Later(outcome) => return Ok(outcome),
-            NewSlot::Now(back) => data = back,
+        if let Ok(slot) = parse_rfc3339(&task.rate_limit_meta.scheduled_for)
+            && rule.waits_when_late(slot, wall_clock_millis())
+            && let Some(later) = take_turn(state, task, (rule, delivery), slot).await?
+        {
+            return Ok(later);
         }
     }
     if let Some(url) = &rule.overflow_url {
-        return deliver_to_url(state, task, (rule, delivery), url, data).await;
+        return deliver_to_url(state, task, rule, url, data).await;
     }
-    let message = enriched.unwrap_or(data);
-    state.metrics.time("pubsub", state.publishers.publish(&rule.overflow_topic, message, attributes)).await?;
+    let message = enriched.unwrap_or_else(|| data.to_vec());
+    let publish = state.publishers.publish(&rule.overflow_topic, message, attributes);
+    state.metrics.time("pubsub", publish).await.map_err(Failure::transient)?;
     Ok(Outcome::Published)
 }
 
-/// POSTs the event to the rule's `overflow: { url }`, and acts on the answer: a wait pauses the
-/// rule's feedback target (key or budget) and gives the event a new slot after it in a new task; a
-/// 429 without `Retry-After` gives it a new slot now (its adaptive limit lowered); a 408, 5xx or
-/// timeout is retried by Cloud Tasks; any other refusal dead-letters it.
+/// POSTs the event to the rule's `overflow: { url }`: delivered (a cost it reports corrects what
+/// the event booked), or what its answer means (`reschedule::answered`).
 async fn deliver_to_url(
     state: &AppState,
     task: &TaskBody,
-    (rule, delivery): (&Rule, &Delivery<'_>),
+    rule: &Rule,
     url: &str,
-    data: Vec<u8>,
-) -> anyhow::Result<Outcome> {
+    data: &[u8],
+) -> Result<Outcome, Failure> {
     let meta = &task.rate_limit_meta;
     let post = EventPost {
         message_id: &task.message_id,
@@ -377,144 +373,118 @@ async fn deliver_to_url(
         scheduled_for: parse_rfc3339(&meta.scheduled_for).unwrap_or_else(|_| wall_clock_millis()),
         attributes: &task.attributes,
         shadow: None,
-        data: &data,
+        data,
     };
-    let refused = |reason, detail: String| Refused { reason, detail };
     let started = std::time::Instant::now();
-    let answer = state.metrics.time("overflow_url", state.target.post(url, post)).await;
+    let posted = state.metrics.time("overflow_url", state.target.post(url, post)).await;
     state.latency.record((&*state.store, &state.metrics), (rule, &meta.key, None), started.elapsed()).await;
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(PostError::InvalidHeader(detail)) => {
-            publish_dead_letter(state, task, Some(rule), refused(DlqReason::InvalidHeaderValue, detail), data, None)
-                .await?;
-            return Ok(Outcome::DeadLetter(DlqReason::InvalidHeaderValue));
-        }
-        Err(error) => return Err(error.into()),
-    };
-    let feedback = |status: Option<u16>, until: Option<Millis>| {
-        let signal = feedback::Signal { status, until };
-        feedback::apply((&*state.store, &state.metrics), rule, &meta.key, None, signal)
-    };
-    let (status, detail) = (answer.status(), answer.detail("the overflow URL"));
-    match answer.delivery() {
-        Meaning::Delivered { cost: None } => Ok(Outcome::Published),
-        Meaning::Delivered { cost: Some(actual) } => {
-            // What the call really cost corrects what the event booked (once per message); the
-            // event was delivered, so failing to record it is only logged.
-            let (identity, published) = filing_of(task);
-            let request =
-                SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1)).published(published);
-            if let Err(error) =
-                drip_service::costs::correct(&*state.store, &state.metrics, &rule.name, &request, actual).await
-            {
-                tracing::warn!(rule = %rule.name, key = %meta.key, %error, "could not correct the event's cost");
-            }
-            Ok(Outcome::Published)
-        }
-        Meaning::Pause { until } => {
-            let effect = feedback(status, Some(until)).await?;
-            tracing::warn!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, target = %effect.target, status, %detail, "the overflow URL asked to wait: paused, event rescheduled");
-            reschedule(state, task, (rule, delivery), (rule.refused_slot(), &detail), data).await
-        }
-        Meaning::Reslot => {
-            feedback(status, None).await?;
-            reschedule(state, task, (rule, delivery), (rule.refused_slot(), &detail), data).await
-        }
-        Meaning::Retry => {
-            feedback(status, None).await?;
-            Err(anyhow::anyhow!("{detail}"))
-        }
-        Meaning::DeadLetter(reason) => {
-            publish_dead_letter(state, task, Some(rule), refused(reason, detail), data, None).await?;
-            Ok(Outcome::DeadLetter(reason))
+    let store = (&*state.store, &*state.metrics);
+    if let Some(actual) = reschedule::answered(store, (rule, &meta.key), posted, "the overflow URL").await? {
+        // What the call really cost corrects what the event booked (once per message); the
+        // event was delivered, so failing to record it is only logged.
+        let (identity, published) = filing_of(task);
+        let request = request_of(rule, task, &identity, published);
+        if let Err(error) =
+            drip_service::costs::correct(&*state.store, &state.metrics, &rule.name, &request, actual).await
+        {
+            tracing::warn!(rule = %rule.name, key = %meta.key, %error, "could not correct the event's cost");
         }
     }
+    Ok(Outcome::Published)
 }
 
-/// Gives the task's event a new slot and a new task at it (see [`take_new_slot`]).
+/// The event must wait (`reschedule::Rescheduler::after_wait`): a new slot and a new task at it.
 async fn reschedule(
     state: &AppState,
     task: &TaskBody,
-    route: (&Rule, &Delivery<'_>),
-    why: (OldSlot, &str),
-    data: Vec<u8>,
-) -> anyhow::Result<Outcome> {
-    match take_new_slot(state, task, route, why, data, false).await? {
-        NewSlot::Later(outcome) => Ok(outcome),
-        NewSlot::Now(_) => Err(anyhow::anyhow!("a new slot now was not asked for")),
+    (rule, delivery): (&Rule, &Delivery<'_>),
+    wait: &Wait,
+) -> Result<Outcome, Failure> {
+    let rescheduler = rescheduler(state, delivery, &wait.detail)?;
+    let (identity, published) = filing_of(task);
+    let request = request_of(rule, task, &identity, published);
+    let new_task = async |reserved: &Reserved| new_task(state, task, (rule, &identity), reserved).await;
+    let (moved, done) = rescheduler.after_wait((rule, &request), wait, new_task).await;
+    done?;
+    if let Some(moved) = moved {
+        completed(state, &request, &moved).await;
     }
+    Ok(Outcome::Rescheduled)
 }
 
-/// What giving a task's event a new slot came to.
-enum NewSlot {
-    /// The slot is now and the caller asked to deliver it then: its data, back.
-    Now(Vec<u8>),
-    /// A task at a later slot, or a dead letter beyond `max_delay`.
-    Later(Outcome),
-}
-
-/// Gives the task's event a new slot (after any pause, within the rule's limits and budgets, its
-/// old slot's units kept or given back as `old` says) and a new task at it, unless `now_if_due`
-/// and the slot is now. The event's answer records it, so a redelivered push is acked as it is.
-/// Beyond `max_delay`, the event (its `data`) is dead-lettered.
-async fn take_new_slot(
+/// A task that comes after its slot's windows (created or retried late, a publish refused for a
+/// while) would land on the events that own the window it comes in: it takes the earliest slot
+/// that fits now, its old one given back. `None`: that slot is now, deliver it; else a new task
+/// carries it there.
+async fn take_turn(
     state: &AppState,
     task: &TaskBody,
     (rule, delivery): (&Rule, &Delivery<'_>),
-    (old, why): (OldSlot, &str),
-    data: Vec<u8>,
-    now_if_due: bool,
-) -> anyhow::Result<NewSlot> {
+    slot: Millis,
+) -> Result<Option<Outcome>, Failure> {
+    let why = format!("late for its slot {}", format_rfc3339(slot));
+    let rescheduler = rescheduler(state, delivery, &why)?;
+    let (identity, published) = filing_of(task);
+    let request = SlotRequest { reslot: Some(OldSlot::GivenBack), ..request_of(rule, task, &identity, published) };
+    let reserved = rescheduler.new_slot(&request).await?;
+    if let Some(refused) = reschedule::beyond_reach(&reserved, &why) {
+        return Err(Failure::Permanent(refused));
+    }
+    let later = reserved.reservation.slot > reserved.now;
+    if later {
+        let new_task = async |reserved: &Reserved| new_task(state, task, (rule, &identity), reserved).await;
+        rescheduler.task_at(&request, &reserved, new_task).await?;
+    } else {
+        tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %task.rate_limit_meta.key, "{why}: its new slot is now");
+    }
+    completed(state, &request, &reserved).await;
+    Ok(later.then_some(Outcome::Rescheduled))
+}
+
+/// What gives this task's events new slots, or why this instance cannot.
+fn rescheduler<'a>(state: &'a AppState, delivery: &Delivery<'_>, why: &str) -> Result<Rescheduler<'a>, Failure> {
     let Some(tasks) = &state.tasks else {
-        anyhow::bail!(
+        return Err(Failure::transient(anyhow::anyhow!(
             "{why}; DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set, so Cloud Tasks retries it instead"
-        );
+        )));
     };
     if delivery.sealed_until.is_none() {
-        anyhow::bail!(
+        return Err(Failure::transient(anyhow::anyhow!(
             "{why}; the task came unsealed, and Drip never signs what it did not seal: Cloud Tasks retries it"
-        );
+        )));
     }
+    Ok(Rescheduler { store: &*state.store, metrics: &state.metrics, tasks })
+}
+
+/// The task's event's request, as its reservation named it.
+fn request_of<'a>(rule: &'a Rule, task: &'a TaskBody, identity: &'a str, published: Option<Millis>) -> SlotRequest<'a> {
     let meta = &task.rate_limit_meta;
-    let (identity, published) = filing_of(task);
-    let request = SlotRequest {
-        reslot: Some(old),
-        ..SlotRequest::for_rule(rule, &meta.key, &identity, meta.cost.unwrap_or(1)).published(published)
-    };
-    let reserved = state.store.reserve(&request).await?;
+    SlotRequest::for_rule(rule, &meta.key, identity, meta.cost.unwrap_or(1)).published(published)
+}
+
+/// The event's new task at the slot `reserved` holds (a claim-checked payload kept until then).
+async fn new_task(
+    state: &AppState,
+    task: &TaskBody,
+    (rule, identity): (&Rule, &str),
+    reserved: &Reserved,
+) -> Result<EventTask, Failure> {
     let slot = reserved.reservation.slot;
-    let late = match reserved.reservation.status {
-        Status::Reserved => None,
-        Status::MaxDelayExceeded => Some(DlqReason::MaxDelayExceeded),
-        Status::CostExceedsLimit => Some(DlqReason::CostExceedsLimit),
-    };
-    if let Some(reason) = late {
-        let detail = format!("{why}; the next slot, {}, cannot be had ({reason})", format_rfc3339(slot));
-        publish_dead_letter(state, task, Some(rule), Refused { reason, detail }, data, None).await?;
-        return Ok(NewSlot::Later(Outcome::DeadLetter(reason)));
-    }
-    let now = reserved.now;
-    if now_if_due && slot <= now {
-        if let Err(error) = state.store.complete(&request, &reserved).await {
-            tracing::warn!(%error, "could not record the new slot as acted upon");
-        }
-        tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, "{why}: its new slot is now");
-        return Ok(NewSlot::Now(data));
-    }
     if let TaskPayload::ClaimCheck(reference) = &task.payload {
-        state.store.keep_payload(reference, slot - now + CLAIM_CHECK_MARGIN).await?;
+        let keep = slot - reserved.now + CLAIM_CHECK_MARGIN;
+        state.store.keep_payload(reference, keep).await.map_err(Failure::transient)?;
     }
-    let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..meta.clone() };
-    let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() })?;
-    let name = task_id(&rule.id, &identity, Some(slot));
-    let next = drip_service::task_batches::EventTask { name, slot, body };
-    state.metrics.time("cloud_tasks", tasks.create((&rule.id, &meta.key), next)).await?;
-    if let Err(error) = state.store.complete(&request, &reserved).await {
+    let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..task.rate_limit_meta.clone() };
+    let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() }).map_err(Failure::transient)?;
+    Ok(EventTask { name: task_id(&rule.id, identity, Some(slot)), slot, body })
+}
+
+/// Records the event's answer as acted upon (its new slot's task exists, or it goes now): a
+/// redelivered push of it is then acked as it is. A failure is only logged.
+async fn completed(state: &AppState, request: &SlotRequest<'_>, reserved: &Reserved) {
+    if let Err(error) = state.store.complete(request, reserved).await {
         tracing::warn!(%error, "could not record the new slot as acted upon");
     }
-    tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %meta.key, slot = %format_rfc3339(slot), "{why}: rescheduled");
-    Ok(NewSlot::Later(Outcome::Rescheduled))
 }
 
 /// Where the task's message's answer is filed: its identity and its publish time.
@@ -536,46 +506,34 @@ fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
     }
 }
 
-async fn publish_dead_letter(
+/// The dispatcher's one way to dead-letter: the event's data (`data`; else the payload the task
+/// carries inline; else the task's body as it came), stamped with the reason, the task's name and
+/// what the task names.
+async fn dead_letter(
     state: &AppState,
-    task: &TaskBody,
-    rule: Option<&Rule>,
+    (task, rule): (Option<&TaskBody>, Option<&Rule>),
     refused: Refused,
-    data: Vec<u8>,
-    task_name: Option<&str>,
-) -> anyhow::Result<()> {
+    data: Option<Vec<u8>>,
+    delivery: &Delivery<'_>,
+) -> anyhow::Result<Outcome> {
     let rules = state.rules.current();
     let topic = rules.dlq_topic_for(rule);
-    let stamp = Stamp { reason: Some((refused.reason, &refused.detail)), task: task_name, ..stamp_of(task, rule) };
-    let (data, attributes) = stamp.dead_letter(&task.attributes, &data);
+    let data = data.or_else(|| task.and_then(|t| t.payload.data())).unwrap_or_else(|| delivery.body.to_vec());
+    let named = task.map_or_else(Stamp::default, |task| stamp_of(task, rule));
+    let stamp = Stamp { reason: Some((refused.reason, &refused.detail)), task: Some(delivery.task), ..named };
+    let no_attributes = Default::default();
+    let (data, attributes) = stamp.dead_letter(task.map_or(&no_attributes, |t| &t.attributes), &data);
     state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await?;
-    Ok(())
-}
-
-/// The last attempt failed: the event goes to the DLQ with whatever data can be had (the task body
-/// when the claim-checked payload cannot be read).
-async fn dead_letter_task(
-    state: &AppState,
-    task: &TaskBody,
-    rule: Option<&Rule>,
-    refused: Refused,
-    delivery: &Delivery<'_>,
-) -> anyhow::Result<()> {
-    let data = task.payload.data().unwrap_or_else(|| delivery.body.to_vec());
-    publish_dead_letter(state, task, rule, refused, data, Some(delivery.task)).await
+    Ok(Outcome::DeadLetter(refused.reason))
 }
 
 /// A body that is not a task of ours can never succeed: dead-letter it and stop the retries.
 async fn dead_letter_malformed(state: &AppState, delivery: &Delivery<'_>, error: &str) -> Answer {
-    let rules = state.rules.current();
-    let topic = rules.dlq_topic_for(None);
-    let stamp =
-        Stamp { reason: Some((DlqReason::MalformedTask, error)), task: Some(delivery.task), ..Stamp::default() };
-    let (data, attributes) = stamp.dead_letter(&Default::default(), delivery.body);
-    match state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await {
-        Ok(_) => {
+    let refused = Refused { reason: DlqReason::MalformedTask, detail: error.to_owned() };
+    match dead_letter(state, (None, None), refused, None, delivery).await {
+        Ok(outcome) => {
             tracing::error!(task = delivery.task, error, "malformed task body dead-lettered");
-            Answer::new(StatusCode::OK, None, Outcome::DeadLetter(DlqReason::MalformedTask))
+            Answer::new(StatusCode::OK, None, outcome)
         }
         Err(error) => {
             tracing::warn!(task = delivery.task, %error, "could not dead-letter a malformed task");

@@ -419,6 +419,29 @@ async fn a_task_that_finds_a_pause_gives_its_slot_back() {
     assert_eq!(state.limits.values().collect::<Vec<_>>(), [&hour], "two units in the hour, not three");
 }
 
+/// A pause that outlasts `max_delay` leaves the event no slot: it is dead-lettered, through the
+/// dispatcher's one dead-letter path, with its data, the reason, and the task that carried it; no
+/// new task is made and nothing reaches the overflow topic.
+#[tokio::test]
+async fn a_task_whose_pause_outlasts_max_delay_is_dead_lettered_with_its_data() {
+    let d = dispatcher();
+    let now = wall_clock_millis();
+    assert_eq!(reserve_at(&d, "merchant_7", "first", now).await, now);
+    let rule = d.state.rules.current().rules[0].clone();
+    Store::pause(&*d.store, &rule, "merchant_7", now + 2 * HOUR).await.unwrap();
+    let body = task("first", now, 42);
+    assert_eq!(d.run(&body, Some(&seal(&body, now, TASK_NAME))).await, StatusCode::OK);
+    let published = d.pubsub.published.lock().unwrap().clone();
+    assert_eq!(published.len(), 1, "one message: the dead letter");
+    let letter = &published[0];
+    assert_eq!(letter.topic, "drip-dlq");
+    assert_eq!(String::from_utf8_lossy(&letter.data), r#"{"amount":42}"#);
+    assert_eq!(letter.attributes["drip-reason"], "max_delay_exceeded");
+    assert_eq!(letter.attributes["drip-task"], TASK_NAME);
+    assert!(letter.attributes["drip-detail"].starts_with("paused until"), "{:?}", letter.attributes);
+    assert!(d.tasks.created.lock().unwrap().is_empty(), "no task for a slot past max_delay");
+}
+
 /// The same with classes: a pause of the key's live class holds its bulk class's task too (the
 /// pause is the key's calendar's), whose slot goes back to the calendar as it takes the next.
 #[tokio::test]

@@ -4,45 +4,21 @@
 
 use std::collections::BTreeMap;
 
-use drip_core::attributes::{Refused, Stamp};
-use drip_core::delivery::Delivery;
+use drip_core::attributes::Stamp;
 use drip_core::event::Event;
 use drip_core::outcome::DlqReason;
 use drip_core::overflow::{CLAIM_CHECK_MARGIN, MAX_INLINE_TASK_BODY, RateLimitMeta, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{Forward, Rule};
 use drip_core::time::{Millis, format_rfc3339};
-use drip_gcp::http_target::{EventPost, PostError};
+use drip_gcp::http_target::EventPost;
 use drip_gcp::tasks::Created;
-use drip_service::feedback;
+use drip_service::reschedule;
 use drip_service::task_batches::EventTask;
 use drip_store::MessageOf;
 
 use crate::AppState;
 
-/// Why an action did not complete.
-#[derive(Debug)]
-pub enum Failure {
-    /// Worth retrying: the push is answered 5xx and Pub/Sub redelivers.
-    Transient(anyhow::Error),
-    /// No retry can help: the event is dead-lettered with this reason.
-    Permanent(Refused),
-    /// The downstream asked to wait (`drip_core::delivery`): a 429 or 503 with `Retry-After` pauses
-    /// the entity until then and the event gets a new slot after the pause; a 429 without one
-    /// (`until` `None`) gets it a new slot at once, under the lowered adaptive level.
-    /// `status` is the downstream's answer; `None` when the entity was found paused already.
-    Wait { until: Option<Millis>, status: Option<u16>, detail: String },
-}
-
-impl Failure {
-    /// A step that a retry may get through (a store, Pub/Sub or Cloud Tasks call that failed).
-    pub fn transient(error: impl Into<anyhow::Error>) -> Self {
-        Failure::Transient(error.into())
-    }
-}
-
-pub fn permanent(reason: DlqReason, detail: impl Into<String>) -> Failure {
-    Failure::Permanent(Refused { reason, detail: detail.into() })
-}
+pub use drip_service::reschedule::{Failure, Wait};
 
 /// The event being acted on, with what the reservation decided for it.
 #[derive(Debug, Clone, Copy)]
@@ -142,36 +118,10 @@ impl AppState {
                     data: &event.data,
                 };
                 let started = std::time::Instant::now();
-                let answer = self.metrics.time("forward_url", self.target.post(url, post)).await;
+                let posted = self.metrics.time("forward_url", self.target.post(url, post)).await;
                 self.latency.record((&*self.store, &self.metrics), (rule, key, None), started.elapsed()).await;
-                let answer = match answer {
-                    Ok(answer) => answer,
-                    Err(PostError::InvalidHeader(detail)) => {
-                        return Err(permanent(DlqReason::InvalidHeaderValue, detail));
-                    }
-                    Err(error) => return Err(Failure::Transient(error.into())),
-                };
-                let (status, detail) = (answer.status(), answer.detail("forward URL"));
-                match answer.delivery() {
-                    Delivery::Delivered { cost } => Ok(cost),
-                    Delivery::Pause { until } => Err(Failure::Wait { until: Some(until), status, detail }),
-                    Delivery::Reslot => Err(Failure::Wait { until: None, status, detail }),
-                    Delivery::Retry => {
-                        self.overloaded(rule, key, status).await;
-                        Err(Failure::Transient(anyhow::anyhow!("{detail}")))
-                    }
-                    Delivery::DeadLetter(reason) => Err(permanent(reason, detail)),
-                }
+                reschedule::answered((&*self.store, &self.metrics), (rule, key), posted, "forward URL").await
             }
-        }
-    }
-
-    /// Lowers the adaptive level of the rule's feedback target after a 429, 408, 5xx or timeout
-    /// (the event itself is retried by Pub/Sub): a failure to record it is only logged.
-    async fn overloaded(&self, rule: &Rule, key: &str, status: Option<u16>) {
-        let signal = feedback::Signal { status, until: None };
-        if let Err(error) = feedback::apply((&*self.store, &self.metrics), rule, key, None, signal).await {
-            tracing::warn!(rule = %rule.name, key, %error, "could not lower the adaptive limit");
         }
     }
 
@@ -183,6 +133,24 @@ impl AppState {
         publish_time: Option<&str>,
         now: Millis,
     ) -> Result<Created, Failure> {
+        let task = self.task_for(acting, publish_time, now).await?;
+        let tasks = self.task_batcher().map_err(Failure::Transient)?;
+        reschedule::create_task((tasks, &self.metrics), (&acting.rule.id, acting.key), task).await
+    }
+
+    /// The Cloud Tasks that carry delayed events, or why this instance has none.
+    pub(crate) fn task_batcher(&self) -> anyhow::Result<&drip_service::task_batches::TaskBatcher> {
+        self.tasks.as_deref().ok_or_else(|| anyhow::anyhow!("this instance creates no task: it serves no /push"))
+    }
+
+    /// The task that carries the event to the dispatcher at its slot: its body, with the payload
+    /// inline or claim-checked in the store when too large for a task.
+    pub(crate) async fn task_for(
+        &self,
+        acting: Acting<'_>,
+        publish_time: Option<&str>,
+        now: Millis,
+    ) -> Result<EventTask, Failure> {
         let Acting { rule, key, event, identity, slot, .. } = acting;
         // The dispatcher adds these to the overflow message: refuse now what Pub/Sub would refuse then.
         let overflow = Stamp { ratelimited: true, ..acting.stamp() };
@@ -215,7 +183,7 @@ impl AppState {
                     event.data.len(),
                     self.claim_check_max_bytes
                 );
-                return Err(permanent(DlqReason::PayloadTooLarge, detail));
+                return Err(Failure::permanent(DlqReason::PayloadTooLarge, detail));
             }
             let of = MessageOf { rule: &rule.id, key, message: identity };
             let ttl = slot - now + CLAIM_CHECK_MARGIN;
@@ -223,15 +191,6 @@ impl AppState {
             body.payload = TaskPayload::ClaimCheck(reference);
             encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
         }
-        let task = EventTask { name: task_id(&rule.id, identity, None), slot, body: encoded };
-        let Some(tasks) = &self.tasks else {
-            return Err(Failure::transient(anyhow::anyhow!("this instance creates no task: it serves no /push")));
-        };
-        let create = tasks.create((&rule.id, key), task);
-        match self.metrics.time("cloud_tasks", create).await {
-            Ok(created) => Ok(created),
-            Err(error) if error.is_invalid() => Err(permanent(DlqReason::TaskRejected, error.to_string())),
-            Err(error) => Err(Failure::transient(error)),
-        }
+        Ok(EventTask { name: task_id(&rule.id, identity, None), slot, body: encoded })
     }
 }

@@ -16,11 +16,11 @@ use drip_core::rules::{Mode, Rule};
 use drip_core::schedule::{Attempt, OldSlot, Reservation, ReserveRequest};
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
-use drip_service::feedback;
+use drip_service::reschedule::Rescheduler;
 use drip_store::{Reserved, SlotRequest};
 
 use crate::AppState;
-use crate::actions::{Acting, DeadLetter, Failure};
+use crate::actions::{Acting, DeadLetter, Failure, Wait};
 use crate::envelope::{self, PushedMessage};
 
 /// 204 once the event is forwarded, scheduled or dead-lettered; 503 when any of that failed
@@ -214,11 +214,10 @@ async fn act(
                 _ => state.store.paused_until(rule, key).await?,
             };
             match paused.filter(|&until| until > wall_clock_millis()) {
-                Some(until) => Err(Failure::Wait {
-                    until: Some(until),
-                    status: None,
-                    detail: "paused while it waited inline".into(),
-                }),
+                Some(until) => Err(Failure::Wait(Wait::paused(format!(
+                    "paused until {} while it waited inline",
+                    format_rfc3339(until)
+                )))),
                 None => {
                     let forwarded = state.forward(acting).await;
                     reported_cost(state, rule, request, &forwarded).await;
@@ -229,31 +228,17 @@ async fn act(
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
     };
     let (done, reserved) = match done {
-        Err(Failure::Wait { until, status, detail }) => {
-            // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
-            // feedback names) before the pause ends, and this event's new slot goes to Cloud Tasks.
-            if status.is_some() {
-                let signal = feedback::Signal { status, until };
-                let effect = feedback::apply((&*state.store, &state.metrics), rule, key, None, signal).await?;
-                tracing::warn!(message_id = %event.id, rule = %rule.name, key, target = %effect.target, until = until.map(format_rfc3339), %detail, "the downstream asked to wait: event rescheduled");
-            }
-            // Never delivered (a pause while it waited inline), or refused: its old slot's units
-            // go back unless the rule counts refused calls.
-            let old = if status.is_some() { rule.refused_slot() } else { OldSlot::GivenBack };
-            let again = SlotRequest { reslot: Some(old), ..*request };
-            let moved = state.store.reserve(&again).await?;
-            let acting = Acting { slot: moved.reservation.slot, ..acting };
-            let done = match Decision::of(&moved.reservation, 0) {
-                Decision::DeadLetter(reason) => Err(Failure::Permanent(drip_core::attributes::Refused {
-                    reason,
-                    detail: format!(
-                        "{detail}; the slot after the pause, {}, is beyond max_delay",
-                        format_rfc3339(acting.slot)
-                    ),
-                })),
-                _ => state.schedule(acting, publish_time, moved.now).await.map(|_| Outcome::Delay),
+        // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
+        // feedback names) before a pause ends, and the event's new slot goes to Cloud Tasks.
+        Err(Failure::Wait(wait)) => {
+            let rescheduler =
+                Rescheduler { store: &*state.store, metrics: &state.metrics, tasks: state.task_batcher()? };
+            let task = async |moved: &Reserved| {
+                let acting = Acting { slot: moved.reservation.slot, ..acting };
+                state.task_for(acting, publish_time, moved.now).await
             };
-            (done, moved)
+            let (moved, done) = rescheduler.after_wait((rule, request), &wait, task).await;
+            (done.map(|()| Outcome::Delay), moved.unwrap_or(*reserved))
         }
         done => (done, *reserved),
     };
@@ -261,7 +246,7 @@ async fn act(
     match done {
         Ok(outcome) => Ok((outcome, reserved)),
         Err(Failure::Transient(error)) => Err(error),
-        Err(Failure::Wait { detail, .. }) => Err(anyhow::anyhow!("{detail} again")),
+        Err(Failure::Wait(wait)) => Err(anyhow::anyhow!("{} again", wait.detail)),
         Err(Failure::Permanent(refused)) => {
             if refused.reason != DlqReason::MaxDelayExceeded {
                 tracing::error!(message_id = %event.id, rule = %rule.name, reason = %refused.reason, detail = %refused.detail, "no retry can deliver this event: dead-lettered");
