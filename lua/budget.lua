@@ -39,7 +39,7 @@ elseif op == 'latency' then
     end
     redis.call('HSET', key, 'lat', lat)
   end
-  needed = math.max(level_matters_until(after, c.ceiling, c.step, c.window, now),
+  needed = math.max(level_matters_until(after, c.ceiling, c.step, c.window, now, true),
     now + LATENCY_MEMORY_WINDOWS * c.window) + margin
   level = {verdict, before, after, gradient}
 else

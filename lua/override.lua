@@ -37,7 +37,7 @@ if op == 'latency' then
   if verdict ~= 0 then
     if adapt ~= '' then
       o.adapt = adapt
-      o['adapt:u'] = level_matters_until(after, c.ceiling, c.step, c.window, now)
+      o['adapt:u'] = level_matters_until(after, c.ceiling, c.step, c.window, now, true)
     end
     o.lat = lat
     o['lat:u'] = now + LATENCY_MEMORY_WINDOWS * c.window

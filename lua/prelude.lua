@@ -52,14 +52,26 @@ local function parse_level(state)
   local level, at, by = string.match(state or '', '^(%d+):(%-?%d+)(:?l?)$')
   return tonumber(level), tonumber(at), by == ':l'
 end
--- The level in force at `now`: the last signal's, a step up per quiet window since, at most the ceiling.
+-- A level a latency report set holds this many windows without a report before it climbs by
+-- step (budgets.rs: LATENCY_HOLD_WINDOWS).
+local LATENCY_HOLD_WINDOWS = 10
+-- A stored level at `now`: a step up per quiet window since the window it was set in (past the
+-- hold for a latency report's), at most the ceiling (budgets.rs: Adaptive::level).
+local function level_grown(level, at, by_latency, ceiling, step, window, now)
+  local held = 0
+  if by_latency then
+    held = LATENCY_HOLD_WINDOWS
+  end
+  local quiet = math.max(math.floor(now / window) - at - 1 - held, 0)
+  return math.min(ceiling, level + quiet * step)
+end
+-- The level in force at `now`: the last signal's, grown as level_grown says.
 local function level_in_force(state, ceiling, step, window, now)
-  local level, at = parse_level(state)
+  local level, at, by_latency = parse_level(state)
   if not level then
     return ceiling
   end
-  local quiet = math.max(math.floor(now / window) - at - 1, 0)
-  return math.min(ceiling, level + quiet * step)
+  return level_grown(level, at, by_latency, ceiling, step, window, now)
 end
 -- A 429, 5xx or timeout at `now`: the level drops by `decrease` (not below min) once per window.
 -- Returns the level after it and the state to store ('' when it is unchanged).
@@ -71,14 +83,19 @@ local function level_after_signal(state, ceiling, decrease, min, step, window, n
   end
   local level = ceiling
   if stored then
-    level = math.min(ceiling, stored + math.max(current - at - 1, 0) * step)
+    level = level_grown(stored, at, by_latency, ceiling, step, window, now)
   end
   level = math.max(math.floor(level * decrease / 1000000), min)
   return level, level .. ':' .. current
 end
--- How long a lowered level matters: until it is back at the ceiling.
-local function level_matters_until(level, ceiling, step, window, now)
-  return now + (math.ceil((ceiling - level) / step) + 2) * window
+-- How long a lowered level matters: until it is back at the ceiling (after its hold, when a
+-- latency report set it).
+local function level_matters_until(level, ceiling, step, window, now, by_latency)
+  local held = 0
+  if by_latency then
+    held = LATENCY_HOLD_WINDOWS
+  end
+  return now + (held + math.ceil((ceiling - level) / step) + 2) * window
 end
 
 -- An entity's overrides live in one field of its state hash, 'o': what `drip limits set`, a

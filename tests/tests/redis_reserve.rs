@@ -1167,7 +1167,10 @@ fn latency_sequence() -> impl Strategy<Value = (Adaptive, Vec<Limit>, Vec<(Milli
         1 => Just(LevelOp::Signal),
         6 => (percentile, 0u64..=250).prop_map(|(percentile, calls)| LevelOp::Report(LatencyReport { percentile, calls })),
     ];
-    (adaptive, limits, prop::collection::vec((0i64..3_000, op), 1..40))
+    // Mostly reports a window or a few apart; sometimes a pause in the reports longer than a
+    // latency-set level holds (`LATENCY_HOLD_WINDOWS`), after which it climbs by step.
+    let gap = prop_oneof![9 => 0i64..3_000, 1 => 3_000i64..40_000];
+    (adaptive, limits, prop::collection::vec((gap, op), 1..40))
 }
 
 /// Latency reports and 429s in any order, on a key and on a budget: override.lua and budget.lua

@@ -148,12 +148,15 @@ impl Adaptive {
     }
 
     /// The level in force at `now`: the last signal's, plus a step for every whole window since
-    /// the window of that signal, up to the ceiling.
+    /// the window of that signal, up to the ceiling. A level a latency report set holds instead:
+    /// the next report judges whether it grows (only busy, healthy windows do); it climbs by
+    /// `step` only past [`LATENCY_HOLD_WINDOWS`] windows without a report (the calls stopped).
     pub fn level(&self, state: Option<AdaptiveState>, window: Millis, now: Millis) -> u64 {
         match state {
             None => self.ceiling(),
-            Some(AdaptiveState { level, window: at, .. }) => {
-                let quiet = (now.div_euclid(window) - at - 1).max(0) as u64;
+            Some(AdaptiveState { level, window: at, by_latency }) => {
+                let held = if by_latency { LATENCY_HOLD_WINDOWS } else { 0 };
+                let quiet = (now.div_euclid(window) - at - 1 - held).max(0) as u64;
                 level.saturating_add(quiet.saturating_mul(self.step)).min(self.ceiling())
             }
         }
@@ -175,7 +178,8 @@ impl Adaptive {
     /// How long a state matters: until the level is back at the ceiling, plus a window.
     pub fn memory(&self, state: AdaptiveState, window: Millis) -> Millis {
         let steps = (self.ceiling().saturating_sub(state.level)).div_ceil(self.step) as i64;
-        (steps + 2) * window
+        let held = if state.by_latency { LATENCY_HOLD_WINDOWS } else { 0 };
+        (held + steps + 2) * window
     }
 }
 
@@ -203,6 +207,11 @@ pub const LATENCY_FLOOR_US: u64 = 1_000;
 
 /// A percentile above this (µs, ten minutes) counts as this (the arithmetic stays exact in Lua).
 pub const LATENCY_MAX_US: u64 = 600_000_000;
+
+/// How many windows without a report a level set by latency holds before it climbs by `step`
+/// (`Adaptive::level`): between reports the level stays where the last one put it, so a window
+/// too quiet to report cannot raise it past what the partner last showed it could take.
+pub const LATENCY_HOLD_WINDOWS: i64 = 10;
 
 /// How many windows a latency state is kept after its last report (its baseline is the slow part).
 pub const LATENCY_MEMORY_WINDOWS: i64 = 100;
@@ -434,6 +443,23 @@ mod tests {
         assert_eq!(levels[..4], [805_079, 871_875, 896_485, 900_000][..]);
         assert_eq!(levels[4..], [900_000; 4][..], "the ceiling, not above");
         assert_eq!(state.1.unwrap().hurt, 0, "at the ceiling the climb starts over");
+    }
+
+    #[test]
+    fn a_level_set_by_latency_holds_between_reports_and_climbs_only_once_the_reports_stop() {
+        let aimd = Adaptive { latency: Some(CONTROL), ..AIMD };
+        let first = aimd.after_latency((None, None), report(80, 90), (100, 1_000), 10_000).unwrap();
+        let slow = aimd.after_latency((first.adaptive, Some(first.latency)), report(320, 90), (100, 1_000), 11_000);
+        let cut = slow.unwrap().adaptive.unwrap();
+        assert_eq!((cut.level, cut.by_latency), (675_000, true));
+        let quiet_through = 11 + LATENCY_HOLD_WINDOWS;
+        assert_eq!(aimd.level(Some(cut), 1_000, 13_000), 675_000, "a window without a report does not raise it");
+        assert_eq!(aimd.level(Some(cut), 1_000, quiet_through * 1_000 + 999), 675_000, "held as long as that");
+        assert_eq!(aimd.level(Some(cut), 1_000, (quiet_through + 2) * 1_000), 775_000, "then a step per window");
+        let by_429 = AdaptiveState { by_latency: false, ..cut };
+        assert_eq!(aimd.level(Some(by_429), 1_000, 13_000), 775_000, "a 429's level climbs at once, as AIMD's");
+        let memory = aimd.memory(cut, 1_000) - aimd.memory(by_429, 1_000);
+        assert_eq!(memory, LATENCY_HOLD_WINDOWS * 1_000, "the held level is kept as much longer");
     }
 
     #[test]
