@@ -11,7 +11,7 @@ use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
-use drip_store::{MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
+use drip_store::{Calendar, MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
     Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
@@ -233,12 +233,13 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable 
     async fn pause_calendar(
         &self,
         (rule, scenario): (&str, &Scenario),
-        (_, key): (&Budget, &str),
+        (calendar, key): (&Budget, &str),
         until: Millis,
         now: Millis,
     ) {
         let rule = rule_ref(rule, scenario);
-        self.pause_class_calendar((rule, key), until, Some(now)).await.expect("pause");
+        let classes = Calendar::Classes { rule, key, calendar };
+        RedisStore::pause_calendar(self, classes, until, Some(now)).await.expect("pause");
     }
 
     async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
@@ -247,7 +248,8 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable 
                 let calendar = scenario.shared.classes.as_ref().expect("classes");
                 let key = format!("entity_{entity}");
                 let rule = rule_ref(rule, scenario);
-                self.signal_class_calendar((rule, &key), calendar, Some(now)).await.expect("signal");
+                let classes = Calendar::Classes { rule, key: &key, calendar };
+                self.signal_calendar(classes, Some(now)).await.expect("signal");
             }
             Some(entity) => {
                 if let Some(adaptive) = &scenario.shared.adaptive {
@@ -258,13 +260,13 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable 
                 }
             }
             None => {
-                self.signal_budget(&scenario.shared.budgets[0], Some(now)).await.expect("signal");
+                self.signal_calendar(Calendar::Budget(&scenario.shared.budgets[0]), Some(now)).await.expect("signal");
             }
         }
     }
 
     async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis) {
-        self.pause_budget(budget, until, Some(now)).await.expect("pause");
+        RedisStore::pause_calendar(self, Calendar::Budget(budget), until, Some(now)).await.expect("pause");
     }
 }
 
@@ -1211,7 +1213,9 @@ fn latency_reports_give_the_model_s_levels() {
                     let lua =
                         runtime.block_on(redis.signal(rule_ref, "k", (&adaptive, &limits), Some(now))).expect("signal");
                     let model_budget = memory.signal_budget(&budget, now);
-                    let lua_budget = runtime.block_on(redis.signal_budget(&budget, Some(now))).expect("signal_budget");
+                    let lua_budget = runtime
+                        .block_on(redis.signal_calendar(Calendar::Budget(&budget), Some(now)))
+                        .expect("signal_budget");
                     (format!("{model} {model_budget:?}"), format!("{lua} {lua_budget:?}"))
                 }
                 LevelOp::Report(report) => {
@@ -1221,8 +1225,9 @@ fn latency_reports_give_the_model_s_levels() {
                         .block_on(redis.report_latency(rule_ref, "k", (&adaptive, &limits), *report, Some(now)))
                         .expect("report_latency");
                     let model_budget = memory.report_budget_latency(&budget, *report, now).map(LatencyChange::from);
-                    let lua_budget =
-                        runtime.block_on(redis.report_budget_latency(&budget, *report, Some(now))).expect("budget");
+                    let lua_budget = runtime
+                        .block_on(redis.report_calendar_latency(Calendar::Budget(&budget), *report, Some(now)))
+                        .expect("budget");
                     (format!("{model:?} {model_budget:?}"), format!("{lua:?} {lua_budget:?}"))
                 }
             };

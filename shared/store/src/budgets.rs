@@ -15,121 +15,106 @@ use crate::overrides::{adapt_args, latency_args, latency_change};
 use crate::scripts::BUDGET;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
+/// A calendar `lua/budget.lua` keeps a pause, an adaptive level and a latency state in: a shared
+/// budget's hash (with a leased budget's pools), or the hash a classed rule's key's classes share.
+#[derive(Debug, Clone, Copy)]
+pub enum Calendar<'a> {
+    Budget(&'a Budget),
+    /// The classes of `key` (a classed key's scope) of `rule`, under `calendar` (`Classes::calendar`).
+    Classes {
+        rule: RuleRef<'a>,
+        key: &'a str,
+        calendar: &'a Budget,
+    },
+}
+
+impl Calendar<'_> {
+    /// The limits and adaptive limit it counts.
+    fn budget(&self) -> &Budget {
+        match *self {
+            Calendar::Budget(budget) | Calendar::Classes { calendar: budget, .. } => budget,
+        }
+    }
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
-    /// No slot of any entity drawing from the budget before `until` (a later pause is kept).
-    /// A leased budget's pause is its home's, copied to each partition's pool (which is all its
-    /// reservations read), pools first.
-    pub async fn pause_budget(&self, budget: &Budget, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
-        for pool in self.pool_keys(budget) {
-            self.pause_at(pool, until, now).await?;
+    /// The calendar's hash, then a leased budget's partitions' pools (which is all their
+    /// reservations read of its pause).
+    fn calendar_hashes(&self, calendar: Calendar<'_>) -> (String, Vec<String>) {
+        match calendar {
+            Calendar::Budget(budget) => {
+                let partitions = budget.leases.map_or(0, |l| l.partitions);
+                let pools = (0..partitions).map(|p| pool_key(self.namespace(), budget, p)).collect();
+                (budget_key(self.namespace(), budget), pools)
+            }
+            Calendar::Classes { rule, key, .. } => (class_calendar_key(self.namespace(), rule, key), Vec::new()),
         }
-        self.pause_at(budget_key(self.namespace(), budget), until, now).await
     }
 
-    /// Lifts the budget's pause (its home's and its pools'); returns when it would have ended.
-    pub async fn resume_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<Millis>, StoreError> {
-        let lifted = self.resume_at(budget_key(self.namespace(), budget), now).await?;
-        for pool in self.pool_keys(budget) {
-            self.resume_at(pool, now).await?;
+    /// No slot of any entity drawing from the calendar before `until` (a later pause is kept);
+    /// a leased budget's pools first, its home last.
+    pub async fn pause_calendar(
+        &self,
+        calendar: Calendar<'_>,
+        until: Millis,
+        now: Option<Millis>,
+    ) -> Result<(), StoreError> {
+        let (home, pools) = self.calendar_hashes(calendar);
+        let args = ["pause".to_owned(), until.to_string()];
+        for hash in pools.into_iter().chain([home]) {
+            self.hash_invocation::<i64>(hash, now, &args).await?;
         }
-        Ok(lifted)
+        Ok(())
     }
 
-    /// A leased budget's partitions' pools (none for a budget without leases).
-    fn pool_keys(&self, budget: &Budget) -> Vec<String> {
-        let partitions = budget.leases.map_or(0, |l| l.partitions);
-        (0..partitions).map(|p| pool_key(self.namespace(), budget, p)).collect()
-    }
-
-    async fn pause_at(&self, hash: String, until: Millis, now: Option<Millis>) -> Result<(), StoreError> {
-        self.hash_invocation::<i64>(hash, now, &["pause".into(), until.to_string()]).await.map(drop)
-    }
-
-    async fn resume_at(&self, hash: String, now: Option<Millis>) -> Result<Option<Millis>, StoreError> {
-        let ended: i64 = self.hash_invocation(hash, now, &["resume".into()]).await?;
+    /// Lifts the calendar's pause (a leased budget's home's and its pools'); returns when it
+    /// would have ended.
+    pub async fn resume_calendar(
+        &self,
+        calendar: Calendar<'_>,
+        now: Option<Millis>,
+    ) -> Result<Option<Millis>, StoreError> {
+        let (home, pools) = self.calendar_hashes(calendar);
+        let args = ["resume".to_owned()];
+        let ended: i64 = self.hash_invocation(home, now, &args).await?;
+        for pool in pools {
+            self.hash_invocation::<i64>(pool, now, &args).await?;
+        }
         Ok((ended >= 0).then_some(ended))
     }
 
-    /// The budget's downstream answered 429, 5xx or timed out: its adaptive level drops (once per
-    /// window). Returns the level after it (ppm); nothing for a budget without an adaptive limit.
-    pub async fn signal_budget(&self, budget: &Budget, now: Option<Millis>) -> Result<Option<u64>, StoreError> {
-        self.signal_at(budget_key(self.namespace(), budget), budget, now).await
-    }
-
-    /// The same for the calendar of a key of a rule with classes (`Classes::calendar`): its
-    /// classes share one adaptive level.
-    pub async fn signal_class_calendar(
+    /// The calendar's downstream answered 429, 5xx or timed out: its adaptive level drops (once
+    /// per window). Returns the level after it (ppm); nothing without an adaptive limit.
+    pub async fn signal_calendar(
         &self,
-        (rule, key): (RuleRef<'_>, &str),
-        calendar: &Budget,
+        calendar: Calendar<'_>,
         now: Option<Millis>,
     ) -> Result<Option<u64>, StoreError> {
-        self.signal_at(class_calendar_key(self.namespace(), rule, key), calendar, now).await
-    }
-
-    async fn signal_at(&self, hash: String, budget: &Budget, now: Option<Millis>) -> Result<Option<u64>, StoreError> {
+        let budget = calendar.budget();
         let Some(adaptive) = &budget.adaptive else { return Ok(None) };
         let mut args = vec!["adapt".to_owned()];
         args.extend(adapt_args(adaptive, &budget.limits));
-        self.hash_invocation::<i64>(hash, now, &args).await.map(|level| Some(level as u64))
+        let level: i64 = self.hash_invocation(self.calendar_hashes(calendar).0, now, &args).await?;
+        Ok(Some(level as u64))
     }
 
-    /// A window's latency of the budget's downstream; `None` when its adaptive limit does not
+    /// A window's latency of the calendar's downstream; `None` when its adaptive limit does not
     /// follow latency.
-    pub async fn report_budget_latency(
+    pub async fn report_calendar_latency(
         &self,
-        budget: &Budget,
+        calendar: Calendar<'_>,
         report: LatencyReport,
         now: Option<Millis>,
     ) -> Result<Option<LatencyChange>, StoreError> {
-        self.latency_at(budget_key(self.namespace(), budget), budget, report, now).await
-    }
-
-    /// The same for the calendar of a key of a rule with classes.
-    pub async fn report_class_calendar_latency(
-        &self,
-        (rule, key): (RuleRef<'_>, &str),
-        calendar: &Budget,
-        report: LatencyReport,
-        now: Option<Millis>,
-    ) -> Result<Option<LatencyChange>, StoreError> {
-        self.latency_at(class_calendar_key(self.namespace(), rule, key), calendar, report, now).await
-    }
-
-    async fn latency_at(
-        &self,
-        hash: String,
-        budget: &Budget,
-        report: LatencyReport,
-        now: Option<Millis>,
-    ) -> Result<Option<LatencyChange>, StoreError> {
+        let budget = calendar.budget();
         let Some(parameters) =
             budget.adaptive.as_ref().and_then(|adaptive| latency_args(adaptive, &budget.limits, report))
         else {
             return Ok(None);
         };
-        let reply: Vec<i64> = self.hash_invocation(hash, now, &["latency".into(), parameters]).await?;
+        let args = ["latency".to_owned(), parameters];
+        let reply: Vec<i64> = self.hash_invocation(self.calendar_hashes(calendar).0, now, &args).await?;
         latency_change(&reply).map(Some)
-    }
-
-    /// A pause of a classed rule's entity `<key>#<class>` holds every class of the key: it is the
-    /// key's calendar's (a downstream that refuses one class refuses the key).
-    pub async fn pause_class_calendar(
-        &self,
-        (rule, key): (RuleRef<'_>, &str),
-        until: Millis,
-        now: Option<Millis>,
-    ) -> Result<(), StoreError> {
-        self.pause_at(class_calendar_key(self.namespace(), rule, key), until, now).await
-    }
-
-    /// Lifts the pause of a key's calendar; returns when it would have ended.
-    pub async fn resume_class_calendar(
-        &self,
-        (rule, key): (RuleRef<'_>, &str),
-        now: Option<Millis>,
-    ) -> Result<Option<Millis>, StoreError> {
-        self.resume_at(class_calendar_key(self.namespace(), rule, key), now).await
     }
 
     /// budget.lua on the calendar hash `hash` (a budget's or a key's classes').

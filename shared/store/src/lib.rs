@@ -15,6 +15,7 @@ mod resume;
 mod scripts;
 mod store;
 
+pub use budgets::Calendar;
 pub use connection::{
     AnyConnection, CallObserver, ConnectError, Observed, RedisSettings, TokenAuth, TokenFuture, TokenSource,
 };

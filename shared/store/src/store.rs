@@ -13,8 +13,8 @@ use redis::aio::ConnectionLike;
 use crate::inspect::{EntityReport, report};
 use crate::overrides::Author;
 use crate::{
-    AuditEntry, DispatchClaim, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
-    StoreFuture,
+    AuditEntry, Calendar, DispatchClaim, MemoryStore, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef,
+    SlotRequest, StoreFuture,
 };
 
 /// `/readyz`: whether the store answers.
@@ -163,30 +163,36 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         match crate::inspect::class_calendar(rule, key) {
-            Some((_, scope)) => Box::pin(self.pause_class_calendar((RuleRef::of(rule), scope), until, None)),
+            Some((calendar, scope)) => {
+                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+                Box::pin(self.pause_calendar(classes, until, None))
+            }
             None => Box::pin(RedisStore::pause(self, RuleRef::of(rule), key, until, None)),
         }
     }
 
     fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
-        Box::pin(RedisStore::pause_budget(self, budget, until, None))
+        Box::pin(self.pause_calendar(Calendar::Budget(budget), until, None))
     }
 
     fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         match crate::inspect::class_calendar(rule, key) {
-            Some((_, scope)) => Box::pin(self.resume_class_calendar((RuleRef::of(rule), scope), None)),
+            Some((calendar, scope)) => Box::pin(
+                self.resume_calendar(Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar }, None),
+            ),
             None => Box::pin(RedisStore::resume(self, RuleRef::of(rule), key, None)),
         }
     }
 
     fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
-        Box::pin(RedisStore::resume_budget(self, budget, None))
+        Box::pin(self.resume_calendar(Calendar::Budget(budget), None))
     }
 
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
         Box::pin(async move {
             if let Some((calendar, scope)) = crate::inspect::class_calendar(rule, key) {
-                return self.signal_class_calendar((RuleRef::of(rule), scope), calendar, None).await;
+                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+                return self.signal_calendar(classes, None).await;
             }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
             RedisStore::signal(self, RuleRef::of(rule), key, (adaptive, &rule.limits), None).await.map(Some)
@@ -194,7 +200,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     }
 
     fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
-        Box::pin(RedisStore::signal_budget(self, budget, None))
+        Box::pin(self.signal_calendar(Calendar::Budget(budget), None))
     }
 
     fn report_latency<'a>(
@@ -205,7 +211,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     ) -> StoreFuture<'a, Option<LatencyChange>> {
         Box::pin(async move {
             if let Some((calendar, scope)) = crate::inspect::class_calendar(rule, key) {
-                return self.report_class_calendar_latency((RuleRef::of(rule), scope), calendar, report, None).await;
+                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+                return self.report_calendar_latency(classes, report, None).await;
             }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
             RedisStore::report_latency(self, RuleRef::of(rule), key, (adaptive, &rule.limits), report, None).await
@@ -217,7 +224,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         budget: &'a Budget,
         report: LatencyReport,
     ) -> StoreFuture<'a, Option<LatencyChange>> {
-        Box::pin(RedisStore::report_budget_latency(self, budget, report, None))
+        Box::pin(self.report_calendar_latency(Calendar::Budget(budget), report, None))
     }
 
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
