@@ -405,11 +405,12 @@ async fn reschedule(
     let request = request_of(rule, task, &identity, published);
     let new_task = async |reserved: &Reserved| new_task(state, task, (rule, &identity), reserved).await;
     let (moved, done) = rescheduler.after_wait((rule, &request), wait, new_task).await;
-    done?;
-    if let Some(moved) = moved {
+    // A new slot with its task, or none to be had (the caller dead-letters the event): either way
+    // a duplicate push of the message has nothing left to do.
+    if let Some(moved) = moved.filter(|_| !matches!(done, Err(Failure::Transient(_)))) {
         completed(state, &request, &moved).await;
     }
-    Ok(Outcome::Rescheduled)
+    done.map(|()| Outcome::Rescheduled)
 }
 
 /// A task that comes after its slot's windows (created or retried late, a publish refused for a
@@ -428,6 +429,7 @@ async fn take_turn(
     let request = SlotRequest { reslot: Some(OldSlot::GivenBack), ..request_of(rule, task, &identity, published) };
     let reserved = rescheduler.new_slot(&request).await?;
     if let Some(refused) = reschedule::beyond_reach(&reserved, &why) {
+        completed(state, &request, &reserved).await;
         return Err(Failure::Permanent(refused));
     }
     let later = reserved.reservation.slot > reserved.now;
@@ -479,8 +481,8 @@ async fn new_task(
     Ok(EventTask { name: task_id(&rule.id, identity, Some(slot)), slot, body })
 }
 
-/// Records the event's answer as acted upon (its new slot's task exists, or it goes now): a
-/// redelivered push of it is then acked as it is. A failure is only logged.
+/// Records the event's answer as acted upon (its new slot's task exists, it goes now, or it is
+/// dead-lettered): a redelivered push of it is then acked as it is. A failure is only logged.
 async fn completed(state: &AppState, request: &SlotRequest<'_>, reserved: &Reserved) {
     if let Err(error) = state.store.complete(request, reserved).await {
         tracing::warn!(%error, "could not record the new slot as acted upon");

@@ -12,6 +12,7 @@ use axum::http::{Request, StatusCode};
 use drip_core::event::MessageRef;
 use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner};
 use drip_core::rules::{RuleSet, ServiceRules};
+use drip_core::schedule::Attempt;
 use drip_core::time::{HOUR, Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_dispatcher::{AppState, app};
 use drip_gcp::doubles::{RecordingPublisher, RecordingTasks};
@@ -440,6 +441,11 @@ async fn a_task_whose_pause_outlasts_max_delay_is_dead_lettered_with_its_data() 
     assert_eq!(letter.attributes["drip-task"], TASK_NAME);
     assert!(letter.attributes["drip-detail"].starts_with("paused until"), "{:?}", letter.attributes);
     assert!(d.tasks.created.lock().unwrap().is_empty(), "no task for a slot past max_delay");
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let identity = MessageRef::new("first".to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
+    let redelivered = drip_store::SlotRequest::for_rule(&rule, "merchant_7", &identity, 1);
+    let answer = Store::reserve(&*d.store, &redelivered).await.unwrap().reservation;
+    assert_eq!(answer.attempt, Attempt::Done, "a duplicate push of it is acked, not dead-lettered again");
 }
 
 /// The same with classes: a pause of the key's live class holds its bulk class's task too (the
