@@ -133,8 +133,8 @@ impl AppState {
         publish_time: Option<&str>,
         now: Millis,
     ) -> Result<Created, Failure> {
-        let task = self.task_for(acting, publish_time, now).await?;
         let tasks = self.task_batcher().map_err(Failure::Transient)?;
+        let task = self.task_for(acting, publish_time, now).await?;
         reschedule::create_task((tasks, &self.metrics), (&acting.rule.id, acting.key), task).await
     }
 
