@@ -7,7 +7,6 @@
 -- calls; `count` the configured count of the limit that sets the window; `c` the parameters.
 -- Returns the verdict (0 a repeat, 1 slow, 2 grew, 3 held), the level before and after, the
 -- gradient (ppm), the adaptive state to store ('' for none) and the latency state.
-local LATENCY_FLOOR_US, LATENCY_MAX_US, LATENCY_MAX_CLIMB = 1000, 600000000, 4
 local function trunc(x)
   if x < 0 then
     return math.ceil(x)
@@ -83,5 +82,3 @@ local function parse_latency_args(value)
   return {ceiling = n[1], decrease = n[2], min = n[3], step = n[4], window = n[5], tolerance = n[6],
     smoothing = n[7], weight = n[8], recover = n[9], shadow = n[10] == 1}, n[11], n[12], n[13]
 end
--- How long a latency state is kept after its last report (budgets.rs: LATENCY_MEMORY_WINDOWS).
-local LATENCY_MEMORY_WINDOWS = 100

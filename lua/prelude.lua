@@ -1,4 +1,6 @@
--- Prepended to every script of drip-store (scripts.rs) when it is built: what they share.
+-- Prepended to every script of drip-store (scripts.rs) when it is built: what they share. Before
+-- it, scripts.rs writes the numbers Rust and the scripts share (ANSWER_MINUTE, OVERRIDE_MARGIN,
+-- REPLY_LENGTH, the LATENCY_* constants of drip-core's budgets.rs), from the Rust constants.
 --
 -- The arguments are read in order with a cursor, as drip-store's args.rs writes them; a section is
 -- a count followed by that many records. No script does offset arithmetic on ARGV.
@@ -52,9 +54,6 @@ local function parse_level(state)
   local level, at, by = string.match(state or '', '^(%d+):(%-?%d+)(:?l?)$')
   return tonumber(level), tonumber(at), by == ':l'
 end
--- A level a latency report set holds this many windows without a report before it climbs by
--- step (budgets.rs: LATENCY_HOLD_WINDOWS).
-local LATENCY_HOLD_WINDOWS = 10
 -- A stored level at `now`: a step up per quiet window since the window it was set in (past the
 -- hold for a latency report's), at most the ceiling (budgets.rs: Adaptive::level).
 local function level_grown(level, at, by_latency, ceiling, step, window, now)
@@ -104,8 +103,6 @@ end
 -- mattering), and per override id (e.g. 'fixed:60000') its count and '<id>:u' its end. Read on
 -- the common path only when present; most entities have none.
 local OVERRIDES = 'o'
--- How long overrides outlive their latest end (drip-store's OVERRIDE_MARGIN; a test keeps them equal).
-local OVERRIDE_MARGIN = 86400000
 
 local function parse_overrides(blob)
   local o = {}

@@ -31,9 +31,6 @@
 -- O(limits) (O(log n) per sliding limit, and a budget's calendar walked about once per window).
 -- Lua prints integers below 1e14 exactly, so times need no string.format.
 
--- The answers' minute: drip-store's ANSWER_BUCKET (a test keeps them equal).
-local ANSWER_MINUTE = 60000
-
 -- Within one call, each hash is read once and written once, however many of its events the call
 -- holds: an entity's state and overrides (key -> {from, to, values}: the fields as this call left
 -- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
@@ -99,10 +96,98 @@ local function flush_writes()
   writes = {}
 end
 
--- Marks the events whose entity (`e.shared`) or answers hash (`e.shared_answers`) another event
--- of the call shares: only those go through the call's reads and writes above (for an event
--- alone with its hashes, the tables would cost more than they save). Reads the shared answers
--- hashes' fields with one HMGET each.
+-- Where an event's entity state and message answer are read and written: the storage its
+-- arithmetic sees, chosen once per event by `share`. PLAIN goes straight to Redis (an event alone
+-- with its hashes: the call's tables would cost more than they save); CACHED goes through the
+-- call's reads and writes above, so that the call's next event of the same entity or answers hash
+-- sees what this one left.
+local PLAIN_STATE, CACHED_STATE = {}, {}
+
+-- The entity's state fields (ARGV[state_from..state_to]), as the call left them.
+function PLAIN_STATE.read(e)
+  return redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+end
+
+function CACHED_STATE.read(e)
+  return hmget(KEYS[e.base], e.state_from, e.state_to)
+end
+
+-- Sets the state fields `changes` (name, value, ...); `ttl`: a PEXPIRE after, or false.
+function PLAIN_STATE.write(e, changes, ttl)
+  if #changes > 0 then
+    redis.call('HSET', KEYS[e.base], unpack(changes))
+  end
+  if ttl then
+    redis.call('PEXPIRE', KEYS[e.base], ttl)
+  end
+end
+
+function CACHED_STATE.write(e, changes, ttl)
+  write_hash(KEYS[e.base], changes, ttl)
+end
+
+local PLAIN_ANSWERS, CACHED_ANSWERS = {}, {}
+
+-- The message's answer if this call read it ahead (`share`), else false: nothing to ask Redis.
+function PLAIN_ANSWERS.ahead()
+  return false
+end
+
+function CACHED_ANSWERS.ahead(e)
+  return answers[KEYS[e.base + 1]][e.field]
+end
+
+-- The message's answer (false for none), and the value of the field `also` of its answers hash
+-- when asked, in one read.
+function PLAIN_ANSWERS.get(e, also)
+  if also then
+    local held = redis.call('HMGET', KEYS[e.base + 1], e.field, also)
+    return held[1], held[2]
+  end
+  return redis.call('HGET', KEYS[e.base + 1], e.field)
+end
+
+function CACHED_ANSWERS.get(e, also)
+  local key = KEYS[e.base + 1]
+  return answers[key][e.field], also and redis.call('HGET', key, also)
+end
+
+-- Sets the message's answer `value`, replacing any (`ttl`: a PEXPIRE of the answers hash after).
+function PLAIN_ANSWERS.set(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  redis.call('HSET', key, e.field, value)
+  if ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+function CACHED_ANSWERS.set(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  write_hash(key, {e.field, value}, ttl)
+  answers[key][e.field] = value
+end
+
+-- Files the message's first answer: false (and nothing written) when it has one already. The
+-- plain way asks Redis with HSETNX, so a new message costs no read of its answer; a cached
+-- hash's answers were read ahead, so `decide` has replayed a known one before it gets here.
+function PLAIN_ANSWERS.file(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  if redis.call('HSETNX', key, e.field, value) == 0 then
+    return false
+  end
+  if ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  return true
+end
+
+function CACHED_ANSWERS.file(e, value, ttl)
+  CACHED_ANSWERS.set(e, value, ttl)
+  return true
+end
+
+-- Chooses each event's storage: CACHED for an entity or answers hash another event of the call
+-- shares. Reads the shared answers hashes' fields with one HMGET each.
 local function share(events)
   local states, wanted, order = {}, {}, {}
   for i = 1, #events do
@@ -118,8 +203,12 @@ local function share(events)
   end
   for i = 1, #events do
     local e = events[i]
-    e.shared = states[KEYS[e.base]] > 1
-    e.shared_answers = #wanted[KEYS[e.base + 1]] > 1
+    if states[KEYS[e.base]] > 1 then
+      e.state = CACHED_STATE
+    end
+    if #wanted[KEYS[e.base + 1]] > 1 then
+      e.answers = CACHED_ANSWERS
+    end
   end
   for i = 1, #order do
     local key = order[i]
@@ -132,25 +221,6 @@ local function share(events)
       end
       answers[key] = known
     end
-  end
-end
-
--- The message's answer, if it has one, for an event whose answers hash the call read (`share`).
-local function recorded_answer(e)
-  return answers[KEYS[e.base + 1]][e.field]
-end
-
--- Files the message's answer `value` (`ttl`: a PEXPIRE of the answers hash after).
-local function set_answer(e, value, ttl)
-  local key = KEYS[e.base + 1]
-  if e.shared_answers then
-    write_hash(key, {e.field, value}, ttl)
-    answers[key][e.field] = value
-    return
-  end
-  redis.call('HSET', key, e.field, value)
-  if ttl then
-    redis.call('PEXPIRE', key, ttl)
   end
 end
 
@@ -171,7 +241,7 @@ local function read_event()
     margin = tonumber(ARGV[at + EVENT_MARGIN]), ceiling = tonumber(ARGV[at + ADAPTIVE_CEILING]) or false,
     step = tonumber(ARGV[at + ADAPTIVE_STEP]), window = tonumber(ARGV[at + ADAPTIVE_WINDOW]),
     limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides = false,
-    folded = false, shared = false, shared_answers = false}
+    folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS}
   local limits = e.limits
   for i = 1, int() do
     at = span(LIMIT_RECORD) - 1
@@ -217,7 +287,6 @@ local STATUS = {R = 0, L = 1, C = 2, W = 3}
 -- What the attempt that asked may do: act on a new decision, act on the message's earlier answer
 -- (its lease taken again), not act (another attempt holds the lease), or nothing (acted upon).
 local ATTEMPT = {decided = 0, resumed = 1, busy = 2, done = 3}
-local REPLY_LENGTH = 5
 
 -- One event's reply: the only place one is built.
 local function reply(slot, kind, attempt, now, decided_at)
@@ -243,7 +312,7 @@ local function replay(e, recorded, now)
   if held ~= 'r' and base + held > now then
     return reply(slot, kind, ATTEMPT.busy, now, decided_at)
   end
-  set_answer(e, answer_value(kind, slot, decided_at, now + e.lease - base, base, cost), false)
+  e.answers.set(e, answer_value(kind, slot, decided_at, now + e.lease - base, base, cost), false)
   return reply(slot, kind, ATTEMPT.resumed, now, decided_at)
 end
 
@@ -326,32 +395,15 @@ end
 -- after the call), if it holds one: a message given a new slot, whose new answer starts afresh
 -- (the reported cost is dropped).
 local function old_slot(e)
-  local key = KEYS[e.base + 1]
-  local held = redis.call('HMGET', key, e.field, e.field .. CORRECTED)
-  local recorded = held[1]
-  if e.shared_answers then
-    recorded = answers[key][e.field]
-  end
+  local recorded, corrected = e.answers.get(e, e.field .. CORRECTED)
   local kind, slot, _, _, cost = parse_answer(recorded or '')
-  if held[2] then
-    redis.call('HDEL', key, e.field .. CORRECTED)
+  if corrected then
+    redis.call('HDEL', KEYS[e.base + 1], e.field .. CORRECTED)
   end
   if kind ~= 'R' then
     return nil
   end
-  return e.answers_base + tonumber(slot), tonumber(held[2]) or cost
-end
-
--- Writes the entity's state fields `changes` (name, value, ...) now, or with the call's writes
--- when another event of the call shares the entity.
-local function write_state(e, changes)
-  if #changes == 0 then
-    return
-  elseif e.shared then
-    write_hash(KEYS[e.base], changes, false)
-  else
-    redis.call('HSET', KEYS[e.base], unpack(changes))
-  end
+  return e.answers_base + tonumber(slot), tonumber(corrected) or cost
 end
 
 -- Moves `delta` units into (positive) or out of (negative) the window of `slot` of each budget
@@ -439,7 +491,7 @@ local function give_back(e, values, last, now, old, cost)
       end
     end
   end
-  write_state(e, changes)
+  e.state.write(e, changes, false)
   shift_budgets(e, old, now, -cost)
 end
 
@@ -470,7 +522,7 @@ local function charge(e, values, now, slot, more)
       end
     end
   end
-  write_state(e, changes)
+  e.state.write(e, changes, false)
   shift_budgets(e, slot, now, more)
 end
 
@@ -846,17 +898,9 @@ local function commit_entity(e, values, slot, now)
     redis.call('HDEL', state_key, 'last')
     redis.call('DEL', KEYS[e.base + 2])
   end
-  if not e.shared then
-    redis.call('HSET', state_key, unpack(changes))
-    if pexpire then
-      redis.call('PEXPIRE', state_key, pexpire)
-    end
-    return
-  end
-  write_hash(state_key, changes, pexpire)
-  -- What this call's next event of the entity reads: the state as it is now.
-  values[1], values[3] = slot, e.answers_base
-  values[2] = expires
+  e.state.write(e, changes, pexpire)
+  -- What this call's next event of the entity reads (a cached state): the state as it is now.
+  values[1], values[2], values[3] = slot, expires, e.answers_base
 end
 
 -- Each budget: the slot's window of each limit takes the cost; windows before now's are dropped
@@ -926,19 +970,12 @@ local function file_answer(e, kind, slot, now, expiry_set)
   -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
   local ttl = not (expiry_set and now <= base + ANSWER_MINUTE) and math.max(base - now, 0) + e.answers_keep
   local value = answer_value(kind, slot, now, now + e.lease - base, base, e.cost)
-  if e.shared_answers or e.reslot then
-    -- The call read this hash's answers already (`share`), or a new slot replaces the old.
-    set_answer(e, value, ttl)
+  if e.reslot then
+    -- A new slot replaces the old answer.
+    e.answers.set(e, value, ttl)
     return true
   end
-  local key = KEYS[e.base + 1]
-  if redis.call('HSETNX', key, e.field, value) == 0 then
-    return false
-  end
-  if ttl then
-    redis.call('PEXPIRE', key, ttl)
-  end
-  return true
+  return e.answers.file(e, value, ttl)
 end
 
 -- The entity's overrides (an empty table, NO_OVERRIDES, for none: most entities) and its frontier,
@@ -966,8 +1003,7 @@ local CORRECTION = {applied = 0, already = 1, unknown = 2}
 -- A cost reported after the call (the event's cost) corrects what the message's reservation
 -- booked, once (schedule.rs's correct): more is charged to its slot's windows, less given back.
 local function correct(e, now)
-  local key = KEYS[e.base + 1]
-  local recorded = (e.shared_answers and answers[key][e.field]) or redis.call('HGET', key, e.field)
+  local recorded = e.answers.get(e)
   if not recorded then
     return reply(now, 'R', CORRECTION.unknown, now, 0)
   end
@@ -975,13 +1011,13 @@ local function correct(e, now)
   slot, decided_at = e.answers_base + slot, e.answers_base + decided_at
   if kind ~= 'R' then
     return reply(slot, kind, CORRECTION.unknown, now, booked)
-  elseif redis.call('HSETNX', key, e.field .. CORRECTED, e.cost) == 0 then
+  elseif redis.call('HSETNX', KEYS[e.base + 1], e.field .. CORRECTED, e.cost) == 0 then
     return reply(slot, kind, CORRECTION.already, now, booked)
   end
   -- The counts in force as an event of cost 1 sees them (no count is below it).
   local actual = e.cost
   e.cost = 1
-  local values = redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+  local values = e.state.read(e)
   local last = read_overrides(e, values)
   read_budgets(e, now)
   counts_in_force(e, now)
@@ -995,7 +1031,7 @@ end
 
 -- A message file_answer found already answered: its answer, replayed.
 local function known(e, now)
-  return replay(e, redis.call('HGET', KEYS[e.base + 1], e.field), now)
+  return replay(e, e.answers.get(e), now)
 end
 
 -- One event: its recorded answer, or a new decision filed as its answer: its reply.
@@ -1003,15 +1039,14 @@ local function decide(e, now)
   if e.correct then
     return correct(e, now)
   end
-  local recorded = not e.reslot and e.shared_answers and recorded_answer(e)
+  local recorded = not e.reslot and e.answers.ahead(e)
   if recorded then
     return replay(e, recorded, now)
   end
   -- 'exp' is when the state was last set to expire and 'ab' the answers minute whose expiry is
   -- set, so that most calls need neither PEXPIRE: every redis.call costs the script about as much
   -- as its own arithmetic.
-  local values = e.shared and hmget(KEYS[e.base], e.state_from, e.state_to)
-    or redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+  local values = e.state.read(e)
   local last = read_overrides(e, values)
   if not read_budgets(e, now) or not counts_in_force(e, now) then
     if not file_answer(e, 'C', now, now, false) then
@@ -1032,7 +1067,7 @@ local function decide(e, now)
   local slot = earliest_slot(e, values, last, horizon, now)
   if slot == false then
     -- A redelivery learns its answer when filing one fails (below): it must not ask for a lease.
-    local recorded = not e.reslot and redis.call('HGET', KEYS[e.base + 1], e.field)
+    local recorded = not e.reslot and e.answers.get(e)
     if recorded then
       return replay(e, recorded, now)
     end

@@ -202,6 +202,9 @@ pub struct LatencyControl {
     pub shadow: bool,
 }
 
+// The LATENCY_* constants below reach the Lua scripts as drip-store's scripts.rs writes them
+// (`shared_numbers`): change them here only.
+
 /// Latencies under this (µs) are never slow: a gradient between sub-millisecond figures is noise.
 pub const LATENCY_FLOOR_US: u64 = 1_000;
 

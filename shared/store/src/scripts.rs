@@ -1,5 +1,6 @@
 //! Every Lua script drip-store runs, each built with `lua/prelude.lua` (the argument cursor, the
-//! clock, the answer codec and the adaptive arithmetic they share) prepended.
+//! clock, the answer codec and the adaptive arithmetic they share) prepended, and before it the
+//! numbers the scripts share with Rust, written from the Rust constants (never copied by hand).
 
 use std::sync::LazyLock;
 
@@ -9,9 +10,31 @@ use crate::args::{EVENT_RECORD, LIMIT_RECORD};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
-/// A script's source with the prelude before it (SCRIPT LOAD this; its SHA is the script's).
+/// The numbers the scripts and Rust share, by the name both use.
+fn shared_numbers() -> [(&'static str, i64); 8] {
+    use drip_core::budgets as b;
+    [
+        ("ANSWER_MINUTE", crate::ANSWER_BUCKET),
+        ("OVERRIDE_MARGIN", crate::OVERRIDE_MARGIN),
+        ("REPLY_LENGTH", crate::redis_store::REPLY_LENGTH as i64),
+        ("LATENCY_FLOOR_US", b::LATENCY_FLOOR_US as i64),
+        ("LATENCY_MAX_US", b::LATENCY_MAX_US as i64),
+        ("LATENCY_MAX_CLIMB", b::LATENCY_MAX_CLIMB as i64),
+        ("LATENCY_HOLD_WINDOWS", b::LATENCY_HOLD_WINDOWS),
+        ("LATENCY_MEMORY_WINDOWS", b::LATENCY_MEMORY_WINDOWS),
+    ]
+}
+
+/// `local ANSWER_MINUTE, ... = 60000, ...`: one statement, the first of every script.
+fn shared_numbers_line() -> String {
+    let (names, values): (Vec<_>, Vec<_>) = shared_numbers().into_iter().map(|(n, v)| (n, v.to_string())).unzip();
+    format!("local {} = {}", names.join(", "), values.join(", "))
+}
+
+/// A script's source with the shared numbers and the prelude before it (SCRIPT LOAD this; its SHA
+/// is the script's).
 fn with_prelude(script: &str) -> String {
-    format!("{PRELUDE}\n{script}")
+    format!("{}\n{PRELUDE}\n{script}", shared_numbers_line())
 }
 
 pub(crate) static RESERVE_SOURCE: LazyLock<String> =
@@ -47,4 +70,43 @@ pub(crate) static OVERRIDE: LazyLock<Script> =
 /// A script that takes latency reports: the prelude, then `lua/latency.lua`, then it.
 fn with_latency(script: &str) -> String {
     with_prelude(&format!("{}\n{script}", include_str!("../../../lua/latency.lua")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each shared number is defined once, by the generated line: no script spells its own.
+    #[test]
+    fn no_script_defines_a_shared_number_itself() {
+        let sources = [
+            PRELUDE,
+            include_str!("../../../lua/reserve.lua"),
+            include_str!("../../../lua/latency.lua"),
+            include_str!("../../../lua/override.lua"),
+            include_str!("../../../lua/budget.lua"),
+            include_str!("../../../lua/lease.lua"),
+            include_str!("../../../lua/dispatch.lua"),
+            include_str!("../../../lua/release.lua"),
+        ];
+        for (name, _) in shared_numbers() {
+            for source in sources {
+                let defines = source.lines().any(|line| {
+                    let line = line.trim_start();
+                    line.starts_with("local ") && line.split('=').next().is_some_and(|names| names.contains(name))
+                });
+                assert!(!defines, "a script defines {name} itself; it comes from shared_numbers()");
+            }
+            assert!(RESERVE_SOURCE.starts_with(&shared_numbers_line()), "reserve.lua's source starts with the numbers");
+        }
+    }
+
+    #[test]
+    fn the_numbers_are_the_rust_constants() {
+        let line = shared_numbers_line();
+        assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::ANSWER_BUCKET.to_string()), "{line}");
+        let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
+        let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
+        assert_eq!((names, values), (8, 8), "{line}");
+    }
 }
