@@ -21,7 +21,7 @@ use drip_core::overflow::{TaskBody, TaskPayload};
 use drip_core::time::{format_rfc3339, parse_rfc3339};
 use drip_gcp::pubsub::Publishers;
 use drip_gcp::pull::{Pulled, Subscription};
-use drip_store::{AnyConnection, RedisStore};
+use drip_store::{AnyConnection, RedisStore, Store};
 use serde::Serialize;
 
 use crate::connect::RedisArgs;

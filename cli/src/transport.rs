@@ -9,7 +9,7 @@ use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::template::cap_key;
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_store::inspect::{EntityReport, KeyOverrides, OverrideReport, override_reports};
-use drip_store::{AnyConnection, AuditEntry, Author, OverrideChange, RedisStore, Resumed, RuleRef};
+use drip_store::{AnyConnection, AuditEntry, Author, OverrideChange, RedisStore, Resumed, Store};
 use reqwest::Method;
 
 use crate::api::{Api, ApiArgs};
@@ -78,7 +78,7 @@ impl Transport {
         match self {
             Transport::Api(api) => api.get(&[V1, "rules", name, "keys", key], &[]).await,
             Transport::Redis { store, rules, path } => {
-                Ok(drip_store::inspect::inspect_key(store, rule(rules, path, name)?, &cap_key(key.into())).await?)
+                Ok(drip_store::inspect_key(store, rule(rules, path, name)?, &cap_key(key.into())).await?)
             }
         }
     }
@@ -88,7 +88,7 @@ impl Transport {
             Transport::Api(api) => api.get(&[V1, "rules", name, "keys", key, "limits"], &[]).await,
             Transport::Redis { store, rules, path } => {
                 let rule = rule(rules, path, name)?;
-                let overrides = store.overrides(RuleRef::of(rule), &cap_key(key.into())).await?;
+                let overrides = store.overrides(rule, &cap_key(key.into())).await?;
                 Ok(override_reports(rule, &overrides, wall_clock_millis()))
             }
         }
@@ -110,12 +110,12 @@ impl Transport {
                 let rule = rule(rules, path, name)?;
                 let (limit, count) = rule.override_target(set.limit, set.window).map_err(anyhow::Error::msg)?;
                 let key = cap_key(key.into());
-                let current = store.overrides(RuleRef::of(rule), &key).await?.get(&override_id(limit)).copied();
+                let current = store.overrides(rule, &key).await?.get(&override_id(limit)).copied();
                 let now = wall_clock_millis();
                 let new = LimitOverride::replacing(current, count, (set.until, set.forever), now)
                     .map_err(|e| anyhow::anyhow!("--expires: {e}"))?;
                 let author = Author { by: &operator(), reason: set.reason };
-                Ok(store.set_override(RuleRef::of(rule), &key, limit, new, author, None).await?)
+                Ok(store.change_override(rule, &key, limit, Some(new), author).await?)
             }
         }
     }
@@ -138,7 +138,7 @@ impl Transport {
                 let (limit, _) =
                     rule.override_target(&format!("1/{}", which.per), which.window).map_err(anyhow::Error::msg)?;
                 let author = Author { by: &operator(), reason: which.reason };
-                Ok(store.delete_override(RuleRef::of(rule), &cap_key(key.into()), limit, author, None).await?)
+                Ok(store.change_override(rule, &cap_key(key.into()), limit, None, author).await?)
             }
         }
     }
@@ -149,7 +149,7 @@ impl Transport {
             Transport::Redis { store, rules, path } => {
                 let rule = rule(rules, path, name)?;
                 let now = wall_clock_millis();
-                let all = store.list_overrides(RuleRef::of(rule)).await?;
+                let all = store.list_overrides(rule).await?;
                 Ok(all
                     .into_iter()
                     .map(|(key, o)| KeyOverrides { overrides: override_reports(rule, &o, now), key })
@@ -163,7 +163,7 @@ impl Transport {
             Transport::Api(api) => api.get(&[V1, "rules", name, "history"], &[("count", count.to_string())]).await,
             Transport::Redis { store, rules, path } => {
                 let rule = rule(rules, path, name)?;
-                Ok(store.audit_history(&rule.id, count).await?)
+                Ok(store.audit_history(rule, count).await?)
             }
         }
     }

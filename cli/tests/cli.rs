@@ -241,7 +241,7 @@ fn simulate_names_the_line_of_a_malformed_event() {
 /// of the CA for `rediss://`), then runs `drip inspect` against it with the services' connection
 /// code: 100 now, 100 next minute, 50 after.
 fn inspect_after_a_burst(url: &str, cluster: bool, ca: Option<&std::path::Path>) {
-    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
+    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, Store};
     let rules_path = repo("examples/payouts-per-minute.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
@@ -310,6 +310,7 @@ fn inspect_shows_a_key_s_classes_and_their_reserves() {
     runtime.block_on(async {
         let connection = drip_tests::redis_server::shared_connection().await;
         let store = drip_store::RedisStore::new(connection, namespace.clone());
+        use drip_store::Store;
         for (i, class) in ["bulk"; 26].into_iter().chain(["live"; 3]).enumerate() {
             let (key, id) = (format!("merchant_7#{class}"), format!("m{i}"));
             store.reserve(&drip_store::SlotRequest::for_rule(rule, &key, &id, 1)).await.unwrap();
@@ -353,7 +354,7 @@ fn inspect_reaches_a_redis_cluster_as_the_services_do() {
 /// `drip limits` on `url`: an override set from the CLI applies to the next reservations, shows in
 /// `get`, `list`, `inspect` and `history`, and is gone after `delete`.
 fn limits_through_the_cli(url: &str, cluster: bool) {
-    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
+    use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, Store};
     let rules_path = repo("examples/payouts-per-minute.yaml");
     let rules = drip_core::rules::RuleSet::load(&rules_path).unwrap();
     let rule = rules.rule("payouts").unwrap();
@@ -458,7 +459,7 @@ fn limits_through_the_cli(url: &str, cluster: bool) {
             paused_after: Some(30_000),
             adaptive_level: None,
         };
-        store.record_audit(&drip_store::AuditEntry::Feedback(call)).await.unwrap();
+        drip_store::Store::record_audit(&store, &drip_store::AuditEntry::Feedback(call)).await.unwrap();
     });
     let history = limits(&["history"]);
     let lines: Vec<&str> = history.lines().collect();

@@ -6,12 +6,33 @@ use std::sync::Arc;
 
 use drip_core::budgets::{Adaptive, Budget, PPM};
 use drip_core::ledger::{fixed_window_usage, gcra_violation, max_sliding_usage};
-use drip_core::rules::{Limit, Placement, Window};
+use drip_core::rules::{Classes, Limit, Placement, Rule, RuleSet, Window};
 use drip_core::schedule::ANSWER_MINUTE;
 use drip_core::schedule::{LimitOverride, OldSlot, Reservation, Status, override_id, state_id};
 use drip_core::time::Millis;
 use proptest::prelude::*;
 use proptest::sample::Index;
+
+/// A rule `id` with `limits` and `adaptive` as the stores' operations take it (no budget; classes
+/// with default `c0`, for `Scenario::rule` to keep or drop).
+pub fn rule_with(id: &str, limits: &[Limit], adaptive: Option<Adaptive>) -> Rule {
+    static BASE: std::sync::LazyLock<RuleSet> = std::sync::LazyLock::new(|| {
+        let text = "default_dlq_topic: dlq\nrules:\n  - name: base\n    key: \"{attributes.k}\"\n    \
+            limits: [ { limit: 10, per: 1s } ]\n    max_delay: 1h\n    classes: { from: \"{attributes.c}\", default: c0 }\n    \
+            forward: { topic: ready }\n    overflow_topic: overflow\n";
+        RuleSet::parse("scenario.yaml", text).expect("the scenario's base rule")
+    });
+    let mut rule = BASE.rule("base").expect("base").clone();
+    (rule.id, rule.name) = (id.to_owned(), id.to_owned());
+    rule.limits = limits.to_vec();
+    rule.adaptive = adaptive;
+    rule
+}
+
+/// A rule `id` with `limits` only: no budget, no classes, no adaptive limit.
+pub fn plain_rule(id: &str, limits: &[Limit]) -> Rule {
+    Rule { classes: None, ..rule_with(id, limits, None) }
+}
 
 /// 2026-08-03T12:00:00Z, the seed article's day.
 pub const T0: Millis = 1_785_758_400_000;
@@ -71,6 +92,20 @@ impl Scenario {
             0 | 1 => base.to_owned(),
             rules => format!("{base}-r{}", entity % rules),
         }
+    }
+
+    /// The rule `id` as the stores' operations take it (overrides, pauses, signals): the
+    /// scenario's limits before any edit, its adaptive limit, budgets and classes calendar.
+    pub fn rule(&self, id: &str) -> Rule {
+        let mut rule = rule_with(id, self.limits_at(0), self.shared.adaptive);
+        rule.budgets = self.shared.budgets.clone();
+        rule.classes = match (rule.classes, &self.shared.classes) {
+            (Some(classes), Some(calendar)) => {
+                Some(Classes { calendar: calendar.clone(), draws: self.shared.draws.clone(), ..classes })
+            }
+            _ => None,
+        };
+        rule
     }
 
     /// The rule's limits when the event at `index` arrives.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use drip_core::time::{HOUR, MINUTE, Millis, wall_clock_millis};
-use drip_store::{AuditEntry, RedisStore};
+use drip_store::{AuditEntry, RedisStore, Store};
 use drip_tests::pubsub_emulator::Pubsub;
 use drip_tests::redis_server::shared_url;
 use drip_tests::stack::{LimiterWiring, TasksStandIn, spawn_limiter, spawn_rescheduling_dispatcher};
@@ -234,8 +234,9 @@ rules:
     // Each call is in its rule's audit list in Redis, as override changes are.
     let client = redis::Client::open(limiter.redis_url.as_str()).unwrap();
     let store = RedisStore::new(client.get_multiplexed_async_connection().await.unwrap(), limiter.namespace.clone());
+    let rules = limiter.state.rules.current();
     let audit = |rule: String| {
-        let store = store.clone();
+        let (store, rule) = (store.clone(), rules.rule_by_id(&rule).expect("the rule").clone());
         async move { store.audit_history(&rule, 10).await.unwrap() }
     };
     let budget_calls = audit(alerts.clone()).await;

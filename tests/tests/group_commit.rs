@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{Attempt, Reservation, ReserveRequest};
 use drip_core::time::{MINUTE, Millis, SECOND};
-use drip_store::{Batching, MemoryStore, RedisStore, SlotRequest};
+use drip_store::{Batching, MemoryStore, RedisStore, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, shared_connection};
 use drip_tests::unique;
 use futures_util::future::join_all;

@@ -405,7 +405,7 @@ async fn large_payloads_are_claim_checked_and_huge_ones_dead_lettered() {
     let body = tasks.iter().map(body_of).find(|b| b["messageId"] == "l2").unwrap();
     assert!(body.get("originalPayload").is_none());
     let reference = body["claimCheck"].as_str().unwrap();
-    let stored = t.store().await.get_payload(reference).await.unwrap();
+    let stored = drip_store::Store::get_payload(&t.store().await, reference).await.unwrap();
     assert_eq!(stored.as_deref(), Some(big.as_bytes()));
 
     let huge = format!(r#"{{"merchant_id":3,"blob":"{}"}}"#, "h".repeat(1_600_000));
@@ -586,8 +586,11 @@ async fn oidc_tokens_are_verified_when_enabled() {
     assert_eq!(response.status(), StatusCode::OK);
     let change: Value = response.json().await.unwrap();
     assert_eq!(change["by"], OPERATOR, "{change}");
-    let history = t.store().await.override_history(&t.rule("payouts"), 5).await.unwrap();
-    assert_eq!((history[0].by.as_str(), history[0].after.map(|a| a.limit)), (OPERATOR, Some(3)), "kept in Redis too");
+    let rules = t.limiter.state.rules.current();
+    let rule = rules.rule_by_id(&t.rule("payouts")).unwrap();
+    let history = drip_store::Store::audit_history(&t.store().await, rule, 5).await.unwrap();
+    let Some(drip_store::AuditEntry::Override(latest)) = history.first() else { panic!("{history:?}") };
+    assert_eq!((latest.by.as_str(), latest.after.map(|a| a.limit)), (OPERATOR, Some(3)), "kept in Redis too");
 }
 
 const PUSHER: &str = "push@drip-test.iam.gserviceaccount.com";

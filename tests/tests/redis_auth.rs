@@ -10,7 +10,7 @@ use drip_core::schedule::ReserveRequest;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, TokenAuth, TokenFuture, TokenSource};
+use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, Store, TokenAuth, TokenFuture, TokenSource};
 use drip_tests::redis_server::{RedisCluster, RedisServer};
 use drip_tests::redis_tls::{TlsRedis, start};
 use drip_tests::unique;

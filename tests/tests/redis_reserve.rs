@@ -6,19 +6,19 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use drip_core::budgets::{Adaptive, Budget, LatencyChange, LatencyControl, LatencyReport, PPM};
+use drip_core::budgets::{Adaptive, Budget, LatencyControl, LatencyReport, PPM};
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
 use drip_core::time::{MINUTE, Millis, SECOND};
-use drip_store::{Calendar, MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
+use drip_store::{Clock, MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
-    Arrival, Kinds, OverrideOp, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
+    Arrival, Kinds, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
     check_delivery_bounds, check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds,
-    check_schedule, scenario, scenario_with_an_edit, scenario_with_budgets, scenario_with_classes,
-    scenario_with_corrections, scenario_with_leases, scenario_with_margin, scenario_with_overrides,
-    scenario_with_pauses,
+    check_schedule, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
+    scenario_with_classes, scenario_with_corrections, scenario_with_leases, scenario_with_margin,
+    scenario_with_overrides, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -29,13 +29,13 @@ use redis::AsyncCommands;
 /// third neither (a crashed one), so the model and the Lua must agree on `busy` as well. `batches`:
 /// the events each script call carries (every event alone when empty); the model reserves them one
 /// after another, which is what a batch means. Completions and releases follow each call.
-async fn run(store: &impl Overridable, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Vec<Reservation> {
+async fn run(store: &impl Differential, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Vec<Reservation> {
     run_all(store, rule, scenario, batches).await.0
 }
 
 /// The same, with what each of the scenario's cost corrections did, in order.
 async fn run_all(
-    store: &impl Overridable,
+    store: &impl Differential,
     rule: &str,
     scenario: &Scenario,
     batches: &[Range<usize>],
@@ -50,22 +50,26 @@ async fn run_all(
             let request = SlotRequest { reslot: None, ..request_of(scenario, &rules[of], &key, of) }.at(arrival.now);
             corrections.push(store.correct_cost(&request, actual).await.expect("correct_cost"));
         }
+        store.clock().set(arrival.now);
         for op in scenario.overrides.iter().filter(|op| op.before_event == i) {
-            store.apply(&scenario.rule_of(rule, op.entity), op, &scenario.limits[op.limit], arrival.now).await;
+            let (rule, limit) = (scenario.rule(&scenario.rule_of(rule, op.entity)), &scenario.limits[op.limit]);
+            store.change_override(&rule, &op.key(), limit, op.set, "test".into()).await.expect("override");
         }
         for &(_, entity, until) in scenario.pauses.iter().filter(|p| p.0 == i) {
-            let (key, rule) = (format!("entity_{entity}"), scenario.rule_of(rule, entity));
-            match &scenario.shared.classes {
-                Some(calendar) => store.pause_calendar((&rule, scenario), (calendar, &key), until, arrival.now).await,
-                None => store.pause_entity(&rule, &key, until, arrival.now).await,
-            }
+            let rule = scenario.rule(&scenario.rule_of(rule, entity));
+            store.pause(&rule, &calendar_key(scenario, entity), until).await.expect("pause");
         }
         for &(_, entity) in scenario.shared.signals.iter().filter(|s| s.0 == i) {
-            let rule = entity.map_or_else(|| rule.to_owned(), |entity| scenario.rule_of(rule, entity));
-            store.signal_for(&rule, scenario, entity, arrival.now).await;
+            match entity {
+                Some(entity) => {
+                    let rule = scenario.rule(&scenario.rule_of(rule, entity));
+                    store.signal(&rule, &calendar_key(scenario, entity)).await.expect("signal");
+                }
+                None => _ = store.signal_budget(&scenario.shared.budgets[0]).await.expect("signal"),
+            }
         }
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
-            store.pause_shared(&scenario.shared.budgets[budget], until, arrival.now).await;
+            store.pause_budget(&scenario.shared.budgets[budget], until).await.expect("pause");
         }
         let keys: Vec<String> = scenario.events[batch.clone()].iter().map(|a| scenario.entity_key(a)).collect();
         let requests: Vec<SlotRequest> =
@@ -146,17 +150,11 @@ fn batched(mut scenario: Scenario, sizes: &[usize]) -> (Scenario, Vec<Range<usiz
     (scenario, batches)
 }
 
-/// A store the differential test can also set overrides on.
-trait Overridable: Store {
+/// A store the differential test drives: the Store trait, at the scenario's times.
+trait Differential: Store {
     /// Reserves each request in order: one script call for Redis, one after another for the model.
     async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved>;
-    async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis);
-    async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis);
-    /// A pause of a key of a rule with classes (its calendar's: every class waits).
-    async fn pause_calendar(&self, rule: (&str, &Scenario), calendar: (&Budget, &str), until: Millis, now: Millis);
-    /// A 429 for the entity (or, for `None`, the first budget), where it has an adaptive limit.
-    async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis);
-    async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis);
+    fn clock(&self) -> &Clock;
 }
 
 fn rule_ref<'a>(rule: &'a str, scenario: &'a Scenario) -> RuleRef<'a> {
@@ -165,7 +163,16 @@ fn rule_ref<'a>(rule: &'a str, scenario: &'a Scenario) -> RuleRef<'a> {
     RuleRef { id: rule, tag, leases, classed: scenario.shared.classes.is_some() }
 }
 
-impl Overridable for MemoryStore {
+/// The key an operation on `entity`'s key takes: with classes, one of its classes' entities (any
+/// class: an operation on a key of a classed rule is its calendar's).
+fn calendar_key(scenario: &Scenario, entity: usize) -> String {
+    match scenario.shared.classes {
+        Some(_) => format!("entity_{entity}#c0"),
+        None => format!("entity_{entity}"),
+    }
+}
+
+impl Differential for MemoryStore {
     async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
         let mut reserved = Vec::new();
         for request in requests {
@@ -174,99 +181,18 @@ impl Overridable for MemoryStore {
         reserved
     }
 
-    async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, _: Millis) {
-        match op.set {
-            Some(set) => self.set_override(rule, &op.key(), limit, set),
-            None => self.delete_override(rule, &op.key(), limit),
-        };
-    }
-
-    async fn pause_entity(&self, rule: &str, key: &str, until: Millis, _: Millis) {
-        self.pause(rule, key, until);
-    }
-
-    async fn pause_calendar(&self, _: (&str, &Scenario), (calendar, key): (&Budget, &str), until: Millis, _: Millis) {
-        self.pause_budget(&MemoryStore::class_calendar(calendar, key), until);
-    }
-
-    async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
-        match entity {
-            Some(entity) if scenario.shared.classes.is_some() => {
-                let calendar = scenario.shared.classes.as_ref().expect("classes");
-                let key = format!("entity_{entity}");
-                self.signal_budget(&MemoryStore::class_calendar(calendar, &key), now);
-            }
-            Some(entity) => {
-                if let Some(adaptive) = &scenario.shared.adaptive {
-                    let key = format!("entity_{entity}");
-                    MemoryStore::signal(self, rule, &key, (adaptive, scenario.limits_at(0)), now);
-                }
-            }
-            None => {
-                self.signal_budget(&scenario.shared.budgets[0], now);
-            }
-        }
-    }
-
-    async fn pause_shared(&self, budget: &Budget, until: Millis, _: Millis) {
-        self.pause_budget(budget, until);
+    fn clock(&self) -> &Clock {
+        MemoryStore::clock(self)
     }
 }
 
-impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Overridable for RedisStore<C> {
+impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Differential for RedisStore<C> {
     async fn reserve_all(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
         self.reserve_batch(requests).await.expect("reserve_batch")
     }
 
-    async fn apply(&self, rule: &str, op: &OverrideOp, limit: &Limit, now: Millis) {
-        match op.set {
-            Some(set) => self.set_override(RuleRef::plain(rule), &op.key(), limit, set, "test", Some(now)).await,
-            None => self.delete_override(RuleRef::plain(rule), &op.key(), limit, "test", Some(now)).await,
-        }
-        .expect("override");
-    }
-
-    async fn pause_entity(&self, rule: &str, key: &str, until: Millis, now: Millis) {
-        self.pause(RuleRef::plain(rule), key, until, Some(now)).await.expect("pause");
-    }
-
-    async fn pause_calendar(
-        &self,
-        (rule, scenario): (&str, &Scenario),
-        (calendar, key): (&Budget, &str),
-        until: Millis,
-        now: Millis,
-    ) {
-        let rule = rule_ref(rule, scenario);
-        let classes = Calendar::Classes { rule, key, calendar };
-        RedisStore::pause_calendar(self, classes, until, Some(now)).await.expect("pause");
-    }
-
-    async fn signal_for(&self, rule: &str, scenario: &Scenario, entity: Option<usize>, now: Millis) {
-        match entity {
-            Some(entity) if scenario.shared.classes.is_some() => {
-                let calendar = scenario.shared.classes.as_ref().expect("classes");
-                let key = format!("entity_{entity}");
-                let rule = rule_ref(rule, scenario);
-                let classes = Calendar::Classes { rule, key: &key, calendar };
-                self.signal_calendar(classes, Some(now)).await.expect("signal");
-            }
-            Some(entity) => {
-                if let Some(adaptive) = &scenario.shared.adaptive {
-                    let key = format!("entity_{entity}");
-                    let limits = scenario.limits_at(0);
-                    let rule = rule_ref(rule, scenario);
-                    RedisStore::signal(self, rule, &key, (adaptive, limits), Some(now)).await.expect("signal");
-                }
-            }
-            None => {
-                self.signal_calendar(Calendar::Budget(&scenario.shared.budgets[0]), Some(now)).await.expect("signal");
-            }
-        }
-    }
-
-    async fn pause_shared(&self, budget: &Budget, until: Millis, now: Millis) {
-        RedisStore::pause_calendar(self, Calendar::Budget(budget), until, Some(now)).await.expect("pause");
+    fn clock(&self) -> &Clock {
+        RedisStore::clock(self)
     }
 }
 
@@ -973,8 +899,10 @@ async fn the_common_path_reads_the_entity_once_and_writes_it_once() {
         store.reserve(&request).await.unwrap().reservation
     };
     let overridden = drip_core::schedule::LimitOverride { limit: 500, until: None };
-    store.set_override(RuleRef::plain("r"), "busy", &limits[0], overridden, "test", Some(T0)).await.unwrap();
-    store.pause(RuleRef::plain("r"), "busy", T0 + 10, Some(T0)).await.unwrap();
+    let rule = plain_rule("r", &limits);
+    store.clock().set(T0);
+    store.change_override(&rule, "busy", &limits[0], Some(overridden), "test".into()).await.unwrap();
+    store.pause(&rule, "busy", T0 + 10).await.unwrap();
     for key in ["plain", "busy"] {
         // The first event of the entity and of the minute sets the expiries; the next ones do not.
         reserve(request("first", key, T0 + 20)).await;
@@ -1048,7 +976,8 @@ async fn an_entity_the_earlier_layout_wrote_keeps_its_answers_and_overrides() {
     assert!(fields.get("o").is_some_and(|o| o.contains("fixed:1000=1")), "{fields:?}");
     assert!(!connection.exists::<_, bool>(&keys.legacy_overrides).await.unwrap(), "the old hash is gone");
     assert_eq!(connection.pttl::<_, i64>(&keys.state).await.unwrap(), -1, "an override without an end keeps it");
-    store.delete_override(RuleRef::plain(&rule), "k", &limits[0], "test", Some(T0 + 300)).await.unwrap();
+    store.clock().set(T0 + 300);
+    store.change_override(&plain_rule(&rule, &limits), "k", &limits[0], None, "test".into()).await.unwrap();
     let ttl: i64 = connection.pttl(&keys.state).await.unwrap();
     assert!(ttl > 0, "the state expires again once no override is for ever: {ttl}");
 }
@@ -1069,13 +998,14 @@ async fn overrides_keep_the_state_alive_as_long_as_they_matter() {
     assert!(own > 0 && own <= 2 * (SECOND + drip_store::STATE_MARGIN) + SECOND, "{own}");
     let until = now + 3 * drip_core::time::HOUR;
     let set = drip_core::schedule::LimitOverride { limit: 1, until: Some(until) };
-    store.set_override(RuleRef::plain(&rule), "k", &limits[0], set, "test", Some(now)).await.unwrap();
+    store.clock().set(now);
+    store.change_override(&plain_rule(&rule, &limits), "k", &limits[0], Some(set), "test".into()).await.unwrap();
     let kept: i64 = connection.pttl(&state).await.unwrap();
     assert!(kept >= until - now + drip_store::OVERRIDE_MARGIN - SECOND, "until the override's end and a day: {kept}");
     // Another reservation does not cut it short.
     store.reserve(&SlotRequest::new(&rule, "k", ReserveRequest::new("m2", &limits, now)).at(now)).await.unwrap();
     assert!(connection.pttl::<_, i64>(&state).await.unwrap() >= kept - SECOND);
-    store.delete_override(RuleRef::plain(&rule), "k", &limits[0], "test", Some(now)).await.unwrap();
+    store.change_override(&plain_rule(&rule, &limits), "k", &limits[0], None, "test".into()).await.unwrap();
     let back: i64 = connection.pttl(&state).await.unwrap();
     assert!(back > 0 && back <= own + SECOND, "back to the state's own expiry: {back} (was {own})");
 }
@@ -1203,34 +1133,31 @@ fn latency_reports_give_the_model_s_levels() {
             tag: format!("{rule}-b"),
         };
         let memory = MemoryStore::new();
-        let rule_ref = RuleRef { id: &rule, tag: None, leases: None, classed: false };
+        let rule_ref = RuleRef::plain(&rule);
+        let keyed = rule_with(&rule, &limits, Some(adaptive));
         let mut now = T0;
         for (i, (dt, op)) in ops.iter().enumerate() {
             now += dt;
-            let (model, lua) = match op {
-                LevelOp::Signal => {
-                    let model = memory.signal(&rule, "k", (&adaptive, &limits), now);
-                    let lua =
-                        runtime.block_on(redis.signal(rule_ref, "k", (&adaptive, &limits), Some(now))).expect("signal");
-                    let model_budget = memory.signal_budget(&budget, now);
-                    let lua_budget = runtime
-                        .block_on(redis.signal_calendar(Calendar::Budget(&budget), Some(now)))
-                        .expect("signal_budget");
-                    (format!("{model} {model_budget:?}"), format!("{lua} {lua_budget:?}"))
+            memory.clock().set(now);
+            redis.clock().set(now);
+            let (model, lua) = runtime.block_on(async {
+                let mut said = Vec::new();
+                for store in [&memory as &dyn Store, &redis] {
+                    match op {
+                        LevelOp::Signal => {
+                            let key = store.signal(&keyed, "k").await.expect("signal");
+                            let budget = store.signal_budget(&budget).await.expect("signal_budget");
+                            said.push(format!("{key:?} {budget:?}"));
+                        }
+                        LevelOp::Report(report) => {
+                            let key = store.report_latency(&keyed, "k", *report).await.expect("report_latency");
+                            let budget = store.report_budget_latency(&budget, *report).await.expect("budget");
+                            said.push(format!("{key:?} {budget:?}"));
+                        }
+                    }
                 }
-                LevelOp::Report(report) => {
-                    let model =
-                        memory.report_latency(&rule, "k", (&adaptive, &limits), *report, now).map(LatencyChange::from);
-                    let lua = runtime
-                        .block_on(redis.report_latency(rule_ref, "k", (&adaptive, &limits), *report, Some(now)))
-                        .expect("report_latency");
-                    let model_budget = memory.report_budget_latency(&budget, *report, now).map(LatencyChange::from);
-                    let lua_budget = runtime
-                        .block_on(redis.report_calendar_latency(Calendar::Budget(&budget), *report, Some(now)))
-                        .expect("budget");
-                    (format!("{model:?} {model_budget:?}"), format!("{lua:?} {lua_budget:?}"))
-                }
-            };
+                (said.remove(0), said.remove(0))
+            });
             if model != lua {
                 return Err(TestCaseError::fail(format!("step {i} {op:?} at +{}: model {model}, lua {lua}", now - T0)));
             }

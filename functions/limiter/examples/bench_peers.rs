@@ -17,7 +17,7 @@ use base64::Engine;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::ReserveRequest;
 use drip_core::time::{DAY, SECOND};
-use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest};
+use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, Store};
 
 #[derive(Clone)]
 struct Bare {

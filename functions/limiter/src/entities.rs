@@ -89,7 +89,7 @@ fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
 
 /// A key of a rule with classes (not one class of it) is reported as its classes together.
 pub async fn inspect(State(state): State<AppState>, target: PathTarget) -> Response {
-    match drip_store::inspect::inspect_key(&*state.store, target.rule(), &target.key).await {
+    match drip_store::inspect_key(&*state.store, target.rule(), &target.key).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => unavailable("inspect", e),
     }

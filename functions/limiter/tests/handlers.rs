@@ -20,7 +20,7 @@ use drip_service::metrics::ServiceMetrics;
 use drip_service::shutdown::Shutdown;
 use drip_service::task_batches::{TaskBatcher, TaskBatching};
 use drip_service::tasks::Tasks;
-use drip_store::MemoryStore;
+use drip_store::{MemoryStore, Store};
 use drip_tests::stack::SIGNING_KEY;
 use tower::ServiceExt;
 
@@ -457,7 +457,7 @@ async fn a_large_payload_is_claim_checked_in_the_store() {
     let tasks = l.tasks();
     let body: TaskBody = serde_json::from_slice(&tasks[0].body).unwrap();
     let TaskPayload::ClaimCheck(reference) = &body.payload else { panic!("inline: {:?}", body.payload) };
-    assert_eq!(l.store.payload(reference).as_deref(), Some(big.as_bytes()));
+    assert_eq!(l.store.get_payload(reference).await.unwrap().as_deref(), Some(big.as_bytes()));
 }
 
 #[tokio::test]

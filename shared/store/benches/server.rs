@@ -22,7 +22,7 @@ use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::ReserveRequest;
 use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
-use drip_store::{Batching, RedisStore, SlotRequest};
+use drip_store::{Batching, RedisStore, SlotRequest, Store};
 use plotters::prelude::*;
 use redis::aio::MultiplexedConnection;
 

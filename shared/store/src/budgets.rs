@@ -53,58 +53,44 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// No slot of any entity drawing from the calendar before `until` (a later pause is kept);
     /// a leased budget's pools first, its home last.
-    pub async fn pause_calendar(
-        &self,
-        calendar: Calendar<'_>,
-        until: Millis,
-        now: Option<Millis>,
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn pause_calendar(&self, calendar: Calendar<'_>, until: Millis) -> Result<(), StoreError> {
         let (home, pools) = self.calendar_hashes(calendar);
         let args = ["pause".to_owned(), until.to_string()];
         for hash in pools.into_iter().chain([home]) {
-            self.hash_invocation::<i64>(hash, now, &args).await?;
+            self.hash_invocation::<i64>(hash, &args).await?;
         }
         Ok(())
     }
 
     /// Lifts the calendar's pause (a leased budget's home's and its pools'); returns when it
     /// would have ended.
-    pub async fn resume_calendar(
-        &self,
-        calendar: Calendar<'_>,
-        now: Option<Millis>,
-    ) -> Result<Option<Millis>, StoreError> {
+    pub(crate) async fn resume_calendar(&self, calendar: Calendar<'_>) -> Result<Option<Millis>, StoreError> {
         let (home, pools) = self.calendar_hashes(calendar);
         let args = ["resume".to_owned()];
-        let ended: i64 = self.hash_invocation(home, now, &args).await?;
+        let ended: i64 = self.hash_invocation(home, &args).await?;
         for pool in pools {
-            self.hash_invocation::<i64>(pool, now, &args).await?;
+            self.hash_invocation::<i64>(pool, &args).await?;
         }
         Ok((ended >= 0).then_some(ended))
     }
 
     /// The calendar's downstream answered 429, 5xx or timed out: its adaptive level drops (once
     /// per window). Returns the level after it (ppm); nothing without an adaptive limit.
-    pub async fn signal_calendar(
-        &self,
-        calendar: Calendar<'_>,
-        now: Option<Millis>,
-    ) -> Result<Option<u64>, StoreError> {
+    pub(crate) async fn signal_calendar(&self, calendar: Calendar<'_>) -> Result<Option<u64>, StoreError> {
         let budget = calendar.budget();
         let Some(adaptive) = &budget.adaptive else { return Ok(None) };
         let mut args = vec!["adapt".to_owned()];
         args.extend(adapt_args(adaptive, &budget.limits));
-        let level: i64 = self.hash_invocation(self.calendar_hashes(calendar).0, now, &args).await?;
+        let level: i64 = self.hash_invocation(self.calendar_hashes(calendar).0, &args).await?;
         Ok(Some(level as u64))
     }
 
     /// A window's latency of the calendar's downstream; `None` when its adaptive limit does not
     /// follow latency.
-    pub async fn report_calendar_latency(
+    pub(crate) async fn report_calendar_latency(
         &self,
         calendar: Calendar<'_>,
         report: LatencyReport,
-        now: Option<Millis>,
     ) -> Result<Option<LatencyChange>, StoreError> {
         let budget = calendar.budget();
         let Some(parameters) =
@@ -113,19 +99,15 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             return Ok(None);
         };
         let args = ["latency".to_owned(), parameters];
-        let reply: Vec<i64> = self.hash_invocation(self.calendar_hashes(calendar).0, now, &args).await?;
+        let reply: Vec<i64> = self.hash_invocation(self.calendar_hashes(calendar).0, &args).await?;
         latency_change(&reply).map(Some)
     }
 
-    /// budget.lua on the calendar hash `hash` (a budget's or a key's classes').
-    async fn hash_invocation<T: redis::FromRedisValue>(
-        &self,
-        hash: String,
-        now: Option<Millis>,
-        args: &[String],
-    ) -> Result<T, StoreError> {
+    /// budget.lua on the calendar hash `hash` (a budget's or a key's classes'), at the store's clock.
+    async fn hash_invocation<T: redis::FromRedisValue>(&self, hash: String, args: &[String]) -> Result<T, StoreError> {
         let mut invocation = BUDGET.prepare_invoke();
-        invocation.key(hash).arg(now.map(|n| n.to_string()).unwrap_or_default()).arg(STATE_MARGIN);
+        let now = self.clock().now().map(|n| n.to_string()).unwrap_or_default();
+        invocation.key(hash).arg(now).arg(STATE_MARGIN);
         for arg in args {
             invocation.arg(arg);
         }
@@ -134,7 +116,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// The latest end of a pause of the rule's key (a classed key's calendar) or of any budget it
     /// draws from, if any.
-    pub async fn paused_until(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
+    pub(crate) async fn pause_end(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
         // The key's and its budgets' pauses in one round trip (the dispatcher asks before each publish).
         let (entries, budgets) = self

@@ -67,54 +67,6 @@ pub struct ClassReport {
     pub drains_at: Option<String>,
 }
 
-/// What a store says of `key`: the entity's report, or for a rule with classes asked about a key
-/// (not one class of it), its classes together ([`key_of_classes`]).
-pub async fn inspect_key<S: crate::Store + ?Sized>(
-    store: &S,
-    rule: &Rule,
-    key: &str,
-) -> Result<EntityReport, StoreError> {
-    let classes = class_entities(rule, key);
-    if classes.is_empty() {
-        return store.inspect(rule, key).await;
-    }
-    let mut reports = Vec::with_capacity(classes.len());
-    for (class, entity) in classes {
-        reports.push((class, store.inspect(rule, &entity).await?));
-    }
-    Ok(key_of_classes(key, reports).expect("a rule with classes has at least one"))
-}
-
-/// The classes of `key` whose entities to read for a report of the whole key: each class's
-/// `<key>#<class>`, when the rule has classes and `key` names no class of it.
-fn class_entities(rule: &Rule, key: &str) -> Vec<(String, String)> {
-    let Some(classes) = &rule.classes else { return Vec::new() };
-    if Classes::split(key).is_some_and(|(_, class)| classes.names.iter().any(|n| n == class)) {
-        return Vec::new();
-    }
-    classes.names.iter().map(|class| (class.clone(), Classes::entity(key, class))).collect()
-}
-
-/// The report of a whole key of a rule with classes, from its classes' reports (`class_entities`
-/// order): the key's calendar and budgets, each class's backlog, the total backlog and the last
-/// drain.
-fn key_of_classes(key: &str, reports: Vec<(String, EntityReport)>) -> Option<EntityReport> {
-    let classes: Vec<ClassReport> = reports
-        .iter()
-        .map(|(class, r)| ClassReport {
-            class: class.clone(),
-            backlog: r.backlog,
-            last_slot: r.last_slot.clone(),
-            drains_at: r.drains_at.clone(),
-        })
-        .collect();
-    let backlog = classes.iter().map(|c| c.backlog).sum();
-    let drains_at = classes.iter().filter_map(|c| c.drains_at.clone()).max();
-    let last_slot = classes.iter().filter_map(|c| c.last_slot.clone()).max();
-    let (_, first) = reports.into_iter().next()?;
-    Some(EntityReport { key: key.to_owned(), backlog, drains_at, last_slot, classes, ..first })
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetReport {
@@ -254,11 +206,9 @@ pub struct LimitReport {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
-    /// What the entity's state says now (Redis `TIME`).
-    pub async fn inspect(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
-        let mut connection = self.connection();
-        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut connection).await?;
-        let now = seconds * 1_000 + micros / 1_000;
+    /// What the entity's state says now (Redis `TIME`, or the store's manual clock).
+    pub(crate) async fn entity_report(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
+        let now = self.store_now().await?;
         let state = self.entity_state(RuleRef::of(rule), key, &rule.limits).await?;
         let mut budgets = Vec::new();
         if let Some((calendar, scope)) = class_calendar(rule, key) {
@@ -311,7 +261,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
     }
 
     /// The entity's last slot (its FIFO frontier), if it remembers one.
-    pub async fn frontier(&self, rule: RuleRef<'_>, key: &str) -> Result<Option<Millis>, StoreError> {
+    pub(crate) async fn entity_frontier(&self, rule: RuleRef<'_>, key: &str) -> Result<Option<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, &[]);
         let (frontier, legacy): (Option<Millis>, Option<Millis>) = redis::cmd("HMGET")
             .arg(&keys.state)

@@ -16,6 +16,8 @@ use sha2::{Digest, Sha256};
 pub const ANSWER_MARGIN: Millis = HOUR;
 /// How long an entity's state outlives its last slot plus its longest window.
 pub const STATE_MARGIN: Millis = MINUTE;
+/// How long overrides outlive the latest `until` among them (the scripts' OVERRIDE_MARGIN).
+pub const OVERRIDE_MARGIN: Millis = DAY;
 /// How long the dispatcher remembers a published task (Cloud Tasks rarely runs one twice, soon).
 pub const DISPATCHED_MEMORY: Millis = DAY;
 

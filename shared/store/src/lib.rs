@@ -9,6 +9,7 @@ pub mod inspect;
 mod keys;
 mod memory;
 mod overrides;
+mod redis_ops;
 mod redis_store;
 mod request;
 mod resume;
@@ -21,15 +22,14 @@ pub use connection::{
 };
 pub use group_commit::Batching;
 pub use keys::{
-    ANSWER_BUCKET, ANSWER_MARGIN, DISPATCHED_MEMORY, EntityKeys, RuleRef, STATE_MARGIN, budget_key, dispatch_key, field,
+    ANSWER_BUCKET, ANSWER_MARGIN, DISPATCHED_MEMORY, EntityKeys, OVERRIDE_MARGIN, RuleRef, STATE_MARGIN, budget_key,
+    dispatch_key, field,
 };
 pub use memory::MemoryStore;
-pub use overrides::{
-    AuditEntry, Author, CostChange, FeedbackChange, OVERRIDE_MARGIN, OverrideChange, OverrideView, ResumeChange,
-};
+pub use overrides::{AuditEntry, Author, CostChange, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
 pub use redis_store::{
     DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, parse_reply, reserve_script,
 };
-pub use request::{Reserved, SlotRequest, StoreError, StoreFuture};
+pub use request::{Clock, Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{Resumed, resume};
-pub use store::{Ping, Store};
+pub use store::{Ping, Store, inspect_key};

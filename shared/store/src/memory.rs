@@ -1,12 +1,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use drip_core::budgets::{Adaptive, Budget, LatencyOutcome, LatencyReport};
-use drip_core::rules::Limit;
+use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, override_id};
 use drip_core::time::{Millis, wall_clock_millis};
 
-use crate::{AuditEntry, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, SlotRequest, StoreError};
+use crate::inspect::{EntityReport, class_calendar, report};
+use crate::overrides::Author;
+use crate::store::{Ping, Store};
+use crate::{
+    AuditEntry, Clock, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, SlotRequest, StoreFuture,
+};
 
 /// The reference model behind a lock, with claim-checked payloads, dispatch claims and the
 /// audit list (override changes and feedback calls) in maps: one process, no persistence.
@@ -18,6 +23,7 @@ pub struct MemoryStore {
     audit: Mutex<Vec<AuditEntry>>,
     /// By message: `None` once published, else the end of the publishing attempt's lease.
     dispatched: Mutex<HashMap<String, Option<Millis>>>,
+    clock: Clock,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -28,29 +34,24 @@ fn message_name(of: MessageOf<'_>) -> String {
     format!("memory:{}|{}|{}", of.rule, of.key, of.message)
 }
 
+/// An answer the model has at once.
+fn ready<'a, T: Send + 'a>(value: T) -> StoreFuture<'a, T> {
+    Box::pin(async move { Ok(value) })
+}
+
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Keeps a payload until its dispatch; returns its reference.
-    pub fn put_payload(&self, of: MessageOf<'_>, payload: &[u8]) -> String {
-        let reference = message_name(of);
-        locked(&self.payloads).insert(reference.clone(), payload.to_vec());
-        reference
+    /// The clock overrides, pauses, signals and latency reports are decided at: the wall clock
+    /// until a test or the simulator sets it; a reservation keeps its own (`SlotRequest::at`).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
-    /// A payload `put_payload` kept, by its reference.
-    pub fn payload(&self, reference: &str) -> Option<Vec<u8>> {
-        locked(&self.payloads).get(reference).cloned()
-    }
-
-    pub fn record_audit(&self, entry: &AuditEntry) {
-        locked(&self.audit).push(entry.clone());
-    }
-
-    pub fn record_override(&self, change: &OverrideChange) {
-        locked(&self.audit).push(AuditEntry::Override(change.clone()));
+    fn now(&self) -> Millis {
+        self.clock.now().unwrap_or_else(wall_clock_millis)
     }
 
     /// The feedback calls recorded, oldest first.
@@ -59,84 +60,6 @@ impl MemoryStore {
         audit.iter().filter_map(|e| if let AuditEntry::Feedback(f) = e { Some(f.clone()) } else { None }).collect()
     }
 
-    /// As `RedisStore::audit_history`: the rule's latest `count` entries, newest first.
-    pub fn audit_history(&self, rule: &str, count: usize) -> Vec<AuditEntry> {
-        let audit = locked(&self.audit);
-        let of_rule = audit.iter().rev().filter(|e| e.rule() == rule);
-        of_rule.take(count).cloned().collect()
-    }
-
-    /// As `RedisStore::list_overrides`: every key of the rule with overrides (the keys ever
-    /// changed, as the Redis store's index holds them).
-    pub fn list_overrides(&self, rule: &str) -> BTreeMap<String, BTreeMap<String, LimitOverride>> {
-        let keys: std::collections::BTreeSet<String> = locked(&self.audit)
-            .iter()
-            .filter_map(|e| match e {
-                AuditEntry::Override(change) if change.rule == rule => Some(change.key.clone()),
-                _ => None,
-            })
-            .collect();
-        let each = keys.into_iter().filter_map(|key| {
-            let overrides = self.entity_state(rule, &key)?.overrides;
-            (!overrides.is_empty()).then_some((key, overrides))
-        });
-        each.collect()
-    }
-
-    /// As `RedisStore::claim_dispatch` (dispatch.lua), on the wall clock.
-    pub fn claim_dispatch(&self, of: MessageOf<'_>, lease: Millis) -> DispatchClaim {
-        let now = wall_clock_millis();
-        let mut dispatched = locked(&self.dispatched);
-        match dispatched.get(&message_name(of)) {
-            Some(None) => DispatchClaim::Done,
-            Some(Some(until)) if *until > now => DispatchClaim::Busy,
-            _ => {
-                dispatched.insert(message_name(of), Some(now + lease));
-                DispatchClaim::Acquired
-            }
-        }
-    }
-
-    pub fn finish_dispatch(&self, of: MessageOf<'_>) {
-        locked(&self.dispatched).insert(message_name(of), None);
-        locked(&self.payloads).remove(&message_name(of));
-    }
-
-    pub fn release_dispatch(&self, of: MessageOf<'_>) {
-        let mut dispatched = locked(&self.dispatched);
-        if dispatched.get(&message_name(of)).is_some_and(Option::is_some) {
-            dispatched.remove(&message_name(of));
-        }
-    }
-
-    pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        let now = request.now().unwrap_or_else(wall_clock_millis);
-        let model_request = ReserveRequest { now, ..request.event };
-        let reservation = self.with(|s| match request.reslot {
-            Some(old) => s.reslot(request.rule, request.key, &model_request, old),
-            None => s.reserve(request.rule, request.key, &model_request),
-        });
-        Ok(Reserved { reservation, now })
-    }
-
-    pub async fn correct_cost(&self, request: &SlotRequest<'_>, actual: u64) -> Result<Correction, StoreError> {
-        let now = request.now().unwrap_or_else(wall_clock_millis);
-        let model_request = ReserveRequest { now, ..request.event };
-        Ok(self.with(|s| s.correct(request.rule, request.key, &model_request, actual)))
-    }
-
-    pub async fn complete(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        self.with(|s| s.complete(request.rule, request.key, (request.event.message_id, request.event.published)));
-        Ok(())
-    }
-
-    pub async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        self.with(|s| s.release(request.rule, request.key, (request.event.message_id, request.event.published)));
-        Ok(())
-    }
-}
-
-impl MemoryStore {
     /// The model's state of one entity (what `RedisStore::entity_state` reads back from Redis).
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<drip_core::schedule::EntityState> {
         self.with(|s| s.entity_state(rule, key).cloned())
@@ -147,75 +70,250 @@ impl MemoryStore {
         self.with(|s| s.reserved_slots(rule, key, since))
     }
 
-    /// As `RedisStore::set_override`, on the model.
-    pub fn set_override(&self, rule: &str, key: &str, limit: &Limit, set: LimitOverride) -> Option<LimitOverride> {
-        self.with(|s| s.set_override(rule, key, &override_id(limit), set))
-    }
-
-    pub fn delete_override(&self, rule: &str, key: &str, limit: &Limit) -> Option<LimitOverride> {
-        self.with(|s| s.delete_override(rule, key, &override_id(limit)))
-    }
-
-    /// As `RedisStore::pause`, on the model.
-    pub fn pause(&self, rule: &str, key: &str, until: drip_core::time::Millis) {
-        self.with(|s| s.pause(rule, key, until));
-    }
-
-    /// As `RedisStore::pause_budget`, on the model.
-    pub fn pause_budget(&self, budget: &Budget, until: drip_core::time::Millis) {
-        self.with(|s| s.pause_budget(&budget.name, until));
-    }
-
-    /// The calendar of `key` of a rule with classes, as the model keeps it: a budget named
-    /// `Budget::state_name`.
-    pub fn class_calendar(calendar: &Budget, key: &str) -> Budget {
-        Budget { name: calendar.state_name(Some(key)), per_key: false, ..calendar.clone() }
-    }
-
-    /// As `RedisStore::resume`, on the model.
-    pub fn resume(&self, rule: &str, key: &str) -> Option<Millis> {
-        self.with(|s| s.resume(rule, key))
-    }
-
-    /// As `RedisStore::resume_budget`, on the model.
-    pub fn resume_budget(&self, budget: &Budget) -> Option<Millis> {
-        self.with(|s| s.resume_budget(&budget.name))
-    }
-
-    /// As `RedisStore::signal`, on the model: the entity's adaptive limit saw a 429, 5xx or timeout.
-    /// Returns the level after it (ppm).
-    pub fn signal(&self, rule: &str, key: &str, (adaptive, limits): (&Adaptive, &[Limit]), now: Millis) -> u64 {
-        self.with(|s| s.signal(rule, key, adaptive, limits, now))
-    }
-
-    /// As `RedisStore::signal_budget`, on the model.
-    pub fn signal_budget(&self, budget: &Budget, now: Millis) -> Option<u64> {
-        self.with(|s| s.signal_budget(budget, now))
-    }
-
-    /// As `RedisStore::report_latency`, on the model.
-    pub fn report_latency(
-        &self,
-        rule: &str,
-        key: &str,
-        adaptive_limits: (&Adaptive, &[Limit]),
-        report: LatencyReport,
-        now: Millis,
-    ) -> Option<LatencyOutcome> {
-        self.with(|s| s.report_latency((rule, key), adaptive_limits, report, now))
-    }
-
-    /// As `RedisStore::report_budget_latency`, on the model.
-    pub fn report_budget_latency(&self, budget: &Budget, report: LatencyReport, now: Millis) -> Option<LatencyOutcome> {
-        self.with(|s| s.report_budget_latency(budget, report, now))
-    }
-
-    /// The model's state of one budget.
+    /// The model's state of one budget (by `Budget::state_name` for a classed key's calendar, or
+    /// `Budget::pool_name` for a leased budget's pool).
     pub fn budget_state(&self, budget: &str) -> Option<BudgetState> {
         self.with(|s| s.budget_state(budget).cloned())
     }
 
+    /// The calendar of a classed key (`class_calendar`'s scope) as the model keeps it: a budget
+    /// named `Budget::state_name`; else the entity itself (`None`).
+    fn calendar_of(rule: &Rule, key: &str) -> Option<Budget> {
+        class_calendar(rule, key).map(|(calendar, scope)| Budget {
+            name: calendar.state_name(Some(scope)),
+            per_key: false,
+            ..(**calendar).clone()
+        })
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
         f(&mut locked(&self.scheduler))
+    }
+}
+
+impl Ping for MemoryStore {
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        ready(())
+    }
+}
+
+impl Store for MemoryStore {
+    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
+        let now = request.now().unwrap_or_else(wall_clock_millis);
+        let model_request = ReserveRequest { now, ..request.event };
+        let reservation = self.with(|s| match request.reslot {
+            Some(old) => s.reslot(request.rule, request.key, &model_request, old),
+            None => s.reserve(request.rule, request.key, &model_request),
+        });
+        ready(Reserved { reservation, now })
+    }
+
+    fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
+        self.with(|s| s.complete(request.rule, request.key, (request.event.message_id, request.event.published)));
+        ready(())
+    }
+
+    fn release<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
+        self.with(|s| s.release(request.rule, request.key, (request.event.message_id, request.event.published)));
+        ready(())
+    }
+
+    fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction> {
+        let now = request.now().unwrap_or_else(wall_clock_millis);
+        let model_request = ReserveRequest { now, ..request.event };
+        ready(self.with(|s| s.correct(request.rule, request.key, &model_request, actual)))
+    }
+
+    /// The model's payloads never expire.
+    fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], _: Millis) -> StoreFuture<'a, String> {
+        let reference = message_name(of);
+        locked(&self.payloads).insert(reference.clone(), payload.to_vec());
+        ready(reference)
+    }
+
+    fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
+        let state = self.entity_state(&rule.id, key).unwrap_or_default();
+        let calendar = class_calendar(rule, key).map(|(calendar, scope)| {
+            (calendar.clone(), self.budget_state(&calendar.state_name(Some(scope))).unwrap_or_default())
+        });
+        let shared = rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default()));
+        let budgets: Vec<_> = calendar.into_iter().chain(shared).collect();
+        let scope = class_calendar(rule, key).map_or(key, |(_, scope)| scope);
+        let pools: Vec<_> = budgets
+            .iter()
+            .map(|(b, _)| {
+                let partition = b.partition_of(scope).filter(|_| !b.per_key)?;
+                Some((partition, self.budget_state(&b.pool_name(partition)).unwrap_or_default()))
+            })
+            .collect();
+        let now = self.now();
+        let slots = self.reserved_slots(&rule.id, key, crate::inspect::slots_since(rule, now));
+        ready(report(rule, key, now, &state, &budgets, &pools, &slots))
+    }
+
+    fn change_override<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        limit: &'a Limit,
+        set: Option<LimitOverride>,
+        by: Author<'a>,
+    ) -> StoreFuture<'a, OverrideChange> {
+        let id = override_id(limit);
+        let before = self.with(|s| match set {
+            Some(set) => s.set_override(&rule.id, key, &id, set),
+            None => s.delete_override(&rule.id, key, &id),
+        });
+        let change = OverrideChange::new(self.now(), by, (&rule.id, key, limit), before, set);
+        locked(&self.audit).push(AuditEntry::Override(change.clone()));
+        ready(change)
+    }
+
+    fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
+        ready(self.entity_state(&rule.id, key).map(|s| s.overrides).unwrap_or_default())
+    }
+
+    /// Every key of the rule ever changed (as the Redis store's index holds them) that has
+    /// overrides now.
+    fn list_overrides<'a>(
+        &'a self,
+        rule: &'a Rule,
+    ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>> {
+        let keys: std::collections::BTreeSet<String> = locked(&self.audit)
+            .iter()
+            .filter_map(|e| match e {
+                AuditEntry::Override(change) if change.rule == rule.id => Some(change.key.clone()),
+                _ => None,
+            })
+            .collect();
+        let each = keys.into_iter().filter_map(|key| {
+            let overrides = self.entity_state(&rule.id, &key)?.overrides;
+            (!overrides.is_empty()).then_some((key, overrides))
+        });
+        ready(each.collect())
+    }
+
+    fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<AuditEntry>> {
+        let audit = locked(&self.audit);
+        let of_rule = audit.iter().rev().filter(|e| e.rule() == rule.id);
+        ready(of_rule.take(count).cloned().collect())
+    }
+
+    fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
+        match Self::calendar_of(rule, key) {
+            Some(calendar) => self.with(|s| s.pause_budget(&calendar.name, until)),
+            None => self.with(|s| s.pause(&rule.id, key, until)),
+        }
+        ready(())
+    }
+
+    fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
+        self.with(|s| s.pause_budget(&budget.name, until));
+        ready(())
+    }
+
+    fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        ready(match Self::calendar_of(rule, key) {
+            Some(calendar) => self.with(|s| s.resume_budget(&calendar.name)),
+            None => self.with(|s| s.resume(&rule.id, key)),
+        })
+    }
+
+    fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
+        ready(self.with(|s| s.resume_budget(&budget.name)))
+    }
+
+    fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
+        let now = self.now();
+        ready(match Self::calendar_of(rule, key) {
+            Some(calendar) => self.with(|s| s.signal_budget(&calendar, now)),
+            None => rule.adaptive.map(|a| self.with(|s| s.signal(&rule.id, key, &a, &rule.limits, now))),
+        })
+    }
+
+    fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
+        let now = self.now();
+        ready(self.with(|s| s.signal_budget(budget, now)))
+    }
+
+    fn report_latency<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        let now = self.now();
+        let change = match Self::calendar_of(rule, key) {
+            Some(calendar) => self.with(|s| s.report_budget_latency(&calendar, report, now)),
+            None => rule
+                .adaptive
+                .and_then(|a| self.with(|s| s.report_latency((&rule.id, key), (&a, &rule.limits), report, now))),
+        };
+        ready(change.map(LatencyChange::from))
+    }
+
+    fn report_budget_latency<'a>(
+        &'a self,
+        budget: &'a Budget,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        let now = self.now();
+        ready(self.with(|s| s.report_budget_latency(budget, report, now)).map(LatencyChange::from))
+    }
+
+    fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        ready(self.entity_state(&rule.id, key).and_then(|state| state.last_slot))
+    }
+
+    fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        let own = self.entity_state(&rule.id, key).and_then(|state| state.paused_until);
+        let calendar = class_calendar(rule, key)
+            .and_then(|(calendar, scope)| self.budget_state(&calendar.state_name(Some(scope)))?.paused_until);
+        let budgets = rule.budgets.iter().filter_map(|b| self.budget_state(&b.name).and_then(|s| s.paused_until));
+        let budgets = calendar.into_iter().chain(budgets);
+        ready(own.into_iter().chain(budgets).max())
+    }
+
+    fn record_audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
+        locked(&self.audit).push(entry.clone());
+        ready(())
+    }
+
+    fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        ready(locked(&self.payloads).get(reference).cloned())
+    }
+
+    /// The model's payloads never expire.
+    fn keep_payload<'a>(&'a self, _: &'a str, _: Millis) -> StoreFuture<'a, ()> {
+        ready(())
+    }
+
+    /// As dispatch.lua, on the store's clock.
+    fn claim_dispatch<'a>(&'a self, of: MessageOf<'a>, lease: Millis) -> StoreFuture<'a, DispatchClaim> {
+        let now = self.now();
+        let mut dispatched = locked(&self.dispatched);
+        let claim = match dispatched.get(&message_name(of)) {
+            Some(None) => DispatchClaim::Done,
+            Some(Some(until)) if *until > now => DispatchClaim::Busy,
+            _ => {
+                dispatched.insert(message_name(of), Some(now + lease));
+                DispatchClaim::Acquired
+            }
+        };
+        ready(claim)
+    }
+
+    fn finish_dispatch<'a>(&'a self, of: MessageOf<'a>, _: Millis) -> StoreFuture<'a, ()> {
+        locked(&self.dispatched).insert(message_name(of), None);
+        locked(&self.payloads).remove(&message_name(of));
+        ready(())
+    }
+
+    fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()> {
+        let mut dispatched = locked(&self.dispatched);
+        if dispatched.get(&message_name(of)).is_some_and(Option::is_some) {
+            dispatched.remove(&message_name(of));
+        }
+        ready(())
     }
 }

@@ -10,7 +10,7 @@ use drip_core::budgets::{
 };
 use drip_core::rules::Limit;
 use drip_core::schedule::{LimitOverride, override_id};
-use drip_core::time::{DAY, Millis};
+use drip_core::time::Millis;
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 use serde::Serialize;
@@ -19,8 +19,6 @@ use crate::keys::{field, overridden_keys, overrides_log};
 use crate::scripts::OVERRIDE;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
-/// How long overrides outlive the latest `until` among them (the prelude's OVERRIDE_MARGIN).
-pub const OVERRIDE_MARGIN: Millis = DAY;
 /// How many changes each rule's audit list keeps.
 const AUDIT_LENGTH: isize = 1_000;
 
@@ -220,72 +218,68 @@ pub(crate) fn latency_change(reply: &[i64]) -> Result<LatencyChange, StoreError>
     Ok(LatencyChange { verdict, before: before as u64, after: after as u64 })
 }
 
+// The Store trait's override, pause, signal and audit operations on Redis (redis_store.rs) are
+// built from these: override.lua on one entity, at the store's clock, and the rule's audit list.
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     fn override_keys(&self, rule: RuleRef<'_>, key: &str) -> EntityKeys {
         EntityKeys::new(self.namespace(), rule, key, "-", None, &[])
     }
 
-    /// Sets the entity's override of `limit` (one of `rule`'s) from the next reservation on, and
-    /// records the change. `now` as in reserve (None: Redis `TIME`).
-    pub async fn set_override(
+    /// Sets (`Some`) or deletes (`None`) the entity's override of `limit` from the next
+    /// reservation on, and records the change.
+    pub(crate) async fn write_override(
         &self,
         rule: RuleRef<'_>,
         key: &str,
         limit: &Limit,
-        set: LimitOverride,
-        by: impl Into<Author<'_>>,
-        now: Option<Millis>,
+        set: Option<LimitOverride>,
+        by: Author<'_>,
     ) -> Result<OverrideChange, StoreError> {
-        let until = set.until.map(|u| u.to_string()).unwrap_or_default();
-        let before = self.change_override(rule, key, limit, ("set", set.limit.to_string(), until), now).await?;
-        let mut connection = self.connection();
-        let _: () = connection.sadd(overridden_keys(self.namespace(), rule.id), key).await?;
-        self.record(rule.id, key, limit, before, Some(set), by.into()).await
+        let index = overridden_keys(self.namespace(), rule.id);
+        let before = match set {
+            Some(set) => {
+                let until = set.until.map(|u| u.to_string()).unwrap_or_default();
+                let before = self.override_op(rule, key, limit, ("set", set.limit.to_string(), until)).await?;
+                let _: () = self.connection().sadd(&index, key).await?;
+                before
+            }
+            None => {
+                let before = self.override_op(rule, key, limit, ("delete", String::new(), String::new())).await?;
+                if self.entity_overrides(rule, key).await?.is_empty() {
+                    let _: () = self.connection().srem(&index, key).await?;
+                }
+                before
+            }
+        };
+        self.record(rule.id, key, limit, before, set, by).await
     }
 
-    /// Removes the entity's override of `limit`; the rule's count applies from the next reservation.
-    pub async fn delete_override(
-        &self,
-        rule: RuleRef<'_>,
-        key: &str,
-        limit: &Limit,
-        by: impl Into<Author<'_>>,
-        now: Option<Millis>,
-    ) -> Result<OverrideChange, StoreError> {
-        let before = self.change_override(rule, key, limit, ("delete", String::new(), String::new()), now).await?;
-        if self.overrides(rule, key).await?.is_empty() {
-            let mut connection = self.connection();
-            let _: () = connection.srem(overridden_keys(self.namespace(), rule.id), key).await?;
-        }
-        self.record(rule.id, key, limit, before, None, by.into()).await
-    }
-
-    async fn change_override(
+    async fn override_op(
         &self,
         rule: RuleRef<'_>,
         key: &str,
         limit: &Limit,
         (op, count, until): (&str, String, String),
-        now: Option<Millis>,
     ) -> Result<Option<LimitOverride>, StoreError> {
-        let previous = self.run_override(rule, key, [op, &override_id(limit), &count, &until], now).await?;
+        let previous = self.run_override(rule, key, [op, &override_id(limit), &count, &until]).await?;
         Ok(match previous.as_slice() {
             [limit, until] => Some(LimitOverride { limit: *limit as u64, until: (*until >= 0).then_some(*until) }),
             _ => None,
         })
     }
 
-    /// One override.lua operation (`op`, the override id, the value, until) on the entity.
-    async fn run_override(
+    /// One override.lua operation (`op`, the override id, the value, until) on the entity, at the
+    /// store's clock.
+    pub(crate) async fn run_override(
         &self,
         rule: RuleRef<'_>,
         key: &str,
         operation: [&str; 4],
-        now: Option<Millis>,
     ) -> Result<Vec<i64>, StoreError> {
         let keys = self.override_keys(rule, key);
         let mut invocation = OVERRIDE.prepare_invoke();
-        invocation.key(&keys.state).key(&keys.legacy_overrides).arg(now.map(|n| n.to_string()).unwrap_or_default());
+        let now = self.clock().now().map(|n| n.to_string()).unwrap_or_default();
+        invocation.key(&keys.state).key(&keys.legacy_overrides).arg(now);
         for arg in operation {
             invocation.arg(arg);
         }
@@ -301,20 +295,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         after: Option<LimitOverride>,
         by: Author<'_>,
     ) -> Result<OverrideChange, StoreError> {
-        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.connection()).await?;
-        let change = OverrideChange::new(seconds * 1_000 + micros / 1_000, by, (rule, key, limit), before, after);
+        let change = OverrideChange::new(self.store_now().await?, by, (rule, key, limit), before, after);
         self.audit(rule, &AuditEntry::Override(change.clone())).await?;
         Ok(change)
     }
 
-    /// Keeps a `/v1/feedback` call in its rule's audit list.
-    /// Keeps a feedback call or a resume in its rule's audit list (override changes keep
-    /// theirs as they are made).
-    pub async fn record_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        self.audit(entry.rule(), entry).await
-    }
-
-    async fn audit(&self, rule: &str, entry: &AuditEntry) -> Result<(), StoreError> {
+    /// Keeps an entry in its rule's audit list.
+    pub(crate) async fn audit(&self, rule: &str, entry: &AuditEntry) -> Result<(), StoreError> {
         let log = overrides_log(self.namespace(), rule);
         let entry = serde_json::to_string(entry).map_err(|e| StoreError::UnexpectedReply(e.to_string()))?;
         let mut pipe = redis::pipe();
@@ -323,63 +310,40 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Ok(())
     }
 
-    /// No slot of the entity before `until` (the downstream said to wait); a later pause already
-    /// set is kept.
-    pub async fn pause(
-        &self,
-        rule: RuleRef<'_>,
-        key: &str,
-        until: Millis,
-        now: Option<Millis>,
-    ) -> Result<(), StoreError> {
-        self.run_override(rule, key, ["pause", "", "", &until.to_string()], now).await?;
-        Ok(())
-    }
-
-    /// Lifts the entity's pause; returns when it would have ended.
-    pub async fn resume(
-        &self,
-        rule: RuleRef<'_>,
-        key: &str,
-        now: Option<Millis>,
-    ) -> Result<Option<Millis>, StoreError> {
-        let ended = self.run_override(rule, key, ["resume", "", "", ""], now).await?;
-        Ok(ended.first().copied())
-    }
-
-    /// The downstream of an entity of a rule with an adaptive limit (`adaptive`, over the rule's
-    /// `limits`) answered 429, 5xx or timed out: its level drops (once per window). Returns the
-    /// level after it (ppm).
-    pub async fn signal(
+    /// A 429, 5xx or timeout from the entity's downstream, for a rule with an adaptive limit
+    /// (`adaptive`, over the rule's `limits`): its level drops (once per window); returns it (ppm).
+    pub(crate) async fn signal_entity(
         &self,
         rule: RuleRef<'_>,
         key: &str,
         (adaptive, limits): (&Adaptive, &[Limit]),
-        now: Option<Millis>,
     ) -> Result<u64, StoreError> {
         let parameters = adapt_args(adaptive, limits).join(":");
-        let level = self.run_override(rule, key, [field::ADAPT, "", &parameters, ""], now).await?;
+        let level = self.run_override(rule, key, [field::ADAPT, "", &parameters, ""]).await?;
         level.first().map(|&l| l as u64).ok_or_else(|| StoreError::UnexpectedReply(format!("{level:?}")))
     }
 
     /// A window's latency of the entity's downstream (see `Adaptive::after_latency`); `None` when
     /// its adaptive limit does not follow latency.
-    pub async fn report_latency(
+    pub(crate) async fn entity_latency(
         &self,
         rule: RuleRef<'_>,
         key: &str,
         (adaptive, limits): (&Adaptive, &[Limit]),
         report: LatencyReport,
-        now: Option<Millis>,
     ) -> Result<Option<LatencyChange>, StoreError> {
         let Some(parameters) = latency_args(adaptive, limits, report) else { return Ok(None) };
-        let reply = self.run_override(rule, key, ["latency", "", &parameters, ""], now).await?;
+        let reply = self.run_override(rule, key, ["latency", "", &parameters, ""]).await?;
         latency_change(&reply).map(Some)
     }
 
     /// The entity's overrides by override id (those whose `until` has passed included, until the
     /// hash expires).
-    pub async fn overrides(&self, rule: RuleRef<'_>, key: &str) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
+    pub(crate) async fn entity_overrides(
+        &self,
+        rule: RuleRef<'_>,
+        key: &str,
+    ) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
         Ok(parse_overrides(&self.override_entries(&self.override_keys(rule, key)).await?))
     }
 
@@ -411,7 +375,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     /// Every entity of the rule with overrides, and its overrides.
-    pub async fn list_overrides(
+    pub(crate) async fn rule_overrides(
         &self,
         rule: RuleRef<'_>,
     ) -> Result<BTreeMap<String, BTreeMap<String, LimitOverride>>, StoreError> {
@@ -420,7 +384,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         keys.sort();
         let mut all = BTreeMap::new();
         for key in keys {
-            let overrides = self.overrides(rule, &key).await?;
+            let overrides = self.entity_overrides(rule, &key).await?;
             if overrides.is_empty() {
                 // Expired with its hash: drop it from the index too.
                 let _: () = self.connection().srem(&index, &key).await?;
@@ -432,15 +396,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     /// The rule's most recent override changes and feedback calls, newest first.
-    pub async fn audit_history(&self, rule: &str, count: usize) -> Result<Vec<AuditEntry>, StoreError> {
+    pub(crate) async fn audit_entries(&self, rule: &str, count: usize) -> Result<Vec<AuditEntry>, StoreError> {
         let entries: Vec<String> =
             self.connection().lrange(overrides_log(self.namespace(), rule), 0, count as isize - 1).await?;
         Ok(entries.iter().filter_map(|entry| serde_json::from_str(entry).ok()).collect())
-    }
-
-    /// The rule's most recent override changes, newest first.
-    pub async fn override_history(&self, rule: &str, count: usize) -> Result<Vec<OverrideChange>, StoreError> {
-        let entries = self.audit_history(rule, count).await?.into_iter();
-        Ok(entries.filter_map(|e| if let AuditEntry::Override(change) = e { Some(change) } else { None }).collect())
     }
 }

@@ -1,21 +1,20 @@
 use std::sync::Arc;
 
-use drip_core::schedule::{Attempt, Correction, Reservation, Status};
+use drip_core::schedule::{Attempt, Reservation, Status};
 use drip_core::time::Millis;
-use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs, answers_keep};
+use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
-use crate::keys::{DISPATCHED_MEMORY, STATE_MARGIN, dispatch_key, field, payload_key};
-use crate::scripts::{DISPATCH, LEASE, RELEASE, RESERVE, RESERVE_SOURCE};
-use crate::{EntityKeys, Reserved, SlotRequest, StoreError};
+use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
+use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE, RESERVE_SOURCE};
+use crate::{Clock, EntityKeys, Reserved, SlotRequest, StoreError};
 
 /// The one answer of a call that carried one item.
-fn only_answer<T>(mut answers: Vec<T>) -> Result<T, StoreError> {
+pub(crate) fn only_answer<T>(mut answers: Vec<T>) -> Result<T, StoreError> {
     answers.pop().filter(|_| answers.is_empty()).ok_or_else(|| StoreError::UnexpectedReply("no answer".into()))
 }
 
@@ -51,6 +50,7 @@ pub struct RedisStore<C> {
     /// By pool: one caller at a time asks its home for a lease (`LeaseGates`).
     lease_gates: Arc<LeaseGates>,
     lease_observer: Option<Arc<dyn LeaseObserver>>,
+    clock: Clock,
 }
 
 /// Told of each lease a budget's home grants (the services count them: `drip_budget_leases`).
@@ -116,6 +116,7 @@ impl<C> RedisStore<C> {
             groups: None,
             lease_gates: Default::default(),
             lease_observer: None,
+            clock: Clock::default(),
         }
     }
 
@@ -134,6 +135,12 @@ impl<C> RedisStore<C> {
         &self.namespace
     }
 
+    /// The clock overrides, pauses, signals and latency reports are decided at: Redis `TIME`
+    /// until a test or the simulator sets it; a reservation keeps its own (`SlotRequest::at`).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// Tells `observer` of each lease a leased budget's home grants.
     pub fn with_lease_observer(self, observer: Arc<dyn LeaseObserver>) -> Self {
         Self { lease_observer: Some(observer), ..self }
@@ -141,46 +148,30 @@ impl<C> RedisStore<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
+    /// Where reservations go together, when batching is on ([`RedisStore::with_batching`]).
+    pub(crate) fn reserve_group(&self) -> Option<&Arc<ReserveGroup>> {
+        self.groups.as_ref().map(|(group, _)| group)
+    }
+
     pub(crate) fn connection(&self) -> C {
         self.connection.clone()
     }
 
-    /// Rewrites the message's answer as completed. Rust knows the whole answer, so this is a plain
-    /// HSET and PEXPIRE in one round trip, not a script (it is on every push's path); the expiry is
-    /// the one reserve.lua gave the hash.
-    async fn mark_completed(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
-        let keys = self.keys(request);
-        let base = keys.answers_base;
-        let value = field::completed_answer(&reserved.reservation, base, request.event.cost);
-        let ttl = (base - reserved.now).max(0) + answers_keep(request.event.max_delay);
-        let mut pipe = redis::pipe();
-        pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
-        pipe.pexpire(&keys.answers, ttl).ignore();
-        let _: () = pipe.query_async(&mut self.connection()).await?;
-        Ok(())
+    /// The store's clock: the manual time, or Redis `TIME`.
+    pub(crate) async fn store_now(&self) -> Result<Millis, StoreError> {
+        if let Some(now) = self.clock.now() {
+            return Ok(now);
+        }
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.connection()).await?;
+        Ok(seconds * 1_000 + micros / 1_000)
     }
 
-    /// Keeps a payload too large for a task until its dispatch (idempotent: a redelivery stores the
-    /// same bytes again). Returns the reference the task carries.
-    pub async fn put_payload(&self, of: MessageOf<'_>, payload: &[u8], ttl: Millis) -> Result<String, StoreError> {
-        let reference = payload_key(&self.namespace, of.rule, of.key, of.message);
-        let _: () = self.connection().pset_ex(&reference, payload, ttl.max(1) as u64).await?;
-        Ok(reference)
-    }
-
-    /// Keeps a claim-checked payload at least `ttl` more (its task got a later slot).
-    pub async fn keep_payload(&self, reference: &str, ttl: Millis) -> Result<(), StoreError> {
-        let _: i64 =
-            redis::cmd("PEXPIRE").arg(reference).arg(ttl.max(1)).arg("GT").query_async(&mut self.connection()).await?;
-        Ok(())
-    }
-
-    /// The payload a task refers to, or `None` when it expired or never existed.
-    pub async fn get_payload(&self, reference: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.connection().get(reference).await?)
-    }
-
-    async fn dispatch_op(&self, of: MessageOf<'_>, op: &'static str, ttl: Millis) -> Result<String, StoreError> {
+    pub(crate) async fn dispatch_op(
+        &self,
+        of: MessageOf<'_>,
+        op: &'static str,
+        ttl: Millis,
+    ) -> Result<String, StoreError> {
         let op = DispatchOp {
             marker: dispatch_key(&self.namespace, of.rule, of.key, of.message),
             payload: payload_key(&self.namespace, of.rule, of.key, of.message),
@@ -205,28 +196,6 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             return Err(StoreError::UnexpectedReply(format!("{} answers to {} operations", results.len(), ops.len())));
         }
         Ok(results)
-    }
-
-    /// Atomically takes the right to publish a task's message for `lease` (SET NX semantics).
-    pub async fn claim_dispatch(&self, of: MessageOf<'_>, lease: Millis) -> Result<DispatchClaim, StoreError> {
-        match self.dispatch_op(of, "claim", lease).await?.as_str() {
-            "acquired" => Ok(DispatchClaim::Acquired),
-            "busy" => Ok(DispatchClaim::Busy),
-            "done" => Ok(DispatchClaim::Done),
-            other => Err(StoreError::UnexpectedReply(other.to_owned())),
-        }
-    }
-
-    /// Records the message as published and deletes its claim-checked payload.
-    /// `memory`: how long the marker is kept (at least [`DISPATCHED_MEMORY`]; past the task's
-    /// seal, so that a captured task can never publish again).
-    pub async fn finish_dispatch(&self, of: MessageOf<'_>, memory: Millis) -> Result<(), StoreError> {
-        self.dispatch_op(of, "done", memory.max(DISPATCHED_MEMORY)).await.map(drop)
-    }
-
-    /// Lets a retry publish at once after this attempt failed.
-    pub async fn release_dispatch(&self, of: MessageOf<'_>) -> Result<(), StoreError> {
-        self.dispatch_op(of, "release", 1).await.map(drop)
     }
 }
 
@@ -348,7 +317,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     /// The script's reply, loading it first when Redis lost it.
-    async fn run_reserve(&self, call: ReserveCall) -> Result<Vec<i64>, StoreError> {
+    pub(crate) async fn run_reserve(&self, call: ReserveCall) -> Result<Vec<i64>, StoreError> {
         Ok(match call.cmd().query_async(&mut self.connection()).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let _: String = RESERVE.prepare_invoke().load_async(&mut self.connection()).await?;
@@ -380,51 +349,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         let groups = (batching.max_batch > 1).then(|| crate::group_commit::groups(unbatched.clone(), batching));
         Self { groups, ..unbatched }
     }
-
-    /// Reserves the request's slot: in a call of its own, or with the others that arrive while
-    /// one is in flight ([`RedisStore::with_batching`]).
-    pub async fn reserve(&self, request: &SlotRequest<'_>) -> Result<Reserved, StoreError> {
-        if let Some((group, _)) = &self.groups {
-            let event = EncodedEvent::new(&self.namespace, &self.keys(request), request);
-            return group.clone().submit((event, request.now())).await;
-        }
-        only_answer(self.reserve_batch(std::slice::from_ref(request)).await?)
-    }
-
-    /// Records that the request's message was acted upon, so a redelivery is acked as it is.
-    /// `reserved` is what `reserve` answered this attempt.
-    pub async fn complete(&self, request: &SlotRequest<'_>, reserved: &Reserved) -> Result<(), StoreError> {
-        self.mark_completed(request, reserved).await
-    }
-
-    /// Corrects what `request`'s message booked with the cost reported after its call, once
-    /// (`Scheduler::correct`).
-    pub async fn correct_cost(&self, request: &SlotRequest<'_>, actual: u64) -> Result<Correction, StoreError> {
-        let mut args = ReserveArgs::new(request.now());
-        args.correction(&self.namespace, &self.keys(request), request, actual);
-        let reply = self.run_reserve(ReserveCall(args)).await?;
-        // reserve.lua's `correct`: slot, status, what it did (CORRECTION), now, the booked cost.
-        match reply.as_slice() {
-            [_, _, 0, _, booked] => Ok(Correction::Applied { booked: *booked as u64, actual }),
-            [_, _, 1, _, _] => Ok(Correction::Already),
-            [_, _, 2, _, _] => Ok(Correction::Unknown),
-            _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
-        }
-    }
-
-    /// Ends the lease of an attempt that failed, so that a retry may act at once.
-    pub async fn release(&self, request: &SlotRequest<'_>, _: &Reserved) -> Result<(), StoreError> {
-        let keys = self.keys(request);
-        let mut invocation = RELEASE.prepare_invoke();
-        invocation.key(&keys.answers).arg(keys.answer_field.as_slice());
-        let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
-        Ok(())
-    }
 }
 
 /// One `EVALSHA reserve.lua` with its keys and arguments, for one request or a batch of them.
 #[derive(Debug, Clone)]
-pub struct ReserveCall(ReserveArgs);
+pub struct ReserveCall(pub(crate) ReserveArgs);
 
 impl ReserveCall {
     /// The command (EVALSHA: the script must have been loaded; `SCRIPT LOAD` it with [`reserve_script`]).
@@ -453,8 +382,6 @@ pub fn reserve_script() -> &'static str {
     &RESERVE_SOURCE
 }
 
-/// How many numbers `reserve.lua` replies per event (its `REPLY_LENGTH`).
-pub(crate) const REPLY_LENGTH: usize = 5;
 /// The status of an event that stopped its call to ask for a lease (reserve.lua's `STATUS.W`).
 const LEASE_WANTED: i64 = 3;
 /// How often one event may stop for a lease before the store gives up (the caller answers 503 and

@@ -95,3 +95,30 @@ pub enum StoreError {
 
 /// What every store operation returns.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The time a store decides operations at that carry no time of their own (overrides, pauses,
+/// signals, latency reports): its own (Redis `TIME`, so instances with skewed clocks agree; the
+/// wall clock for the model) until a caller sets one (tests, the simulator). Clones share it.
+#[derive(Debug, Clone)]
+pub struct Clock(Arc<std::sync::atomic::AtomicI64>);
+
+/// What a `Clock` holds while it reads the store's own time.
+const OWN_TIME: Millis = Millis::MIN;
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicI64::new(OWN_TIME)))
+    }
+}
+
+impl Clock {
+    /// From now on the store decides at `at` (until it is set again).
+    pub fn set(&self, at: Millis) {
+        self.0.store(at, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The time set, or `None`: the store's own.
+    pub fn now(&self) -> Option<Millis> {
+        Some(self.0.load(std::sync::atomic::Ordering::SeqCst)).filter(|&at| at != OWN_TIME)
+    }
+}

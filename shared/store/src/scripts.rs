@@ -10,13 +10,16 @@ use crate::args::{EVENT_RECORD, LIMIT_RECORD};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
+/// How many numbers `reserve.lua` replies per event.
+pub(crate) const REPLY_LENGTH: usize = 5;
+
 /// The numbers the scripts and Rust share, by the name both use.
 fn shared_numbers() -> [(&'static str, i64); 8] {
     use drip_core::budgets as b;
     [
-        ("ANSWER_MINUTE", crate::ANSWER_BUCKET),
-        ("OVERRIDE_MARGIN", crate::OVERRIDE_MARGIN),
-        ("REPLY_LENGTH", crate::redis_store::REPLY_LENGTH as i64),
+        ("ANSWER_MINUTE", crate::keys::ANSWER_BUCKET),
+        ("OVERRIDE_MARGIN", crate::keys::OVERRIDE_MARGIN),
+        ("REPLY_LENGTH", REPLY_LENGTH as i64),
         ("LATENCY_FLOOR_US", b::LATENCY_FLOOR_US as i64),
         ("LATENCY_MAX_US", b::LATENCY_MAX_US as i64),
         ("LATENCY_MAX_CLIMB", b::LATENCY_MAX_CLIMB as i64),
@@ -104,7 +107,7 @@ mod tests {
     #[test]
     fn the_numbers_are_the_rust_constants() {
         let line = shared_numbers_line();
-        assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::ANSWER_BUCKET.to_string()), "{line}");
+        assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::keys::ANSWER_BUCKET.to_string()), "{line}");
         let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
         let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
         assert_eq!((names, values), (8, 8), "{line}");

@@ -1,0 +1,247 @@
+//! The `Store` trait's operations on Redis: one body each, built from the helpers of
+//! redis_store.rs (reservations, dispatch markers), overrides.rs (override.lua and the audit list),
+//! budgets.rs (budget.lua on a calendar) and inspect.rs (reading state back).
+
+use std::collections::BTreeMap;
+
+use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::rules::{Limit, Rule};
+use drip_core::schedule::{Correction, LimitOverride};
+use drip_core::time::Millis;
+use redis::AsyncCommands;
+use redis::aio::ConnectionLike;
+
+use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
+use crate::inspect::{EntityReport, class_calendar};
+use crate::keys::{DISPATCHED_MEMORY, field, payload_key};
+use crate::overrides::Author;
+use crate::redis_store::{ReserveCall, only_answer};
+use crate::scripts::RELEASE;
+use crate::store::{Ping, Store};
+use crate::{
+    AuditEntry, Calendar, DispatchClaim, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
+    StoreError, StoreFuture,
+};
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let _: String = redis::cmd("PING").query_async(&mut self.connection()).await?;
+            Ok(())
+        })
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> {
+    /// In a call of its own, or with the others that arrive while one is in flight
+    /// ([`RedisStore::with_batching`]).
+    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
+        Box::pin(async move {
+            if let Some(group) = self.reserve_group() {
+                let event = EncodedEvent::new(self.namespace(), &self.keys(request), request);
+                return group.clone().submit((event, request.now())).await;
+            }
+            only_answer(self.reserve_batch(std::slice::from_ref(request)).await?)
+        })
+    }
+
+    /// Rewrites the message's answer as completed. Rust knows the whole answer, so this is a plain
+    /// HSET and PEXPIRE in one round trip, not a script (it is on every push's path); the expiry
+    /// is the one reserve.lua gave the hash.
+    fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let keys = self.keys(request);
+            let base = keys.answers_base;
+            let value = field::completed_answer(&reserved.reservation, base, request.event.cost);
+            let ttl = (base - reserved.now).max(0) + answers_keep(request.event.max_delay);
+            let mut pipe = redis::pipe();
+            pipe.hset(&keys.answers, keys.answer_field.as_slice(), value).ignore();
+            pipe.pexpire(&keys.answers, ttl).ignore();
+            let _: () = pipe.query_async(&mut self.connection()).await?;
+            Ok(())
+        })
+    }
+
+    fn release<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let keys = self.keys(request);
+            let mut invocation = RELEASE.prepare_invoke();
+            invocation.key(&keys.answers).arg(keys.answer_field.as_slice());
+            let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
+            Ok(())
+        })
+    }
+
+    fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction> {
+        Box::pin(async move {
+            let mut args = ReserveArgs::new(request.now());
+            args.correction(self.namespace(), &self.keys(request), request, actual);
+            let reply = self.run_reserve(ReserveCall(args)).await?;
+            // reserve.lua's `correct`: slot, status, what it did (CORRECTION), now, the booked cost.
+            match reply.as_slice() {
+                [_, _, 0, _, booked] => Ok(Correction::Applied { booked: *booked as u64, actual }),
+                [_, _, 1, _, _] => Ok(Correction::Already),
+                [_, _, 2, _, _] => Ok(Correction::Unknown),
+                _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+            }
+        })
+    }
+
+    /// Idempotent: a redelivery stores the same bytes again.
+    fn put_payload<'a>(&'a self, of: MessageOf<'a>, payload: &'a [u8], ttl: Millis) -> StoreFuture<'a, String> {
+        Box::pin(async move {
+            let reference = payload_key(self.namespace(), of.rule, of.key, of.message);
+            let _: () = self.connection().pset_ex(&reference, payload, ttl.max(1) as u64).await?;
+            Ok(reference)
+        })
+    }
+
+    fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
+        Box::pin(self.entity_report(rule, key))
+    }
+
+    fn change_override<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        limit: &'a Limit,
+        set: Option<LimitOverride>,
+        by: Author<'a>,
+    ) -> StoreFuture<'a, OverrideChange> {
+        Box::pin(self.write_override(RuleRef::of(rule), key, limit, set, by))
+    }
+
+    fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
+        Box::pin(self.entity_overrides(RuleRef::of(rule), key))
+    }
+
+    fn list_overrides<'a>(
+        &'a self,
+        rule: &'a Rule,
+    ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>> {
+        Box::pin(self.rule_overrides(RuleRef::of(rule)))
+    }
+
+    fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<AuditEntry>> {
+        Box::pin(self.audit_entries(&rule.id, count))
+    }
+
+    /// A later pause already set is kept.
+    fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            match class_calendar(rule, key) {
+                Some((calendar, scope)) => {
+                    let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+                    self.pause_calendar(classes, until).await
+                }
+                None => {
+                    let until = until.to_string();
+                    self.run_override(RuleRef::of(rule), key, ["pause", "", "", &until]).await.map(drop)
+                }
+            }
+        })
+    }
+
+    fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(self.pause_calendar(Calendar::Budget(budget), until))
+    }
+
+    fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(async move {
+            if let Some((calendar, scope)) = class_calendar(rule, key) {
+                return self.resume_calendar(Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar }).await;
+            }
+            let ended = self.run_override(RuleRef::of(rule), key, ["resume", "", "", ""]).await?;
+            Ok(ended.first().copied())
+        })
+    }
+
+    fn resume_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(self.resume_calendar(Calendar::Budget(budget)))
+    }
+
+    fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
+        Box::pin(async move {
+            if let Some((calendar, scope)) = class_calendar(rule, key) {
+                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+                return self.signal_calendar(classes).await;
+            }
+            let Some(adaptive) = &rule.adaptive else { return Ok(None) };
+            self.signal_entity(RuleRef::of(rule), key, (adaptive, &rule.limits)).await.map(Some)
+        })
+    }
+
+    fn signal_budget<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Option<u64>> {
+        Box::pin(self.signal_calendar(Calendar::Budget(budget)))
+    }
+
+    fn report_latency<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        Box::pin(async move {
+            if let Some((calendar, scope)) = class_calendar(rule, key) {
+                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+                return self.report_calendar_latency(classes, report).await;
+            }
+            let Some(adaptive) = &rule.adaptive else { return Ok(None) };
+            self.entity_latency(RuleRef::of(rule), key, (adaptive, &rule.limits), report).await
+        })
+    }
+
+    fn report_budget_latency<'a>(
+        &'a self,
+        budget: &'a Budget,
+        report: LatencyReport,
+    ) -> StoreFuture<'a, Option<LatencyChange>> {
+        Box::pin(self.report_calendar_latency(Calendar::Budget(budget), report))
+    }
+
+    fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(self.entity_frontier(RuleRef::of(rule), key))
+    }
+
+    fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(self.pause_end(rule, key))
+    }
+
+    fn record_audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
+        Box::pin(self.audit(entry.rule(), entry))
+    }
+
+    fn get_payload<'a>(&'a self, reference: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move { Ok(self.connection().get(reference).await?) })
+    }
+
+    fn keep_payload<'a>(&'a self, reference: &'a str, ttl: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let command = redis::cmd("PEXPIRE").arg(reference).arg(ttl.max(1)).arg("GT").clone();
+            let _: i64 = command.query_async(&mut self.connection()).await?;
+            Ok(())
+        })
+    }
+
+    /// SET NX semantics.
+    fn claim_dispatch<'a>(&'a self, of: MessageOf<'a>, lease: Millis) -> StoreFuture<'a, DispatchClaim> {
+        Box::pin(async move {
+            match self.dispatch_op(of, "claim", lease).await?.as_str() {
+                "acquired" => Ok(DispatchClaim::Acquired),
+                "busy" => Ok(DispatchClaim::Busy),
+                "done" => Ok(DispatchClaim::Done),
+                other => Err(StoreError::UnexpectedReply(other.to_owned())),
+            }
+        })
+    }
+
+    /// The marker is kept at least [`DISPATCHED_MEMORY`]: past the task's seal, so that a captured
+    /// task can never publish again.
+    fn finish_dispatch<'a>(&'a self, of: MessageOf<'a>, memory: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.dispatch_op(of, "done", memory.max(DISPATCHED_MEMORY)).await.map(drop) })
+    }
+
+    fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.dispatch_op(of, "release", 1).await.map(drop) })
+    }
+}
