@@ -17,6 +17,10 @@
 //! it is not withdrawn (a call cannot take back what it sent): a caller must wait for the outcome
 //! of a call in flight, which is why a flusher bounds its own calls (the Pub/Sub client's retry
 //! time limit, Cloud Tasks' attempt timeout) rather than its callers bounding theirs tighter.
+//!
+//! The rules every batching service follows are written here once: [`Batcher`] makes a batching
+//! of one item a call inline in its caller's task (Pub/Sub publishes, Cloud Tasks creates), and
+//! [`fan_out`] makes one failed call every one of its items' failure.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -241,6 +245,58 @@ impl<F: Flush> GroupCommit<F> {
     }
 }
 
+/// Group commit where batching is on, else every item in a call of its own made in its caller's
+/// task: the one place where "at most one item a call" means "call inline" (no lanes, no spawn).
+pub enum Batcher<F: Flush> {
+    Inline(F),
+    Grouped(Arc<GroupCommit<F>>),
+}
+
+impl<F: Flush> std::fmt::Debug for Batcher<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Inline(_) => f.write_str("Batcher::Inline"),
+            Self::Grouped(group) => f.debug_tuple("Batcher::Grouped").field(group).finish(),
+        }
+    }
+}
+
+impl<F: Flush> Batcher<F> {
+    /// `max_items`: the most items one call carries (1 or less: each inline); what else as
+    /// [`GroupCommit::with_linger`].
+    pub fn new(flusher: F, max_items: usize, max_in_flight: usize, linger: std::time::Duration) -> Self {
+        if max_items <= 1 {
+            Self::Inline(flusher)
+        } else {
+            Self::Grouped(GroupCommit::with_linger(flusher, max_in_flight, linger))
+        }
+    }
+
+    pub fn flusher(&self) -> &F {
+        match self {
+            Self::Inline(flusher) => flusher,
+            Self::Grouped(group) => group.flusher(),
+        }
+    }
+
+    /// As [`GroupCommit::submit`]; inline, the caller's own call.
+    pub async fn submit(&self, lane: F::Lane, item: F::Item) -> Option<F::Output> {
+        match self {
+            Self::Inline(flusher) => flusher.flush(&lane, vec![item]).await.into_iter().next(),
+            Self::Grouped(group) => group.submit(lane, item).await,
+        }
+    }
+}
+
+/// A call's outcome as each of its `count` items sees it: its answers, one each, or its failure,
+/// shared by every item (one failure fans out).
+pub fn fan_out<T, E: Clone>(count: usize, call: Result<Vec<T>, E>) -> Vec<Result<T, E>> {
+    match call {
+        Ok(answers) => answers.into_iter().map(Ok).collect(),
+        Err(error) => (0..count).map(|_| Err(error.clone())).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -411,5 +467,31 @@ mod tests {
             outputs.push(handle.await.unwrap());
         }
         outputs
+    }
+
+    /// Three items at once: a batcher of one gives each a call of its own, in its caller's task;
+    /// a batcher of more groups those that arrive while a call is in flight.
+    #[tokio::test(start_paused = true)]
+    async fn a_batcher_of_one_calls_inline_and_a_larger_one_groups() {
+        let batchers = [1, 64].map(|max| {
+            let doubler =
+                Doubler { batches: Mutex::default(), tasks: Mutex::default(), calls: AtomicUsize::new(0), max };
+            Batcher::new(doubler, max, 1, Duration::ZERO)
+        });
+        assert!(matches!(batchers[0], Batcher::Inline(_)) && matches!(batchers[1], Batcher::Grouped(_)));
+        for batcher in &batchers {
+            let answers = tokio::join!(batcher.submit("a", 1), batcher.submit("a", 2), batcher.submit("a", 3));
+            assert_eq!(answers, (Some(2), Some(4), Some(6)));
+        }
+        assert_eq!(*batchers[0].flusher().batches.lock().unwrap(), [vec![1], vec![2], vec![3]]);
+        assert_eq!(*batchers[1].flusher().batches.lock().unwrap(), [vec![1], vec![2, 3]]);
+        let inline = batchers[0].flusher().tasks.lock().unwrap().clone();
+        assert!(inline.iter().all(|task| *task == inline[0]), "all in the caller's task: {inline:?}");
+    }
+
+    #[test]
+    fn one_failure_fans_out_to_every_item() {
+        assert_eq!(fan_out::<u32, &str>(3, Err("down")), [Err("down"), Err("down"), Err("down")]);
+        assert_eq!(fan_out::<u32, &str>(2, Ok(vec![7, 8])), [Ok(7), Ok(8)]);
     }
 }

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use drip_batch::{Flush, GroupCommit, up_to};
+use drip_batch::{Batcher, Flush, up_to};
 
 use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicyExt};
 use google_cloud_pubsub::client::{BasePublisher, Publisher};
@@ -171,7 +171,7 @@ impl Publishers {
 #[derive(Debug)]
 pub struct BatchedPublishes {
     inner: Arc<dyn Publish>,
-    group: Arc<GroupCommit<PublishCalls>>,
+    batcher: Batcher<PublishCalls>,
 }
 
 /// One `publish_all` per batch.
@@ -208,7 +208,7 @@ impl BatchedPublishes {
     /// `max_batch`: the most messages one request carries (1: each on its own).
     pub fn new(inner: Arc<dyn Publish>, max_batch: usize) -> Self {
         let calls = PublishCalls { inner: inner.clone(), max_batch: max_batch.max(1) };
-        Self { inner, group: GroupCommit::new(calls, PUBLISHES_IN_FLIGHT) }
+        Self { inner, batcher: Batcher::new(calls, max_batch, PUBLISHES_IN_FLIGHT, Duration::ZERO) }
     }
 }
 
@@ -220,10 +220,7 @@ impl Publish for BatchedPublishes {
         attributes: BTreeMap<String, String>,
     ) -> crate::GcpFuture<'a, String, PublishError> {
         Box::pin(async move {
-            if self.group.flusher().max_batch == 1 {
-                return self.inner.publish(topic, data, attributes).await;
-            }
-            let answer = self.group.submit(topic.to_owned(), (data, attributes)).await;
+            let answer = self.batcher.submit(topic.to_owned(), (data, attributes)).await;
             answer.unwrap_or_else(|| Err(PublishError::TimedOut { topic: topic.to_owned(), timeout: Duration::ZERO }))
         })
     }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drip_batch::{Flush, GroupCommit};
+use drip_batch::{Batcher, Flush, fan_out};
 use drip_core::overflow::{BATCH_ENVELOPE, MAX_INLINE_TASK_BODY, TaskBatch, batch_task_id};
 use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTaskError, Created};
@@ -90,7 +90,7 @@ impl Flush for TaskCreates {
         match self.tasks.create_on(queue, &name, first, body).await {
             Ok(created) => {
                 tracing::debug!(task = name, events = batch.len(), "batch task created");
-                vec![Ok(created); batch.len()]
+                fan_out(batch.len(), Ok(vec![created; batch.len()]))
             }
             // Refused for what it is (its size, its name): each event alone, so that only an event
             // that cannot have a task is refused one.
@@ -102,7 +102,7 @@ impl Flush for TaskCreates {
                 }
                 results
             }
-            Err(error) => vec![Err(shared(error)); batch.len()],
+            Err(error) => fan_out(batch.len(), Err(shared(error))),
         }
     }
 }
@@ -111,7 +111,7 @@ impl Flush for TaskCreates {
 pub struct TaskBatcher {
     tasks: Tasks,
     batching: TaskBatching,
-    group: Arc<GroupCommit<TaskCreates>>,
+    batcher: Batcher<TaskCreates>,
 }
 
 impl std::fmt::Debug for TaskBatcher {
@@ -123,9 +123,9 @@ impl std::fmt::Debug for TaskBatcher {
 impl TaskBatcher {
     pub fn new(tasks: Tasks, batching: TaskBatching) -> Arc<Self> {
         let linger = Duration::from_millis(batching.linger.max(0) as u64);
-        let group =
-            GroupCommit::with_linger(TaskCreates { tasks: tasks.clone(), batching }, batching.in_flight, linger);
-        Arc::new(Self { tasks, batching, group })
+        let creates = TaskCreates { tasks: tasks.clone(), batching };
+        let batcher = Batcher::new(creates, batching.max_events, batching.in_flight, linger);
+        Arc::new(Self { tasks, batching, batcher })
     }
 
     pub fn tasks(&self) -> &Tasks {
@@ -135,12 +135,8 @@ impl TaskBatcher {
     /// Creates a task that carries `task`'s event (rule id, key) to the dispatcher at its slot:
     /// its own, or a batch shared with the events of the same queue and bucket that wait with it.
     pub async fn create(&self, (rule, key): (&str, &str), task: EventTask) -> TaskResult {
-        let queue = self.tasks.queue_of(rule, key);
-        if self.batching.max_events <= 1 {
-            return self.tasks.create_on(queue, &task.name, task.slot, task.body).await.map_err(shared);
-        }
-        let lane = (queue, task.slot.div_euclid(self.batching.bucket));
+        let lane = (self.tasks.queue_of(rule, key), task.slot.div_euclid(self.batching.bucket));
         // `None` only if the runtime is shutting down: the push is answered 5xx and redelivered.
-        self.group.submit(lane, task).await.unwrap_or(Err(TaskError::Abandoned))
+        self.batcher.submit(lane, task).await.unwrap_or(Err(TaskError::Abandoned))
     }
 }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use drip_batch::{Flush, GroupCommit, up_to};
+use drip_batch::{Flush, GroupCommit, fan_out, up_to};
 use drip_core::time::Millis;
 
 use crate::args::EncodedEvent;
@@ -55,13 +55,7 @@ pub(crate) struct LaneKey {
 
 /// A call's answers, one per item; a failed call is every item's failure.
 fn each<T>(count: usize, call: Result<Vec<T>, StoreError>) -> Vec<Result<T, StoreError>> {
-    match call {
-        Ok(answers) => answers.into_iter().map(Ok).collect(),
-        Err(error) => {
-            let error = Arc::new(error);
-            (0..count).map(|_| Err(StoreError::Batch(error.clone()))).collect()
-        }
-    }
+    fan_out(count, call.map_err(Arc::new)).into_iter().map(|answer| answer.map_err(StoreError::Batch)).collect()
 }
 
 /// One `reserve.lua` call for a batch, on a store that does not batch itself.
