@@ -35,7 +35,7 @@
 -- holds: an entity's state and overrides (key -> {from, to, values}: the fields as this call left
 -- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
 -- still to make (key -> {fields, order, ttl}), made when the call ends.
-local reads, answers, writes = {}, {}, {}
+local reads, answers, writes
 -- An entity's overrides when it has none (never written to).
 local NO_OVERRIDES = {}
 
@@ -1126,38 +1126,44 @@ local function credit(now)
   end
 end
 
-local now = clock(int())
-for _ = 1, int() do
-  credit(now)
-end
-local count = int()
-if count == 1 then
-  -- An event alone shares nothing: no sharing tables, and its reply is the call's.
-  local decided = decide(read_event(), now)
-  flush_writes()
-  return decided
-end
-local events = {}
-for i = 1, count do
-  events[i] = read_event()
-end
-share(events)
-local replies = {}
-for i = 1, #events do
-  local decided = decide(events[i], now)
-  if decided.err then
-    -- What the events before it decided stands (their answers are filed): so does their state.
+-- One call: the leases' credits, then each event in order. Everything a call keeps starts afresh
+-- (scripts.rs may load this file once as a function library, whose top level runs only then).
+local function main()
+  arg_at = 0
+  reads, answers, writes = {}, {}, {}
+  local now = clock(int())
+  for _ = 1, int() do
+    credit(now)
+  end
+  local count = int()
+  if count == 1 then
+    -- An event alone shares nothing: no sharing tables, and its reply is the call's.
+    local decided = decide(read_event(), now)
     flush_writes()
     return decided
   end
-  local n = #replies
-  for j = 1, REPLY_LENGTH do
-    replies[n + j] = decided[j]
+  local events = {}
+  for i = 1, count do
+    events[i] = read_event()
   end
-  if decided[2] == STATUS.W then
-    -- The events after it wait for its lease: the caller sends them again with it.
-    break
+  share(events)
+  local replies = {}
+  for i = 1, #events do
+    local decided = decide(events[i], now)
+    if decided.err then
+      -- What the events before it decided stands (their answers are filed): so does their state.
+      flush_writes()
+      return decided
+    end
+    local n = #replies
+    for j = 1, REPLY_LENGTH do
+      replies[n + j] = decided[j]
+    end
+    if decided[2] == STATUS.W then
+      -- The events after it wait for its lease: the caller sends them again with it.
+      break
+    end
   end
+  flush_writes()
+  return replies
 end
-flush_writes()
-return replies

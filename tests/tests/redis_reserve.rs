@@ -624,7 +624,8 @@ fn script_commands(stats: &str) -> BTreeMap<String, u64> {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
             let calls = rest.split(',').next()?.parse().ok()?;
             let command = name.split('|').next().unwrap_or(name);
-            (!matches!(command, "evalsha" | "eval" | "config" | "info" | "script")).then(|| (name.to_owned(), calls))
+            (!matches!(command, "evalsha" | "eval" | "fcall" | "function" | "config" | "info" | "script"))
+                .then(|| (name.to_owned(), calls))
         })
         .collect()
 }
@@ -1398,4 +1399,25 @@ async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
     assert_eq!(reserve(&p0, "m2", T0 + 2 * SECOND).await, T0 + 2 * SECOND);
     let pool = store.pool_state(&budget, 0).await.unwrap();
     assert_eq!(pool.stranded.get(&SECOND), Some(&9), "{pool:?}");
+}
+
+/// reserve.lua runs as a function library (FCALL): a Redis that never held it, or lost it (a
+/// FUNCTION FLUSH, a new instance), gets it loaded by the first reservation that misses it, and the
+/// reservation goes on as if nothing happened.
+#[tokio::test]
+async fn a_redis_that_lost_the_library_loads_it_again() {
+    let server = RedisServer::start(&[]);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let store = RedisStore::new(connection.clone(), "drip");
+    let limits = [Limit::new(1, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let reserve = async |id: &str| {
+        let request = SlotRequest::new("r", "k", ReserveRequest::new(id, &limits, T0)).at(T0);
+        store.reserve(&request).await.unwrap().reservation.slot
+    };
+    assert_eq!(reserve("m1").await, T0, "loaded on a Redis that never held it");
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query_async(&mut connection).await.unwrap();
+    assert_eq!(libraries.len(), 1, "one library: {libraries:?}");
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut connection).await.unwrap();
+    assert_eq!(reserve("m2").await, T0 + SECOND, "loaded again, the entity's state intact");
 }

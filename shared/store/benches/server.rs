@@ -138,6 +138,26 @@ async fn load(connection: &mut MultiplexedConnection, script: &str) -> String {
     redis::cmd("SCRIPT").arg("LOAD").arg(script).query_async(connection).await.expect("SCRIPT LOAD")
 }
 
+/// Loads `reserve.lua`'s function library, as the store does on its first call.
+async fn load_reserve(connection: &mut MultiplexedConnection) {
+    let library = drip_store::reserve_library();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library)
+        .query_async(connection)
+        .await
+        .expect("FUNCTION LOAD");
+}
+
+/// Script calls since the last RESETSTAT: `FCALL`s of reserve.lua and `EVALSHA`s of the others
+/// (lease.lua, dispatch.lua), with their server µs.
+async fn script_calls(connection: &mut MultiplexedConnection) -> (u64, u64) {
+    let (functions, function_usec) = commandstat(connection, "fcall").await;
+    let (scripts, script_usec) = commandstat(connection, "evalsha").await;
+    (functions + scripts, function_usec + script_usec)
+}
+
 fn token_bucket_call(sha: &str, key: &str, now_seconds: i64) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha).arg(1).arg(key).arg(100).arg(100.0 / 60.0).arg(now_seconds).arg(1);
@@ -165,11 +185,11 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     })
     .await;
     rows.push(Row { name: "a classic Lua token bucket (HMGET, refill, HMSET, EXPIRE)".into(), usec, per_second });
-    load(connection, drip_store::reserve_script()).await;
+    load_reserve(connection).await;
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
         let rule = format!("bench{n}");
         let published = wall_clock_millis();
-        let (usec, per_second) = measure(connection, "evalsha", calls, |i| {
+        let (usec, per_second) = measure(connection, "fcall", calls, |i| {
             let (key, id) = (entity(format!("merchant_{}", i % ENTITIES), &budgets), format!("{i}"));
             store.reserve_call(&request(&rule, &key, &id, (&limits, &budgets), published)).cmd()
         })
@@ -180,7 +200,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
         let rule = format!("bench-batch{n}");
         let published = wall_clock_millis();
-        let (usec, per_second) = measure(connection, "evalsha", calls / BATCH, |i| {
+        let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
             let keys: Vec<String> =
                 (0..BATCH).map(|j| entity(format!("merchant_{}", (i * BATCH + j) % ENTITIES), &budgets)).collect();
             let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
@@ -202,7 +222,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate().take(4) {
         let rule = format!("bench-hot{n}");
         let published = wall_clock_millis();
-        let (usec, per_second) = measure(connection, "evalsha", calls / BATCH, |i| {
+        let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
             let key = format!("merchant_{}", i % ENTITIES);
             let ids: Vec<String> = (0..BATCH).map(|j| format!("hot-{}", i * BATCH + j)).collect();
             let requests: Vec<SlotRequest> =
@@ -252,7 +272,7 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
     let messages = scaled(100_000);
     let published = wall_clock_millis();
     let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");
-    load(connection, drip_store::reserve_script()).await;
+    load_reserve(connection).await;
     let before = used_memory(connection).await;
     let run = async |connection: &mut MultiplexedConnection, range: std::ops::Range<usize>| {
         for chunk in range.collect::<Vec<_>>().chunks(PIPELINE) {
@@ -323,7 +343,7 @@ async fn backlog(
 ) -> Vec<(usize, f64, f64)> {
     let limits = configurations().remove(0).1;
     let sha = load(connection, TOKEN_BUCKET).await;
-    load(connection, drip_store::reserve_script()).await;
+    load_reserve(connection).await;
     let probe = scaled(5_000);
     let mut rows = Vec::new();
     let mut depth_so_far = 0;
@@ -331,12 +351,12 @@ async fn backlog(
     for depth in [0, 1_000, 10_000, 100_000].map(scaled).map(|d| if d == 10 { 0 } else { d }) {
         let fill = depth - depth_so_far.min(depth);
         let (offset, now_s) = (depth_so_far, wall_clock_millis() / 1_000);
-        measure(connection, "evalsha", fill, |i| {
+        measure(connection, "fcall", fill, |i| {
             store.reserve_call(&request("hot", "hot", &format!("fill{}", offset + i), (&limits, &[]), published)).cmd()
         })
         .await;
         depth_so_far = depth;
-        let (drip, _) = measure(connection, "evalsha", probe, |i| {
+        let (drip, _) = measure(connection, "fcall", probe, |i| {
             store.reserve_call(&request("hot", "hot", &format!("probe{depth}-{i}"), (&limits, &[]), published)).cmd()
         })
         .await;
@@ -386,7 +406,7 @@ async fn full_calendar(
             filler.event.max_delay = 400 * 3_600 * SECOND;
             store.reserve(&filler).await.expect("reserve");
         }
-        let (usec, _) = measure(connection, "evalsha", probe, |i| {
+        let (usec, _) = measure(connection, "fcall", probe, |i| {
             let id = format!("new{i}");
             let mut call = request("calendar", &id, "m", (&limits, &budgets), start);
             call.event.max_delay = 400 * 3_600 * SECOND;
@@ -473,11 +493,11 @@ fn budgeted_events(clients: usize) -> usize {
     scaled(60_000) / clients * clients
 }
 
-/// Each node's `(EVALSHA calls, server µs)` since its last RESETSTAT, reset again.
-async fn evalsha_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)> {
+/// Each node's `(script calls, server µs)` since its last RESETSTAT, reset again.
+async fn script_calls_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)> {
     let mut stats = Vec::new();
     for node in nodes {
-        stats.push(commandstat(node, "evalsha").await);
+        stats.push(script_calls(node).await);
         let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(node).await.expect("RESETSTAT");
     }
     stats
@@ -553,7 +573,7 @@ async fn cluster_rows(
         let node = redis::Client::open(*url).expect("a node");
         nodes.push(node.get_multiplexed_async_connection().await.expect("a node"));
     }
-    evalsha_by_node(&mut nodes).await;
+    script_calls_by_node(&mut nodes).await;
     let one = store.clone().with_batching(Batching::new(max_batch, true));
     let clients = 256;
     let events = budgeted_events(clients) as f64;
@@ -565,7 +585,7 @@ async fn cluster_rows(
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
     let cpu_before = cpu_usec(connection).await;
     let base = budgeted_throughput(&one, &gateway(&format!("one-master-{max_batch}"), None), clients, false).await;
-    let (calls, _) = commandstat(connection, "evalsha").await;
+    let (calls, _) = script_calls(connection).await;
     let base_usec = (cpu_usec(connection).await - cpu_before) / events;
     println!(
         "| one master, the budget on one slot | {base:.0} | 1.00× | {base_usec:.2} | 1.00× | {:.3} | — |",
@@ -580,7 +600,7 @@ async fn cluster_rows(
         let budget = gateway(&format!("cluster-{}", name.replace([' ', ','], "-")), partitions);
         let before = cpu_by_node(&mut nodes).await;
         let rate = budgeted_throughput(&cluster, &budget, clients, skewed).await;
-        let stats = evalsha_by_node(&mut nodes).await;
+        let stats = script_calls_by_node(&mut nodes).await;
         let used: Vec<f64> = cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
         let busiest = used.iter().copied().fold(0.0, f64::max);
         let all: f64 = used.iter().sum();

@@ -316,11 +316,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         parse_replies(&self.run_reserve(call).await?)
     }
 
-    /// The script's reply, loading it first when Redis lost it.
+    /// The script's reply, loading its library first when Redis does not hold it.
     pub(crate) async fn run_reserve(&self, call: ReserveCall) -> Result<Vec<i64>, StoreError> {
         Ok(match call.cmd().query_async(&mut self.connection()).await {
-            Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let _: String = RESERVE.prepare_invoke().load_async(&mut self.connection()).await?;
+            // A Redis that never saw this version's library, or lost it (a new instance, a
+            // FUNCTION FLUSH): load it (on every master of a Cluster) and call again.
+            Err(error) if is_function_missing(&error) => {
+                let _: String = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&RESERVE.source)
+                    .query_async(&mut self.connection())
+                    .await?;
                 call.cmd().query_async(&mut self.connection()).await?
             }
             reply => reply?,
@@ -351,15 +358,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     }
 }
 
-/// One `EVALSHA reserve.lua` with its keys and arguments, for one request or a batch of them.
+/// Redis's answer to an `FCALL` of a function no library it holds defines.
+fn is_function_missing(error: &redis::RedisError) -> bool {
+    error.to_string().contains("Function not found")
+}
+
+/// One `FCALL` of `reserve.lua` with its keys and arguments, for one request or a batch of them.
 #[derive(Debug, Clone)]
 pub struct ReserveCall(pub(crate) ReserveArgs);
 
 impl ReserveCall {
-    /// The command (EVALSHA: the script must have been loaded; `SCRIPT LOAD` it with [`reserve_script`]).
+    /// The command (FCALL: the library must have been loaded; `FUNCTION LOAD` [`reserve_library`]).
     pub fn cmd(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(RESERVE.get_hash()).arg(self.0.keys.len());
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&RESERVE.name).arg(self.0.keys.len());
         for key in &self.0.keys {
             cmd.arg(key);
         }
@@ -377,7 +389,12 @@ impl ReserveCall {
     }
 }
 
-/// The source of `reserve.lua` as it runs (after the prelude), for `SCRIPT LOAD`.
+/// `reserve.lua` as the function library it runs as, for `FUNCTION LOAD`.
+pub fn reserve_library() -> &'static str {
+    &RESERVE.source
+}
+
+/// The source of `reserve.lua` as the library holds it (after the shared numbers and the prelude).
 pub fn reserve_script() -> &'static str {
     &RESERVE_SOURCE
 }
