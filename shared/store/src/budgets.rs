@@ -105,7 +105,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// budget.lua on the calendar hash `hash` (a budget's or a key's classes'), at the store's clock.
     async fn hash_invocation<T: redis::FromRedisValue>(&self, hash: String, args: &[String]) -> Result<T, StoreError> {
-        let mut invocation = BUDGET.prepare_invoke();
+        let mut invocation = BUDGET.call();
         let now = self.clock().now().map(|n| n.to_string()).unwrap_or_default();
         invocation.key(hash).arg(now).arg(STATE_MARGIN);
         for arg in args {

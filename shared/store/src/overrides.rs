@@ -277,7 +277,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         operation: [&str; 4],
     ) -> Result<Vec<i64>, StoreError> {
         let keys = self.override_keys(rule, key);
-        let mut invocation = OVERRIDE.prepare_invoke();
+        let mut invocation = OVERRIDE.call();
         let now = self.clock().now().map(|n| n.to_string()).unwrap_or_default();
         invocation.key(&keys.state).key(&keys.legacy_overrides).arg(now);
         for arg in operation {

@@ -65,7 +65,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let keys = self.keys(request);
-            let mut invocation = RELEASE.prepare_invoke();
+            let mut invocation = RELEASE.call();
             invocation.key(&keys.answers).arg(keys.answer_field.as_slice());
             let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
             Ok(())

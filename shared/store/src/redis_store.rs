@@ -186,7 +186,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// Several marker operations in one `dispatch.lua` call (every key in one hash slot, on a Cluster).
     pub(crate) async fn dispatch_ops(&self, ops: &[DispatchOp]) -> Result<Vec<String>, StoreError> {
-        let mut invocation = DISPATCH.prepare_invoke();
+        let mut invocation = DISPATCH.call();
         invocation.arg(ops.len());
         for op in ops {
             invocation.key(&op.marker).key(&op.payload).arg(op.op).arg(op.ttl);
@@ -298,7 +298,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         now: Option<Millis>,
         (count, cost, want): (u64, u64, u64),
     ) -> Result<drip_core::schedule::Lease, StoreError> {
-        let mut invocation = LEASE.prepare_invoke();
+        let mut invocation = LEASE.call();
         invocation.key(&target.home).arg(now.map(|n| n.to_string()).unwrap_or_default());
         invocation.arg(target.partition).arg(target.partitions).arg(per).arg(from).arg(horizon);
         invocation.arg(count).arg(cost).arg(want).arg(per + STATE_MARGIN);
@@ -318,20 +318,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// The script's reply, loading its library first when Redis does not hold it.
     pub(crate) async fn run_reserve(&self, call: ReserveCall) -> Result<Vec<i64>, StoreError> {
-        Ok(match call.cmd().query_async(&mut self.connection()).await {
-            // A Redis that never saw this version's library, or lost it (a new instance, a
-            // FUNCTION FLUSH): load it (on every master of a Cluster) and call again.
-            Err(error) if is_function_missing(&error) => {
-                let _: String = redis::cmd("FUNCTION")
-                    .arg("LOAD")
-                    .arg("REPLACE")
-                    .arg(&RESERVE.source)
-                    .query_async(&mut self.connection())
-                    .await?;
-                call.cmd().query_async(&mut self.connection()).await?
-            }
-            reply => reply?,
-        })
+        Ok(RESERVE.run(&call.cmd(), &mut self.connection()).await?)
     }
 }
 
@@ -356,11 +343,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         let groups = (batching.max_batch > 1).then(|| crate::group_commit::groups(unbatched.clone(), batching));
         Self { groups, ..unbatched }
     }
-}
-
-/// Redis's answer to an `FCALL` of a function no library it holds defines.
-fn is_function_missing(error: &redis::RedisError) -> bool {
-    error.to_string().contains("Function not found")
 }
 
 /// One `FCALL` of `reserve.lua` with its keys and arguments, for one request or a batch of them.

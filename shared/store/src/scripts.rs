@@ -1,10 +1,12 @@
-//! Every Lua script drip-store runs, each built with `lua/prelude.lua` (the argument cursor, the
-//! clock, the answer codec and the adaptive arithmetic they share) prepended, and before it the
-//! numbers the scripts share with Rust, written from the Rust constants (never copied by hand).
+//! Every Lua script drip-store runs, each a Redis function library (`Library`) built with
+//! `lua/prelude.lua` (the argument cursor, the clock, the answer codec and the adaptive arithmetic
+//! they share) prepended, and before it the numbers the scripts share with Rust, written from the
+//! Rust constants (never copied by hand).
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{FromRedisValue, ToRedisArgs};
 
 use crate::args::{EVENT_RECORD, LIMIT_RECORD};
 
@@ -34,8 +36,7 @@ fn shared_numbers_line() -> String {
     format!("local {} = {}", names.join(", "), values.join(", "))
 }
 
-/// A script's source with the shared numbers and the prelude before it (SCRIPT LOAD this; its SHA
-/// is the script's).
+/// A script's source with the shared numbers and the prelude before it.
 fn with_prelude(script: &str) -> String {
     format!("{}\n{PRELUDE}\n{script}", shared_numbers_line())
 }
@@ -43,11 +44,12 @@ fn with_prelude(script: &str) -> String {
 pub(crate) static RESERVE_SOURCE: LazyLock<String> =
     LazyLock::new(|| with_prelude(&with_record_places(include_str!("../../../lua/reserve.lua"))));
 
-/// `reserve.lua` as a Redis function library (`FUNCTION LOAD`, then `FCALL`): its top level (the
-/// prelude, ~60 functions, the constant tables) runs once when the library loads instead of on every
-/// call, which an `EVALSHA` of the same source pays each time (~3.5 µs of closures a call, measured
-/// with 60 empty functions). Named after its source's hash, so instances of two versions during a
-/// rolling deploy each call their own.
+/// A script of drip-store as a Redis function library (`FUNCTION LOAD` once, then `FCALL`): its
+/// top level (the shared numbers, the prelude's functions, a script's own) runs once when the
+/// library loads, where an `EVALSHA` of the same source makes every function again on each call
+/// (for reserve.lua's ~60, more than its Redis calls cost: docs/capacity.md). Its one function,
+/// `main`, is one call's work. Named after its source's hash, so instances of two versions during
+/// a rolling deploy each call their own.
 #[derive(Debug)]
 pub(crate) struct Library {
     /// The library's one function, and the library itself.
@@ -56,19 +58,85 @@ pub(crate) struct Library {
     pub source: String,
 }
 
-pub(crate) static RESERVE: LazyLock<Library> = LazyLock::new(|| {
-    use sha2::{Digest, Sha256};
-    let hash: String = Sha256::digest(RESERVE_SOURCE.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let name = format!("drip_reserve_{hash}");
-    // The script reads KEYS and ARGV (globals under EVAL); a function is given them: locals that
-    // every function of the library sees, set at each call.
-    let source = format!(
-        "#!lua name={name}\nlocal KEYS, ARGV\n{}\nredis.register_function('{name}', function(keys, args)\n  \
-         KEYS, ARGV = keys, args\n  return main()\nend)\n",
-        *RESERVE_SOURCE
-    );
-    Library { name, source }
-});
+impl Library {
+    /// `body` defines `main` (reserve.lua does; `of_script` makes one around a script).
+    fn new(kind: &str, body: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let hash: String = Sha256::digest(body.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect();
+        let name = format!("drip_{kind}_{hash}");
+        // Under EVAL the scripts read KEYS and ARGV as globals; a function is given them: locals
+        // every function of the library sees, set at each call, with the prelude's cursor.
+        let source = format!(
+            "#!lua name={name}\nlocal KEYS, ARGV\n{body}\nredis.register_function('{name}', function(keys, args)\n  \
+             KEYS, ARGV, arg_at = keys, args, 0\n  return main()\nend)\n"
+        );
+        Library { name, source }
+    }
+
+    /// A script whose whole text is one call's work, after `shared` (the prelude and helpers).
+    fn of_script(kind: &str, shared: &str, script: &str) -> Self {
+        Self::new(kind, &format!("{shared}\nlocal function main()\n{script}\nend"))
+    }
+
+    /// An `FCALL` of it: its keys, then its arguments.
+    pub fn call(&self) -> FunctionCall<'_> {
+        FunctionCall { library: self, keys: Vec::new(), args: Vec::new() }
+    }
+
+    /// Loads it (on every master of a Cluster); loading it again changes nothing.
+    pub async fn load<C: ConnectionLike>(&self, connection: &mut C) -> redis::RedisResult<()> {
+        let _: String =
+            redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&self.source).query_async(connection).await?;
+        Ok(())
+    }
+
+    /// Sends `command` (an `FCALL` of this library), loading the library first when Redis does not
+    /// hold it (a new instance, a `FUNCTION FLUSH`).
+    pub async fn run<C: ConnectionLike, T: FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+        connection: &mut C,
+    ) -> redis::RedisResult<T> {
+        match command.query_async(connection).await {
+            Err(error) if error.to_string().contains("Function not found") => {
+                self.load(connection).await?;
+                command.query_async(connection).await
+            }
+            reply => reply,
+        }
+    }
+}
+
+/// One `FCALL` being built ([`Library::call`]).
+#[derive(Debug)]
+pub(crate) struct FunctionCall<'a> {
+    library: &'a Library,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl FunctionCall<'_> {
+    pub fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    pub async fn invoke_async<C: ConnectionLike, T: FromRedisValue>(
+        &self,
+        connection: &mut C,
+    ) -> redis::RedisResult<T> {
+        let mut command = redis::cmd("FCALL");
+        command.arg(&self.library.name).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        self.library.run(&command, connection).await
+    }
+}
+
+pub(crate) static RESERVE: LazyLock<Library> = LazyLock::new(|| Library::new("reserve", &RESERVE_SOURCE));
 
 /// The script with each record place it names (`EVENT_COST`: the place of args.rs's `event.cost`
 /// in the event's record; `EVENT_RECORD`: the record's length) written as its number. Numbers, not
@@ -85,20 +153,20 @@ fn with_record_places(script: &str) -> String {
     places.into_iter().fold(script.to_owned(), |text, (name, place)| text.replace(&name, &place.to_string()))
 }
 
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/release.lua"))));
-pub(crate) static DISPATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/dispatch.lua"))));
-pub(crate) static LEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_prelude(include_str!("../../../lua/lease.lua"))));
-pub(crate) static BUDGET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_latency(include_str!("../../../lua/budget.lua"))));
-pub(crate) static OVERRIDE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&with_latency(include_str!("../../../lua/override.lua"))));
+pub(crate) static RELEASE: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("release", &with_prelude(""), include_str!("../../../lua/release.lua")));
+pub(crate) static DISPATCH: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("dispatch", &with_prelude(""), include_str!("../../../lua/dispatch.lua")));
+pub(crate) static LEASE: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("lease", &with_prelude(""), include_str!("../../../lua/lease.lua")));
+pub(crate) static BUDGET: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("budget", &with_latency(), include_str!("../../../lua/budget.lua")));
+pub(crate) static OVERRIDE: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("override", &with_latency(), include_str!("../../../lua/override.lua")));
 
-/// A script that takes latency reports: the prelude, then `lua/latency.lua`, then it.
-fn with_latency(script: &str) -> String {
-    with_prelude(&format!("{}\n{script}", include_str!("../../../lua/latency.lua")))
+/// What the scripts that take latency reports share: the prelude, then `lua/latency.lua`.
+fn with_latency() -> String {
+    with_prelude(include_str!("../../../lua/latency.lua"))
 }
 
 #[cfg(test)]
