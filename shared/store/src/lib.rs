@@ -29,7 +29,6 @@ pub use memory::MemoryStore;
 pub use overrides::{AuditEntry, Author, CostChange, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
 pub use redis_store::{
     DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, parse_reply, reserve_library,
-    reserve_script,
 };
 pub use request::{Clock, Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{Resumed, resume};

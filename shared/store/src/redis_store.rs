@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
 use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
-use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE, RESERVE_SOURCE};
+use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE};
 use crate::{Clock, EntityKeys, Reserved, SlotRequest, StoreError};
 
 /// The one answer of a call that carried one item.
@@ -374,11 +374,6 @@ impl ReserveCall {
 /// `reserve.lua` as the function library it runs as, for `FUNCTION LOAD`.
 pub fn reserve_library() -> &'static str {
     &RESERVE.source
-}
-
-/// The source of `reserve.lua` as the library holds it (after the shared numbers and the prelude).
-pub fn reserve_script() -> &'static str {
-    &RESERVE_SOURCE
 }
 
 /// The status of an event that stopped its call to ask for a lease (reserve.lua's `STATUS.W`).
