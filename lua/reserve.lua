@@ -1127,9 +1127,9 @@ local function credit(now)
 end
 
 -- One call: the leases' credits, then each event in order. Everything a call keeps starts afresh
--- (scripts.rs may load this file once as a function library, whose top level runs only then).
+-- (this file runs as a function library, whose top level runs once; scripts.rs's wrapper resets
+-- the argument cursor).
 local function main()
-  arg_at = 0
   reads, answers, writes = {}, {}, {}
   local now = clock(int())
   for _ = 1, int() do

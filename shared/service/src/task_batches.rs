@@ -90,7 +90,7 @@ impl Flush for TaskCreates {
         match self.tasks.create_on(queue, &name, first, body).await {
             Ok(created) => {
                 tracing::debug!(task = name, events = batch.len(), "batch task created");
-                fan_out(batch.len(), Ok(vec![created; batch.len()]))
+                vec![Ok(created); batch.len()]
             }
             // Refused for what it is (its size, its name): each event alone, so that only an event
             // that cannot have a task is refused one.

@@ -28,7 +28,17 @@ pub enum Calendar<'a> {
     },
 }
 
-impl Calendar<'_> {
+impl<'a> Calendar<'a> {
+    /// The calendar of `key`'s classes, when `rule` has classes and `key` is one of their entities
+    /// (`<key>#<class>`): what a pause, a signal or a latency report of it goes to.
+    pub(crate) fn of_classes(rule: &'a Rule, key: &'a str) -> Option<Self> {
+        crate::inspect::class_calendar(rule, key).map(|(calendar, scope)| Calendar::Classes {
+            rule: RuleRef::of(rule),
+            key: scope,
+            calendar,
+        })
+    }
+
     /// The limits and adaptive limit it counts.
     fn budget(&self) -> &Budget {
         match *self {
@@ -106,8 +116,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// budget.lua on the calendar hash `hash` (a budget's or a key's classes'), at the store's clock.
     async fn hash_invocation<T: redis::FromRedisValue>(&self, hash: String, args: &[String]) -> Result<T, StoreError> {
         let mut invocation = BUDGET.call();
-        let now = self.clock().now().map(|n| n.to_string()).unwrap_or_default();
-        invocation.key(hash).arg(now).arg(STATE_MARGIN);
+        invocation.key(hash).arg(self.clock_arg()).arg(STATE_MARGIN);
         for arg in args {
             invocation.arg(arg);
         }

@@ -133,12 +133,13 @@ impl Store for MemoryStore {
 
     fn inspect<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, EntityReport> {
         let state = self.entity_state(&rule.id, key).unwrap_or_default();
-        let calendar = class_calendar(rule, key).map(|(calendar, scope)| {
+        let classes = class_calendar(rule, key);
+        let calendar = classes.map(|(calendar, scope)| {
             (calendar.clone(), self.budget_state(&calendar.state_name(Some(scope))).unwrap_or_default())
         });
         let shared = rule.budgets.iter().map(|b| (b.clone(), self.budget_state(&b.name).unwrap_or_default()));
         let budgets: Vec<_> = calendar.into_iter().chain(shared).collect();
-        let scope = class_calendar(rule, key).map_or(key, |(_, scope)| scope);
+        let scope = classes.map_or(key, |(_, scope)| scope);
         let pools: Vec<_> = budgets
             .iter()
             .map(|(b, _)| {

@@ -278,8 +278,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     ) -> Result<Vec<i64>, StoreError> {
         let keys = self.override_keys(rule, key);
         let mut invocation = OVERRIDE.call();
-        let now = self.clock().now().map(|n| n.to_string()).unwrap_or_default();
-        invocation.key(&keys.state).key(&keys.legacy_overrides).arg(now);
+        invocation.key(&keys.state).key(&keys.legacy_overrides).arg(self.clock_arg());
         for arg in operation {
             invocation.arg(arg);
         }

@@ -12,7 +12,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
-use crate::inspect::{EntityReport, class_calendar};
+use crate::inspect::EntityReport;
 use crate::keys::{DISPATCHED_MEMORY, field, payload_key};
 use crate::overrides::Author;
 use crate::redis_store::{ReserveCall, only_answer};
@@ -129,11 +129,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     /// A later pause already set is kept.
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            match class_calendar(rule, key) {
-                Some((calendar, scope)) => {
-                    let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
-                    self.pause_calendar(classes, until).await
-                }
+            match Calendar::of_classes(rule, key) {
+                Some(classes) => self.pause_calendar(classes, until).await,
                 None => {
                     let until = until.to_string();
                     self.run_override(RuleRef::of(rule), key, ["pause", "", "", &until]).await.map(drop)
@@ -148,8 +145,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn resume<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(async move {
-            if let Some((calendar, scope)) = class_calendar(rule, key) {
-                return self.resume_calendar(Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar }).await;
+            if let Some(classes) = Calendar::of_classes(rule, key) {
+                return self.resume_calendar(classes).await;
             }
             let ended = self.run_override(RuleRef::of(rule), key, ["resume", "", "", ""]).await?;
             Ok(ended.first().copied())
@@ -162,8 +159,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn signal<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<u64>> {
         Box::pin(async move {
-            if let Some((calendar, scope)) = class_calendar(rule, key) {
-                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+            if let Some(classes) = Calendar::of_classes(rule, key) {
                 return self.signal_calendar(classes).await;
             }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
@@ -182,8 +178,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         report: LatencyReport,
     ) -> StoreFuture<'a, Option<LatencyChange>> {
         Box::pin(async move {
-            if let Some((calendar, scope)) = class_calendar(rule, key) {
-                let classes = Calendar::Classes { rule: RuleRef::of(rule), key: scope, calendar };
+            if let Some(classes) = Calendar::of_classes(rule, key) {
                 return self.report_calendar_latency(classes, report).await;
             }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };

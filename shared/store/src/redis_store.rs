@@ -157,6 +157,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         self.connection.clone()
     }
 
+    /// The store's clock as a script's `now` argument: the time set, or '' (the script reads `TIME`).
+    pub(crate) fn clock_arg(&self) -> String {
+        self.clock.now().map(|now| now.to_string()).unwrap_or_default()
+    }
+
     /// The store's clock: the manual time, or Redis `TIME`.
     pub(crate) async fn store_now(&self) -> Result<Millis, StoreError> {
         if let Some(now) = self.clock.now() {
