@@ -31,7 +31,10 @@ if not lo or lo < current then
   redis.call('HSET', key, 'lo:' .. per, current)
 end
 
-local window = from
+-- The home's clock decides what has passed: a window before now's was dropped above with what it
+-- leased, so a partition whose own call saw an earlier now (its reply travelled, time moved on)
+-- is never leased it afresh. (The model has one clock: there `from` is never before now's window.)
+local window = math.max(from, current)
 while window <= horizon do
   local name = per .. ':' .. window
   local total = tonumber(redis.call('HGET', key, name)) or 0
