@@ -2,7 +2,8 @@
 -- the first window from `from` up to `horizon` whose leases leave room for `cost` of `count` is
 -- leased to the partition, up to `want` units, never past `count`. The home is the budget's hash
 -- (drip:{b:<tag>}:budget:<name>): '<per>:<window>' what it leased of that window in all,
--- '<per>:<window>:p<partition>' what it leased the partition, 'lo:<per>' its oldest window.
+-- '<per>:<window>:p<partition>' what it leased the partition, '<per>:<window>:p<partition>:r' what
+-- the partition gave back of it (lua/returns.lua), 'lo:<per>' its oldest window.
 --
 -- KEYS[1]  the home's hash
 -- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
@@ -24,6 +25,7 @@ if lo and lo < current then
   drop_windows(key, per, lo, current, function(name, dead)
     for p = 0, partitions - 1 do
       dead[#dead + 1] = name .. ':p' .. p
+      dead[#dead + 1] = name .. ':p' .. p .. ':r'
     end
   end)
 end

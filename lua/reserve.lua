@@ -417,6 +417,35 @@ local function lower_booked(key, per, window)
   end
 end
 
+-- A pool gives up to `units` of a window's lease back (schedule.rs's give_back_lease): what its
+-- lease holds beyond what it booked, at most; 'R' lists the windows with returns, which the store
+-- sends the home after the call (RedisStore::send_returns, lua/returns.lua).
+local function give_back_lease(key, per, window, units, now)
+  local name = per .. ':' .. window
+  local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r', 'R')
+  local spare = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0) - (tonumber(held[1]) or 0)
+  units = math.min(units, spare)
+  if units <= 0 then
+    return
+  end
+  redis.call('HINCRBY', key, name .. ':r', units)
+  -- The list keeps the windows that have not closed.
+  local listed, kept = false, {}
+  for entry in string.gmatch(held[4] or '', '[^,]+') do
+    local p, w = string.match(entry, '^(%d+):(%-?%d+)$')
+    if entry == name then
+      listed = true
+    end
+    if tonumber(w) + tonumber(p) > now then
+      kept[#kept + 1] = entry
+    end
+  end
+  if not listed then
+    kept[#kept + 1] = name
+  end
+  redis.call('HSET', key, 'R', table.concat(kept, ','))
+end
+
 local function shift_budgets(e, slot, now, delta)
   for j = 1, #e.budgets do
     local budget = e.budgets[j]
@@ -426,9 +455,9 @@ local function shift_budgets(e, slot, now, delta)
       local window = slot - slot % per
       if window + per > now and not (delta < 0 and l.spread) then
         local name = per .. ':' .. window
-        local used = tonumber(redis.call('HGET', budget.hash, name))
-        if used then
-          used = math.max(used + delta, 0)
+        local before = tonumber(redis.call('HGET', budget.hash, name))
+        if before then
+          local used = math.max(before + delta, 0)
           redis.call('HSET', budget.hash, name, used)
           if budget.own_floor then
             local part = name .. ':f:' .. budget.floors[budget.own_floor].rule
@@ -442,6 +471,7 @@ local function shift_budgets(e, slot, now, delta)
           if delta < 0 and budget.leased then
             lower_booked(budget.hash, per, window)
             l.booked = false
+            give_back_lease(budget.hash, per, window, before - used, now)
           end
           local run = l.run
           if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
@@ -640,9 +670,10 @@ local function pool_use(budget, l, window)
     return used, l.leased[window]
   end
   local name = l.per .. ':' .. window
-  local held = redis.call('HMGET', budget.hash, name, name .. ':l')
+  local held = redis.call('HMGET', budget.hash, name, name .. ':l', name .. ':r')
   used = tonumber(held[1]) or 0
-  local leased = tonumber(held[2]) or 0
+  -- What it gave back of the lease is no longer its to book (`give_back_lease`).
+  local leased = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
   l.used[window], l.leased[window] = used, leased
   return used, leased
 end
@@ -932,9 +963,11 @@ local function commit_budgets(e, slot, now)
           end
           if budget.leased then
             -- What the partition was leased of a passed window and did not book: stranded.
-            local held = redis.call('HMGET', key, name, name .. ':l')
-            stranded = stranded + math.max((tonumber(held[2]) or 0) - (tonumber(held[1]) or 0), 0)
+            local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r')
+            local holds = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
+            stranded = stranded + math.max(holds - (tonumber(held[1]) or 0), 0)
             dead[#dead + 1] = name .. ':l'
+            dead[#dead + 1] = name .. ':r'
           end
         end)
         if stranded > 0 then

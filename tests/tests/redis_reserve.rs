@@ -292,6 +292,12 @@ fn differential_in_batches(
                 .into_iter()
                 .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
                 .collect(),
+            returned: state.returned.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+            taken_back: state
+                .taken_back
+                .into_iter()
+                .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
+                .collect(),
             ..state
         };
         for budget in &scenario.shared.budgets {
@@ -1356,12 +1362,17 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
 struct LeasedUnits {
     grants: AtomicU64,
     units: AtomicU64,
+    returned: AtomicU64,
 }
 
 impl drip_store::LeaseObserver for LeasedUnits {
     fn leased(&self, _: &str, units: u64) {
         self.grants.fetch_add(1, Ordering::Relaxed);
         self.units.fetch_add(units, Ordering::Relaxed);
+    }
+
+    fn returned(&self, _: &str, units: u64) {
+        self.returned.fetch_add(units, Ordering::Relaxed);
     }
 }
 

@@ -301,8 +301,14 @@ pub struct BudgetState {
     /// `full_through`); the pool asks again only past it.
     pub known_full: BTreeMap<Millis, Millis>,
     /// A leased budget's home: by (per, window start, partition), the units leased to that
-    /// partition (`windows` then holds what the home leased in all).
+    /// partition (`windows` then holds what the home leased in all, less what came back).
     pub granted: BTreeMap<(Millis, Millis, u32), u64>,
+    /// A pool: by (per, window start), the units of its lease it gave back to its home (events
+    /// that left a window that had not closed), in all: what it may book is `leased − returned`.
+    /// Totals, so that telling the home twice, or out of order, changes nothing.
+    pub returned: BTreeMap<(Millis, Millis), u64>,
+    /// A home: by (per, window start, partition), the units that partition gave back, in all.
+    pub taken_back: BTreeMap<(Millis, Millis, u32), u64>,
     /// A pool in Redis: by per, the units of passed windows it was leased and did not book,
     /// counted as it drops them (the model keeps every window: what it stranded is read off them).
     pub stranded: BTreeMap<Millis, u64>,
@@ -355,6 +361,37 @@ impl BudgetState {
         }
         let full = self.known_full.entry(per).or_insert(lease.full_through);
         *full = (*full).max(lease.full_through);
+    }
+
+    /// What a pool may book of a window: its lease less what it gave back.
+    pub fn pool_holds(&self, per: Millis, window: Millis) -> u64 {
+        let leased = self.leased.get(&(per, window)).copied().unwrap_or(0);
+        leased.saturating_sub(self.returned.get(&(per, window)).copied().unwrap_or(0))
+    }
+
+    /// A pool gives back up to `units` of a window it no longer needs (events left it): what its
+    /// lease holds beyond what it booked, at most. Returns its total given back of the window, for
+    /// its home ([`BudgetState::take_back`]), when it gave any.
+    pub fn give_back_lease(&mut self, per: Millis, window: Millis, units: u64) -> Option<u64> {
+        let booked = self.windows.get(&(per, window)).copied().unwrap_or(0);
+        let units = units.min(self.pool_holds(per, window).saturating_sub(booked));
+        (units > 0).then(|| {
+            let total = self.returned.entry((per, window)).or_default();
+            *total += units;
+            *total
+        })
+    }
+
+    /// The home takes back what `partition` gave back of a window (`lua/returns.lua`): `total` is
+    /// the partition's whole return of it, so only what is new comes off the window's leases.
+    /// Returns the units taken back now.
+    pub fn take_back(&mut self, partition: u32, (per, window): (Millis, Millis), total: u64) -> u64 {
+        let Some(leased) = self.windows.get_mut(&(per, window)) else { return 0 };
+        let taken = self.taken_back.entry((per, window, partition)).or_default();
+        let new = total.saturating_sub(*taken).min(*leased);
+        *taken = (*taken).max(total);
+        *leased -= new;
+        new
     }
 }
 
@@ -644,6 +681,7 @@ impl Scheduler {
                     let current = request.now.div_euclid(per) * per - per;
                     state.windows.retain(|&(p, w), _| p != per || w >= current);
                     state.leased.retain(|&(p, w), _| p != per || w >= current);
+                    state.returned.retain(|&(p, w), _| p != per || w >= current);
                 }
                 *state.windows.entry((per, window)).or_default() += request.cost;
                 if budget.floors.iter().any(|(floor, _)| floor == member) {
@@ -798,7 +836,7 @@ fn shift_budget_windows(
     (now, slot): (Millis, Millis),
     delta: i64,
 ) {
-    for BudgetLimit { limit, member, state, .. } in shared {
+    for BudgetLimit { budget, limit, member, state, partition, .. } in shared {
         let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
         let spread = limit.window() != Window::Fixed(Placement::Start);
         if window + per <= now || (delta < 0 && spread) {
@@ -806,6 +844,7 @@ fn shift_budget_windows(
         }
         let Some(held) = budgets.get_mut(state) else { continue };
         let Some(used) = held.windows.get_mut(&(per, window)) else { continue };
+        let before = *used;
         *used = used.saturating_add_signed(delta);
         let least = *used;
         if let Some(part) = held.floor_used.get_mut(&(per, window, member.to_string())) {
@@ -815,6 +854,13 @@ fn shift_budget_windows(
             && let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window))
         {
             run.least = run.least.min(least);
+        }
+        // A pool gives what left its window back to its home (the store sends it after the call:
+        // `RedisStore::send_returns`), so that other partitions can lease it.
+        if let Some(partition) = partition.filter(|_| delta < 0)
+            && let Some(total) = held.give_back_lease(per, window, before - least)
+        {
+            budgets.entry(budget.name.clone()).or_default().take_back(partition, (per, window), total);
         }
     }
 }
@@ -948,7 +994,7 @@ fn pool_accepts(
             return Ok(t.max(window));
         }
         let used = held.and_then(|s| s.windows.get(&(per, window)).copied()).unwrap_or(0);
-        let leased = held.and_then(|s| s.leased.get(&(per, window)).copied()).unwrap_or(0);
+        let leased = held.map_or(0, |s| s.pool_holds(per, window));
         if used + cost <= leased {
             return Ok(t.max(window));
         }
@@ -984,7 +1030,7 @@ fn lease(
 /// holds when that runs out) strands more of each window: measured in docs/capacity.md.
 fn pool_demand(pool: Option<&BudgetState>, per: Millis, window: Millis) -> u64 {
     let before = pool.and_then(|p| p.windows.get(&(per, window - per)).copied()).unwrap_or(0);
-    let held = pool.and_then(|p| p.leased.get(&(per, window)).copied()).unwrap_or(0);
+    let held = pool.map_or(0, |p| p.pool_holds(per, window));
     before.saturating_sub(held)
 }
 
@@ -1484,6 +1530,43 @@ mod budget_tests {
         // A pause of a leased budget is its home's: both partitions wait.
         s.pause_budget("gateway", 5 * SECOND);
         assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);
+    }
+
+    /// A partition that leased a whole window gives what left it back to the home (an event
+    /// reslotted, its old slot given back), and the other partition leases it: without the return
+    /// it would find the window leased out and take the next.
+    #[test]
+    fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
+        let leases = crate::budgets::Leases { partitions: 2, chunk: crate::budgets::PPM };
+        let budgets = [Arc::new(Budget { leases: Some(leases), ..(*budget(10, Placement::Start, None)).clone() })];
+        let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+        let (p0, p1) = (in_partition(0), in_partition(1));
+        let mut s = Scheduler::new();
+        let slots: Vec<Millis> = (0..4).map(|i| reserve(&mut s, &p0, &format!("m{i}"), 0, &budgets).slot).collect();
+        assert_eq!(slots, [0; 4]);
+        assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 0)), Some(&10), "the whole window");
+        // Two of p0's events leave window 0 (their task found a pause, say): their units go back.
+        for (id, now) in [("m1", 100), ("m2", 150)] {
+            let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let request = ReserveRequest { max_delay: 10 * SECOND, budgets: &budgets, ..request(id, &limits, now) };
+            s.reslot("r", &p0, &request, OldSlot::GivenBack);
+        }
+        let pool = s.budget_state(&budgets[0].pool_name(0)).unwrap();
+        assert_eq!(pool.returned.get(&(SECOND, 0)), Some(&2), "{pool:?}");
+        assert_eq!(pool.pool_holds(SECOND, 0), 8);
+        let home = s.budget_state("gateway").unwrap();
+        assert_eq!(home.windows.get(&(SECOND, 0)), Some(&8), "the home leased 10 and took 2 back");
+        assert_eq!(home.taken_back.get(&(SECOND, 0, 0)), Some(&2));
+        // What they gave back went home; their new slots are in what p0 still held, at now.
+        assert_eq!(pool.windows.get(&(SECOND, 0)), Some(&4), "m0, m3 and the two reslotted");
+        // p1 leases the 2 that came back in window 0.
+        assert_eq!(reserve(&mut s, &p1, "n0", 200, &budgets).slot, 200);
+        assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 1)), Some(&1), "half of 2, at least 1");
+        // A return told twice takes nothing more back.
+        let mut home = s.budget_state("gateway").unwrap().clone();
+        let before = home.windows.get(&(SECOND, 0)).copied();
+        assert_eq!(home.take_back(0, (SECOND, 0), 2), 0);
+        assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
     }
 
     fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {

@@ -65,6 +65,7 @@ pub struct Metrics {
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     budget_leases: Family<LeaseLabels, prometheus_client::metrics::counter::Counter>,
     budget_leased_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    budget_returned_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     cost_corrections: Family<CorrectionLabels, prometheus_client::metrics::counter::Counter>,
     latency_percentile: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     latency_reports: Family<LatencyLabels, prometheus_client::metrics::counter::Counter>,
@@ -149,6 +150,12 @@ impl Default for Metrics {
             "Units a leased budget's home leased to partitions, by budget (against what was reserved: what was stranded)",
             budget_leased_units.clone(),
         );
+        let budget_returned_units = Family::<TargetLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "budget_returned_units",
+            "Units partitions gave back to a leased budget's home (events that left a window their pool leased), by budget",
+            budget_returned_units.clone(),
+        );
         let cost_corrections = Family::<CorrectionLabels, prometheus_client::metrics::counter::Counter>::default();
         registry.register(
             "cost_corrections",
@@ -204,6 +211,7 @@ impl Default for Metrics {
             pauses_capped,
             budget_leases,
             budget_leased_units,
+            budget_returned_units,
             cost_corrections,
             latency_percentile,
             latency_reports,
@@ -264,6 +272,12 @@ impl Metrics {
         self.budget_leases.get_or_create(&LeaseLabels { budget: budget.to_owned(), outcome }).inc();
         let target = format!("budget:{budget}");
         self.budget_leased_units.get_or_create(&TargetLabels { target }).inc_by(units);
+    }
+
+    /// A partition gave `units` back to a leased budget's home.
+    pub fn budget_returned(&self, budget: &str, units: u64) {
+        let target = format!("budget:{budget}");
+        self.budget_returned_units.get_or_create(&TargetLabels { target }).inc_by(units);
     }
 
     /// A cost reported after the call, and what it did (`more`, `less`, `same`, `already`, `unknown`).
@@ -528,6 +542,10 @@ pub struct RedisCalls(pub Arc<Metrics>);
 impl drip_store::LeaseObserver for RedisCalls {
     fn leased(&self, budget: &str, units: u64) {
         self.0.budget_leased(budget, units);
+    }
+
+    fn returned(&self, budget: &str, units: u64) {
+        self.0.budget_returned(budget, units);
     }
 }
 

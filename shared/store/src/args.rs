@@ -135,6 +135,9 @@ pub struct EncodedEvent {
     pub(crate) leases: Vec<Option<LeaseTarget>>,
     pub(crate) cost: u64,
     pub(crate) max_delay: Millis,
+    /// Whether it may give units back (a new slot for an event that gave its old one back, or a
+    /// correction): its leased budgets' pools may then have units to return to their homes.
+    pub(crate) gives_back: bool,
 }
 
 impl EncodedEvent {
@@ -144,7 +147,8 @@ impl EncodedEvent {
         call.event(namespace, keys, request);
         let args = call.events.pop().unwrap_or_default();
         let leases = lease_targets(namespace, request);
-        Self { keys: call.keys, args, leases, cost: request.event.cost, max_delay: request.event.max_delay }
+        let gives_back = request.reslot == Some(drip_core::schedule::OldSlot::GivenBack);
+        Self { keys: call.keys, args, leases, cost: request.event.cost, max_delay: request.event.max_delay, gives_back }
     }
 
     /// The event's first key (its entity's state): every key of the event shares its hash tag.
@@ -174,7 +178,7 @@ fn partition_scope<'a>(request: &SlotRequest<'a>) -> &'a str {
 
 /// By budget of the request: where a leased one asks its home for units (empty when none is
 /// leased: most events, which then allocate nothing for it).
-fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<Option<LeaseTarget>> {
+pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<Option<LeaseTarget>> {
     let event = &request.event;
     if event.budgets.iter().all(|b| b.leases.is_none()) {
         return Vec::new();

@@ -183,11 +183,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 state.stranded.insert(per, units);
             } else if let Some((per, window, what)) = field::parse_lease_field(name)
                 && let Ok(units) = value.parse()
-                && (what == "l" || what.starts_with('p'))
+                && (what == "l" || what == "r" || what.starts_with('p'))
             {
-                match what.strip_prefix('p').map(str::parse) {
-                    Some(Ok(partition)) => _ = state.granted.insert((per, window, partition), units),
-                    _ => _ = state.leased.insert((per, window), units),
+                let partition = what.strip_prefix('p').map(|p| p.trim_end_matches(":r").parse());
+                match (partition, what.ends_with(":r") || what == "r") {
+                    (Some(Ok(partition)), false) => _ = state.granted.insert((per, window, partition), units),
+                    (Some(Ok(partition)), true) => _ = state.taken_back.insert((per, window, partition), units),
+                    (_, false) => _ = state.leased.insert((per, window), units),
+                    (_, true) => _ = state.returned.insert((per, window), units),
                 }
             } else if let Some((per, run)) = field::parse_budget_run(name, value) {
                 state.runs.insert(per, run);

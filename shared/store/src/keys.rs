@@ -352,6 +352,15 @@ pub mod field {
         format!("{per}:{window}:l")
     }
 
+    /// What a pool gave back of its lease of a window, in all: `<per>:<window>:r`.
+    pub fn pool_returned(per: Millis, window: Millis) -> String {
+        format!("{per}:{window}:r")
+    }
+
+    /// A pool's windows with units given back (`<per>:<window>`, comma-separated), which the
+    /// store sends their home after the call that gave them back.
+    pub const POOL_RETURNS: &str = "R";
+
     /// A pool's last window its home had no room in when it last asked: `F:<per>`.
     pub fn pool_full(per: Millis) -> String {
         format!("F:{per}")

@@ -77,6 +77,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             let mut args = ReserveArgs::new(request.now());
             args.correction(self.namespace(), &self.keys(request), request, actual);
             let reply = self.run_reserve(ReserveCall(args)).await?;
+            // Less than booked gives units back: a leased budget's pool returns them.
+            let targets = crate::args::lease_targets(self.namespace(), request);
+            self.send_returns(targets.iter().flatten().collect()).await;
             // reserve.lua's `correct`: slot, status, what it did (CORRECTION), now, the booked cost.
             match reply.as_slice() {
                 [_, _, 0, _, booked] => Ok(Correction::Applied { booked: *booked as u64, actual }),

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
 use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
-use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE};
+use crate::keys::field;
+use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE, RETURNS};
 use crate::{Clock, EntityKeys, Reserved, SlotRequest, StoreError};
 
 /// The one answer of a call that carried one item.
@@ -57,6 +58,8 @@ pub struct RedisStore<C> {
 pub trait LeaseObserver: Send + Sync {
     /// `units` of `budget` leased to a partition; 0 when the home had no room up to the horizon.
     fn leased(&self, budget: &str, units: u64);
+    /// `units` of `budget` given back to its home by a partition (events left their windows).
+    fn returned(&self, budget: &str, units: u64);
 }
 
 /// Callers whose reservations stop for a lease of the same pool ask its home one at a time: the
@@ -234,6 +237,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             return self.call_reserve(ReserveCall(args)).await;
         }
         let mut decided = Vec::with_capacity(events.len());
+        // The pools of events that may give units back: their returns go to the homes after.
+        let returning: Vec<LeaseTarget> = events
+            .iter()
+            .filter(|e| e.gives_back)
+            .flat_map(|e| e.leases.iter().flatten().cloned())
+            .collect();
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
         // How often the event at the head of `waiting` stopped for a lease.
@@ -264,7 +273,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     }
                 }
             }
-            let Some((window, budget, limit, demand, at)) = wanted else { return Ok(decided) };
+            let Some((window, budget, limit, demand, at)) = wanted else {
+                self.send_returns(each_pool_once(&returning)).await;
+                return Ok(decided);
+            };
             let event = waiting.pop_front().ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))?;
             let target = usize::try_from(budget - 1).ok().and_then(|b| event.leases.get(b)?.as_ref());
             let found = usize::try_from(limit - 1).ok().and_then(|j| Some((target?, *target?.limits.get(j)?)));
@@ -315,6 +327,43 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             observer.leased(&target.budget, units.max(0) as u64);
         }
         Ok(drip_core::schedule::Lease { window: (found == 1).then_some(window), total: total as u64, full_through })
+    }
+
+    /// Sends each pool's returns (what its events gave back of its leases, reserve.lua's
+    /// `give_back_lease`, listed in its 'R' field) to its home (`lua/returns.lua`). Each is a
+    /// total, so sending one again takes nothing more back; one that is not sent (a failure, logged)
+    /// leaves the units stranded in the pool: unused, never a window over its count.
+    pub(crate) async fn send_returns(&self, pools: Vec<&LeaseTarget>) {
+        for target in pools {
+            if let Err(error) = self.send_return(target).await {
+                tracing::warn!(budget = %target.budget, pool = %target.pool, %error, "could not give a pool's returned units back to its home; they stay unused");
+            }
+        }
+    }
+
+    async fn send_return(&self, target: &LeaseTarget) -> Result<(), StoreError> {
+        let listed: Option<String> =
+            redis::cmd("HGET").arg(&target.pool).arg(field::POOL_RETURNS).query_async(&mut self.connection()).await?;
+        let windows: Vec<(Millis, Millis)> =
+            listed.iter().flat_map(|l| l.split(',')).filter_map(field::parse_budget_window).collect();
+        if windows.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = windows.iter().map(|&(per, window)| field::pool_returned(per, window)).collect();
+        let totals: Vec<Option<u64>> =
+            redis::cmd("HMGET").arg(&target.pool).arg(&names).query_async(&mut self.connection()).await?;
+        let mut invocation = RETURNS.call();
+        invocation.key(&target.home).arg(target.partition);
+        let returns: Vec<_> = windows.iter().zip(totals).filter_map(|(w, total)| Some((w, total?))).collect();
+        invocation.arg(returns.len());
+        for (&(per, window), total) in returns {
+            invocation.arg(per).arg(window).arg(total);
+        }
+        let units: i64 = invocation.invoke_async(&mut self.connection()).await?;
+        if let Some(observer) = &self.lease_observer {
+            observer.returned(&target.budget, units.max(0) as u64);
+        }
+        Ok(())
     }
 
     async fn call_reserve(&self, call: ReserveCall) -> Result<Vec<Reserved>, StoreError> {
@@ -433,4 +482,15 @@ impl<C> RedisStore<C> {
         }
         ReserveCall(args)
     }
+}
+
+/// Each pool once, of the events' leased budgets that may have given units back.
+fn each_pool_once(targets: &[LeaseTarget]) -> Vec<&LeaseTarget> {
+    let mut pools: Vec<&LeaseTarget> = Vec::new();
+    for target in targets {
+        if !pools.iter().any(|p| p.pool == target.pool) {
+            pools.push(target);
+        }
+    }
+    pools
 }

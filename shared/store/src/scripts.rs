@@ -159,6 +159,8 @@ pub(crate) static DISPATCH: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("dispatch", &with_prelude(""), include_str!("../../../lua/dispatch.lua")));
 pub(crate) static LEASE: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("lease", &with_prelude(""), include_str!("../../../lua/lease.lua")));
+pub(crate) static RETURNS: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("returns", &with_prelude(""), include_str!("../../../lua/returns.lua")));
 pub(crate) static BUDGET: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("budget", &with_latency(), include_str!("../../../lua/budget.lua")));
 pub(crate) static OVERRIDE: LazyLock<Library> =
@@ -183,6 +185,7 @@ mod tests {
             include_str!("../../../lua/override.lua"),
             include_str!("../../../lua/budget.lua"),
             include_str!("../../../lua/lease.lua"),
+            include_str!("../../../lua/returns.lua"),
             include_str!("../../../lua/dispatch.lua"),
             include_str!("../../../lua/release.lua"),
         ];
