@@ -121,8 +121,12 @@ fn render(report: &EntityReport) -> String {
             for (limit, held) in budget.limits.iter().zip(&lease.limits) {
                 let full =
                     held.home_full_through.as_deref().map_or(String::new(), |w| format!("; home full through {w}"));
+                let returned = match held.returned {
+                    0 => String::new(),
+                    units => format!(", {units} given back"),
+                };
                 out += &format!(
-                    "  {:<28} {} of {} leased now booked, {} of {} ahead, {} stranded so far{full}\n",
+                    "  {:<28} {} of {} leased now booked, {} of {} ahead{returned}, {} stranded so far{full}\n",
                     limit.limit, held.booked_now, held.leased_now, held.booked_ahead, held.leased_ahead, held.stranded
                 );
             }

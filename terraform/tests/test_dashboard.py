@@ -80,6 +80,7 @@ def test_every_operator_question_has_a_panel():
         "drip_latency_percentile_ms",
         "drip_latency_reports_total",
         "drip_budget_leased_units_total",
+        "drip_budget_returned_units_total",
         "drip_budget_leases_total",
     ]:
         assert needed in text, f"no panel queries {needed}"

@@ -292,7 +292,11 @@ fn differential_in_batches(
                 .into_iter()
                 .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
                 .collect(),
-            returned: state.returned.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+            returned: state
+                .returned
+                .into_iter()
+                .filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per)
+                .collect(),
             taken_back: state
                 .taken_back
                 .into_iter()

@@ -115,6 +115,10 @@ pub struct LeaseUse {
     /// What it was leased of passed windows and did not book, so far (counted in Redis as the
     /// pool drops passed windows).
     pub stranded: u64,
+    /// What it gave back to the home of its leases of the current window and ahead (events that
+    /// left them); `leasedNow`/`leasedAhead` count them still.
+    #[serde(default)]
+    pub returned: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -617,6 +621,7 @@ fn lease_report(budget: &Budget, (partition, pool): (u32, &BudgetState), now: Mi
             booked_ahead: sum(&pool.windows, current + per, Millis::MAX),
             home_full_through: pool.known_full.get(&per).map(|&w| format_rfc3339(w)),
             stranded: pool.stranded.get(&per).copied().unwrap_or(0),
+            returned: sum(&pool.returned, current, Millis::MAX),
         }
     });
     LeaseReport { partitions, partition, limits: limits.collect() }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
-use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
 use crate::keys::field;
+use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
 use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE, RETURNS};
 use crate::{Clock, EntityKeys, Reserved, SlotRequest, StoreError};
 
@@ -238,11 +238,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         }
         let mut decided = Vec::with_capacity(events.len());
         // The pools of events that may give units back: their returns go to the homes after.
-        let returning: Vec<LeaseTarget> = events
-            .iter()
-            .filter(|e| e.gives_back)
-            .flat_map(|e| e.leases.iter().flatten().cloned())
-            .collect();
+        let returning: Vec<LeaseTarget> =
+            events.iter().filter(|e| e.gives_back).flat_map(|e| e.leases.iter().flatten().cloned()).collect();
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
         // How often the event at the head of `waiting` stopped for a lease.
