@@ -282,6 +282,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     "a lease for budget {budget} limit {limit}: {reply:?}"
                 )));
             };
+            // What this call's events gave back goes home before the home is asked (the model
+            // takes it back as it is given): the lease may be of those very units.
+            if !returning.is_empty() {
+                self.send_returns(each_pool_once(&returning)).await;
+            }
             let gate = self.lease_gates.of(&target.pool);
             let seen = gate.leased.load(Ordering::Acquire);
             gate.wait((per, window), event.cost, true);
