@@ -43,6 +43,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             adaptive: shared.adaptive,
             margin: shared.margin,
             class: None,
+            park: None,
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

@@ -190,7 +190,7 @@ async fn act(
             reported_cost(state, rule, request, &forwarded).await;
             forwarded.map(|_| match decision {
                 Decision::Forward => Outcome::Forward,
-                Decision::Delay => Outcome::Delay,
+                Decision::Delay | Decision::Park => Outcome::Delay,
                 Decision::DeadLetter(reason) => Outcome::DeadLetter(reason),
             })
         }
@@ -226,6 +226,10 @@ async fn act(
             }
         }
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
+        // The limiter's requests do not park yet (`SlotRequest::park` is never set here).
+        Decision::Park => {
+            Err(Failure::transient(anyhow::anyhow!("a parked answer, which this limiter does not ask for")))
+        }
     };
     let (done, reserved) = match done {
         // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's

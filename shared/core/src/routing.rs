@@ -82,6 +82,9 @@ pub fn plan<'r>(rules: &'r RuleSet, event: &Event) -> Plan<'r> {
 pub enum Decision {
     Forward,
     Delay,
+    /// The key is throttled and its backlog waits in its queue (`Status::Parked`): the message
+    /// is kept for the key's drain, which gives it a slot at the rate in force then.
+    Park,
     DeadLetter(DlqReason),
 }
 
@@ -94,6 +97,7 @@ impl Decision {
             Status::CostExceedsLimit => Decision::DeadLetter(DlqReason::CostExceedsLimit),
             Status::Reserved if reservation.slot <= reservation.decided_at + inline_wait => Decision::Forward,
             Status::Reserved => Decision::Delay,
+            Status::Parked => Decision::Park,
         }
     }
 
@@ -101,6 +105,7 @@ impl Decision {
         match self {
             Decision::Forward => "forward",
             Decision::Delay => "delay",
+            Decision::Park => "park",
             Decision::DeadLetter(_) => "dlq",
         }
     }

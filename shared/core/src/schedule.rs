@@ -39,6 +39,12 @@ pub enum Status {
     /// The cost is more than a limit in force for this entity (an override lowered it): no slot
     /// can ever hold the event, so nothing was reserved.
     CostExceedsLimit,
+    /// The key is throttled (paused, or its adaptive level below the ceiling) and the event would
+    /// wait past the rule's park horizon, or events of the key are parked already: nothing was
+    /// reserved, the message waits in the key's queue (FIFO) and takes its slot when the key's
+    /// drain reaches it ([`Scheduler::unpark`]), at the rate in force then. `slot` is the slot it
+    /// would have had.
+    Parked,
 }
 
 /// What a cost reported after the call did ([`Scheduler::correct`]).
@@ -127,6 +133,9 @@ pub struct ReserveRequest<'a> {
     /// For a rule with classes: the key whose classes share its calendar (a budget with
     /// `per_key`, among `budgets`) and the event's class. The entity reserving is the key's class.
     pub class: Option<(&'a str, &'a str)>,
+    /// The rule parks its backlog while a key is throttled ([`Status::Parked`]): an event whose
+    /// slot lies more than this after now books nothing then. `None`: the rule never parks.
+    pub park: Option<Millis>,
 }
 
 impl<'a> ReserveRequest<'a> {
@@ -147,6 +156,7 @@ impl<'a> ReserveRequest<'a> {
             adaptive: None,
             margin: 0,
             class: None,
+            park: None,
         }
     }
 
@@ -157,7 +167,14 @@ impl<'a> ReserveRequest<'a> {
         match &rule.classes {
             Some(classes) => {
                 // The rule's adaptive level is the calendar's (`Classes::calendar`), not the entity's.
-                Self { limits: &[], budgets: &classes.draws, class: Some((key, class)), adaptive: None, ..self }
+                Self {
+                    limits: &[],
+                    budgets: &classes.draws,
+                    class: Some((key, class)),
+                    adaptive: None,
+                    park: None,
+                    ..self
+                }
             }
             None => self,
         }
@@ -279,7 +296,32 @@ pub struct EntityState {
     pub adaptive: Option<AdaptiveState>,
     /// The latency controller's state, when the adaptive limit follows latency.
     pub latency: Option<LatencyState>,
+    /// How many of its messages are parked ([`Status::Parked`]), waiting in its queue.
+    pub parked: u64,
+    /// When the latest wake of its drain was armed for, while messages are parked.
+    pub wake: Option<Millis>,
 }
+
+/// What the drain of a key's parked messages got for the message at the head of its queue
+/// ([`Scheduler::unpark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unpark {
+    /// It left the queue with this answer: a slot at or before the deadline (deliver it then), or,
+    /// with nothing reserved, beyond its `max_delay` from when it was parked or over a limit in
+    /// force (dead-letter it).
+    Decided(Reservation),
+    /// Its slot would be later than the deadline: it stays at the head, nothing is reserved, and
+    /// the drain wakes again at `wake` (armed: [`EntityState::wake`]).
+    Later { slot: Millis, wake: Millis },
+    /// The message is not parked (a concurrent drain took it, or it never was): nothing changed.
+    NotParked,
+    /// The message is parked but not at the head of the queue: nothing changed.
+    NotHead,
+}
+
+/// A drain's wake whose time passed this long ago without a drain re-arming it was lost (a
+/// task that was never created): the next message parked arms a new one.
+pub const WAKE_LOST_AFTER: Millis = 5 * crate::time::MINUTE;
 
 /// The state of one shared budget: what each window of each limit holds, a pause and the
 /// adaptive level, shared by every entity that draws from it.
@@ -422,6 +464,8 @@ struct Answer {
 struct Entity {
     state: EntityState,
     answers: HashMap<AnswerFile, Answer>,
+    /// Its parked messages, oldest first.
+    queue: VecDeque<AnswerFile>,
 }
 
 /// How late a sliding or gcra event may be delivered before it counts as late (without a larger
@@ -435,7 +479,7 @@ pub const DISPATCH_JITTER: Millis = crate::time::SECOND;
 pub const ANSWER_MINUTE: Millis = 60_000;
 
 /// Where a message's answer is filed: the minute it was published (`None`: undated) and its id.
-type AnswerFile = (Option<Millis>, String);
+pub type AnswerFile = (Option<Millis>, String);
 
 fn answer_file(message_id: &str, published: Option<Millis>) -> AnswerFile {
     (published.map(|at| at.div_euclid(ANSWER_MINUTE)), message_id.to_owned())
@@ -671,6 +715,10 @@ impl Scheduler {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
             Status::MaxDelayExceeded
+        } else if parks(&entity.state, request, slot) {
+            entity.queue.push_back(answer_file(request.message_id, request.published));
+            entity.state.parked += 1;
+            Status::Parked
         } else {
             commit(&mut entity.state, request, &own, slot);
             for BudgetLimit { budget, limit, member, state, partition, .. } in &shared {
@@ -701,6 +749,86 @@ impl Scheduler {
         };
         entity.answers.insert(answer_file(request.message_id, request.published), answer);
         Reservation { slot, status, decided_at: request.now, attempt: Attempt::Decided }
+    }
+
+    /// The drain of a key's parked messages, at the message at the head of its queue (`request`
+    /// names it, with the rule's parameters at `now`): the slot it would get now, reserved when it
+    /// is no later than `deadline` (the message leaves the queue with that answer, a lease taken
+    /// for the drain's attempt), else left for a later wake. A message parked longer than its
+    /// `max_delay` (from when it was parked), or whose cost is over a limit in force now, leaves
+    /// with nothing reserved. The drain books at the key's frontier with the ordinary arithmetic,
+    /// one message after another in the queue's order, so every window stays exact.
+    pub fn unpark(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>, deadline: Millis) -> Unpark {
+        let file = answer_file(request.message_id, request.published);
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        let since = match entity.answers.get(&file) {
+            Some(answer) if answer.status == Status::Parked => answer.decided_at,
+            // Its answer expired (the drain stopped for longer than max_delay and the margin).
+            None if entity.queue.front() == Some(&file) => Millis::MIN / 2,
+            _ if !entity.queue.contains(&file) => return Unpark::NotParked,
+            _ => return Unpark::NotHead,
+        };
+        if entity.queue.front() != Some(&file) {
+            return Unpark::NotHead;
+        }
+        // What is left of its max_delay, from when it was parked (negative once it has passed).
+        let request = ReserveRequest { max_delay: since + request.max_delay - request.now, park: None, ..*request };
+        let (exceeded, slot) = self.earliest(rule, key, &request);
+        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned())).expect("entered above");
+        if !exceeded && slot <= request.now + request.max_delay && slot > deadline {
+            let wake = (slot - (deadline - request.now)).max(request.now);
+            entity.state.wake = Some(wake);
+            return Unpark::Later { slot, wake };
+        }
+        entity.queue.pop_front();
+        entity.state.parked -= 1;
+        if entity.queue.is_empty() {
+            entity.state.wake = None;
+        }
+        entity.answers.remove(&file);
+        Unpark::Decided(self.decide(rule, key, &request, None))
+    }
+
+    /// A message of the key was parked at `now` and its drain should wake at `wanted`: returns the
+    /// wake to arm (and records it), or `None` when one is armed already (and not lost: see
+    /// [`WAKE_LOST_AFTER`]) or nothing is parked any more.
+    pub fn arm_wake(&mut self, rule: &str, key: &str, now: Millis, wanted: Millis) -> Option<Millis> {
+        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
+        let state = &mut entity.state;
+        if state.parked == 0 || state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
+            return None;
+        }
+        let wake = wanted.max(now);
+        state.wake = Some(wake);
+        Some(wake)
+    }
+
+    /// The key's parked messages, oldest first.
+    pub fn parked(&self, rule: &str, key: &str) -> Vec<AnswerFile> {
+        self.entities
+            .get(&(rule.to_owned(), key.to_owned()))
+            .map_or_else(Vec::new, |e| e.queue.iter().cloned().collect())
+    }
+
+    /// Whether the request's cost is over a count in force, and the slot its entity would give it
+    /// now (the runs its search walked are kept; nothing else changes).
+    fn earliest(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> (bool, Millis) {
+        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
+        let shared = budget_limits(&self.budgets, request, (rule, key));
+        let (exceeded, own) = entity_limits(&entity.state, request, &shared);
+        if exceeded {
+            return (true, request.now);
+        }
+        let (slot, runs) = loop {
+            match earliest_slot(&entity.state, &self.budgets, request, &own, &shared) {
+                Ok(found) => break found,
+                Err(wanted) => lease(&mut self.budgets, &shared[wanted.limit], request, wanted.window),
+            }
+        };
+        for ((state, per), run) in runs {
+            self.budgets.entry(state).or_default().runs.insert(per, run);
+        }
+        (false, slot)
     }
 
     fn answer_mut(&mut self, rule: &str, key: &str, (id, published): (&str, Option<Millis>)) -> Option<&mut Answer> {
@@ -863,6 +991,18 @@ fn shift_budget_windows(
             budgets.entry(budget.name.clone()).or_default().take_back(partition, (per, window), total);
         }
     }
+}
+
+/// Whether an event of the entity whose earliest slot is `slot` parks instead of booking it: its
+/// rule parks, and messages of the key are parked already (FIFO), or the key is throttled (paused,
+/// or its adaptive level below the ceiling) and the slot lies past the park horizon.
+fn parks(state: &EntityState, request: &ReserveRequest<'_>, slot: Millis) -> bool {
+    let Some(horizon) = request.park else { return false };
+    let paused = state.paused_until.is_some_and(|until| until > request.now);
+    let lowered = request
+        .adaptive
+        .is_some_and(|a| a.level(state.adaptive, adaptive_window(request.limits), request.now) < a.ceiling());
+    state.parked > 0 || ((paused || lowered) && slot > request.now + horizon)
 }
 
 /// The entity's last slot, or the floor the request carries over if later.
@@ -1318,6 +1458,89 @@ mod tests {
         let state = s.entity_state("r", "k").unwrap().limits.values().next().cloned();
         assert_eq!(state, Some(LimitState::Fixed { window: SECOND, used: 0 }));
         assert_eq!(s.correct("r", "k", &request("never", &limits, 30), 2), Correction::Unknown);
+    }
+
+    #[test]
+    fn a_throttled_key_parks_its_backlog_and_the_drain_books_it_at_the_rate_then() {
+        let limits = [limit(10, SECOND, Window::Fixed(Placement::Start))];
+        let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000, latency: None };
+        let limits = &limits;
+        let request = move |id: &'static str, now| ReserveRequest {
+            park: Some(2 * SECOND),
+            adaptive: Some(adaptive),
+            ..ReserveRequest::new(id, limits, now)
+        };
+        let ids: Vec<&'static str> = (0..30).map(|i| &*format!("early{i}").leak()).collect();
+        let parked_ids: Vec<&'static str> = (0..20).map(|i| &*format!("p{i}").leak()).collect();
+        let mut s = Scheduler::new();
+        // Not throttled: a slot past the horizon is booked as ever.
+        for id in &ids {
+            assert_eq!(s.reserve("r", "k", &request(id, 0)).status, Status::Reserved);
+        }
+        // Throttled (a 429 halved the level): what would wait past 2 s parks, in order.
+        s.signal("r", "k", &adaptive, limits, 100);
+        let parked = s.reserve("r", "k", &request("p0", 200));
+        assert_eq!((parked.status, parked.slot), (Status::Parked, 3_000));
+        assert_eq!(s.arm_wake("r", "k", 200, 1_000), Some(1_000));
+        assert_eq!(s.arm_wake("r", "k", 300, 1_000), None, "one wake armed at a time");
+        for id in &parked_ids[1..] {
+            assert_eq!(s.reserve("r", "k", &request(id, 300)).status, Status::Parked);
+        }
+        assert_eq!(s.entity_state("r", "k").unwrap().parked, 20);
+        assert_eq!(s.parked("r", "k")[..2], [(None, "p0".into()), (None, "p1".into())]);
+        // A redelivery gets its answer; only the head can be drained.
+        assert_eq!(s.reserve("r", "k", &request("p3", 400)).status, Status::Parked);
+        assert_eq!(s.unpark("r", "k", &request("p1", 1_000), 3_000), Unpark::NotHead);
+        assert_eq!(s.unpark("r", "k", &request("early0", 1_000), 3_000), Unpark::NotParked);
+        // The drain at 1 s: the head's slot, 3 s, is past the deadline.
+        assert_eq!(s.unpark("r", "k", &request("p0", 1_000), 2_000), Unpark::Later { slot: 3_000, wake: 2_000 });
+        assert_eq!(s.entity_state("r", "k").unwrap().wake, Some(2_000));
+        // At 3 s the level has grown back (a step a quiet second) to 0.7: 7 a second.
+        assert_eq!(adaptive.level(s.entity_state("r", "k").unwrap().adaptive, SECOND, 3_000), 700_000);
+        let mut slots = Vec::new();
+        for id in &parked_ids {
+            match s.unpark("r", "k", &request(id, 3_000), 4_500) {
+                Unpark::Decided(r) => {
+                    assert_eq!(r.status, Status::Reserved);
+                    slots.push(r.slot);
+                }
+                Unpark::Later { slot, wake } => {
+                    assert_eq!((slot, wake), (5_000, 3_500));
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // The drain books 7 a second (the level at its now), from the frontier on, in order.
+        assert_eq!(slots, [[3_000; 7], [4_000; 7]].concat());
+        assert_eq!(s.entity_state("r", "k").unwrap().parked, 6);
+        // Nothing parked once the queue is empty: a new event books (the level back at its ceiling).
+        for id in &parked_ids[slots.len()..] {
+            assert!(matches!(s.unpark("r", "k", &request(id, 60_000), 62_000), Unpark::Decided(_)));
+        }
+        let state = s.entity_state("r", "k").unwrap();
+        assert_eq!((state.parked, state.wake), (0, None));
+        assert_eq!(s.reserve("r", "k", &request("after", 60_000)).status, Status::Reserved);
+    }
+
+    #[test]
+    fn a_message_parked_past_its_max_delay_leaves_the_queue_with_nothing_reserved() {
+        let limits = [limit(1, SECOND, Window::Fixed(Placement::Start))];
+        let limits = &limits;
+        let request = move |id: &'static str, now| ReserveRequest {
+            park: Some(SECOND),
+            max_delay: 10 * SECOND,
+            ..ReserveRequest::new(id, limits, now)
+        };
+        let mut s = Scheduler::new();
+        s.pause("r", "k", 5_000);
+        assert_eq!(s.reserve("r", "k", &request("a", 0)).status, Status::Parked);
+        assert_eq!(s.reserve("r", "k", &request("b", 9_000)).status, Status::Parked, "behind a parked one");
+        let Unpark::Decided(a) = s.unpark("r", "k", &request("a", 11_000), 12_000) else { panic!() };
+        assert_eq!(a.status, Status::MaxDelayExceeded);
+        let Unpark::Decided(b) = s.unpark("r", "k", &request("b", 11_000), 12_000) else { panic!() };
+        assert_eq!((b.status, b.slot), (Status::Reserved, 11_000));
+        assert_eq!(s.reserve("r", "k", &request("a", 11_500)).status, Status::MaxDelayExceeded, "its answer stays");
     }
 
     #[test]

@@ -184,7 +184,9 @@ impl Rescheduler<'_> {
 /// as the dead letter says it (`why` first); `None` when it holds one.
 pub fn beyond_reach(reserved: &Reserved, why: &str) -> Option<Refused> {
     let reason = match reserved.reservation.status {
-        Status::Reserved => return None,
+        // Parked: the key's drain gives it its slot (a request that parks only comes from a caller
+        // that parks what is parked).
+        Status::Reserved | Status::Parked => return None,
         Status::MaxDelayExceeded => DlqReason::MaxDelayExceeded,
         Status::CostExceedsLimit => DlqReason::CostExceedsLimit,
     };

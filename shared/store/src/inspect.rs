@@ -299,6 +299,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
             paused_until: overrides.get(field::PAUSE).and_then(|p| p.parse().ok()),
             adaptive: overrides.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),
             latency: overrides.get(field::LATENCY).and_then(|l| field::parse_latency(l)),
+            parked: fields.get(field::PARKED).map_or(0, |&n| n as u64),
+            wake: fields.get(field::WAKE).copied(),
         };
         // Fair shares of budgets: fixed windows named `share:<budget>:<per>`.
         for (name, &window) in &fields {

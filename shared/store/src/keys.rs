@@ -288,6 +288,9 @@ pub mod field {
     pub const FRONTIER: &str = "f";
     pub const EXPIRES: &str = "exp";
     pub const ANSWERS_EXPIRY: &str = "ab";
+    /// How many of the entity's messages are parked, and when its drain's latest wake was armed for.
+    pub const PARKED: &str = "q";
+    pub const WAKE: &str = "wk";
     /// The frontier as earlier versions named it (reserve.lua carries such an entity over).
     pub const LEGACY_FRONTIER: &str = "last";
     /// The entity's overrides, pause and adaptive level: one field of its state hash, `name=value`
@@ -454,6 +457,7 @@ pub mod field {
             Status::Reserved => 'R',
             Status::MaxDelayExceeded => 'L',
             Status::CostExceedsLimit => 'C',
+            Status::Parked => 'P',
         };
         let booked = if cost == 1 { String::new() } else { format!(":{cost}") };
         format!("{kind}{}:{}:d{booked}", reservation.slot - base, reservation.decided_at - base)
