@@ -230,13 +230,15 @@ local function read_event()
   -- A fixed record, each field at the place args.rs names (the EVENT_* names, numbers once built), read
   -- without a call per value (a call costs the script 0.1 µs each).
   local at = span(EVENT_RECORD) - 1
-  -- '' (reserve), 'keep' or 'give' (a new slot, the old one kept or given back), 'correct'.
+  -- '' (reserve), 'keep' or 'give' (a new slot, the old one kept or given back), 'correct', or
+  -- 'unpark' (the drain of the key's parked messages, at this one).
   local mode = ARGV[at + EVENT_MODE]
   local e = {base = tonumber(ARGV[at + EVENT_FIRST_KEY]), field = ARGV[at + EVENT_ANSWER_FIELD],
     cost = tonumber(ARGV[at + EVENT_COST]), max_delay = tonumber(ARGV[at + EVENT_MAX_DELAY]),
     answers_base = tonumber(ARGV[at + EVENT_ANSWERS_BASE]), answers_keep = tonumber(ARGV[at + EVENT_ANSWERS_KEEP]),
     lease = tonumber(ARGV[at + EVENT_LEASE]), state_ttl = tonumber(ARGV[at + EVENT_STATE_KEEP]),
     reslot = mode == 'keep' or mode == 'give', gives_back = mode == 'give', correct = mode == 'correct',
+    unpark = mode == 'unpark', park = tonumber(ARGV[at + EVENT_PARK]) or false, level = false,
     floor = tonumber(ARGV[at + EVENT_FLOOR]) or false,
     margin = tonumber(ARGV[at + EVENT_MARGIN]), ceiling = tonumber(ARGV[at + ADAPTIVE_CEILING]) or false,
     step = tonumber(ARGV[at + ADAPTIVE_STEP]), window = tonumber(ARGV[at + ADAPTIVE_WINDOW]),
@@ -249,8 +251,9 @@ local function read_event()
       n = tonumber(ARGV[at + LIMIT_COUNT]), extra = tonumber(ARGV[at + LIMIT_EXTRA]),
       id = ARGV[at + LIMIT_OVERRIDE_ID], count = 0}
   end
-  -- STATE_FIELDS: 'f', 'exp', 'ab', each limit's two state fields, the overrides, 'last'.
-  e.state_from, e.state_to = span(5 + 2 * #limits)
+  -- STATE_FIELDS: 'f', 'exp', 'ab', each limit's two state fields, 'q' and 'wk' (its parked
+  -- messages and its drain's wake), the overrides, 'last'.
+  e.state_from, e.state_to = span(7 + 2 * #limits)
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
@@ -283,7 +286,10 @@ end
 
 -- An answer's kind as its reply's status (redis_store.rs's parse_reply): reserved, beyond
 -- max_delay, cost over a limit in force (nothing reserved for the last two).
-local STATUS = {R = 0, L = 1, C = 2, W = 3}
+-- P: parked (nothing reserved; the message waits in its key's queue). An unpark's reply may
+-- also be LATER (its slot is past the drain's deadline), NOT_PARKED or NOT_HEAD.
+local STATUS = {R = 0, L = 1, C = 2, W = 3, P = 4}
+local LATER, NOT_PARKED, NOT_HEAD = 5, 6, 7
 -- What the attempt that asked may do: act on a new decision, act on the message's earlier answer
 -- (its lease taken again), not act (another attempt holds the lease), or nothing (acted upon).
 local ATTEMPT = {decided = 0, resumed = 1, busy = 2, done = 3}
@@ -359,6 +365,7 @@ local function counts_in_force(e, now)
   local o = e.overrides
   e.paused_until = tonumber(o.pause) or false
   local level = e.ceiling and level_in_force(o.adapt, e.ceiling, e.step, e.window, now)
+  e.level = level
   local limits = e.limits
   for i = 1, #limits do
     local l = limits[i]
@@ -1067,14 +1074,147 @@ local function known(e, now)
   return replay(e, e.answers.get(e), now)
 end
 
+-- Nothing is reserved, but what the search walked is kept: the next search jumps over it.
+local function keep_runs(e)
+  for b = 1, #e.budgets do
+    local set = changed_runs(e.budgets[b])
+    if #set > 0 then
+      redis.call('HSET', e.budgets[b].hash, unpack(set))
+    end
+  end
+end
+
+-- The queue of the entity's parked messages, oldest first: a list beside its state hash
+-- ('<prefix>:state' -> '<prefix>:q'), each entry the message's answers hash and field.
+local function queue_key(e)
+  return string.sub(KEYS[e.base], 1, -6) .. 'q'
+end
+local function queue_entry(e)
+  return KEYS[e.base + 1] .. '\n' .. e.field
+end
+
+-- Where the state's 'q' (how many messages are parked) sits among its fields; 'wk' follows it.
+local function parked_at(e)
+  return 4 + 2 * #e.limits
+end
+
+-- Sets 'q' and 'wk' (false: none) in the state and in `values` (a cached state's next event).
+local function set_parked(e, values, parked, wake)
+  local at = parked_at(e)
+  values[at], values[at + 1] = parked, wake
+  e.state.write(e, {'q', parked, 'wk', wake or ''}, false)
+end
+
+-- Whether an event whose earliest slot is `slot` parks (schedule.rs's parks): messages of the key
+-- are parked already, or the key is throttled (paused, or its level below the ceiling) and the
+-- slot lies past the park horizon.
+local function parks(e, values, slot, now)
+  if (tonumber(values[parked_at(e)]) or 0) > 0 then
+    return true
+  end
+  local throttled = (e.paused_until and e.paused_until > now) or (e.level and e.level < e.ceiling)
+  return throttled and slot > now + e.park
+end
+
+-- Appends the message to the key's queue. The queue and the state live while it may wait there
+-- (its answer's life): a state's 'exp' says so, so that no commit shortens it.
+local function park(e, values, now)
+  local queue, at = queue_key(e), parked_at(e)
+  redis.call('RPUSH', queue, queue_entry(e))
+  redis.call('PEXPIRE', queue, e.answers_keep)
+  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + 1]) or false)
+  local keep = now + e.answers_keep
+  if not tonumber(values[2]) or tonumber(values[2]) < keep then
+    values[2] = keep
+    e.state.write(e, {'exp', keep}, false)
+    redis.call('PEXPIRE', KEYS[e.base], e.answers_keep, 'GT')
+  end
+end
+
+-- The drain of the key's parked messages at this one (schedule.rs's unpark): at the head of the
+-- queue, the slot it gets now, reserved if no later than the deadline (`e.park`) and it leaves the
+-- queue; else it stays and the drain wakes again ('wk'). Parked longer than its max_delay (from
+-- when it was parked) or over a limit in force, it leaves with nothing reserved.
+local function unpark(e, now)
+  local queue, entry = queue_key(e), queue_entry(e)
+  local recorded = e.answers.get(e)
+  local kind, _, decided = parse_answer(recorded or '')
+  local head = redis.call('LINDEX', queue, 0) == entry
+  local since
+  if kind == 'P' then
+    since = e.answers_base + tonumber(decided)
+  elseif not recorded and head then
+    -- Its answer expired: the drain stopped for longer than max_delay and the margin.
+    since = EXPIRED_PARK
+  elseif redis.call('LPOS', queue, entry) then
+    return {0, NOT_HEAD, 0, now, 0}
+  else
+    return {0, NOT_PARKED, 0, now, 0}
+  end
+  if not head then
+    return {0, NOT_HEAD, 0, now, 0}
+  end
+  e.reslot = true
+  e.max_delay = since + e.max_delay - now
+  local deadline = e.park
+  local values = e.state.read(e)
+  local last = read_overrides(e, values)
+  local at = parked_at(e)
+  local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + 1]) or false
+  local leaves = function()
+    redis.call('LPOP', queue)
+    if parked <= 1 then
+      set_parked(e, values, 0, false)
+    else
+      set_parked(e, values, parked - 1, wake)
+    end
+  end
+  if not read_budgets(e, now) or not counts_in_force(e, now) then
+    leaves()
+    file_answer(e, 'C', now, now, false)
+    return reply(now, 'C', ATTEMPT.decided, now, now)
+  end
+  if e.floor and (not last or e.floor > last) then
+    last = e.floor
+  end
+  local horizon = now + e.max_delay
+  local slot = earliest_slot(e, values, last, horizon, now)
+  if not slot then
+    return redis.error_reply('drip: slot search did not settle')
+  end
+  keep_runs(e)
+  if slot > horizon then
+    leaves()
+    file_answer(e, 'L', slot, now, false)
+    return reply(slot, 'L', ATTEMPT.decided, now, now)
+  elseif slot > deadline then
+    wake = math.max(slot - (deadline - now), now)
+    set_parked(e, values, parked, wake)
+    return {slot, LATER, wake, now, 0}
+  end
+  leaves()
+  file_answer(e, 'R', slot, now, false)
+  commit_entity(e, values, slot, now)
+  commit_budgets(e, slot, now)
+  return reply(slot, 'R', ATTEMPT.decided, now, now)
+end
+
 -- One event: its recorded answer, or a new decision filed as its answer: its reply.
 local function decide(e, now)
   if e.correct then
     return correct(e, now)
+  elseif e.unpark then
+    return unpark(e, now)
   end
   local recorded = not e.reslot and e.answers.ahead(e)
   if recorded then
     return replay(e, recorded, now)
+  elseif e.reslot and e.park then
+    -- A parked message has no slot to move: its key's drain gives it one.
+    recorded = e.answers.get(e)
+    if recorded and string.sub(recorded, 1, 1) == 'P' then
+      return replay(e, recorded, now)
+    end
   end
   -- 'exp' is when the state was last set to expire and 'ab' the answers minute whose expiry is
   -- set, so that most calls need neither PEXPIRE: every redis.call costs the script about as much
@@ -1112,14 +1252,16 @@ local function decide(e, now)
     if not file_answer(e, 'L', slot, now, false) then
       return known(e, now)
     end
-    -- Nothing is reserved, but what the search walked is kept: the next search jumps over it.
-    for b = 1, #e.budgets do
-      local set = changed_runs(e.budgets[b])
-      if #set > 0 then
-        redis.call('HSET', e.budgets[b].hash, unpack(set))
-      end
-    end
+    keep_runs(e)
     return reply(slot, 'L', ATTEMPT.decided, now, now)
+  end
+  if e.park and parks(e, values, slot, now) then
+    if not file_answer(e, 'P', slot, now, false) then
+      return known(e, now)
+    end
+    park(e, values, now)
+    keep_runs(e)
+    return reply(slot, 'P', ATTEMPT.decided, now, now)
   end
   if not file_answer(e, 'R', slot, now, tonumber(values[3]) == e.answers_base) then
     return known(e, now)

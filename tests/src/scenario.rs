@@ -74,6 +74,11 @@ pub struct Shared {
     /// Before the event at `.0`, the cost reported after the call of the message of the event at
     /// `.1` (an earlier one) is `.2`.
     pub corrections: Vec<(usize, usize, u64)>,
+    /// The rule parks a throttled key's backlog past this horizon (`ReserveRequest::park`).
+    pub park: Option<Millis>,
+    /// Before the event at `.0`, entity `.1`'s drain runs: it arms a wake, then unparks its
+    /// queue's head until one is not booked by now + `.2` (the deadline).
+    pub drains: Vec<(usize, usize, Millis)>,
 }
 
 impl Scenario {
@@ -683,6 +688,28 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                 .collect();
             budget_pauses.sort_by_key(|p| p.0);
             scenario.shared = Shared { budgets, adaptive, signals, budget_pauses, rules, ..Shared::default() };
+            scenario
+        },
+    )
+}
+
+/// Budgets, adaptive limits and their signals, pauses of keys and of budgets, new slots, with the
+/// rule parking a throttled key's backlog and random drains of the keys' queues.
+pub fn scenario_with_parking(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..6);
+    let drains = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..2_000), 0..12);
+    let adaptive = prop::option::weighted(0.7, adaptive());
+    (scenario_with_budgets(max_events), pauses, drains, 0i64..1_500, adaptive).prop_map(
+        |(mut scenario, pauses, drains, horizon, adaptive)| {
+            let n = scenario.events.len();
+            for (at, entity, lasts) in pauses {
+                let before = at.index(n);
+                scenario.pauses.push((before, entity, scenario.events[before].now + lasts));
+            }
+            scenario.shared.drains =
+                drains.into_iter().map(|(at, entity, ahead)| (at.index(n), entity, ahead)).collect();
+            scenario.shared.park = Some(horizon);
+            scenario.shared.adaptive = scenario.shared.adaptive.or(adaptive);
             scenario
         },
     )

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use drip_core::budgets::{Adaptive, Budget, LatencyControl, LatencyReport, PPM};
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
-use drip_core::schedule::{Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, state_id};
+use drip_core::schedule::{
+    Attempt, Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, Unpark, state_id,
+};
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::{Clock, MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
@@ -18,7 +20,7 @@ use drip_tests::scenario::{
     check_delivery_bounds, check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds,
     check_schedule, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
     scenario_with_classes, scenario_with_corrections, scenario_with_leases, scenario_with_margin,
-    scenario_with_overrides, scenario_with_pauses,
+    scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -30,19 +32,29 @@ use redis::AsyncCommands;
 /// the events each script call carries (every event alone when empty); the model reserves them one
 /// after another, which is what a batch means. Completions and releases follow each call.
 async fn run(store: &impl Differential, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Vec<Reservation> {
-    run_all(store, rule, scenario, batches).await.0
+    run_all(store, rule, scenario, batches).await.answers
+}
+
+/// How many drained events left their queue with nothing reserved, with a slot, and how many
+/// events parked, over every run of a test (its process's): a parking test sees each happen.
+static PARKING_SEEN: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+/// What a run gave: each event's answer, what each cost correction did, and what each drain of a
+/// key's parked messages did (its wake, then each unpark), in order.
+#[derive(Debug, PartialEq)]
+struct Run {
+    answers: Vec<Reservation>,
+    corrections: Vec<Correction>,
+    drains: Vec<(Option<Millis>, Vec<Unpark>)>,
 }
 
 /// The same, with what each of the scenario's cost corrections did, in order.
-async fn run_all(
-    store: &impl Differential,
-    rule: &str,
-    scenario: &Scenario,
-    batches: &[Range<usize>],
-) -> (Vec<Reservation>, Vec<Correction>) {
+async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Run {
     let alone: Vec<Range<usize>> = (0..scenario.events.len()).map(|i| i..i + 1).collect();
     let rules: Vec<String> = scenario.events.iter().map(|a| scenario.rule_of(rule, a.entity)).collect();
-    let (mut answers, mut corrections) = (Vec::new(), Vec::new());
+    let (mut answers, mut corrections, mut drains) = (Vec::new(), Vec::new(), Vec::new());
+    // Each entity's parked events (by index), oldest first, as the answers said.
+    let mut parked: HashMap<usize, std::collections::VecDeque<usize>> = HashMap::new();
     for batch in if batches.is_empty() { &alone } else { batches } {
         let (i, arrival) = (batch.start, &scenario.events[batch.start]);
         for &(_, of, actual) in scenario.shared.corrections.iter().filter(|c| c.0 == i) {
@@ -71,10 +83,39 @@ async fn run_all(
         for &(_, budget, until) in scenario.shared.budget_pauses.iter().filter(|p| p.0 == i) {
             store.pause_budget(&scenario.shared.budgets[budget], until).await.expect("pause");
         }
+        for &(_, entity, ahead) in scenario.shared.drains.iter().filter(|d| d.0 == i) {
+            let (key, queue) = (format!("entity_{entity}"), parked.entry(entity).or_default());
+            let rule = scenario.rule(&scenario.rule_of(rule, entity));
+            let wake = store.arm_wake(&rule, &key, arrival.now + ahead / 2).await.expect("arm_wake");
+            let mut unparked = Vec::new();
+            while let Some(&head) = queue.front() {
+                let request = SlotRequest {
+                    unpark: Some(arrival.now + ahead),
+                    reslot: None,
+                    ..request_of(scenario, &rules[head], &key, head)
+                }
+                .at(arrival.now);
+                let (unpark, _) = store.unpark(&request).await.expect("unpark");
+                unparked.push(unpark);
+                let Unpark::Decided(decided) = unpark else { break };
+                // What the event holds now is its drained answer: the checks count its slot.
+                answers[head] = decided;
+                PARKING_SEEN[usize::from(decided.status == Status::Reserved)].fetch_add(1, Ordering::Relaxed);
+                queue.pop_front();
+            }
+            drains.push((wake, unparked));
+        }
         let keys: Vec<String> = scenario.events[batch.clone()].iter().map(|a| scenario.entity_key(a)).collect();
         let requests: Vec<SlotRequest> =
             batch.clone().zip(&keys).map(|(j, key)| request_of(scenario, &rules[j], key, j)).collect();
         let reserved = store.reserve_all(&requests).await;
+        for (j, reserved) in batch.clone().zip(&reserved) {
+            let r = reserved.reservation;
+            if r.status == Status::Parked && r.attempt == Attempt::Decided {
+                parked.entry(scenario.events[j].entity).or_default().push_back(j);
+                PARKING_SEEN[2].fetch_add(1, Ordering::Relaxed);
+            }
+        }
         for (request, reserved) in requests.iter().zip(reserved) {
             match answers.len() % 3 {
                 0 => store.complete(request, &reserved).await.expect("complete"),
@@ -84,7 +125,7 @@ async fn run_all(
             answers.push(reserved.reservation);
         }
     }
-    (answers, corrections)
+    Run { answers, corrections, drains }
 }
 
 /// The request of the event at `j` of `scenario`, at its arrival.
@@ -95,6 +136,7 @@ fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize)
         cost: arrival.cost,
         max_delay: scenario.max_delay,
         lease: LEASE,
+        park: scenario.shared.park,
         published: Some(arrival.published),
         floor: arrival.floor,
         budgets: &scenario.shared.budgets,
@@ -243,14 +285,18 @@ fn differential_in_batches(
         let (scenario, batches) = if sizes.is_empty() { (scenario, Vec::new()) } else { batched(scenario, &sizes) };
         let scenario = with_own_budgets(scenario, &rule);
         let memory = MemoryStore::new();
-        let ((model, model_corrections), (lua, lua_corrections)) = runtime.block_on(async {
+        let (model_run, lua_run) = runtime.block_on(async {
             (run_all(&memory, &rule, &scenario, &batches).await, run_all(&redis, &rule, &scenario, &batches).await)
         });
-        if model_corrections != lua_corrections {
-            return Err(TestCaseError::fail(format!(
-                "corrections: model {model_corrections:?}, lua {lua_corrections:?}"
-            )));
+        if model_run.corrections != lua_run.corrections {
+            let (m, l) = (&model_run.corrections, &lua_run.corrections);
+            return Err(TestCaseError::fail(format!("corrections: model {m:?}, lua {l:?}")));
         }
+        if model_run.drains != lua_run.drains {
+            let (m, l) = (&model_run.drains, &lua_run.drains);
+            return Err(TestCaseError::fail(format!("drains: model {m:?}, lua {l:?}")));
+        }
+        let (model, lua) = (model_run.answers, lua_run.answers);
         for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
             if m != l {
                 return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
@@ -391,6 +437,17 @@ fn reserve_lua_gives_the_model_s_answer_with_pauses_and_new_slots() {
 #[test]
 fn reserve_lua_gives_the_model_s_answer_with_budgets_and_adaptive_limits() {
     differential(scenario_with_budgets(60), 192, check_budget_bounds);
+}
+
+/// A rule that parks a throttled key's backlog, with pauses of keys and budgets, adaptive limits
+/// and their signals, budgets, new slots and drains at random moments: the model and reserve.lua
+/// (and wake.lua) agree on every answer, every drain's wake and unpark, and the state; every
+/// limit holds over what was reserved, the drains' slots included.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_parked_backlogs() {
+    differential(scenario_with_parking(60), 192, check_budget_bounds);
+    let seen = PARKING_SEEN.each_ref().map(|n| n.load(Ordering::Relaxed));
+    assert!(seen.iter().all(|&n| n > 0), "dropped, drained, parked: {seen:?}");
 }
 
 /// A rule with classes (a reserve for one or two of them) over fixed limits, with and without

@@ -319,6 +319,10 @@ pub enum Unpark {
     NotHead,
 }
 
+/// When a parked message whose answer expired counts as parked (long before any `max_delay`):
+/// reserve.lua's number too.
+pub const EXPIRED_PARK: Millis = -(1 << 52);
+
 /// A drain's wake whose time passed this long ago without a drain re-arming it was lost (a
 /// task that was never created): the next message parked arms a new one.
 pub const WAKE_LOST_AFTER: Millis = 5 * crate::time::MINUTE;
@@ -555,6 +559,12 @@ impl Scheduler {
     /// after any pause, replaces the answer. `old` says whether the old slot's units go back first
     /// (see [`give_back`] for where they can).
     pub fn reslot(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>, old: OldSlot) -> Reservation {
+        // A parked message has no slot to move: its key's drain gives it one.
+        let entity = self.entities.get(&(rule.to_owned(), key.to_owned()));
+        let file = answer_file(request.message_id, request.published);
+        if entity.and_then(|e| e.answers.get(&file)).is_some_and(|a| a.status == Status::Parked) {
+            return self.reserve(rule, key, request);
+        }
         let given_back = match old {
             OldSlot::Kept => None,
             OldSlot::GivenBack => self
@@ -764,7 +774,7 @@ impl Scheduler {
         let since = match entity.answers.get(&file) {
             Some(answer) if answer.status == Status::Parked => answer.decided_at,
             // Its answer expired (the drain stopped for longer than max_delay and the margin).
-            None if entity.queue.front() == Some(&file) => Millis::MIN / 2,
+            None if entity.queue.front() == Some(&file) => EXPIRED_PARK,
             _ if !entity.queue.contains(&file) => return Unpark::NotParked,
             _ => return Unpark::NotHead,
         };

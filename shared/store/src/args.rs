@@ -17,7 +17,7 @@ use crate::{EntityKeys, SlotRequest};
 /// The event's fixed record, in the order [`ReserveArgs::event`] writes it: `reserve.lua`'s
 /// `read_event` reads each field at its place by a constant generated from its name
 /// (`event.cost` is `EVENT_COST`; scripts.rs), never by a number of its own.
-pub(crate) const EVENT_RECORD: [&str; 14] = [
+pub(crate) const EVENT_RECORD: [&str; 15] = [
     "event.first_key",
     "event.answer_field",
     "event.cost",
@@ -27,6 +27,7 @@ pub(crate) const EVENT_RECORD: [&str; 14] = [
     "event.lease",
     "event.state_keep",
     "event.mode",
+    "event.park",
     "event.floor",
     "event.margin",
     "adaptive.ceiling",
@@ -328,12 +329,15 @@ impl ReserveArgs {
             .int("event.state_keep", longest_window + STATE_MARGIN)
             .str(
                 "event.mode",
-                match request.reslot {
-                    None => "",
-                    Some(OldSlot::Kept) => "keep",
-                    Some(OldSlot::GivenBack) => "give",
+                match (request.unpark, request.reslot) {
+                    (Some(_), _) => "unpark",
+                    (None, None) => "",
+                    (None, Some(OldSlot::Kept)) => "keep",
+                    (None, Some(OldSlot::GivenBack)) => "give",
                 },
             )
+            // An unpark's deadline, else the rule's park horizon.
+            .opt("event.park", request.unpark.or(event.park))
             .opt("event.floor", event.floor)
             .int("event.margin", event.margin);
         adaptive(&mut args, event.adaptive.as_ref(), event.limits);
@@ -351,7 +355,10 @@ impl ReserveArgs {
         for name in limits.iter().flat_map(|l| &l.state_fields) {
             args.str("state_field", name);
         }
-        args.str("state_field", field::OVERRIDES).str("state_field", field::LEGACY_FRONTIER);
+        args.str("state_field", field::PARKED)
+            .str("state_field", field::WAKE)
+            .str("state_field", field::OVERRIDES)
+            .str("state_field", field::LEGACY_FRONTIER);
         let numbered: Vec<(i64, &_)> =
             event.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
         args.section("budgets", &numbered, |args, (key, budget)| {

@@ -3,7 +3,7 @@ use std::sync::Mutex;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::rules::{Limit, Rule};
-use drip_core::schedule::{BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, override_id};
+use drip_core::schedule::{BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id};
 use drip_core::time::{Millis, wall_clock_millis};
 
 use crate::inspect::{EntityReport, class_calendar, report};
@@ -111,6 +111,18 @@ impl Store for MemoryStore {
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
         self.with(|s| s.complete(request.rule, request.key, (request.event.message_id, request.event.published)));
         ready(())
+    }
+
+    fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)> {
+        let now = request.now().unwrap_or_else(wall_clock_millis);
+        let deadline = request.unpark.unwrap_or(now);
+        let model_request = ReserveRequest { now, ..request.event };
+        ready((self.with(|s| s.unpark(request.rule, request.key, &model_request, deadline)), now))
+    }
+
+    fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
+        let now = self.now();
+        ready(self.with(|s| s.arm_wake(&rule.id, key, now, wanted)))
     }
 
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::rules::{Limit, Rule};
-use drip_core::schedule::{Correction, LimitOverride};
+use drip_core::schedule::{Correction, LimitOverride, Unpark};
 use drip_core::time::Millis;
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
@@ -16,11 +16,11 @@ use crate::inspect::EntityReport;
 use crate::keys::{DISPATCHED_MEMORY, field, payload_key};
 use crate::overrides::Author;
 use crate::redis_store::{ReserveCall, only_answer};
-use crate::scripts::RELEASE;
+use crate::scripts::{RELEASE, WAKE};
 use crate::store::{Ping, Store};
 use crate::{
-    AuditEntry, Calendar, DispatchClaim, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef, SlotRequest,
-    StoreError, StoreFuture,
+    AuditEntry, Calendar, DispatchClaim, EntityKeys, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef,
+    SlotRequest, StoreError, StoreFuture,
 };
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -59,6 +59,29 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             pipe.pexpire(&keys.answers, ttl).ignore();
             let _: () = pipe.query_async(&mut self.connection()).await?;
             Ok(())
+        })
+    }
+
+    fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)> {
+        Box::pin(async move {
+            let reply = self.run_reserve(self.reserve_call(request)).await?;
+            // reserve.lua's `unpark`: a decision's reply, or LATER (slot, wake), NOT_PARKED, NOT_HEAD.
+            let unpark = match reply.as_slice() {
+                [slot, 5, wake, _, _] => Unpark::Later { slot: *slot, wake: *wake },
+                [_, 6, _, _, _] => Unpark::NotParked,
+                [_, 7, _, _, _] => Unpark::NotHead,
+                _ => Unpark::Decided(crate::redis_store::parse_reply(&reply)?.reservation),
+            };
+            Ok((unpark, reply.get(3).copied().unwrap_or_default()))
+        })
+    }
+
+    fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(async move {
+            let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &rule.limits);
+            let mut invocation = WAKE.call();
+            invocation.key(&keys.state).arg(self.clock().now().map(|t| t.to_string()).unwrap_or_default()).arg(wanted);
+            Ok(invocation.invoke_async(&mut self.connection()).await?)
         })
     }
 

@@ -457,6 +457,7 @@ pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
         0 => Status::Reserved,
         1 => Status::MaxDelayExceeded,
         2 => Status::CostExceedsLimit,
+        4 => Status::Parked,
         _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
     };
     let attempt = match attempt {

@@ -22,6 +22,9 @@ pub struct SlotRequest<'a> {
     /// told to wait by the downstream, found a pause, or came too late), its old slot's units kept
     /// or given back; `None` for an ordinary reservation.
     pub reslot: Option<OldSlot>,
+    /// The drain of the key's parked messages, at this one (`Scheduler::unpark`): its slot is
+    /// reserved if no later than this deadline. `reslot` is not read then.
+    pub unpark: Option<Millis>,
     /// The event as the model reserves it. Its `message_id` is the message's identity
     /// (`MessageRef::identity`: id and subscription); its `now` counts only when `store_clock` is
     /// false.
@@ -40,7 +43,7 @@ impl<'a> SlotRequest<'a> {
 
     /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
     pub fn new(rule: &'a str, key: &'a str, event: ReserveRequest<'a>) -> Self {
-        Self { rule, key, tag: None, reslot: None, event, store_clock: true }
+        Self { rule, key, tag: None, reslot: None, unpark: None, event, store_clock: true }
     }
 
     /// The request for one event of `rule` (its limits, budgets and the rest, as

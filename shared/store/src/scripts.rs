@@ -16,7 +16,7 @@ const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 pub(crate) const REPLY_LENGTH: usize = 5;
 
 /// The numbers the scripts and Rust share, by the name both use.
-fn shared_numbers() -> [(&'static str, i64); 8] {
+fn shared_numbers() -> [(&'static str, i64); 10] {
     use drip_core::budgets as b;
     [
         ("ANSWER_MINUTE", crate::keys::ANSWER_BUCKET),
@@ -27,6 +27,8 @@ fn shared_numbers() -> [(&'static str, i64); 8] {
         ("LATENCY_MAX_CLIMB", b::LATENCY_MAX_CLIMB as i64),
         ("LATENCY_HOLD_WINDOWS", b::LATENCY_HOLD_WINDOWS),
         ("LATENCY_MEMORY_WINDOWS", b::LATENCY_MEMORY_WINDOWS),
+        ("EXPIRED_PARK", drip_core::schedule::EXPIRED_PARK),
+        ("WAKE_LOST_AFTER", drip_core::schedule::WAKE_LOST_AFTER),
     ]
 }
 
@@ -161,6 +163,8 @@ pub(crate) static LEASE: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("lease", &with_prelude(""), include_str!("../../../lua/lease.lua")));
 pub(crate) static RETURNS: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("returns", &with_prelude(""), include_str!("../../../lua/returns.lua")));
+pub(crate) static WAKE: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("wake", &with_prelude(""), include_str!("../../../lua/wake.lua")));
 pub(crate) static BUDGET: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("budget", &with_latency(), include_str!("../../../lua/budget.lua")));
 pub(crate) static OVERRIDE: LazyLock<Library> =
@@ -188,6 +192,7 @@ mod tests {
             include_str!("../../../lua/returns.lua"),
             include_str!("../../../lua/dispatch.lua"),
             include_str!("../../../lua/release.lua"),
+            include_str!("../../../lua/wake.lua"),
         ];
         for (name, _) in shared_numbers() {
             for source in sources {
@@ -207,6 +212,6 @@ mod tests {
         assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::keys::ANSWER_BUCKET.to_string()), "{line}");
         let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
         let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
-        assert_eq!((names, values), (8, 8), "{line}");
+        assert_eq!((names, values), (10, 10), "{line}");
     }
 }

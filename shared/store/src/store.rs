@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::rules::{Limit, Rule};
-use drip_core::schedule::{Correction, LimitOverride};
+use drip_core::schedule::{Correction, LimitOverride, Unpark};
 use drip_core::time::Millis;
 
 use drip_core::rules::Classes;
@@ -29,6 +29,12 @@ pub trait Store: Ping + std::fmt::Debug {
     fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved>;
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, reserved: &'a Reserved) -> StoreFuture<'a, ()>;
+    /// The drain of the key's parked messages at the request's message (`request.unpark` holds
+    /// the deadline): `Scheduler::unpark`, and the time it was decided at.
+    fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)>;
+    /// Arms the wake of the key's drain at `wanted` unless one is armed (`Scheduler::arm_wake`):
+    /// the wake to make a task for, if any.
+    fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
     /// Corrects what the request's message booked with the cost reported after its call, once.
     fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction>;
     /// Keeps a payload too large for a task until its dispatch; returns the task's reference to it.
