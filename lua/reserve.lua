@@ -1085,7 +1085,8 @@ local function keep_runs(e)
 end
 
 -- The queue of the entity's parked messages, oldest first: a list beside its state hash
--- ('<prefix>:state' -> '<prefix>:q'), each entry the message's answers hash and field.
+-- ('<prefix>:state' -> '<prefix>:q'), each entry the message's answers hash, a newline and its
+-- field (8 bytes); `<prefix>:h` lists those a drain took and is handing over.
 local function queue_key(e)
   return string.sub(KEYS[e.base], 1, -6) .. 'q'
 end
@@ -1161,8 +1162,14 @@ local function unpark(e, now)
   local last = read_overrides(e, values)
   local at = parked_at(e)
   local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + 1]) or false
+  -- It leaves the queue for the list of messages being handed over (a task made for its slot, or
+  -- a dead letter), until the drain says it is (RedisStore's handed_over): a drain that crashes
+  -- between the two leaves it there for the next one.
   local leaves = function()
+    local handing = string.sub(queue, 1, -2) .. 'h'
     redis.call('LPOP', queue)
+    redis.call('RPUSH', handing, entry)
+    redis.call('PEXPIRE', handing, e.answers_keep)
     if parked <= 1 then
       set_parked(e, values, 0, false)
     else

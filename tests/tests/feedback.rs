@@ -40,26 +40,7 @@ type Answer = (String, Millis, u16);
 
 /// An HTTP target that answers 429 with `Retry-After: 2` to its first `refusals` calls, then 204.
 async fn throttling_target(refusals: usize) -> (String, Arc<Mutex<Vec<Answer>>>) {
-    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
-    let log = answers.clone();
-    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
-        let log = log.clone();
-        async move {
-            let id = headers.get("x-drip-message-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
-            let mut log = log.lock().unwrap();
-            let refuse = log.len() < refusals;
-            log.push((id, wall_clock_millis(), if refuse { 429 } else { 204 }));
-            if refuse {
-                (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "2")]).into_response()
-            } else {
-                StatusCode::NO_CONTENT.into_response()
-            }
-        }
-    });
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, answers)
+    throttling_target_for(refusals, 2).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,4 +340,123 @@ async fn a_rescheduled_claim_checked_event_keeps_its_payload_past_its_retries() 
     let ttl: i64 = redis::cmd("PTTL").arg(&reference).query_async(&mut redis).await.unwrap();
     let needed = created[0].schedule_time - wall_clock_millis() + CLAIM_CHECK_MARGIN - MINUTE;
     assert!(ttl >= needed, "the payload lives {ttl} ms, the new task's retries need {needed}");
+}
+
+/// A key whose partner says wait (429, `Retry-After: 3`) parks its backlog instead of booking it
+/// behind the pause: the events the dispatcher finds paused and those that arrive behind them wait
+/// unbooked in the key's queue, and one wake task drains them where the pause ends, at the full
+/// rate, in order. Through the real stack: every event reaches the partner or the topic exactly
+/// once, no second window at the partner holds more than the limit, nothing is dead-lettered, and
+/// the parked backlog is through within its size ÷ the limit (and 2 s) after the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_key_parks_its_backlog_and_drains_it_at_the_full_rate_after_the_pause() {
+    const PARKING_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [ { limit: 5, per: 1s } ]
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    overflow: { url: "TARGET" }
+"#;
+    const LIMIT: usize = 5;
+    let prefix = unique("parking");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let (target, answers) = throttling_target_for(1, 3).await;
+    let rules = PARKING_RULES.replace("{p}", &prefix).replace("TARGET", &target);
+    let namespace = unique("drip");
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    let redis = shared_url();
+    let dispatcher =
+        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
+    let mut wiring =
+        LimiterWiring::new(redis, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
+    wiring.namespace = namespace;
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let source = format!("{prefix}-source");
+    pubsub.create_topic(&source).await;
+    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let mut ids = HashSet::new();
+    for i in 0..30 {
+        let data = format!(r#"{{"merchant":"m","n":{i}}}"#);
+        ids.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await);
+    }
+    let mut forwarded: HashSet<String> = HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let delivered_all = |answers: &[Answer], forwarded: &HashSet<String>| {
+        let ok: HashSet<&String> = answers.iter().filter(|a| a.2 == 204).map(|a| &a.0).collect();
+        ids.iter().all(|id| ok.contains(id) || forwarded.contains(id))
+    };
+    while !delivered_all(&answers.lock().unwrap(), &forwarded) && std::time::Instant::now() < deadline {
+        for m in pubsub.pull(&format!("{prefix}-ready"), 100).await {
+            forwarded.insert(m.attributes["drip-message-id"].clone());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let answers = answers.lock().unwrap().clone();
+    assert!(delivered_all(&answers, &forwarded), "every event reached the topic or the partner: {answers:?}");
+    let mut successes: HashMap<&String, usize> = HashMap::new();
+    for (id, _, _) in answers.iter().filter(|a| a.2 == 204) {
+        *successes.entry(id).or_default() += 1;
+    }
+    assert!(successes.values().all(|&n| n == 1), "each event reached the partner once: {successes:?}");
+    assert!(successes.keys().all(|id| !forwarded.contains(*id)), "and not the topic too");
+    let mut windows: BTreeMap<Millis, usize> = BTreeMap::new();
+    for (_, at, _) in answers.iter().filter(|a| a.2 == 204) {
+        *windows.entry(at.div_euclid(1_000)).or_default() += 1;
+    }
+    assert!(windows.values().all(|&n| n <= LIMIT), "at most {LIMIT} a second at the partner: {windows:?}");
+    let dead_letters = pubsub.pull(&format!("{prefix}-dlq"), 100).await;
+    assert!(dead_letters.is_empty(), "nothing dead-lettered: {dead_letters:?}");
+
+    // The refusal paused the key for 3 s; what was due meanwhile parked and drains after it.
+    let refused = answers.iter().find(|a| a.2 == 429).expect("the partner refused one").1;
+    let pause_ends = refused + 3_000;
+    let after: Vec<Millis> = answers.iter().filter(|a| a.2 == 204 && a.1 >= pause_ends - 100).map(|a| a.1).collect();
+    let last = *after.iter().max().expect("events after the pause");
+    let allowed = (after.len().div_ceil(LIMIT) * 1_000 + 2_000) as Millis;
+    assert!(
+        last - pause_ends <= allowed,
+        "{} events drained in {} ms (at most {allowed})",
+        after.len(),
+        last - pause_ends
+    );
+    let metrics = dispatcher.state.metrics.shared.render();
+    assert!(metrics.contains("outcome=\"drained\""), "a wake drained the key: {metrics}");
+}
+
+/// An HTTP target that answers 429 with `Retry-After: retry_after` to its first `refusals` calls,
+/// then 204.
+async fn throttling_target_for(refusals: usize, retry_after: u64) -> (String, Arc<Mutex<Vec<Answer>>>) {
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let log = answers.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+        let log = log.clone();
+        async move {
+            let id = headers.get("x-drip-message-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+            let mut log = log.lock().unwrap();
+            let refuse = log.len() < refusals;
+            log.push((id, wall_clock_millis(), if refuse { 429 } else { 204 }));
+            if refuse {
+                (StatusCode::TOO_MANY_REQUESTS, [("retry-after", retry_after.to_string())]).into_response()
+            } else {
+                StatusCode::NO_CONTENT.into_response()
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, answers)
 }

@@ -898,7 +898,8 @@ fn both_stores_count_the_backlog_exactly_and_say_why_a_key_waits() {
 #[test]
 fn inspect_rows_are_exact_or_ranges_that_hold_the_truth() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let rule = example_payouts_rule("rows");
+    // Booked behind the pause, not parked (a parked event holds no slot to count).
+    let rule = drip_core::rules::Rule { park_horizon: None, ..example_payouts_rule("rows") };
     let redis = RedisStore::new(runtime.block_on(shared_connection()), "drip");
     let memory = MemoryStore::new();
     for store in [&redis as &dyn Store, &memory] {

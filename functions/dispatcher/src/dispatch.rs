@@ -21,7 +21,7 @@ use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{
-    CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, task_id,
+    CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask, task_id,
 };
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::OldSlot;
@@ -39,7 +39,7 @@ const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-tasknam
 
 /// The task as Cloud Tasks presented it.
 #[derive(Debug, Clone, Copy)]
-struct Delivery<'a> {
+pub(crate) struct Delivery<'a> {
     task: &'a str,
     /// 0 on the first attempt.
     retry_count: i64,
@@ -79,6 +79,13 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
         Ok(admitted) => admitted,
         Err(Rejected { outcome, status }) => return Answer::new(status, None, outcome),
     };
+    if let Some(wake) = WakeTask::parse(&body) {
+        if delivery.sealed_until.is_none() {
+            tracing::error!(task = delivery.task, "dispatch refused: an unsealed wake task");
+            return Answer::new(StatusCode::FORBIDDEN, None, Outcome::NotATask);
+        }
+        return crate::drain::wake(&state, &wake, &delivery).await;
+    }
     match TaskBatch::parse(&body) {
         // Batches came after seals: an unsealed one is no task of ours.
         Some(_) if delivery.sealed_until.is_none() => {
@@ -435,7 +442,7 @@ async fn take_turn(
     let later = reserved.reservation.slot > reserved.now;
     if later {
         let new_task = async |reserved: &Reserved| new_task(state, task, (rule, &identity), reserved).await;
-        rescheduler.task_at(&request, &reserved, new_task).await?;
+        rescheduler.task_at((rule, &request), &reserved, new_task).await?;
     } else {
         tracing::info!(message_id = %task.message_id, rule = %rule.name, key = %task.rate_limit_meta.key, "{why}: its new slot is now");
     }
@@ -459,13 +466,18 @@ fn rescheduler<'a>(state: &'a AppState, delivery: &Delivery<'_>, why: &str) -> R
 }
 
 /// The task's event's request, as its reservation named it.
-fn request_of<'a>(rule: &'a Rule, task: &'a TaskBody, identity: &'a str, published: Option<Millis>) -> SlotRequest<'a> {
+pub(crate) fn request_of<'a>(
+    rule: &'a Rule,
+    task: &'a TaskBody,
+    identity: &'a str,
+    published: Option<Millis>,
+) -> SlotRequest<'a> {
     let meta = &task.rate_limit_meta;
     SlotRequest::for_rule(rule, &meta.key, identity, meta.cost.unwrap_or(1)).published(published)
 }
 
 /// The event's new task at the slot `reserved` holds (a claim-checked payload kept until then).
-async fn new_task(
+pub(crate) async fn new_task(
     state: &AppState,
     task: &TaskBody,
     (rule, identity): (&Rule, &str),
@@ -490,7 +502,7 @@ async fn completed(state: &AppState, request: &SlotRequest<'_>, reserved: &Reser
 }
 
 /// Where the task's message's answer is filed: its identity and its publish time.
-fn filing_of(task: &TaskBody) -> (String, Option<Millis>) {
+pub(crate) fn filing_of(task: &TaskBody) -> (String, Option<Millis>) {
     let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
     (identity, drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes))
 }
@@ -511,7 +523,7 @@ fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
 /// The dispatcher's one way to dead-letter: the event's data (`data`; else the payload the task
 /// carries inline; else the task's body as it came), stamped with the reason, the task's name and
 /// what the task names.
-async fn dead_letter(
+pub(crate) async fn dead_letter(
     state: &AppState,
     (task, rule): (Option<&TaskBody>, Option<&Rule>),
     refused: Refused,

@@ -4,6 +4,7 @@
 //! backoff). A URL that says wait gets the event back later: a new slot, a new task.
 
 mod dispatch;
+mod drain;
 
 use std::sync::Arc;
 

@@ -35,6 +35,7 @@ rules:
     key: "merchant_{attributes.merchant}"
     limits: [ { limit: 1, per: 1s } ]
     max_delay: 1h
+    park_horizon: off
     forward: { topic: payouts-ready }
     overflow_topic: payouts-overflow
 "#;

@@ -472,10 +472,34 @@ async fn resume(
     let by = caller_name(caller);
     match drip_store::resume(&*state.store, rule, key, budget, drip_store::Author { by: &by, reason }).await {
         Ok(resumed) => {
+            if budget.is_none() {
+                wake_parked(state, rule, key).await;
+            }
             let change = &resumed.change;
             tracing::warn!(by = %change.by, rule = %rule.name, key, target = %change.target, resumed_pause = change.resumed_pause.map(format_rfc3339), paused_until = resumed.paused_until.map(format_rfc3339), "pause lifted");
             Json(resumed).into_response()
         }
         Err(e) => unavailable("resuming", e),
+    }
+}
+
+/// After a key's pause is lifted, its parked events drain now, at the rate in force, rather than
+/// at the wake armed for the pause's end. An instance that creates no task (the admin service)
+/// leaves them to that wake, or to the next event of the key, which re-arms a wake.
+async fn wake_parked(state: &AppState, rule: &Rule, key: &str) {
+    let Some(batcher) = &state.tasks else {
+        tracing::info!(rule = %rule.name, key, "pause lifted; this instance creates no task, so parked events drain at their armed wake");
+        return;
+    };
+    match state.store.parked_bodies(rule, key, 1).await {
+        Ok(parked) if parked.is_empty() => return,
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(rule = %rule.name, key, %error, "could not read the key's parked events; waking its drain anyway")
+        }
+    }
+    let now = drip_core::time::wall_clock_millis();
+    if let Err(error) = drip_service::parking::wake_at((batcher.tasks(), &state.metrics), (rule, key), now).await {
+        tracing::warn!(rule = %rule.name, key, ?error, "pause lifted, but the wake of its parked events was not made");
     }
 }

@@ -117,6 +117,11 @@ pub enum Outcome {
     Forward,
     /// Limiter: a task was created for a later slot.
     Delay,
+    /// Dispatcher: a wake task drained its key's parked events.
+    Drained,
+    /// Its key is throttled: the event waits unbooked in the key's queue, and the key's drain gives
+    /// it a slot at the rate in force then.
+    Parked,
     /// Limiter: a redelivery of a message already acted upon, acked without acting again.
     Redelivered,
     /// Another attempt at the same message is acting on it now: answered 503, retried later.
@@ -145,6 +150,8 @@ impl Outcome {
         match self {
             Self::Forward => "forward",
             Self::Delay => "delay",
+            Self::Parked => "parked",
+            Self::Drained => "drained",
             Self::Redelivered => "redelivered",
             Self::Busy => "busy",
             Self::Published => "published",

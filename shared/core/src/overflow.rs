@@ -38,6 +38,16 @@ pub enum TaskPayload {
     ClaimCheck(String),
 }
 
+impl TaskBody {
+    /// The claim-check reference of an encoded task body's payload, if it has one.
+    pub fn claim_check_of(body: &[u8]) -> Option<String> {
+        match serde_json::from_slice::<TaskBody>(body).ok()?.payload {
+            TaskPayload::ClaimCheck(reference) => Some(reference),
+            _ => None,
+        }
+    }
+}
+
 impl TaskPayload {
     /// `data` inline: verbatim when it is JSON, else as bytes (base64 on the wire).
     pub fn inline(data: &[u8]) -> Self {
@@ -193,6 +203,38 @@ pub fn task_id(rule: &str, identity: &str, reslotted_for: Option<i64>) -> String
     match reslotted_for {
         None => format!("{}-{rule}", hex::encode(&digest[..16])),
         Some(slot) => format!("{}-{rule}-at-{slot}", hex::encode(&digest[..16])),
+    }
+}
+
+/// The task that wakes the drain of a key's parked messages (docs/design.md: "Parking a
+/// throttled key's backlog"): `{"wake": {"rule_id": ..., "key": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WakeTask {
+    pub wake: WakeOf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WakeOf {
+    pub rule_id: String,
+    pub key: String,
+}
+
+impl WakeTask {
+    /// `body` as a wake, or `None` when it is an event's task body or a batch.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice(body).ok()
+    }
+
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("two strings encode")
+    }
+
+    /// Its name for a wake at `at`: a wake armed twice for one time is ALREADY_EXISTS.
+    pub fn name(&self, at: crate::time::Millis) -> String {
+        let digest = Sha256::digest(format!("{}\0{}", self.wake.rule_id, self.wake.key).as_bytes());
+        format!("wake-{}-{}-at-{at}", hex::encode(&digest[..16]), self.wake.rule_id)
     }
 }
 

@@ -29,6 +29,8 @@ pub const MAX_DELAY_LIMIT: Millis = 30 * DAY;
 /// An inline wait holds the push request open; Pub/Sub's deadline and Cloud Run's cost say keep it short.
 pub const MAX_INLINE_WAIT: Millis = 10 * SECOND;
 pub const DEFAULT_INLINE_WAIT: Millis = SECOND;
+/// `park_horizon` when a rule does not say.
+pub const DEFAULT_PARK_HORIZON: Millis = 2 * SECOND;
 
 #[derive(Debug, Clone)]
 pub struct RuleSet {
@@ -116,6 +118,9 @@ pub struct Rule {
     /// A call the downstream refused (429/503) still counts: its slot is kept when it is
     /// rescheduled (`OldSlot::Kept`); by default its units go back.
     pub count_refused: bool,
+    /// `park_horizon`: while a key is throttled, an event whose slot lies further ahead than this
+    /// parks (`schedule::Status::Parked`); `None`: `off`. See [`Rule::park`].
+    pub park_horizon: Option<Millis>,
     /// Classes under its limits (docs/rules.md: "Classes under one limit").
     pub classes: Option<Classes>,
 }
@@ -167,6 +172,14 @@ impl Rule {
             true => crate::schedule::OldSlot::Kept,
             false => crate::schedule::OldSlot::GivenBack,
         }
+    }
+
+    /// The horizon past which a throttled key's events park (`ReserveRequest::park`): the rule's
+    /// `park_horizon` when it enforces, has no classes and draws from no leased budget (those
+    /// book every slot at once); else `None`.
+    pub fn park(&self) -> Option<Millis> {
+        let leased = self.budgets.iter().any(|b| b.leases.is_some());
+        self.park_horizon.filter(|_| self.mode == Mode::Enforce && self.classes.is_none() && !leased)
     }
 
     /// Whether an event of this rule delivered at `at` for `slot` would be late

@@ -202,6 +202,7 @@ impl<'a> ReserveRequest<'a> {
             budgets: &rule.budgets,
             adaptive: rule.adaptive,
             margin: rule.delivery_margin,
+            park: rule.park(),
             ..Self::new(message_id, &rule.limits, now)
         }
     }

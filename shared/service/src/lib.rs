@@ -11,6 +11,7 @@ pub mod health;
 pub mod latency;
 pub mod live_rules;
 pub mod metrics;
+pub mod parking;
 pub mod reschedule;
 pub mod settings;
 pub mod shutdown;

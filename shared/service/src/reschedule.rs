@@ -155,7 +155,7 @@ impl Rescheduler<'_> {
         if let Some(refused) = beyond_reach(&reserved, &wait.detail) {
             return (Some(reserved), Err(Failure::Permanent(refused)));
         }
-        (Some(reserved), self.task_at(&request, &reserved, task).await.map(drop))
+        (Some(reserved), self.task_at((rule, &request), &reserved, task).await.map(drop))
     }
 
     /// The event's new slot (`request.reslot` says what becomes of its old one): see
@@ -165,14 +165,24 @@ impl Rescheduler<'_> {
         self.store.reserve(request).await.map_err(Failure::transient)
     }
 
-    /// A task that carries the event to the slot `reserved` holds.
+    /// A task that carries the event to the slot `reserved` holds; or, when it parked (its key is
+    /// throttled), its body kept for the key's drain (`parking::park`).
     pub async fn task_at(
         &self,
-        request: &SlotRequest<'_>,
+        (rule, request): (&Rule, &SlotRequest<'_>),
         reserved: &Reserved,
         task: impl AsyncFnOnce(&Reserved) -> Result<EventTask, Failure>,
     ) -> Result<Created, Failure> {
         let task = task(reserved).await?;
+        if reserved.reservation.status == Status::Parked {
+            if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(&task.body) {
+                let keep = rule.max_delay + crate::parking::BODY_MARGIN;
+                self.store.keep_payload(&reference, keep).await.map_err(Failure::transient)?;
+            }
+            let tools = (self.store, self.tasks.tasks(), self.metrics);
+            crate::parking::park(tools, (rule, request), reserved, &task.body).await.map_err(Failure::transient)?;
+            return Ok(Created::New);
+        }
         let slot = task.slot;
         let created = create_task((self.tasks, self.metrics), (request.rule, request.key), task).await?;
         tracing::info!(message = request.event.message_id, rule = request.rule, key = request.key, slot = %format_rfc3339(slot), "rescheduled");

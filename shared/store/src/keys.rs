@@ -170,6 +170,34 @@ impl EntityKeys {
     }
 }
 
+impl EntityKeys {
+    fn prefix(&self) -> &str {
+        self.state.strip_suffix(":state").unwrap_or(&self.state)
+    }
+
+    /// The entity's queue of parked messages (reserve.lua's `queue_key`), and the list of those a
+    /// drain took and is handing over.
+    pub fn parked_queue(&self) -> String {
+        format!("{}:q", self.prefix())
+    }
+
+    pub fn handing_list(&self) -> String {
+        format!("{}:h", self.prefix())
+    }
+
+    /// The message's entry in them: its answers hash, a newline, its answer field.
+    pub fn parked_entry(&self) -> Vec<u8> {
+        [self.answers.as_bytes(), b"\n", &self.answer_field].concat()
+    }
+}
+
+/// Where the body of the parked message of a queue `entry` is kept: `<answers hash>:q:<field>`.
+pub fn parked_body_key(entry: &[u8]) -> Option<Vec<u8>> {
+    let (answers, field) = entry.split_at_checked(entry.len().checked_sub(9)?)?;
+    let field = field.strip_prefix(b"\n")?;
+    Some([answers, b":q:", field].concat())
+}
+
 /// The answers hash of an entity (`prefix`) for one publication minute, or its undated answers
 /// (`a:u`, base 0), and the base its times are relative to.
 fn answers_file(prefix: &str, minute: Option<Millis>) -> (String, Millis) {

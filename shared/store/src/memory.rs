@@ -3,7 +3,9 @@ use std::sync::Mutex;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::rules::{Limit, Rule};
-use drip_core::schedule::{BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id};
+use drip_core::schedule::{
+    AnswerFile, BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id,
+};
 use drip_core::time::{Millis, wall_clock_millis};
 
 use crate::inspect::{EntityReport, class_calendar, report};
@@ -23,11 +25,23 @@ pub struct MemoryStore {
     audit: Mutex<Vec<AuditEntry>>,
     /// By message: `None` once published, else the end of the publishing attempt's lease.
     dispatched: Mutex<HashMap<String, Option<Millis>>>,
+    /// Drained messages not handed over yet: (rule, key, answer file), in order.
+    handing: Mutex<Vec<(String, String, AnswerFile)>>,
     clock: Clock,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Where the model keeps a parked message's body (beside the payloads).
+fn parked_name(rule: &str, key: &str, (minute, id): &AnswerFile) -> String {
+    format!("memory-parked:{rule}|{key}|{minute:?}|{id}")
+}
+
+fn file_of(request: &SlotRequest<'_>) -> AnswerFile {
+    let minute = request.event.published.map(|at| at.div_euclid(drip_core::schedule::ANSWER_MINUTE));
+    (minute, request.event.message_id.to_owned())
 }
 
 fn message_name(of: MessageOf<'_>) -> String {
@@ -117,7 +131,50 @@ impl Store for MemoryStore {
         let now = request.now().unwrap_or_else(wall_clock_millis);
         let deadline = request.unpark.unwrap_or(now);
         let model_request = ReserveRequest { now, ..request.event };
-        ready((self.with(|s| s.unpark(request.rule, request.key, &model_request, deadline)), now))
+        let unpark = self.with(|s| s.unpark(request.rule, request.key, &model_request, deadline));
+        if let Unpark::Decided(_) = unpark {
+            locked(&self.handing).push((request.rule.to_owned(), request.key.to_owned(), file_of(request)));
+        }
+        ready((unpark, now))
+    }
+
+    /// The model's bodies never expire.
+    fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], _: Millis) -> StoreFuture<'a, ()> {
+        let name = parked_name(request.rule, request.key, &file_of(request));
+        locked(&self.payloads).insert(name, body.to_vec());
+        ready(())
+    }
+
+    fn parked_bodies<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        count: usize,
+    ) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        let parked = self.with(|s| s.parked(&rule.id, key));
+        let payloads = locked(&self.payloads);
+        let bodies = parked.iter().take(count).map(|file| payloads.get(&parked_name(&rule.id, key, file)).cloned());
+        ready(bodies.collect())
+    }
+
+    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        let handing = locked(&self.handing);
+        let payloads = locked(&self.payloads);
+        let bodies = handing
+            .iter()
+            .filter(|(r, k, _)| *r == rule.id && k == key)
+            .map(|(r, k, file)| payloads.get(&parked_name(r, k, file)).cloned());
+        ready(bodies.collect())
+    }
+
+    fn handed_over<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, ()> {
+        let file = file_of(request);
+        let mut handing = locked(&self.handing);
+        if let Some(at) = handing.iter().position(|(r, k, f)| r == request.rule && k == request.key && *f == file) {
+            handing.remove(at);
+        }
+        locked(&self.payloads).remove(&parked_name(request.rule, request.key, &file));
+        ready(())
     }
 
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {

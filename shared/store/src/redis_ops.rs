@@ -13,7 +13,7 @@ use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
 use crate::inspect::EntityReport;
-use crate::keys::{DISPATCHED_MEMORY, field, payload_key};
+use crate::keys::{DISPATCHED_MEMORY, field, parked_body_key, payload_key};
 use crate::overrides::Author;
 use crate::redis_store::{ReserveCall, only_answer};
 use crate::scripts::{RELEASE, WAKE};
@@ -73,6 +73,46 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
                 _ => Unpark::Decided(crate::redis_store::parse_reply(&reply)?.reservation),
             };
             Ok((unpark, reply.get(3).copied().unwrap_or_default()))
+        })
+    }
+
+    fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let entry = self.keys(request).parked_entry();
+            let key = parked_body_key(&entry).expect("an entry ends with its field");
+            let _: () = self.connection().pset_ex(key, body, ttl.max(1) as u64).await?;
+            Ok(())
+        })
+    }
+
+    fn parked_bodies<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        count: usize,
+    ) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &rule.limits);
+            self.bodies_of(&keys.parked_queue(), count).await
+        })
+    }
+
+    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &rule.limits);
+            self.bodies_of(&keys.handing_list(), usize::MAX).await
+        })
+    }
+
+    fn handed_over<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let keys = self.keys(request);
+            let entry = keys.parked_entry();
+            let mut pipe = redis::pipe();
+            pipe.lrem(keys.handing_list(), 1, &entry).ignore();
+            pipe.del(parked_body_key(&entry).expect("an entry ends with its field")).ignore();
+            let _: () = pipe.query_async(&mut self.connection()).await?;
+            Ok(())
         })
     }
 
@@ -264,5 +304,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.dispatch_op(of, "release", 1).await.map(drop) })
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    /// The kept bodies of the first `count` entries of a parked queue or handing list, in order.
+    async fn bodies_of(&self, list: &str, count: usize) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let last = isize::try_from(count).map_or(-1, |count| count - 1);
+        let entries: Vec<Vec<u8>> = self.connection().lrange(list, 0, last).await?;
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<Vec<u8>> = entries.iter().filter_map(|entry| parked_body_key(entry)).collect();
+        Ok(redis::cmd("MGET").arg(keys).query_async(&mut self.connection()).await?)
     }
 }

@@ -35,6 +35,18 @@ pub trait Store: Ping + std::fmt::Debug {
     /// Arms the wake of the key's drain at `wanted` unless one is armed (`Scheduler::arm_wake`):
     /// the wake to make a task for, if any.
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
+    /// Keeps the body of the request's parked message (its task body, as it would be made) for
+    /// `ttl`: the key's drain makes its task from it.
+    fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()>;
+    /// The bodies of the key's first `count` parked messages, oldest first (`None`: a message
+    /// parked whose body is not kept yet, or any more).
+    fn parked_bodies<'a>(&'a self, rule: &'a Rule, key: &'a str, count: usize)
+    -> StoreFuture<'a, Vec<Option<Vec<u8>>>>;
+    /// The bodies of the messages a drain took from the key's queue and has not handed over.
+    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>>;
+    /// The drained message is handed over (its task exists, or it is dead-lettered): it leaves
+    /// the handing list and its body is dropped.
+    fn handed_over<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, ()>;
     /// Corrects what the request's message booked with the cost reported after its call, once.
     fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction>;
     /// Keeps a payload too large for a task until its dispatch; returns the task's reference to it.

@@ -8,6 +8,8 @@ use serde_yaml_ng::Value;
 /// What `parse_duration` accepts: whole numbers of `ms`, `s`, `m`, `h` or `d`, summed (`1h30m`).
 /// Months, weeks, years and fractions are refused by both.
 const DURATION: &str = r"^\s*([0-9]+\s*(ms|s|m|h|d)\s*)+$";
+/// A duration, or `off`.
+const DURATION_OR_OFF: &str = r"^\s*(off|([0-9]+\s*(ms|s|m|h|d)\s*)+)$";
 
 /// A key or cost template: text with `{data.<path>}` or `{attributes.<name>}` placeholders.
 const TEMPLATE: &str = r"^([^{}]|\{(data(\.[^{}.]+)+|attributes\.[^{}]+)\})+$";
@@ -265,6 +267,11 @@ pub(super) struct RawRule {
     /// `deliver` (it goes at once, latency over the limit).
     #[schemars(with = "Option<LateEventsName>")]
     pub(super) late_events: Option<String>,
+    /// While a key is throttled (paused, or its adaptive level below its ceiling), an event whose
+    /// slot lies further ahead than this books nothing and waits in the key's queue for the rate
+    /// in force when the key's drain reaches it (default `2s`; `off`: every slot booked at once).
+    #[schemars(regex(pattern = DURATION_OR_OFF))]
+    pub(super) park_horizon: Option<String>,
     /// Whether a call the downstream refused (429/503) counts against the limits (default false:
     /// its units go back when it is rescheduled).
     pub(super) count_refused: Option<bool>,

@@ -142,6 +142,19 @@ pub(super) fn validate_rule(
             None
         }
     };
+    let park_horizon = match raw.park_horizon.as_deref().map(str::trim) {
+        None => Some(Some(DEFAULT_PARK_HORIZON)),
+        Some("off") => Some(None),
+        Some(text) => errors.check(
+            "park_horizon",
+            parse_duration(text).and_then(|horizon| match max_delay {
+                Some(max_delay) if horizon > max_delay => {
+                    Err(format!("{text} is longer than max_delay: nothing would ever park"))
+                }
+                _ => Ok(Some(horizon)),
+            }),
+        ),
+    };
     let late_events = match raw.late_events.as_deref() {
         None | Some("wait") => Some(LateEvents::Wait),
         Some("deliver") => Some(LateEvents::Deliver),
@@ -247,6 +260,7 @@ pub(super) fn validate_rule(
         delivery_margin: delivery_margin?,
         late_events: late_events?,
         count_refused: raw.count_refused.unwrap_or(false),
+        park_horizon: park_horizon?,
         classes: classes?,
     };
     Some((rule, budget_names))

@@ -1,0 +1,147 @@
+//! A wake task: the drain of one key's parked messages (docs/design.md: "Parking a throttled key's
+//! backlog"). It first hands over what a drain that died left half done, then takes the queue's
+//! head one message after another, each booked at the rate in force now if its slot comes within
+//! the rule's park horizon, and gives each a task at its slot (created together, batched, as the
+//! limiter's are); the first that does not fit yet sets the next wake. A failure answers 503:
+//! Cloud Tasks runs the wake again, and the messages it had taken are in the handing list.
+
+use axum::http::StatusCode;
+use drip_core::attributes::Refused;
+use drip_core::outcome::{DlqReason, Outcome};
+use drip_core::overflow::{TaskBody, WakeTask};
+use drip_core::rules::{DEFAULT_PARK_HORIZON, Rule};
+use drip_core::schedule::{Attempt, Status, Unpark};
+use drip_core::time::{Millis, SECOND, format_rfc3339, wall_clock_millis};
+use drip_service::answer::Answer;
+use drip_service::parking;
+use drip_service::reschedule::{Failure, create_task};
+use drip_store::{Reserved, SlotRequest};
+
+use crate::AppState;
+use crate::dispatch::{Delivery, dead_letter, filing_of, new_task, request_of};
+
+/// The most messages one wake takes (the next wake, at once, takes the rest).
+const MAX_PER_WAKE: usize = 1_000;
+/// How many queue entries are read at a time.
+const READ_AHEAD: usize = 64;
+
+/// A message the drain took from the queue, and what it got.
+struct Taken {
+    task: TaskBody,
+    identity: String,
+    published: Option<Millis>,
+    reserved: Reserved,
+}
+
+pub(crate) async fn wake(state: &AppState, wake: &WakeTask, delivery: &Delivery<'_>) -> Answer {
+    let rules = state.rules.current();
+    let Some(rule) = rules.rule_by_id(&wake.wake.rule_id) else {
+        tracing::warn!(rule = %wake.wake.rule_id, key = %wake.wake.key, "a drain's wake for a rule that no longer exists: nothing to drain");
+        return Answer::new(StatusCode::OK, None, Outcome::Drained);
+    };
+    match drain(state, rule, &wake.wake.key, delivery).await {
+        Ok(taken) => {
+            tracing::info!(rule = %rule.name, key = %wake.wake.key, taken, "drained parked events");
+            Answer::new(StatusCode::OK, Some(&rule.name), Outcome::Drained)
+        }
+        Err(error) => {
+            tracing::warn!(rule = %rule.name, key = %wake.wake.key, error = format!("{error:#}"), "drain failed; Cloud Tasks will retry its wake");
+            Answer::new(StatusCode::SERVICE_UNAVAILABLE, Some(&rule.name), Outcome::Retry)
+        }
+    }
+}
+
+/// Hands over what an earlier drain left, then drains; returns how many messages it took.
+async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>) -> anyhow::Result<usize> {
+    let Some(batcher) = &state.tasks else {
+        anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
+    };
+    let mut taken = Vec::new();
+    for body in state.store.handing(rule, key).await?.into_iter().flatten() {
+        let task: TaskBody = serde_json::from_slice(&body)?;
+        let (identity, published) = filing_of(&task);
+        let request = request_of(rule, &task, &identity, published);
+        let reserved = state.store.reserve(&request).await?;
+        match reserved.reservation.attempt {
+            Attempt::Done => state.store.handed_over(&request).await?,
+            Attempt::Busy => {}
+            Attempt::Decided | Attempt::Resumed => taken.push(Taken { task, identity, published, reserved }),
+        }
+    }
+    let now = wall_clock_millis();
+    let deadline = now + rule.park().unwrap_or(DEFAULT_PARK_HORIZON);
+    let mut next = None;
+    'queue: while taken.len() < MAX_PER_WAKE {
+        let bodies = state.store.parked_bodies(rule, key, READ_AHEAD).await?;
+        if bodies.is_empty() {
+            break;
+        }
+        for body in bodies {
+            // Its push is still being parked (or its body is gone): look again in a second.
+            let Some(body) = body else {
+                next = Some(now + SECOND);
+                break 'queue;
+            };
+            let task: TaskBody = serde_json::from_slice(&body)?;
+            let (identity, published) = filing_of(&task);
+            let request = SlotRequest { unpark: Some(deadline), ..request_of(rule, &task, &identity, published) };
+            match state.store.unpark(&request).await? {
+                (Unpark::Decided(reservation), at) => {
+                    taken.push(Taken { task, identity, published, reserved: Reserved { reservation, now: at } });
+                }
+                (Unpark::Later { wake, .. }, _) => {
+                    next = Some(wake);
+                    break 'queue;
+                }
+                // Another drain is at this queue: it arms the next wake.
+                (Unpark::NotHead | Unpark::NotParked, _) => break 'queue,
+            }
+        }
+    }
+    if taken.len() >= MAX_PER_WAKE {
+        next = Some(now);
+    }
+    if let Some(at) = next {
+        parking::wake_at((batcher.tasks(), &state.metrics), (rule, key), at).await?;
+        tracing::debug!(rule = %rule.name, key, wake = %format_rfc3339(at), "drain: next wake armed");
+    }
+    let handed = taken.iter().map(|taken| hand_over(state, rule, taken, delivery));
+    futures_util::future::try_join_all(handed).await?;
+    Ok(taken.len())
+}
+
+/// A taken message's task at its slot (or its dead letter, when it waited past its `max_delay`
+/// or costs more than a limit in force), then its answer completed and its body dropped.
+async fn hand_over(state: &AppState, rule: &Rule, taken: &Taken, delivery: &Delivery<'_>) -> anyhow::Result<()> {
+    let Taken { task, identity, published, reserved } = taken;
+    let request = request_of(rule, task, identity, *published);
+    let reason = match reserved.reservation.status {
+        Status::Reserved | Status::Parked => None,
+        Status::MaxDelayExceeded => Some(DlqReason::MaxDelayExceeded),
+        Status::CostExceedsLimit => Some(DlqReason::CostExceedsLimit),
+    };
+    match reason {
+        None => {
+            let batcher = state.tasks.as_deref().expect("a drain runs only with tasks");
+            let event = new_task(state, task, (rule, identity), reserved).await.map_err(failure)?;
+            create_task((batcher, &state.metrics), (&rule.id, &task.rate_limit_meta.key), event)
+                .await
+                .map_err(failure)?;
+        }
+        Some(reason) => {
+            let detail = format!("parked while its key was throttled, its turn came too late ({reason})");
+            dead_letter(state, (Some(task), Some(rule)), Refused { reason, detail }, None, delivery).await?;
+        }
+    }
+    state.store.complete(&request, reserved).await?;
+    state.store.handed_over(&request).await?;
+    Ok(())
+}
+
+fn failure(failure: Failure) -> anyhow::Error {
+    match failure {
+        Failure::Transient(error) => error,
+        Failure::Permanent(refused) => anyhow::anyhow!("{}: {}", refused.reason, refused.detail),
+        Failure::Wait(wait) => anyhow::anyhow!("{}", wait.detail),
+    }
+}

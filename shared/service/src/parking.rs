@@ -1,0 +1,55 @@
+//! A throttled key's backlog waits unbooked (docs/design.md: "Parking a throttled key's backlog"):
+//! what the limiter and the dispatcher do with a parked answer, and the one wake task per key that
+//! drains the queue at the rate in force when it runs.
+
+use drip_core::overflow::WakeTask;
+use drip_core::rules::Rule;
+use drip_core::time::{Millis, format_rfc3339};
+use drip_gcp::tasks::Created;
+use drip_store::{Reserved, SlotRequest, Store};
+
+use crate::metrics::ServiceMetrics;
+use crate::tasks::Tasks;
+
+/// How long a parked message's body is kept beyond its `max_delay` (the drain dead-letters it by then).
+pub const BODY_MARGIN: Millis = drip_core::time::HOUR;
+
+/// Parks the message of `request` (its answer is `Parked`): its body (the task body it would have
+/// had) is kept for the drain, and the key's drain is woken where its head's slot comes within
+/// reach, unless a wake is armed already. The caller records the answer as acted upon after.
+pub async fn park(
+    (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),
+    (rule, request): (&Rule, &SlotRequest<'_>),
+    reserved: &Reserved,
+    body: &[u8],
+) -> anyhow::Result<()> {
+    let ttl = rule.max_delay + BODY_MARGIN;
+    store.park_body(request, body, ttl).await?;
+    let horizon = rule.park().unwrap_or_default();
+    let wanted = reserved.reservation.slot - horizon;
+    // A redelivery (its answer resumed) arms again: the attempt that parked it may have died
+    // before its wake existed. A wake armed twice for one time is one task.
+    let wake = match store.arm_wake(rule, request.key, wanted).await? {
+        Some(wake) => Some(wake),
+        None if reserved.reservation.replayed() => Some(wanted.max(reserved.now)),
+        None => None,
+    };
+    if let Some(at) = wake {
+        wake_at((tasks, metrics), (rule, request.key), at).await?;
+    }
+    tracing::info!(message = request.event.message_id, rule = %rule.name, key = request.key, wake = wake.map(format_rfc3339), "parked: the key is throttled");
+    Ok(())
+}
+
+/// Creates the task that wakes the drain of `key`'s parked messages at `at` (not batched: a wake
+/// is no event).
+pub async fn wake_at(
+    (tasks, metrics): (&Tasks, &ServiceMetrics),
+    (rule, key): (&Rule, &str),
+    at: Millis,
+) -> anyhow::Result<Created> {
+    let wake = WakeTask { wake: drip_core::overflow::WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } };
+    let name = wake.name(at);
+    let create = tasks.create((&rule.id, key), &name, at, wake.body());
+    Ok(metrics.time("cloud_tasks", create).await?)
+}
