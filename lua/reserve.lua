@@ -1107,13 +1107,19 @@ local function set_parked(e, values, parked, wake)
 end
 
 -- Whether an event whose earliest slot is `slot` parks (schedule.rs's parks): messages of the key
--- are parked already, or the key is throttled (paused, or its level below the ceiling) and the
--- slot lies past the park horizon.
+-- are parked already, or the key or one of its budgets is throttled (paused, or its level below
+-- the ceiling) and the slot lies past the park horizon.
 local function parks(e, values, slot, now)
   if (tonumber(values[parked_at(e)]) or 0) > 0 then
     return true
   end
   local throttled = (e.paused_until and e.paused_until > now) or (e.level and e.level < e.ceiling)
+  for b = 1, #e.budgets do
+    local budget = e.budgets[b]
+    if (budget.pause and budget.pause > now) or (budget.level and budget.level < budget.ceiling) then
+      throttled = true
+    end
+  end
   return throttled and slot > now + e.park
 end
 
@@ -1195,7 +1201,7 @@ local function unpark(e, now)
     file_answer(e, 'L', slot, now, false)
     return reply(slot, 'L', ATTEMPT.decided, now, now)
   elseif slot > deadline then
-    wake = math.max(slot - (deadline - now), now)
+    wake = math.min(math.max(slot - (deadline - now), now), now + MAX_WAKE_GAP)
     set_parked(e, values, parked, wake)
     return {slot, LATER, wake, now, 0}
   end

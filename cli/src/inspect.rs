@@ -63,6 +63,10 @@ fn render(report: &EntityReport) -> String {
         }
         (None, None) => out += "backlog    none\n",
     }
+    if report.parked > 0 {
+        out +=
+            &format!("parked     {} events, no slot yet: the drain books them at the rate in force\n", report.parked);
+    }
     for class in &report.classes {
         let drains = class.drains_at.as_deref().map_or(String::new(), |at| format!(", drains at {at}"));
         out += &format!("class      {}: {} events ahead{drains}\n", class.class, class.backlog);

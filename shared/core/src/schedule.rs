@@ -312,7 +312,8 @@ pub enum Unpark {
     /// force (dead-letter it).
     Decided(Reservation),
     /// Its slot would be later than the deadline: it stays at the head, nothing is reserved, and
-    /// the drain wakes again at `wake` (armed: [`EntityState::wake`]).
+    /// the drain wakes again at `wake` (armed: [`EntityState::wake`]): where the slot comes within
+    /// the drain's reach, or [`MAX_WAKE_GAP`] from now if sooner.
     Later { slot: Millis, wake: Millis },
     /// The message is not parked (a concurrent drain took it, or it never was): nothing changed.
     NotParked,
@@ -323,6 +324,10 @@ pub enum Unpark {
 /// When a parked message whose answer expired counts as parked (long before any `max_delay`):
 /// reserve.lua's number too.
 pub const EXPIRED_PARK: Millis = -(1 << 52);
+
+/// The longest a drain waits between wakes while messages are parked, however far their slots
+/// lie (a long pause): a pause lifted early is drained within this, whoever lifted it.
+pub const MAX_WAKE_GAP: Millis = 30 * crate::time::SECOND;
 
 /// A drain's wake whose time passed this long ago without a drain re-arming it was lost (a
 /// task that was never created): the next message parked arms a new one.
@@ -726,7 +731,7 @@ impl Scheduler {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
             Status::MaxDelayExceeded
-        } else if parks(&entity.state, request, slot) {
+        } else if parks(&entity.state, throttled_budget(&self.budgets, request, &shared), request, slot) {
             entity.queue.push_back(answer_file(request.message_id, request.published));
             entity.state.parked += 1;
             Status::Parked
@@ -787,7 +792,7 @@ impl Scheduler {
         let (exceeded, slot) = self.earliest(rule, key, &request);
         let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned())).expect("entered above");
         if !exceeded && slot <= request.now + request.max_delay && slot > deadline {
-            let wake = (slot - (deadline - request.now)).max(request.now);
+            let wake = (slot - (deadline - request.now)).clamp(request.now, request.now + MAX_WAKE_GAP);
             entity.state.wake = Some(wake);
             return Unpark::Later { slot, wake };
         }
@@ -809,7 +814,7 @@ impl Scheduler {
         if state.parked == 0 || state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
             return None;
         }
-        let wake = wanted.max(now);
+        let wake = wanted.clamp(now, now + MAX_WAKE_GAP);
         state.wake = Some(wake);
         Some(wake)
     }
@@ -1006,14 +1011,32 @@ fn shift_budget_windows(
 
 /// Whether an event of the entity whose earliest slot is `slot` parks instead of booking it: its
 /// rule parks, and messages of the key are parked already (FIFO), or the key is throttled (paused,
-/// or its adaptive level below the ceiling) and the slot lies past the park horizon.
-fn parks(state: &EntityState, request: &ReserveRequest<'_>, slot: Millis) -> bool {
+/// or its adaptive level below the ceiling; or one of its budgets, `budget_throttled`) and the
+/// slot lies past the park horizon.
+fn parks(state: &EntityState, budget_throttled: bool, request: &ReserveRequest<'_>, slot: Millis) -> bool {
     let Some(horizon) = request.park else { return false };
     let paused = state.paused_until.is_some_and(|until| until > request.now);
     let lowered = request
         .adaptive
         .is_some_and(|a| a.level(state.adaptive, adaptive_window(request.limits), request.now) < a.ceiling());
-    state.parked > 0 || ((paused || lowered) && slot > request.now + horizon)
+    state.parked > 0 || ((paused || lowered || budget_throttled) && slot > request.now + horizon)
+}
+
+/// Whether a budget the request draws from is paused, or its adaptive level below its ceiling.
+fn throttled_budget(
+    budgets: &HashMap<String, BudgetState>,
+    request: &ReserveRequest<'_>,
+    shared: &[BudgetLimit<'_>],
+) -> bool {
+    shared.iter().any(|l| {
+        let held = budgets.get(&l.state);
+        let paused = budgets.get(l.home()).and_then(|s| s.paused_until).is_some_and(|until| until > request.now);
+        let lowered = l
+            .budget
+            .adaptive
+            .is_some_and(|a| budget_level(l.budget, held, request.now).is_some_and(|level| level < a.ceiling()));
+        paused || lowered
+    })
 }
 
 /// The entity's last slot, or the floor the request carries over if later.
@@ -1398,7 +1421,7 @@ fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, own: &[EntityLi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{MINUTE, SECOND};
+    use crate::time::{HOUR, MINUTE, SECOND};
 
     fn limit(limit: u64, per: Millis, window: Window) -> Limit {
         Limit::new(limit, per, window).unwrap()
@@ -1532,6 +1555,25 @@ mod tests {
         let state = s.entity_state("r", "k").unwrap();
         assert_eq!((state.parked, state.wake), (0, None));
         assert_eq!(s.reserve("r", "k", &request("after", 60_000)).status, Status::Reserved);
+    }
+
+    #[test]
+    fn a_drain_behind_a_long_pause_wakes_at_least_every_max_wake_gap() {
+        let limits = [limit(1, SECOND, Window::Fixed(Placement::Start))];
+        let request =
+            |id, now| ReserveRequest { park: Some(SECOND), max_delay: HOUR, ..ReserveRequest::new(id, &limits, now) };
+        let mut s = Scheduler::new();
+        s.pause("r", "k", 10 * MINUTE);
+        assert_eq!(s.reserve("r", "k", &request("a", 0)).status, Status::Parked);
+        assert_eq!(s.arm_wake("r", "k", 0, 10 * MINUTE - SECOND), Some(MAX_WAKE_GAP));
+        let later = s.unpark("r", "k", &request("a", MAX_WAKE_GAP), MAX_WAKE_GAP + SECOND);
+        assert_eq!(later, Unpark::Later { slot: 10 * MINUTE, wake: 2 * MAX_WAKE_GAP });
+        // The pause lifted early: the next wake books it at once.
+        s.resume("r", "k");
+        let Unpark::Decided(a) = s.unpark("r", "k", &request("a", 2 * MAX_WAKE_GAP), 2 * MAX_WAKE_GAP + SECOND) else {
+            panic!()
+        };
+        assert_eq!((a.status, a.slot), (Status::Reserved, 2 * MAX_WAKE_GAP));
     }
 
     #[test]

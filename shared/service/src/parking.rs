@@ -31,7 +31,9 @@ pub async fn park(
     // before its wake existed. A wake armed twice for one time is one task.
     let wake = match store.arm_wake(rule, request.key, wanted).await? {
         Some(wake) => Some(wake),
-        None if reserved.reservation.replayed() => Some(wanted.max(reserved.now)),
+        None if reserved.reservation.replayed() => {
+            Some(wanted.clamp(reserved.now, reserved.now + drip_core::schedule::MAX_WAKE_GAP))
+        }
         None => None,
     };
     if let Some(at) = wake {

@@ -29,6 +29,10 @@ pub struct EntityReport {
     pub last_slot: Option<String>,
     /// Events that hold a slot after now: exact, from their answers.
     pub backlog: u64,
+    /// Events parked while the key is throttled (no slot yet): the key's drain books them at the
+    /// rate in force.
+    #[serde(default)]
+    pub parked: u64,
     /// When the last reserved event goes (None: nothing is waiting, or a pause holds the backlog:
     /// then `drains_after`).
     pub drains_at: Option<String>,
@@ -488,6 +492,12 @@ pub(crate) fn report(
             }
         }
     }
+    if state.parked > 0 {
+        waiting_on.push(format!(
+            "{} events parked: the key's drain books them at the rate in force, oldest first",
+            state.parked
+        ));
+    }
     if waiting_on.is_empty() && booked > 0 {
         waiting_on.push(format!("{booked} events booked ahead of a new one (FIFO)"));
     }
@@ -497,6 +507,7 @@ pub(crate) fn report(
         now: format_rfc3339(now),
         last_slot: last_slot.map(format_rfc3339),
         backlog: booked,
+        parked: state.parked,
         drains_at,
         drains_after,
         limits,

@@ -16,7 +16,7 @@ const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 pub(crate) const REPLY_LENGTH: usize = 5;
 
 /// The numbers the scripts and Rust share, by the name both use.
-fn shared_numbers() -> [(&'static str, i64); 10] {
+fn shared_numbers() -> [(&'static str, i64); 11] {
     use drip_core::budgets as b;
     [
         ("ANSWER_MINUTE", crate::keys::ANSWER_BUCKET),
@@ -29,6 +29,7 @@ fn shared_numbers() -> [(&'static str, i64); 10] {
         ("LATENCY_MEMORY_WINDOWS", b::LATENCY_MEMORY_WINDOWS),
         ("EXPIRED_PARK", drip_core::schedule::EXPIRED_PARK),
         ("WAKE_LOST_AFTER", drip_core::schedule::WAKE_LOST_AFTER),
+        ("MAX_WAKE_GAP", drip_core::schedule::MAX_WAKE_GAP),
     ]
 }
 
@@ -212,6 +213,6 @@ mod tests {
         assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::keys::ANSWER_BUCKET.to_string()), "{line}");
         let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
         let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
-        assert_eq!((names, values), (10, 10), "{line}");
+        assert_eq!((names, values), (11, 11), "{line}");
     }
 }

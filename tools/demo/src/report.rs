@@ -84,6 +84,9 @@ pub(crate) fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outco
             .map(|(at, level, _)| format!("{:.0}s {level:.2}", *at as f64 / 1e3))
             .collect();
         summary += &format!("adaptive level:       {}\n", samples.join(", "));
+        if let Some(drain) = drain_after_recovery(rule, burst, deliveries, feedback) {
+            summary += &drain;
+        }
     }
     let chart = args.out.join("drip-demo.svg");
     std::fs::create_dir_all(&args.out)?;
@@ -145,4 +148,59 @@ pub(crate) fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outco
 /// The `p` quantile of sorted values (nearest rank).
 pub(crate) fn percentile(sorted: &[Millis], p: f64) -> Millis {
     sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(0)
+}
+
+/// How the first merchant's backlog drained once its adaptive level was back at its ceiling (after
+/// its lowest point, not paused): its deliveries in each window from then on; the full windows
+/// before its last (which holds only what was left) against the count in force; and the time from
+/// then to its last delivery against backlog ÷ the configured limit. `None` when it never
+/// recovered with a backlog left.
+fn drain_after_recovery(
+    rule: &Rule,
+    burst: &Burst,
+    deliveries: &std::collections::HashMap<String, Delivery>,
+    feedback: &crate::throttle::Feedback,
+) -> Option<String> {
+    let adaptive = rule.adaptive?;
+    let ceiling = adaptive.ceiling() as f64 / drip_core::budgets::PPM as f64;
+    let (limit, per) = (rule.limits[0], rule.limits[0].per());
+    let lowest_at = feedback.levels.iter().min_by(|a, b| a.1.total_cmp(&b.1))?.0;
+    let recovered = feedback.levels.iter().find(|l| l.0 >= lowest_at && !l.2 && l.1 >= ceiling - 1e-9)?.0;
+    // From the first window that starts after the level was read back at its ceiling: the window
+    // it was read in delivered its events at its start (start placement), before the reading.
+    let from = ((burst.started + recovered).div_euclid(per) + 1) * per;
+    let merchant = &burst.merchants[0];
+    let mut windows: BTreeMap<Millis, u64> = BTreeMap::new();
+    for d in deliveries.values().filter(|d| d.merchant == *merchant && d.delivered_at >= from) {
+        *windows.entry(d.delivered_at.div_euclid(per)).or_default() += 1;
+    }
+    let (&last_window, _) = windows.last_key_value()?;
+    let backlog: u64 = windows.values().sum();
+    let last = deliveries.values().filter(|d| d.merchant == *merchant).map(|d| d.delivered_at).max()?;
+    let in_force = (limit.limit() as f64 * ceiling).floor();
+    // Whole windows before the last (which holds only what was left).
+    let full: Vec<u64> = windows.range(..last_window).map(|(_, &n)| n).collect();
+    let rate = match full.len() {
+        0 => "no full window before the last".to_owned(),
+        n => {
+            let mean = full.iter().sum::<u64>() as f64 / n as f64;
+            format!(
+                "{mean:.1} a window over {n} full windows, {:.0} % of the {in_force:.0} in force",
+                100.0 * mean / in_force
+            )
+        }
+    };
+    let took = (last - from) as f64 / per as f64;
+    let counts: Vec<String> =
+        windows.iter().map(|(w, n)| format!("{:.0}s {n}", (w * per - burst.started) as f64 / 1e3)).collect();
+    Some(format!(
+        "drain after recovery: level back at {ceiling:.2} at {:.1} s; {backlog} of {merchant}'s events left from the next \
+         window, {:.1} s: {rate}; the last at {:.1} s, {took:.1} windows = {:.2}× backlog ÷ limit\n\
+         {merchant} per window:    {}\n",
+        recovered as f64 / 1e3,
+        (from - burst.started) as f64 / 1e3,
+        (last - burst.started) as f64 / 1e3,
+        took / (backlog as f64 / limit.limit() as f64),
+        counts.join(", "),
+    ))
 }
