@@ -10,9 +10,11 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use drip_core::event::MessageRef;
-use drip_core::overflow::{RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner};
+use drip_core::overflow::{
+    RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner, WakeOf, WakeTask,
+};
 use drip_core::rules::{RuleSet, ServiceRules};
-use drip_core::schedule::Attempt;
+use drip_core::schedule::{Attempt, Status, Unpark};
 use drip_core::time::{HOUR, Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_dispatcher::{AppState, app};
 use drip_gcp::doubles::{RecordingPublisher, RecordingTasks};
@@ -21,7 +23,7 @@ use drip_service::auth::RouteAuth;
 use drip_service::metrics::ServiceMetrics;
 use drip_service::task_batches::{TaskBatcher, TaskBatching};
 use drip_service::tasks::Tasks;
-use drip_store::{MemoryStore, MessageOf, Store};
+use drip_store::{MemoryStore, MessageOf, SlotRequest, Store};
 use tower::ServiceExt;
 
 const KEY: &str = "a-signing-key-of-at-least-32-characters";
@@ -536,4 +538,65 @@ async fn a_slowing_overflow_url_lowers_the_key_s_level() {
     assert_eq!(latency.hurt, drip_core::budgets::PPM, "cut from the ceiling: {latency:?}");
     let level = state.adaptive.expect("a level").level;
     assert!((drip_core::budgets::PPM / 2..drip_core::budgets::PPM).contains(&level), "cut, by half at most: {level}");
+}
+
+/// The events a recorded task carries (a batch's, or its own), by message id and slot.
+fn carried(body: &[u8]) -> Vec<(String, String)> {
+    let bodies: Vec<Vec<u8>> = match TaskBatch::parse(body) {
+        Some(batch) => batch.batch.iter().map(|event| event.get().as_bytes().to_vec()).collect(),
+        None => vec![body.to_vec()],
+    };
+    bodies
+        .iter()
+        .map(|body| serde_json::from_slice::<TaskBody>(body).unwrap())
+        .map(|task| (task.message_id, task.rate_limit_meta.scheduled_for))
+        .collect()
+}
+
+/// A wake hands over first what a drain that died left half done (taken from the queue, its task
+/// never made), then drains the rest of the key's parked events in order: each gets one task at
+/// its slot, the queue and the handing list end empty, and the same wake run again makes nothing.
+#[tokio::test]
+async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order() {
+    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let (key, now) = ("merchant_p", wall_clock_millis());
+    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let ids = ["w0", "w1", "w2"];
+    let identities: Vec<String> = ids
+        .iter()
+        .map(|id| MessageRef::new((*id).to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes))
+        .collect();
+    for (id, identity) in ids.iter().zip(&identities) {
+        let request = SlotRequest::for_rule(&rule, key, identity, 1);
+        let reserved = d.store.reserve(&request).await.unwrap();
+        assert_eq!(reserved.reservation.status, Status::Parked, "behind a 10 s pause");
+        let body = event(id, key, now, TaskPayload::inline(b"{}"), attributes.clone());
+        d.store.park_body(&request, &body, HOUR).await.unwrap();
+        d.store.complete(&request, &reserved).await.unwrap();
+    }
+    Store::resume(&*d.store, &rule, key).await.unwrap();
+    // A drain that died after taking w0 from the queue, before making its task.
+    let deadline = wall_clock_millis() + 2 * SECOND;
+    let taken = SlotRequest { unpark: Some(deadline), ..SlotRequest::for_rule(&rule, key, &identities[0], 1) };
+    assert!(matches!(d.store.unpark(&taken).await.unwrap().0, Unpark::Decided(_)));
+    assert_eq!(d.store.handing(&rule, key).await.unwrap().len(), 1);
+
+    let wake = WakeTask { wake: WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } };
+    let body = wake.body();
+    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let created = d.tasks.created.lock().unwrap().clone();
+    let mut events: Vec<(String, String)> = created.iter().flat_map(|task| carried(&task.body)).collect();
+    events.sort();
+    assert_eq!(events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ids, "each once: {events:?}");
+    let slots: Vec<&String> = events.iter().map(|(_, slot)| slot).collect();
+    assert!(slots.windows(2).all(|pair| pair[0] <= pair[1]), "in order: {events:?}");
+    assert!(d.store.handing(&rule, key).await.unwrap().is_empty(), "nothing left half handed over");
+    assert!(d.store.parked_bodies(&rule, key, 10).await.unwrap().is_empty(), "the queue is empty");
+
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    assert_eq!(d.tasks.created.lock().unwrap().len(), created.len(), "a wake run twice makes nothing more");
 }
