@@ -38,33 +38,10 @@ rules:
 /// One answer the target gave: the message, when, and the status.
 type Answer = (String, Millis, u16);
 
-/// An HTTP target that answers 429 with `Retry-After: 2` to its first `refusals` calls, then 204.
-async fn throttling_target(refusals: usize) -> (String, Arc<Mutex<Vec<Answer>>>) {
-    throttling_target_for(refusals, 2).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflow_target_that_says_wait_pauses_the_budget_and_gets_every_event_once_after_it() {
     let prefix = unique("feedback");
-    let pubsub = Pubsub::shared();
-    for topic in ["ready", "overflow", "dlq"] {
-        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
-    }
-    let (target, answers) = throttling_target(2).await;
-    let rules = RULES.replace("{p}", &prefix).replace("TARGET", &target);
-    let namespace = unique("drip");
-    let tasks = TasksStandIn::start().await;
-    let queues = tasks.queues(&prefix, 2);
-    let redis = shared_url();
-    let dispatcher =
-        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
-    let mut wiring =
-        LimiterWiring::new(redis, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
-    wiring.namespace = namespace;
-    let limiter = spawn_limiter(&rules, &wiring).await;
-    let source = format!("{prefix}-source");
-    pubsub.create_topic(&source).await;
-    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    let ThrottledStack { pubsub, answers, dispatcher, source, .. } = throttled_stack(&prefix, RULES, (2, 2), 2).await;
 
     // Two endpoints, 2 a second each, 4 a second together: the first ones are forwarded, the rest
     // overflow to the target through the dispatcher.
@@ -287,7 +264,7 @@ async fn a_rescheduled_claim_checked_event_keeps_its_payload_past_its_retries() 
     for topic in ["ready", "overflow", "dlq"] {
         pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
     }
-    let (target, answers) = throttling_target(1).await;
+    let (target, answers) = throttling_target((1, 2)).await;
     let rules = RULES.replace("{p}", &prefix).replace("TARGET", &target);
     let namespace = unique("drip");
     let tasks = TasksStandIn::start().await;
@@ -370,25 +347,8 @@ rules:
 "#;
     const LIMIT: usize = 5;
     let prefix = unique("parking");
-    let pubsub = Pubsub::shared();
-    for topic in ["ready", "overflow", "dlq"] {
-        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
-    }
-    let (target, answers) = throttling_target_for(1, 3).await;
-    let rules = PARKING_RULES.replace("{p}", &prefix).replace("TARGET", &target);
-    let namespace = unique("drip");
-    let tasks = TasksStandIn::start().await;
-    let queues = tasks.queues(&prefix, 1);
-    let redis = shared_url();
-    let dispatcher =
-        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
-    let mut wiring =
-        LimiterWiring::new(redis, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
-    wiring.namespace = namespace;
-    let limiter = spawn_limiter(&rules, &wiring).await;
-    let source = format!("{prefix}-source");
-    pubsub.create_topic(&source).await;
-    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    let ThrottledStack { pubsub, answers, dispatcher, source, .. } =
+        throttled_stack(&prefix, PARKING_RULES, (1, 3), 1).await;
 
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
     let mut ids = HashSet::new();
@@ -440,9 +400,45 @@ rules:
     assert!(metrics.contains("outcome=\"drained\""), "a wake drained the key: {metrics}");
 }
 
+/// The real stack in front of an `overflow: { url }` target that says wait: the rule's topics
+/// (`{p}-ready`, `-overflow`, `-dlq`), the target (`throttling_target`), the dispatcher and the
+/// limiter on one namespace, and `{p}-source` pushing to the limiter. `rules` names `{p}` and
+/// `TARGET`.
+struct ThrottledStack {
+    pubsub: Pubsub,
+    answers: Arc<Mutex<Vec<Answer>>>,
+    dispatcher: drip_tests::stack::DispatcherUnderTest,
+    source: String,
+    _limiter: drip_tests::stack::LimiterUnderTest,
+    _tasks: TasksStandIn,
+}
+
+async fn throttled_stack(prefix: &str, rules: &str, refusals: (usize, u64), queues: usize) -> ThrottledStack {
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let (target, answers) = throttling_target(refusals).await;
+    let rules = rules.replace("{p}", prefix).replace("TARGET", &target);
+    let namespace = unique("drip");
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(prefix, queues);
+    let redis = shared_url();
+    let dispatcher =
+        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
+    let mut wiring =
+        LimiterWiring::new(redis, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
+    wiring.namespace = namespace;
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let source = format!("{prefix}-source");
+    pubsub.create_topic(&source).await;
+    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    ThrottledStack { pubsub, answers, dispatcher, source, _limiter: limiter, _tasks: tasks }
+}
+
 /// An HTTP target that answers 429 with `Retry-After: retry_after` to its first `refusals` calls,
 /// then 204.
-async fn throttling_target_for(refusals: usize, retry_after: u64) -> (String, Arc<Mutex<Vec<Answer>>>) {
+async fn throttling_target((refusals, retry_after): (usize, u64)) -> (String, Arc<Mutex<Vec<Answer>>>) {
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let log = answers.clone();
     let app = axum::Router::new().fallback(move |headers: HeaderMap| {
