@@ -57,29 +57,7 @@ async fn an_overflow_target_that_says_wait_pauses_the_budget_and_gets_every_even
         .into_iter()
         .map(|m| m.attributes["drip-message-id"].clone())
         .collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let delivered_all = |answers: &[Answer], forwarded: &HashSet<String>| {
-        let ok: HashSet<&String> = answers.iter().filter(|a| a.2 == 204).map(|a| &a.0).collect();
-        ids.iter().all(|id| ok.contains(id) || forwarded.contains(id))
-    };
-    let mut forwarded = forwarded;
-    while !delivered_all(&answers.lock().unwrap(), &forwarded) && std::time::Instant::now() < deadline {
-        for m in pubsub.pull(&format!("{prefix}-ready"), 100).await {
-            forwarded.insert(m.attributes["drip-message-id"].clone());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let answers = answers.lock().unwrap().clone();
-    assert!(delivered_all(&answers, &forwarded), "every event reached the topic or the target: {answers:?}");
-
-    let mut successes: HashMap<&String, usize> = HashMap::new();
-    for (id, _, status) in &answers {
-        if *status == 204 {
-            *successes.entry(id).or_default() += 1;
-        }
-    }
-    assert!(successes.values().all(|&n| n == 1), "each event reached the target once: {successes:?}");
-    assert!(successes.keys().all(|id| !forwarded.contains(*id)), "and not the topic too");
+    let answers = delivered_once(&pubsub, &answers, &prefix, &ids, forwarded).await;
     let refused: Vec<&Answer> = answers.iter().filter(|a| a.2 == 429).collect();
     assert_eq!(refused.len(), 2, "{answers:?}");
     let first_refusal = refused[0].1;
@@ -356,26 +334,7 @@ rules:
         let data = format!(r#"{{"merchant":"m","n":{i}}}"#);
         ids.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await);
     }
-    let mut forwarded: HashSet<String> = HashSet::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let delivered_all = |answers: &[Answer], forwarded: &HashSet<String>| {
-        let ok: HashSet<&String> = answers.iter().filter(|a| a.2 == 204).map(|a| &a.0).collect();
-        ids.iter().all(|id| ok.contains(id) || forwarded.contains(id))
-    };
-    while !delivered_all(&answers.lock().unwrap(), &forwarded) && std::time::Instant::now() < deadline {
-        for m in pubsub.pull(&format!("{prefix}-ready"), 100).await {
-            forwarded.insert(m.attributes["drip-message-id"].clone());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let answers = answers.lock().unwrap().clone();
-    assert!(delivered_all(&answers, &forwarded), "every event reached the topic or the partner: {answers:?}");
-    let mut successes: HashMap<&String, usize> = HashMap::new();
-    for (id, _, _) in answers.iter().filter(|a| a.2 == 204) {
-        *successes.entry(id).or_default() += 1;
-    }
-    assert!(successes.values().all(|&n| n == 1), "each event reached the partner once: {successes:?}");
-    assert!(successes.keys().all(|id| !forwarded.contains(*id)), "and not the topic too");
+    let answers = delivered_once(&pubsub, &answers, &prefix, &ids, HashSet::new()).await;
     let mut windows: BTreeMap<Millis, usize> = BTreeMap::new();
     for (_, at, _) in answers.iter().filter(|a| a.2 == 204) {
         *windows.entry(at.div_euclid(1_000)).or_default() += 1;
@@ -398,6 +357,38 @@ rules:
     );
     let metrics = dispatcher.state.metrics.shared.render();
     assert!(metrics.contains("outcome=\"drained\""), "a wake drained the key: {metrics}");
+}
+
+/// Waits (up to 60 s) until each of `ids` has reached the target (204) or `{prefix}-ready`
+/// (`forwarded` holds what was pulled from it already), then asserts that each did, exactly once
+/// and at one of the two. Returns the target's answers.
+async fn delivered_once(
+    pubsub: &Pubsub,
+    answers: &Mutex<Vec<Answer>>,
+    prefix: &str,
+    ids: &HashSet<String>,
+    mut forwarded: HashSet<String>,
+) -> Vec<Answer> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let delivered_all = |answers: &[Answer], forwarded: &HashSet<String>| {
+        let ok: HashSet<&String> = answers.iter().filter(|a| a.2 == 204).map(|a| &a.0).collect();
+        ids.iter().all(|id| ok.contains(id) || forwarded.contains(id))
+    };
+    while !delivered_all(&answers.lock().unwrap(), &forwarded) && std::time::Instant::now() < deadline {
+        for m in pubsub.pull(&format!("{prefix}-ready"), 100).await {
+            forwarded.insert(m.attributes["drip-message-id"].clone());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let answers = answers.lock().unwrap().clone();
+    assert!(delivered_all(&answers, &forwarded), "every event reached the topic or the target: {answers:?}");
+    let mut successes: HashMap<&String, usize> = HashMap::new();
+    for (id, _, _) in answers.iter().filter(|a| a.2 == 204) {
+        *successes.entry(id).or_default() += 1;
+    }
+    assert!(successes.values().all(|&n| n == 1), "each event reached the target once: {successes:?}");
+    assert!(successes.keys().all(|id| !forwarded.contains(*id)), "and not the topic too");
+    answers
 }
 
 /// The real stack in front of an `overflow: { url }` target that says wait: the rule's topics
