@@ -1074,6 +1074,16 @@ local function known(e, now)
   return replay(e, e.answers.get(e), now)
 end
 
+-- The earliest slot for the event from its frontier (`last`, or the floor it carries over if
+-- later), the search ending past its horizon (now + max_delay), and that horizon.
+local function search(e, values, last, now)
+  if e.floor and (not last or e.floor > last) then
+    last = e.floor
+  end
+  local horizon = now + e.max_delay
+  return earliest_slot(e, values, last, horizon, now), horizon
+end
+
 -- Nothing is reserved, but what the search walked is kept: the next search jumps over it.
 local function keep_runs(e)
   for b = 1, #e.budgets do
@@ -1187,11 +1197,7 @@ local function unpark(e, now)
     file_answer(e, 'C', now, now, false)
     return reply(now, 'C', ATTEMPT.decided, now, now)
   end
-  if e.floor and (not last or e.floor > last) then
-    last = e.floor
-  end
-  local horizon = now + e.max_delay
-  local slot = earliest_slot(e, values, last, horizon, now)
+  local slot, horizon = search(e, values, last, now)
   if not slot then
     return redis.error_reply('drip: slot search did not settle')
   end
@@ -1246,11 +1252,7 @@ local function decide(e, now)
       give_back(e, values, last, now, old, cost)
     end
   end
-  if e.floor and (not last or e.floor > last) then
-    last = e.floor
-  end
-  local horizon = now + e.max_delay
-  local slot = earliest_slot(e, values, last, horizon, now)
+  local slot, horizon = search(e, values, last, now)
   if slot == false then
     -- A redelivery learns its answer when filing one fails (below): it must not ask for a lease.
     local recorded = not e.reslot and e.answers.get(e)
