@@ -484,11 +484,11 @@ async fn resume(
 }
 
 /// After a key's pause is lifted, its parked events drain now, at the rate in force, rather than
-/// at the wake armed for the pause's end. An instance that creates no task (the admin service)
-/// leaves them to that wake, or to the next event of the key, which re-arms a wake.
+/// at the drain's next wake. An instance that creates no task (the admin service) leaves them to
+/// that wake, at most `MAX_WAKE_GAP` (30 s) away while events are parked.
 async fn wake_parked(state: &AppState, rule: &Rule, key: &str) {
     let Some(batcher) = &state.tasks else {
-        tracing::info!(rule = %rule.name, key, "pause lifted; this instance creates no task, so parked events drain at their armed wake");
+        tracing::info!(rule = %rule.name, key, "pause lifted; this instance creates no task, so parked events drain at their next wake");
         return;
     };
     match state.store.parked_bodies(rule, key, 1).await {

@@ -226,7 +226,6 @@ async fn act(
             }
         }
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
-        // The limiter's requests do not park yet (`SlotRequest::park` is never set here).
         Decision::Park => park(state, acting, (request, reserved), publish_time).await.map(|()| Outcome::Parked),
     };
     let (done, reserved) = match done {
@@ -325,16 +324,15 @@ async fn reported_cost(
     }
 }
 
-/// The key is throttled and the event waits unbooked in its queue: its body is kept for the key's
-/// drain (its payload, when claim-checked, as long as it may wait) and the drain's wake armed.
+/// The key is throttled and the event waits unbooked in its queue: the task body it would have had
+/// is kept for the key's drain (`parking::park`) and the drain's wake armed.
 async fn park(
     state: &AppState,
     acting: Acting<'_>,
     (request, reserved): (&SlotRequest<'_>, &Reserved),
     publish_time: Option<&str>,
 ) -> Result<(), Failure> {
-    let keep_until = reserved.now + acting.rule.max_delay + drip_service::parking::BODY_MARGIN;
-    let task = state.task_for(Acting { slot: keep_until, ..acting }, publish_time, reserved.now).await?;
+    let task = state.task_for(acting, publish_time, reserved.now).await?;
     let tasks = state.task_batcher().map_err(Failure::transient)?.tasks();
     let tools = (&*state.store, tasks, &*state.metrics);
     drip_service::parking::park(tools, (acting.rule, request), reserved, &task.body).await.map_err(Failure::transient)

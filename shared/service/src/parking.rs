@@ -15,7 +15,7 @@ use crate::tasks::Tasks;
 pub const BODY_MARGIN: Millis = drip_core::time::HOUR;
 
 /// Parks the message of `request` (its answer is `Parked`): its body (the task body it would have
-/// had) is kept for the drain, and the key's drain is woken where its head's slot comes within
+/// had) is kept for the drain, with its claim-checked payload if it has one, and the key's drain is woken where its head's slot comes within
 /// reach, unless a wake is armed already. The caller records the answer as acted upon after.
 pub async fn park(
     (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),
@@ -25,6 +25,9 @@ pub async fn park(
 ) -> anyhow::Result<()> {
     let ttl = rule.max_delay + BODY_MARGIN;
     store.park_body(request, body, ttl).await?;
+    if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(body) {
+        store.keep_payload(&reference, ttl).await?;
+    }
     let horizon = rule.park().unwrap_or_default();
     let wanted = reserved.reservation.slot - horizon;
     // A redelivery (its answer resumed) arms again: the attempt that parked it may have died

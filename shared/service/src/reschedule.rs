@@ -175,10 +175,6 @@ impl Rescheduler<'_> {
     ) -> Result<Created, Failure> {
         let task = task(reserved).await?;
         if reserved.reservation.status == Status::Parked {
-            if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(&task.body) {
-                let keep = rule.max_delay + crate::parking::BODY_MARGIN;
-                self.store.keep_payload(&reference, keep).await.map_err(Failure::transient)?;
-            }
             let tools = (self.store, self.tasks.tasks(), self.metrics);
             crate::parking::park(tools, (rule, request), reserved, &task.body).await.map_err(Failure::transient)?;
             return Ok(Created::New);
