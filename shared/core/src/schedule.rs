@@ -714,19 +714,8 @@ impl Scheduler {
         if let Some((old, cost)) = given_back.filter(|_| !exceeded) {
             give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &shared);
         }
-        let (slot, runs) = if exceeded {
-            (request.now, Vec::new())
-        } else {
-            loop {
-                match earliest_slot(&entity.state, &self.budgets, request, &own, &shared) {
-                    Ok(found) => break found,
-                    Err(wanted) => lease(&mut self.budgets, &shared[wanted.limit], request, wanted.window),
-                }
-            }
-        };
-        for ((state, per), run) in runs {
-            self.budgets.entry(state).or_default().runs.insert(per, run);
-        }
+        let slot =
+            if exceeded { request.now } else { search(&entity.state, &mut self.budgets, request, (&own, &shared)) };
         let status = if exceeded {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
@@ -835,16 +824,7 @@ impl Scheduler {
         if exceeded {
             return (true, request.now);
         }
-        let (slot, runs) = loop {
-            match earliest_slot(&entity.state, &self.budgets, request, &own, &shared) {
-                Ok(found) => break found,
-                Err(wanted) => lease(&mut self.budgets, &shared[wanted.limit], request, wanted.window),
-            }
-        };
-        for ((state, per), run) in runs {
-            self.budgets.entry(state).or_default().runs.insert(per, run);
-        }
-        (false, slot)
+        (false, search(&entity.state, &mut self.budgets, request, (&own, &shared)))
     }
 
     fn answer_mut(&mut self, rule: &str, key: &str, (id, published): (&str, Option<Millis>)) -> Option<&mut Answer> {
@@ -1100,6 +1080,26 @@ fn budget_limits<'a>(
         }
     }
     shared
+}
+
+/// The entity's earliest slot ([`earliest_slot`]), each leased budget's home asked for a lease
+/// where its pool has none, and the runs of full windows the search walked kept.
+fn search(
+    state: &EntityState,
+    budgets: &mut HashMap<String, BudgetState>,
+    request: &ReserveRequest<'_>,
+    (own, shared): (&[EntityLimit], &[BudgetLimit<'_>]),
+) -> Millis {
+    let (slot, runs) = loop {
+        match earliest_slot(state, budgets, request, own, shared) {
+            Ok(found) => break found,
+            Err(wanted) => lease(budgets, &shared[wanted.limit], request, wanted.window),
+        }
+    };
+    for ((state, per), run) in runs {
+        budgets.entry(state).or_default().runs.insert(per, run);
+    }
+    slot
 }
 
 /// A budget limit's run of full windows after a search: (budget state name, per) and the run.
