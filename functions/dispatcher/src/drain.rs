@@ -129,7 +129,7 @@ async fn hand_over(state: &AppState, rule: &Rule, taken: &Taken, delivery: &Deli
                 .map_err(failure)?;
         }
         Some(reason) => {
-            let detail = format!("parked while its key was throttled, its turn came too late ({reason})");
+            let detail = format!("parked while its key was throttled; when its turn came: {reason}");
             dead_letter(state, (Some(task), Some(rule)), Refused { reason, detail }, None, delivery).await?;
         }
     }
