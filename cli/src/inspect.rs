@@ -111,9 +111,11 @@ fn render(report: &EntityReport) -> String {
         for floor in &budget.floors {
             for (limit, held) in budget.limits.iter().zip(&floor.limits) {
                 let kind = if budget.classes { "reserve" } else { "floor" };
+                let holder =
+                    floor.key.as_ref().map_or_else(|| floor.rule.clone(), |key| format!("{} key {key}", floor.rule));
                 out += &format!(
-                    "  {kind} {} {}: {} of {} units of each {} window; {} used now, {} booked ahead\n",
-                    floor.rule, floor.floor, held.units, limit.capacity, limit.limit, held.used_now, held.ahead
+                    "  {kind} {holder} {}: {} of {} units of each {} window; {} used now, {} booked ahead\n",
+                    floor.floor, held.units, limit.capacity, limit.limit, held.used_now, held.ahead
                 );
             }
         }

@@ -622,7 +622,8 @@ fn adaptive() -> impl Strategy<Value = Adaptive> {
 }
 
 /// One or two shared budgets (fixed windows, start or spread; sometimes a fair share, sometimes
-/// adaptive, sometimes floors for one or both of two rules the entities are split over) that
+/// adaptive, sometimes floors for one or both of two rules the entities are split over, the
+/// second sometimes held for one key of its rule only) that
 /// every event also draws from, an adaptive rule sometimes, 429s for entities and the first
 /// budget between events, and pauses of the budgets.
 pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenario> {
@@ -631,7 +632,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
         prop::collection::vec(budget_limit, 1..=2),
         prop::option::weighted(0.5, 200_000u64..=900_000),
         prop::option::weighted(0.4, adaptive()),
-        prop::option::weighted(0.5, (50_000u64..=700_000, 0u64..=300_000)),
+        prop::option::weighted(0.5, (50_000u64..=700_000, 0u64..=300_000, any::<bool>())),
     );
     let budgets = prop::collection::vec(budget, 1..=2);
     let signals = prop::collection::vec((any::<Index>(), prop::option::weighted(0.7, 0..3usize)), 0..6);
@@ -654,8 +655,10 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                             Limit::new(n, per, Window::Fixed(placement)).unwrap()
                         })
                         .collect();
-                    let floors = floors.map_or_else(Vec::new, |(r0, r1)| {
-                        let second = (r1 > 0).then(|| ("r1".to_owned(), r1));
+                    // The second floor is rule r1's, or sometimes only its key `entity_1`'s.
+                    let floors = floors.map_or_else(Vec::new, |(r0, r1, keyed)| {
+                        let member = if keyed { "r1|entity_1" } else { "r1" };
+                        let second = (r1 > 0).then(|| (member.to_owned(), r1));
                         std::iter::once(("r0".to_owned(), r0)).chain(second).collect()
                     });
                     Arc::new(Budget {

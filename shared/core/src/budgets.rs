@@ -18,8 +18,9 @@ pub struct Budget {
     /// The most one entity may take of each window of each limit, in ppm (fair share).
     pub max_share: Option<u64>,
     pub adaptive: Option<Adaptive>,
-    /// Rules guaranteed a share of each window while they have demand, by rule name, in ppm
-    /// (summing to at most 1). See [`Budget::floor_units`].
+    /// Who is guaranteed a share of each window while they have demand, in ppm (summing to at most
+    /// 1): a rule (its id), or one key of a rule (`<rule id>|<key>`, [`Budget::floor_member`]).
+    /// See [`Budget::floor_units`].
     pub floors: Vec<(String, u64)>,
     /// A rule's classes calendar (docs/rules.md: "Classes under one limit"): the rule's limits,
     /// one calendar per key (its state is named [`Budget::state_name`]), floors held for classes.
@@ -45,6 +46,13 @@ impl Budget {
     /// alone; from its start they are anyone's (a rule with no demand then strands nothing).
     pub fn floor_units(&self, count: u64) -> impl Iterator<Item = (&str, u64)> {
         self.floors.iter().map(move |(rule, floor)| (rule.as_str(), count * floor / PPM))
+    }
+
+    /// Whose floor an event of rule `rule` (its id) and key `key` books: the key's own when the
+    /// budget holds one for it (`<rule>|<key>`), else the rule's (which may hold none).
+    pub fn floor_member<'a>(&'a self, rule: &'a str, key: &str) -> &'a str {
+        let keyed = self.floors.iter().find(|(member, _)| member.split_once('|') == Some((rule, key)));
+        keyed.map_or(rule, |(member, _)| member.as_str())
     }
 
     /// The name its state is kept under: its own, or for a classes calendar, `<name>|<key>`.

@@ -485,19 +485,22 @@ impl RuleSet {
             rules.push(rule);
             drawn.push(budget_names);
         }
-        // A budget's floors name rules; its state counts them by id (what survives a rename).
+        // A budget's floors name rules (or keys of rules: `<rule>|<key>`); its state counts them by
+        // the rule's id (what survives a rename).
         let mut specs = specs;
         for budget in specs.values_mut() {
-            for (name, _) in &mut budget.floors {
+            for (member, _) in &mut budget.floors {
+                let (name, key) =
+                    member.split_once('|').map_or((member.clone(), None), |(n, k)| (n.to_owned(), Some(k)));
                 let drawing =
-                    rules.iter().zip(&drawn).find(|(r, names)| r.name == *name && names.contains(&budget.name));
+                    rules.iter().zip(&drawn).find(|(r, names)| r.name == name && names.contains(&budget.name));
                 if let Some((rule, _)) = drawing {
-                    *name = rule.id.clone();
+                    *member = key.map_or_else(|| rule.id.clone(), |key| format!("{}|{key}", rule.id));
                     continue;
                 }
-                let message = if rules.iter().any(|r| r.name == *name) {
+                let message = if rules.iter().any(|r| r.name == name) {
                     format!("rule '{name}' does not draw from this budget: a floor is held for a rule that lists it")
-                } else if named.contains(name) {
+                } else if named.contains(&name) {
                     continue; // The rule's own errors are reported.
                 } else {
                     format!("there is no rule '{name}' in this file")

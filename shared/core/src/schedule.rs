@@ -515,7 +515,8 @@ struct BudgetLimit<'a> {
     budget: &'a Budget,
     limit: &'a Limit,
     count: u64,
-    /// Whose floor the event books: its class in a classes calendar, else its rule.
+    /// Whose floor the event books: its class in a classes calendar, else its key's or its rule's
+    /// ([`Budget::floor_member`]).
     member: &'a str,
     /// The [`BudgetState`] it counts in ([`Budget::state_name`], or a leased budget's partition pool).
     state: String,
@@ -1073,7 +1074,8 @@ fn budget_limits<'a>(
         let partition = budget.partition_of(scope.unwrap_or(key));
         let state = partition.map_or_else(|| budget.state_name(scope), |p| budget.pool_name(p));
         let level = budget_level(budget, budgets.get(&state), request.now);
-        let member = if budget.per_key { class.unwrap_or_default() } else { rule };
+        let member =
+            if budget.per_key { class.unwrap_or_default() } else { budget.floor_member(rule, scope.unwrap_or(key)) };
         for limit in &budget.limits {
             let count = adapted_count(limit, limit.limit(), level, request.cost);
             shared.push(BudgetLimit { budget, limit, count, member, state: state.clone(), partition });
@@ -2026,6 +2028,28 @@ mod budget_tests {
             let state = s.budget_state("gateway").unwrap();
             proptest::prop_assert!(state.windows.values().all(|&used| used <= count), "{:?}", state.windows);
         }
+    }
+
+    #[test]
+    fn a_key_s_floor_is_held_for_that_key_not_for_the_rest_of_its_rule() {
+        let budgets = [Arc::new(Budget {
+            floors: vec![("sms|vip".into(), 300_000)],
+            ..(*budget(10, Placement::Start, None)).clone()
+        })];
+        let reserve = |s: &mut Scheduler, key: &str, id: &str, now: Millis| {
+            let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let request = ReserveRequest { max_delay: 10 * SECOND, budgets: &budgets, ..request(id, &limits, now) };
+            s.reserve("sms", key, &request).slot
+        };
+        let mut s = Scheduler::new();
+        // Another key of the same rule floods: it leaves `vip`'s 3 units of each later window.
+        let flood: Vec<Millis> = (0..24).map(|i| reserve(&mut s, "bulk", &format!("b{i}"), 0)).collect();
+        assert_eq!(flood.iter().filter(|&&t| t == 1_000).count(), 7);
+        let vip: Vec<Millis> = (0..4).map(|i| reserve(&mut s, "vip", &format!("v{i}"), 500)).collect();
+        assert_eq!(vip, [1_000, 1_000, 1_000, 2_000]);
+        assert_eq!(s.budget_state("gateway").unwrap().floor_used[&(SECOND, 1_000, "sms|vip".to_owned())], 3);
+        // A third key of the rule holds no floor: it waits behind the flood.
+        assert_eq!(reserve(&mut s, "other", "o0", 500), 3_000);
     }
 
     #[test]

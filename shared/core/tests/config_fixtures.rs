@@ -157,3 +157,18 @@ fn budgets_linked_by_a_rule_share_one_hash_tag_and_rules_resolve_them() {
     assert_eq!(tag("alone"), "alone");
     assert_eq!(rules.rule("a").unwrap().budget_tag(), Some("alpha"));
 }
+
+#[test]
+fn a_budget_floor_is_held_for_a_rule_or_for_named_keys_of_a_rule_by_its_id() {
+    let text = "budgets:\n  gateway:\n    limits: [ { limit: 100, per: 1s } ]\n    floors: { otp: 0.1, alerts: { tenant_7: 0.05, tenant_9: 0.2 } }\nrules:\n".to_owned()
+        + &["  - { name: otp, match: { attributes: { t: otp } }, key: k, limits: [ { limit: 10, per: 1s } ], max_delay: 1m, forward: { topic: ready }, overflow_topic: overflow, dlq_topic: dlq, budgets: [gateway] }\n",
+            "  - { name: alerts, id: alerts-v1, match: { attributes: { t: alerts } }, key: k, limits: [ { limit: 10, per: 1s } ], max_delay: 1m, forward: { topic: ready }, overflow_topic: overflow, dlq_topic: dlq, budgets: [gateway] }\n"]
+            .concat();
+    let rules = RuleSet::parse("floors.yaml", &text).unwrap();
+    let gateway = &rules.budgets["gateway"];
+    let floors: Vec<(&str, u64)> = gateway.floors.iter().map(|(m, f)| (m.as_str(), *f)).collect();
+    assert_eq!(floors, [("alerts-v1|tenant_7", 50_000), ("alerts-v1|tenant_9", 200_000), ("otp", 100_000)]);
+    assert_eq!(gateway.floor_member("alerts-v1", "tenant_9"), "alerts-v1|tenant_9");
+    assert_eq!(gateway.floor_member("alerts-v1", "tenant_8"), "alerts-v1");
+    assert_eq!(gateway.floor_member("otp", "tenant_7"), "otp");
+}

@@ -172,8 +172,9 @@ impl EncodedEvent {
     }
 }
 
-/// The key a request's entity is partitioned by: its key, or a class's key (its classes together).
-fn partition_scope<'a>(request: &SlotRequest<'a>) -> &'a str {
+/// The key of a request's entity: its key, or a class's key (its classes together). A leased budget
+/// partitions by it and a key's floor is held for it.
+fn scope_of<'a>(request: &SlotRequest<'a>) -> &'a str {
     request.event.class.map_or(request.key, |(scope, _)| scope)
 }
 
@@ -184,7 +185,7 @@ pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<O
     if event.budgets.iter().all(|b| b.leases.is_none()) {
         return Vec::new();
     }
-    let scope = partition_scope(request);
+    let scope = scope_of(request);
     event
         .budgets
         .iter()
@@ -274,7 +275,7 @@ impl ReserveArgs {
         self.keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
             (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
             _ => match b.leases {
-                Some(leases) => pool_key(namespace, b, leases.partition_of(partition_scope(request))),
+                Some(leases) => pool_key(namespace, b, leases.partition_of(scope_of(request))),
                 None => budget_key(namespace, b),
             },
         }));
@@ -371,8 +372,12 @@ impl ReserveArgs {
                     .int("budget.limit.count", limit.limit() as i64)
                     .str("budget.limit.kind", script_kind(limit));
             });
-            // A classes calendar's floors are its classes' reserves; a budget's, its rules'.
-            let member = if budget.per_key { class.unwrap_or_default() } else { request.rule };
+            // A classes calendar's floors are its classes' reserves; a budget's, its rules' and keys'.
+            let member = if budget.per_key {
+                class.unwrap_or_default()
+            } else {
+                budget.floor_member(request.rule, scope_of(request))
+            };
             args.section("budget.floors", &budget.floors, |args, (name, floor)| {
                 args.str("budget.floor.rule", name)
                     .int("budget.floor.ppm", *floor as i64)

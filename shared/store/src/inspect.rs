@@ -128,8 +128,12 @@ pub struct LeaseUse {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FloorReport {
+    /// The rule (its id) the floor is held for, or a class of a classes calendar.
     pub rule: String,
-    /// The share of each window held for the rule until the window starts.
+    /// The key of the rule the floor is held for, when it is one key's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The share of each window held for the rule (or key) until the window starts.
     pub floor: f64,
     /// Per limit of the budget, in its order.
     pub limits: Vec<FloorUse>,
@@ -641,19 +645,20 @@ fn lease_report(budget: &Budget, (partition, pool): (u32, &BudgetState), now: Mi
 }
 
 fn floor_reports(budget: &Budget, state: &BudgetState, level: Option<u64>, now: Millis) -> Vec<FloorReport> {
-    let floors = budget.floors.iter().map(|(rule, floor)| {
+    let floors = budget.floors.iter().map(|(member, floor)| {
         let limits = budget.limits.iter().map(|limit| {
             let (per, count) = (limit.per(), adapted_count(limit, limit.limit(), level, 1));
             let current = now.div_euclid(per) * per;
-            let part = |w: Millis| state.floor_used.get(&(per, w, rule.clone())).copied().unwrap_or(0);
+            let part = |w: Millis| state.floor_used.get(&(per, w, member.clone())).copied().unwrap_or(0);
             let ahead = state.floor_used.range((per, current + per, String::new())..(per, Millis::MAX, String::new()));
             FloorUse {
                 units: count * floor / PPM,
                 used_now: part(current),
-                ahead: ahead.filter(|((_, _, r), _)| r == rule).map(|(_, &used)| used).sum(),
+                ahead: ahead.filter(|((_, _, m), _)| m == member).map(|(_, &used)| used).sum(),
             }
         });
-        FloorReport { rule: rule.clone(), floor: *floor as f64 / PPM as f64, limits: limits.collect() }
+        let (rule, key) = member.split_once('|').map_or((member.as_str(), None), |(r, k)| (r, Some(k.to_owned())));
+        FloorReport { rule: rule.to_owned(), key, floor: *floor as f64 / PPM as f64, limits: limits.collect() }
     });
     floors.collect()
 }

@@ -136,12 +136,23 @@ pub(super) struct RawBudgetFields {
     pub(super) max_share: Option<f64>,
     pub(super) adaptive: Option<RawAdaptive>,
     /// By rule name: the share of each window that rule can always book while it has demand
-    /// (e.g. 0.1), each above 0, together at most 1. What no floor holds is anyone's.
-    #[schemars(extend("additionalProperties" = { "type": "number", "exclusiveMinimum": 0, "maximum": 1 }))]
-    pub(super) floors: Option<BTreeMap<String, f64>>,
+    /// (e.g. 0.1), or by key of that rule (`{ merchant_7: 0.05 }`: each named key its own floor);
+    /// each above 0, together at most 1. What no floor holds is anyone's.
+    pub(super) floors: Option<BTreeMap<String, RawFloor>>,
     /// Spread the keys of the rules drawing from it over partitions (Redis Cluster hash tags), each
     /// booking against capacity its home leases it: a budget past one shard.
     pub(super) leases: Option<RawLeases>,
+}
+
+/// A budget's floor for one rule: a share of each window for the rule, or one for each named key of
+/// the rule.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub(super) enum RawFloor {
+    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 1))]
+    Rule(f64),
+    #[schemars(extend("additionalProperties" = { "type": "number", "exclusiveMinimum": 0, "maximum": 1 }, "minProperties" = 1))]
+    Keys(BTreeMap<String, f64>),
 }
 
 /// `leases: { partitions, chunk }`.

@@ -373,7 +373,8 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
                 None
             }
         };
-        let floors = validate_floors(fields.floors.unwrap_or_default(), "floors", &mut errors);
+        let floors = budget_floors(fields.floors.unwrap_or_default(), &mut errors)
+            .and_then(|floors| validate_floors(floors, "floors", &mut errors));
         ok &= floors.is_some();
         let leases = fields.leases.map(|raw| validate_leases(raw, &limits, &mut errors));
         ok &= !matches!(leases, Some(None));
@@ -429,7 +430,28 @@ fn validate_leases(raw: RawLeases, limits: &[Limit], errors: &mut RuleErrors<'_,
     ok.then_some(Leases { partitions: raw.partitions, chunk })
 }
 
-/// Floors (a budget's, by rule) or reserves (classes') in ppm, each above 0 and together at most 1
+/// A budget's floors by member: a rule's as its name, each named key's of a rule as `<rule>|<key>`
+/// (rule names hold no `|`; the rule's id replaces its name once the rules are read).
+fn budget_floors(raw: BTreeMap<String, RawFloor>, errors: &mut RuleErrors<'_, '_>) -> Option<BTreeMap<String, f64>> {
+    let mut floors = BTreeMap::new();
+    for (rule, floor) in raw {
+        match floor {
+            RawFloor::Rule(share) => {
+                floors.insert(rule, share);
+            }
+            RawFloor::Keys(keys) if keys.is_empty() => {
+                errors.push(&format!("floors.{rule}"), "names no key: give the rule a share, or keys their own".into());
+                return None;
+            }
+            RawFloor::Keys(keys) => {
+                floors.extend(keys.into_iter().map(|(key, share)| (format!("{rule}|{key}"), share)))
+            }
+        }
+    }
+    Some(floors)
+}
+
+/// Floors (a budget's, by rule or key) or reserves (classes') in ppm, each above 0 and together at most 1
 /// (which rules a budget's floors name is checked once the rules are read).
 fn validate_floors(
     raw: BTreeMap<String, f64>,
@@ -440,8 +462,10 @@ fn validate_floors(
     for (name, floor) in &raw {
         match fraction_ppm(*floor).filter(|&ppm| ppm > 0) {
             Some(ppm) => floors.push((name.clone(), ppm)),
-            None => errors
-                .push(&format!("{field}.{name}"), format!("must be a fraction above 0 and at most 1, got {floor}")),
+            None => errors.push(
+                &format!("{field}.{}", name.replacen('|', ".", 1)),
+                format!("must be a fraction above 0 and at most 1, got {floor}"),
+            ),
         }
     }
     if floors.len() < raw.len() {
@@ -449,7 +473,8 @@ fn validate_floors(
     }
     let sum: u64 = floors.iter().map(|(_, ppm)| ppm).sum();
     if sum > PPM {
-        let terms: Vec<String> = raw.iter().map(|(rule, floor)| format!("{rule} {floor}")).collect();
+        let terms: Vec<String> =
+            raw.iter().map(|(name, floor)| format!("{} {floor}", name.replacen('|', ".", 1))).collect();
         let message = format!(
             "sum to {} ({}): at most 1, since each must fit in every window at once",
             sum as f64 / PPM as f64,
