@@ -3,6 +3,8 @@
 -- keep the hash alive as long as any of them may still be in force.
 --
 -- KEYS[1]  the entity's state hash          drip:{rule|key}:state
+--          (for a rule with classes, the calendar its key's classes share: drip:{rule|key}:classes,
+--          whose overrides every class books against; reserve.lua reads them as the calendar's 'o')
 -- KEYS[2]  where earlier versions kept its overrides (folded in, then deleted)   drip:{rule|key}:o
 -- Arguments, in order (the prelude's cursor): now ('' for the server's TIME); the operation: 'set',
 -- 'delete', 'pause' (the entity waits until `until`; a later pause extends it), 'resume' (the

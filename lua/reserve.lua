@@ -22,7 +22,9 @@
 -- last set to end), 'lo:<per>' (the oldest window of that limit it may hold), 'run:<per>'
 -- ('<from>:<through>:<least>', the limit's run of full windows: schedule.rs's FullRun) and
 -- '<per>:<window>' (the cost reserved in that window): a calendar, since entities reserve its
--- windows out of order.
+-- windows out of order. A rule's classes calendar (one per key) also holds the key's overrides of
+-- the rule's limits ('o', override.lua's) and 'c', the last slot of what the key booked before the
+-- rule had classes, once it carried that over (carry_over).
 --
 -- Returns, for each event in order, the five numbers `reply` builds: slot, status (STATUS), what
 -- the attempt may do (ATTEMPT), now and decided_at (the now of the first answer). An answer is the
@@ -257,8 +259,12 @@ local function read_event()
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
-      leased = int() == 1, index = b, limits = {}, floors = {}, own_floor = false, pause = false, exp = false,
-      level = false, hash = false}
+      leased = int() == 1, per_key = int() == 1, carry_key = false, index = b, limits = {}, floors = {}, own_floor = false, pause = false, exp = false,
+      level = false, hash = false, overridden = false}
+    if budget.per_key then
+      -- Where the key's own state is (what it booked before the rule had classes): carry_over.
+      budget.carry_key = int()
+    end
     local budget_limits = budget.limits
     for j = 1, int() do
       budget_limits[j] = {per = int(), n = int(), spread = str() == 'spread', lo = false, run = false,
@@ -273,12 +279,17 @@ local function read_event()
       end
     end
     -- 'pause', 'adapt', 'exp', then each limit's 'lo:<per>' and 'run:<per>'; a leased budget's pool
-    -- then each limit's 'F:<per>', 'T:<per>' and 'B:<per>'.
+    -- then each limit's 'F:<per>', 'T:<per>' and 'B:<per>'; a classes calendar then its key's
+    -- overrides ('o') and the last slot of the backlog it carried over ('c').
     local per_limit = 2
     if budget.leased then
       per_limit = 5
     end
-    budget.fields_from, budget.fields_to = span(3 + per_limit * #budget_limits)
+    local calendar = 0
+    if budget.per_key then
+      calendar = 2
+    end
+    budget.fields_from, budget.fields_to = span(3 + per_limit * #budget_limits + calendar)
     budgets[b] = budget
   end
   return e
@@ -322,6 +333,41 @@ local function replay(e, recorded, now)
   return reply(slot, kind, ATTEMPT.resumed, now, decided_at)
 end
 
+-- A classes calendar met for the first time takes over what its key booked before the rule had
+-- classes (schedule.rs's carry_over): each limit's latest window from the key's own state, where it
+-- has not closed, and the key's last slot, after which every class books. Returns that slot (0:
+-- none), which the calendar keeps in 'c'.
+local function carry_over(e, budget, now)
+  local names, limits = {'f'}, budget.limits
+  for j = 1, #limits do
+    local id = 'fixed:' .. limits[j].per
+    names[2 * j], names[2 * j + 1] = id .. ':w', id .. ':u'
+  end
+  local key = KEYS[e.base + budget.carry_key]
+  local before = redis.call('HMGET', key, unpack(names))
+  -- What an earlier event of this call (from before a rule reload) left for the end of the call.
+  local pending = writes[key]
+  if pending then
+    for i = 1, #names do
+      if pending.fields[names[i]] ~= nil then
+        before[i] = pending.fields[names[i]]
+      end
+    end
+  end
+  local carried = tonumber(before[1]) or 0
+  for j = 1, #limits do
+    local per, window, used = limits[j].per, tonumber(before[2 * j]), tonumber(before[2 * j + 1])
+    if window and used and used > 0 and window + per > now then
+      redis.call('HINCRBY', budget.hash, per .. ':' .. window, used)
+    end
+  end
+  redis.call('HSET', budget.hash, 'c', carried)
+  if not budget.exp and not budget.overridden then
+    redis.call('PEXPIRE', budget.hash, math.max(carried, now) + 2 * e.state_ttl - now)
+  end
+  return carried
+end
+
 -- Each budget's hash as the search needs it: pause, adaptive level in force, expiry, and per limit
 -- its oldest window and run of full windows. Returns false when the cost is over a budget limit.
 local function read_budgets(e, now)
@@ -333,8 +379,26 @@ local function read_budgets(e, now)
     local held = redis.call('HMGET', budget.hash, unpack(ARGV, budget.fields_from, budget.fields_to))
     budget.pause, budget.exp = tonumber(held[1]) or false, tonumber(held[3]) or false
     budget.level = budget.ceiling and level_in_force(held[2], budget.ceiling, budget.step, budget.window, now)
+    -- A classes calendar's override of a limit (its id is 'fixed:<per>': the calendar's limits are
+    -- fixed windows) replaces the limit's count until its end.
+    local o = budget.per_key and parse_overrides(held[#held - 1])
+    -- Overrides keep the hash alive (override.lua's expire_entity): an expiry set here only extends.
+    budget.overridden = o and next(o) ~= nil
+    if budget.per_key then
+      local carried = tonumber(held[#held]) or carry_over(e, budget, now)
+      if carried > 0 and (not e.floor or carried > e.floor) then
+        e.floor = carried
+      end
+    end
     for j = 1, count do
       local l = budget.limits[j]
+      local override = o and tonumber(o['fixed:' .. l.per])
+      if override then
+        local ends = tonumber(o['fixed:' .. l.per .. ':u'])
+        if not ends or now < ends then
+          l.n = override
+        end
+      end
       if e.cost > l.n then
         return false
       end
@@ -991,9 +1055,9 @@ local function commit_budgets(e, slot, now)
     if #set > 0 then
       redis.call('HSET', key, unpack(set))
     end
-    if not budget.exp then
+    if not budget.exp and not budget.overridden then
       redis.call('PEXPIRE', key, slot + 2 * state_ttl - now)
-    elseif budget.exp < slot + state_ttl then
+    elseif not budget.exp or budget.exp < slot + state_ttl then
       -- GT: a pause or an adaptive level (budget.lua) may need it to live longer.
       redis.call('PEXPIRE', key, slot + 2 * state_ttl - now, 'GT')
     end

@@ -85,8 +85,8 @@ impl Scenario {
     /// The entity that reserves `arrival`: its key, or for a rule with classes `<key>#c<class>`.
     pub fn entity_key(&self, arrival: &Arrival) -> String {
         match self.shared.classes {
-            Some(_) => format!("entity_{}#c{}", arrival.entity, arrival.class),
-            None => arrival.key(),
+            Some(_) if !arrival.unclassed => format!("entity_{}#c{}", arrival.entity, arrival.class),
+            _ => arrival.key(),
         }
     }
 
@@ -161,6 +161,8 @@ pub struct Arrival {
     pub floor: Option<Millis>,
     /// Its class, for a rule with classes (`Shared::classes`).
     pub class: usize,
+    /// Reserved before the rule had classes (a rule that gains them at a later event): by its key.
+    pub unclassed: bool,
 }
 
 impl Arrival {
@@ -227,6 +229,7 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
                         reslot: None,
                         floor: None,
                         class: 0,
+                        unclassed: false,
                     },
                 };
                 events.push(event);
@@ -247,29 +250,36 @@ pub fn scenario(kinds: Kinds, max_events: usize) -> impl Strategy<Value = Scenar
 /// A scenario with overrides raising, lowering, ending and deleting the entities' limits between
 /// events (counts 1..=8, so some fall below an event's cost).
 pub fn scenario_with_overrides(max_events: usize) -> impl Strategy<Value = Scenario> {
-    let ops = prop::collection::vec((any::<Index>(), 0..3usize, any::<Index>(), 0u8..4, 1u64..=8, 0i64..2_000), 0..8);
-    (scenario(Kinds::All, max_events), ops).prop_map(|(mut scenario, ops)| {
-        for (at, entity, limit, what, count, lasts) in ops {
-            let before_event = at.index(scenario.events.len());
-            let now = scenario.events[before_event].now;
-            // Ending exactly at a later event's time probes the boundary (`until` is exclusive).
-            let later = scenario.events[(before_event + (lasts as usize) % 5).min(scenario.events.len() - 1)].now;
-            let set = match what {
-                0 => None,
-                1 => Some(LimitOverride { limit: count, until: None }),
-                2 => Some(LimitOverride { limit: count, until: Some(now + lasts) }),
-                _ => Some(LimitOverride { limit: count, until: Some(later) }),
-            };
-            scenario.overrides.push(OverrideOp {
-                before_event,
-                entity,
-                limit: limit.index(scenario.limits.len()),
-                set,
-            });
-        }
-        scenario.overrides.sort_by_key(|op| op.before_event);
+    (scenario(Kinds::All, max_events), override_ops()).prop_map(|(mut scenario, ops)| {
+        add_overrides(&mut scenario, ops);
         scenario
     })
+}
+
+/// Raw override operations: before which event, which entity and limit, what (delete, set for
+/// ever, for a while, until a later event), the count and how long.
+type RawOverride = (Index, usize, Index, u8, u64, i64);
+
+fn override_ops() -> impl Strategy<Value = Vec<RawOverride>> {
+    prop::collection::vec((any::<Index>(), 0..3usize, any::<Index>(), 0u8..4, 1u64..=8, 0i64..2_000), 0..8)
+}
+
+/// Adds `ops` to the scenario's overrides (of its limits as they are now), in event order.
+fn add_overrides(scenario: &mut Scenario, ops: Vec<RawOverride>) {
+    for (at, entity, limit, what, count, lasts) in ops {
+        let before_event = at.index(scenario.events.len());
+        let now = scenario.events[before_event].now;
+        // Ending exactly at a later event's time probes the boundary (`until` is exclusive).
+        let later = scenario.events[(before_event + (lasts as usize) % 5).min(scenario.events.len() - 1)].now;
+        let set = match what {
+            0 => None,
+            1 => Some(LimitOverride { limit: count, until: None }),
+            2 => Some(LimitOverride { limit: count, until: Some(now + lasts) }),
+            _ => Some(LimitOverride { limit: count, until: Some(later) }),
+        };
+        scenario.overrides.push(OverrideOp { before_event, entity, limit: limit.index(scenario.limits.len()), set });
+    }
+    scenario.overrides.sort_by_key(|op| op.before_event);
 }
 
 /// A scenario whose rule is edited once, at a random event, to another random set of limits
@@ -902,8 +912,10 @@ pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> R
 
 /// A rule with classes (two or three, `c0` and sometimes `c1` holding a reserve) over fixed limits,
 /// sometimes adaptive (429s for keys lower their calendars' level), with or without shared budgets
-/// (their floors, fair shares, pauses), pauses of keys, new slots for redeliveries and republished
-/// ids: each key's classes share its calendar, each class its own FIFO.
+/// (their floors, fair shares, pauses), pauses of keys, per-key overrides (of the key's calendar,
+/// for every class), new slots for redeliveries and republished ids: each key's classes share its
+/// calendar, each class its own FIFO. Sometimes the rule gains its classes at a later event: the
+/// events before it are reserved by their keys (a backlog the keys' calendars take over).
 pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
     let classes = (
         (2usize..=3, 150_000u64..=600_000, prop::option::weighted(0.5, 100_000u64..=300_000)),
@@ -911,8 +923,9 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
     );
     let picks = prop::collection::vec(0usize..3, max_events);
     let pauses = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..3_000), 0..4);
-    (scenario_with_budgets(max_events), prop::bool::weighted(0.3), classes, picks, pauses).prop_map(
-        |(mut scenario, keep_budgets, ((count, c0, c1), adaptive), picks, pauses)| {
+    let changes = (pauses, override_ops(), prop::option::weighted(0.3, any::<Index>()));
+    (scenario_with_budgets(max_events), prop::bool::weighted(0.3), classes, picks, changes).prop_map(
+        |(mut scenario, keep_budgets, ((count, c0, c1), adaptive), picks, (pauses, overrides, added))| {
             if !keep_budgets {
                 scenario.shared.budgets.clear();
                 scenario.shared.budget_pauses.clear();
@@ -964,6 +977,10 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
             for arrival in &mut scenario.events {
                 arrival.class = first.get(&arrival.id).copied().unwrap_or(arrival.class);
             }
+            if let Some(added) = added {
+                let from = added.index(n);
+                scenario.events[..from].iter_mut().for_each(|arrival| arrival.unclassed = true);
+            }
             let floors = std::iter::once(("c0".to_owned(), c0)).chain(c1.map(|c1| ("c1".to_owned(), c1))).collect();
             let calendar = Arc::new(Budget {
                 name: "classes".into(),
@@ -976,6 +993,7 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
                 tag: String::new(),
             });
             scenario.limits = limits;
+            add_overrides(&mut scenario, overrides);
             scenario.shared.draws =
                 std::iter::once(calendar.clone()).chain(scenario.shared.budgets.iter().cloned()).collect();
             scenario.shared.classes = Some(calendar);
@@ -997,7 +1015,9 @@ pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
         if answer.replayed() {
             continue;
         }
-        if answer.status == Status::Reserved && paused.get(&arrival.entity).is_some_and(|&until| answer.slot < until) {
+        // A pause is the key's calendar's: an event reserved before the rule had classes did not see it.
+        let paused = paused.get(&arrival.entity).filter(|_| !arrival.unclassed);
+        if answer.status == Status::Reserved && paused.is_some_and(|&until| answer.slot < until) {
             return Err(format!("{arrival:?} got {answer:?}, inside its key's pause"));
         }
         in_use.take(arrival, answer);
@@ -1011,7 +1031,19 @@ pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
     }
     let (ledgers, everyone) = in_use.sorted();
     for (entity, ledger) in &ledgers {
-        check_limits(&scenario.limits, ledger).map_err(|e| format!("entity {entity}, all classes: {e}"))?;
+        // A key's override holds for all its classes; a window used under two counts holds at
+        // most the larger.
+        let limits: Vec<Limit> = scenario
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(i, limit)| {
+                let overridden = scenario.overrides.iter().filter(|o| o.entity == *entity && o.limit == i);
+                let largest = overridden.filter_map(|o| o.set.map(|set| set.limit)).fold(limit.limit(), u64::max);
+                Limit::new(largest, limit.per(), limit.window()).unwrap()
+            })
+            .collect();
+        check_limits(&limits, ledger).map_err(|e| format!("entity {entity}, all classes: {e}"))?;
     }
     for budget in &scenario.shared.budgets {
         check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {}: {e}", budget.name))?;

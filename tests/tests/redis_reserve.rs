@@ -311,8 +311,10 @@ fn differential_in_batches(
             .chain(scenario.pauses.iter().map(|p| (p.1, format!("entity_{}", p.1))))
             .collect();
         for (entity, key) in &entities {
-            // A class's entity holds none of the rule's limits: its key's calendar does.
-            let limits = if scenario.shared.classes.is_some() { Vec::new() } else { scenario.all_limits() };
+            // A class's entity holds none of the rule's limits: its key's calendar does (a key's
+            // own state, from before the rule had classes, does).
+            let class = scenario.shared.classes.is_some() && key.contains('#');
+            let limits = if class { Vec::new() } else { scenario.all_limits() };
             let rule = scenario.rule_of(&rule, *entity);
             let in_redis =
                 runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), key, &limits)).expect("entity_state");
@@ -504,6 +506,7 @@ fn seed_scenario() -> Scenario {
             reslot: None,
             floor: None,
             class: 0,
+            unclassed: false,
         })
         .collect();
     let limits = vec![Limit::new(100, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
@@ -817,6 +820,7 @@ fn both_stores_file_answers_by_the_minute_of_publication() {
         reslot: None,
         floor: None,
         class: 0,
+        unclassed: false,
     };
     let (t0, t1, t2) = (noon + 59 * SECOND, noon + MINUTE, noon + MINUTE + SECOND);
     let scenario = Scenario {
@@ -1077,6 +1081,51 @@ async fn overrides_keep_the_state_alive_as_long_as_they_matter() {
     store.change_override(&plain_rule(&rule, &limits), "k", &limits[0], None, "test".into()).await.unwrap();
     let back: i64 = connection.pttl(&state).await.unwrap();
     assert!(back > 0 && back <= own + SECOND, "back to the state's own expiry: {back} (was {own})");
+}
+
+/// A key's override on a rule with classes is its calendar's: every class of the key books against
+/// it (named by the key or by any of its classes), another key keeps the rule's count, and an
+/// override without an end keeps the calendar alive through reservations until it is deleted.
+#[tokio::test]
+async fn an_override_of_a_classed_key_holds_for_every_class_and_keeps_its_calendar() {
+    let mut connection = shared_connection().await;
+    let store = RedisStore::new(connection.clone(), "drip");
+    let id = unique("classed");
+    let text = format!(
+        "default_dlq_topic: dlq\nrules:\n  - name: {id}\n    key: \"{{attributes.k}}\"\n    limits: [ {{ limit: 2, per: 1h }} ]\n    \
+         max_delay: 30d\n    classes: {{ from: \"{{attributes.c}}\", default: bulk, reserve: {{ live: 0.5 }} }}\n    \
+         forward: {{ topic: ready }}\n    overflow_topic: overflow\n"
+    );
+    let rules = drip_core::rules::RuleSet::parse("classed.yaml", &text).unwrap();
+    let rule = rules.rule(&id).unwrap();
+    let now = drip_core::time::wall_clock_millis();
+    store.clock().set(now);
+    let forever = drip_core::schedule::LimitOverride { limit: 4, until: None };
+    store.change_override(rule, "m#live", &rule.limits[0], Some(forever), "test".into()).await.unwrap();
+    assert_eq!(store.overrides(rule, "m").await.unwrap().values().next(), Some(&forever), "the key's, not the class's");
+    let slots = |key: &'static str| {
+        let store = &store;
+        async move {
+            let mut slots = Vec::new();
+            for (i, class) in ["live", "bulk", "bulk", "live", "bulk"].into_iter().enumerate() {
+                let message = format!("{key}{i}");
+                let event = ReserveRequest::for_rule(rule, &message, 1, now).for_class(rule, (key, class));
+                let entity = format!("{key}#{class}");
+                let reserved = store.reserve(&SlotRequest::new(&rule.id, &entity, event).at(now)).await.unwrap();
+                slots.push(reserved.reservation.slot.div_euclid(drip_core::time::HOUR));
+            }
+            slots
+        }
+    };
+    let hour = now.div_euclid(drip_core::time::HOUR);
+    assert_eq!(slots("m").await, [hour, hour, hour, hour, hour + 1], "4 an hour for every class of m");
+    assert_eq!(slots("n").await, [hour, hour, hour + 1, hour + 1, hour + 2], "2 an hour for n");
+    let calendar = drip_store::class_calendar_key("drip", RuleRef::of(rule), "m");
+    assert_eq!(connection.pttl::<_, i64>(&calendar).await.unwrap(), -1, "an override without an end keeps it");
+    store.change_override(rule, "m", &rule.limits[0], None, "test".into()).await.unwrap();
+    let ttl: i64 = connection.pttl(&calendar).await.unwrap();
+    assert!(ttl > drip_core::time::HOUR, "it expires again with its windows once the override is gone: {ttl}");
+    assert!(store.overrides(rule, "m#bulk").await.unwrap().is_empty());
 }
 
 /// A message given a new slot with its old one given back, through both stores: the old slot's

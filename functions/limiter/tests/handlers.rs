@@ -890,7 +890,7 @@ async fn a_floor_keeps_a_rule_its_share_of_a_budget_a_blast_booked_ahead() {
 
 /// A merchant's bulk backlog books hours ahead; its live payouts, a class with a reserve of each
 /// hour, go in the next hour. An unknown class is the default's, behind the bulk. Inspect shows the
-/// key's calendar and the reserve; per-key overrides are refused for a rule with classes.
+/// key's calendar and the reserve; a per-key override holds for every class of the key.
 #[tokio::test]
 async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     let l = limiter();
@@ -942,10 +942,14 @@ async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     assert_eq!(status, StatusCode::OK);
     let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23live", None).await;
     assert!(report["budgets"][0]["pausedUntil"].is_null(), "lifted for every class: {report}");
+    // An override of the key is its calendar's: every class books against it.
     let path = "/v1/rules/settlements/keys/merchant_m%23live/limits";
     let (status, body) = l.send("PUT", path, Some(serde_json::json!({ "limit": "20/1h" }))).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    assert!(body.to_string().contains("has classes"), "{body}");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, limits) = l.send("GET", "/v1/rules/settlements/keys/merchant_m/limits", None).await;
+    assert!(limits.to_string().contains("20"), "the key's override, read by the key: {limits}");
+    let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23bulk", None).await;
+    assert_eq!(report["budgets"][0]["limits"][0]["capacity"].as_u64(), Some(20), "{report}");
 }
 
 /// An adaptive rule with classes: the level is the key's (its calendar's), so a 5xx reported for

@@ -292,12 +292,6 @@ impl Rule {
     /// Which of this rule's limits `spec` overrides, and with what count: `500/1m` names the limit
     /// whose period is 1m (`window` picks one when two share it: `fixed`, `sliding`, `gcra`).
     pub fn override_target(&self, spec: &str, window: Option<&str>) -> Result<(&Limit, u64), String> {
-        if self.classes.is_some() {
-            return Err(format!(
-                "rule '{}' has classes: its limits are each key's calendar, which per-key overrides do not change; edit the rule's limits instead",
-                self.name
-            ));
-        }
         let (count, per) = spec.split_once('/').ok_or_else(|| format!("'{spec}' is not COUNT/PERIOD, e.g. 500/1m"))?;
         let count: u64 = match count.trim().parse() {
             Ok(n) if n >= 1 => n,

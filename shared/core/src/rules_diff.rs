@@ -207,13 +207,28 @@ fn class_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
     };
     match (&old.classes, &new.classes) {
         (None, None) => Vec::new(),
-        (None, Some(_)) => vec![edit(
-            Safety::NeedsCare,
-            format!(
-                "classes added ({}): each key's events are then reserved per class against a calendar of the rule's limits that does not count the backlog already scheduled under the key, so until that backlog drains a window can hold it and the classes' events too: add classes when the rule's backlog is empty (drip inspect), or pause its keys until it drains",
-                show(new)
-            ),
-        )],
+        (None, Some(_)) => {
+            // A key's calendar carries over its key's fixed windows (schedule.rs's carry_over).
+            let carried = new.limits.iter().all(|l| {
+                old.limits.iter().any(|o| o.per() == l.per() && matches!(o.window(), crate::rules::Window::Fixed(_)))
+            });
+            let classes = show(new);
+            vec![if carried {
+                edit(
+                    Safety::Safe,
+                    format!(
+                        "classes added ({classes}): each key's calendar takes over the backlog already scheduled under the key (its last window counted, every class after its last slot), so every window stays exact; the classes' events wait behind that backlog, and classes overtake one another once it has drained"
+                    ),
+                )
+            } else {
+                edit(
+                    Safety::NeedsCare,
+                    format!(
+                        "classes added ({classes}) with limits the rule did not have as fixed windows before: each key's calendar books every class after the key's backlog, but counts none of that backlog in the windows of those limits, so the window holding the backlog's last slot can hold it and the classes' events too: add classes when the rule's backlog is empty (drip inspect), or pause its keys until it drains"
+                    ),
+                )
+            }]
+        }
         (Some(_), None) => vec![edit(
             Safety::NeedsCare,
             "classes removed: the classes' backlogs keep their slots, which the keys' own limits do not count, so until they drain a window can hold them and new events too: remove classes when the rule's backlog is empty",
@@ -371,7 +386,7 @@ rules:
     }
 
     #[test]
-    fn adding_classes_needs_care_and_changing_reserves_is_safe() {
+    fn adding_classes_over_fixed_limits_and_changing_reserves_are_safe() {
         let classed = OLD.replacen(
             "    key: \"k\"\n",
             "    key: \"k\"\n    classes: { from: \"{attributes.p}\", default: bulk, reserve: { live: 0.1 } }\n",
@@ -379,7 +394,17 @@ rules:
         );
         let kyc = edits(&diff(&parse(OLD), &parse(&classed)), "kyc");
         assert!(
-            matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.contains("classes added (live, bulk (default bulk; reserve live 0.1))")),
+            matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("classes added (live, bulk (default bulk; reserve live 0.1)): each key's calendar takes over")),
+            "{kyc:?}"
+        );
+        let from_sliding = OLD.replacen(
+            "limits: [ { limit: 5, per: 1s, window: fixed } ]",
+            "limits: [ { limit: 5, per: 1s, window: sliding } ]",
+            1,
+        );
+        let kyc = edits(&diff(&parse(&from_sliding), &parse(&classed)), "kyc");
+        assert!(
+            kyc.iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("did not have as fixed windows")),
             "{kyc:?}"
         );
         let raised = classed.replacen("live: 0.1", "live: 0.2", 1);

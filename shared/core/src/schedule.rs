@@ -346,6 +346,13 @@ pub struct BudgetState {
     pub paused_until: Option<Millis>,
     pub adaptive: Option<AdaptiveState>,
     pub latency: Option<LatencyState>,
+    /// A classes calendar's per-key overrides of the rule's limits, by [`override_id`] (`drip
+    /// limits set` on a key of a rule with classes): every class of the key books against them.
+    pub overrides: BTreeMap<String, LimitOverride>,
+    /// A classes calendar: the last slot of what its key booked before the rule had classes (0:
+    /// nothing), once the calendar took that backlog over ([`Scheduler::carry_over`]); `None`
+    /// before. Every class of the key books after it.
+    pub carried: Option<Millis>,
     /// A leased budget's partition pool: by (per, window start), the units its home leased it
     /// (`windows` then holds what the partition booked of them).
     pub leased: BTreeMap<(Millis, Millis), u64>,
@@ -514,6 +521,8 @@ struct EntityLimit {
 struct BudgetLimit<'a> {
     budget: &'a Budget,
     limit: &'a Limit,
+    /// The count before the adaptive level: the limit's, or a classes calendar's override of it.
+    base: u64,
     count: u64,
     /// Whose floor the event books: its class in a classes calendar, else its key's or its rule's
     /// ([`Budget::floor_member`]).
@@ -545,6 +554,7 @@ impl Scheduler {
     }
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
+        self.carry_over(rule, request);
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         if let Some(answer) = entity.answers.get_mut(&answer_file(request.message_id, request.published)) {
             let attempt = if answer.completed {
@@ -566,6 +576,7 @@ impl Scheduler {
     /// after any pause, replaces the answer. `old` says whether the old slot's units go back first
     /// (see [`give_back`] for where they can).
     pub fn reslot(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>, old: OldSlot) -> Reservation {
+        self.carry_over(rule, request);
         // A parked message has no slot to move: its key's drain gives it one.
         let entity = self.entities.get(&(rule.to_owned(), key.to_owned()));
         let file = answer_file(request.message_id, request.published);
@@ -603,6 +614,10 @@ impl Scheduler {
         }
         let (slot, booked) = (answer.slot, answer.cost);
         answer.corrected = Some(actual);
+        self.carry_over(rule, request);
+        let Some(entity) = self.entities.get_mut(&(rule.to_owned(), key.to_owned())) else {
+            return Correction::Unknown;
+        };
         let unit = ReserveRequest { cost: 1, ..*request };
         let shared = budget_limits(&self.budgets, &unit, (rule, key));
         let (_, own) = entity_limits(&entity.state, &unit, &shared);
@@ -699,6 +714,41 @@ impl Scheduler {
         self.budgets.get(budget)
     }
 
+    /// A classes calendar met for the first time takes over what its key booked before the rule
+    /// had classes (the key's own state, `(rule, key)`), so that adding classes to a rule with a
+    /// backlog keeps every window exact: each window of the rule's limits that has not closed
+    /// holds what the key's state holds of it (a fixed limit's state is its latest window: the
+    /// only one the classes can share with that backlog), and the key's last slot becomes every
+    /// class's floor ([`Self::with_carried_floor`]). Once per calendar: it records what it took.
+    fn carry_over(&mut self, rule: &str, request: &ReserveRequest<'_>) {
+        let Some((scope, _)) = request.class else { return };
+        let Some(calendar) = request.budgets.iter().find(|b| b.per_key) else { return };
+        let state = self.budgets.entry(calendar.state_name(Some(scope))).or_default();
+        if state.carried.is_some() {
+            return;
+        }
+        let before = self.entities.get(&(rule.to_owned(), scope.to_owned())).map(|e| &e.state);
+        state.carried = Some(before.and_then(|s| s.last_slot).unwrap_or(0));
+        for limit in &calendar.limits {
+            let held = before.and_then(|s| s.limits.get(&state_id(limit)));
+            if let Some(&LimitState::Fixed { window, used }) = held
+                && window + limit.per() > request.now
+                && used > 0
+            {
+                *state.windows.entry((limit.per(), window)).or_default() += used;
+            }
+        }
+    }
+
+    /// The request with its floor raised to what its key's classes calendar carried over.
+    fn with_carried_floor<'a>(&self, request: &ReserveRequest<'a>) -> ReserveRequest<'a> {
+        let carried = request.class.and_then(|(scope, _)| {
+            let calendar = request.budgets.iter().find(|b| b.per_key)?;
+            self.budgets.get(&calendar.state_name(Some(scope)))?.carried.filter(|&slot| slot > 0)
+        });
+        ReserveRequest { floor: request.floor.max(carried), ..*request }
+    }
+
     /// A fresh decision for the request's message: its slot reserved (or why not) and its answer
     /// filed, after the units of `given_back` (a slot and the cost it booked) went back (unless the
     /// cost is over a count in force).
@@ -709,6 +759,7 @@ impl Scheduler {
         request: &ReserveRequest<'_>,
         given_back: Option<(Millis, u64)>,
     ) -> Reservation {
+        let request = &self.with_carried_floor(request);
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let shared = budget_limits(&self.budgets, request, (rule, key));
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
@@ -819,6 +870,8 @@ impl Scheduler {
     /// Whether the request's cost is over a count in force, and the slot its entity would give it
     /// now (the runs its search walked are kept; nothing else changes).
     fn earliest(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> (bool, Millis) {
+        self.carry_over(rule, request);
+        let request = &self.with_carried_floor(request);
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let shared = budget_limits(&self.budgets, request, (rule, key));
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
@@ -871,6 +924,22 @@ impl Scheduler {
     pub fn delete_override(&mut self, rule: &str, key: &str, id: &str) -> Option<LimitOverride> {
         let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
         entity.state.overrides.remove(id)
+    }
+
+    /// Sets (`Some`) or removes (`None`) a classes calendar's override of the rule's limit named
+    /// `id`, for every class of its key (`calendar`: [`Budget::state_name`] of the key); returns
+    /// the one it replaced.
+    pub fn change_calendar_override(
+        &mut self,
+        calendar: &str,
+        id: &str,
+        set: Option<LimitOverride>,
+    ) -> Option<LimitOverride> {
+        let overrides = &mut self.budgets.entry(calendar.to_owned()).or_default().overrides;
+        match set {
+            Some(set) => overrides.insert(id.to_owned(), set),
+            None => overrides.remove(id),
+        }
     }
 }
 
@@ -1048,8 +1117,8 @@ fn entity_limits(
             EntityLimit { id: state_id(limit), limit: *limit, count: adapted_count(limit, base, level, request.cost) }
         })
         .collect();
-    for BudgetLimit { budget, limit, count, .. } in shared {
-        exceeded |= request.cost > limit.limit();
+    for BudgetLimit { budget, limit, base, count, .. } in shared {
+        exceeded |= request.cost > *base;
         if let Some(share) = budget.share_of(*count, request.cost) {
             let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
             own.push(EntityLimit { id: budget.share_id(limit), limit: fixed, count: share });
@@ -1073,12 +1142,14 @@ fn budget_limits<'a>(
     for budget in request.budgets {
         let partition = budget.partition_of(scope.unwrap_or(key));
         let state = partition.map_or_else(|| budget.state_name(scope), |p| budget.pool_name(p));
-        let level = budget_level(budget, budgets.get(&state), request.now);
+        let held = budgets.get(&state);
+        let level = budget_level(budget, held, request.now);
         let member =
             if budget.per_key { class.unwrap_or_default() } else { budget.floor_member(rule, scope.unwrap_or(key)) };
         for limit in &budget.limits {
-            let count = adapted_count(limit, limit.limit(), level, request.cost);
-            shared.push(BudgetLimit { budget, limit, count, member, state: state.clone(), partition });
+            let base = held.map_or(limit.limit(), |held| effective_limit(limit, &held.overrides, request.now));
+            let count = adapted_count(limit, base, level, request.cost);
+            shared.push(BudgetLimit { budget, limit, base, count, member, state: state.clone(), partition });
         }
     }
     shared
@@ -2088,6 +2159,67 @@ mod budget_tests {
             ..request(id, &[], now)
         };
         s.reserve("payouts", &format!("{key}#{class}"), &request).slot
+    }
+
+    #[test]
+    fn classes_added_to_a_key_with_a_backlog_book_after_it_and_count_its_last_window() {
+        let calendar = Arc::new(Budget {
+            name: "payouts".into(),
+            floors: vec![("live".into(), 200_000)],
+            per_key: true,
+            leases: None,
+            ..(*budget(10, Placement::Start, None)).clone()
+        });
+        let mut s = Scheduler::new();
+        // Before the rule had classes, the key's own state booked 25 events: 10, 10 and 5.
+        let limits = calendar.limits.clone();
+        for i in 0..25 {
+            let id = format!("o{i}");
+            s.reserve("payouts", "m", &ReserveRequest { max_delay: 100 * SECOND, ..request(&id, &limits, 0) });
+        }
+        let live = reserve_class(&mut s, ("m", "live"), "l0", 100, &calendar);
+        assert_eq!(live, 2_000, "after the backlog, not in its full windows");
+        let bulk: Vec<Millis> =
+            (0..5).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 100, &calendar)).collect();
+        // Window 2 holds the backlog's 5 and live's 1: bulk takes 3 (live's unused unit of its
+        // reserve of 2 stays free), then goes to 3s.
+        assert_eq!(bulk, [2_000, 2_000, 2_000, 3_000, 3_000]);
+        let state = s.budget_state(&calendar.state_name(Some("m"))).unwrap();
+        assert_eq!((state.carried, state.windows[&(SECOND, 2_000)]), (Some(2_000), 9));
+        // Another key had no backlog: nothing carried, its classes start now.
+        assert_eq!(reserve_class(&mut s, ("n", "bulk"), "n0", 100, &calendar), 100);
+        assert_eq!(s.budget_state(&calendar.state_name(Some("n"))).unwrap().carried, Some(0));
+    }
+
+    #[test]
+    fn a_key_s_override_is_its_calendar_s_for_every_class_until_it_ends() {
+        let calendar = Arc::new(Budget {
+            name: "payouts".into(),
+            floors: vec![("live".into(), 200_000)],
+            per_key: true,
+            leases: None,
+            ..(*budget(10, Placement::Start, None)).clone()
+        });
+        let mut s = Scheduler::new();
+        let id = override_id(&calendar.limits[0]);
+        let raised = LimitOverride { limit: 20, until: Some(2_000) };
+        assert_eq!(s.change_calendar_override(&calendar.state_name(Some("m")), &id, Some(raised)), None);
+        let m: Vec<Millis> = (0..24)
+            .map(|i| reserve_class(&mut s, ("m", ["bulk", "live"][i % 2]), &format!("m{i}"), 0, &calendar))
+            .collect();
+        // The count in force when they book is the override's: 20 in window 0, the other 4 in window 1.
+        assert_eq!(m.iter().filter(|&&t| t == 0).count(), 20, "{m:?}");
+        assert_eq!(m.iter().filter(|&&t| t == 1_000).count(), 4, "{m:?}");
+        let n: Vec<Millis> =
+            (0..11).map(|i| reserve_class(&mut s, ("n", "bulk"), &format!("n{i}"), 0, &calendar)).collect();
+        assert_eq!(n.iter().filter(|&&t| t == 0).count(), 10, "another key keeps the rule's count");
+        // A count below the cost refuses the event, for every class of the key.
+        let lowered = LimitOverride { limit: 1, until: None };
+        s.change_calendar_override(&calendar.state_name(Some("m")), &id, Some(lowered));
+        let draws = [calendar.clone()];
+        let request = ReserveRequest { cost: 2, budgets: &draws, class: Some(("m", "live")), ..request("big", &[], 0) };
+        assert_eq!(s.reserve("payouts", "m#live", &request).status, Status::CostExceedsLimit);
+        assert_eq!(s.change_calendar_override(&calendar.state_name(Some("m")), &id, None), Some(lowered));
     }
 
     #[test]

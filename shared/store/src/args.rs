@@ -279,6 +279,11 @@ impl ReserveArgs {
                 None => budget_key(namespace, b),
             },
         }));
+        // A classes calendar's key's own state: what it booked before the rule had classes.
+        let carry_at = self.keys.len() as i64 + 1 - base;
+        if let Some(scope) = scope.filter(|_| event.budgets.iter().any(|b| b.per_key)) {
+            self.keys.push(EntityKeys::new(namespace, request.rule_ref(), scope, "-", None, &[]).state);
+        }
 
         let budget_limits = event.budgets.iter().flat_map(|b| &b.limits);
         let longest_window =
@@ -367,6 +372,12 @@ impl ReserveArgs {
             adaptive(args, budget.adaptive.as_ref(), &budget.limits);
             args.opt("budget.max_share", budget.max_share.map(|share| share as i64));
             args.int("budget.leased", i64::from(budget.leases.is_some()));
+            // A classes calendar holds its key's overrides of the rule's limits and carries over
+            // what the key booked before the rule had classes (its last two fields).
+            args.int("budget.per_key", i64::from(budget.per_key));
+            if budget.per_key {
+                args.int("budget.carry_key", carry_at);
+            }
             args.section("budget.limits", &budget.limits, |args, limit| {
                 args.int("budget.limit.per", limit.per())
                     .int("budget.limit.count", limit.limit() as i64)
@@ -406,6 +417,9 @@ impl ReserveArgs {
                 for limit in &budget.limits {
                     args.str("budget_field", field::pool_booked(limit.per()));
                 }
+            }
+            if budget.per_key {
+                args.str("budget_field", field::OVERRIDES).str("budget_field", field::CARRIED);
             }
         });
         self.events.push(args);

@@ -170,6 +170,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             paused_until: fields.get(field::PAUSE).and_then(|p| p.parse().ok()),
             adaptive: fields.get(field::ADAPT).and_then(|a| field::parse_adaptive(a)),
             latency: fields.get(field::LATENCY).and_then(|l| field::parse_latency(l)),
+            overrides: crate::overrides::parse_overrides(&field::parse_overrides_field(
+                fields.get(field::OVERRIDES).map_or("", String::as_str),
+            )),
+            carried: fields.get(field::CARRIED).and_then(|c| c.parse().ok()),
             ..BudgetState::default()
         };
         for (name, value) in &fields {

@@ -422,7 +422,10 @@ pub(crate) fn report(
     };
     let slots = Slots { slots, cost };
     let mut limits = Vec::new();
-    let overrides = override_reports(rule, &state.overrides, now);
+    // A class's entity's overrides are its key's, on the calendar its classes share.
+    let calendar_overrides =
+        class_calendar(rule, key).and_then(|_| budgets_in.first()).map(|(_, held)| &held.overrides);
+    let overrides = override_reports(rule, calendar_overrides.unwrap_or(&state.overrides), now);
     // A class's entity has no level of its own: its key's calendar (a budget below) has it.
     let level = rule
         .adaptive
@@ -605,7 +608,7 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
                 LimitReport {
                     limit: limit.to_string(),
                     used_now: state.windows.get(&(per, current)).copied().unwrap_or(0),
-                    capacity: adapted_count(limit, limit.limit(), level, 1),
+                    capacity: adapted_count(limit, effective_limit(limit, &state.overrides, now), level, 1),
                     ahead: held(current + per),
                     // A budget's calendar keeps every window: exact.
                     used_now_at_most: None,
@@ -647,7 +650,8 @@ fn lease_report(budget: &Budget, (partition, pool): (u32, &BudgetState), now: Mi
 fn floor_reports(budget: &Budget, state: &BudgetState, level: Option<u64>, now: Millis) -> Vec<FloorReport> {
     let floors = budget.floors.iter().map(|(member, floor)| {
         let limits = budget.limits.iter().map(|limit| {
-            let (per, count) = (limit.per(), adapted_count(limit, limit.limit(), level, 1));
+            let (per, count) =
+                (limit.per(), adapted_count(limit, effective_limit(limit, &state.overrides, now), level, 1));
             let current = now.div_euclid(per) * per;
             let part = |w: Millis| state.floor_used.get(&(per, w, member.clone())).copied().unwrap_or(0);
             let ahead = state.floor_used.range((per, current + per, String::new())..(per, Millis::MAX, String::new()));

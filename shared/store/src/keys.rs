@@ -47,16 +47,18 @@ impl<'a> RuleRef<'a> {
         Self { id, tag: None, leases: None, classed: false }
     }
 
+    /// The key an entity belongs to: a class's entity `<key>#<class>` is its key's, any other its own.
+    pub fn scope<'k>(&self, key: &'k str) -> &'k str {
+        self.classed.then(|| Classes::split(key)).flatten().map_or(key, |(scope, _)| scope)
+    }
+
     /// The hash tag of the budgets' group for the entity `key` (a class's entity `<key>#<class>`
     /// counts as its key): the group's, or with leases, its key's partition's.
     fn group_tag(&self, key: &str) -> Option<String> {
         let tag = self.tag?;
         Some(match self.leases {
             None => format!("b:{tag}"),
-            Some(leases) => {
-                let scope = self.classed.then(|| Classes::split(key)).flatten().map_or(key, |(scope, _)| scope);
-                partition_tag(tag, leases.partitions, leases.partition_of(scope))
-            }
+            Some(leases) => partition_tag(tag, leases.partitions, leases.partition_of(self.scope(key))),
         })
     }
 
@@ -330,6 +332,9 @@ pub mod field {
     pub const ADAPT: &str = "adapt";
     /// The latency controller's state, beside the adaptive level (`parse_latency`).
     pub const LATENCY: &str = "lat";
+    /// A classes calendar: the last slot of what its key booked before the rule had classes,
+    /// once the calendar took it over (0: nothing).
+    pub const CARRIED: &str = "c";
 
     /// The overrides field's entries by name (as earlier versions held them in a hash of their own).
     pub fn parse_overrides_field(blob: &str) -> std::collections::BTreeMap<String, String> {

@@ -23,7 +23,7 @@ pub use connection::{
 pub use group_commit::Batching;
 pub use keys::{
     ANSWER_BUCKET, ANSWER_MARGIN, DISPATCHED_MEMORY, EntityKeys, OVERRIDE_MARGIN, RuleRef, STATE_MARGIN, budget_key,
-    dispatch_key, field,
+    class_calendar_key, dispatch_key, field,
 };
 pub use memory::MemoryStore;
 pub use overrides::{AuditEntry, Author, CostChange, FeedbackChange, OverrideChange, OverrideView, ResumeChange};

@@ -12,7 +12,8 @@ use crate::inspect::{EntityReport, class_calendar, report};
 use crate::overrides::Author;
 use crate::store::{Ping, Store};
 use crate::{
-    AuditEntry, Clock, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, SlotRequest, StoreFuture,
+    AuditEntry, Clock, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, RuleRef, SlotRequest,
+    StoreFuture,
 };
 
 /// The reference model behind a lock, with claim-checked payloads, dispatch claims and the
@@ -98,6 +99,21 @@ impl MemoryStore {
             per_key: false,
             ..(**calendar).clone()
         })
+    }
+
+    /// Where a rule with classes keeps `key`'s overrides (`key` or any `<key>#<class>`): its
+    /// calendar's state name. `None`: the entity's own state.
+    fn overrides_calendar(rule: &Rule, key: &str) -> Option<String> {
+        let calendar = &rule.classes.as_ref()?.calendar;
+        Some(calendar.state_name(Some(RuleRef::of(rule).scope(key))))
+    }
+
+    fn overrides_of(&self, rule: &Rule, key: &str) -> BTreeMap<String, LimitOverride> {
+        let held = match Self::overrides_calendar(rule, key) {
+            Some(calendar) => self.budget_state(&calendar).map(|s| s.overrides),
+            None => self.entity_state(&rule.id, key).map(|s| s.overrides),
+        };
+        held.unwrap_or_default()
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
@@ -230,9 +246,11 @@ impl Store for MemoryStore {
         by: Author<'a>,
     ) -> StoreFuture<'a, OverrideChange> {
         let id = override_id(limit);
-        let before = self.with(|s| match set {
-            Some(set) => s.set_override(&rule.id, key, &id, set),
-            None => s.delete_override(&rule.id, key, &id),
+        let key = RuleRef::of(rule).scope(key);
+        let before = self.with(|s| match (Self::overrides_calendar(rule, key), set) {
+            (Some(calendar), set) => s.change_calendar_override(&calendar, &id, set),
+            (None, Some(set)) => s.set_override(&rule.id, key, &id, set),
+            (None, None) => s.delete_override(&rule.id, key, &id),
         });
         let change = OverrideChange::new(self.now(), by, (&rule.id, key, limit), before, set);
         locked(&self.audit).push(AuditEntry::Override(change.clone()));
@@ -240,7 +258,7 @@ impl Store for MemoryStore {
     }
 
     fn overrides<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, BTreeMap<String, LimitOverride>> {
-        ready(self.entity_state(&rule.id, key).map(|s| s.overrides).unwrap_or_default())
+        ready(self.overrides_of(rule, key))
     }
 
     /// Every key of the rule ever changed (as the Redis store's index holds them) that has
@@ -257,7 +275,7 @@ impl Store for MemoryStore {
             })
             .collect();
         let each = keys.into_iter().filter_map(|key| {
-            let overrides = self.entity_state(&rule.id, &key)?.overrides;
+            let overrides = self.overrides_of(rule, &key);
             (!overrides.is_empty()).then_some((key, overrides))
         });
         ready(each.collect())

@@ -15,7 +15,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
-use crate::keys::{field, overridden_keys, overrides_log};
+use crate::keys::{class_calendar_key, field, overridden_keys, overrides_log};
 use crate::scripts::OVERRIDE;
 use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
 
@@ -225,6 +225,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         EntityKeys::new(self.namespace(), rule, key, "-", None, &[])
     }
 
+    /// Where `key`'s limit overrides live: its state hash, or for a rule with classes the calendar
+    /// its classes share (`key` or any `<key>#<class>`: an override is the whole key's). A
+    /// calendar has no legacy hash: an `:o` beside it that nothing writes stands in.
+    fn limit_override_keys(&self, rule: RuleRef<'_>, key: &str) -> EntityKeys {
+        let keys = self.override_keys(rule, key);
+        if !rule.classed {
+            return keys;
+        }
+        let state = class_calendar_key(self.namespace(), rule, rule.scope(key));
+        EntityKeys { legacy_overrides: format!("{state}:o"), state, ..keys }
+    }
+
     /// Sets (`Some`) or deletes (`None`) the entity's override of `limit` from the next
     /// reservation on, and records the change.
     pub(crate) async fn write_override(
@@ -235,6 +247,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         set: Option<LimitOverride>,
         by: Author<'_>,
     ) -> Result<OverrideChange, StoreError> {
+        let key = rule.scope(key);
         let index = overridden_keys(self.namespace(), rule.id);
         let before = match set {
             Some(set) => {
@@ -261,7 +274,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         limit: &Limit,
         (op, count, until): (&str, String, String),
     ) -> Result<Option<LimitOverride>, StoreError> {
-        let previous = self.run_override(rule, key, [op, &override_id(limit), &count, &until]).await?;
+        let keys = self.limit_override_keys(rule, key);
+        let previous = self.run_override_on(&keys, [op, &override_id(limit), &count, &until]).await?;
         Ok(match previous.as_slice() {
             [limit, until] => Some(LimitOverride { limit: *limit as u64, until: (*until >= 0).then_some(*until) }),
             _ => None,
@@ -276,7 +290,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         key: &str,
         operation: [&str; 4],
     ) -> Result<Vec<i64>, StoreError> {
-        let keys = self.override_keys(rule, key);
+        self.run_override_on(&self.override_keys(rule, key), operation).await
+    }
+
+    async fn run_override_on(&self, keys: &EntityKeys, operation: [&str; 4]) -> Result<Vec<i64>, StoreError> {
         let mut invocation = OVERRIDE.call();
         invocation.key(&keys.state).key(&keys.legacy_overrides).arg(self.clock_arg());
         for arg in operation {
@@ -343,7 +360,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         rule: RuleRef<'_>,
         key: &str,
     ) -> Result<BTreeMap<String, LimitOverride>, StoreError> {
-        Ok(parse_overrides(&self.override_entries(&self.override_keys(rule, key)).await?))
+        Ok(parse_overrides(&self.override_entries(&self.limit_override_keys(rule, key)).await?))
     }
 
     /// The entries of the entity's overrides field, with what an earlier version left in a hash
