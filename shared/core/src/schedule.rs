@@ -2161,15 +2161,20 @@ mod budget_tests {
         s.reserve("payouts", &format!("{key}#{class}"), &request).slot
     }
 
-    #[test]
-    fn classes_added_to_a_key_with_a_backlog_book_after_it_and_count_its_last_window() {
-        let calendar = Arc::new(Budget {
+    /// A classes calendar of 10 a second per key, `live` reserving 20% of each window.
+    fn live_reserve_calendar() -> Arc<Budget> {
+        Arc::new(Budget {
             name: "payouts".into(),
             floors: vec![("live".into(), 200_000)],
             per_key: true,
             leases: None,
             ..(*budget(10, Placement::Start, None)).clone()
-        });
+        })
+    }
+
+    #[test]
+    fn classes_added_to_a_key_with_a_backlog_book_after_it_and_count_its_last_window() {
+        let calendar = live_reserve_calendar();
         let mut s = Scheduler::new();
         // Before the rule had classes, the key's own state booked 25 events: 10, 10 and 5.
         let limits = calendar.limits.clone();
@@ -2193,13 +2198,7 @@ mod budget_tests {
 
     #[test]
     fn a_key_s_override_is_its_calendar_s_for_every_class_until_it_ends() {
-        let calendar = Arc::new(Budget {
-            name: "payouts".into(),
-            floors: vec![("live".into(), 200_000)],
-            per_key: true,
-            leases: None,
-            ..(*budget(10, Placement::Start, None)).clone()
-        });
+        let calendar = live_reserve_calendar();
         let mut s = Scheduler::new();
         let id = override_id(&calendar.limits[0]);
         let raised = LimitOverride { limit: 20, until: Some(2_000) };
@@ -2224,13 +2223,7 @@ mod budget_tests {
 
     #[test]
     fn a_class_with_a_reserve_overtakes_a_bulk_backlog_of_its_key_and_keys_stay_apart() {
-        let calendar = Arc::new(Budget {
-            name: "payouts".into(),
-            floors: vec![("live".into(), 200_000)],
-            per_key: true,
-            leases: None,
-            ..(*budget(10, Placement::Start, None)).clone()
-        });
+        let calendar = live_reserve_calendar();
         let mut s = Scheduler::new();
         let bulk: Vec<Millis> =
             (0..26).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 0, &calendar)).collect();
