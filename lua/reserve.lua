@@ -268,7 +268,18 @@ local function read_event()
     local budget_limits = budget.limits
     for j = 1, int() do
       budget_limits[j] = {per = int(), n = int(), spread = str() == 'spread', lo = false, run = false,
-        run_changed = false, used = false, parts = false, leased = false, full = false, top = false}
+        run_changed = false, used = false, parts = false, leased = false, full = false, top = false,
+        share = false, counts = true}
+    end
+    if budget.per_key then
+      -- The key's fair share of each budget limit (schedule.rs's budget_limits): one more limit of
+      -- its calendar, its count read off that budget (which and its limit) once it is read; it
+      -- books nothing itself when a limit of its period counts the same windows (counts 0).
+      for _ = 1, int() do
+        budget_limits[#budget_limits + 1] = {per = int(), n = 0, spread = false, lo = false, run = false,
+          run_changed = false, used = false, parts = false, leased = false, full = false, top = false,
+          share = {budget = int(), limit = int(), id = str()}, counts = int() == 1}
+      end
     end
     -- Rules holding a floor: name, share in ppm, and whether it is this event's rule.
     local floors = budget.floors
@@ -338,10 +349,15 @@ end
 -- has not closed, and the key's last slot, after which every class books. Returns that slot (0:
 -- none), which the calendar keeps in 'c'.
 local function carry_over(e, budget, now)
-  local names, limits = {'f'}, budget.limits
-  for j = 1, #limits do
-    local id = 'fixed:' .. limits[j].per
-    names[2 * j], names[2 * j + 1] = id .. ':w', id .. ':u'
+  -- The calendar's limits, then each period only a share counts: its fair share's state.
+  local names, limits = {'f'}, {}
+  for j = 1, #budget.limits do
+    local l = budget.limits[j]
+    if not l.share or l.counts then
+      local id = (l.share and l.share.id) or ('fixed:' .. l.per)
+      limits[#limits + 1] = l
+      names[2 * #limits], names[2 * #limits + 1] = id .. ':w', id .. ':u'
+    end
   end
   local key = KEYS[e.base + budget.carry_key]
   local before = redis.call('HMGET', key, unpack(names))
@@ -392,17 +408,17 @@ local function read_budgets(e, now)
     end
     for j = 1, count do
       local l = budget.limits[j]
-      local override = o and tonumber(o['fixed:' .. l.per])
+      local override = not l.share and o and tonumber(o['fixed:' .. l.per])
       if override then
         local ends = tonumber(o['fixed:' .. l.per .. ':u'])
         if not ends or now < ends then
           l.n = override
         end
       end
-      if e.cost > l.n then
+      if not l.share and e.cost > l.n then
         return false
       end
-      if budget.level then
+      if budget.level and not l.share then
         l.n = math.max(math.floor(l.n * budget.level / 1000000), e.cost, 1)
       end
       l.lo, l.used, l.parts = tonumber(held[3 + j]) or false, {}, {}
@@ -410,10 +426,22 @@ local function read_budgets(e, now)
         l.leased, l.full, l.top = {}, tonumber(held[3 + 2 * count + j]) or false, tonumber(held[3 + 3 * count + j]) or false
         l.booked, l.booked_changed = tonumber(held[3 + 4 * count + j]) or false, false
       end
-      local run = held[3 + count + j]
+      local run = l.counts and held[3 + count + j]
       if run then
         local from, through, least = string.match(run, '^(%-?%d+):(%-?%d+):(%d+)$')
         l.run = {from = tonumber(from), through = tonumber(through), least = tonumber(least)}
+      end
+    end
+  end
+  -- A class's key's shares: each from its budget's count in force (schedule.rs's share_of).
+  for b = 1, #budgets do
+    local limits = budgets[b].limits
+    for j = 1, #limits do
+      local share = limits[j].share
+      if share then
+        local from = budgets[share.budget]
+        local n = math.max(math.floor(from.limits[share.limit].n * from.share / 1000000), e.cost, 1)
+        limits[j].n = n
       end
     end
   end
@@ -524,13 +552,13 @@ local function shift_budgets(e, slot, now, delta)
       local l = budget.limits[k]
       local per = l.per
       local window = slot - slot % per
-      if window + per > now and not (delta < 0 and l.spread) then
+      if l.counts and window + per > now and not (delta < 0 and l.spread) then
         local name = per .. ':' .. window
         local before = tonumber(redis.call('HGET', budget.hash, name))
         if before then
           local used = math.max(before + delta, 0)
           redis.call('HSET', budget.hash, name, used)
-          if budget.own_floor then
+          if budget.own_floor and not l.share then
             local part = name .. ':f:' .. budget.floors[budget.own_floor].rule
             local held = tonumber(redis.call('HGET', budget.hash, part))
             if held then
@@ -694,7 +722,7 @@ local function window_use(budget, l, window)
   end
   local name, floors = l.per .. ':' .. window, budget.floors
   local parts = false
-  if #floors == 0 then
+  if #floors == 0 or l.share then
     used = tonumber(redis.call('HGET', budget.hash, name)) or 0
   else
     local names = {name}
@@ -719,7 +747,7 @@ local function window_takes(budget, n, used, parts, cost, started)
     return false
   end
   local floors = budget.floors
-  if started or #floors == 0 then
+  if started or #floors == 0 or not parts then
     return true
   end
   local unused, own_unused = 0, 0
@@ -833,7 +861,8 @@ local function budget_accepts(e, budget, l, slot, horizon, now)
       window = window + per
     end
   end
-  if walked_from then
+  -- A share that books nothing (a calendar limit of its period counts its windows) keeps no run.
+  if walked_from and l.counts then
     local kept
     if not run then
       kept = {from = walked_from, through = walked_through, least = walked_least}
@@ -1017,8 +1046,10 @@ local function commit_budgets(e, slot, now)
       local l = budget.limits[j]
       local per = l.per
       local name = per .. ':' .. (slot - slot % per)
-      redis.call('HINCRBY', key, name, e.cost)
-      if budget.own_floor then
+      if l.counts then
+        redis.call('HINCRBY', key, name, e.cost)
+      end
+      if l.counts and budget.own_floor and not l.share then
         redis.call('HINCRBY', key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)
       end
       local current = now - now % per

@@ -1045,8 +1045,19 @@ pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
             .collect();
         check_limits(&limits, ledger).map_err(|e| format!("entity {entity}, all classes: {e}"))?;
     }
+    let largest_cost = scenario.events.iter().map(|e| e.cost).max().unwrap_or(1);
     for budget in &scenario.shared.budgets {
         check_limits(&budget.limits, &everyone).map_err(|e| format!("budget {}: {e}", budget.name))?;
+        // A budget's fair share caps each key over all its classes (its calendar's).
+        for (entity, ledger) in &ledgers {
+            for limit in &budget.limits {
+                if let Some(share) = budget.share_of(limit.limit(), largest_cost) {
+                    let fair = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).unwrap();
+                    check_limits(&[fair], ledger)
+                        .map_err(|e| format!("key {entity}'s share of budget {}, all classes: {e}", budget.name))?;
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -520,7 +520,7 @@ struct EntityLimit {
 /// One budget limit as it counts this reservation.
 struct BudgetLimit<'a> {
     budget: &'a Budget,
-    limit: &'a Limit,
+    limit: Limit,
     /// The count before the adaptive level: the limit's, or a classes calendar's override of it.
     base: u64,
     count: u64,
@@ -532,6 +532,12 @@ struct BudgetLimit<'a> {
     /// A leased budget's partition: `state` is its pool, the budget's own state its home (which
     /// holds the pause).
     partition: Option<u32>,
+    /// A key's fair share of a budget, kept on the key's classes calendar (`budget`): the key's
+    /// classes together take at most `count` of each window of the period. No floor applies.
+    share: bool,
+    /// It books the cost into its windows: not a share whose period a limit of the calendar
+    /// counts already (the same windows, the same events).
+    counts: bool,
 }
 
 impl BudgetLimit<'_> {
@@ -718,7 +724,8 @@ impl Scheduler {
     /// had classes (the key's own state, `(rule, key)`), so that adding classes to a rule with a
     /// backlog keeps every window exact: each window of the rule's limits that has not closed
     /// holds what the key's state holds of it (a fixed limit's state is its latest window: the
-    /// only one the classes can share with that backlog), and the key's last slot becomes every
+    /// only one the classes can share with that backlog; a fair share's, for a period only the
+    /// share counts), and the key's last slot becomes every
     /// class's floor ([`Self::with_carried_floor`]). Once per calendar: it records what it took.
     fn carry_over(&mut self, rule: &str, request: &ReserveRequest<'_>) {
         let Some((scope, _)) = request.class else { return };
@@ -729,13 +736,21 @@ impl Scheduler {
         }
         let before = self.entities.get(&(rule.to_owned(), scope.to_owned())).map(|e| &e.state);
         state.carried = Some(before.and_then(|s| s.last_slot).unwrap_or(0));
-        for limit in &calendar.limits {
-            let held = before.and_then(|s| s.limits.get(&state_id(limit)));
-            if let Some(&LimitState::Fixed { window, used }) = held
-                && window + limit.per() > request.now
+        // The calendar's limits, then each period only a fair share counts (as `budget_limits`).
+        let mut carried: Vec<(Millis, String)> = calendar.limits.iter().map(|l| (l.per(), state_id(l))).collect();
+        for budget in request.budgets.iter().filter(|b| b.max_share.is_some() && !b.per_key) {
+            for limit in &budget.limits {
+                if !carried.iter().any(|(per, _)| *per == limit.per()) {
+                    carried.push((limit.per(), budget.share_id(limit)));
+                }
+            }
+        }
+        for (per, id) in carried {
+            if let Some(&LimitState::Fixed { window, used }) = before.and_then(|s| s.limits.get(&id))
+                && window + per > request.now
                 && used > 0
             {
-                *state.windows.entry((limit.per(), window)).or_default() += used;
+                *state.windows.entry((per, window)).or_default() += used;
             }
         }
     }
@@ -778,7 +793,8 @@ impl Scheduler {
             Status::Parked
         } else {
             commit(&mut entity.state, request, &own, slot);
-            for BudgetLimit { budget, limit, member, state, partition, .. } in &shared {
+            for BudgetLimit { budget, limit, member, state, partition, share, .. } in shared.iter().filter(|l| l.counts)
+            {
                 let (state, per) = (self.budgets.entry(state.clone()).or_default(), limit.per());
                 let window = slot.div_euclid(per) * per;
                 if partition.is_some() {
@@ -789,7 +805,7 @@ impl Scheduler {
                     state.returned.retain(|&(p, w), _| p != per || w >= current);
                 }
                 *state.windows.entry((per, window)).or_default() += request.cost;
-                if budget.floors.iter().any(|(floor, _)| floor == member) {
+                if !share && budget.floors.iter().any(|(floor, _)| floor == member) {
                     *state.floor_used.entry((per, window, (*member).to_owned())).or_default() += request.cost;
                 }
             }
@@ -1030,7 +1046,7 @@ fn shift_budget_windows(
     (now, slot): (Millis, Millis),
     delta: i64,
 ) {
-    for BudgetLimit { budget, limit, member, state, partition, .. } in shared {
+    for BudgetLimit { budget, limit, member, state, partition, share, .. } in shared.iter().filter(|l| l.counts) {
         let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
         let spread = limit.window() != Window::Fixed(Placement::Start);
         if window + per <= now || (delta < 0 && spread) {
@@ -1041,7 +1057,7 @@ fn shift_budget_windows(
         let before = *used;
         *used = used.saturating_add_signed(delta);
         let least = *used;
-        if let Some(part) = held.floor_used.get_mut(&(per, window, member.to_string())) {
+        if let Some(part) = held.floor_used.get_mut(&(per, window, member.to_string())).filter(|_| !share) {
             *part = part.saturating_add_signed(delta);
         }
         if delta < 0
@@ -1119,7 +1135,8 @@ fn entity_limits(
         .collect();
     for BudgetLimit { budget, limit, base, count, .. } in shared {
         exceeded |= request.cost > *base;
-        if let Some(share) = budget.share_of(*count, request.cost) {
+        // A class's key takes its shares on its calendar (`budget_limits`), not on the class.
+        if let Some(share) = budget.share_of(*count, request.cost).filter(|_| request.class.is_none()) {
             let fixed = Limit::new(share, limit.per(), Window::Fixed(Placement::Start)).expect("share >= 1");
             own.push(EntityLimit { id: budget.share_id(limit), limit: fixed, count: share });
         }
@@ -1149,8 +1166,45 @@ fn budget_limits<'a>(
         for limit in &budget.limits {
             let base = held.map_or(limit.limit(), |held| effective_limit(limit, &held.overrides, request.now));
             let count = adapted_count(limit, base, level, request.cost);
-            shared.push(BudgetLimit { budget, limit, base, count, member, state: state.clone(), partition });
+            let (limit, state) = (*limit, state.clone());
+            shared.push(BudgetLimit {
+                budget,
+                limit,
+                base,
+                count,
+                member,
+                state,
+                partition,
+                share: false,
+                counts: true,
+            });
         }
+    }
+    // A class's key's fair share of each budget: one more limit of its calendar, counting the
+    // key's classes together (in windows of the share's period; a calendar limit of that period
+    // counts them already).
+    if let Some(calendar) = request.budgets.iter().find(|b| b.per_key)
+        && let Some(scope) = scope
+    {
+        let mut shares = Vec::new();
+        for l in shared.iter().filter(|l| !l.budget.per_key) {
+            let Some(share) = l.budget.share_of(l.count, request.cost) else { continue };
+            let per = l.limit.per();
+            let counted = calendar.limits.iter().any(|c| c.per() == per)
+                || shares.iter().any(|s: &BudgetLimit<'_>| s.limit.per() == per);
+            shares.push(BudgetLimit {
+                budget: calendar,
+                limit: Limit::new(share, per, Window::Fixed(Placement::Start)).expect("share >= 1"),
+                base: share,
+                count: share,
+                member: class.unwrap_or_default(),
+                state: calendar.state_name(Some(scope)),
+                partition: None,
+                share: true,
+                counts: !counted,
+            });
+        }
+        shared.extend(shares);
     }
     shared
 }
@@ -1187,8 +1241,11 @@ fn earliest_slot<'a>(
     own: &[EntityLimit],
     shared: &[BudgetLimit<'a>],
 ) -> Result<(Millis, Vec<WalkedRun>), LeaseWanted> {
-    let mut runs: Vec<Option<FullRun>> =
-        shared.iter().map(|l| budgets.get(&l.state).and_then(|s| s.runs.get(&l.limit.per()).copied())).collect();
+    // A share that books nothing (a calendar limit of its period counts its windows) keeps no run.
+    let mut runs: Vec<Option<FullRun>> = shared
+        .iter()
+        .map(|l| budgets.get(&l.state).filter(|_| l.counts).and_then(|s| s.runs.get(&l.limit.per()).copied()))
+        .collect();
     let frontier = frontier(state, request);
     let mut t = frontier.map_or(request.now, |last| last.max(request.now));
     let pauses = shared.iter().filter_map(|l| budgets.get(l.home()).and_then(|s| s.paused_until));
@@ -1212,7 +1269,11 @@ fn earliest_slot<'a>(
             next = next.max(accepted);
         }
         if next == t {
-            let walked = shared.iter().zip(runs).filter_map(|(l, run)| Some(((l.state.clone(), l.limit.per()), run?)));
+            let walked = shared
+                .iter()
+                .zip(runs)
+                .filter(|(l, _)| l.counts)
+                .filter_map(|(l, run)| Some(((l.state.clone(), l.limit.per()), run?)));
             return Ok((t, walked.collect()));
         }
         t = next;
@@ -1408,7 +1469,7 @@ fn window_takes(
     if used + cost > n {
         return false;
     }
-    if started || limit.budget.floors.is_empty() {
+    if started || limit.share || limit.budget.floors.is_empty() {
         return true;
     }
     let (mut unused, mut own_unused) = (0, 0);

@@ -172,6 +172,35 @@ impl EncodedEvent {
     }
 }
 
+/// A class's key's fair share of one budget limit, one more limit of its classes calendar
+/// (schedule.rs's `budget_limits`): its period, the budget and its limit (1-based among the
+/// event's budgets and the budget's limits), and whether it books into its windows (no limit of
+/// the calendar, or share before it, has its period). `id` names the share's state on the key's
+/// own entity, from before the rule had classes (what `carry_over` takes).
+struct CalendarShare {
+    per: Millis,
+    budget: i64,
+    limit: i64,
+    id: String,
+    counts: bool,
+}
+
+fn calendar_shares(
+    calendar: &drip_core::budgets::Budget,
+    budgets: &[std::sync::Arc<drip_core::budgets::Budget>],
+) -> Vec<CalendarShare> {
+    let mut shares: Vec<CalendarShare> = Vec::new();
+    for (b, budget) in budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some() && !b.per_key) {
+        for (l, limit) in budget.limits.iter().enumerate() {
+            let per = limit.per();
+            let counted = calendar.limits.iter().any(|c| c.per() == per) || shares.iter().any(|s| s.per == per);
+            let (budget, limit, id) = (b as i64 + 1, l as i64 + 1, budget.share_id(limit));
+            shares.push(CalendarShare { per, budget, limit, id, counts: !counted });
+        }
+    }
+    shares
+}
+
 /// The key of a request's entity: its key, or a class's key (its classes together). A leased budget
 /// partitions by it and a key's floor is held for it.
 fn scope_of<'a>(request: &SlotRequest<'a>) -> &'a str {
@@ -310,8 +339,11 @@ impl ReserveArgs {
                 }
             })
             .collect();
-        // Each budget's fair share is one more fixed limit on the entity's own slots.
-        for (number, budget) in event.budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some()) {
+        // Each budget's fair share is one more fixed limit on the entity's own slots (a class's
+        // key's, one more limit of its calendar: `calendar_shares`).
+        let own_shares =
+            event.budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some() && event.class.is_none());
+        for (number, budget) in own_shares {
             for limit in &budget.limits {
                 let id = budget.share_id(limit);
                 limits.push(EntityLimit {
@@ -383,6 +415,18 @@ impl ReserveArgs {
                     .int("budget.limit.count", limit.limit() as i64)
                     .str("budget.limit.kind", script_kind(limit));
             });
+            let shares = if budget.per_key { calendar_shares(budget, event.budgets) } else { Vec::new() };
+            if budget.per_key {
+                args.section("budget.shares", &shares, |args, share| {
+                    args.int("budget.share.per", share.per)
+                        .int("budget.share.budget", share.budget)
+                        .int("budget.share.limit", share.limit)
+                        .str("budget.share.id", &share.id)
+                        .int("budget.share.counts", i64::from(share.counts));
+                });
+            }
+            let pers: Vec<Millis> =
+                budget.limits.iter().map(Limit::per).chain(shares.iter().map(|share| share.per)).collect();
             // A classes calendar's floors are its classes' reserves; a budget's, its rules' and keys'.
             let member = if budget.per_key {
                 class.unwrap_or_default()
@@ -399,11 +443,11 @@ impl ReserveArgs {
             args.str("budget_field", field::PAUSE)
                 .str("budget_field", field::ADAPT)
                 .str("budget_field", field::EXPIRES);
-            for limit in &budget.limits {
-                args.str("budget_field", field::budget_oldest(limit.per()));
+            for &per in &pers {
+                args.str("budget_field", field::budget_oldest(per));
             }
-            for limit in &budget.limits {
-                args.str("budget_field", field::budget_run(limit.per()));
+            for &per in &pers {
+                args.str("budget_field", field::budget_run(per));
             }
             // A leased budget's pool: each limit's window its home was last full through, its
             // latest leased window, and the window up to which it has no room (a hint).
