@@ -259,8 +259,8 @@ local function read_event()
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
-      leased = int() == 1, per_key = int() == 1, carry_key = false, index = b, limits = {}, floors = {}, own_floor = false, pause = false, exp = false,
-      level = false, hash = false, overridden = false}
+      leased = int() == 1, per_key = int() == 1, carry_key = false, index = b, limits = {}, floors = {},
+      own_floor = false, pause = false, exp = false, level = false, hash = false, overridden = false}
     if budget.per_key then
       -- Where the key's own state is (what it booked before the rule had classes): carry_over.
       budget.carry_key = int()
@@ -1057,7 +1057,8 @@ local function commit_budgets(e, slot, now)
         -- A pool keeps the window before now's: what it booked of it sizes its next lease.
         current = current - per
       end
-      if l.lo and l.lo < current then
+      -- A share that books nothing leaves its period's windows to the calendar limit that does.
+      if l.counts and l.lo and l.lo < current then
         local floors, stranded = budget.floors, 0
         drop_windows(key, per, l.lo, current, function(name, dead)
           for k = 1, #floors do
@@ -1076,7 +1077,7 @@ local function commit_budgets(e, slot, now)
           redis.call('HINCRBY', key, 'S:' .. per, stranded)
         end
       end
-      if not l.lo or l.lo < current then
+      if l.counts and (not l.lo or l.lo < current) then
         set[#set + 1], set[#set + 2] = 'lo:' .. per, current
       end
     end
