@@ -81,6 +81,35 @@ impl Budget {
     }
 }
 
+/// A class's key's fair share of one limit of a budget it draws from: one more limit of the key's
+/// classes calendar (docs/rules.md, "Classes under one limit").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalendarShare {
+    /// The budget's place among the event's draws, and the limit's among the budget's limits.
+    pub budget: usize,
+    pub limit: usize,
+    pub per: Millis,
+    /// Where the key's own state kept this share before the rule had classes (`Budget::share_id`).
+    pub id: String,
+    /// It books into its windows itself: no limit of the calendar, nor a share before it, has its
+    /// period (that one counts the same events in the same windows).
+    pub counts: bool,
+}
+
+/// The fair shares a classes calendar holds for its key: every limit of every budget among
+/// `draws` with a `max_share`, in order.
+pub fn calendar_shares(calendar: &Budget, draws: &[std::sync::Arc<Budget>]) -> Vec<CalendarShare> {
+    let mut shares: Vec<CalendarShare> = Vec::new();
+    for (b, budget) in draws.iter().enumerate().filter(|(_, b)| b.max_share.is_some() && !b.per_key) {
+        for (l, limit) in budget.limits.iter().enumerate() {
+            let per = limit.per();
+            let counted = calendar.limits.iter().any(|c| c.per() == per) || shares.iter().any(|s| s.per == per);
+            shares.push(CalendarShare { budget: b, limit: l, per, id: budget.share_id(limit), counts: !counted });
+        }
+    }
+    shares
+}
+
 /// `leases: { partitions, chunk }`: the budget's keys spread over `partitions` partitions (each its
 /// own Redis Cluster hash tag), and each partition books against a pool of units its budget's home
 /// leased it, window by window. The home never leases more than a window holds, so no window is

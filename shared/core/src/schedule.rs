@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::budgets::{
-    Adaptive, AdaptiveState, Budget, LatencyOutcome, LatencyReport, LatencyState, adapted_count, adaptive_window,
-    adaptive_window_count,
+    Adaptive, AdaptiveState, Budget, CalendarShare, LatencyOutcome, LatencyReport, LatencyState, adapted_count,
+    adaptive_window, adaptive_window_count, calendar_shares,
 };
 use crate::rules::{Limit, Placement, Window};
 use crate::time::Millis;
@@ -736,16 +736,10 @@ impl Scheduler {
         }
         let before = self.entities.get(&(rule.to_owned(), scope.to_owned())).map(|e| &e.state);
         state.carried = Some(before.and_then(|s| s.last_slot).unwrap_or(0));
-        // The calendar's limits, then each period only a fair share counts (as `budget_limits`).
-        let mut carried: Vec<(Millis, String)> = calendar.limits.iter().map(|l| (l.per(), state_id(l))).collect();
-        for budget in request.budgets.iter().filter(|b| b.max_share.is_some() && !b.per_key) {
-            for limit in &budget.limits {
-                if !carried.iter().any(|(per, _)| *per == limit.per()) {
-                    carried.push((limit.per(), budget.share_id(limit)));
-                }
-            }
-        }
-        for (per, id) in carried {
+        // The calendar's limits, then each period only a fair share counts.
+        let own = calendar.limits.iter().map(|l| (l.per(), state_id(l)));
+        let shares = calendar_shares(calendar, request.budgets).into_iter().filter(|s| s.counts);
+        for (per, id) in own.chain(shares.map(|s| (s.per, s.id))) {
             if let Some(&LimitState::Fixed { window, used }) = before.and_then(|s| s.limits.get(&id))
                 && window + per > request.now
                 && used > 0
@@ -1187,11 +1181,10 @@ fn budget_limits<'a>(
         && let Some(scope) = scope
     {
         let mut shares = Vec::new();
-        for l in shared.iter().filter(|l| !l.budget.per_key) {
-            let Some(share) = l.budget.share_of(l.count, request.cost) else { continue };
-            let per = l.limit.per();
-            let counted = calendar.limits.iter().any(|c| c.per() == per)
-                || shares.iter().any(|s: &BudgetLimit<'_>| s.limit.per() == per);
+        for CalendarShare { budget, limit, per, counts, .. } in calendar_shares(calendar, request.budgets) {
+            let from = &request.budgets[budget].limits[limit];
+            let held = shared.iter().find(|l| std::ptr::eq(l.budget, &*request.budgets[budget]) && l.limit == *from);
+            let Some(share) = held.and_then(|l| l.budget.share_of(l.count, request.cost)) else { continue };
             shares.push(BudgetLimit {
                 budget: calendar,
                 limit: Limit::new(share, per, Window::Fixed(Placement::Start)).expect("share >= 1"),
@@ -1201,7 +1194,7 @@ fn budget_limits<'a>(
                 state: calendar.state_name(Some(scope)),
                 partition: None,
                 share: true,
-                counts: !counted,
+                counts,
             });
         }
         shared.extend(shares);

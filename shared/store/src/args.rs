@@ -172,35 +172,6 @@ impl EncodedEvent {
     }
 }
 
-/// A class's key's fair share of one budget limit, one more limit of its classes calendar
-/// (schedule.rs's `budget_limits`): its period, the budget and its limit (1-based among the
-/// event's budgets and the budget's limits), and whether it books into its windows (no limit of
-/// the calendar, or share before it, has its period). `id` names the share's state on the key's
-/// own entity, from before the rule had classes (what `carry_over` takes).
-struct CalendarShare {
-    per: Millis,
-    budget: i64,
-    limit: i64,
-    id: String,
-    counts: bool,
-}
-
-fn calendar_shares(
-    calendar: &drip_core::budgets::Budget,
-    budgets: &[std::sync::Arc<drip_core::budgets::Budget>],
-) -> Vec<CalendarShare> {
-    let mut shares: Vec<CalendarShare> = Vec::new();
-    for (b, budget) in budgets.iter().enumerate().filter(|(_, b)| b.max_share.is_some() && !b.per_key) {
-        for (l, limit) in budget.limits.iter().enumerate() {
-            let per = limit.per();
-            let counted = calendar.limits.iter().any(|c| c.per() == per) || shares.iter().any(|s| s.per == per);
-            let (budget, limit, id) = (b as i64 + 1, l as i64 + 1, budget.share_id(limit));
-            shares.push(CalendarShare { per, budget, limit, id, counts: !counted });
-        }
-    }
-    shares
-}
-
 /// The key of a request's entity: its key, or a class's key (its classes together). A leased budget
 /// partitions by it and a key's floor is held for it.
 fn scope_of<'a>(request: &SlotRequest<'a>) -> &'a str {
@@ -415,12 +386,14 @@ impl ReserveArgs {
                     .int("budget.limit.count", limit.limit() as i64)
                     .str("budget.limit.kind", script_kind(limit));
             });
-            let shares = if budget.per_key { calendar_shares(budget, event.budgets) } else { Vec::new() };
+            let shares =
+                if budget.per_key { drip_core::budgets::calendar_shares(budget, event.budgets) } else { Vec::new() };
             if budget.per_key {
+                // Which budget and limit, 1-based as reserve.lua indexes them.
                 args.section("budget.shares", &shares, |args, share| {
                     args.int("budget.share.per", share.per)
-                        .int("budget.share.budget", share.budget)
-                        .int("budget.share.limit", share.limit)
+                        .int("budget.share.budget", share.budget as i64 + 1)
+                        .int("budget.share.limit", share.limit as i64 + 1)
                         .str("budget.share.id", &share.id)
                         .int("budget.share.counts", i64::from(share.counts));
                 });
