@@ -9,6 +9,11 @@
 //! dead letter held) and `drip-replay-published` (its dead letter's publish time), under which the
 //! limiter files it, so a dead letter replayed twice (a run that died between publish and ack, or
 //! a second run over a copy) is acted on once while the limiter remembers the answer.
+//!
+//! Never a loop: a dead letter whose event this run replayed (its `drip-replay-of` is one this run
+//! published) has come back because its cause is not fixed; it is left and reported, not
+//! replayed again. A run stops after `--max` replays (1,000 unless told), prints its progress on
+//! stderr, and on Ctrl-C gives back what it held and prints what it did.
 
 use std::collections::{BTreeMap, HashSet};
 use std::process::ExitCode;
@@ -58,9 +63,10 @@ struct ReplayArgs {
     /// Only dead letters of this key (`drip-key`).
     #[arg(long)]
     key: Option<String>,
-    /// Stop after this many replays.
-    #[arg(long)]
-    max: Option<usize>,
+    /// Stop after this many replays (0: no limit; a replay whose cause is not fixed is never
+    /// replayed twice by one run either way).
+    #[arg(long, default_value_t = 1000)]
+    max: usize,
     /// Stop once no dead letter has come for this long.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     idle: Duration,
@@ -92,6 +98,8 @@ struct Entry {
     action: Action,
     /// Why it was left, or the replay's id.
     detail: String,
+    /// The dead letter's own `drip-detail`: why Drip dead-lettered it.
+    why: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -100,6 +108,8 @@ enum Action {
     Replayed,
     WouldReplay,
     Left,
+    /// Replayed by this run and dead-lettered again: its cause is not fixed.
+    DeadLetteredAgain,
     Failed,
 }
 
@@ -111,9 +121,13 @@ pub fn run(args: Args) -> ExitCode {
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(replay(&args)));
     match result {
-        Ok((printed, failed)) => {
+        Ok((printed, ended)) => {
             print!("{}", printed.render(args.output));
-            if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+            match ended {
+                Ended::Done => ExitCode::SUCCESS,
+                Ended::Failed => ExitCode::FAILURE,
+                Ended::Interrupted => ExitCode::from(130),
+            }
         }
         Err(e) => {
             eprintln!("drip dlq replay: {e:#}");
@@ -129,8 +143,21 @@ fn full_name(project: &str, kind: &str, name: &str) -> String {
 /// How long a dead letter left for the end stays out of others' reach (Pub/Sub's most).
 const HOLD_SECONDS: u32 = 600;
 
-/// Replays what the filters pick; returns what it did and whether a publish failed.
-async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, bool)> {
+/// How a run ended, beside what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Done,
+    /// A publish failed: those dead letters stay on the subscription.
+    Failed,
+    /// Ctrl-C: what it held went back, and what it did is printed.
+    Interrupted,
+}
+
+/// How often a run says how far it got (on stderr).
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Replays what the filters pick; returns what it did and how the run ended.
+async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, Ended)> {
     let emulator = std::env::var("PUBSUB_EMULATOR_HOST").ok().filter(|h| !h.is_empty());
     let subscription =
         Subscription::new(&full_name(&args.project, "subscriptions", &args.subscription), emulator.as_deref())?;
@@ -141,10 +168,16 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, bool)> {
     };
     let topic = publishers.topic_name(&args.topic);
     let (mut entries, mut left, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
-    let replays = |entries: &Vec<Entry>| entries.iter().filter(|e| e.action != Action::Left).count();
+    // The `drip-replay-of` of every event this run published: one that comes back is not replayed again.
+    let mut published = HashSet::new();
+    let under_max = |entries: &Vec<Entry>| {
+        args.max == 0
+            || entries.iter().filter(|e| matches!(e.action, Action::Replayed | Action::WouldReplay)).count() < args.max
+    };
     let mut idle_since = std::time::Instant::now();
-    let result = async {
-        while args.max.is_none_or(|max| replays(&entries) < max) {
+    let mut progress = Progress::new();
+    let work = async {
+        while under_max(&entries) {
             let batch = subscription.pull(100).await?;
             if batch.is_empty() {
                 if idle_since.elapsed() >= args.idle {
@@ -156,27 +189,31 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, bool)> {
             idle_since = std::time::Instant::now();
             let mut held = Vec::new();
             for message in batch {
-                if args.max.is_some_and(|max| replays(&entries) >= max) || !seen.insert(message.message_id.clone()) {
+                if !under_max(&entries) || !seen.insert(message.message_id.clone()) {
                     // Beyond --max, or ours already (a deadline passed while it was held).
                     held.push(message.ack_id);
                     continue;
                 }
-                let (mut entry, event) = decide(args, &message, store.as_ref()).await;
+                let (mut entry, event) = decide(args, &message, store.as_ref(), &published).await;
                 match event {
                     Some(_) if args.dry_run => {
                         (entry.action, entry.detail) = (Action::WouldReplay, format!("would publish to {topic}"));
                         held.push(message.ack_id);
                     }
-                    Some((data, attributes)) => match publishers.publish(&topic, data, attributes).await {
-                        Ok(id) => {
-                            subscription.acknowledge(std::slice::from_ref(&message.ack_id)).await?;
-                            (entry.action, entry.detail) = (Action::Replayed, format!("published as {id}"));
+                    Some((data, attributes)) => {
+                        let of = attributes.get(REPLAY_OF).cloned().unwrap_or_default();
+                        match publishers.publish(&topic, data, attributes).await {
+                            Ok(id) => {
+                                subscription.acknowledge(std::slice::from_ref(&message.ack_id)).await?;
+                                published.insert(of);
+                                (entry.action, entry.detail) = (Action::Replayed, format!("published as {id}"));
+                            }
+                            Err(error) => {
+                                held.push(message.ack_id);
+                                (entry.action, entry.detail) = (Action::Failed, error.to_string());
+                            }
                         }
-                        Err(error) => {
-                            held.push(message.ack_id);
-                            (entry.action, entry.detail) = (Action::Failed, error.to_string());
-                        }
-                    },
+                    }
                     None => held.push(message.ack_id),
                 }
                 entries.push(entry);
@@ -184,15 +221,76 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, bool)> {
             // Out of the next pulls' way until the end, when they all go back at once.
             subscription.extend(&held, HOLD_SECONDS).await?;
             left.extend(held);
+            progress.report(&entries);
         }
         anyhow::Ok(())
-    }
-    .await;
+    };
+    let (result, interrupted) = tokio::select! {
+        result = work => (result, false),
+        _ = tokio::signal::ctrl_c() => (Ok(()), true),
+    };
     // Whatever happened, what was left goes back to the subscription now.
     subscription.release(&left).await?;
     result?;
-    let failed = entries.iter().any(|e| e.action == Action::Failed);
-    Ok((printed(args, &entries), failed))
+    let ended = if interrupted {
+        eprintln!("drip dlq replay: interrupted; {} dead letters it held are back on the subscription", left.len());
+        Ended::Interrupted
+    } else if entries.iter().any(|e| e.action == Action::Failed) {
+        Ended::Failed
+    } else {
+        Ended::Done
+    };
+    Ok((printed(args, &entries), ended))
+}
+
+/// A line on stderr every few seconds while a run lasts.
+struct Progress {
+    last: std::time::Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self { last: std::time::Instant::now() }
+    }
+
+    fn report(&mut self, entries: &[Entry]) {
+        if self.last.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        let counts = Counts::of(entries);
+        eprintln!(
+            "drip dlq replay: {} seen, {} replayed, {} would replay, {} left, {} dead-lettered again, {} failed",
+            entries.len(),
+            counts.replayed,
+            counts.would,
+            counts.left,
+            counts.again,
+            counts.failed
+        );
+    }
+}
+
+#[derive(Debug)]
+struct Counts {
+    replayed: usize,
+    would: usize,
+    left: usize,
+    again: usize,
+    failed: usize,
+}
+
+impl Counts {
+    fn of(entries: &[Entry]) -> Self {
+        let count = |action| entries.iter().filter(|e| e.action == action).count();
+        Self {
+            replayed: count(Action::Replayed),
+            would: count(Action::WouldReplay),
+            left: count(Action::Left),
+            again: count(Action::DeadLetteredAgain),
+            failed: count(Action::Failed),
+        }
+    }
 }
 
 /// The event a dead letter holds, ready to publish, or why it is left.
@@ -200,6 +298,7 @@ async fn decide(
     args: &ReplayArgs,
     message: &Pulled,
     store: Option<&RedisStore<AnyConnection>>,
+    published: &HashSet<String>,
 ) -> (Entry, Option<(Vec<u8>, BTreeMap<String, String>)>) {
     let view = DeadLetterView::of(&message.attributes, &message.data);
     let entry = Entry {
@@ -210,7 +309,16 @@ async fn decide(
         reason: view.reason.clone(),
         action: Action::Left,
         detail: String::new(),
+        why: view.detail.clone(),
     };
+    if let Some(of) = view.replay_of.as_ref().filter(|of| published.contains(*of)) {
+        let mut entry = entry;
+        entry.action = Action::DeadLetteredAgain;
+        entry.detail = format!(
+            "this run replayed it ({of}) and it was dead-lettered again: its cause is not fixed, so it is not replayed again"
+        );
+        return (entry, None);
+    }
     let left = |mut entry: Entry, why: String| {
         entry.detail = why;
         (entry, None)
@@ -276,18 +384,19 @@ fn claim_checked(view: &DeadLetterView) -> Option<(TaskBody, String)> {
 }
 
 fn printed(args: &ReplayArgs, entries: &[Entry]) -> Printed {
-    let count = |action| entries.iter().filter(|e| e.action == action).count();
     let mut table = String::new();
     for e in entries {
         let what = match e.action {
             Action::Replayed => "replayed",
             Action::WouldReplay => "would replay",
             Action::Left => "left",
+            Action::DeadLetteredAgain => "AGAIN",
             Action::Failed => "FAILED",
         };
         let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        let why = e.why.as_deref().map(|why| format!(" [{why}]")).unwrap_or_default();
         table += &format!(
-            "{what:<12} {} (message {}, rule {}, key {}, {}): {}\n",
+            "{what:<12} {} (message {}, rule {}, key {}, {}{why}): {}\n",
             e.dead_letter,
             show(&e.message_id),
             show(&e.rule),
@@ -297,9 +406,8 @@ fn printed(args: &ReplayArgs, entries: &[Entry]) -> Printed {
         );
     }
     // Counted once, the same in both outputs: everything not replayed stays on the subscription.
-    let (replayed, would, left, failed) =
-        (count(Action::Replayed), count(Action::WouldReplay), count(Action::Left), count(Action::Failed));
-    let still_there = would + left + failed;
+    let Counts { replayed, would, left, again, failed } = Counts::of(entries);
+    let still_there = would + left + again + failed;
     table += &if args.dry_run {
         format!(
             "dry run: {would} would be replayed to {}; all {still_there} stay on {}\n",
@@ -307,15 +415,19 @@ fn printed(args: &ReplayArgs, entries: &[Entry]) -> Printed {
         )
     } else {
         format!(
-            "{replayed} replayed to {}; {still_there} stay on {} ({left} left by the filters or unreadable, {failed} failed)\n",
+            "{replayed} replayed to {}; {still_there} stay on {} ({left} left by the filters or unreadable, {again} dead-lettered again after this run replayed them, {failed} failed)\n",
             args.topic, args.subscription
         )
     };
+    if args.max != 0 && replayed + would >= args.max {
+        table += &format!("stopped at --max {}: run again for the rest\n", args.max);
+    }
     let json = serde_json::json!({
         "dryRun": args.dry_run,
         "replayed": replayed,
         "wouldReplay": would,
         "left": left,
+        "deadLetteredAgain": again,
         "failed": failed,
         "stayOnSubscription": still_there,
         "deadLetters": entries,

@@ -1102,3 +1102,72 @@ rules:
         })
     );
 }
+
+/// A dead letter whose cause is not fixed comes back as soon as it is replayed: through the real
+/// stack (the emulator pushing to the limiter), an event whose cost is over its rule's limit is
+/// dead-lettered, replayed, and dead-lettered again. One run replays it once, then reports it
+/// (`AGAIN`, its `drip-detail` shown) and leaves it on the subscription: never a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_replays_a_dead_letter_that_stays_bad_once_then_reports_it() {
+    use drip_tests::stack::{LimiterWiring, TasksStandIn, spawn_limiter};
+    let pubsub = drip_tests::pubsub_emulator::Pubsub::shared();
+    let prefix = unique("loop");
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    let wiring =
+        LimiterWiring::new(shared_url(), pubsub.host.clone(), &tasks, queues, "http://127.0.0.1:9/dispatch".into());
+    let rules = format!(
+        r#"
+default_dlq_topic: {prefix}-dlq
+rules:
+  - name: {prefix}-payouts
+    match: {{ attributes: {{ event_type: payout }} }}
+    key: "merchant_{{data.merchant}}"
+    cost: "{{data.parts}}"
+    limits: [{{ limit: 2, per: 1s }}]
+    max_delay: 1m
+    forward: {{ topic: {prefix}-ready }}
+    overflow_topic: {prefix}-overflow
+"#
+    );
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let (source, dlq) = (format!("{prefix}-source"), format!("{prefix}-dlq"));
+    pubsub.create_topic(&source).await;
+    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    let attributes = std::collections::BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    pubsub.publish(&source, br#"{"merchant":1,"parts":5}"#, &attributes).await;
+
+    let args: Vec<String> = ["dlq", "replay", "--subscription", &dlq, "--topic", &source, "--project", "drip-test"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain(["--idle", "8s", "--output", "json"].map(String::from))
+        .collect();
+    let host = pubsub.host.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_drip"))
+            .args(&args)
+            .env("PUBSUB_EMULATOR_HOST", host)
+            .env_remove("REDIS_URL")
+            .output()
+            .expect("run drip")
+    })
+    .await
+    .unwrap();
+    assert!(run.status.success(), "{run:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(summary["replayed"], 1, "replayed once: {summary}");
+    assert_eq!(summary["deadLetteredAgain"], 1, "then reported, not replayed again: {summary}");
+    assert_eq!(summary["stayOnSubscription"], 1, "{summary}");
+    let again = summary["deadLetters"].as_array().unwrap().iter().find(|e| e["action"] == "dead_lettered_again");
+    let again = again.expect("the entry of the dead letter that came back");
+    assert_eq!(again["reason"], "cost_exceeds_limit", "{again}");
+    assert!(again["why"].as_str().is_some_and(|why| !why.is_empty()), "its drip-detail is shown: {again}");
+
+    // It stays on the subscription for whoever fixes its cause.
+    let left = pubsub.pull_until(&dlq, 1, Duration::from_secs(15)).await;
+    assert_eq!(left.len(), 1, "the dead letter that came back is still there");
+    assert!(left[0].attributes.contains_key("drip-replay-of"), "{:?}", left[0].attributes);
+}

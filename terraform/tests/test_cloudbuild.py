@@ -149,3 +149,65 @@ def test_each_state_check_fails_on_its_broken_copy(fixture, tmp_path):
 def test_the_example_keeps_its_state_in_gcs():
     example = (ROOT / "terraform" / "examples" / "basic" / "main.tf").read_text()
     assert re.search(r'backend\s+"gcs"\s*\{', example), "the example has no gcs backend: each init would start empty"
+
+
+BROKEN_TEST_STEP = sorted((pathlib.Path(__file__).parent / "broken-cloudbuild-test-step").glob("*.json"))
+PACKAGES = [line.split()[0] for line in (ROOT / "tools" / "debian-packages.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def problems_of_the_test_step(build: dict) -> list[str]:
+    """What keeps cloudbuild.yaml's test step from running `./run test` in Google's emulators image
+    (Debian 12): packages from anywhere but the one list `./run deps` installs, a Rust toolchain
+    without what `./run test` runs, or another Rust than the Dockerfile's (empty when nothing)."""
+    problems = []
+    script = resolve(next(s for s in build["steps"] if s["id"] == "test")["args"][1], substitutions({"_TAG": "t"}))
+    lines = [line.strip() for line in script.splitlines()]
+    if "apt-get install" in script:
+        problems.append("the test step installs packages of its own instead of tools/debian-packages.txt")
+    if "./run deps" not in lines or "./run test" not in lines or lines.index("./run deps") > lines.index("./run test"):
+        problems.append("the test step does not run ./run deps before ./run test")
+    rustup = next((line for line in lines if "sh.rustup.rs" in line), "")
+    components = re.search(r"--component (\S+)", rustup)
+    if "--profile minimal" in rustup and not (components and {"rustfmt", "clippy"} <= set(components.group(1).split(","))):
+        problems.append("the toolchain lacks rustfmt or clippy, which ./run test runs")
+    image_rust = re.search(r"^FROM rust:(\d+\.\d+)", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    tests_rust = re.search(r"--default-toolchain (\d+\.\d+)", rustup)
+    if not tests_rust or tests_rust.group(1) != image_rust:
+        problems.append(f"the tests run on Rust {tests_rust and tests_rust.group(1)}, the image is built with {image_rust}")
+    return problems
+
+
+def test_the_test_step_installs_what_run_test_needs_from_the_one_list():
+    assert problems_of_the_test_step(BUILD) == []
+    assert {"python3-venv", "redis-server", "build-essential", "curl"} <= set(PACKAGES), PACKAGES
+
+
+@pytest.mark.parametrize("fixture", BROKEN_TEST_STEP, ids=[f.stem for f in BROKEN_TEST_STEP])
+def test_each_test_step_check_fails_on_its_broken_copy(fixture):
+    spec = json.loads(fixture.read_text())
+    assert SOURCE.count(spec["replace"]) == 1, f"{fixture.name}: the text to break is not in cloudbuild.yaml exactly once"
+    assert problems_of_the_test_step(YAML(typ="safe").load(SOURCE.replace(spec["replace"], spec["with"]))), spec["why"]
+
+
+def test_every_probe_of_the_package_list_passes_here():
+    """`./run test` ran `./run deps` before this suite: every package's probe now succeeds."""
+    for line in (ROOT / "tools" / "debian-packages.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            package, probe = line.split(None, 1)
+            assert subprocess.run(["sh", "-c", probe], capture_output=True).returncode == 0, package
+
+
+@pytest.mark.skipif(not os.environ.get("DRIP_STAGE_ROOT"), reason="the Dockerfile's build stage did not run before this suite (./run test runs it)")
+def test_the_rules_topics_step_runs_with_the_image_s_drip():
+    """The rules-topics step's command, run with the `drip` the Dockerfile's build stage made, writes
+    the rules-topics.json the example commits (so the file Terraform reads is what the image says)."""
+    step = next(s for s in BUILD["steps"] if s["id"] == "rules-topics")
+    script = resolve(step["args"][1], substitutions({"_TAG": "t"}))
+    command = re.search(r"docker run .*?--entrypoint (\S+) .*?drip:t\s+(.*?)\s*>\s*(\S+)", script, re.S)
+    assert command, script
+    binary = pathlib.Path(os.environ["DRIP_STAGE_ROOT"]) / "src/target/release" / pathlib.Path(command.group(1)).name
+    args = command.group(2).replace("\\\n", " ").replace("/workspace/", str(ROOT) + "/").split()
+    out = subprocess.run([str(binary), *args], capture_output=True, text=True, check=True).stdout
+    committed = (ROOT / resolve("${_TF_DIR}", substitutions({"_TAG": "t"})) / pathlib.Path(command.group(3)).name).read_text()
+    assert json.loads(out) == json.loads(committed)

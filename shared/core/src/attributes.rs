@@ -156,6 +156,10 @@ pub struct DeadLetterView {
     pub subscription: Option<String>,
     /// The attributes were dropped (the data was too large to carry them), as `drip-detail` says.
     pub attributes_dropped: bool,
+    /// `drip-detail`: what the reason's code does not say.
+    pub detail: Option<String>,
+    /// The event was itself a replay (`drip-replay-of`): the identity of the message it replayed.
+    pub replay_of: Option<String>,
 }
 
 impl DeadLetterView {
@@ -170,6 +174,8 @@ impl DeadLetterView {
             .then(|| serde_json::from_slice::<Wrapped>(data).ok())
             .flatten()
             .and_then(|w| Some((w.attributes, base64::engine::general_purpose::STANDARD.decode(w.data).ok()?)));
+        let replay_of =
+            unwrapped.as_ref().and_then(|(own, _)| own.get(REPLAY_OF)).or(attributes.get(REPLAY_OF)).cloned();
         let (own, data) = match unwrapped {
             Some((own, data)) => (own, data),
             None => {
@@ -186,6 +192,8 @@ impl DeadLetterView {
             message_id: get(MESSAGE_ID),
             subscription: get(SUBSCRIPTION),
             attributes_dropped: attributes.get(DETAIL).is_some_and(|d| d.contains("attributes dropped")),
+            detail: get(DETAIL),
+            replay_of,
         }
     }
 }
