@@ -233,7 +233,10 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, Ended)> {
     subscription.release(&left).await?;
     result?;
     let ended = if interrupted {
-        eprintln!("drip dlq replay: interrupted; {} dead letters it held are back on the subscription", left.len());
+        eprintln!(
+            "drip dlq replay: interrupted; {} it held back on the subscription",
+            drip_core::counted(left.len() as u64, "dead letter")
+        );
         Ended::Interrupted
     } else if entries.iter().any(|e| e.action == Action::Failed) {
         Ended::Failed

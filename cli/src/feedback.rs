@@ -33,7 +33,7 @@ pub struct Args {
     status: Option<u16>,
     /// Seconds, as the downstream's `Retry-After` said (at least 1; to lift a pause, use `drip
     /// resume`).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, allow_hyphen_values = true, value_parser = seconds_to_wait)]
     retry_after: Option<u64>,
     /// What the call of the message really cost, in the rule's units (instead of a status).
     #[arg(long, conflicts_with_all = ["status", "budget"], requires_all = ["message_id", "published"])]
@@ -57,6 +57,17 @@ pub struct Args {
     /// `table` (lines) or `json` (the limiter's answer).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     output: Output,
+}
+
+/// `--retry-after`: a negative or zero wait is said to be one, not taken for another flag.
+fn seconds_to_wait(text: &str) -> Result<u64, String> {
+    match text.parse::<i64>() {
+        Ok(seconds) if seconds >= 1 => Ok(seconds as u64),
+        Ok(seconds) => Err(format!(
+            "{seconds} is no wait: give the seconds the downstream said, at least 1 (to lift a pause, use drip resume)"
+        )),
+        Err(_) => Err(format!("'{text}' is not a whole number of seconds")),
+    }
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -101,6 +112,11 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
         answer => {
             let paused =
                 answer["pausedUntil"].as_str().map_or("not paused".to_owned(), |u| format!("paused until {u}"));
+            let capped = match (answer["askedUntil"].as_str(), answer["maxPause"].as_str()) {
+                (Some(asked), Some(max)) => format!(" (capped by the rule's max_pause of {max}: asked until {asked})"),
+                _ => String::new(),
+            };
+            let paused = paused + &capped;
             let level = answer["adaptiveLevel"].as_f64().map_or(String::new(), |l| format!(", adaptive level {l}"));
             format!("{}: {paused}{level}\n", answer["target"].as_str().unwrap_or("-"))
         }

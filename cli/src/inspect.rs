@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+use drip_core::counted;
 use drip_store::inspect::EntityReport;
 
 use crate::output::{Output, Printed};
@@ -54,22 +55,24 @@ fn render(report: &EntityReport) -> String {
     let mut out = format!("rule       {}\nkey        {}\nnow        {}\n", report.rule, report.key, report.now);
     out += &format!("last slot  {}\n", report.last_slot.as_deref().unwrap_or("none remembered (idle)"));
     match (&report.drains_at, &report.drains_after) {
-        (Some(at), _) => out += &format!("backlog    {} events ahead, drains at {at}\n", report.backlog),
+        (Some(at), _) => out += &format!("backlog    {} ahead, drains at {at}\n", counted(report.backlog, "event")),
         (None, Some(after)) => {
             out += &format!(
-                "backlog    {} events ahead, drains after the pause ends at {after} (they take new slots then)\n",
-                report.backlog
+                "backlog    {} ahead, drains after the pause ends at {after} (they take new slots then)\n",
+                counted(report.backlog, "event")
             )
         }
         (None, None) => out += "backlog    none\n",
     }
     if report.parked > 0 {
-        out +=
-            &format!("parked     {} events, no slot yet: the drain books them at the rate in force\n", report.parked);
+        out += &format!(
+            "parked     {}, no slot yet: the drain books them at the rate in force\n",
+            counted(report.parked, "event")
+        );
     }
     for class in &report.classes {
         let drains = class.drains_at.as_deref().map_or(String::new(), |at| format!(", drains at {at}"));
-        out += &format!("class      {}: {} events ahead{drains}\n", class.class, class.backlog);
+        out += &format!("class      {}: {} ahead{drains}\n", class.class, counted(class.backlog, "event"));
     }
     for why in &report.waiting_on {
         out += &format!("waiting    {why}\n");

@@ -39,7 +39,7 @@ enum LimitsCommand {
         #[command(flatten)]
         entity: Entity,
         /// COUNT/PERIOD: the new count of the rule's limit with that period.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         limit: String,
         /// fixed, sliding or gcra, when two of the rule's limits share the period.
         #[arg(long)]
@@ -197,7 +197,20 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<Printed> {
                 .map_err(|e| anyhow::anyhow!("--expires {}: {e}", expires.as_deref().unwrap_or_default()))?;
             let set =
                 SetOverride { limit: &limit, window: window.as_deref(), until, forever, reason: reason.as_deref() };
-            change(&target.connect().await?.set_override(&rule, &key, &set).await?)
+            let transport = target.connect().await?;
+            let mut printed = change(&transport.set_override(&rule, &key, &set).await?)?;
+            // A key Drip holds nothing else for is either new or misspelt: said, not refused (an
+            // override may be set before a merchant's first event).
+            let report = transport.inspect(&rule, &key).await?;
+            let seen = report.last_slot.is_some() || report.backlog > 0 || report.parked > 0;
+            if !seen {
+                printed.table += &format!(
+                    "note: Drip remembers no event of key '{}' of rule '{rule}': the override waits for its first one (check the key's spelling if it should have some)\n",
+                    report.key
+                );
+            }
+            printed.json["keySeen"] = seen.into();
+            Ok(printed)
         }
         LimitsCommand::Delete { entity: Entity { target, rule, key }, per, window, reason } => {
             // `--limit 500/1m` names the limit as `set` does: its period is what picks it.

@@ -211,3 +211,33 @@ def test_the_rules_topics_step_runs_with_the_image_s_drip():
     out = subprocess.run([str(binary), *args], capture_output=True, text=True, check=True).stdout
     committed = (ROOT / resolve("${_TF_DIR}", substitutions({"_TAG": "t"})) / pathlib.Path(command.group(3)).name).read_text()
     assert json.loads(out) == json.loads(committed)
+
+
+def run_check_vars(tfvars: str, given: dict[str, str], tmp_path: pathlib.Path) -> int:
+    example = tmp_path / substitutions(given)["_TF_DIR"]
+    example.mkdir(parents=True, exist_ok=True)
+    (example / "terraform.tfvars").write_text(tfvars)
+    return run_step(BUILD, "check-vars", given, tmp_path)[0]
+
+
+def test_the_build_refuses_another_project_or_region_than_the_variables_file(tmp_path):
+    committed = (ROOT / "terraform" / "examples" / "basic" / "terraform.tfvars").read_text()
+    tag = {"_TAG": "abc1234"}
+    assert run_check_vars(committed, tag, tmp_path) == 0, "the file's own project and region pass"
+    assert run_check_vars(committed, {**tag, "PROJECT_ID": "another-project"}, tmp_path) != 0
+    assert run_check_vars(committed, {**tag, "_REGION": "us-central1"}, tmp_path) != 0
+    build = next(s for s in BUILD["steps"] if s["id"] == "build")
+    assert "check-vars" in build["waitFor"], "the image is not built for the wrong project"
+
+
+def test_one_set_of_variables_whatever_applies():
+    """Cloud Build's plan and every apply the docs show pass the image's tag and nothing else: the
+    rest is terraform.tfvars, read by both, so neither undoes the other's operators or channels."""
+    plan = resolve(next(s for s in BUILD["steps"] if s["id"] == "terraform-plan")["args"][1], substitutions({"_TAG": "t"}))
+    assert re.findall(r"-var(?:-file)?[= ](\w+)", plan) == ["image_tag"], plan
+    for doc in ["README.md", "docs/operations.md"]:
+        text = (ROOT / doc).read_text()
+        applies = re.findall(r"terraform (?:apply|plan)\b[^\n]*(?:\\\n[^\n]*)*", text)
+        assert applies, doc
+        for command in applies:
+            assert set(re.findall(r"-var(?:-file)?[= ]'?(\w+)", command)) <= {"image_tag"}, f"{doc}: {command}"

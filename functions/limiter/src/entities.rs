@@ -381,15 +381,13 @@ pub async fn feedback(
         _ => None,
     };
     let signal = feedback::Signal { status: (status != 0).then_some(status), until };
-    // A key's pause before this answer, for the audit. A key Drip has never scheduled has nothing
-    // to pause: no state is made for it.
+    // A key's pause before this answer, for the audit. A key Drip has not seen yet may be paused
+    // too (an operator who hears of an outage first): its state then holds the pause alone, kept
+    // as long as the pause is in force.
     let before = match budget.or(rule.feedback_budget()) {
         Some(_) => None,
-        None => match state.store.frontier(rule, &key).await {
-            Ok(Some(_)) => state.store.paused_until(rule, &key).await.ok().flatten(),
-            Ok(None) => {
-                return error(StatusCode::NOT_FOUND, format!("rule '{}' has no state for key '{key}'", rule.name));
-            }
+        None => match state.store.paused_until(rule, &key).await {
+            Ok(before) => before,
             Err(e) => return unavailable("feedback", e),
         },
     };
@@ -422,6 +420,8 @@ pub async fn feedback(
             Json(serde_json::json!({
                 "target": effect.target,
                 "pausedUntil": effect.paused_until.map(format_rfc3339),
+                "askedUntil": effect.asked_until.map(format_rfc3339),
+                "maxPause": effect.asked_until.map(|_| drip_core::time::format_duration(rule.max_pause)),
                 "adaptiveLevel": effect.adaptive_level,
             }))
             .into_response()

@@ -16,3 +16,18 @@ pub mod rules_diff;
 pub mod schedule;
 pub mod template;
 pub mod time;
+
+/// `1 event`, `3 events`: a count and its noun, as every message Drip prints says it.
+pub fn counted(count: u64, noun: &str) -> String {
+    if count == 1 { format!("1 {noun}") } else { format!("{count} {noun}s") }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(super::counted(1, "event"), "1 event");
+        assert_eq!(super::counted(0, "event"), "0 events");
+        assert_eq!(super::counted(12, "dead letter"), "12 dead letters");
+    }
+}

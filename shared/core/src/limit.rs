@@ -108,7 +108,7 @@ impl Limit {
             MINUTE => "RPM".into(),
             HOUR => "RPH".into(),
             DAY => "RPD".into(),
-            per => format!("per {}", humantime::format_duration(std::time::Duration::from_millis(per as u64))),
+            per => format!("per {}", crate::time::format_duration(per)),
         }
     }
 }
@@ -116,7 +116,7 @@ impl Limit {
 /// `100 per 1m (fixed)`, `5 per 1s (gcra, burst 10)`.
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let per = humantime::format_duration(std::time::Duration::from_millis(self.per.unsigned_abs()));
+        let per = crate::time::format_duration(self.per);
         write!(f, "{} per {per} (", self.limit)?;
         match self.window {
             Window::Fixed(Placement::Start) => write!(f, "fixed)"),

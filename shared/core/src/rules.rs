@@ -279,7 +279,7 @@ pub enum OverflowFormat {
 }
 
 fn per_text(per: Millis) -> String {
-    humantime::format_duration(std::time::Duration::from_millis(per.unsigned_abs())).to_string()
+    crate::time::format_duration(per)
 }
 
 impl Rule {
@@ -430,8 +430,10 @@ impl RuleSet {
             }
             Ok(value) => match deserialize::<RawTop>(value) {
                 Ok(top) => top,
-                Err((field, message)) => {
-                    errors.top(&field, message);
+                Err(found) => {
+                    for (field, message) in found {
+                        errors.top(&field, message);
+                    }
                     return Err(errors.finish());
                 }
             },

@@ -50,6 +50,24 @@ pub fn parse_duration(text: &str) -> Result<Millis, String> {
     Ok(total)
 }
 
+/// A span in the rules file's own spelling, as `parse_duration` reads it back: `1d`, `90s` as
+/// `1m30s`, `500ms`, `0s`. What `10000 per 1d` says in every message Drip prints.
+pub fn format_duration(span: Millis) -> String {
+    if span == 0 {
+        return "0s".into();
+    }
+    let mut rest = span.unsigned_abs();
+    let mut out = if span < 0 { "-".to_owned() } else { String::new() };
+    for &(name, length) in UNITS.iter().rev() {
+        let length = length as u64;
+        if rest >= length {
+            out += &format!("{}{name}", rest / length);
+            rest %= length;
+        }
+    }
+    out
+}
+
 /// Why `unit` is refused, saying what it would have meant where a person could misread it.
 fn misread_unit(unit: &str) -> String {
     match unit {
@@ -144,6 +162,16 @@ pub mod rfc3339 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_span_is_written_as_the_rules_file_writes_it_and_reads_back() {
+        for (span, text) in
+            [(DAY, "1d"), (90 * SECOND, "1m30s"), (500, "500ms"), (0, "0s"), (DAY + HOUR + 5, "1d1h5ms")]
+        {
+            assert_eq!(super::format_duration(span), text);
+            assert_eq!(super::parse_duration(text), Ok(span));
+        }
+    }
+
     use super::*;
 
     #[test]

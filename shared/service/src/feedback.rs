@@ -37,6 +37,8 @@ pub struct Effect {
     /// `key` or `budget:<name>`.
     pub target: String,
     pub paused_until: Option<Millis>,
+    /// The end the downstream asked for, when the rule's `max_pause` cut the pause short.
+    pub asked_until: Option<Millis>,
     /// The adaptive level after it, when the target has one.
     pub adaptive_level: Option<f64>,
 }
@@ -57,9 +59,11 @@ pub async fn apply(
     // One answer pauses for at most max_pause: a longer Retry-After would dead-letter every event
     // of the target without the downstream being asked again. Asking that much is overload.
     let mut overloaded = signal.overloaded();
-    let until = signal.until.map(|until| {
-        let (until, capped) = rule.capped_pause(until, wall_clock_millis());
+    let mut asked_until = None;
+    let until = signal.until.map(|asked| {
+        let (until, capped) = rule.capped_pause(asked, wall_clock_millis());
         if capped {
+            asked_until = Some(asked);
             overloaded = true;
             metrics.shared.pause_capped(labelled.clone());
             tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, until = %format_rfc3339(until), "{LONG_PAUSE_CAPPED}");
@@ -82,5 +86,5 @@ pub async fn apply(
         metrics.shared.adaptive_level(labelled, level);
         tracing::warn!(rule = %rule.name, key, target, status = ?signal.status, level, "the downstream is overloaded: adaptive limit lowered");
     }
-    Ok(Effect { target, paused_until: until, adaptive_level })
+    Ok(Effect { target, paused_until: until, asked_until, adaptive_level })
 }

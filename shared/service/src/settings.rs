@@ -1,6 +1,7 @@
 //! Settings both services read from the environment, and what they build from them at start-up.
 //! A bad setting stops start-up with a message that names it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,18 +108,43 @@ pub struct CommonSettings {
     pub task_signing_key_previous: Option<String>,
 }
 
-/// Reads a service's settings from the environment. A value that does not parse is named with
-/// what was given and what is expected (envconfig names only the variable).
+/// Reads a service's settings from the environment. Every setting that is missing or does not
+/// parse is named in one error, with what was given and what is expected (envconfig stops at the
+/// first and names only the variable).
 pub fn from_env<T: Envconfig>() -> anyhow::Result<T> {
-    T::init_from_env().map_err(|error| match error {
-        envconfig::Error::ParseError { name } => {
-            let given = std::env::var(name).unwrap_or_default();
-            anyhow::anyhow!("{name}='{given}' is not valid: expected {}", expected_value(name))
+    from_map(std::env::vars().collect())
+}
+
+fn from_map<T: Envconfig>(mut env: HashMap<String, String>) -> anyhow::Result<T> {
+    // A value that parses stands in for each bad one so that the next one shows.
+    const STAND_INS: [&str; 4] = ["0", "false", "never", "x"];
+    let mut problems: Vec<String> = Vec::new();
+    let name_of = |error: &envconfig::Error| match error {
+        envconfig::Error::ParseError { name } | envconfig::Error::EnvVarMissing { name } => *name,
+    };
+    loop {
+        let error = match T::init_from_hashmap(&env) {
+            Ok(settings) if problems.is_empty() => return Ok(settings),
+            Ok(_) => break,
+            Err(error) => error,
+        };
+        let name = name_of(&error);
+        problems.push(match error {
+            envconfig::Error::ParseError { .. } => {
+                let given = env.get(name).cloned().unwrap_or_default();
+                format!("{name}='{given}' is not valid: expected {}", expected_value(name))
+            }
+            envconfig::Error::EnvVarMissing { .. } => format!("{name} is not set"),
+        });
+        let moved_on = STAND_INS.iter().any(|stand_in| {
+            env.insert(name.to_owned(), (*stand_in).to_owned());
+            T::init_from_hashmap(&env).map_or_else(|e| name_of(&e) != name, |_| true)
+        });
+        if !moved_on {
+            break;
         }
-        envconfig::Error::EnvVarMissing { name } => {
-            anyhow::anyhow!("{name} is not set (docs/operations.md: \"Settings\")")
-        }
-    })
+    }
+    anyhow::bail!("{} (docs/operations.md: \"Settings\")", problems.join("; "))
 }
 
 /// What a setting takes, from its name's convention.
@@ -238,5 +264,25 @@ impl CommonSettings {
             Arc::new(OidcVerifier::new(OidcSettings { audience, jwks_url: self.oidc_jwks_url.clone() }))
         });
         Auth::from_settings(&self.auth, verifier)
+    }
+}
+
+#[cfg(test)]
+mod every_bad_setting {
+    use super::*;
+
+    /// One start names every setting that is missing or does not parse, not the first alone.
+    #[test]
+    fn is_named_in_one_error() {
+        let env = HashMap::from([("PORT".to_owned(), "eighty".to_owned())]);
+        let error = from_map::<CommonSettings>(env).unwrap_err().to_string();
+        for named in [
+            "PORT='eighty' is not valid",
+            "REDIS_URL is not set",
+            "GOOGLE_CLOUD_PROJECT is not set",
+            "DRIP_RULES is not set",
+        ] {
+            assert!(error.contains(named), "{named}: {error}");
+        }
     }
 }

@@ -501,8 +501,8 @@ pub(crate) fn report(
     }
     if state.parked > 0 {
         waiting_on.push(format!(
-            "{} events parked: the key's drain books them at the rate in force, oldest first",
-            state.parked
+            "{} parked: the key's drain books them at the rate in force, oldest first",
+            drip_core::counted(state.parked, "event")
         ));
     }
     if waiting_on.is_empty() && booked > 0 {

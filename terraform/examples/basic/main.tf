@@ -1,7 +1,9 @@
 # Drip for the payouts and SMS rules of rules.yaml, listening on two source topics. Its state lives
-# in a GCS bucket (made once: docs/operations.md, "Deploying"), the same one Cloud Build plans with:
+# in a GCS bucket (made once: docs/operations.md, "Deploying"), the same one Cloud Build plans with,
+# and its variables in terraform.tfvars beside this file, which Terraform reads by itself wherever
+# it runs (Cloud Build or a laptop): only the image's tag is given on the command line.
 #   terraform init -backend-config=bucket=my-project-drip-tfstate -backend-config=prefix=drip
-#   terraform apply -var project_id=my-project -var image_tag=$(git rev-parse --short HEAD)
+#   terraform apply -var image_tag=$(git rev-parse --short HEAD)
 
 terraform {
   required_version = ">= 1.6.0, < 2.0.0"
@@ -26,6 +28,18 @@ variable "region" {
   description = "Region of Drip."
   type        = string
   default     = "europe-west1"
+}
+
+variable "name" {
+  description = "Prefix of every resource the module names (services, queues, accounts, secrets)."
+  type        = string
+  default     = "drip"
+}
+
+variable "labels" {
+  description = "Labels on every resource that takes them (./run verify-gcp marks its run's so)."
+  type        = map(string)
+  default     = {}
 }
 
 variable "image_tag" {
@@ -61,7 +75,8 @@ module "drip" {
 
   project_id              = var.project_id
   region                  = var.region
-  name                    = "drip"
+  name                    = var.name
+  labels                  = var.labels
   image                   = "${var.region}-docker.pkg.dev/${var.project_id}/drip/drip:${var.image_tag}"
   rules_file              = "${path.module}/rules.yaml"
   rules_topics_file       = "${path.module}/rules-topics.json"

@@ -72,6 +72,10 @@ pub struct Args {
     /// the rules `payouts-fifo` and `payouts-classes` side by side.
     #[arg(long, conflicts_with_all = ["throttle", "latency"])]
     priority: bool,
+    /// Create the rule's topics and the source topic's push subscription, publish nothing, and
+    /// exit (`./run up`: a stack to try the CLI on).
+    #[arg(long, conflicts_with_all = ["throttle", "latency", "priority"])]
+    set_up_only: bool,
 }
 
 pub(crate) struct Delivery {
@@ -141,6 +145,9 @@ pub(crate) async fn demo(args: &Args) -> anyhow::Result<bool> {
         rules.rule(&args.rule).with_context(|| format!("no rule '{}' in {}", args.rule, args.rules.display()))?;
     let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
     let topics = set_up(args, rule, &pubsub).await?;
+    if args.set_up_only {
+        return Ok(true);
+    }
     let target = match &args.throttle {
         Some(address) => Some(Throttle::serve(address).await?),
         None => None,

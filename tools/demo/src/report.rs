@@ -30,13 +30,23 @@ pub(crate) fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outco
     delays.sort_unstable();
     lateness.sort_unstable();
     let lost = args.events.saturating_sub(deliveries.len() + dead.len());
-    let forwarded = deliveries.values().filter(|d| d.route == "forward").count();
+    // A forward whose slot came later than its publish (by more than the push's own latency)
+    // waited inline in the limiter: delayed too, without a Cloud Task.
+    const INLINE: Millis = 100;
+    let waited = |id: &String, d: &Delivery| {
+        d.scheduled_for - burst.published_at.get(id).copied().unwrap_or(burst.started) >= INLINE
+    };
+    let forwarded = deliveries.iter().filter(|(id, d)| d.route == "forward" && !waited(id, d)).count();
+    let inline = deliveries.iter().filter(|(id, d)| d.route == "forward" && waited(id, d)).count();
     let mut summary = String::new();
     summary += &format!("\nevents in:            {}\n", args.events);
     let routes = if args.throttle.is_some() {
         format!("{} delivered to the partner", deliveries.len())
     } else {
-        format!("{forwarded} forwarded at once, {} delayed", deliveries.len() - forwarded)
+        format!(
+            "{forwarded} forwarded at once, {inline} forwarded after waiting inline, {} delayed through Cloud Tasks",
+            deliveries.len() - forwarded - inline
+        )
     };
     summary += &format!(
         "events out:           {} ({routes}, {} dead-lettered{})\n",

@@ -127,7 +127,7 @@ pub(crate) fn render_frame(
             "  merchant {merchant}  {} {:>3} in the last {}   delivered {:>4}/{per_merchant}\n",
             bar(recent * 20 / limit.limit().max(1) as usize, 20),
             recent,
-            humantime::format_duration(Duration::from_millis(limit.per() as u64)),
+            drip_core::time::format_duration(limit.per()),
             mine.len()
         );
     }

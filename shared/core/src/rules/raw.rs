@@ -364,17 +364,52 @@ pub fn schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(RawTop)).unwrap_or_default()
 }
 
-/// Deserializes with the path of the offending field, e.g. `limits[1].limit`.
-pub(super) fn deserialize<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        let message = e.into_inner().to_string().replace("expected i64", "expected an integer");
-        // serde names a missing field in its message, at the path of the struct that lacks it.
-        match message.strip_prefix("missing field `").and_then(|rest| rest.strip_suffix('`')) {
-            Some(missing) if path.is_empty() => (missing.to_owned(), "is required".to_owned()),
-            Some(missing) => (format!("{path}.{missing}"), "is required".to_owned()),
-            None => (path, message),
+/// Deserializes with the path of the offending field, e.g. `limits[1].limit`. Unknown fields at
+/// the top of `value` are all named (each taken out and the rest read again), each with the field
+/// it most likely meant; any other error is the first one.
+pub(super) fn deserialize<T: serde::de::DeserializeOwned>(mut value: Value) -> Result<T, Vec<(String, String)>> {
+    let mut unknown = Vec::new();
+    loop {
+        let error = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(parsed) if unknown.is_empty() => return Ok(parsed),
+            Ok(_) => return Err(unknown),
+            Err(error) => error,
+        };
+        let (path, message) = describe(error);
+        let top_level_unknown = message.starts_with("unknown field `") && !path.contains(['.', '[']);
+        let removed =
+            top_level_unknown && value.as_mapping_mut().is_some_and(|fields| fields.remove(path.as_str()).is_some());
+        unknown.push((path, message));
+        if !removed {
+            return Err(unknown);
         }
-    })
+    }
+}
+
+fn describe(error: serde_path_to_error::Error<serde_yaml_ng::Error>) -> (String, String) {
+    let path = error.path().to_string();
+    let path = if path == "." { String::new() } else { path };
+    let message = error.into_inner().to_string().replace("expected i64", "expected an integer");
+    if let Some(message) = did_you_mean(&message) {
+        return (path, message);
+    }
+    // serde names a missing field in its message, at the path of the struct that lacks it.
+    match message.strip_prefix("missing field `").and_then(|rest| rest.strip_suffix('`')) {
+        Some(missing) if path.is_empty() => (missing.to_owned(), "is required".to_owned()),
+        Some(missing) => (format!("{path}.{missing}"), "is required".to_owned()),
+        None => (path, message),
+    }
+}
+
+/// serde's "unknown field `limts`, expected one of `name`, …" as "unknown field `limts`: did you
+/// mean `limits`?" when one known field is close, else the list as serde gave it.
+fn did_you_mean(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (field, expected) = rest.split_once("`, expected ")?;
+    let known = expected.split('`').skip(1).step_by(2);
+    let closest = known
+        .map(|candidate| (strsim::jaro_winkler(field, candidate), candidate))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .filter(|(score, _)| *score >= 0.8)?;
+    Some(format!("unknown field `{field}`: did you mean `{}`?", closest.1))
 }

@@ -28,8 +28,10 @@ pub(super) fn validate_rule(
 ) -> Option<(Rule, Vec<String>)> {
     let raw: RawRule = match deserialize(raw) {
         Ok(raw) => raw,
-        Err((field, message)) => {
-            errors.push(&field, message);
+        Err(found) => {
+            for (field, message) in found {
+                errors.push(&field, message);
+            }
             return None;
         }
     };
@@ -145,6 +147,18 @@ pub(super) fn validate_rule(
     let park_horizon = match raw.park_horizon.as_deref().map(str::trim) {
         None => Some(Some(DEFAULT_PARK_HORIZON)),
         Some("off") => Some(None),
+        // Said, not ignored: a horizon on a rule that never parks would promise what it cannot.
+        Some(_) if raw.classes.is_some() => {
+            errors.push(
+                "park_horizon",
+                "a rule with classes never parks (its classes book at once, by priority): remove park_horizon".into(),
+            );
+            None
+        }
+        Some(_) if mode == Some(Mode::Shadow) => {
+            errors.push("park_horizon", "a shadow rule never parks (it enforces nothing): remove park_horizon".into());
+            None
+        }
         Some(text) => errors.check(
             "park_horizon",
             parse_duration(text).and_then(|horizon| match max_delay {
