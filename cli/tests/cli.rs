@@ -707,6 +707,26 @@ async fn inspect_limits_and_feedback_reach_production_through_the_limiter_s_api(
     assert!(stdout(&paused).contains("paused until"), "{}", stdout(&paused));
     let report = json(&drip_async(api(OPERATOR, &["inspect", &rule, "merchant_7", "--output", "json"])).await);
     assert!(report["pausedUntil"].is_string(), "the feedback paused the key: {report}");
+    // A merchant Drip has not seen yet is paused through Redis all the same, and a pause past the
+    // rule's max_pause is said to be capped.
+    let stranger = drip_async(api(
+        CONSUMER,
+        &["feedback", "--rule", &rule, "--key", "merchant_new", "--status", "503", "--retry-after", "999999"],
+    ))
+    .await;
+    assert!(stranger.status.success(), "{stranger:?}");
+    assert!(stdout(&stranger).contains("capped by the rule's max_pause"), "{}", stdout(&stranger));
+    let report = json(&drip_async(api(OPERATOR, &["inspect", &rule, "merchant_new", "--output", "json"])).await);
+    assert!(report["pausedUntil"].is_string(), "paused before its first event: {report}");
+    let noted = drip_async(api(
+        OPERATOR,
+        &["limits", "set", "--rule", &rule, "--key", "merchant_typo", "--limit", "5/1h", "--output", "json"],
+    ))
+    .await;
+    assert_eq!(json(&noted)["keySeen"], false, "{noted:?}");
+    let negative =
+        drip_async(api(OPERATOR, &["limits", "set", "--rule", &rule, "--key", "k", "--limit", "-5/1h"])).await;
+    assert!(String::from_utf8_lossy(&negative.stderr).contains("not a count"), "{negative:?}");
 
     // A cost after the call names its message; one Drip never reserved is unknown (404).
     let cost = ["--cost", "3", "--message-id", "never-sent", "--published", "2026-12-01T00:00:00Z"];

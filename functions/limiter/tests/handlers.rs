@@ -785,9 +785,10 @@ async fn feedback_from_an_overflow_consumer_pauses_the_key() {
 }
 
 /// One answer pauses a key for at most max_pause (here half of max_delay's hour): a Retry-After of
-/// 10^12 s leaves its events delayed, not dead-lettered; feedback on a key Drip never saw makes no state.
+/// 10^12 s leaves its events delayed, not dead-lettered, and the answer says what was asked;
+/// feedback on a key Drip never saw pauses it all the same.
 #[tokio::test]
-async fn one_answer_pauses_for_at_most_max_pause_and_unknown_keys_get_no_state() {
+async fn one_answer_pauses_for_at_most_max_pause_and_a_key_not_seen_yet_is_paused_too() {
     let (url, _calls) = throttling_target(0).await;
     let l = limiter_forwarding_to(&url);
     let hook = [("event_type", "hook"), ("endpoint", "capped")];
@@ -798,6 +799,8 @@ async fn one_answer_pauses_for_at_most_max_pause_and_unknown_keys_get_no_state()
     let until = parse_rfc3339(body["pausedUntil"].as_str().unwrap()).unwrap();
     let cap = drip_core::time::wall_clock_millis() + 30 * drip_core::time::MINUTE;
     assert!(until <= cap && until > cap - drip_core::time::MINUTE, "capped at max_pause: {body}");
+    assert_eq!(body["maxPause"], "30m", "{body}");
+    assert!(parse_rfc3339(body["askedUntil"].as_str().unwrap()).unwrap() > until, "{body}");
     assert_eq!(l.push("c1", &hook, b"{}").await, StatusCode::NO_CONTENT);
     assert_eq!(l.tasks().len(), 1, "delayed until the capped pause ends");
     assert!(l.published("hooks-dlq").is_empty(), "not dead-lettered as beyond max_delay");
@@ -806,9 +809,10 @@ async fn one_answer_pauses_for_at_most_max_pause_and_unknown_keys_get_no_state()
 
     let stranger =
         serde_json::json!({ "rule": "hooks", "key": "endpoint_never_seen", "status": 429, "retryAfter": 60 });
-    assert_eq!(l.send("POST", "/v1/feedback", Some(stranger)).await.0, StatusCode::NOT_FOUND);
+    let (status, body) = l.send("POST", "/v1/feedback", Some(stranger)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     let (_, report) = l.send("GET", "/v1/rules/hooks/keys/endpoint_never_seen", None).await;
-    assert!(report["pausedUntil"].is_null(), "no pause made for it: {report}");
+    assert_eq!(report["pausedUntil"], body["pausedUntil"], "paused before its first event: {report}");
 }
 
 #[tokio::test]
@@ -1374,4 +1378,27 @@ async fn a_slowing_forward_url_lowers_the_level_before_any_refusal() {
         .send("POST", "/v1/feedback", Some(serde_json::json!({ "rule": "hooks", "key": "endpoint_q", "latencyMs": 5 })))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "a rule without latency control says so: {body}");
+}
+
+/// An operator pauses a merchant Drip has not seen yet (the runbook's first step in an outage),
+/// and its first event waits for the pause; a pause longer than the rule's `max_pause` is cut to
+/// it, and the answer says so, with what was asked.
+#[tokio::test]
+async fn a_key_not_seen_yet_can_be_paused_and_a_capped_pause_says_so() {
+    let l = limiter();
+    let pause = serde_json::json!({ "rule": "payouts", "key": "merchant_42", "status": 503, "retryAfter": 30 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(pause)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["askedUntil"].is_null(), "30 s is within max_pause: {body}");
+    let (_, report) = l.send("GET", "/v1/rules/payouts/keys/merchant_42", None).await;
+    assert_eq!(report["pausedUntil"], body["pausedUntil"], "{report}");
+    assert_eq!(l.payout("first", 42).await, StatusCode::NO_CONTENT);
+    assert!(l.published("payouts-ready").is_empty(), "the first event waits for the pause");
+
+    let long = serde_json::json!({ "rule": "payouts", "key": "merchant_43", "status": 429, "retryAfter": 999_999 });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(long)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (paused, asked) = (body["pausedUntil"].as_str().unwrap(), body["askedUntil"].as_str().expect("capped"));
+    assert!(paused < asked, "{body}");
+    assert!(body["maxPause"].is_string(), "{body}");
 }
