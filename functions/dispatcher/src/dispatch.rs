@@ -20,41 +20,20 @@ use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{
-    CLAIM_CHECK_MARGIN, RateLimitMeta, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask, task_id,
-};
+use drip_core::overflow::{SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::OldSlot;
-use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_core::time::{Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::EventPost;
 use drip_service::answer::Answer;
 use drip_service::reschedule::{self, Failure, Rescheduler, Wait};
-use drip_service::task_batches::EventTask;
 use drip_store::{DispatchClaim, MessageOf, Reserved, SlotRequest};
 
 use crate::AppState;
+use crate::task::{Delivery, dead_letter, filing_of, new_task, request_of, stamp_of};
 
 /// Cloud Tasks sets these on every dispatch; a request without them did not come from a queue.
 const TASK_HEADERS: [&str; 2] = ["x-cloudtasks-queuename", "x-cloudtasks-taskname"];
-
-/// The task as Cloud Tasks presented it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Delivery<'a> {
-    task: &'a str,
-    /// 0 on the first attempt.
-    retry_count: i64,
-    body: &'a [u8],
-    /// Its seal's expiry, when it came sealed; `None` for a legacy (unsealed) task.
-    sealed_until: Option<Millis>,
-}
-
-impl Delivery<'_> {
-    /// How long the once-only marker must outlive now: past the seal's expiry, so that a captured
-    /// body can never be published a second time.
-    fn marker_memory(&self, now: Millis) -> Millis {
-        self.sealed_until.map_or(DAY, |expires| (expires - now + HOUR).max(DAY))
-    }
-}
 
 /// Where a task's message goes.
 enum Route<'r> {
@@ -465,80 +444,12 @@ fn rescheduler<'a>(state: &'a AppState, delivery: &Delivery<'_>, why: &str) -> R
     Ok(Rescheduler { store: &*state.store, metrics: &state.metrics, tasks })
 }
 
-/// The task's event's request, as its reservation named it.
-pub(crate) fn request_of<'a>(
-    rule: &'a Rule,
-    task: &'a TaskBody,
-    identity: &'a str,
-    published: Option<Millis>,
-) -> SlotRequest<'a> {
-    let meta = &task.rate_limit_meta;
-    SlotRequest::for_rule(rule, &meta.key, identity, meta.cost.unwrap_or(1)).published(published)
-}
-
-/// The event's new task at the slot `reserved` holds (a claim-checked payload kept until then).
-pub(crate) async fn new_task(
-    state: &AppState,
-    task: &TaskBody,
-    (rule, identity): (&Rule, &str),
-    reserved: &Reserved,
-) -> Result<EventTask, Failure> {
-    let slot = reserved.reservation.slot;
-    if let TaskPayload::ClaimCheck(reference) = &task.payload {
-        let keep = slot - reserved.now + CLAIM_CHECK_MARGIN;
-        state.store.keep_payload(reference, keep).await.map_err(Failure::transient)?;
-    }
-    let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..task.rate_limit_meta.clone() };
-    let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() }).map_err(Failure::transient)?;
-    Ok(EventTask { name: task_id(&rule.id, identity, Some(slot)), slot, body })
-}
-
 /// Records the event's answer as acted upon (its new slot's task exists, it goes now, or it is
 /// dead-lettered): a redelivered push of it is then acked as it is. A failure is only logged.
 async fn completed(state: &AppState, request: &SlotRequest<'_>, reserved: &Reserved) {
     if let Err(error) = state.store.complete(request, reserved).await {
         tracing::warn!(%error, "could not record the new slot as acted upon");
     }
-}
-
-/// Where the task's message's answer is filed: its identity and its publish time.
-pub(crate) fn filing_of(task: &TaskBody) -> (String, Option<Millis>) {
-    let identity = MessageRef::new(task.message_id.clone(), task.subscription.clone()).identity_with(&task.attributes);
-    (identity, drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes))
-}
-
-fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<'a> {
-    let meta = &task.rate_limit_meta;
-    Stamp {
-        message_id: Some(&task.message_id),
-        subscription: task.subscription.as_deref(),
-        rule: Some(rule.map_or(meta.rule.as_str(), |r| r.name.as_str())),
-        key: Some(&meta.key),
-        scheduled_for: parse_rfc3339(&meta.scheduled_for).ok(),
-        published: drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes),
-        ..Stamp::default()
-    }
-}
-
-/// The dispatcher's one way to dead-letter: the event's data (`data`; else the payload the task
-/// carries inline; else the task's body as it came), stamped with the reason, the task's name and
-/// what the task names.
-pub(crate) async fn dead_letter(
-    state: &AppState,
-    (task, rule): (Option<&TaskBody>, Option<&Rule>),
-    refused: Refused,
-    data: Option<Vec<u8>>,
-    delivery: &Delivery<'_>,
-) -> anyhow::Result<Outcome> {
-    let rules = state.rules.current();
-    let topic = rules.dlq_topic_for(rule);
-    let data = data.or_else(|| task.and_then(|t| t.payload.data())).unwrap_or_else(|| delivery.body.to_vec());
-    let named = task.map_or_else(Stamp::default, |task| stamp_of(task, rule));
-    let stamp = Stamp { reason: Some((refused.reason, &refused.detail)), task: Some(delivery.task), ..named };
-    let no_attributes = Default::default();
-    let (data, attributes) = stamp.dead_letter(task.map_or(&no_attributes, |t| &t.attributes), &data);
-    state.metrics.time("pubsub", state.publishers.publish(topic, data, attributes)).await?;
-    Ok(Outcome::DeadLetter(refused.reason))
 }
 
 /// A body that is not a task of ours can never succeed: dead-letter it and stop the retries.

@@ -18,7 +18,7 @@ use drip_service::reschedule::{Failure, create_task};
 use drip_store::{Reserved, SlotRequest};
 
 use crate::AppState;
-use crate::dispatch::{Delivery, dead_letter, filing_of, new_task, request_of};
+use crate::task::{Delivery, dead_letter, filing_of, new_task, request_of};
 
 /// The most messages one wake takes (the next wake, at once, takes the rest).
 const MAX_PER_WAKE: usize = 1_000;

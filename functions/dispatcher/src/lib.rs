@@ -5,6 +5,7 @@
 
 mod dispatch;
 mod drain;
+mod task;
 
 use std::sync::Arc;
 

@@ -119,7 +119,7 @@ pub struct Rule {
     /// rescheduled (`OldSlot::Kept`); by default its units go back.
     pub count_refused: bool,
     /// `park_horizon`: while a key is throttled, an event whose slot lies further ahead than this
-    /// parks (`schedule::Status::Parked`); `None`: `off`. See [`Rule::park`].
+    /// parks (the model's `Status::Parked`); `None`: `off`. See [`Rule::park`].
     pub park_horizon: Option<Millis>,
     /// Classes under its limits (docs/rules.md: "Classes under one limit").
     pub classes: Option<Classes>,
@@ -165,28 +165,12 @@ impl Classes {
 }
 
 impl Rule {
-    /// What becomes of the slot of an event the downstream refused (429/503) when it is given a
-    /// new one: kept when the rule counts refused calls, else given back.
-    pub fn refused_slot(&self) -> crate::schedule::OldSlot {
-        match self.count_refused {
-            true => crate::schedule::OldSlot::Kept,
-            false => crate::schedule::OldSlot::GivenBack,
-        }
-    }
-
     /// The horizon past which a throttled key's events park (`ReserveRequest::park`): the rule's
     /// `park_horizon` when it enforces, has no classes and draws from no leased budget (those
     /// book every slot at once); else `None`.
     pub fn park(&self) -> Option<Millis> {
         let leased = self.budgets.iter().any(|b| b.leases.is_some());
         self.park_horizon.filter(|_| self.mode == Mode::Enforce && self.classes.is_none() && !leased)
-    }
-
-    /// Whether an event of this rule delivered at `at` for `slot` would be late
-    /// (`ReserveRequest::delivery_is_late`), and the rule wants such events to wait their turn.
-    pub fn waits_when_late(&self, slot: Millis, at: Millis) -> bool {
-        self.late_events == LateEvents::Wait
-            && crate::schedule::ReserveRequest::for_rule(self, "", 1, 0).delivery_is_late(slot, at)
     }
 }
 

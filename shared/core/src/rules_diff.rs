@@ -3,9 +3,10 @@
 
 use std::fmt;
 
-use crate::budgets::PPM;
-use crate::rules::{Cost, Rule, RuleSet, Window};
+use crate::budgets::{Budget, PPM};
+use crate::rules::{Cost, Mode, Rule, RuleSet, Window};
 use crate::schedule::{override_id, state_id};
+use crate::time::{Millis, format_duration};
 
 /// How an edit treats entities that already have a backlog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,24 +95,53 @@ fn cost_text(cost: &Cost) -> String {
 }
 
 fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
+    // Every field of a rule is named here, none left to `..`: a field added to `Rule` does not
+    // compile until its edit is classified below (or said to be classified elsewhere).
+    let Rule {
+        name,
+        id: _, // rules are matched by id: an id change is a removal and an addition (`diff`)
+        matcher,
+        key,
+        previous_key,
+        limits,
+        cost: _,      // below, with its text
+        max_delay: _, // below, with inline_wait
+        max_pause,
+        inline_wait: _,     // below, with max_delay
+        forward: _,         // below
+        overflow_topic: _,  // below
+        overflow_url: _,    // budget_edits, with delivery_margin
+        dlq_topic: _,       // below
+        on_missing_key: _,  // below, with overflow_format
+        overflow_format: _, // below
+        mode,
+        budgets: _,         // budget_edits
+        feedback: _,        // budget_edits, with adaptive
+        adaptive: _,        // budget_edits
+        delivery_margin: _, // budget_edits
+        late_events,
+        count_refused,
+        park_horizon,
+        classes: _, // class_edits
+    } = new;
     let mut edits = Vec::new();
-    if old.name != new.name {
+    if &old.name != name {
         edits.push(edit(Safety::Safe, format!("renamed from '{}' (same id: state and backlog kept)", old.name)));
     }
-    if old.matcher != new.matcher {
+    if &old.matcher != matcher {
         edits.push(edit(
             Safety::NeedsCare,
             "match changed: messages may move between rules, and each rule's entities count only its own",
         ));
     }
-    if old.key.to_string() != new.key.to_string() {
-        let carried = new.previous_key.as_ref().is_some_and(|previous| previous.to_string() == old.key.to_string());
+    if old.key.to_string() != key.to_string() {
+        let carried = previous_key.as_ref().is_some_and(|previous| previous.to_string() == old.key.to_string());
         edits.push(if carried {
             edit(
                 Safety::Delays,
                 format!(
                     "key \"{}\" -> \"{}\" with previous_key: each new key starts at its old key's frontier, full up to it (FIFO and the window bound hold)",
-                    old.key, new.key
+                    old.key, key
                 ),
             )
         } else {
@@ -119,12 +149,62 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
                 Safety::NeedsCare,
                 format!(
                     "key \"{}\" -> \"{}\": every key is a new entity, so until the old backlog drains a window can hold the old backlog and new events (up to twice the limit); set previous_key: \"{}\" to carry each frontier over",
-                    old.key, new.key, old.key
+                    old.key, key, old.key
                 ),
             )
         });
+    } else if old.previous_key.as_ref().map(ToString::to_string) != previous_key.as_ref().map(ToString::to_string) {
+        edits.push(edit(Safety::Safe, "previous_key changed: it is read only when the key changes"));
     }
-    for limit in &new.limits {
+    if &old.mode != mode {
+        edits.push(match mode {
+            Mode::Enforce => edit(
+                Safety::Delays,
+                "mode shadow -> enforce: events now wait for their slots; a key whose shadow schedule ran ahead (slots booked that nobody waited for) holds new events behind it until those windows pass (drip inspect shows each key's backlog first)",
+            ),
+            Mode::Shadow => edit(
+                Safety::NeedsCare,
+                "mode enforce -> shadow: every new event is forwarded at once whatever the limits (the downstream may receive more than they allow); tasks already scheduled still dispatch at their slots",
+            ),
+        });
+    }
+    if &old.max_pause != max_pause {
+        edits.push(edit(
+            Safety::Safe,
+            format!(
+                "max_pause {} -> {}: caps the next pause; pauses in force keep their end",
+                format_duration(old.max_pause),
+                format_duration(*max_pause)
+            ),
+        ));
+    }
+    if &old.late_events != late_events {
+        edits.push(edit(
+            Safety::Safe,
+            format!("late_events {:?} -> {:?}: from the next late event", old.late_events, late_events),
+        ));
+    }
+    if &old.count_refused != count_refused {
+        edits.push(edit(
+            Safety::Safe,
+            format!(
+                "count_refused {} -> {count_refused}: from the next call the downstream refuses (units already given back or kept stay so)",
+                old.count_refused
+            ),
+        ));
+    }
+    if &old.park_horizon != park_horizon {
+        let show = |horizon: Option<Millis>| horizon.map_or("off".to_owned(), format_duration);
+        edits.push(edit(
+            Safety::Safe,
+            format!(
+                "park_horizon {} -> {}: from the next event of a throttled key; events already parked drain as before (at the default horizon when off)",
+                show(old.park_horizon),
+                show(*park_horizon)
+            ),
+        ));
+    }
+    for limit in limits {
         match old.limits.iter().find(|l| override_id(l) == override_id(limit)) {
             None => edits.push(edit(
                 Safety::Delays,
@@ -154,7 +234,7 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         }
     }
     for limit in &old.limits {
-        if !new.limits.iter().any(|l| override_id(l) == override_id(limit)) {
+        if !limits.iter().any(|l| override_id(l) == override_id(limit)) {
             edits.push(edit(Safety::Safe, format!("limit {limit} removed: one constraint less from the next event")));
         }
     }
@@ -298,7 +378,18 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
     for (before, after) in
         old.budgets.iter().filter_map(|b| new.budgets.iter().find(|n| n.name == b.name).map(|n| (b, n)))
     {
-        if before.limits != after.limits || before.max_share != after.max_share || before.adaptive != after.adaptive {
+        // Every field of a budget, none left to `..`: a new one does not compile until classified.
+        let Budget {
+            name: _, // budgets are matched by name: a rename is a removal and an addition
+            limits,
+            max_share,
+            adaptive,
+            floors: _,  // below, with its own text
+            per_key: _, // a classes calendar's, never written in the rules file (class_edits)
+            leases: _,  // above: the entities move between shards
+            tag: _,     // above: budget_tag
+        } = after.as_ref();
+        if &before.limits != limits || &before.max_share != max_share || &before.adaptive != adaptive {
             edits.push(edit(
                 Safety::Safe,
                 format!(
@@ -424,6 +515,28 @@ rules:
         assert!(
             matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.starts_with("classes removed")),
             "{kyc:?}"
+        );
+    }
+
+    #[test]
+    fn every_field_a_rule_file_may_edit_is_reported() {
+        let with = |field: &str| OLD.replacen("    max_delay: 1h\n", &format!("    max_delay: 1h\n    {field}\n"), 1);
+        let cases = [
+            ("mode: shadow", Safety::NeedsCare, "enforce -> shadow"),
+            ("max_pause: 5m", Safety::Safe, "max_pause 30m -> 5m"),
+            ("late_events: deliver", Safety::Safe, "late_events Wait -> Deliver"),
+            ("count_refused: true", Safety::Safe, "count_refused false -> true"),
+            ("park_horizon: off", Safety::Safe, "park_horizon 2s -> off"),
+            ("previous_key: \"x_{data.m}\"", Safety::Safe, "previous_key changed"),
+        ];
+        for (field, safety, what) in cases {
+            let found = edits(&diff(&parse(OLD), &parse(&with(field))), "payouts");
+            assert!(found.iter().any(|(s, w)| *s == safety && w.contains(what)), "{field}: {found:?}");
+        }
+        let enforcing = edits(&diff(&parse(&with("mode: shadow")), &parse(OLD)), "payouts");
+        assert!(
+            enforcing.iter().any(|(s, w)| *s == Safety::Delays && w.contains("shadow -> enforce")),
+            "a switch from shadow to enforcing is never silent: {enforcing:?}"
         );
     }
 

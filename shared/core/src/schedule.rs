@@ -27,7 +27,7 @@ use crate::budgets::{
     Adaptive, AdaptiveState, Budget, CalendarShare, LatencyOutcome, LatencyReport, LatencyState, adapted_count,
     adaptive_window, adaptive_window_count, calendar_shares,
 };
-use crate::rules::{Limit, Placement, Window};
+use crate::rules::{LateEvents, Limit, Placement, Rule, Window};
 use crate::time::Millis;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +163,7 @@ impl<'a> ReserveRequest<'a> {
     /// The same request for an event of `rule`'s class `class` of `key`: the rule's limits are the
     /// key's calendar (`Classes::calendar`, first of `budgets`), none on the entity itself. A rule
     /// without classes keeps the request as it is.
-    pub fn for_class(self, rule: &'a crate::rules::Rule, (key, class): (&'a str, &'a str)) -> Self {
+    pub fn for_class(self, rule: &'a Rule, (key, class): (&'a str, &'a str)) -> Self {
         match &rule.classes {
             Some(classes) => {
                 // The rule's adaptive level is the calendar's (`Classes::calendar`), not the entity's.
@@ -195,7 +195,7 @@ impl<'a> ReserveRequest<'a> {
 
     /// A request for one event of `rule` at `now`: the rule's limits, `max_delay`, budgets,
     /// adaptive limit and delivery margin; undated, no lease or floor.
-    pub fn for_rule(rule: &'a crate::rules::Rule, message_id: &'a str, cost: u64, now: Millis) -> Self {
+    pub fn for_rule(rule: &'a Rule, message_id: &'a str, cost: u64, now: Millis) -> Self {
         Self {
             cost,
             max_delay: rule.max_delay,
@@ -1543,6 +1543,25 @@ fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, own: &[EntityLi
         }
     }
     state.last_slot = Some(slot);
+}
+
+/// What a rule's fields mean for one request: they read the request types, so they live beside
+/// them (and the rules file's types stay free of the model's).
+impl Rule {
+    /// What becomes of the slot of an event the downstream refused (429/503) when it is given a
+    /// new one: kept when the rule counts refused calls, else given back.
+    pub fn refused_slot(&self) -> OldSlot {
+        match self.count_refused {
+            true => OldSlot::Kept,
+            false => OldSlot::GivenBack,
+        }
+    }
+
+    /// Whether an event of this rule delivered at `at` for `slot` would be late
+    /// (`ReserveRequest::delivery_is_late`), and the rule wants such events to wait their turn.
+    pub fn waits_when_late(&self, slot: Millis, at: Millis) -> bool {
+        self.late_events == LateEvents::Wait && ReserveRequest::for_rule(self, "", 1, 0).delivery_is_late(slot, at)
+    }
 }
 
 #[cfg(test)]

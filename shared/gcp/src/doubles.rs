@@ -10,7 +10,7 @@ use drip_core::time::{Millis, wall_clock_millis};
 
 use crate::pubsub::PublishError;
 use crate::tasks::{CreateTask, CreateTaskError, Created};
-use crate::{GcpFuture, Publish};
+use crate::{GcpFuture, pubsub::Publish};
 
 #[derive(Debug, Clone)]
 pub struct Published {

@@ -12,7 +12,7 @@ use drip_core::time::Millis;
 
 use crate::keys::{ANSWER_BUCKET, budget_key, class_calendar_key, field, pool_key};
 use crate::keys::{ANSWER_MARGIN, STATE_MARGIN};
-use crate::{EntityKeys, SlotRequest};
+use crate::{keys::EntityKeys, request::SlotRequest};
 
 /// The event's fixed record, in the order [`ReserveArgs::event`] writes it: `reserve.lua`'s
 /// `read_event` reads each field at its place by a constant generated from its name

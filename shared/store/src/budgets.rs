@@ -13,7 +13,7 @@ use crate::keys::STATE_MARGIN;
 use crate::keys::{budget_key, class_calendar_key, field, pool_key};
 use crate::overrides::{adapt_args, latency_args, latency_change};
 use crate::scripts::BUDGET;
-use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
+use crate::{keys::EntityKeys, keys::RuleRef, redis_store::RedisStore, request::StoreError};
 
 /// A calendar `lua/budget.lua` keeps a pause, an adaptive level and a latency state in: a shared
 /// budget's hash (with a leased budget's pools), or the hash a classed rule's key's classes share.

@@ -12,7 +12,7 @@ use drip_batch::{Flush, GroupCommit, fan_out, up_to};
 use drip_core::time::Millis;
 
 use crate::args::EncodedEvent;
-use crate::{Reserved, StoreError, StoreFuture};
+use crate::{request::Reserved, request::StoreError, request::StoreFuture};
 
 /// The unbatched script calls a batch is made of (the Redis store's): group commit knows them by
 /// this, not by the store, so the store can hold its groups.

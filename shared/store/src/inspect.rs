@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::field;
-use crate::{EntityKeys, RuleRef, StoreError};
+use crate::{keys::EntityKeys, keys::RuleRef, request::StoreError};
 
 /// Pub/Sub keeps a message at most 31 days: none published earlier can still be delivered.
 const PUBSUB_RETENTION: Millis = 31 * drip_core::time::DAY;
@@ -217,7 +217,7 @@ pub struct LimitReport {
     pub ahead_at_most: Option<u64>,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
+impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> {
     /// What the entity's state says now (Redis `TIME`, or the store's manual clock).
     pub(crate) async fn entity_report(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
         let now = self.store_now().await?;
@@ -252,8 +252,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::RedisStore<C> {
         (since, now): (Millis, Millis),
     ) -> Result<Vec<Millis>, StoreError> {
         let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
-        let first = (now - rule.max_delay - PUBSUB_RETENTION).div_euclid(crate::ANSWER_BUCKET);
-        let last = now.div_euclid(crate::ANSWER_BUCKET) + 1;
+        let first = (now - rule.max_delay - PUBSUB_RETENTION).div_euclid(crate::keys::ANSWER_BUCKET);
+        let last = now.div_euclid(crate::keys::ANSWER_BUCKET) + 1;
         let files: Vec<(String, Millis)> =
             std::iter::once(None).chain((first..=last).map(Some)).map(|m| keys.answers_of(m)).collect();
         let mut slots = Vec::new();

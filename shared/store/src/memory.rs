@@ -12,8 +12,9 @@ use crate::inspect::{EntityReport, class_calendar, report};
 use crate::overrides::Author;
 use crate::store::{Ping, Store};
 use crate::{
-    AuditEntry, Clock, DispatchClaim, FeedbackChange, MessageOf, OverrideChange, Reserved, RuleRef, SlotRequest,
-    StoreFuture,
+    keys::RuleRef, overrides::AuditEntry, overrides::FeedbackChange, overrides::OverrideChange,
+    redis_store::DispatchClaim, redis_store::MessageOf, request::Clock, request::Reserved, request::SlotRequest,
+    request::StoreFuture,
 };
 
 /// The reference model behind a lock, with claim-checked payloads, dispatch claims and the

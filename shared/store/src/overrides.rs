@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::keys::{class_calendar_key, field, overridden_keys, overrides_log};
 use crate::scripts::OVERRIDE;
-use crate::{EntityKeys, RedisStore, RuleRef, StoreError};
+use crate::{keys::EntityKeys, keys::RuleRef, redis_store::RedisStore, request::StoreError};
 
 /// How many changes each rule's audit list keeps.
 const AUDIT_LENGTH: isize = 1_000;

@@ -19,8 +19,9 @@ use crate::redis_store::{ReserveCall, only_answer};
 use crate::scripts::{RELEASE, WAKE};
 use crate::store::{Ping, Store};
 use crate::{
-    AuditEntry, Calendar, DispatchClaim, EntityKeys, MessageOf, OverrideChange, RedisStore, Reserved, RuleRef,
-    SlotRequest, StoreError, StoreFuture,
+    budgets::Calendar, keys::EntityKeys, keys::RuleRef, overrides::AuditEntry, overrides::OverrideChange,
+    redis_store::DispatchClaim, redis_store::MessageOf, redis_store::RedisStore, request::Reserved,
+    request::SlotRequest, request::StoreError, request::StoreFuture,
 };
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {

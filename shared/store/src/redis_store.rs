@@ -12,7 +12,7 @@ use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, Scr
 use crate::keys::field;
 use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
 use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE, RETURNS};
-use crate::{Clock, EntityKeys, Reserved, SlotRequest, StoreError};
+use crate::{keys::EntityKeys, request::Clock, request::Reserved, request::SlotRequest, request::StoreError};
 
 /// The one answer of a call that carried one item.
 pub(crate) fn only_answer<T>(mut answers: Vec<T>) -> Result<T, StoreError> {

@@ -7,7 +7,7 @@ use drip_core::rules::Rule;
 use drip_core::time::{Millis, wall_clock_millis};
 use serde::{Deserialize, Serialize};
 
-use crate::{AuditEntry, Author, ResumeChange, Store, StoreError};
+use crate::{overrides::AuditEntry, overrides::Author, overrides::ResumeChange, request::StoreError, store::Store};
 
 /// What a resume did, and the pause still in force for the key after it (a budget's), if any.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

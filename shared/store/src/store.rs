@@ -16,7 +16,10 @@ use drip_core::rules::Classes;
 
 use crate::inspect::{ClassReport, EntityReport};
 use crate::overrides::Author;
-use crate::{AuditEntry, DispatchClaim, MessageOf, OverrideChange, Reserved, SlotRequest, StoreError, StoreFuture};
+use crate::{
+    overrides::AuditEntry, overrides::OverrideChange, redis_store::DispatchClaim, redis_store::MessageOf,
+    request::Reserved, request::SlotRequest, request::StoreError, request::StoreFuture,
+};
 
 /// `/readyz`: whether the store answers.
 pub trait Ping: Send + Sync {

@@ -271,5 +271,5 @@ async fn set_faults(State(shared): Shared_, Json(faults): Json<Faults>) -> Json<
 }
 
 async fn jwks() -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::TEST_JWKS).into_response()
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::signer::TEST_JWKS).into_response()
 }

@@ -19,7 +19,7 @@ impl EmulatorClient {
     }
 
     /// What Cloud Tasks would bill for the creates so far.
-    pub async fn billing(&self) -> reqwest::Result<crate::Billing> {
+    pub async fn billing(&self) -> reqwest::Result<crate::model::Billing> {
         self.http.get(format!("{}/_emulator/billing", self.base)).send().await?.error_for_status()?.json().await
     }
 
