@@ -1,0 +1,883 @@
+//! Budget calendars: shared budgets and classes calendars, a count per window booked out of
+//! order by many entities, with their floors, shares, adaptive levels, full runs and give-backs.
+
+use super::*;
+
+/// The state of one shared budget: what each window of each limit holds, a pause and the
+/// adaptive level, shared by every entity that draws from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BudgetState {
+    /// By (per, window start): the cost reserved in that window.
+    pub windows: BTreeMap<(Millis, Millis), u64>,
+    /// By (per, window start, rule) for each rule holding a floor: its part of that window's cost.
+    pub floor_used: BTreeMap<(Millis, Millis, String), u64>,
+    /// By per: the run of full windows the last searches of that limit walked.
+    pub runs: BTreeMap<Millis, FullRun>,
+    pub paused_until: Option<Millis>,
+    pub adaptive: Option<AdaptiveState>,
+    pub latency: Option<LatencyState>,
+    /// A classes calendar's per-key overrides of the rule's limits, by [`override_id`] (`drip
+    /// limits set` on a key of a rule with classes): every class of the key books against them.
+    pub overrides: BTreeMap<String, LimitOverride>,
+    /// A classes calendar: the last slot of what its key booked before the rule had classes (0:
+    /// nothing), once the calendar took that backlog over ([`Scheduler::carry_over`]); `None`
+    /// before. Every class of the key books after it.
+    pub carried: Option<Millis>,
+    /// A leased budget's partition pool: by (per, window start), the units its home leased it
+    /// (`windows` then holds what the partition booked of them).
+    pub leased: BTreeMap<(Millis, Millis), u64>,
+    /// A pool: by per, the last window its home had no room in when it last asked (a lease's
+    /// `full_through`); the pool asks again only past it.
+    pub known_full: BTreeMap<Millis, Millis>,
+    /// A leased budget's home: by (per, window start, partition), the units leased to that
+    /// partition (`windows` then holds what the home leased in all, less what came back).
+    pub granted: BTreeMap<(Millis, Millis, u32), u64>,
+    /// A pool: by (per, window start), the units of its lease it gave back to its home (events
+    /// that left a window that had not closed), in all: what it may book is `leased − returned`.
+    /// Totals, so that telling the home twice, or out of order, changes nothing.
+    pub returned: BTreeMap<(Millis, Millis), u64>,
+    /// A home: by (per, window start, partition), the units that partition gave back, in all.
+    pub taken_back: BTreeMap<(Millis, Millis, u32), u64>,
+    /// A pool in Redis: by per, the units of passed windows it was leased and did not book,
+    /// counted as it drops them (the model keeps every window: what it stranded is read off them).
+    pub stranded: BTreeMap<Millis, u64>,
+}
+
+impl BudgetState {
+    /// The home's grant (`lua/lease.lua`): the first window from `from` up to `horizon` whose
+    /// leases leave room for `cost` of `count` leases `partition` up to `want` units of it (never
+    /// past `count`). A scarce window (less room than asked) is split: a lease takes at most half
+    /// of what is left (at least the cost), so partitions asking in turn share it.
+    pub fn grant(
+        &mut self,
+        partition: u32,
+        (per, from, horizon): (Millis, Millis, Millis),
+        count: u64,
+        (cost, want): (u64, u64),
+    ) -> Lease {
+        let mut window = from;
+        while window <= horizon {
+            let total = self.windows.entry((per, window)).or_default();
+            if *total + cost <= count {
+                let room = count - *total;
+                let units = if want <= room { want } else { room.div_ceil(2).max(cost) };
+                *total += units;
+                let held = self.granted.entry((per, window, partition)).or_default();
+                *held += units;
+                return Lease { window: Some(window), total: *held, full_through: window - per };
+            }
+            window += per;
+        }
+        Lease { window: None, total: 0, full_through: window - per }
+    }
+
+    /// A partition pool takes a lease of one limit (idempotent: a lease is the partition's total).
+    pub fn credit(&mut self, per: Millis, lease: Lease) {
+        if let Some(window) = lease.window {
+            let leased = self.leased.entry((per, window)).or_default();
+            *leased = (*leased).max(lease.total);
+        }
+        let full = self.known_full.entry(per).or_insert(lease.full_through);
+        *full = (*full).max(lease.full_through);
+    }
+
+    /// What a pool may book of a window: its lease less what it gave back.
+    pub fn pool_holds(&self, per: Millis, window: Millis) -> u64 {
+        let leased = self.leased.get(&(per, window)).copied().unwrap_or(0);
+        leased.saturating_sub(self.returned.get(&(per, window)).copied().unwrap_or(0))
+    }
+
+    /// A pool gives back up to `units` of a window it no longer needs (events left it): what its
+    /// lease holds beyond what it booked, at most. Returns its total given back of the window, for
+    /// its home ([`BudgetState::take_back`]), when it gave any.
+    pub fn give_back_lease(&mut self, per: Millis, window: Millis, units: u64) -> Option<u64> {
+        let booked = self.windows.get(&(per, window)).copied().unwrap_or(0);
+        let units = units.min(self.pool_holds(per, window).saturating_sub(booked));
+        (units > 0).then(|| {
+            let total = self.returned.entry((per, window)).or_default();
+            *total += units;
+            *total
+        })
+    }
+
+    /// The home takes back what `partition` gave back of a window (`lua/returns.lua`): `total` is
+    /// the partition's whole return of it, so only what is new comes off the window's leases.
+    /// Returns the units taken back now.
+    pub fn take_back(&mut self, partition: u32, (per, window): (Millis, Millis), total: u64) -> u64 {
+        let Some(leased) = self.windows.get_mut(&(per, window)) else { return 0 };
+        let taken = self.taken_back.entry((per, window, partition)).or_default();
+        let new = total.saturating_sub(*taken).min(*leased);
+        *taken = (*taken).max(total);
+        *leased -= new;
+        new
+    }
+}
+
+/// Consecutive windows `from..=through` of one budget limit, each holding at least `least`: a
+/// search for a cost that cannot fit beside `least` jumps over them. Windows only ever gain cost,
+/// so a run stays true until its windows pass; it only speeds the search up, never changes a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullRun {
+    pub from: Millis,
+    pub through: Millis,
+    pub least: u64,
+}
+
+/// One budget limit as it counts this reservation.
+pub(super) struct BudgetLimit<'a> {
+    pub(super) budget: &'a Budget,
+    pub(super) limit: Limit,
+    /// The count before the adaptive level: the limit's, or a classes calendar's override of it.
+    pub(super) base: u64,
+    pub(super) count: u64,
+    /// Whose floor the event books: its class in a classes calendar, else its key's or its rule's
+    /// ([`Budget::floor_member`]).
+    pub(super) member: &'a str,
+    /// The [`BudgetState`] it counts in ([`Budget::state_name`], or a leased budget's partition pool).
+    pub(super) state: String,
+    pub(super) kind: BudgetLimitKind,
+}
+
+/// Which of the three kinds of budget limit a [`BudgetLimit`] is: each books, pauses and floors
+/// differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BudgetLimitKind {
+    /// A calendar's own limit: a shared budget's, or a classes calendar's (the rule's limits).
+    Calendar,
+    /// A leased budget's partition: `state` is its pool, booking what the budget's home leased it;
+    /// the budget's own state is the home (which holds the pause).
+    Pool { partition: u32 },
+    /// A key's fair share of a budget, kept on the key's classes calendar (`budget`): the key's
+    /// classes together take at most `count` of each window of the period. No floor applies.
+    /// `counts`: it books the cost into its windows, unless a limit of the calendar of the same
+    /// period counts them already (the same windows, the same events).
+    Share { counts: bool },
+}
+
+impl BudgetLimit<'_> {
+    /// The state that holds the budget's pause.
+    pub(super) fn home(&self) -> &str {
+        if self.partition().is_some() { &self.budget.name } else { &self.state }
+    }
+
+    /// The leased budget's partition whose pool this limit books, if it is a pool.
+    pub(super) fn partition(&self) -> Option<u32> {
+        match self.kind {
+            BudgetLimitKind::Pool { partition } => Some(partition),
+            _ => None,
+        }
+    }
+
+    /// Whether it books the cost into its windows (every kind but a share a calendar limit counts).
+    pub(super) fn counts(&self) -> bool {
+        !matches!(self.kind, BudgetLimitKind::Share { counts: false })
+    }
+
+    pub(super) fn is_share(&self) -> bool {
+        matches!(self.kind, BudgetLimitKind::Share { .. })
+    }
+}
+
+/// Gives the units of `old` (a slot of the request's message that was never used) back, wherever
+/// the window that holds them has not closed at `now` and can take them back exactly: the
+/// entity's fixed (start) windows and fair shares when `old` lies in the window the entity holds,
+/// budgets' start-placed windows (a run of full windows it lies in keeps only what it now holds);
+/// gcra and sliding limits only when `old` is the entity's latest slot (undoing an earlier one
+/// would need the slots after it). Spread-placed windows keep them: the positions of their later
+/// events count on them. What is kept is only capacity unused, never a window over its limit.
+pub(super) fn give_back(
+    state: &mut EntityState,
+    budgets: &mut HashMap<String, BudgetState>,
+    (now, old, cost): (Millis, Millis, u64),
+    own: &[EntityLimit],
+    shared: &[BudgetLimit<'_>],
+) {
+    let latest = state.last_slot == Some(old);
+    for EntityLimit { id, limit, count } in own {
+        let per = limit.per();
+        match (limit.window(), state.limits.get_mut(id)) {
+            (Window::Fixed(Placement::Start), Some(LimitState::Fixed { window, used }))
+                if *window == old.div_euclid(per) * per && *window + per > now =>
+            {
+                *used = used.saturating_sub(cost);
+            }
+            (Window::Gcra { .. }, Some(LimitState::Gcra { tat, tat_rem })) if latest => {
+                // TAT − cost·T, exactly: its remainder is in units of 1/count ms.
+                let n = *count as i64;
+                let d = *tat_rem as i64 - cost as i64 * per;
+                *tat += d.div_euclid(n);
+                *tat_rem = d.rem_euclid(n) as u64;
+            }
+            (Window::Sliding, Some(LimitState::Sliding { base, entries })) if latest => {
+                let before = entries.len().checked_sub(2).map_or(*base, |i| entries[i].1);
+                if let Some(newest) = entries.back_mut().filter(|(time, _)| *time == old) {
+                    newest.1 = newest.1.saturating_sub(cost);
+                    if newest.1 <= before {
+                        entries.pop_back();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    shift_budget_windows(budgets, shared, (now, old), -(cost as i64));
+}
+
+/// Charges `more` units to `slot`'s windows (a cost reported after the call above what was booked):
+/// the entity's fixed windows and fair shares when `slot` lies in the window it holds, budgets'
+/// windows that have not closed, a gcra limit's TAT (it moves later), a sliding limit's newest slot
+/// (every interval a later slot can share with `slot` also holds the newest). A window may then
+/// hold more than its count: later slots move out until it passes.
+pub(super) fn charge(
+    state: &mut EntityState,
+    budgets: &mut HashMap<String, BudgetState>,
+    (now, slot, more): (Millis, Millis, u64),
+    own: &[EntityLimit],
+    shared: &[BudgetLimit<'_>],
+) {
+    for EntityLimit { id, limit, count } in own {
+        let per = limit.per();
+        match state.limits.get_mut(id) {
+            Some(LimitState::Fixed { window, used }) if *window == slot.div_euclid(per) * per => *used += more,
+            Some(LimitState::Gcra { tat, tat_rem }) => {
+                let rem = *tat_rem + more * per as u64;
+                *tat += (rem / count) as i64;
+                *tat_rem = rem % count;
+            }
+            Some(LimitState::Sliding { entries, .. }) => {
+                if let Some(newest) = entries.back_mut() {
+                    newest.1 += more;
+                }
+            }
+            _ => {}
+        }
+    }
+    shift_budget_windows(budgets, shared, (now, slot), more as i64);
+}
+
+/// Moves `delta` units into (positive) or out of (negative) the window of `slot` of each budget
+/// limit in `shared`, where it has not closed at `now`: out only of start-placed windows (the
+/// positions of a spread window's later events count on what it holds), never below zero, and a
+/// run of full windows it lies in keeps only what the window now holds.
+pub(super) fn shift_budget_windows(
+    budgets: &mut HashMap<String, BudgetState>,
+    shared: &[BudgetLimit<'_>],
+    (now, slot): (Millis, Millis),
+    delta: i64,
+) {
+    for l in shared.iter().filter(|l| l.counts()) {
+        let BudgetLimit { budget, limit, member, state, .. } = l;
+        let (per, window) = (limit.per(), slot.div_euclid(limit.per()) * limit.per());
+        let spread = limit.window() != Window::Fixed(Placement::Start);
+        if window + per <= now || (delta < 0 && spread) {
+            continue;
+        }
+        let Some(held) = budgets.get_mut(state) else { continue };
+        let Some(used) = held.windows.get_mut(&(per, window)) else { continue };
+        let before = *used;
+        *used = used.saturating_add_signed(delta);
+        let least = *used;
+        if let Some(part) = held.floor_used.get_mut(&(per, window, member.to_string())).filter(|_| !l.is_share()) {
+            *part = part.saturating_add_signed(delta);
+        }
+        if delta < 0
+            && let Some(run) = held.runs.get_mut(&per).filter(|r| (r.from..=r.through).contains(&window))
+        {
+            run.least = run.least.min(least);
+        }
+        // A pool gives what left its window back to its home (the store sends it after the call:
+        // `RedisStore::send_returns`), so that other partitions can lease it.
+        if let Some(partition) = l.partition().filter(|_| delta < 0)
+            && let Some(total) = held.give_back_lease(per, window, before - least)
+        {
+            budgets.entry(budget.name.clone()).or_default().take_back(partition, (per, window), total);
+        }
+    }
+}
+
+pub(super) fn budget_level(budget: &Budget, state: Option<&BudgetState>, now: Millis) -> Option<u64> {
+    budget.adaptive.map(|a| a.level(state.and_then(|s| s.adaptive), adaptive_window(&budget.limits), now))
+}
+
+/// Every limit of every budget the request (an event of `rule`) draws from, with its count in force now.
+pub(super) fn budget_limits<'a>(
+    budgets: &HashMap<String, BudgetState>,
+    request: &ReserveRequest<'a>,
+    (rule, key): (&'a str, &str),
+) -> Vec<BudgetLimit<'a>> {
+    let mut shared = Vec::new();
+    let (scope, class) = request.class.unzip();
+    for budget in request.budgets {
+        let partition = budget.partition_of(scope.unwrap_or(key));
+        let state = partition.map_or_else(|| budget.state_name(scope), |p| budget.pool_name(p));
+        let held = budgets.get(&state);
+        let level = budget_level(budget, held, request.now);
+        let member =
+            if budget.per_key { class.unwrap_or_default() } else { budget.floor_member(rule, scope.unwrap_or(key)) };
+        for limit in &budget.limits {
+            let base = held.map_or(limit.limit(), |held| effective_limit(limit, &held.overrides, request.now));
+            let count = adapted_count(limit, base, level, request.cost);
+            let (limit, state) = (*limit, state.clone());
+            shared.push(BudgetLimit {
+                budget,
+                limit,
+                base,
+                count,
+                member,
+                state,
+                kind: partition.map_or(BudgetLimitKind::Calendar, |partition| BudgetLimitKind::Pool { partition }),
+            });
+        }
+    }
+    // A class's key's fair share of each budget: one more limit of its calendar, counting the
+    // key's classes together (in windows of the share's period; a calendar limit of that period
+    // counts them already).
+    if let Some(calendar) = request.budgets.iter().find(|b| b.per_key)
+        && let Some(scope) = scope
+    {
+        let mut shares = Vec::new();
+        for CalendarShare { budget, limit, per, counts, .. } in calendar_shares(calendar, request.budgets) {
+            let from = &request.budgets[budget].limits[limit];
+            let held = shared.iter().find(|l| std::ptr::eq(l.budget, &*request.budgets[budget]) && l.limit == *from);
+            let Some(share) = held.and_then(|l| l.budget.share_of(l.count, request.cost)) else { continue };
+            shares.push(BudgetLimit {
+                budget: calendar,
+                limit: Limit::new(share, per, Window::Fixed(Placement::Start)).expect("share >= 1"),
+                base: share,
+                count: share,
+                member: class.unwrap_or_default(),
+                state: calendar.state_name(Some(scope)),
+                kind: BudgetLimitKind::Share { counts },
+            });
+        }
+        shared.extend(shares);
+    }
+    shared
+}
+
+/// The earliest time ≥ `t` at which one budget limit accepts the request's cost more: the first
+/// window from `t`'s with room ([`window_takes`]; a window past the horizon ends the search: the
+/// event is late whatever it holds), and the limit's run of full windows after this search.
+pub(super) fn budget_accepts(
+    held: Option<&BudgetState>,
+    run: Option<FullRun>,
+    limit: &BudgetLimit<'_>,
+    request: &ReserveRequest<'_>,
+    t: Millis,
+) -> (Millis, Option<FullRun>) {
+    let (per, n, cost, margin) = (limit.limit.per(), limit.count, request.cost, request.margin);
+    let horizon = request.now + request.max_delay;
+    let (mut window, t) = outside_margin(t, per, margin);
+    let jumpable = run.filter(|r| r.least + cost > n);
+    let (mut walked, mut jumped): (Option<FullRun>, bool) = (None, false);
+    let accepted = loop {
+        if window > horizon {
+            break t.max(window);
+        }
+        if let Some(r) = jumpable
+            && (r.from..=r.through).contains(&window)
+        {
+            (window, jumped) = (r.through + per, true);
+            continue;
+        }
+        let used = held.and_then(|s| s.windows.get(&(per, window)).copied()).unwrap_or(0);
+        let used_by = |rule: &str| held.and_then(|s| s.floor_used.get(&(per, window, rule.to_owned())).copied());
+        let started = window <= request.now;
+        if window_takes(limit, (used, used_by), cost, started) {
+            let spread = limit.limit.window() == Window::Fixed(Placement::Spread);
+            break t.max(if spread { spread_position(window, used, per - margin, n) } else { window });
+        }
+        walked = Some(match walked {
+            None => FullRun { from: window, through: window, least: used },
+            Some(w) => FullRun { through: window, least: w.least.min(used), ..w },
+        });
+        window += per;
+    };
+    let Some(w) = walked else { return (accepted, run) };
+    let Some(r) = run else { return (accepted, Some(w)) };
+    let kept = if jumped {
+        // The walk went around the run: one stretch, if what it walked holds as much.
+        (w.least >= r.least).then(|| FullRun { from: w.from.min(r.from), through: w.through.max(r.through), ..r })
+    } else if r.through < request.now.div_euclid(per) * per || r.least + cost <= n || w.from < r.from {
+        // The run has passed, this cost fits beside it, or the walk lies nearer now.
+        Some(w)
+    } else {
+        (w.from == r.through + per && w.least >= r.least).then_some(FullRun { through: w.through, ..r })
+    };
+    (accepted, Some(kept.unwrap_or(r)))
+}
+
+/// Whether a budget window with `n` in force, holding `used` (of which `used_by(rule)` by each
+/// rule holding a floor), takes `cost` more of the limit's rule: never past `n`; and before the
+/// window starts, what the cost takes beyond its own rule's unused floor must leave every other
+/// floor's unused units free (the window's total plus every unused floor stays within `n`). Once
+/// the window has started, unused floors are anyone's. A cost within its own floor needs only
+/// room, so a floor holds even after the count in force fell.
+pub(super) fn window_takes(
+    limit: &BudgetLimit<'_>,
+    (used, used_by): (u64, impl Fn(&str) -> Option<u64>),
+    cost: u64,
+    started: bool,
+) -> bool {
+    let n = limit.count;
+    if used + cost > n {
+        return false;
+    }
+    if started || limit.is_share() || limit.budget.floors.is_empty() {
+        return true;
+    }
+    let (mut unused, mut own_unused) = (0, 0);
+    for (member, units) in limit.budget.floor_units(n) {
+        let left = units.saturating_sub(used_by(member).unwrap_or(0));
+        unused += left;
+        if member == limit.member {
+            own_unused = left;
+        }
+    }
+    let borrowed = cost.saturating_sub(own_unused);
+    borrowed == 0 || used + unused + borrowed <= n
+}
+
+/// Where `spread` placement puts the next event of a window holding `used` of `n`: evenly over the
+/// window's first `span` milliseconds.
+pub(super) fn spread_position(window: Millis, used: u64, span: Millis, n: u64) -> Millis {
+    window + (used as i64 * span).div_euclid(n as i64)
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use proptest::strategy::{Just, Strategy};
+
+    use super::tests::request;
+    use super::*;
+    use crate::budgets::{Adaptive, PPM};
+    use crate::time::SECOND;
+
+    fn budget(limit: u64, placement: Placement, max_share: Option<u64>) -> Arc<Budget> {
+        Arc::new(Budget {
+            name: "gateway".into(),
+            limits: vec![Limit::new(limit, SECOND, Window::Fixed(placement)).unwrap()],
+            max_share,
+            adaptive: None,
+            floors: Vec::new(),
+            per_key: false,
+            leases: None,
+            tag: "gateway".into(),
+        })
+    }
+
+    /// A budget of 10 a second leased over two partitions, a unit at a time: each partition asks its
+    /// home when its pool has no room, for what it booked of the window before (here nothing: a
+    /// chunk, one unit); the home leases a window out and no further, and a partition that finds it
+    /// full asks from the next window and remembers it.
+    #[test]
+    fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
+        let leases = crate::budgets::Leases { partitions: 2, chunk: 100_000 };
+        let budgets = [Arc::new(Budget { leases: Some(leases), ..(*budget(10, Placement::Start, None)).clone() })];
+        let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+        let (p0, p1) = (in_partition(0), in_partition(1));
+        let mut s = Scheduler::new();
+        let slots: Vec<Millis> = (0..12)
+            .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
+            .collect();
+        // Each leases a unit per event until the window is leased out (5 each); then each finds it
+        // full and leases a unit of the next.
+        assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
+        let home = s.budget_state("gateway").unwrap();
+        assert_eq!(home.windows, BTreeMap::from([((SECOND, 0), 10), ((SECOND, SECOND), 2)]));
+        assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&5));
+        assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&5));
+        let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
+        assert_eq!(pool.known_full.get(&SECOND), Some(&0), "p1 knows window 0 is leased out");
+        assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&1), Some(&1)));
+        // The next window p1 asks for: what it booked of the window before (5), less what it holds.
+        let more = reserve(&mut s, &p1, "m12", 0, &budgets).slot;
+        assert_eq!(more, SECOND);
+        let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
+        assert_eq!(pool.leased.get(&(SECOND, SECOND)), Some(&5), "asked 5 - 1 = 4 more");
+        // A scarce window is split: a partition asking for more than is left gets half of it.
+        let mut home = BudgetState::default();
+        let grant = |home: &mut BudgetState, partition, want| home.grant(partition, (SECOND, 0, SECOND), 10, (1, want));
+        assert_eq!(grant(&mut home, 0, 6).total, 6, "room enough: what it asked");
+        assert_eq!(grant(&mut home, 1, 8).total, 2, "4 left, 8 asked: half");
+        assert_eq!(grant(&mut home, 0, 8).total, 7, "2 left: half");
+        assert_eq!(grant(&mut home, 1, 8).total, 3, "1 left: the cost");
+        assert_eq!(grant(&mut home, 1, 8).window, Some(SECOND), "window 0 is leased out: the next");
+        // A pause of a leased budget is its home's: both partitions wait.
+        s.pause_budget("gateway", 5 * SECOND);
+        assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);
+    }
+
+    /// A partition that leased a whole window gives what left it back to the home (an event
+    /// reslotted, its old slot given back), and the other partition leases it: without the return
+    /// it would find the window leased out and take the next.
+    #[test]
+    fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
+        let leases = crate::budgets::Leases { partitions: 2, chunk: crate::budgets::PPM };
+        let budgets = [Arc::new(Budget { leases: Some(leases), ..(*budget(10, Placement::Start, None)).clone() })];
+        let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+        let (p0, p1) = (in_partition(0), in_partition(1));
+        let mut s = Scheduler::new();
+        let slots: Vec<Millis> = (0..4).map(|i| reserve(&mut s, &p0, &format!("m{i}"), 0, &budgets).slot).collect();
+        assert_eq!(slots, [0; 4]);
+        assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 0)), Some(&10), "the whole window");
+        // Two of p0's events leave window 0 (their task found a pause, say): their units go back.
+        for (id, now) in [("m1", 100), ("m2", 150)] {
+            let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let request = ReserveRequest { max_delay: 10 * SECOND, budgets: &budgets, ..request(id, &limits, now) };
+            s.reslot("r", &p0, &request, OldSlot::GivenBack);
+        }
+        let pool = s.budget_state(&budgets[0].pool_name(0)).unwrap();
+        assert_eq!(pool.returned.get(&(SECOND, 0)), Some(&2), "{pool:?}");
+        assert_eq!(pool.pool_holds(SECOND, 0), 8);
+        let home = s.budget_state("gateway").unwrap();
+        assert_eq!(home.windows.get(&(SECOND, 0)), Some(&8), "the home leased 10 and took 2 back");
+        assert_eq!(home.taken_back.get(&(SECOND, 0, 0)), Some(&2));
+        // What they gave back went home; their new slots are in what p0 still held, at now.
+        assert_eq!(pool.windows.get(&(SECOND, 0)), Some(&4), "m0, m3 and the two reslotted");
+        // p1 leases the 2 that came back in window 0.
+        assert_eq!(reserve(&mut s, &p1, "n0", 200, &budgets).slot, 200);
+        assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 1)), Some(&1), "half of 2, at least 1");
+        // A return told twice takes nothing more back.
+        let mut home = s.budget_state("gateway").unwrap().clone();
+        let before = home.windows.get(&(SECOND, 0)).copied();
+        assert_eq!(home.take_back(0, (SECOND, 0), 2), 0);
+        assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
+    }
+
+    fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
+        s.reserve("r", key, &request)
+    }
+
+    #[test]
+    fn entities_share_a_budget_and_a_backlogged_one_does_not_block_the_others() {
+        let budgets = [budget(4, Placement::Start, None)];
+        let mut s = Scheduler::new();
+        let a: Vec<Millis> = (0..10).map(|i| reserve(&mut s, "a", &format!("a{i}"), 0, &budgets).slot).collect();
+        assert_eq!(a, [0, 0, 0, 0, 1_000, 1_000, 1_000, 1_000, 2_000, 2_000]);
+        // Window 2s holds 2 of a's; b takes the rest of it, then the first free window.
+        let b: Vec<Millis> = (0..3).map(|i| reserve(&mut s, "b", &format!("b{i}"), 500, &budgets).slot).collect();
+        assert_eq!(b, [2_000, 2_000, 3_000]);
+        assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 2_000)], 4);
+    }
+
+    #[test]
+    fn a_fair_share_leaves_the_others_room_and_a_paused_budget_waits() {
+        let budgets = [budget(10, Placement::Start, Some(300_000))];
+        let mut s = Scheduler::new();
+        let flood: Vec<Millis> = (0..7).map(|i| reserve(&mut s, "noisy", &format!("n{i}"), 0, &budgets).slot).collect();
+        assert_eq!(flood, [0, 0, 0, 1_000, 1_000, 1_000, 2_000], "3 of each window of 10");
+        assert_eq!(reserve(&mut s, "quiet", "q", 0, &budgets).slot, 0);
+        s.pause_budget("gateway", 5_500);
+        assert_eq!(reserve(&mut s, "other", "o", 100, &budgets).slot, 5_500);
+    }
+
+    #[test]
+    fn spread_places_out_of_order_events_by_what_the_window_holds() {
+        let budgets = [budget(4, Placement::Spread, None)];
+        let mut s = Scheduler::new();
+        let slots: Vec<Millis> =
+            (0..5).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 0, &budgets).slot).collect();
+        assert_eq!(slots, [0, 250, 500, 750, 1_000]);
+    }
+
+    /// A scheduler whose budgets forget their runs before every search gives the same slots: the
+    /// runs only speed the search up.
+    fn without_runs(s: &mut Scheduler) -> &mut Scheduler {
+        s.budgets.values_mut().for_each(|b| b.runs.clear());
+        s
+    }
+
+    #[test]
+    fn a_calendar_full_far_ahead_is_walked_once_then_jumped() {
+        let budgets = [budget(2, Placement::Start, None)];
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let reserve = |s: &mut Scheduler, key: &str| {
+            s.reserve(
+                "r",
+                key,
+                &ReserveRequest { max_delay: 1_000 * SECOND, budgets: &budgets, ..request("m", &limits, 0) },
+            )
+        };
+        let mut s = Scheduler::new();
+        // 1,000 tenants fill 500 windows; each search starts at now's window.
+        for i in 0..1_000 {
+            reserve(&mut s, &format!("k{i}"));
+        }
+        let run = s.budget_state("gateway").unwrap().runs[&SECOND];
+        assert_eq!(run, FullRun { from: 0, through: 498_000, least: 2 }, "the last search walked to window 499");
+        let mut plain = s.clone();
+        assert_eq!(reserve(&mut s, "new").slot, 500_000);
+        assert_eq!(reserve(without_runs(&mut plain), "new").slot, 500_000);
+        assert_eq!(s.budget_state("gateway").unwrap().runs[&SECOND].through, 499_000, "extended by the window walked");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        #[test]
+        fn runs_of_full_windows_never_change_a_slot(
+            events in proptest::collection::vec((0u8..6, 1u64..4, 0i64..4_000, 0u8..3), 1..120),
+            count in 2u64..6,
+            adaptive_signals in proptest::collection::vec(0usize..120, 0..3),
+            floors in proptest::option::of((0u64..=600_000, 0u64..=400_000)),
+        ) {
+            let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 200_000, step: 100_000, latency: None };
+            let budget = Arc::new(Budget {
+                limits: vec![
+                    Limit::new(count, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+                    Limit::new(count * 3, 5 * SECOND, Window::Fixed(Placement::Spread)).unwrap(),
+                ],
+                adaptive: Some(adaptive),
+                floors: floors.map_or_else(Vec::new, |(r0, r1)| vec![("r0".into(), r0), ("r1".into(), r1)]),
+                ..(*budget(count, Placement::Start, None)).clone()
+            });
+            let budgets = [budget.clone()];
+            let own = [Limit::new(3, 2 * SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let (mut fast, mut plain) = (Scheduler::new(), Scheduler::new());
+            let mut now = 0;
+            for (i, (key, cost, step, margin)) in events.into_iter().enumerate() {
+                now += step / 8;
+                if adaptive_signals.contains(&i) {
+                    fast.signal_budget(&budget, now);
+                    plain.signal_budget(&budget, now);
+                }
+                let id = format!("m{i}");
+                let request = ReserveRequest {
+                    cost: cost.min(count),
+                    max_delay: 60 * SECOND,
+                    budgets: &budgets,
+                    margin: Millis::from(margin) * 100,
+                    ..request(&id, &own, now)
+                };
+                let (rule, key) = (format!("r{}", key % 3), format!("k{key}"));
+                let a = fast.reserve(&rule, &key, &request);
+                let b = without_runs(&mut plain).reserve(&rule, &key, &request);
+                proptest::prop_assert_eq!((a.slot, a.status), (b.slot, b.status), "event {}", i);
+            }
+        }
+    }
+
+    fn reserve_for(s: &mut Scheduler, rule: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Millis {
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
+        s.reserve(rule, "k", &request).slot
+    }
+
+    #[test]
+    fn a_floor_keeps_its_share_of_each_window_from_a_flood_booked_ahead() {
+        let budgets = [Arc::new(Budget {
+            floors: vec![("small".into(), 300_000)],
+            ..(*budget(10, Placement::Start, None)).clone()
+        })];
+        let mut s = Scheduler::new();
+        let flood: Vec<Millis> = (0..40).map(|i| reserve_for(&mut s, "big", &format!("b{i}"), 0, &budgets)).collect();
+        // Window 0 has started (its floor is anyone's); later windows keep 3 of 10 for `small`.
+        assert_eq!(flood.iter().filter(|&&t| t == 0).count(), 10);
+        for window in [1_000, 2_000, 3_000, 4_000] {
+            assert_eq!(flood.iter().filter(|&&t| t == window).count(), 7, "window {window}");
+        }
+        assert_eq!(flood.iter().filter(|&&t| t == 5_000).count(), 2);
+        // `small` arrives after the flood and books its floor of the first window that has one.
+        let small: Vec<Millis> =
+            (0..4).map(|i| reserve_for(&mut s, "small", &format!("s{i}"), 500, &budgets)).collect();
+        assert_eq!(small, [1_000, 1_000, 1_000, 2_000]);
+        let state = s.budget_state("gateway").unwrap();
+        assert_eq!(state.windows[&(SECOND, 1_000)], 10);
+        assert_eq!(state.floor_used[&(SECOND, 2_000, "small".to_owned())], 1);
+        // Without the floor, `small` would have waited behind the whole flood.
+        let plain = [budget(10, Placement::Start, None)];
+        let mut s = Scheduler::new();
+        (0..40).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &plain));
+        assert_eq!(reserve_for(&mut s, "small", "s0", 500, &plain), 4_000);
+    }
+
+    proptest::proptest! {
+        /// Whatever another rule (with or without a floor of its own) booked ahead, a rule whose
+        /// floor holds `units` of each window books `units / cost` events into every window that
+        /// had not started: its i-th event lies no later than window `1 + i / (units / cost)`.
+        #[test]
+        fn a_floor_s_rule_books_its_floor_of_every_window_whatever_was_booked_ahead(
+            count in 2u64..20,
+            (floor, other) in (50_000u64..=PPM).prop_flat_map(|f| (Just(f), 0..=PPM - f)),
+            flood in proptest::collection::vec(1u64..4, 0..200),
+            small in 1usize..40,
+            cost in 1u64..4,
+        ) {
+            let units = count * floor / PPM;
+            proptest::prop_assume!(units >= cost);
+            let floors = vec![("small".to_owned(), floor), ("big".to_owned(), other)];
+            let budgets = [Arc::new(Budget { floors, ..(*budget(count, Placement::Start, None)).clone() })];
+            let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let mut s = Scheduler::new();
+            for (i, c) in flood.iter().enumerate() {
+                let id = format!("b{i}");
+                let request = ReserveRequest { cost: (*c).min(count), max_delay: 1_000 * SECOND, budgets: &budgets, ..request(&id, &limits, 0) };
+                s.reserve("big", "k", &request);
+            }
+            for i in 0..small {
+                let id = format!("s{i}");
+                let request = ReserveRequest { cost, max_delay: 1_000 * SECOND, budgets: &budgets, ..request(&id, &limits, 500) };
+                let slot = s.reserve("small", "k", &request).slot;
+                let bound = (1 + i as u64 / (units / cost)) as Millis * SECOND;
+                proptest::prop_assert!(slot <= bound, "event {} at {} after {:?}", i, slot, s.budget_state("gateway"));
+            }
+            let state = s.budget_state("gateway").unwrap();
+            proptest::prop_assert!(state.windows.values().all(|&used| used <= count), "{:?}", state.windows);
+        }
+    }
+
+    #[test]
+    fn a_key_s_floor_is_held_for_that_key_not_for_the_rest_of_its_rule() {
+        let budgets = [Arc::new(Budget {
+            floors: vec![("sms|vip".into(), 300_000)],
+            ..(*budget(10, Placement::Start, None)).clone()
+        })];
+        let reserve = |s: &mut Scheduler, key: &str, id: &str, now: Millis| {
+            let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+            let request = ReserveRequest { max_delay: 10 * SECOND, budgets: &budgets, ..request(id, &limits, now) };
+            s.reserve("sms", key, &request).slot
+        };
+        let mut s = Scheduler::new();
+        // Another key of the same rule floods: it leaves `vip`'s 3 units of each later window.
+        let flood: Vec<Millis> = (0..24).map(|i| reserve(&mut s, "bulk", &format!("b{i}"), 0)).collect();
+        assert_eq!(flood.iter().filter(|&&t| t == 1_000).count(), 7);
+        let vip: Vec<Millis> = (0..4).map(|i| reserve(&mut s, "vip", &format!("v{i}"), 500)).collect();
+        assert_eq!(vip, [1_000, 1_000, 1_000, 2_000]);
+        assert_eq!(s.budget_state("gateway").unwrap().floor_used[&(SECOND, 1_000, "sms|vip".to_owned())], 3);
+        // A third key of the rule holds no floor: it waits behind the flood.
+        assert_eq!(reserve(&mut s, "other", "o0", 500), 3_000);
+    }
+
+    #[test]
+    fn an_unused_floor_is_anyone_s_once_its_window_starts() {
+        let budgets = [Arc::new(Budget {
+            floors: vec![("small".into(), 300_000)],
+            ..(*budget(10, Placement::Start, None)).clone()
+        })];
+        let mut s = Scheduler::new();
+        (0..38).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &budgets));
+        // Before window 1s starts, another rule cannot borrow `small`'s 3 units there: it goes to
+        // the first window with room beside the floor (5s, still empty).
+        assert_eq!(reserve_for(&mut s, "other", "o0", 900, &budgets), 5_000);
+        // Once it has started, they are free to whoever asks first.
+        let started: Vec<Millis> =
+            (1..5).map(|i| reserve_for(&mut s, "other", &format!("o{i}"), 1_000, &budgets)).collect();
+        assert_eq!(started, [5_000, 5_000, 5_000, 5_000], "FIFO: `other`'s next events follow its first");
+        assert_eq!(reserve_for(&mut s, "third", "t0", 1_000, &budgets), 1_000);
+        assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 1_000)], 8);
+    }
+
+    /// A rule of 10 a second with classes: `live` reserves 20% of each window. Entities are a key's
+    /// classes (`<key>#<class>`), each its own FIFO; the key's calendar holds the limit.
+    fn reserve_class(
+        s: &mut Scheduler,
+        (key, class): (&str, &str),
+        id: &str,
+        now: Millis,
+        calendar: &Arc<Budget>,
+    ) -> Millis {
+        let draws = [calendar.clone()];
+        let request = ReserveRequest {
+            max_delay: 100 * SECOND,
+            budgets: &draws,
+            class: Some((key, class)),
+            ..request(id, &[], now)
+        };
+        s.reserve("payouts", &format!("{key}#{class}"), &request).slot
+    }
+
+    /// A classes calendar of 10 a second per key, `live` reserving 20% of each window.
+    fn live_reserve_calendar() -> Arc<Budget> {
+        Arc::new(Budget {
+            name: "payouts".into(),
+            floors: vec![("live".into(), 200_000)],
+            per_key: true,
+            leases: None,
+            ..(*budget(10, Placement::Start, None)).clone()
+        })
+    }
+
+    #[test]
+    fn classes_added_to_a_key_with_a_backlog_book_after_it_and_count_its_last_window() {
+        let calendar = live_reserve_calendar();
+        let mut s = Scheduler::new();
+        // Before the rule had classes, the key's own state booked 25 events: 10, 10 and 5.
+        let limits = calendar.limits.clone();
+        for i in 0..25 {
+            let id = format!("o{i}");
+            s.reserve("payouts", "m", &ReserveRequest { max_delay: 100 * SECOND, ..request(&id, &limits, 0) });
+        }
+        let live = reserve_class(&mut s, ("m", "live"), "l0", 100, &calendar);
+        assert_eq!(live, 2_000, "after the backlog, not in its full windows");
+        let bulk: Vec<Millis> =
+            (0..5).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 100, &calendar)).collect();
+        // Window 2 holds the backlog's 5 and live's 1: bulk takes 3 (live's unused unit of its
+        // reserve of 2 stays free), then goes to 3s.
+        assert_eq!(bulk, [2_000, 2_000, 2_000, 3_000, 3_000]);
+        let state = s.budget_state(&calendar.state_name(Some("m"))).unwrap();
+        assert_eq!((state.carried, state.windows[&(SECOND, 2_000)]), (Some(2_000), 9));
+        // Another key had no backlog: nothing carried, its classes start now.
+        assert_eq!(reserve_class(&mut s, ("n", "bulk"), "n0", 100, &calendar), 100);
+        assert_eq!(s.budget_state(&calendar.state_name(Some("n"))).unwrap().carried, Some(0));
+    }
+
+    #[test]
+    fn a_key_s_override_is_its_calendar_s_for_every_class_until_it_ends() {
+        let calendar = live_reserve_calendar();
+        let mut s = Scheduler::new();
+        let id = override_id(&calendar.limits[0]);
+        let raised = LimitOverride { limit: 20, until: Some(2_000) };
+        assert_eq!(s.change_calendar_override(&calendar.state_name(Some("m")), &id, Some(raised)), None);
+        let m: Vec<Millis> = (0..24)
+            .map(|i| reserve_class(&mut s, ("m", ["bulk", "live"][i % 2]), &format!("m{i}"), 0, &calendar))
+            .collect();
+        // The count in force when they book is the override's: 20 in window 0, the other 4 in window 1.
+        assert_eq!(m.iter().filter(|&&t| t == 0).count(), 20, "{m:?}");
+        assert_eq!(m.iter().filter(|&&t| t == 1_000).count(), 4, "{m:?}");
+        let n: Vec<Millis> =
+            (0..11).map(|i| reserve_class(&mut s, ("n", "bulk"), &format!("n{i}"), 0, &calendar)).collect();
+        assert_eq!(n.iter().filter(|&&t| t == 0).count(), 10, "another key keeps the rule's count");
+        // A count below the cost refuses the event, for every class of the key.
+        let lowered = LimitOverride { limit: 1, until: None };
+        s.change_calendar_override(&calendar.state_name(Some("m")), &id, Some(lowered));
+        let draws = [calendar.clone()];
+        let request = ReserveRequest { cost: 2, budgets: &draws, class: Some(("m", "live")), ..request("big", &[], 0) };
+        assert_eq!(s.reserve("payouts", "m#live", &request).status, Status::CostExceedsLimit);
+        assert_eq!(s.change_calendar_override(&calendar.state_name(Some("m")), &id, None), Some(lowered));
+    }
+
+    #[test]
+    fn a_class_with_a_reserve_overtakes_a_bulk_backlog_of_its_key_and_keys_stay_apart() {
+        let calendar = live_reserve_calendar();
+        let mut s = Scheduler::new();
+        let bulk: Vec<Millis> =
+            (0..26).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 0, &calendar)).collect();
+        assert_eq!(bulk.iter().filter(|&&t| t == 0).count(), 10, "the current window's reserve is anyone's");
+        assert_eq!(bulk.iter().filter(|&&t| t == 1_000).count(), 8);
+        assert_eq!(bulk.iter().filter(|&&t| t == 2_000).count(), 8);
+        assert!(bulk.windows(2).all(|w| w[0] <= w[1]), "FIFO within the class");
+        // A live payout published behind the bulk backlog goes in the next window, not after it.
+        let live: Vec<Millis> =
+            (0..3).map(|i| reserve_class(&mut s, ("m", "live"), &format!("l{i}"), 100, &calendar)).collect();
+        assert_eq!(live, [1_000, 1_000, 2_000]);
+        // Another merchant's calendar is its own.
+        assert_eq!(reserve_class(&mut s, ("n", "bulk"), "n0", 100, &calendar), 100);
+        let m = s.budget_state("payouts|m").unwrap();
+        assert_eq!((m.windows[&(SECOND, 1_000)], m.floor_used[&(SECOND, 1_000, "live".to_owned())]), (10, 2));
+        assert_eq!(s.budget_state("payouts|n").unwrap().windows[&(SECOND, 0)], 1);
+    }
+
+    #[test]
+    fn an_adaptive_budget_counts_less_after_a_signal() {
+        let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000, latency: None };
+        let budget = Arc::new(Budget { adaptive: Some(adaptive), ..(*budget(10, Placement::Start, None)).clone() });
+        let budgets = [budget.clone()];
+        let mut s = Scheduler::new();
+        s.signal_budget(&budget, 0);
+        let slots: Vec<Millis> =
+            (0..6).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 100, &budgets).slot).collect();
+        assert_eq!(slots, [100, 100, 100, 100, 100, 1_000], "5 of 10 in the window of the signal");
+    }
+}

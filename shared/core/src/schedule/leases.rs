@@ -1,0 +1,113 @@
+//! Leased budgets past one shard: a partition's pool books what the budget's home leased it,
+//! asks for more when a window runs out, and gives back what leaves its windows.
+
+use super::*;
+
+/// What a leased budget's home answers a partition that asks for units of one limit from a window
+/// on: the window it leased in and the partition's whole lease of it (a total, so crediting it
+/// twice or out of order changes nothing), or `None` when no window up to the horizon had room;
+/// and the last window before it that had none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub window: Option<Millis>,
+    pub total: u64,
+    pub full_through: Millis,
+}
+
+/// A leased budget limit (by its place among a request's budget limits) has no units for the cost
+/// from this window on: its home is asked before the search goes on.
+pub(super) struct LeaseWanted {
+    pub(super) limit: usize,
+    pub(super) window: Millis,
+}
+
+/// The earliest time ≥ `t` at which a partition's pool of a leased budget limit accepts the
+/// request's cost more: the first window from `t`'s whose lease has room for it (one past the
+/// horizon ends the search). A window without room that the home was not known to be full in is
+/// `Err`: the home is asked for a lease from it first. Windows the pool holds no lease in past its
+/// last leased one are jumped (`lua/reserve.lua` walks them the same way).
+pub(super) fn pool_accepts(
+    held: Option<&BudgetState>,
+    limit: &BudgetLimit<'_>,
+    request: &ReserveRequest<'_>,
+    t: Millis,
+) -> Result<Millis, Millis> {
+    let (per, cost) = (limit.limit.per(), request.cost);
+    let horizon = request.now + request.max_delay;
+    let (mut window, t) = outside_margin(t, per, request.margin);
+    let full = held.and_then(|s| s.known_full.get(&per).copied()).unwrap_or(Millis::MIN);
+    let top =
+        held.and_then(|s| s.leased.keys().filter(|(p, _)| *p == per).map(|&(_, w)| w).max()).unwrap_or(Millis::MIN);
+    loop {
+        if window > horizon {
+            return Ok(t.max(window));
+        }
+        let used = held.and_then(|s| s.windows.get(&(per, window)).copied()).unwrap_or(0);
+        let leased = held.map_or(0, |s| s.pool_holds(per, window));
+        if used + cost <= leased {
+            return Ok(t.max(window));
+        }
+        if window > full {
+            return Err(window);
+        }
+        window = if window >= top { full + per } else { window + per };
+    }
+}
+
+/// Asks the home of a leased budget limit for units from `window` on and credits the partition's
+/// pool with what it leased (what `RedisStore` does in two calls between two reservation calls).
+/// A partition asks for what it will use soon: what it booked of the window before, less what it
+/// holds of this one ([`pool_demand`]), and at least a chunk ([`Leases::want`]).
+pub(super) fn lease(
+    budgets: &mut HashMap<String, BudgetState>,
+    limit: &BudgetLimit<'_>,
+    request: &ReserveRequest<'_>,
+    window: Millis,
+) {
+    let (Some(partition), Some(leases)) = (limit.partition(), limit.budget.leases) else { return };
+    let per = limit.limit.per();
+    let demand = pool_demand(budgets.get(&limit.state), per, window);
+    let want = leases.want(limit.count, request.cost).max(demand);
+    let span = (per, window, request.now + request.max_delay);
+    let lease =
+        budgets.entry(limit.budget.name.clone()).or_default().grant(partition, span, limit.count, (request.cost, want));
+    budgets.entry(limit.state.clone()).or_default().credit(per, lease);
+}
+
+/// About what a pool will use of `window`: what it booked of the window before, less what it holds
+/// of `window` (a pool keeps the window before now's for this). Asking for more (doubling what it
+/// holds when that runs out) strands more of each window: measured in docs/capacity.md.
+pub(super) fn pool_demand(pool: Option<&BudgetState>, per: Millis, window: Millis) -> u64 {
+    let before = pool.and_then(|p| p.windows.get(&(per, window - per)).copied()).unwrap_or(0);
+    let held = pool.map_or(0, |p| p.pool_holds(per, window));
+    before.saturating_sub(held)
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::tests::request;
+    use super::*;
+    use crate::time::SECOND;
+
+    #[test]
+    fn one_attempt_acts_at_a_time_and_a_failed_or_crashed_one_hands_over() {
+        let limits = [Limit::new(10, SECOND, Window::Fixed(crate::rules::Placement::Start)).unwrap()];
+        let req = |now| ReserveRequest { max_delay: SECOND, lease: 100, ..request("m", &limits, now) };
+        let mut s = Scheduler::new();
+        assert_eq!(s.reserve("r", "k", &req(0)).attempt, Attempt::Decided);
+        let concurrent = s.reserve("r", "k", &req(50));
+        assert_eq!(concurrent.attempt, Attempt::Busy);
+        s.release("r", "k", ("m", None));
+        let retry = s.reserve("r", "k", &req(60));
+        assert_eq!(retry.attempt, Attempt::Resumed, "a released lease is taken by the retry");
+        assert_eq!(s.reserve("r", "k", &req(100)).attempt, Attempt::Busy, "the retry holds it until 160");
+        assert_eq!(
+            s.reserve("r", "k", &req(160)).attempt,
+            Attempt::Resumed,
+            "an expired lease (a crashed attempt) is taken over"
+        );
+        s.complete("r", "k", ("m", None));
+        let done = s.reserve("r", "k", &req(170));
+        assert_eq!(done.attempt, Attempt::Done);
+    }
+}

@@ -1,0 +1,64 @@
+//! A throttled key's backlog parks (`park_horizon`): when an event parks instead of booking,
+//! and the wake that drains the queue at the rate in force.
+
+use super::*;
+
+/// What the drain of a key's parked messages got for the message at the head of its queue
+/// ([`Scheduler::unpark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unpark {
+    /// It left the queue with this answer: a slot at or before the deadline (deliver it then), or,
+    /// with nothing reserved, beyond its `max_delay` from when it was parked or over a limit in
+    /// force (dead-letter it).
+    Decided(Reservation),
+    /// Its slot would be later than the deadline: it stays at the head, nothing is reserved, and
+    /// the drain wakes again at `wake` (armed: [`EntityState::wake`]): where the slot comes within
+    /// the drain's reach, or [`MAX_WAKE_GAP`] from now if sooner.
+    Later { slot: Millis, wake: Millis },
+    /// The message is not parked (a concurrent drain took it, or it never was): nothing changed.
+    NotParked,
+    /// The message is parked but not at the head of the queue: nothing changed.
+    NotHead,
+}
+
+/// When a parked message whose answer expired counts as parked (long before any `max_delay`):
+/// reserve.lua's number too.
+pub const EXPIRED_PARK: Millis = -(1 << 52);
+
+/// The longest a drain waits between wakes while messages are parked, however far their slots
+/// lie (a long pause): a pause lifted early is drained within this, whoever lifted it.
+pub const MAX_WAKE_GAP: Millis = 30 * crate::time::SECOND;
+
+/// A drain's wake whose time passed this long ago without a drain re-arming it was lost (a
+/// task that was never created): the next message parked arms a new one.
+pub const WAKE_LOST_AFTER: Millis = 5 * crate::time::MINUTE;
+
+/// Whether an event of the entity whose earliest slot is `slot` parks instead of booking it: its
+/// rule parks, and messages of the key are parked already (FIFO), or the key is throttled (paused,
+/// or its adaptive level below the ceiling; or one of its budgets, `budget_throttled`) and the
+/// slot lies past the park horizon.
+pub(super) fn parks(state: &EntityState, budget_throttled: bool, request: &ReserveRequest<'_>, slot: Millis) -> bool {
+    let Some(horizon) = request.park else { return false };
+    let paused = state.paused_until.is_some_and(|until| until > request.now);
+    let lowered = request
+        .adaptive
+        .is_some_and(|a| a.level(state.adaptive, adaptive_window(request.limits), request.now) < a.ceiling());
+    state.parked > 0 || ((paused || lowered || budget_throttled) && slot > request.now + horizon)
+}
+
+/// Whether a budget the request draws from is paused, or its adaptive level below its ceiling.
+pub(super) fn throttled_budget(
+    budgets: &HashMap<String, BudgetState>,
+    request: &ReserveRequest<'_>,
+    shared: &[BudgetLimit<'_>],
+) -> bool {
+    shared.iter().any(|l| {
+        let held = budgets.get(&l.state);
+        let paused = budgets.get(l.home()).and_then(|s| s.paused_until).is_some_and(|until| until > request.now);
+        let lowered = l
+            .budget
+            .adaptive
+            .is_some_and(|a| budget_level(l.budget, held, request.now).is_some_and(|level| level < a.ceiling()));
+        paused || lowered
+    })
+}
