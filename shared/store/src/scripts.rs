@@ -44,8 +44,29 @@ fn with_prelude(script: &str) -> String {
     format!("{}\n{PRELUDE}\n{script}", shared_numbers_line())
 }
 
+/// `lua/reserve/`'s rooms, in the order they are assembled into one script: a Lua local is seen
+/// only by what comes after it, so each room uses only the rooms before it. The model's files in
+/// `drip-core`'s `schedule/` carry the same names, one concern each.
+const RESERVE_ROOMS: [(&str, &str); 10] = [
+    ("storage", include_str!("../../../lua/reserve/storage.lua")),
+    ("request", include_str!("../../../lua/reserve/request.lua")),
+    ("overrides", include_str!("../../../lua/reserve/overrides.lua")),
+    ("entity", include_str!("../../../lua/reserve/entity.lua")),
+    ("leases", include_str!("../../../lua/reserve/leases.lua")),
+    ("calendars", include_str!("../../../lua/reserve/calendars.lua")),
+    ("corrections", include_str!("../../../lua/reserve/corrections.lua")),
+    ("search", include_str!("../../../lua/reserve/search.lua")),
+    ("parking", include_str!("../../../lua/reserve/parking.lua")),
+    ("decide", include_str!("../../../lua/reserve/decide.lua")),
+];
+
+/// The reservation script: its rooms, one after another.
+fn reserve_script() -> String {
+    RESERVE_ROOMS.iter().map(|(_, room)| *room).collect::<Vec<_>>().join("\n")
+}
+
 pub(crate) static RESERVE_SOURCE: LazyLock<String> =
-    LazyLock::new(|| with_prelude(&with_record_places(include_str!("../../../lua/reserve.lua"))));
+    LazyLock::new(|| with_prelude(&with_record_places(&reserve_script())));
 
 /// A script of drip-store as a Redis function library (`FUNCTION LOAD` once, then `FCALL`): its
 /// top level (the shared numbers, the prelude's functions, a script's own) runs once when the
@@ -183,9 +204,9 @@ mod tests {
     /// Each shared number is defined once, by the generated line: no script spells its own.
     #[test]
     fn no_script_defines_a_shared_number_itself() {
-        let sources = [
+        let rooms = RESERVE_ROOMS.map(|(_, room)| room);
+        let sources = rooms.iter().copied().chain([
             PRELUDE,
-            include_str!("../../../lua/reserve.lua"),
             include_str!("../../../lua/latency.lua"),
             include_str!("../../../lua/override.lua"),
             include_str!("../../../lua/budget.lua"),
@@ -194,16 +215,49 @@ mod tests {
             include_str!("../../../lua/dispatch.lua"),
             include_str!("../../../lua/release.lua"),
             include_str!("../../../lua/wake.lua"),
-        ];
+        ]);
+        let sources: Vec<&str> = sources.collect();
         for (name, _) in shared_numbers() {
-            for source in sources {
+            for source in &sources {
                 let defines = source.lines().any(|line| {
                     let line = line.trim_start();
                     line.starts_with("local ") && line.split('=').next().is_some_and(|names| names.contains(name))
                 });
                 assert!(!defines, "a script defines {name} itself; it comes from shared_numbers()");
             }
-            assert!(RESERVE_SOURCE.starts_with(&shared_numbers_line()), "reserve.lua's source starts with the numbers");
+            assert!(
+                RESERVE_SOURCE.starts_with(&shared_numbers_line()),
+                "the reservation script starts with the numbers"
+            );
+        }
+    }
+
+    /// Every room of `lua/reserve/` is assembled, once, in the order of RESERVE_ROOMS: a room
+    /// that uses a local of a later room would find nil there.
+    #[test]
+    fn every_room_of_the_reservation_script_is_assembled_once() {
+        let on_disk: std::collections::BTreeSet<String> =
+            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/reserve"))
+                .expect("lua/reserve")
+                .map(|entry| entry.expect("a room").file_name().to_string_lossy().trim_end_matches(".lua").to_owned())
+                .collect();
+        let assembled: std::collections::BTreeSet<String> = RESERVE_ROOMS.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(on_disk, assembled);
+        assert_eq!(assembled.len(), RESERVE_ROOMS.len(), "no room twice");
+        let mut defined = std::collections::HashMap::new();
+        for (at, (room, text)) in RESERVE_ROOMS.iter().enumerate() {
+            for line in text.lines().filter_map(|l| l.strip_prefix("local function ")) {
+                defined.insert(line.split('(').next().unwrap_or_default().to_owned(), (at, *room));
+            }
+        }
+        for (at, (room, text)) in RESERVE_ROOMS.iter().enumerate() {
+            for (name, (defined_at, home)) in &defined {
+                let calls = text.match_indices(&format!("{name}(")).any(|(i, _)| {
+                    !text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.' || c == ':')
+                        && !text[..i].ends_with("function ")
+                });
+                assert!(!calls || defined_at <= &at, "{room} calls {name} of {home}, a later room");
+            }
         }
     }
 

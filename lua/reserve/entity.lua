@@ -1,0 +1,142 @@
+-- An entity's own limits: when each accepts an event (fixed, sliding, gcra), and what a
+-- booking writes into the entity's state.
+
+-- The window of `t` and `t` itself, or, when `t` lies in the window's last `margin`, the next
+-- window and its start (schedule.rs's outside_margin).
+local function outside_margin(t, per, margin)
+  local window = t - t % per
+  if t >= window + per - margin then
+    return window + per, window + per
+  end
+  return window, t
+end
+
+-- The earliest time >= t at which one of the entity's limits accepts the cost more (schedule.rs's
+-- earliest_accepted); `a`, `b` its two state fields, `last` the entity's frontier.
+local function limit_accepts(e, l, a, b, last, t)
+  local kind, per, limit, cost, margin = l.kind, l.per, l.count, e.cost, e.margin
+  if kind == 'fixed' or kind == 'spread' or kind == 'share' then
+    local window
+    window, t = outside_margin(t, per, margin)
+    local used = 0
+    if a == window then
+      used = b
+    elseif not a and last and last - last % per == window then
+      -- A limit gained by a rule edit counts as full up to the frontier (schedule.rs).
+      used = limit
+    end
+    if used + cost > limit then
+      return window + per
+    elseif kind == 'spread' then
+      return math.max(t, window + math.floor(used * (per - margin) / limit))
+    end
+    return t
+  elseif kind == 'sliding' then
+    if a then
+      local key = KEYS[e.base + 2 + l.extra]
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      -- Drop the oldest slots until what is left leaves room for `cost`.
+      local threshold = (tonumber(newest[2]) or a) - (limit - cost)
+      if threshold > a then
+        local first_kept = redis.call('ZRANGEBYSCORE', key, threshold, '+inf', 'LIMIT', 0, 1)
+        return math.max(t, tonumber(first_kept[1]) + per + margin)
+      end
+    elseif last then
+      return math.max(t, last + per + margin)
+    end
+    return t
+  elseif a then
+    -- An event of cost c waits until c units conform: TAT - (burst - c) * T (schedule.rs).
+    local x = b - (l.extra - cost) * per
+    local q = math.floor(x / limit)
+    local allowed = a + q
+    if x - q * limit > 0 then
+      allowed = allowed + 1
+    end
+    return math.max(t, allowed)
+  elseif last then
+    return math.max(t, last + math.floor((per + limit - 1) / limit))
+  end
+  return t
+end
+
+-- The entity's state after `slot` is reserved: each limit's two fields, the frontier, and its TTL.
+local function commit_entity(e, values, slot, now)
+  local state_key, cost, state_ttl = KEYS[e.base], e.cost, e.state_ttl
+  local ttl = slot - now + state_ttl
+  local changes = {'f', slot, 'ab', e.answers_base}
+  local limits = e.limits
+  for i = 1, #limits do
+    local l = limits[i]
+    local kind, per = l.kind, l.per
+    local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
+    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local n = #changes
+    if kind == 'fixed' or kind == 'spread' or kind == 'share' then
+      local window = slot - slot % per
+      local used = cost
+      if a == window then
+        used = b + cost
+      end
+      changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, window, fb, used
+      values[2 * i + 2], values[2 * i + 3] = window, used
+    elseif kind == 'gcra' then
+      local tat, rem = a, b
+      -- A slot this limit set is TAT rounded up to the millisecond; only a later slot restarts TAT.
+      if not tat or slot > tat + (rem > 0 and 1 or 0) then
+        tat, rem = slot, 0
+      end
+      rem = rem + cost * per
+      tat = tat + math.floor(rem / l.count)
+      rem = rem % l.count
+      changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, tat, fb, rem
+      values[2 * i + 2], values[2 * i + 3] = tat, rem
+    else
+      local key = KEYS[e.base + 2 + l.extra]
+      local base_cost = a or 0
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local total = tonumber(newest[2]) or base_cost
+      -- Members are slot times: a slot equal to the newest one merges into it (its total grows).
+      redis.call('ZADD', key, total + cost, slot)
+      while true do
+        local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        if not oldest[1] or tonumber(oldest[1]) > slot - per - e.margin then
+          break
+        end
+        base_cost = tonumber(oldest[2])
+        redis.call('ZREM', key, oldest[1])
+      end
+      changes[n + 1], changes[n + 2] = fa, base_cost
+      values[2 * i + 2] = base_cost
+      redis.call('PEXPIRE', key, ttl)
+    end
+  end
+  -- The state must outlive the slot by its TTL margin; it is given twice that when it is set, so
+  -- that most calls need no PEXPIRE.
+  local expires = tonumber(values[2])
+  local pexpire = false
+  if e.folded or not expires or expires < slot + state_ttl then
+    expires = slot + 2 * state_ttl
+    changes[#changes + 1], changes[#changes + 2] = 'exp', expires
+    -- Overrides may need the hash to live longer, or for ever.
+    local keep = e.overrides ~= NO_OVERRIDES and overrides_keep(e.overrides)
+    if keep == true then
+      redis.call('PERSIST', state_key)
+    else
+      pexpire = math.max(expires, keep or 0) - now
+    end
+  end
+  if e.folded then
+    -- Carried over from an earlier version's layout (read_overrides).
+    local blob = format_overrides(e.overrides)
+    if blob ~= '' then
+      changes[#changes + 1], changes[#changes + 2] = OVERRIDES, blob
+    end
+    values[#values - 1], e.folded = blob, false
+    redis.call('HDEL', state_key, 'last')
+    redis.call('DEL', KEYS[e.base + 2])
+  end
+  e.state.write(e, changes, pexpire)
+  -- What this call's next event of the entity reads (a cached state): the state as it is now.
+  values[1], values[2], values[3] = slot, expires, e.answers_base
+end

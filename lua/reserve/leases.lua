@@ -1,0 +1,136 @@
+-- Leased budgets past one shard: a partition's pool books what the budget's home leased it,
+-- gives back what leaves its windows, and takes the credits of a call.
+
+-- Moves `delta` units into (positive) or out of (negative) the window of `slot` of each budget
+-- limit where it has not closed (schedule.rs's shift_budget_windows): out only of start-placed
+-- windows, never below zero, and a run of full windows it lies in keeps only what it now holds.
+-- A window up to the pool's booked hint gained room (a credit, a give-back): the hint ends before it.
+local function lower_booked(key, per, window)
+  local booked = tonumber(redis.call('HGET', key, 'B:' .. per))
+  if booked and window <= booked then
+    redis.call('HSET', key, 'B:' .. per, window - per)
+  end
+end
+
+-- A pool gives up to `units` of a window's lease back (schedule.rs's give_back_lease): what its
+-- lease holds beyond what it booked, at most; 'R' lists the windows with returns, which the store
+-- sends the home after the call (RedisStore::send_returns, lua/returns.lua).
+local function give_back_lease(key, per, window, units, now)
+  local name = per .. ':' .. window
+  local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r', 'R')
+  local spare = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0) - (tonumber(held[1]) or 0)
+  units = math.min(units, spare)
+  if units <= 0 then
+    return
+  end
+  redis.call('HINCRBY', key, name .. ':r', units)
+  -- The list keeps the windows that have not closed.
+  local listed, kept = false, {}
+  for entry in string.gmatch(held[4] or '', '[^,]+') do
+    local p, w = string.match(entry, '^(%d+):(%-?%d+)$')
+    if entry == name then
+      listed = true
+    end
+    if tonumber(w) + tonumber(p) > now then
+      kept[#kept + 1] = entry
+    end
+  end
+  if not listed then
+    kept[#kept + 1] = name
+  end
+  redis.call('HSET', key, 'R', table.concat(kept, ','))
+end
+
+-- A pool's window of a leased budget limit: what the partition booked of it and what it was leased.
+local function pool_use(budget, l, window)
+  local used = l.used[window]
+  if used then
+    return used, l.leased[window]
+  end
+  local name = l.per .. ':' .. window
+  local held = redis.call('HMGET', budget.hash, name, name .. ':l', name .. ':r')
+  used = tonumber(held[1]) or 0
+  -- What it gave back of the lease is no longer its to book (`give_back_lease`).
+  local leased = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
+  l.used[window], l.leased[window] = used, leased
+  return used, leased
+end
+
+-- The earliest time >= slot at which a partition's pool of a leased budget limit accepts the cost
+-- more (schedule.rs's pool_accepts): the first window whose lease has room; false, with the window
+-- in e.wanted, when a window lacks room and its home was not known to be full there.
+--
+-- 'B:<per>' (l.booked) only speeds the walk up: every window up to it has no room at all (booked to
+-- its lease, or leased out by the home to others), so a walk jumps past it; a walk that met only
+-- such windows from there on moves it up to the window before the one it takes; a credit or a
+-- give-back into a window up to it moves it down (`lower_booked`).
+local function pool_accepts(e, budget, l, j, slot, horizon, now)
+  local per, cost = l.per, e.cost
+  local window, t = outside_margin(slot, per, e.margin)
+  -- Whether every window from now's up to this one is known to have no room at all (up to the
+  -- booked hint), so that a walk from here that meets only such windows may move the hint up.
+  local known = now - now % per - per
+  if l.booked and l.booked > known then
+    known = l.booked
+  end
+  local empty = window <= known + per
+  if l.booked and window <= l.booked then
+    window = l.booked + per
+  end
+  while true do
+    if window > horizon then
+      return math.max(t, window)
+    end
+    local used, leased = pool_use(budget, l, window)
+    if used + cost <= leased then
+      if empty and window - per > known then
+        l.booked, l.booked_changed = window - per, true
+      end
+      return math.max(t, window)
+    end
+    empty = empty and used >= leased
+    if not l.full or window > l.full then
+      -- About what the partition will use of it (schedule.rs's pool_demand): what it booked of the
+      -- window before, less what it holds of this one.
+      local before = pool_use(budget, l, window - per)
+      e.wanted = {budget = budget.index, limit = j, window = window, demand = math.max(before - leased, 0)}
+      return false
+    end
+    if not l.top or window >= l.top then
+      -- Past its last lease up to the home's full one, the pool holds nothing: no room at all.
+      window = l.full + per
+    else
+      window = window + per
+    end
+  end
+end
+
+-- Leases the partitions' homes granted (lease.lua), credited to their pools: a lease is the
+-- partition's total of the window, so a credit taken twice or out of order changes nothing.
+local function credit(now)
+  local key, per, window, total, full, keep = KEYS[int()], int(), int(), int(), int(), int()
+  local full_field, top_field = 'F:' .. per, 'T:' .. per
+  local set = {}
+  local held = redis.call('HMGET', key, full_field, top_field)
+  if not tonumber(held[1]) or full > tonumber(held[1]) then
+    set[#set + 1], set[#set + 2] = full_field, full
+  end
+  if window then
+    local name = per .. ':' .. window .. ':l'
+    local leased = tonumber(redis.call('HGET', key, name)) or 0
+    if total > leased then
+      set[#set + 1], set[#set + 2] = name, total
+      lower_booked(key, per, window)
+    end
+    if not tonumber(held[2]) or window > tonumber(held[2]) then
+      set[#set + 1], set[#set + 2] = top_field, window
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', key, unpack(set))
+    local ttl = math.max((window or now) + keep - now, 1)
+    if redis.call('PTTL', key) < ttl then
+      redis.call('PEXPIRE', key, ttl)
+    end
+  end
+end

@@ -1,0 +1,21 @@
+-- A key's overrides of its rule's limits, its pause and adaptive level (the prelude's
+-- OVERRIDES field), as the state's HMGET read them.
+
+-- The entity's overrides (an empty table, NO_OVERRIDES, for none: most entities) and its frontier,
+-- carrying over an entity an earlier version wrote: its frontier was 'last' and its overrides a
+-- hash of their own (commit_entity writes both the new way).
+local function read_overrides(e, values)
+  local n = e.state_to - e.state_from + 1
+  local blob, legacy_last = values[n - 1], values[n]
+  if not values[1] and legacy_last then
+    e.overrides = parse_overrides(blob)
+    e.folded = true
+    fold_legacy_overrides(KEYS[e.base + 2], e.overrides)
+    return tonumber(legacy_last)
+  elseif blob then
+    e.overrides = parse_overrides(blob)
+  else
+    e.overrides = NO_OVERRIDES
+  end
+  return tonumber(values[1])
+end

@@ -1,0 +1,127 @@
+-- A throttled key's backlog parks: its queue, when an event parks instead of booking, and the
+-- drain that books the queue's head at the counts in force.
+
+-- The queue of the entity's parked messages, oldest first: a list beside its state hash
+-- ('<prefix>:state' -> '<prefix>:q'), each entry the message's answers hash, a newline and its
+-- field (8 bytes); `<prefix>:h` lists those a drain took and is handing over.
+local function queue_key(e)
+  return string.sub(KEYS[e.base], 1, -6) .. 'q'
+end
+
+local function queue_entry(e)
+  return KEYS[e.base + 1] .. '\n' .. e.field
+end
+
+-- Where the state's 'q' (how many messages are parked) sits among its fields; 'wk' follows it.
+local function parked_at(e)
+  return 4 + 2 * #e.limits
+end
+
+-- Sets 'q' and 'wk' (false: none) in the state and in `values` (a cached state's next event).
+local function set_parked(e, values, parked, wake)
+  local at = parked_at(e)
+  values[at], values[at + 1] = parked, wake
+  e.state.write(e, {'q', parked, 'wk', wake or ''}, false)
+end
+
+-- Whether an event whose earliest slot is `slot` parks (schedule.rs's parks): messages of the key
+-- are parked already, or the key or one of its budgets is throttled (paused, or its level below
+-- the ceiling) and the slot lies past the park horizon.
+local function parks(e, values, slot, now)
+  if (tonumber(values[parked_at(e)]) or 0) > 0 then
+    return true
+  end
+  local throttled = (e.paused_until and e.paused_until > now) or (e.level and e.level < e.ceiling)
+  for b = 1, #e.budgets do
+    local budget = e.budgets[b]
+    if (budget.pause and budget.pause > now) or (budget.level and budget.level < budget.ceiling) then
+      throttled = true
+    end
+  end
+  return throttled and slot > now + e.park
+end
+
+-- Appends the message to the key's queue. The queue and the state live while it may wait there
+-- (its answer's life): a state's 'exp' says so, so that no commit shortens it.
+local function park(e, values, now)
+  local queue, at = queue_key(e), parked_at(e)
+  redis.call('RPUSH', queue, queue_entry(e))
+  redis.call('PEXPIRE', queue, e.answers_keep)
+  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + 1]) or false)
+  local keep = now + e.answers_keep
+  if not tonumber(values[2]) or tonumber(values[2]) < keep then
+    values[2] = keep
+    e.state.write(e, {'exp', keep}, false)
+    redis.call('PEXPIRE', KEYS[e.base], e.answers_keep, 'GT')
+  end
+end
+
+-- The drain of the key's parked messages at this one (schedule.rs's unpark): at the head of the
+-- queue, the slot it gets now, reserved if no later than the deadline (`e.park`) and it leaves the
+-- queue; else it stays and the drain wakes again ('wk'). Parked longer than its max_delay (from
+-- when it was parked) or over a limit in force, it leaves with nothing reserved.
+local function unpark(e, now)
+  local queue, entry = queue_key(e), queue_entry(e)
+  local recorded = e.answers.get(e)
+  local kind, _, decided = parse_answer(recorded or '')
+  local head = redis.call('LINDEX', queue, 0) == entry
+  local since
+  if kind == 'P' then
+    since = e.answers_base + tonumber(decided)
+  elseif not recorded and head then
+    -- Its answer expired: the drain stopped for longer than max_delay and the margin.
+    since = EXPIRED_PARK
+  elseif redis.call('LPOS', queue, entry) then
+    return {0, NOT_HEAD, 0, now, 0}
+  else
+    return {0, NOT_PARKED, 0, now, 0}
+  end
+  if not head then
+    return {0, NOT_HEAD, 0, now, 0}
+  end
+  e.reslot = true
+  e.max_delay = since + e.max_delay - now
+  local deadline = e.park
+  local values = e.state.read(e)
+  local last = read_overrides(e, values)
+  local at = parked_at(e)
+  local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + 1]) or false
+  -- It leaves the queue for the list of messages being handed over (a task made for its slot, or
+  -- a dead letter), until the drain says it is (RedisStore's handed_over): a drain that crashes
+  -- between the two leaves it there for the next one.
+  local leaves = function()
+    local handing = string.sub(queue, 1, -2) .. 'h'
+    redis.call('LPOP', queue)
+    redis.call('RPUSH', handing, entry)
+    redis.call('PEXPIRE', handing, e.answers_keep)
+    if parked <= 1 then
+      set_parked(e, values, 0, false)
+    else
+      set_parked(e, values, parked - 1, wake)
+    end
+  end
+  if not read_budgets(e, now) or not counts_in_force(e, now) then
+    leaves()
+    file_answer(e, 'C', now, now, false)
+    return reply(now, 'C', ATTEMPT.decided, now, now)
+  end
+  local slot, horizon = search(e, values, last, now)
+  if not slot then
+    return redis.error_reply('drip: slot search did not settle')
+  end
+  keep_runs(e)
+  if slot > horizon then
+    leaves()
+    file_answer(e, 'L', slot, now, false)
+    return reply(slot, 'L', ATTEMPT.decided, now, now)
+  elseif slot > deadline then
+    wake = math.min(math.max(slot - (deadline - now), now), now + MAX_WAKE_GAP)
+    set_parked(e, values, parked, wake)
+    return {slot, LATER, wake, now, 0}
+  end
+  leaves()
+  file_answer(e, 'R', slot, now, false)
+  commit_entity(e, values, slot, now)
+  commit_budgets(e, slot, now)
+  return reply(slot, 'R', ATTEMPT.decided, now, now)
+end

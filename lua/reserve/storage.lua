@@ -1,0 +1,159 @@
+-- The storage seam: where an event's entity state and message answer are read and written
+-- (straight to Redis, or through the call's reads and writes when a call's events share hashes),
+-- and the writes a call makes when it ends.
+
+-- Within one call, each hash is read once and written once, however many of its events the call
+-- holds: an entity's state and overrides (key -> {from, to, values}: the fields as this call left
+-- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
+-- still to make (key -> {fields, order, ttl}), made when the call ends.
+local reads, answers, writes
+
+-- An entity's overrides when it has none (never written to).
+local NO_OVERRIDES = {}
+
+-- HMGET of ARGV[from..to], or what this call read (and changed) of the same fields before.
+local function hmget(key, from, to)
+  local cached = reads[key]
+  if cached and cached.to - cached.from == to - from then
+    local same, offset = true, cached.from - from
+    for i = from, to do
+      if ARGV[i] ~= ARGV[i + offset] then
+        same = false
+        break
+      end
+    end
+    if same then
+      return cached.values
+    end
+  end
+  local values = redis.call('HMGET', key, unpack(ARGV, from, to))
+  reads[key] = {from = from, to = to, values = values}
+  return values
+end
+
+-- Sets the fields `changes` (name, value, ...) of hash `key` when the call ends; `ttl`: a PEXPIRE
+-- after (the longest asked for).
+local function write_hash(key, changes, ttl)
+  local pending = writes[key]
+  if not pending then
+    pending = {fields = {}, order = {}, ttl = false}
+    writes[key] = pending
+  end
+  for i = 1, #changes, 2 do
+    local name = changes[i]
+    if pending.fields[name] == nil then
+      pending.order[#pending.order + 1] = name
+    end
+    pending.fields[name] = changes[i + 1]
+  end
+  if ttl and (not pending.ttl or ttl > pending.ttl) then
+    pending.ttl = ttl
+  end
+end
+
+local function flush_writes()
+  for key, pending in pairs(writes) do
+    local set = {}
+    for i = 1, #pending.order do
+      local name = pending.order[i]
+      set[2 * i - 1], set[2 * i] = name, pending.fields[name]
+    end
+    if #set > 0 then
+      redis.call('HSET', key, unpack(set))
+    end
+    if pending.ttl then
+      redis.call('PEXPIRE', key, pending.ttl)
+    end
+  end
+  writes = {}
+end
+
+-- Where an event's entity state and message answer are read and written: the storage its
+-- arithmetic sees, chosen once per event by `share`. PLAIN goes straight to Redis (an event alone
+-- with its hashes: the call's tables would cost more than they save); CACHED goes through the
+-- call's reads and writes above, so that the call's next event of the same entity or answers hash
+-- sees what this one left.
+local PLAIN_STATE, CACHED_STATE = {}, {}
+
+-- The entity's state fields (ARGV[state_from..state_to]), as the call left them.
+function PLAIN_STATE.read(e)
+  return redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+end
+
+function CACHED_STATE.read(e)
+  return hmget(KEYS[e.base], e.state_from, e.state_to)
+end
+
+-- Sets the state fields `changes` (name, value, ...); `ttl`: a PEXPIRE after, or false.
+function PLAIN_STATE.write(e, changes, ttl)
+  if #changes > 0 then
+    redis.call('HSET', KEYS[e.base], unpack(changes))
+  end
+  if ttl then
+    redis.call('PEXPIRE', KEYS[e.base], ttl)
+  end
+end
+
+function CACHED_STATE.write(e, changes, ttl)
+  write_hash(KEYS[e.base], changes, ttl)
+end
+
+local PLAIN_ANSWERS, CACHED_ANSWERS = {}, {}
+
+-- The message's answer if this call read it ahead (`share`), else false: nothing to ask Redis.
+function PLAIN_ANSWERS.ahead()
+  return false
+end
+
+function CACHED_ANSWERS.ahead(e)
+  return answers[KEYS[e.base + 1]][e.field]
+end
+
+-- The message's answer (false for none), and the value of the field `also` of its answers hash
+-- when asked, in one read.
+function PLAIN_ANSWERS.get(e, also)
+  if also then
+    local held = redis.call('HMGET', KEYS[e.base + 1], e.field, also)
+    return held[1], held[2]
+  end
+  return redis.call('HGET', KEYS[e.base + 1], e.field)
+end
+
+function CACHED_ANSWERS.get(e, also)
+  local key = KEYS[e.base + 1]
+  return answers[key][e.field], also and redis.call('HGET', key, also)
+end
+
+-- Sets the message's answer `value`, replacing any (`ttl`: a PEXPIRE of the answers hash after).
+function PLAIN_ANSWERS.set(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  redis.call('HSET', key, e.field, value)
+  if ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+function CACHED_ANSWERS.set(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  write_hash(key, {e.field, value}, ttl)
+  answers[key][e.field] = value
+end
+
+-- Files the message's first answer: false (and nothing written) when it has one already. The
+-- plain way asks Redis with HSETNX, so a new message costs no read of its answer; a cached
+-- hash's answers were read ahead, so `decide` has replayed a known one before it gets here.
+function PLAIN_ANSWERS.file(e, value, ttl)
+  local key = KEYS[e.base + 1]
+  if redis.call('HSETNX', key, e.field, value) == 0 then
+    return false
+  end
+  if ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  return true
+end
+
+function CACHED_ANSWERS.file(e, value, ttl)
+  CACHED_ANSWERS.set(e, value, ttl)
+  return true
+end
