@@ -48,6 +48,12 @@ local function parse_answer(value)
 end
 local CORRECTED = 'c'
 
+-- A count scaled by parts per million (an adaptive level, a fair share), never below the event's
+-- cost nor 1: budgets::adapted_count and Budget::share_of in the model.
+local function scaled(n, ppm, cost)
+  return math.max(math.floor(n * ppm / 1000000), cost, 1)
+end
+
 -- An adaptive level (ppm) as stored: '<level>:<window number>', with ':l' when a latency report
 -- set it (budgets.rs: AdaptiveState).
 local function parse_level(state)

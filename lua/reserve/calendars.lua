@@ -77,7 +77,7 @@ local function read_budgets(e, now)
         return false
       end
       if budget.level and not l.share then
-        l.n = math.max(math.floor(l.n * budget.level / 1000000), e.cost, 1)
+        l.n = scaled(l.n, budget.level, e.cost)
       end
       l.lo, l.used, l.parts = tonumber(held[3 + j]) or false, {}, {}
       if budget.leased then
@@ -98,7 +98,7 @@ local function read_budgets(e, now)
       local share = limits[j].share
       if share then
         local from = budgets[share.budget]
-        local n = math.max(math.floor(from.limits[share.limit].n * from.share / 1000000), e.cost, 1)
+        local n = scaled(from.limits[share.limit].n, from.share, e.cost)
         limits[j].n = n
       end
     end
@@ -123,9 +123,9 @@ local function counts_in_force(e, now)
     if l.kind == 'share' then
       local budget = e.budgets[l.extra]
       if budget.level then
-        limit = math.max(math.floor(limit * budget.level / 1000000), e.cost, 1)
+        limit = scaled(limit, budget.level, e.cost)
       end
-      limit = math.max(math.floor(limit * budget.share / 1000000), e.cost, 1)
+      limit = scaled(limit, budget.share, e.cost)
     else
       local override = tonumber(o[l.id])
       if override then
@@ -140,7 +140,7 @@ local function counts_in_force(e, now)
         return false
       end
       if level and l.kind ~= 'gcra' then
-        limit = math.max(math.floor(limit * level / 1000000), e.cost, 1)
+        limit = scaled(limit, level, e.cost)
       end
     end
     l.count = limit

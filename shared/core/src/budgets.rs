@@ -38,7 +38,7 @@ impl Budget {
     /// The most one entity may take of a window of a limit whose count in force is `count`
     /// (never less than the event's cost: a share never makes an event impossible).
     pub fn share_of(&self, count: u64, cost: u64) -> Option<u64> {
-        self.max_share.map(|share| (count * share / PPM).max(cost).max(1))
+        self.max_share.map(|share| scaled(count, share, cost))
     }
 
     /// The units of a window whose count in force is `count` that each floor holds: `count × floor`,
@@ -387,13 +387,19 @@ fn cubic_climb(state: &LatencyState, step: u64, recover: u64) -> u64 {
     (curve(state.grown) - curve(state.grown - 1)).max(0) as u64
 }
 
+/// A count scaled by parts per million (an adaptive level, a fair share), never below the event's
+/// cost nor 1: what `scaled` in `lua/prelude.lua` computes.
+pub fn scaled(count: u64, ppm: u64, cost: u64) -> u64 {
+    (count * ppm / PPM).max(cost).max(1)
+}
+
 /// The count of `limit` in force at the adaptive `level` (ppm), from `base` (the rule's count or an
 /// override): never below the event's cost, so the adaptive limit delays an event but never makes
 /// it impossible. A gcra limit keeps its count: its burst tolerance is a time measured at the
 /// count, so a lower count would let a burst through (docs/design.md: "Adaptive limits").
 pub fn adapted_count(limit: &Limit, base: u64, level: Option<u64>, cost: u64) -> u64 {
     match (level, limit.window()) {
-        (Some(level), Window::Fixed(_) | Window::Sliding) => (base * level / PPM).max(cost).max(1),
+        (Some(level), Window::Fixed(_) | Window::Sliding) => scaled(base, level, cost),
         _ => base,
     }
 }

@@ -282,7 +282,7 @@ impl ReserveArgs {
         // A classes calendar's key's own state: what it booked before the rule had classes.
         let carry_at = self.keys.len() as i64 + 1 - base;
         if let Some(scope) = scope.filter(|_| event.budgets.iter().any(|b| b.per_key)) {
-            self.keys.push(EntityKeys::new(namespace, request.rule_ref(), scope, "-", None, &[]).state);
+            self.keys.push(EntityKeys::of_entity(namespace, request.rule_ref(), scope, &[]).state);
         }
 
         let budget_limits = event.budgets.iter().flat_map(|b| &b.limits);

@@ -251,7 +251,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         key: &str,
         (since, now): (Millis, Millis),
     ) -> Result<Vec<Millis>, StoreError> {
-        let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &[]);
+        let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &[]);
         let first = (now - rule.max_delay - PUBSUB_RETENTION).div_euclid(crate::keys::ANSWER_BUCKET);
         let last = now.div_euclid(crate::keys::ANSWER_BUCKET) + 1;
         let files: Vec<(String, Millis)> =
@@ -274,7 +274,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
 
     /// The entity's last slot (its FIFO frontier), if it remembers one.
     pub(crate) async fn entity_frontier(&self, rule: RuleRef<'_>, key: &str) -> Result<Option<Millis>, StoreError> {
-        let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, &[]);
+        let keys = EntityKeys::of_entity(self.namespace(), rule, key, &[]);
         let (frontier, legacy): (Option<Millis>, Option<Millis>) = redis::cmd("HMGET")
             .arg(&keys.state)
             .arg(field::FRONTIER)
@@ -292,7 +292,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         key: &str,
         limits: &[Limit],
     ) -> Result<EntityState, StoreError> {
-        let keys = EntityKeys::new(self.namespace(), rule, key, "-", None, limits);
+        let keys = EntityKeys::of_entity(self.namespace(), rule, key, limits);
         let mut connection = self.connection();
         let fields: HashMap<String, String> =
             redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;

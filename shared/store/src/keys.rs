@@ -165,6 +165,13 @@ impl EntityKeys {
 }
 
 impl EntityKeys {
+    /// The keys of the entity itself (its state, legacy overrides, sliding sets), for what reads or
+    /// writes the entity and no message's answer: inspect, overrides, pauses, parking. Their
+    /// answer fields name the undated answers of no message and are never used.
+    pub fn of_entity(namespace: &str, rule: RuleRef<'_>, key: &str, limits: &[Limit]) -> Self {
+        Self::new(namespace, rule, key, "", None, limits)
+    }
+
     /// The entity's answers hash of publication minute `minute` (`None`: the undated answers),
     /// and the base its times are relative to.
     pub fn answers_of(&self, minute: Option<Millis>) -> (String, Millis) {

@@ -222,7 +222,7 @@ pub(crate) fn latency_change(reply: &[i64]) -> Result<LatencyChange, StoreError>
 // built from these: override.lua on one entity, at the store's clock, and the rule's audit list.
 impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     fn override_keys(&self, rule: RuleRef<'_>, key: &str) -> EntityKeys {
-        EntityKeys::new(self.namespace(), rule, key, "-", None, &[])
+        EntityKeys::of_entity(self.namespace(), rule, key, &[])
     }
 
     /// Where `key`'s limit overrides live: its state hash, or for a rule with classes the calendar

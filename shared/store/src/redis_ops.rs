@@ -93,14 +93,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         count: usize,
     ) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         Box::pin(async move {
-            let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &rule.limits);
+            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
             self.bodies_of(&keys.parked_queue(), count).await
         })
     }
 
     fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         Box::pin(async move {
-            let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &rule.limits);
+            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
             self.bodies_of(&keys.handing_list(), usize::MAX).await
         })
     }
@@ -119,7 +119,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(async move {
-            let keys = EntityKeys::new(self.namespace(), RuleRef::of(rule), key, "-", None, &rule.limits);
+            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
             let mut invocation = WAKE.call();
             invocation.key(&keys.state).arg(self.clock().now().map(|t| t.to_string()).unwrap_or_default()).arg(wanted);
             Ok(invocation.invoke_async(&mut self.connection()).await?)
