@@ -124,13 +124,14 @@ end
 -- max_delay, cost over a limit in force (nothing reserved for the last two).
 -- P: parked (nothing reserved; the message waits in its key's queue). An unpark's reply may
 -- also be LATER (its slot is past the drain's deadline), NOT_PARKED or NOT_HEAD.
-local STATUS = {R = 0, L = 1, C = 2, W = 3, P = 4}
+-- The numbers are reply.rs's, written before the script (scripts.rs's shared numbers).
+local STATUS = {R = REPLY_RESERVED, L = REPLY_MAX_DELAY, C = REPLY_COST_OVER, W = REPLY_LEASE_WANTED, P = REPLY_PARKED}
 
-local LATER, NOT_PARKED, NOT_HEAD = 5, 6, 7
+local LATER, NOT_PARKED, NOT_HEAD = REPLY_LATER, REPLY_NOT_PARKED, REPLY_NOT_HEAD
 
 -- What the attempt that asked may do: act on a new decision, act on the message's earlier answer
 -- (its lease taken again), not act (another attempt holds the lease), or nothing (acted upon).
-local ATTEMPT = {decided = 0, resumed = 1, busy = 2, done = 3}
+local ATTEMPT = {decided = ATTEMPT_DECIDED, resumed = ATTEMPT_RESUMED, busy = ATTEMPT_BUSY, done = ATTEMPT_DONE}
 
 -- One event's reply: the only place one is built.
 local function reply(slot, kind, attempt, now, decided_at)
@@ -179,4 +180,4 @@ local function file_answer(e, kind, slot, now, expiry_set)
 end
 
 -- What a correction did, as its reply's third number; its fifth is the cost it had booked.
-local CORRECTION = {applied = 0, already = 1, unknown = 2}
+local CORRECTION = {applied = CORRECTION_APPLIED, already = CORRECTION_ALREADY, unknown = CORRECTION_UNKNOWN}

@@ -11,6 +11,7 @@ mod memory;
 mod overrides;
 mod redis_ops;
 mod redis_store;
+mod reply;
 mod request;
 mod resume;
 mod scripts;
@@ -28,8 +29,9 @@ pub use keys::{
 pub use memory::MemoryStore;
 pub use overrides::{AuditEntry, Author, CostChange, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
 pub use redis_store::{
-    DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, parse_reply, reserve_library,
+    DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, reserve_library,
 };
+pub use reply::Reply;
 pub use request::{Clock, Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{Resumed, resume};
 pub use store::{Ping, Store, inspect_key};

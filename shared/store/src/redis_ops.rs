@@ -66,14 +66,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)> {
         Box::pin(async move {
             let reply = self.run_reserve(self.reserve_call(request)).await?;
-            // reserve.lua's `unpark`: a decision's reply, or LATER (slot, wake), NOT_PARKED, NOT_HEAD.
-            let unpark = match reply.as_slice() {
-                [slot, 5, wake, _, _] => Unpark::Later { slot: *slot, wake: *wake },
-                [_, 6, _, _, _] => Unpark::NotParked,
-                [_, 7, _, _, _] => Unpark::NotHead,
-                _ => Unpark::Decided(crate::redis_store::parse_reply(&reply)?.reservation),
-            };
-            Ok((unpark, reply.get(3).copied().unwrap_or_default()))
+            crate::reply::Reply::unpark(&reply)
         })
     }
 
@@ -144,13 +137,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             // Less than booked gives units back: a leased budget's pool returns them.
             let targets = crate::args::lease_targets(self.namespace(), request);
             self.send_returns(targets.iter().flatten().collect()).await;
-            // reserve.lua's `correct`: slot, status, what it did (CORRECTION), now, the booked cost.
-            match reply.as_slice() {
-                [_, _, 0, _, booked] => Ok(Correction::Applied { booked: *booked as u64, actual }),
-                [_, _, 1, _, _] => Ok(Correction::Already),
-                [_, _, 2, _, _] => Ok(Correction::Unknown),
-                _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
-            }
+            crate::reply::Reply::correction(&reply, actual)
         })
     }
 

@@ -1,6 +1,5 @@
 use std::sync::Arc;
 
-use drip_core::schedule::{Attempt, Reservation, Status};
 use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
@@ -11,7 +10,8 @@ use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
 use crate::keys::field;
 use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
-use crate::scripts::{DISPATCH, LEASE, REPLY_LENGTH, RESERVE, RETURNS};
+use crate::reply::{REPLY_LENGTH, Reply};
+use crate::scripts::{DISPATCH, LEASE, RESERVE, RETURNS};
 use crate::{keys::EntityKeys, request::Clock, request::Reserved, request::SlotRequest, request::StoreError};
 
 /// The one answer of a call that carried one item.
@@ -259,15 +259,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             let reply = reply?;
             let mut wanted = None;
             for answer in reply.chunks(REPLY_LENGTH) {
-                match answer {
-                    &[window, LEASE_WANTED, which, demand, at] => {
-                        wanted = Some((window, which / 256, which % 256, demand.max(0) as u64, at));
+                match Reply::parse(answer)? {
+                    Reply::LeaseWanted { window, budget, limit, demand, now } => {
+                        wanted = Some((window, budget as i64, limit as i64, demand, now));
                     }
-                    _ => {
-                        decided.push(parse_reply(answer)?);
+                    Reply::Decided(reserved) => {
+                        decided.push(reserved);
                         waiting.pop_front();
                         asked = 0;
                     }
+                    _ => return Err(StoreError::UnexpectedReply(format!("{answer:?}"))),
                 }
             }
             let Some((window, budget, limit, demand, at)) = wanted else {
@@ -432,43 +433,17 @@ pub fn reserve_library() -> &'static str {
     &RESERVE.source
 }
 
-/// The status of an event that stopped its call to ask for a lease (reserve.lua's `STATUS.W`).
-const LEASE_WANTED: i64 = 3;
 /// How often one event may stop for a lease before the store gives up (the caller answers 503 and
 /// the event comes again): each lease lets its search go at least one window further (or ends it),
 /// so only a pool that other callers keep emptying stops it often.
 const LEASE_ROUNDS: usize = 64;
 
-/// Reads `reserve.lua`'s reply: `REPLY_LENGTH` numbers per event.
+/// Reads the reservation script's reply: `REPLY_LENGTH` numbers per event, each a decision.
 pub fn parse_replies(reply: &[i64]) -> Result<Vec<Reserved>, StoreError> {
     if reply.is_empty() || !reply.len().is_multiple_of(REPLY_LENGTH) {
         return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
     }
-    reply.chunks(REPLY_LENGTH).map(parse_reply).collect()
-}
-
-/// Reads one event's reply (the script's `reply`): slot, status, attempt, now, decided_at.
-pub fn parse_reply(reply: &[i64]) -> Result<Reserved, StoreError> {
-    let &[slot, status, attempt, now, decided_at] = reply else {
-        return Err(StoreError::UnexpectedReply(format!("{reply:?}")));
-    };
-    // The script's STATUS and ATTEMPT.
-    let status = match status {
-        0 => Status::Reserved,
-        1 => Status::MaxDelayExceeded,
-        2 => Status::CostExceedsLimit,
-        4 => Status::Parked,
-        _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
-    };
-    let attempt = match attempt {
-        0 => Attempt::Decided,
-        1 => Attempt::Resumed,
-        2 => Attempt::Busy,
-        3 => Attempt::Done,
-        _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
-    };
-    let reservation = Reservation { slot, status, decided_at, attempt };
-    Ok(Reserved { reservation, now })
+    reply.chunks(REPLY_LENGTH).map(Reply::decided).collect()
 }
 
 impl<C> RedisStore<C> {

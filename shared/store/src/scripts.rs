@@ -12,16 +12,14 @@ use crate::args::{EVENT_RECORD, LIMIT_RECORD};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
-/// How many numbers `reserve.lua` replies per event.
-pub(crate) const REPLY_LENGTH: usize = 5;
-
-/// The numbers the scripts and Rust share, by the name both use.
-fn shared_numbers() -> [(&'static str, i64); 11] {
+/// The numbers the scripts and Rust share, by the name both use: the reply's (`reply.rs`) among
+/// them, so that the script builds every reply from names Rust declares.
+fn shared_numbers() -> Vec<(&'static str, i64)> {
     use drip_core::budgets as b;
-    [
+    let mut numbers = vec![
         ("ANSWER_MINUTE", crate::keys::ANSWER_BUCKET),
         ("OVERRIDE_MARGIN", crate::keys::OVERRIDE_MARGIN),
-        ("REPLY_LENGTH", REPLY_LENGTH as i64),
+        ("REPLY_LENGTH", crate::reply::REPLY_LENGTH as i64),
         ("LATENCY_FLOOR_US", b::LATENCY_FLOOR_US as i64),
         ("LATENCY_MAX_US", b::LATENCY_MAX_US as i64),
         ("LATENCY_MAX_CLIMB", b::LATENCY_MAX_CLIMB as i64),
@@ -30,7 +28,9 @@ fn shared_numbers() -> [(&'static str, i64); 11] {
         ("EXPIRED_PARK", drip_core::schedule::EXPIRED_PARK),
         ("WAKE_LOST_AFTER", drip_core::schedule::WAKE_LOST_AFTER),
         ("MAX_WAKE_GAP", drip_core::schedule::MAX_WAKE_GAP),
-    ]
+    ];
+    numbers.extend(crate::reply::reply_numbers());
+    numbers
 }
 
 /// `local ANSWER_MINUTE, ... = 60000, ...`: one statement, the first of every script.
@@ -267,6 +267,7 @@ mod tests {
         assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::keys::ANSWER_BUCKET.to_string()), "{line}");
         let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
         let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
-        assert_eq!((names, values), (11, 11), "{line}");
+        assert_eq!((names, values), (26, 26), "11 numbers and the reply's 15: {line}");
+        assert!(line.contains("REPLY_LEASE_WANTED") && line.contains("CORRECTION_UNKNOWN"), "{line}");
     }
 }

@@ -1,0 +1,165 @@
+//! The reservation script's reply, both ends: the numbers it answers with, declared here and
+//! written into the script (`scripts.rs`'s shared numbers), and the one type every reply is read
+//! into by name. Each event's reply is `REPLY_LENGTH` numbers: `{first, kind, third, now, fifth}`,
+//! whose first, third and fifth mean what its kind says.
+
+use drip_core::schedule::{Attempt, Correction, Reservation, Status, Unpark};
+use drip_core::time::Millis;
+
+use crate::request::{Reserved, StoreError};
+
+/// How many numbers the script replies per event.
+pub(crate) const REPLY_LENGTH: usize = 5;
+
+/// The reply's second number: its kind (the script's `STATUS` table and unpark's answers).
+pub(crate) const KINDS: [(&str, i64); 8] = [
+    ("REPLY_RESERVED", 0),
+    ("REPLY_MAX_DELAY", 1),
+    ("REPLY_COST_OVER", 2),
+    ("REPLY_LEASE_WANTED", 3),
+    ("REPLY_PARKED", 4),
+    ("REPLY_LATER", 5),
+    ("REPLY_NOT_PARKED", 6),
+    ("REPLY_NOT_HEAD", 7),
+];
+
+/// A decision's third number: what the attempt that asked may do (the script's `ATTEMPT`).
+pub(crate) const ATTEMPTS: [(&str, i64); 4] =
+    [("ATTEMPT_DECIDED", 0), ("ATTEMPT_RESUMED", 1), ("ATTEMPT_BUSY", 2), ("ATTEMPT_DONE", 3)];
+
+/// A correction's third number: what it did (the script's `CORRECTION`).
+pub(crate) const CORRECTIONS: [(&str, i64); 3] =
+    [("CORRECTION_APPLIED", 0), ("CORRECTION_ALREADY", 1), ("CORRECTION_UNKNOWN", 2)];
+
+/// One event's reply, read by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// A decision: the event's slot and status, what the attempt may do.
+    Decided(Reserved),
+    /// The call stopped at this event: a partition's pool needs a lease of `window` for limit
+    /// `limit` of the event's budget `budget` (both counted from 1, as the script's tables), `demand`
+    /// units of it about to be used.
+    LeaseWanted { window: Millis, budget: usize, limit: usize, demand: u64, now: Millis },
+    /// An unpark whose head's slot is past the drain's deadline: the next wake is at `wake`.
+    Later { slot: Millis, wake: Millis, now: Millis },
+    /// An unpark of a message that is not parked.
+    NotParked { now: Millis },
+    /// An unpark of a message that is not the head of its key's queue.
+    NotHead { now: Millis },
+}
+
+impl Reply {
+    /// Reads one event's reply; a number of no kind this version knows is an unexpected reply.
+    pub fn parse(reply: &[i64]) -> Result<Reply, StoreError> {
+        let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
+        let &[first, kind, third, now, fifth] = reply else { return Err(unexpected()) };
+        let kind_name = KINDS.iter().find(|(_, v)| *v == kind).map(|(n, _)| *n).ok_or_else(unexpected)?;
+        let status = match kind_name {
+            "REPLY_RESERVED" => Status::Reserved,
+            "REPLY_MAX_DELAY" => Status::MaxDelayExceeded,
+            "REPLY_COST_OVER" => Status::CostExceedsLimit,
+            "REPLY_PARKED" => Status::Parked,
+            "REPLY_LEASE_WANTED" => {
+                let (budget, limit) = ((third / 256) as usize, (third % 256) as usize);
+                return Ok(Reply::LeaseWanted { window: first, budget, limit, demand: now.max(0) as u64, now: fifth });
+            }
+            "REPLY_LATER" => return Ok(Reply::Later { slot: first, wake: third, now }),
+            "REPLY_NOT_PARKED" => return Ok(Reply::NotParked { now }),
+            _ => return Ok(Reply::NotHead { now }),
+        };
+        let attempt = match ATTEMPTS.iter().find(|(_, v)| *v == third).map(|(n, _)| *n).ok_or_else(unexpected)? {
+            "ATTEMPT_DECIDED" => Attempt::Decided,
+            "ATTEMPT_RESUMED" => Attempt::Resumed,
+            "ATTEMPT_BUSY" => Attempt::Busy,
+            _ => Attempt::Done,
+        };
+        let reservation = Reservation { slot: first, status, decided_at: fifth, attempt };
+        Ok(Reply::Decided(Reserved { reservation, now }))
+    }
+
+    /// The decision, or an unexpected reply where only a decision may come.
+    pub fn decided(reply: &[i64]) -> Result<Reserved, StoreError> {
+        match Reply::parse(reply)? {
+            Reply::Decided(reserved) => Ok(reserved),
+            _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+        }
+    }
+
+    /// An unpark's reply, and the script's now.
+    pub fn unpark(reply: &[i64]) -> Result<(Unpark, Millis), StoreError> {
+        Ok(match Reply::parse(reply)? {
+            Reply::Decided(reserved) => (Unpark::Decided(reserved.reservation), reserved.now),
+            Reply::Later { slot, wake, now } => (Unpark::Later { slot, wake }, now),
+            Reply::NotParked { now } => (Unpark::NotParked, now),
+            Reply::NotHead { now } => (Unpark::NotHead, now),
+            Reply::LeaseWanted { .. } => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
+        })
+    }
+
+    /// A correction's reply (`correct` in the script): what it did, with the cost it had booked.
+    pub fn correction(reply: &[i64], actual: u64) -> Result<Correction, StoreError> {
+        let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
+        let &[_, _, done, _, booked] = reply else { return Err(unexpected()) };
+        match CORRECTIONS.iter().find(|(_, v)| *v == done).map(|(n, _)| *n).ok_or_else(unexpected)? {
+            "CORRECTION_APPLIED" => Ok(Correction::Applied { booked: booked as u64, actual }),
+            "CORRECTION_ALREADY" => Ok(Correction::Already),
+            _ => Ok(Correction::Unknown),
+        }
+    }
+}
+
+/// The reply's numbers as the script reads them: every name above, with its value.
+pub(crate) fn reply_numbers() -> impl Iterator<Item = (&'static str, i64)> {
+    KINDS.into_iter().chain(ATTEMPTS).chain(CORRECTIONS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn number(table: &[(&str, i64)], name: &str) -> i64 {
+        table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).expect("a declared name")
+    }
+
+    fn kind(name: &str) -> i64 {
+        number(&KINDS, name)
+    }
+
+    /// Every kind, attempt and correction reads back as the variant its name says; an unknown
+    /// number is an unexpected reply, never a guess.
+    #[test]
+    fn every_reply_is_read_by_its_name() {
+        let reserved = Reply::parse(&[10, kind("REPLY_RESERVED"), number(&ATTEMPTS, "ATTEMPT_RESUMED"), 3, 2]).unwrap();
+        let Reply::Decided(Reserved { reservation, now }) = reserved else { panic!("{reserved:?}") };
+        assert_eq!(
+            (reservation.slot, reservation.status, reservation.attempt, reservation.decided_at, now),
+            (10, Status::Reserved, Attempt::Resumed, 2, 3)
+        );
+        let lease = Reply::parse(&[1000, kind("REPLY_LEASE_WANTED"), 2 * 256 + 1, 7, 99]).unwrap();
+        assert_eq!(lease, Reply::LeaseWanted { window: 1000, budget: 2, limit: 1, demand: 7, now: 99 });
+        assert_eq!(
+            Reply::unpark(&[50, kind("REPLY_LATER"), 40, 9, 0]).unwrap(),
+            (Unpark::Later { slot: 50, wake: 40 }, 9)
+        );
+        assert_eq!(Reply::unpark(&[0, kind("REPLY_NOT_HEAD"), 0, 9, 0]).unwrap(), (Unpark::NotHead, 9));
+        assert_eq!(Reply::unpark(&[0, kind("REPLY_NOT_PARKED"), 0, 9, 0]).unwrap(), (Unpark::NotParked, 9));
+        let applied = number(&CORRECTIONS, "CORRECTION_APPLIED");
+        assert_eq!(Reply::correction(&[0, 0, applied, 0, 4], 2).unwrap(), Correction::Applied { booked: 4, actual: 2 });
+        assert!(Reply::parse(&[0, 42, 0, 0, 0]).is_err(), "a kind no version knows");
+        assert!(Reply::parse(&[0, 0, 9, 0, 0]).is_err(), "an attempt no version knows");
+        assert!(Reply::parse(&[0, 0, 0]).is_err(), "too short");
+    }
+
+    /// The golden list of the reply's names and numbers, as the script reads them: a change here
+    /// is a change of the contract between the script and every version reading its replies.
+    #[test]
+    fn the_reply_contract_is_pinned() {
+        let names: Vec<String> = reply_numbers().map(|(n, v)| format!("{n}={v}")).collect();
+        assert_eq!(
+            names.join(" "),
+            "REPLY_RESERVED=0 REPLY_MAX_DELAY=1 REPLY_COST_OVER=2 REPLY_LEASE_WANTED=3 REPLY_PARKED=4 \
+             REPLY_LATER=5 REPLY_NOT_PARKED=6 REPLY_NOT_HEAD=7 ATTEMPT_DECIDED=0 ATTEMPT_RESUMED=1 \
+             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
+        );
+    }
+}
