@@ -1192,3 +1192,48 @@ rules:
     assert_eq!(left.len(), 1, "the dead letter that came back is still there");
     assert!(left[0].attributes.contains_key("drip-replay-of"), "{:?}", left[0].attributes);
 }
+
+/// Ctrl-C during a replay gives back at once what the run held (a dead letter it left for another
+/// reason would otherwise stay out of reach for ten minutes), prints what it did, and exits 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_interrupted_gives_back_what_it_held_and_says_what_it_did() {
+    use drip_core::attributes::Stamp;
+    use drip_core::outcome::DlqReason;
+    let pubsub = drip_tests::pubsub_emulator::Pubsub::shared();
+    let prefix = unique("ctrlc");
+    let (dlq, source) = (format!("{prefix}-dlq"), format!("{prefix}-source"));
+    pubsub.topic_with_subscription(&dlq).await;
+    pubsub.topic_with_subscription(&source).await;
+    let stamp = Stamp {
+        message_id: Some("m1"),
+        subscription: Some("projects/drip-test/subscriptions/s"),
+        rule: Some("sms"),
+        key: Some("user_1"),
+        reason: Some((DlqReason::MaxDelayExceeded, "why")),
+        ..Stamp::default()
+    };
+    let (data, attributes) = stamp.dead_letter(&std::collections::BTreeMap::new(), b"{}");
+    pubsub.publish(&dlq, &data, &attributes).await;
+
+    // Only rule payouts is picked: the sms dead letter is held (left) while the run waits.
+    let child = Command::new(env!("CARGO_BIN_EXE_drip"))
+        .args(["dlq", "replay", "--subscription", &dlq, "--topic", &source, "--project", "drip-test"])
+        .args(["--rule", "payouts", "--idle", "60s", "--output", "json"])
+        .env("PUBSUB_EMULATOR_HOST", &pubsub.host)
+        .env_remove("REDIS_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run drip");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let interrupted = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(interrupted.success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().expect("drip ends")).await.unwrap();
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).expect("what it did, printed");
+    assert_eq!((summary["left"].as_u64(), summary["replayed"].as_u64()), (Some(1), Some(0)), "{summary}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("back on the subscription"), "{output:?}");
+    // Given back at once, not after the ten minutes it was held for.
+    let back = pubsub.pull_until(&dlq, 1, Duration::from_secs(10)).await;
+    assert_eq!(back.len(), 1, "the held dead letter is on the subscription again");
+}

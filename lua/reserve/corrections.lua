@@ -26,17 +26,17 @@ local function give_back(e, values, last, now, old, cost)
   for i = 1, #limits do
     local l = limits[i]
     local kind, per = l.kind, l.per
-    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local a, b = tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i])
     local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
     if (kind == 'fixed' or kind == 'share') and a == old - old % per and a + per > now then
       local used = math.max(b - cost, 0)
-      values[2 * i + 3] = used
+      values[STATE_HEAD + 2 * i] = used
       changes[#changes + 1], changes[#changes + 2] = fb, used
     elseif kind == 'gcra' and latest and a then
       -- TAT - cost * T, exactly: its remainder is in units of 1/count ms.
       local d = b - cost * per
       local tat, rem = a + math.floor(d / l.count), d % l.count
-      values[2 * i + 2], values[2 * i + 3] = tat, rem
+      values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
       changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
     elseif kind == 'sliding' and latest and a then
       local key = KEYS[e.base + 2 + l.extra]
@@ -65,16 +65,16 @@ local function charge(e, values, now, slot, more)
   for i = 1, #limits do
     local l = limits[i]
     local kind, per = l.kind, l.per
-    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local a, b = tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i])
     local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
     if (kind == 'fixed' or kind == 'spread' or kind == 'share') and a == slot - slot % per then
-      values[2 * i + 3] = b + more
+      values[STATE_HEAD + 2 * i] = b + more
       changes[#changes + 1], changes[#changes + 2] = fb, b + more
     elseif kind == 'gcra' and a then
       local rem = b + more * per
       local tat = a + math.floor(rem / l.count)
       rem = rem % l.count
-      values[2 * i + 2], values[2 * i + 3] = tat, rem
+      values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
       changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
     elseif kind == 'sliding' and a then
       local key = KEYS[e.base + 2 + l.extra]

@@ -102,7 +102,7 @@ local function decide(e, now)
     keep_runs(e)
     return reply(slot, 'P', ATTEMPT.decided, now, now)
   end
-  if not file_answer(e, 'R', slot, now, tonumber(values[3]) == e.answers_base) then
+  if not file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
     return known(e, now)
   end
   commit_entity(e, values, slot, now)

@@ -70,7 +70,7 @@ local function commit_entity(e, values, slot, now)
     local l = limits[i]
     local kind, per = l.kind, l.per
     local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
-    local a, b = tonumber(values[2 * i + 2]), tonumber(values[2 * i + 3])
+    local a, b = tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i])
     local n = #changes
     if kind == 'fixed' or kind == 'spread' or kind == 'share' then
       local window = slot - slot % per
@@ -79,7 +79,7 @@ local function commit_entity(e, values, slot, now)
         used = b + cost
       end
       changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, window, fb, used
-      values[2 * i + 2], values[2 * i + 3] = window, used
+      values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = window, used
     elseif kind == 'gcra' then
       local tat, rem = a, b
       -- A slot this limit set is TAT rounded up to the millisecond; only a later slot restarts TAT.
@@ -90,7 +90,7 @@ local function commit_entity(e, values, slot, now)
       tat = tat + math.floor(rem / l.count)
       rem = rem % l.count
       changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, tat, fb, rem
-      values[2 * i + 2], values[2 * i + 3] = tat, rem
+      values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
     else
       local key = KEYS[e.base + 2 + l.extra]
       local base_cost = a or 0
@@ -107,13 +107,13 @@ local function commit_entity(e, values, slot, now)
         redis.call('ZREM', key, oldest[1])
       end
       changes[n + 1], changes[n + 2] = fa, base_cost
-      values[2 * i + 2] = base_cost
+      values[STATE_HEAD + 2 * i - 1] = base_cost
       redis.call('PEXPIRE', key, ttl)
     end
   end
   -- The state must outlive the slot by its TTL margin; it is given twice that when it is set, so
   -- that most calls need no PEXPIRE.
-  local expires = tonumber(values[2])
+  local expires = tonumber(values[STATE_EXPIRES])
   local pexpire = false
   if e.folded or not expires or expires < slot + state_ttl then
     expires = slot + 2 * state_ttl
@@ -132,11 +132,11 @@ local function commit_entity(e, values, slot, now)
     if blob ~= '' then
       changes[#changes + 1], changes[#changes + 2] = OVERRIDES, blob
     end
-    values[#values - 1], e.folded = blob, false
+    values[STATE_HEAD + 2 * #e.limits + STATE_OVERRIDES], e.folded = blob, false
     redis.call('HDEL', state_key, 'last')
     redis.call('DEL', KEYS[e.base + 2])
   end
   e.state.write(e, changes, pexpire)
   -- What this call's next event of the entity reads (a cached state): the state as it is now.
-  values[1], values[2], values[3] = slot, expires, e.answers_base
+  values[STATE_FRONTIER], values[STATE_EXPIRES], values[STATE_ANSWERS_EXPIRY] = slot, expires, e.answers_base
 end

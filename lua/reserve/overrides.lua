@@ -5,9 +5,9 @@
 -- carrying over an entity an earlier version wrote: its frontier was 'last' and its overrides a
 -- hash of their own (commit_entity writes both the new way).
 local function read_overrides(e, values)
-  local n = e.state_to - e.state_from + 1
-  local blob, legacy_last = values[n - 1], values[n]
-  if not values[1] and legacy_last then
+  local tail = STATE_HEAD + 2 * #e.limits
+  local blob, legacy_last = values[tail + STATE_OVERRIDES], values[tail + STATE_LEGACY_FRONTIER]
+  if not values[STATE_FRONTIER] and legacy_last then
     e.overrides = parse_overrides(blob)
     e.folded = true
     fold_legacy_overrides(KEYS[e.base + 2], e.overrides)
@@ -17,5 +17,5 @@ local function read_overrides(e, values)
   else
     e.overrides = NO_OVERRIDES
   end
-  return tonumber(values[1])
+  return tonumber(values[STATE_FRONTIER])
 end

@@ -14,13 +14,13 @@ end
 
 -- Where the state's 'q' (how many messages are parked) sits among its fields; 'wk' follows it.
 local function parked_at(e)
-  return 4 + 2 * #e.limits
+  return STATE_HEAD + 2 * #e.limits + STATE_PARKED
 end
 
 -- Sets 'q' and 'wk' (false: none) in the state and in `values` (a cached state's next event).
 local function set_parked(e, values, parked, wake)
   local at = parked_at(e)
-  values[at], values[at + 1] = parked, wake
+  values[at], values[at + STATE_WAKE - STATE_PARKED] = parked, wake
   e.state.write(e, {'q', parked, 'wk', wake or ''}, false)
 end
 
@@ -47,10 +47,10 @@ local function park(e, values, now)
   local queue, at = queue_key(e), parked_at(e)
   redis.call('RPUSH', queue, queue_entry(e))
   redis.call('PEXPIRE', queue, e.answers_keep)
-  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + 1]) or false)
+  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false)
   local keep = now + e.answers_keep
-  if not tonumber(values[2]) or tonumber(values[2]) < keep then
-    values[2] = keep
+  if not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep then
+    values[STATE_EXPIRES] = keep
     e.state.write(e, {'exp', keep}, false)
     redis.call('PEXPIRE', KEYS[e.base], e.answers_keep, 'GT')
   end
@@ -85,7 +85,7 @@ local function unpark(e, now)
   local values = e.state.read(e)
   local last = read_overrides(e, values)
   local at = parked_at(e)
-  local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + 1]) or false
+  local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false
   -- It leaves the queue for the list of messages being handed over (a task made for its slot, or
   -- a dead letter), until the drain says it is (RedisStore's handed_over): a drain that crashes
   -- between the two leaves it there for the next one.

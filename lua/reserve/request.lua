@@ -67,9 +67,8 @@ local function read_event()
       n = tonumber(ARGV[at + LIMIT_COUNT]), extra = tonumber(ARGV[at + LIMIT_EXTRA]),
       id = ARGV[at + LIMIT_OVERRIDE_ID], count = 0}
   end
-  -- STATE_FIELDS: 'f', 'exp', 'ab', each limit's two state fields, 'q' and 'wk' (its parked
-  -- messages and its drain's wake), the overrides, 'last'.
-  e.state_from, e.state_to = span(7 + 2 * #limits)
+  -- The state's fields (args.rs's STATE_HEAD, each limit's two, STATE_TAIL), read at their places.
+  e.state_from, e.state_to = span(STATE_HEAD + 2 * #limits + STATE_TAIL)
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),

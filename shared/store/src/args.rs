@@ -39,6 +39,22 @@ pub(crate) const EVENT_RECORD: [&str; 15] = [
 pub(crate) const LIMIT_RECORD: [&str; 5] =
     ["limit.kind", "limit.per", "limit.count", "limit.extra", "limit.override_id"];
 
+/// The entity state's one HMGET, by name: the fields before the limits' pairs, and those after
+/// them, each with its hash field. The script reads each at its place by a constant generated from
+/// its name (`state.frontier` is `STATE_FRONTIER`, a place among the head; `state.parked` is
+/// `STATE_PARKED`, a place among the tail, after `STATE_HEAD` fields and two per limit; scripts.rs).
+pub(crate) const STATE_HEAD: [(&str, &str); 3] = [
+    ("state.frontier", field::FRONTIER),
+    ("state.expires", field::EXPIRES),
+    ("state.answers_expiry", field::ANSWERS_EXPIRY),
+];
+pub(crate) const STATE_TAIL: [(&str, &str); 4] = [
+    ("state.parked", field::PARKED),
+    ("state.wake", field::WAKE),
+    ("state.overrides", field::OVERRIDES),
+    ("state.legacy_frontier", field::LEGACY_FRONTIER),
+];
+
 /// Arguments in the order a script reads them, each with the name it is read by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Args(Vec<Vec<u8>>, Vec<&'static str>);
@@ -357,17 +373,16 @@ impl ReserveArgs {
                 .int("limit.extra", l.extra)
                 .str("limit.override_id", &l.override_id);
         });
-        // The fields of the state's one HMGET, in order (reserve.lua's STATE_FIELDS).
-        args.str("state_field", field::FRONTIER)
-            .str("state_field", field::EXPIRES)
-            .str("state_field", field::ANSWERS_EXPIRY);
+        // The fields of the state's one HMGET, in order: STATE_HEAD, each limit's two, STATE_TAIL.
+        for (_, name) in STATE_HEAD {
+            args.str("state_field", name);
+        }
         for name in limits.iter().flat_map(|l| &l.state_fields) {
             args.str("state_field", name);
         }
-        args.str("state_field", field::PARKED)
-            .str("state_field", field::WAKE)
-            .str("state_field", field::OVERRIDES)
-            .str("state_field", field::LEGACY_FRONTIER);
+        for (_, name) in STATE_TAIL {
+            args.str("state_field", name);
+        }
         let numbered: Vec<(i64, &_)> =
             event.budgets.iter().enumerate().map(|(i, b)| (budgets_at + i as i64, b)).collect();
         args.section("budgets", &numbered, |args, (key, budget)| {

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, ToRedisArgs};
 
-use crate::args::{EVENT_RECORD, LIMIT_RECORD};
+use crate::args::{EVENT_RECORD, LIMIT_RECORD, STATE_HEAD, STATE_TAIL};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
@@ -168,7 +168,14 @@ pub(crate) static RESERVE: LazyLock<Library> = LazyLock::new(|| Library::new("re
 /// on every event.
 fn with_record_places(script: &str) -> String {
     let mut places: Vec<(String, usize)> = Vec::new();
-    for (record, fields) in [("EVENT_RECORD", &EVENT_RECORD[..]), ("LIMIT_RECORD", &LIMIT_RECORD[..])] {
+    let state_head: Vec<&str> = STATE_HEAD.iter().map(|(name, _)| *name).collect();
+    let state_tail: Vec<&str> = STATE_TAIL.iter().map(|(name, _)| *name).collect();
+    for (record, fields) in [
+        ("EVENT_RECORD", &EVENT_RECORD[..]),
+        ("LIMIT_RECORD", &LIMIT_RECORD[..]),
+        ("STATE_HEAD", &state_head[..]),
+        ("STATE_TAIL", &state_tail[..]),
+    ] {
         places.push((record.to_owned(), fields.len()));
         places.extend(fields.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at + 1)));
     }
