@@ -8,7 +8,7 @@
 -- none), which the calendar keeps in 'c'.
 local function carry_over(e, budget, now)
   -- The calendar's limits, then each period only a share counts: its fair share's state.
-  local names, limits = {'f'}, {}
+  local names, limits = {FIELD_FRONTIER}, {}
   for j = 1, #budget.limits do
     local l = budget.limits[j]
     if not l.share or l.counts then
@@ -35,7 +35,7 @@ local function carry_over(e, budget, now)
       redis.call('HINCRBY', budget.hash, per .. ':' .. window, used)
     end
   end
-  redis.call('HSET', budget.hash, 'c', carried)
+  redis.call('HSET', budget.hash, FIELD_CARRIED, carried)
   if not budget.exp and not budget.overridden then
     redis.call('PEXPIRE', budget.hash, math.max(carried, now) + 2 * e.state_ttl - now)
   end
@@ -315,7 +315,7 @@ local function commit_budgets(e, slot, now)
       end
     end
     if not budget.exp or budget.exp < slot + state_ttl then
-      set[#set + 1], set[#set + 2] = 'exp', slot + 2 * state_ttl
+      set[#set + 1], set[#set + 2] = FIELD_EXPIRES, slot + 2 * state_ttl
     end
     if #set > 0 then
       redis.call('HSET', key, unpack(set))

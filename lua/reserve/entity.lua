@@ -64,7 +64,7 @@ end
 local function commit_entity(e, values, slot, now)
   local state_key, cost, state_ttl = KEYS[e.base], e.cost, e.state_ttl
   local ttl = slot - now + state_ttl
-  local changes = {'f', slot, 'ab', e.answers_base}
+  local changes = {FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY, e.answers_base}
   local limits = e.limits
   for i = 1, #limits do
     local l = limits[i]
@@ -117,7 +117,7 @@ local function commit_entity(e, values, slot, now)
   local pexpire = false
   if e.folded or not expires or expires < slot + state_ttl then
     expires = slot + 2 * state_ttl
-    changes[#changes + 1], changes[#changes + 2] = 'exp', expires
+    changes[#changes + 1], changes[#changes + 2] = FIELD_EXPIRES, expires
     -- Overrides may need the hash to live longer, or for ever.
     local keep = e.overrides ~= NO_OVERRIDES and overrides_keep(e.overrides)
     if keep == true then
@@ -133,7 +133,7 @@ local function commit_entity(e, values, slot, now)
       changes[#changes + 1], changes[#changes + 2] = OVERRIDES, blob
     end
     values[STATE_HEAD + 2 * #e.limits + STATE_OVERRIDES], e.folded = blob, false
-    redis.call('HDEL', state_key, 'last')
+    redis.call('HDEL', state_key, FIELD_LEGACY_FRONTIER)
     redis.call('DEL', KEYS[e.base + 2])
   end
   e.state.write(e, changes, pexpire)

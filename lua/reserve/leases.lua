@@ -17,7 +17,7 @@ end
 -- sends the home after the call (RedisStore::send_returns, lua/returns.lua).
 local function give_back_lease(key, per, window, units, now)
   local name = per .. ':' .. window
-  local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r', 'R')
+  local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r', FIELD_POOL_RETURNS)
   local spare = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0) - (tonumber(held[1]) or 0)
   units = math.min(units, spare)
   if units <= 0 then
@@ -38,7 +38,7 @@ local function give_back_lease(key, per, window, units, now)
   if not listed then
     kept[#kept + 1] = name
   end
-  redis.call('HSET', key, 'R', table.concat(kept, ','))
+  redis.call('HSET', key, FIELD_POOL_RETURNS, table.concat(kept, ','))
 end
 
 -- A pool's window of a leased budget limit: what the partition booked of it and what it was leased.

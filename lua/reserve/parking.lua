@@ -21,7 +21,7 @@ end
 local function set_parked(e, values, parked, wake)
   local at = parked_at(e)
   values[at], values[at + STATE_WAKE - STATE_PARKED] = parked, wake
-  e.state.write(e, {'q', parked, 'wk', wake or ''}, false)
+  e.state.write(e, {FIELD_PARKED, parked, FIELD_WAKE, wake or ''}, false)
 end
 
 -- Whether an event whose earliest slot is `slot` parks (schedule.rs's parks): messages of the key
@@ -51,7 +51,7 @@ local function park(e, values, now)
   local keep = now + e.answers_keep
   if not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep then
     values[STATE_EXPIRES] = keep
-    e.state.write(e, {'exp', keep}, false)
+    e.state.write(e, {FIELD_EXPIRES, keep}, false)
     redis.call('PEXPIRE', KEYS[e.base], e.answers_keep, 'GT')
   end
 end

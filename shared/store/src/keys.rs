@@ -404,6 +404,20 @@ pub mod field {
     /// store sends their home after the call that gave them back.
     pub const POOL_RETURNS: &str = "R";
 
+    /// The hash fields the reservation script writes by name, each as the script spells it
+    /// (`FIELD_FRONTIER`): scripts.rs writes each value into the script as a Lua string, so no
+    /// room spells a field of its own.
+    pub const SCRIPT_FIELDS: [(&str, &str); 8] = [
+        ("FIELD_FRONTIER", FRONTIER),
+        ("FIELD_EXPIRES", EXPIRES),
+        ("FIELD_ANSWERS_EXPIRY", ANSWERS_EXPIRY),
+        ("FIELD_PARKED", PARKED),
+        ("FIELD_WAKE", WAKE),
+        ("FIELD_LEGACY_FRONTIER", LEGACY_FRONTIER),
+        ("FIELD_CARRIED", CARRIED),
+        ("FIELD_POOL_RETURNS", POOL_RETURNS),
+    ];
+
     /// A pool's last window its home had no room in when it last asked: `F:<per>`.
     pub fn pool_full(per: Millis) -> String {
         format!("F:{per}")

@@ -179,9 +179,12 @@ fn with_record_places(script: &str) -> String {
         places.push((record.to_owned(), fields.len()));
         places.extend(fields.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at + 1)));
     }
+    let mut words: Vec<(String, String)> = places.into_iter().map(|(name, place)| (name, place.to_string())).collect();
+    words
+        .extend(crate::keys::field::SCRIPT_FIELDS.iter().map(|(name, value)| (name.to_string(), format!("'{value}'"))));
     // Longest first, so that no name is replaced inside a longer one.
-    places.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
-    places.into_iter().fold(script.to_owned(), |text, (name, place)| text.replace(&name, &place.to_string()))
+    words.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+    words.into_iter().fold(script.to_owned(), |text, (name, value)| text.replace(&name, &value))
 }
 
 pub(crate) static RELEASE: LazyLock<Library> =
@@ -237,6 +240,25 @@ mod tests {
                 "the reservation script starts with the numbers"
             );
         }
+    }
+
+    /// The rooms write the state's and the budgets' fields through the names keys.rs declares:
+    /// none spells a field of SCRIPT_FIELDS itself in its code.
+    #[test]
+    fn no_room_spells_a_field_the_store_declares() {
+        for (room, text) in RESERVE_ROOMS {
+            for line in text.lines() {
+                let code = line.split("--").next().unwrap_or_default();
+                for (name, value) in crate::keys::field::SCRIPT_FIELDS {
+                    let quoted = format!("'{value}'");
+                    // The queue's key ends in ':q' too, and 'R' is also STATUS.R (reserved).
+                    let allowed = (room == "parking" && value == "q" && code.contains("KEYS[e.base]"))
+                        || (value == "R" && room != "leases");
+                    assert!(!code.contains(&quoted) || allowed, "{room} spells {quoted} (use {name}): {line}");
+                }
+            }
+        }
+        assert!(RESERVE_SOURCE.contains("local names, limits = {'f'}"), "the names are written in as strings");
     }
 
     /// Every room of `lua/reserve/` is assembled, once, in the order of RESERVE_ROOMS: a room
