@@ -51,15 +51,15 @@ local function read_budgets(e, now)
     budget.hash = KEYS[e.base + budget.key]
     local count = #budget.limits
     local held = redis.call('HMGET', budget.hash, unpack(ARGV, budget.fields_from, budget.fields_to))
-    budget.pause, budget.exp = tonumber(held[1]) or false, tonumber(held[3]) or false
-    budget.level = budget.ceiling and level_in_force(held[2], budget.ceiling, budget.step, budget.window, now)
+    budget.pause, budget.exp = tonumber(held[BUDGET_PAUSE]) or false, tonumber(held[BUDGET_EXPIRES]) or false
+    budget.level = budget.ceiling and level_in_force(held[BUDGET_ADAPT], budget.ceiling, budget.step, budget.window, now)
     -- A classes calendar's override of a limit (its id is 'fixed:<per>': the calendar's limits are
     -- fixed windows) replaces the limit's count until its end.
-    local o = budget.per_key and parse_overrides(held[#held - 1])
+    local o = budget.per_key and parse_overrides(held[#held - BUDGET_TAIL + BUDGET_OVERRIDES])
     -- Overrides keep the hash alive (override.lua's expire_entity): an expiry set here only extends.
     budget.overridden = o and next(o) ~= nil
     if budget.per_key then
-      local carried = tonumber(held[#held]) or carry_over(e, budget, now)
+      local carried = tonumber(held[#held - BUDGET_TAIL + BUDGET_CARRIED]) or carry_over(e, budget, now)
       if carried > 0 and (not e.floor or carried > e.floor) then
         e.floor = carried
       end
@@ -79,12 +79,15 @@ local function read_budgets(e, now)
       if budget.level and not l.share then
         l.n = scaled(l.n, budget.level, e.cost)
       end
-      l.lo, l.used, l.parts = tonumber(held[3 + j]) or false, {}, {}
+      -- A column's field of limit j: held[BUDGET_HEAD + (column - 1) * count + j].
+      l.lo, l.used, l.parts = tonumber(held[BUDGET_HEAD + (BUDGET_OLDEST - 1) * count + j]) or false, {}, {}
       if budget.leased then
-        l.leased, l.full, l.top = {}, tonumber(held[3 + 2 * count + j]) or false, tonumber(held[3 + 3 * count + j]) or false
-        l.booked, l.booked_changed = tonumber(held[3 + 4 * count + j]) or false, false
+        l.leased = {}
+        l.full = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_FULL - 1) * count + j]) or false
+        l.top = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_TOP - 1) * count + j]) or false
+        l.booked, l.booked_changed = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_BOOKED - 1) * count + j]) or false, false
       end
-      local run = l.counts and held[3 + count + j]
+      local run = l.counts and held[BUDGET_HEAD + (BUDGET_RUN - 1) * count + j]
       if run then
         local from, through, least = string.match(run, '^(%-?%d+):(%-?%d+):(%d+)$')
         l.run = {from = tonumber(from), through = tonumber(through), least = tonumber(least)}

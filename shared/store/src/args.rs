@@ -55,6 +55,28 @@ pub(crate) const STATE_TAIL: [(&str, &str); 4] = [
     ("state.legacy_frontier", field::LEGACY_FRONTIER),
 ];
 
+/// A budget's one HMGET, by name, as STATE_HEAD and STATE_TAIL are the entity's: the fields before
+/// the limits' columns; the columns (each one field per limit of the budget, the pool's three only
+/// for a leased budget), read at `BUDGET_HEAD + (column - 1) * limits + j`; and, for a classes
+/// calendar, the fields after them.
+pub(crate) const BUDGET_HEAD: [(&str, &str); 3] =
+    [("budget.pause", field::PAUSE), ("budget.adapt", field::ADAPT), ("budget.expires", field::EXPIRES)];
+pub(crate) const BUDGET_COLUMNS: [&str; 5] =
+    ["budget.oldest", "budget.run", "budget.pool_full", "budget.pool_top", "budget.pool_booked"];
+pub(crate) const BUDGET_TAIL: [(&str, &str); 2] =
+    [("budget.overrides", field::OVERRIDES), ("budget.carried", field::CARRIED)];
+
+/// A column's hash field for the budget limit of period `per`.
+fn budget_column(column: &str, per: Millis) -> String {
+    match column {
+        "budget.oldest" => field::budget_oldest(per),
+        "budget.run" => field::budget_run(per),
+        "budget.pool_full" => field::pool_full(per),
+        "budget.pool_top" => field::pool_top(per),
+        _ => field::pool_booked(per),
+    }
+}
+
 /// Arguments in the order a script reads them, each with the name it is read by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Args(Vec<Vec<u8>>, Vec<&'static str>);
@@ -426,32 +448,21 @@ impl ReserveArgs {
                     .int("budget.floor.ppm", *floor as i64)
                     .int("budget.floor.own", i64::from(name == member));
             });
-            // The fields its HMGET names: pause, adaptive level, expiry, each limit's oldest window
-            // and each limit's run of full windows.
-            args.str("budget_field", field::PAUSE)
-                .str("budget_field", field::ADAPT)
-                .str("budget_field", field::EXPIRES);
-            for &per in &pers {
-                args.str("budget_field", field::budget_oldest(per));
+            // The fields its HMGET names: BUDGET_HEAD, then each column of BUDGET_COLUMNS a limit at a
+            // time (the pool's three only for a leased budget), then a calendar's BUDGET_TAIL.
+            for (_, name) in BUDGET_HEAD {
+                args.str("budget_field", name);
             }
-            for &per in &pers {
-                args.str("budget_field", field::budget_run(per));
-            }
-            // A leased budget's pool: each limit's window its home was last full through, its
-            // latest leased window, and the window up to which it has no room (a hint).
-            if budget.leases.is_some() {
-                for limit in &budget.limits {
-                    args.str("budget_field", field::pool_full(limit.per()));
-                }
-                for limit in &budget.limits {
-                    args.str("budget_field", field::pool_top(limit.per()));
-                }
-                for limit in &budget.limits {
-                    args.str("budget_field", field::pool_booked(limit.per()));
+            let columns = if budget.leases.is_some() { BUDGET_COLUMNS.len() } else { 2 };
+            for column in &BUDGET_COLUMNS[..columns] {
+                for &per in &pers {
+                    args.str("budget_field", &budget_column(column, per));
                 }
             }
             if budget.per_key {
-                args.str("budget_field", field::OVERRIDES).str("budget_field", field::CARRIED);
+                for (_, name) in BUDGET_TAIL {
+                    args.str("budget_field", name);
+                }
             }
         });
         self.events.push(args);

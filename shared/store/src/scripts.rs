@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, ToRedisArgs};
 
-use crate::args::{EVENT_RECORD, LIMIT_RECORD, STATE_HEAD, STATE_TAIL};
+use crate::args::{BUDGET_COLUMNS, BUDGET_HEAD, BUDGET_TAIL, EVENT_RECORD, LIMIT_RECORD, STATE_HEAD, STATE_TAIL};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
@@ -168,13 +168,17 @@ pub(crate) static RESERVE: LazyLock<Library> = LazyLock::new(|| Library::new("re
 /// on every event.
 fn with_record_places(script: &str) -> String {
     let mut places: Vec<(String, usize)> = Vec::new();
-    let state_head: Vec<&str> = STATE_HEAD.iter().map(|(name, _)| *name).collect();
-    let state_tail: Vec<&str> = STATE_TAIL.iter().map(|(name, _)| *name).collect();
+    let names = |record: &[(&'static str, &str)]| record.iter().map(|(name, _)| *name).collect::<Vec<_>>();
+    let (state_head, state_tail) = (names(&STATE_HEAD), names(&STATE_TAIL));
+    let (budget_head, budget_tail) = (names(&BUDGET_HEAD), names(&BUDGET_TAIL));
     for (record, fields) in [
         ("EVENT_RECORD", &EVENT_RECORD[..]),
         ("LIMIT_RECORD", &LIMIT_RECORD[..]),
         ("STATE_HEAD", &state_head[..]),
         ("STATE_TAIL", &state_tail[..]),
+        ("BUDGET_HEAD", &budget_head[..]),
+        ("BUDGET_COLUMNS", &BUDGET_COLUMNS[..]),
+        ("BUDGET_TAIL", &budget_tail[..]),
     ] {
         places.push((record.to_owned(), fields.len()));
         places.extend(fields.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at + 1)));
