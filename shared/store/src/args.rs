@@ -456,7 +456,7 @@ impl ReserveArgs {
             let columns = if budget.leases.is_some() { BUDGET_COLUMNS.len() } else { 2 };
             for column in &BUDGET_COLUMNS[..columns] {
                 for &per in &pers {
-                    args.str("budget_field", &budget_column(column, per));
+                    args.str("budget_field", budget_column(column, per));
                 }
             }
             if budget.per_key {
