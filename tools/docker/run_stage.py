@@ -17,6 +17,7 @@ installed here (skipped, saying so)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -81,7 +82,6 @@ def stages(text: str) -> list[Stage]:
 def flags_and_words(args: str) -> tuple[dict[str, str], list[str]]:
     flags, words = {}, []
     if args.startswith("["):
-        import json
         return {}, json.loads(args)
     for word in shlex.split(args):
         if word.startswith("--") and not words:

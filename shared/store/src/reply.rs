@@ -12,24 +12,39 @@ use crate::request::{Reserved, StoreError};
 pub(crate) const REPLY_LENGTH: usize = 5;
 
 /// The reply's second number: its kind (the script's `STATUS` table and unpark's answers).
-pub(crate) const KINDS: [(&str, i64); 8] = [
-    ("REPLY_RESERVED", 0),
-    ("REPLY_MAX_DELAY", 1),
-    ("REPLY_COST_OVER", 2),
-    ("REPLY_LEASE_WANTED", 3),
-    ("REPLY_PARKED", 4),
-    ("REPLY_LATER", 5),
-    ("REPLY_NOT_PARKED", 6),
-    ("REPLY_NOT_HEAD", 7),
-];
-
+const RESERVED: i64 = 0;
+const MAX_DELAY: i64 = 1;
+const COST_OVER: i64 = 2;
+const LEASE_WANTED: i64 = 3;
+const PARKED: i64 = 4;
+const LATER: i64 = 5;
+const NOT_PARKED: i64 = 6;
+const NOT_HEAD: i64 = 7;
 /// A decision's third number: what the attempt that asked may do (the script's `ATTEMPT`).
-pub(crate) const ATTEMPTS: [(&str, i64); 4] =
-    [("ATTEMPT_DECIDED", 0), ("ATTEMPT_RESUMED", 1), ("ATTEMPT_BUSY", 2), ("ATTEMPT_DONE", 3)];
-
+const DECIDED: i64 = 0;
+const RESUMED: i64 = 1;
+const BUSY: i64 = 2;
+const DONE: i64 = 3;
 /// A correction's third number: what it did (the script's `CORRECTION`).
+const APPLIED: i64 = 0;
+const ALREADY: i64 = 1;
+const UNKNOWN: i64 = 2;
+
+/// Each number by the name the script reads it by.
+pub(crate) const KINDS: [(&str, i64); 8] = [
+    ("REPLY_RESERVED", RESERVED),
+    ("REPLY_MAX_DELAY", MAX_DELAY),
+    ("REPLY_COST_OVER", COST_OVER),
+    ("REPLY_LEASE_WANTED", LEASE_WANTED),
+    ("REPLY_PARKED", PARKED),
+    ("REPLY_LATER", LATER),
+    ("REPLY_NOT_PARKED", NOT_PARKED),
+    ("REPLY_NOT_HEAD", NOT_HEAD),
+];
+pub(crate) const ATTEMPTS: [(&str, i64); 4] =
+    [("ATTEMPT_DECIDED", DECIDED), ("ATTEMPT_RESUMED", RESUMED), ("ATTEMPT_BUSY", BUSY), ("ATTEMPT_DONE", DONE)];
 pub(crate) const CORRECTIONS: [(&str, i64); 3] =
-    [("CORRECTION_APPLIED", 0), ("CORRECTION_ALREADY", 1), ("CORRECTION_UNKNOWN", 2)];
+    [("CORRECTION_APPLIED", APPLIED), ("CORRECTION_ALREADY", ALREADY), ("CORRECTION_UNKNOWN", UNKNOWN)];
 
 /// One event's reply, read by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,25 +68,26 @@ impl Reply {
     pub fn parse(reply: &[i64]) -> Result<Reply, StoreError> {
         let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
         let &[first, kind, third, now, fifth] = reply else { return Err(unexpected()) };
-        let kind_name = KINDS.iter().find(|(_, v)| *v == kind).map(|(n, _)| *n).ok_or_else(unexpected)?;
-        let status = match kind_name {
-            "REPLY_RESERVED" => Status::Reserved,
-            "REPLY_MAX_DELAY" => Status::MaxDelayExceeded,
-            "REPLY_COST_OVER" => Status::CostExceedsLimit,
-            "REPLY_PARKED" => Status::Parked,
-            "REPLY_LEASE_WANTED" => {
+        let status = match kind {
+            RESERVED => Status::Reserved,
+            MAX_DELAY => Status::MaxDelayExceeded,
+            COST_OVER => Status::CostExceedsLimit,
+            PARKED => Status::Parked,
+            LEASE_WANTED => {
                 let (budget, limit) = ((third / 256) as usize, (third % 256) as usize);
                 return Ok(Reply::LeaseWanted { window: first, budget, limit, demand: now.max(0) as u64, now: fifth });
             }
-            "REPLY_LATER" => return Ok(Reply::Later { slot: first, wake: third, now }),
-            "REPLY_NOT_PARKED" => return Ok(Reply::NotParked { now }),
-            _ => return Ok(Reply::NotHead { now }),
+            LATER => return Ok(Reply::Later { slot: first, wake: third, now }),
+            NOT_PARKED => return Ok(Reply::NotParked { now }),
+            NOT_HEAD => return Ok(Reply::NotHead { now }),
+            _ => return Err(unexpected()),
         };
-        let attempt = match ATTEMPTS.iter().find(|(_, v)| *v == third).map(|(n, _)| *n).ok_or_else(unexpected)? {
-            "ATTEMPT_DECIDED" => Attempt::Decided,
-            "ATTEMPT_RESUMED" => Attempt::Resumed,
-            "ATTEMPT_BUSY" => Attempt::Busy,
-            _ => Attempt::Done,
+        let attempt = match third {
+            DECIDED => Attempt::Decided,
+            RESUMED => Attempt::Resumed,
+            BUSY => Attempt::Busy,
+            DONE => Attempt::Done,
+            _ => return Err(unexpected()),
         };
         let reservation = Reservation { slot: first, status, decided_at: fifth, attempt };
         Ok(Reply::Decided(Reserved { reservation, now }))
@@ -98,12 +114,11 @@ impl Reply {
 
     /// A correction's reply (`correct` in the script): what it did, with the cost it had booked.
     pub fn correction(reply: &[i64], actual: u64) -> Result<Correction, StoreError> {
-        let unexpected = || StoreError::UnexpectedReply(format!("{reply:?}"));
-        let &[_, _, done, _, booked] = reply else { return Err(unexpected()) };
-        match CORRECTIONS.iter().find(|(_, v)| *v == done).map(|(n, _)| *n).ok_or_else(unexpected)? {
-            "CORRECTION_APPLIED" => Ok(Correction::Applied { booked: booked as u64, actual }),
-            "CORRECTION_ALREADY" => Ok(Correction::Already),
-            _ => Ok(Correction::Unknown),
+        match *reply {
+            [_, _, APPLIED, _, booked] => Ok(Correction::Applied { booked: booked as u64, actual }),
+            [_, _, ALREADY, _, _] => Ok(Correction::Already),
+            [_, _, UNKNOWN, _, _] => Ok(Correction::Unknown),
+            _ => Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
         }
     }
 }
