@@ -31,10 +31,11 @@ pub(crate) fn summarize(args: &Args, rule: &Rule, burst: &Burst, outcome: &Outco
     lateness.sort_unstable();
     let lost = args.events.saturating_sub(deliveries.len() + dead.len());
     // A forward whose slot came later than its publish (by more than the push's own latency)
-    // waited inline in the limiter: delayed too, without a Cloud Task.
+    // waited inline in the limiter: delayed too, without a Cloud Task. Only a rule with an
+    // inline_wait can do that; under `inline_wait: 0s` a late slot is the push's latency.
     const INLINE: Millis = 100;
     let waited = |id: &String, d: &Delivery| {
-        d.scheduled_for - burst.published_at.get(id).copied().unwrap_or(burst.started) >= INLINE
+        rule.inline_wait > 0 && d.scheduled_for - burst.published_at.get(id).copied().unwrap_or(burst.started) >= INLINE
     };
     let forwarded = deliveries.iter().filter(|(id, d)| d.route == "forward" && !waited(id, d)).count();
     let inline = deliveries.iter().filter(|(id, d)| d.route == "forward" && waited(id, d)).count();
