@@ -18,7 +18,7 @@ local function carry_over(e, budget, now)
     end
   end
   local key = KEYS[e.base + budget.carry_key]
-  local before = redis.call('HMGET', key, unpack(names))
+  local before = HASH.get_all(key, names)
   -- What an earlier event of this call (from before a rule reload) left for the end of the call.
   local pending = writes[key]
   if pending then
@@ -32,12 +32,12 @@ local function carry_over(e, budget, now)
   for j = 1, #limits do
     local per, window, used = limits[j].per, tonumber(before[2 * j]), tonumber(before[2 * j + 1])
     if window and used and used > 0 and window + per > now then
-      redis.call('HINCRBY', budget.hash, per .. ':' .. window, used)
+      HASH.add(budget.hash, per .. ':' .. window, used)
     end
   end
-  redis.call('HSET', budget.hash, FIELD_CARRIED, carried)
+  HASH.set(budget.hash, {FIELD_CARRIED, carried})
   if not budget.exp and not budget.overridden then
-    redis.call('PEXPIRE', budget.hash, math.max(carried, now) + 2 * e.state_ttl - now)
+    HASH.keep(budget.hash, math.max(carried, now) + 2 * e.state_ttl - now)
   end
   return carried
 end
@@ -50,7 +50,7 @@ local function read_budgets(e, now)
     local budget = budgets[b]
     budget.hash = KEYS[e.base + budget.key]
     local count = #budget.limits
-    local held = redis.call('HMGET', budget.hash, unpack(ARGV, budget.fields_from, budget.fields_to))
+    local held = HASH.get_span(budget.hash, budget.fields_from, budget.fields_to)
     budget.pause, budget.exp = tonumber(held[BUDGET_PAUSE]) or false, tonumber(held[BUDGET_EXPIRES]) or false
     budget.level = budget.ceiling and level_in_force(held[BUDGET_ADAPT], budget.ceiling, budget.step, budget.window, now)
     -- A classes calendar's override of a limit (its id is 'fixed:<per>': the calendar's limits are
@@ -160,13 +160,13 @@ local function window_use(budget, l, window)
   local name, floors = l.per .. ':' .. window, budget.floors
   local parts = false
   if #floors == 0 or l.share then
-    used = tonumber(redis.call('HGET', budget.hash, name)) or 0
+    used = tonumber(HASH.get(budget.hash, name)) or 0
   else
     local names = {name}
     for k = 1, #floors do
       names[k + 1] = name .. ':f:' .. floors[k].rule
     end
-    local held = redis.call('HMGET', budget.hash, unpack(names))
+    local held = HASH.get_all(budget.hash, names)
     used, parts = tonumber(held[1]) or 0, {}
     for k = 1, #floors do
       parts[k] = tonumber(held[k + 1]) or 0
@@ -283,10 +283,10 @@ local function commit_budgets(e, slot, now)
       local per = l.per
       local name = per .. ':' .. (slot - slot % per)
       if l.counts then
-        redis.call('HINCRBY', key, name, e.cost)
+        HASH.add(key, name, e.cost)
       end
       if l.counts and budget.own_floor and not l.share then
-        redis.call('HINCRBY', key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)
+        HASH.add(key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)
       end
       local current = now - now % per
       if budget.leased then
@@ -302,7 +302,7 @@ local function commit_budgets(e, slot, now)
           end
           if budget.leased then
             -- What the partition was leased of a passed window and did not book: stranded.
-            local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r')
+            local held = HASH.get_all(key, {name, name .. ':l', name .. ':r'})
             local holds = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
             stranded = stranded + math.max(holds - (tonumber(held[1]) or 0), 0)
             dead[#dead + 1] = name .. ':l'
@@ -310,7 +310,7 @@ local function commit_budgets(e, slot, now)
           end
         end)
         if stranded > 0 then
-          redis.call('HINCRBY', key, 'S:' .. per, stranded)
+          HASH.add(key, 'S:' .. per, stranded)
         end
       end
       if l.counts and (not l.lo or l.lo < current) then
@@ -320,14 +320,12 @@ local function commit_budgets(e, slot, now)
     if not budget.exp or budget.exp < slot + state_ttl then
       set[#set + 1], set[#set + 2] = FIELD_EXPIRES, slot + 2 * state_ttl
     end
-    if #set > 0 then
-      redis.call('HSET', key, unpack(set))
-    end
+    HASH.set(key, set)
     if not budget.exp and not budget.overridden then
-      redis.call('PEXPIRE', key, slot + 2 * state_ttl - now)
+      HASH.keep(key, slot + 2 * state_ttl - now)
     elseif not budget.exp or budget.exp < slot + state_ttl then
       -- GT: a pause or an adaptive level (budget.lua) may need it to live longer.
-      redis.call('PEXPIRE', key, slot + 2 * state_ttl - now, 'GT')
+      HASH.keep(key, slot + 2 * state_ttl - now, 'GT')
     end
   end
 end
@@ -335,10 +333,7 @@ end
 -- Nothing is reserved, but what the search walked is kept: the next search jumps over it.
 local function keep_runs(e)
   for b = 1, #e.budgets do
-    local set = changed_runs(e.budgets[b])
-    if #set > 0 then
-      redis.call('HSET', e.budgets[b].hash, unpack(set))
-    end
+    HASH.set(e.budgets[b].hash, changed_runs(e.budgets[b]))
   end
 end
 
@@ -351,15 +346,15 @@ local function shift_budgets(e, slot, now, delta)
       local window = slot - slot % per
       if l.counts and window + per > now and not (delta < 0 and l.spread) then
         local name = per .. ':' .. window
-        local before = tonumber(redis.call('HGET', budget.hash, name))
+        local before = tonumber(HASH.get(budget.hash, name))
         if before then
           local used = math.max(before + delta, 0)
-          redis.call('HSET', budget.hash, name, used)
+          HASH.set(budget.hash, {name, used})
           if budget.own_floor and not l.share then
             local part = name .. ':f:' .. budget.floors[budget.own_floor].rule
-            local held = tonumber(redis.call('HGET', budget.hash, part))
+            local held = tonumber(HASH.get(budget.hash, part))
             if held then
-              redis.call('HSET', budget.hash, part, math.max(held + delta, 0))
+              HASH.set(budget.hash, {part, math.max(held + delta, 0)})
             end
           end
           -- Read again when the search needs it (with the floors' parts).
@@ -372,7 +367,7 @@ local function shift_budgets(e, slot, now, delta)
           local run = l.run
           if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
             run.least = used
-            redis.call('HSET', budget.hash, 'run:' .. per, run.from .. ':' .. run.through .. ':' .. used)
+            HASH.set(budget.hash, {'run:' .. per, run.from .. ':' .. run.through .. ':' .. used})
           end
         end
       end

@@ -8,7 +8,7 @@ local function old_slot(e)
   local recorded, corrected = e.answers.get(e, e.field .. CORRECTED)
   local kind, slot, _, _, cost = parse_answer(recorded or '')
   if corrected then
-    redis.call('HDEL', KEYS[e.base + 1], e.field .. CORRECTED)
+    HASH.remove(KEYS[e.base + 1], e.field .. CORRECTED)
   end
   if kind ~= 'R' then
     return nil
@@ -40,15 +40,15 @@ local function give_back(e, values, last, now, old, cost)
       changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
     elseif kind == 'sliding' and latest and a then
       local key = KEYS[e.base + 2 + l.extra]
-      local newest = redis.call('ZRANGE', key, -2, -1, 'WITHSCORES')
+      local newest = SLOTS.newest(key, 2)
       local n = #newest
       if n >= 2 and tonumber(newest[n - 1]) == old then
         local before = (n == 4 and tonumber(newest[2])) or a
         local total = tonumber(newest[n]) - cost
         if total <= before then
-          redis.call('ZREM', key, newest[n - 1])
+          SLOTS.remove(key, newest[n - 1])
         else
-          redis.call('ZADD', key, total, newest[n - 1])
+          SLOTS.put(key, newest[n - 1], total)
         end
       end
     end
@@ -78,9 +78,9 @@ local function charge(e, values, now, slot, more)
       changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
     elseif kind == 'sliding' and a then
       local key = KEYS[e.base + 2 + l.extra]
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local newest = SLOTS.newest(key, 1)
       if newest[1] then
-        redis.call('ZADD', key, tonumber(newest[2]) + more, newest[1])
+        SLOTS.put(key, newest[1], tonumber(newest[2]) + more)
       end
     end
   end
@@ -99,7 +99,7 @@ local function correct(e, now)
   slot, decided_at = e.answers_base + slot, e.answers_base + decided_at
   if kind ~= 'R' then
     return reply(slot, kind, CORRECTION.unknown, now, booked)
-  elseif redis.call('HSETNX', KEYS[e.base + 1], e.field .. CORRECTED, e.cost) == 0 then
+  elseif not HASH.set_new(KEYS[e.base + 1], e.field .. CORRECTED, e.cost) then
     return reply(slot, kind, CORRECTION.already, now, booked)
   end
   -- The counts in force as an event of cost 1 sees them (no count is below it).

@@ -34,12 +34,11 @@ local function limit_accepts(e, l, a, b, last, t)
   elseif kind == 'sliding' then
     if a then
       local key = KEYS[e.base + 2 + l.extra]
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local newest = SLOTS.newest(key, 1)
       -- Drop the oldest slots until what is left leaves room for `cost`.
       local threshold = (tonumber(newest[2]) or a) - (limit - cost)
       if threshold > a then
-        local first_kept = redis.call('ZRANGEBYSCORE', key, threshold, '+inf', 'LIMIT', 0, 1)
-        return math.max(t, tonumber(first_kept[1]) + per + margin)
+        return math.max(t, tonumber(SLOTS.first_from(key, threshold)) + per + margin)
       end
     elseif last then
       return math.max(t, last + per + margin)
@@ -94,21 +93,21 @@ local function commit_entity(e, values, slot, now)
     else
       local key = KEYS[e.base + 2 + l.extra]
       local base_cost = a or 0
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local newest = SLOTS.newest(key, 1)
       local total = tonumber(newest[2]) or base_cost
       -- Members are slot times: a slot equal to the newest one merges into it (its total grows).
-      redis.call('ZADD', key, total + cost, slot)
+      SLOTS.put(key, slot, total + cost)
       while true do
-        local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        local oldest = SLOTS.oldest(key)
         if not oldest[1] or tonumber(oldest[1]) > slot - per - e.margin then
           break
         end
         base_cost = tonumber(oldest[2])
-        redis.call('ZREM', key, oldest[1])
+        SLOTS.remove(key, oldest[1])
       end
       changes[n + 1], changes[n + 2] = fa, base_cost
       values[STATE_HEAD + 2 * i - 1] = base_cost
-      redis.call('PEXPIRE', key, ttl)
+      HASH.keep(key, ttl)
     end
   end
   -- The state must outlive the slot by its TTL margin; it is given twice that when it is set, so
@@ -121,7 +120,7 @@ local function commit_entity(e, values, slot, now)
     -- Overrides may need the hash to live longer, or for ever.
     local keep = e.overrides ~= NO_OVERRIDES and overrides_keep(e.overrides)
     if keep == true then
-      redis.call('PERSIST', state_key)
+      HASH.keep_for_ever(state_key)
     else
       pexpire = math.max(expires, keep or 0) - now
     end
@@ -133,8 +132,8 @@ local function commit_entity(e, values, slot, now)
       changes[#changes + 1], changes[#changes + 2] = OVERRIDES, blob
     end
     values[STATE_HEAD + 2 * #e.limits + STATE_OVERRIDES], e.folded = blob, false
-    redis.call('HDEL', state_key, FIELD_LEGACY_FRONTIER)
-    redis.call('DEL', KEYS[e.base + 2])
+    HASH.remove(state_key, FIELD_LEGACY_FRONTIER)
+    HASH.delete(KEYS[e.base + 2])
   end
   e.state.write(e, changes, pexpire)
   -- What this call's next event of the entity reads (a cached state): the state as it is now.

@@ -6,9 +6,9 @@
 -- windows, never below zero, and a run of full windows it lies in keeps only what it now holds.
 -- A window up to the pool's booked hint gained room (a credit, a give-back): the hint ends before it.
 local function lower_booked(key, per, window)
-  local booked = tonumber(redis.call('HGET', key, 'B:' .. per))
+  local booked = tonumber(HASH.get(key, 'B:' .. per))
   if booked and window <= booked then
-    redis.call('HSET', key, 'B:' .. per, window - per)
+    HASH.set(key, {'B:' .. per, window - per})
   end
 end
 
@@ -17,13 +17,13 @@ end
 -- sends the home after the call (RedisStore::send_returns, lua/returns.lua).
 local function give_back_lease(key, per, window, units, now)
   local name = per .. ':' .. window
-  local held = redis.call('HMGET', key, name, name .. ':l', name .. ':r', FIELD_POOL_RETURNS)
+  local held = HASH.get_all(key, {name, name .. ':l', name .. ':r', FIELD_POOL_RETURNS})
   local spare = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0) - (tonumber(held[1]) or 0)
   units = math.min(units, spare)
   if units <= 0 then
     return
   end
-  redis.call('HINCRBY', key, name .. ':r', units)
+  HASH.add(key, name .. ':r', units)
   -- The list keeps the windows that have not closed.
   local listed, kept = false, {}
   for entry in string.gmatch(held[4] or '', '[^,]+') do
@@ -38,7 +38,7 @@ local function give_back_lease(key, per, window, units, now)
   if not listed then
     kept[#kept + 1] = name
   end
-  redis.call('HSET', key, FIELD_POOL_RETURNS, table.concat(kept, ','))
+  HASH.set(key, {FIELD_POOL_RETURNS, table.concat(kept, ',')})
 end
 
 -- A pool's window of a leased budget limit: what the partition booked of it and what it was leased.
@@ -48,7 +48,7 @@ local function pool_use(budget, l, window)
     return used, l.leased[window]
   end
   local name = l.per .. ':' .. window
-  local held = redis.call('HMGET', budget.hash, name, name .. ':l', name .. ':r')
+  local held = HASH.get_all(budget.hash, {name, name .. ':l', name .. ':r'})
   used = tonumber(held[1]) or 0
   -- What it gave back of the lease is no longer its to book (`give_back_lease`).
   local leased = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
@@ -111,13 +111,13 @@ local function credit(now)
   local key, per, window, total, full, keep = KEYS[int()], int(), int(), int(), int(), int()
   local full_field, top_field = 'F:' .. per, 'T:' .. per
   local set = {}
-  local held = redis.call('HMGET', key, full_field, top_field)
+  local held = HASH.get_all(key, {full_field, top_field})
   if not tonumber(held[1]) or full > tonumber(held[1]) then
     set[#set + 1], set[#set + 2] = full_field, full
   end
   if window then
     local name = per .. ':' .. window .. ':l'
-    local leased = tonumber(redis.call('HGET', key, name)) or 0
+    local leased = tonumber(HASH.get(key, name)) or 0
     if total > leased then
       set[#set + 1], set[#set + 2] = name, total
       lower_booked(key, per, window)
@@ -127,10 +127,10 @@ local function credit(now)
     end
   end
   if #set > 0 then
-    redis.call('HSET', key, unpack(set))
+    HASH.set(key, set)
     local ttl = math.max((window or now) + keep - now, 1)
-    if redis.call('PTTL', key) < ttl then
-      redis.call('PEXPIRE', key, ttl)
+    if HASH.life(key) < ttl then
+      HASH.keep(key, ttl)
     end
   end
 end

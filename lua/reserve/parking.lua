@@ -45,14 +45,13 @@ end
 -- (its answer's life): a state's 'exp' says so, so that no commit shortens it.
 local function park(e, values, now)
   local queue, at = queue_key(e), parked_at(e)
-  redis.call('RPUSH', queue, queue_entry(e))
-  redis.call('PEXPIRE', queue, e.answers_keep)
+  QUEUE.push(queue, queue_entry(e), e.answers_keep)
   set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false)
   local keep = now + e.answers_keep
   if not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep then
     values[STATE_EXPIRES] = keep
     e.state.write(e, {FIELD_EXPIRES, keep}, false)
-    redis.call('PEXPIRE', KEYS[e.base], e.answers_keep, 'GT')
+    HASH.keep(KEYS[e.base], e.answers_keep, 'GT')
   end
 end
 
@@ -64,14 +63,14 @@ local function unpark(e, now)
   local queue, entry = queue_key(e), queue_entry(e)
   local recorded = e.answers.get(e)
   local kind, _, decided = parse_answer(recorded or '')
-  local head = redis.call('LINDEX', queue, 0) == entry
+  local head = QUEUE.head(queue) == entry
   local since
   if kind == 'P' then
     since = e.answers_base + tonumber(decided)
   elseif not recorded and head then
     -- Its answer expired: the drain stopped for longer than max_delay and the margin.
     since = EXPIRED_PARK
-  elseif redis.call('LPOS', queue, entry) then
+  elseif QUEUE.holds(queue, entry) then
     return {0, NOT_HEAD, 0, now, 0}
   else
     return {0, NOT_PARKED, 0, now, 0}
@@ -91,9 +90,7 @@ local function unpark(e, now)
   -- between the two leaves it there for the next one.
   local leaves = function()
     local handing = string.sub(queue, 1, -2) .. 'h'
-    redis.call('LPOP', queue)
-    redis.call('RPUSH', handing, entry)
-    redis.call('PEXPIRE', handing, e.answers_keep)
+    QUEUE.move_head(queue, handing, e.answers_keep)
     if parked <= 1 then
       set_parked(e, values, 0, false)
     else

@@ -30,7 +30,7 @@ local function share(events)
     local key = order[i]
     local fields = wanted[key]
     if #fields > 1 then
-      local values = redis.call('HMGET', key, unpack(fields))
+      local values = HASH.get_all(key, fields)
       local known = {}
       for j = 1, #fields do
         known[fields[j]] = values[j]

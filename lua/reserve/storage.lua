@@ -157,3 +157,105 @@ function CACHED_ANSWERS.file(e, value, ttl)
   CACHED_ANSWERS.set(e, value, ttl)
   return true
 end
+
+-- Every other hash, sorted set and list of the reservation: budget calendars and pools, a
+-- sliding limit's slots, a key's queue of parked messages. What each room asks of them, named;
+-- only this room calls Redis.
+local HASH, SLOTS, QUEUE = {}, {}, {}
+
+function HASH.get(key, field)
+  return redis.call('HGET', key, field)
+end
+
+-- The values of the fields `names` (a list), in order.
+function HASH.get_all(key, names)
+  return redis.call('HMGET', key, unpack(names))
+end
+
+-- The values of the fields named by ARGV[from..to], in order.
+function HASH.get_span(key, from, to)
+  return redis.call('HMGET', key, unpack(ARGV, from, to))
+end
+
+-- Sets the fields `changes` (name, value, ...), none when empty.
+function HASH.set(key, changes)
+  if #changes > 0 then
+    redis.call('HSET', key, unpack(changes))
+  end
+end
+
+function HASH.add(key, field, units)
+  redis.call('HINCRBY', key, field, units)
+end
+
+-- Sets the field unless it is set: whether it was not.
+function HASH.set_new(key, field, value)
+  return redis.call('HSETNX', key, field, value) == 1
+end
+
+function HASH.remove(key, field)
+  redis.call('HDEL', key, field)
+end
+
+-- Any key's life: `ttl` ms from now (`mode` 'GT': only longer), for ever, or what is left of it.
+function HASH.keep(key, ttl, mode)
+  if mode then
+    redis.call('PEXPIRE', key, ttl, mode)
+  else
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+function HASH.keep_for_ever(key)
+  redis.call('PERSIST', key)
+end
+
+function HASH.life(key)
+  return redis.call('PTTL', key)
+end
+
+function HASH.delete(key)
+  redis.call('DEL', key)
+end
+
+-- A sliding limit's slots: members are slot times, scores the running total of cost up to each.
+-- The newest `n` as {member, score, ...}, oldest first; the oldest one.
+function SLOTS.newest(key, n)
+  return redis.call('ZRANGE', key, -n, -1, 'WITHSCORES')
+end
+
+function SLOTS.oldest(key)
+  return redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+end
+
+-- The first slot whose total is at least `total`, or nil.
+function SLOTS.first_from(key, total)
+  return redis.call('ZRANGEBYSCORE', key, total, '+inf', 'LIMIT', 0, 1)[1]
+end
+
+function SLOTS.put(key, slot, total)
+  redis.call('ZADD', key, total, slot)
+end
+
+function SLOTS.remove(key, slot)
+  redis.call('ZREM', key, slot)
+end
+
+-- A queue of parked messages, oldest first; each list lives `keep` ms from its last push.
+function QUEUE.push(key, entry, keep)
+  redis.call('RPUSH', key, entry)
+  redis.call('PEXPIRE', key, keep)
+end
+
+function QUEUE.head(key)
+  return redis.call('LINDEX', key, 0)
+end
+
+function QUEUE.holds(key, entry)
+  return redis.call('LPOS', key, entry) ~= false
+end
+
+-- Moves the head of `from` to the end of `to`.
+function QUEUE.move_head(from, to, keep)
+  QUEUE.push(to, redis.call('LPOP', from), keep)
+end

@@ -265,6 +265,26 @@ mod tests {
         assert!(RESERVE_SOURCE.contains("local names, limits = {'f'}"), "the names are written in as strings");
     }
 
+    /// The storage room is the reservation's only way to Redis: no other room calls it, so a
+    /// change of layout (a field, a key, a structure) is made in one file.
+    #[test]
+    fn only_the_storage_room_calls_redis() {
+        for (room, text) in RESERVE_ROOMS {
+            let calls: Vec<&str> = text
+                .lines()
+                .filter(|line| {
+                    let code = line.split("--").next().unwrap_or_default();
+                    code.contains("redis.call") || code.contains("redis.pcall")
+                })
+                .collect();
+            if room == "storage" {
+                assert!(calls.len() > 10, "the storage room holds the calls");
+            } else {
+                assert!(calls.is_empty(), "{room} calls Redis itself: {calls:?}");
+            }
+        }
+    }
+
     /// Every room of `lua/reserve/` is assembled, once, in the order of RESERVE_ROOMS: a room
     /// that uses a local of a later room would find nil there.
     #[test]
