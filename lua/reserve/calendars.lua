@@ -80,9 +80,8 @@ local function read_budgets(e, now)
         l.n = scaled(l.n, budget.level, e.cost)
       end
       -- A column's field of limit j: held[BUDGET_HEAD + (column - 1) * count + j].
-      l.lo, l.used, l.parts = tonumber(held[BUDGET_HEAD + (BUDGET_OLDEST - 1) * count + j]) or false, {}, {}
+      l.lo, l.used, l.beside = tonumber(held[BUDGET_HEAD + (BUDGET_OLDEST - 1) * count + j]) or false, {}, {}
       if budget.leased then
-        l.leased = {}
         l.full = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_FULL - 1) * count + j]) or false
         l.top = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_TOP - 1) * count + j]) or false
         l.booked, l.booked_changed = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_BOOKED - 1) * count + j]) or false, false
@@ -152,28 +151,24 @@ local function counts_in_force(e, now)
 end
 
 -- What a budget window holds: its cost, and each floor's part of it (false without floors).
-local function window_use(budget, l, window)
-  local used = l.used[window]
-  if used then
-    return used, l.parts[window]
-  end
+local function read_calendar_window(budget, l, window)
   local name, floors = l.per .. ':' .. window, budget.floors
-  local parts = false
   if #floors == 0 or l.share then
-    used = tonumber(HASH.get(budget.hash, name)) or 0
-  else
-    local names = {name}
-    for k = 1, #floors do
-      names[k + 1] = name .. ':f:' .. floors[k].rule
-    end
-    local held = HASH.get_all(budget.hash, names)
-    used, parts = tonumber(held[1]) or 0, {}
-    for k = 1, #floors do
-      parts[k] = tonumber(held[k + 1]) or 0
-    end
+    return tonumber(HASH.get(budget.hash, name)) or 0, false
   end
-  l.used[window], l.parts[window] = used, parts
-  return used, parts
+  local names = {name}
+  for k = 1, #floors do
+    names[k + 1] = name .. ':f:' .. floors[k].rule
+  end
+  local held, parts = HASH.get_all(budget.hash, names), {}
+  for k = 1, #floors do
+    parts[k] = tonumber(held[k + 1]) or 0
+  end
+  return tonumber(held[1]) or 0, parts
+end
+
+local function window_use(budget, l, window)
+  return window_once(budget, l, window, read_calendar_window)
 end
 
 -- Whether a window holding `used` (`parts` by floor) takes `cost` more (schedule.rs's

@@ -8,7 +8,7 @@ local function old_slot(e)
   local recorded, corrected = e.answers.get(e, e.field .. CORRECTED)
   local kind, slot, _, _, cost = parse_answer(recorded or '')
   if corrected then
-    HASH.remove(KEYS[e.base + 1], e.field .. CORRECTED)
+    HASH.remove(KEYS[e.base + KEY_ANSWERS], e.field .. CORRECTED)
   end
   if kind ~= 'R' then
     return nil
@@ -39,7 +39,7 @@ local function give_back(e, values, last, now, old, cost)
       values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
       changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
     elseif kind == 'sliding' and latest and a then
-      local key = KEYS[e.base + 2 + l.extra]
+      local key = KEYS[e.base + KEY_SLIDING - 1 + l.extra]
       local newest = SLOTS.newest(key, 2)
       local n = #newest
       if n >= 2 and tonumber(newest[n - 1]) == old then
@@ -77,7 +77,7 @@ local function charge(e, values, now, slot, more)
       values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
       changes[#changes + 1], changes[#changes + 2], changes[#changes + 3], changes[#changes + 4] = fa, tat, fb, rem
     elseif kind == 'sliding' and a then
-      local key = KEYS[e.base + 2 + l.extra]
+      local key = KEYS[e.base + KEY_SLIDING - 1 + l.extra]
       local newest = SLOTS.newest(key, 1)
       if newest[1] then
         SLOTS.put(key, newest[1], tonumber(newest[2]) + more)
@@ -99,7 +99,7 @@ local function correct(e, now)
   slot, decided_at = e.answers_base + slot, e.answers_base + decided_at
   if kind ~= 'R' then
     return reply(slot, kind, CORRECTION.unknown, now, booked)
-  elseif not HASH.set_new(KEYS[e.base + 1], e.field .. CORRECTED, e.cost) then
+  elseif not HASH.set_new(KEYS[e.base + KEY_ANSWERS], e.field .. CORRECTED, e.cost) then
     return reply(slot, kind, CORRECTION.already, now, booked)
   end
   -- The counts in force as an event of cost 1 sees them (no count is below it).

@@ -33,7 +33,7 @@ local function limit_accepts(e, l, a, b, last, t)
     return t
   elseif kind == 'sliding' then
     if a then
-      local key = KEYS[e.base + 2 + l.extra]
+      local key = KEYS[e.base + KEY_SLIDING - 1 + l.extra]
       local newest = SLOTS.newest(key, 1)
       -- Drop the oldest slots until what is left leaves room for `cost`.
       local threshold = (tonumber(newest[2]) or a) - (limit - cost)
@@ -61,7 +61,7 @@ end
 
 -- The entity's state after `slot` is reserved: each limit's two fields, the frontier, and its TTL.
 local function commit_entity(e, values, slot, now)
-  local state_key, cost, state_ttl = KEYS[e.base], e.cost, e.state_ttl
+  local state_key, cost, state_ttl = KEYS[e.base + KEY_STATE], e.cost, e.state_ttl
   local ttl = slot - now + state_ttl
   local changes = {FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY, e.answers_base}
   local limits = e.limits
@@ -91,7 +91,7 @@ local function commit_entity(e, values, slot, now)
       changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, tat, fb, rem
       values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
     else
-      local key = KEYS[e.base + 2 + l.extra]
+      local key = KEYS[e.base + KEY_SLIDING - 1 + l.extra]
       local base_cost = a or 0
       local newest = SLOTS.newest(key, 1)
       local total = tonumber(newest[2]) or base_cost
@@ -133,7 +133,7 @@ local function commit_entity(e, values, slot, now)
     end
     values[STATE_HEAD + 2 * #e.limits + STATE_OVERRIDES], e.folded = blob, false
     HASH.remove(state_key, FIELD_LEGACY_FRONTIER)
-    HASH.delete(KEYS[e.base + 2])
+    HASH.delete(KEYS[e.base + KEY_LEGACY_OVERRIDES])
   end
   e.state.write(e, changes, pexpire)
   -- What this call's next event of the entity reads (a cached state): the state as it is now.

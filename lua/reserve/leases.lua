@@ -41,19 +41,16 @@ local function give_back_lease(key, per, window, units, now)
   HASH.set(key, {FIELD_POOL_RETURNS, table.concat(kept, ',')})
 end
 
--- A pool's window of a leased budget limit: what the partition booked of it and what it was leased.
-local function pool_use(budget, l, window)
-  local used = l.used[window]
-  if used then
-    return used, l.leased[window]
-  end
+-- A pool's window of a leased budget limit: what the partition booked of it and what it was
+-- leased, less what it gave back of the lease (no longer its to book: `give_back_lease`).
+local function read_pool_window(budget, l, window)
   local name = l.per .. ':' .. window
   local held = HASH.get_all(budget.hash, {name, name .. ':l', name .. ':r'})
-  used = tonumber(held[1]) or 0
-  -- What it gave back of the lease is no longer its to book (`give_back_lease`).
-  local leased = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
-  l.used[window], l.leased[window] = used, leased
-  return used, leased
+  return tonumber(held[1]) or 0, (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0)
+end
+
+local function pool_use(budget, l, window)
+  return window_once(budget, l, window, read_pool_window)
 end
 
 -- The earliest time >= slot at which a partition's pool of a leased budget limit accepts the cost

@@ -10,7 +10,7 @@ local function read_overrides(e, values)
   if not values[STATE_FRONTIER] and legacy_last then
     e.overrides = parse_overrides(blob)
     e.folded = true
-    fold_legacy_overrides(KEYS[e.base + 2], e.overrides)
+    fold_legacy_overrides(KEYS[e.base + KEY_LEGACY_OVERRIDES], e.overrides)
     return tonumber(legacy_last)
   elseif blob then
     e.overrides = parse_overrides(blob)

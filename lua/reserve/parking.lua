@@ -5,11 +5,11 @@
 -- ('<prefix>:state' -> '<prefix>:q'), each entry the message's answers hash, a newline and its
 -- field (8 bytes); `<prefix>:h` lists those a drain took and is handing over.
 local function queue_key(e)
-  return string.sub(KEYS[e.base], 1, -6) .. 'q'
+  return string.sub(KEYS[e.base + KEY_STATE], 1, -6) .. 'q'
 end
 
 local function queue_entry(e)
-  return KEYS[e.base + 1] .. '\n' .. e.field
+  return KEYS[e.base + KEY_ANSWERS] .. '\n' .. e.field
 end
 
 -- Where the state's 'q' (how many messages are parked) sits among its fields; 'wk' follows it.
@@ -51,7 +51,7 @@ local function park(e, values, now)
   if not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep then
     values[STATE_EXPIRES] = keep
     e.state.write(e, {FIELD_EXPIRES, keep}, false)
-    HASH.keep(KEYS[e.base], e.answers_keep, 'GT')
+    HASH.keep(KEYS[e.base + KEY_STATE], e.answers_keep, 'GT')
   end
 end
 

@@ -8,7 +8,7 @@ local function share(events)
   local states, wanted, order = {}, {}, {}
   for i = 1, #events do
     local e = events[i]
-    local state, key = KEYS[e.base], KEYS[e.base + 1]
+    local state, key = KEYS[e.base + KEY_STATE], KEYS[e.base + KEY_ANSWERS]
     states[state] = (states[state] or 0) + 1
     local fields = wanted[key]
     if not fields then
@@ -19,10 +19,10 @@ local function share(events)
   end
   for i = 1, #events do
     local e = events[i]
-    if states[KEYS[e.base]] > 1 then
+    if states[KEYS[e.base + KEY_STATE]] > 1 then
       e.state = CACHED_STATE
     end
-    if #wanted[KEYS[e.base + 1]] > 1 then
+    if #wanted[KEYS[e.base + KEY_ANSWERS]] > 1 then
       e.answers = CACHED_ANSWERS
     end
   end

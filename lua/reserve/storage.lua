@@ -77,25 +77,25 @@ local PLAIN_STATE, CACHED_STATE = {}, {}
 
 -- The entity's state fields (ARGV[state_from..state_to]), as the call left them.
 function PLAIN_STATE.read(e)
-  return redis.call('HMGET', KEYS[e.base], unpack(ARGV, e.state_from, e.state_to))
+  return redis.call('HMGET', KEYS[e.base + KEY_STATE], unpack(ARGV, e.state_from, e.state_to))
 end
 
 function CACHED_STATE.read(e)
-  return hmget(KEYS[e.base], e.state_from, e.state_to)
+  return hmget(KEYS[e.base + KEY_STATE], e.state_from, e.state_to)
 end
 
 -- Sets the state fields `changes` (name, value, ...); `ttl`: a PEXPIRE after, or false.
 function PLAIN_STATE.write(e, changes, ttl)
   if #changes > 0 then
-    redis.call('HSET', KEYS[e.base], unpack(changes))
+    redis.call('HSET', KEYS[e.base + KEY_STATE], unpack(changes))
   end
   if ttl then
-    redis.call('PEXPIRE', KEYS[e.base], ttl)
+    redis.call('PEXPIRE', KEYS[e.base + KEY_STATE], ttl)
   end
 end
 
 function CACHED_STATE.write(e, changes, ttl)
-  write_hash(KEYS[e.base], changes, ttl)
+  write_hash(KEYS[e.base + KEY_STATE], changes, ttl)
 end
 
 local PLAIN_ANSWERS, CACHED_ANSWERS = {}, {}
@@ -106,27 +106,27 @@ function PLAIN_ANSWERS.ahead()
 end
 
 function CACHED_ANSWERS.ahead(e)
-  return answers[KEYS[e.base + 1]][e.field]
+  return answers[KEYS[e.base + KEY_ANSWERS]][e.field]
 end
 
 -- The message's answer (false for none), and the value of the field `also` of its answers hash
 -- when asked, in one read.
 function PLAIN_ANSWERS.get(e, also)
   if also then
-    local held = redis.call('HMGET', KEYS[e.base + 1], e.field, also)
+    local held = redis.call('HMGET', KEYS[e.base + KEY_ANSWERS], e.field, also)
     return held[1], held[2]
   end
-  return redis.call('HGET', KEYS[e.base + 1], e.field)
+  return redis.call('HGET', KEYS[e.base + KEY_ANSWERS], e.field)
 end
 
 function CACHED_ANSWERS.get(e, also)
-  local key = KEYS[e.base + 1]
+  local key = KEYS[e.base + KEY_ANSWERS]
   return answers[key][e.field], also and redis.call('HGET', key, also)
 end
 
 -- Sets the message's answer `value`, replacing any (`ttl`: a PEXPIRE of the answers hash after).
 function PLAIN_ANSWERS.set(e, value, ttl)
-  local key = KEYS[e.base + 1]
+  local key = KEYS[e.base + KEY_ANSWERS]
   redis.call('HSET', key, e.field, value)
   if ttl then
     redis.call('PEXPIRE', key, ttl)
@@ -134,7 +134,7 @@ function PLAIN_ANSWERS.set(e, value, ttl)
 end
 
 function CACHED_ANSWERS.set(e, value, ttl)
-  local key = KEYS[e.base + 1]
+  local key = KEYS[e.base + KEY_ANSWERS]
   write_hash(key, {e.field, value}, ttl)
   answers[key][e.field] = value
 end
@@ -143,7 +143,7 @@ end
 -- plain way asks Redis with HSETNX, so a new message costs no read of its answer; a cached
 -- hash's answers were read ahead, so `decide` has replayed a known one before it gets here.
 function PLAIN_ANSWERS.file(e, value, ttl)
-  local key = KEYS[e.base + 1]
+  local key = KEYS[e.base + KEY_ANSWERS]
   if redis.call('HSETNX', key, e.field, value) == 0 then
     return false
   end
@@ -162,6 +162,20 @@ end
 -- sliding limit's slots, a key's queue of parked messages. What each room asks of them, named;
 -- only this room calls Redis.
 local HASH, SLOTS, QUEUE = {}, {}, {}
+
+-- A budget limit's window as `read(budget, l, window)` gives it (what it holds, and beside it a
+-- calendar's parts by floor or a pool's lease), read once per call: `l.used` and `l.beside` keep
+-- it, and a change of the window clears its `l.used`.
+local function window_once(budget, l, window, read)
+  local used = l.used[window]
+  if used then
+    return used, l.beside[window]
+  end
+  local beside
+  used, beside = read(budget, l, window)
+  l.used[window], l.beside[window] = used, beside
+  return used, beside
+end
 
 function HASH.get(key, field)
   return redis.call('HGET', key, field)

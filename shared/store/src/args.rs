@@ -66,6 +66,26 @@ pub(crate) const BUDGET_COLUMNS: [&str; 5] =
 pub(crate) const BUDGET_TAIL: [(&str, &str); 2] =
     [("budget.overrides", field::OVERRIDES), ("budget.carried", field::CARRIED)];
 
+/// An event's keys, in KEYS from the event's first (`event.first_key`): the script reads each at
+/// `e.base + KEY_ANSWERS` and so on, a sliding limit's at `e.base + KEY_SLIDING - 1 + extra`.
+/// Its budgets' hashes follow, at the offsets its limits name.
+pub(crate) const EVENT_KEYS: [&str; 4] = ["key.state", "key.answers", "key.legacy_overrides", "key.sliding"];
+
+/// An entity's keys in the order of EVENT_KEYS.
+fn event_keys(keys: &EntityKeys) -> Vec<String> {
+    let mut list = Vec::with_capacity(EVENT_KEYS.len() + keys.sliding.len());
+    for name in EVENT_KEYS {
+        match name {
+            "key.state" => list.push(keys.state.clone()),
+            "key.answers" => list.push(keys.answers.clone()),
+            "key.legacy_overrides" => list.push(keys.legacy_overrides.clone()),
+            "key.sliding" => list.extend(keys.sliding.iter().cloned()),
+            other => unreachable!("EVENT_KEYS names {other}, which event_keys does not write"),
+        }
+    }
+    list
+}
+
 /// A column's hash field for the budget limit of period `per`.
 fn budget_column(column: &str, per: Millis) -> String {
     match column {
@@ -306,8 +326,7 @@ impl ReserveArgs {
     pub fn event(&mut self, namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> &mut Self {
         let event = &request.event;
         let base = self.keys.len() as i64 + 1;
-        self.keys.extend([keys.state.clone(), keys.answers.clone(), keys.legacy_overrides.clone()]);
-        self.keys.extend(keys.sliding.iter().cloned());
+        self.keys.extend(event_keys(keys));
         let budgets_at = self.keys.len() as i64 + 1 - base;
         let (scope, class) = event.class.unzip();
         self.keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
@@ -533,5 +552,25 @@ mod tests {
         for limit in names[limits_at + 1..].chunks(LIMIT_RECORD.len()).take(limits.len()) {
             assert_eq!(limit, LIMIT_RECORD);
         }
+    }
+
+    /// The event's keys sit where EVENT_KEYS says, from its first: the script reads them by the
+    /// KEY_* offsets generated from those names.
+    #[test]
+    fn the_event_s_keys_sit_at_their_named_offsets() {
+        let limits =
+            [Limit::new(10, 1_000, Window::Sliding).unwrap(), Limit::new(50, 60_000, Window::Sliding).unwrap()];
+        let request = SlotRequest::new("r", "k", ReserveRequest::new("m", &limits, 0));
+        let keys = EntityKeys::new("drip", request.rule_ref(), "k", "m", None, &limits);
+        let mut call = ReserveArgs::new(None);
+        call.event("drip", &keys, &request);
+        let offset = |name: &str| EVENT_KEYS.iter().position(|n| *n == name).expect(name);
+        assert_eq!(call.keys[offset("key.state")], keys.state);
+        assert_eq!(call.keys[offset("key.answers")], keys.answers);
+        assert_eq!(call.keys[offset("key.legacy_overrides")], keys.legacy_overrides);
+        assert_eq!(call.keys[offset("key.sliding")..offset("key.sliding") + 2], keys.sliding[..]);
+        let script = &*crate::scripts::RESERVE_SOURCE;
+        assert!(script.contains(&format!("KEYS[e.base + {}]", offset("key.answers"))), "written in as numbers");
+        assert!(!script.contains("KEY_ANSWERS"), "no name is left in the script");
     }
 }

@@ -8,7 +8,9 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, ToRedisArgs};
 
-use crate::args::{BUDGET_COLUMNS, BUDGET_HEAD, BUDGET_TAIL, EVENT_RECORD, LIMIT_RECORD, STATE_HEAD, STATE_TAIL};
+use crate::args::{
+    BUDGET_COLUMNS, BUDGET_HEAD, BUDGET_TAIL, EVENT_KEYS, EVENT_RECORD, LIMIT_RECORD, STATE_HEAD, STATE_TAIL,
+};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
@@ -183,6 +185,8 @@ fn with_record_places(script: &str) -> String {
         places.push((record.to_owned(), fields.len()));
         places.extend(fields.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at + 1)));
     }
+    // The event's keys are offsets from its first (0 for the first).
+    places.extend(EVENT_KEYS.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at)));
     let mut words: Vec<(String, String)> = places.into_iter().map(|(name, place)| (name, place.to_string())).collect();
     words
         .extend(crate::keys::field::SCRIPT_FIELDS.iter().map(|(name, value)| (name.to_string(), format!("'{value}'"))));
@@ -256,7 +260,7 @@ mod tests {
                 for (name, value) in crate::keys::field::SCRIPT_FIELDS {
                     let quoted = format!("'{value}'");
                     // The queue's key ends in ':q' too, and 'R' is also STATUS.R (reserved).
-                    let allowed = (room == "parking" && value == "q" && code.contains("KEYS[e.base]"))
+                    let allowed = (room == "parking" && value == "q" && code.contains("KEYS[e.base + KEY_STATE]"))
                         || (value == "R" && room != "leases");
                     assert!(!code.contains(&quoted) || allowed, "{room} spells {quoted} (use {name}): {line}");
                 }
