@@ -68,9 +68,7 @@ fn task_body(prefix: &str, rule: &str, topic: &str, id: &str, data: &[u8]) -> Ta
             rule_id: None,
             window_type: "RPS".into(),
             limit: 1,
-            scheduled_for: drip_core::time::format_rfc3339(
-                drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() - 250,
-            ),
+            scheduled_for: drip_core::time::system_time_to_millis(std::time::SystemTime::now()).unwrap() - 250,
             overflow_topic: format!("{prefix}-{topic}"),
             cost: None,
         },
@@ -168,7 +166,10 @@ async fn publishes_the_enriched_event_with_its_attributes_once() {
     assert_eq!(message.attributes["drip-message-id"], "m1");
     assert_eq!(message.attributes["drip-rule"], format!("{}-payouts", t.prefix));
     assert_eq!(message.attributes["drip-key"], "merchant_8421");
-    assert_eq!(message.attributes["drip-scheduled-for"], body.rate_limit_meta.scheduled_for);
+    assert_eq!(
+        message.attributes["drip-scheduled-for"],
+        drip_core::time::format_rfc3339(body.rate_limit_meta.scheduled_for)
+    );
     assert_eq!(message.attributes["event_type"], "payout");
     let enriched: Value = serde_json::from_slice(&message.data).unwrap();
     let schema = drip_core::overflow::schema();
@@ -240,6 +241,18 @@ async fn a_malformed_task_is_dead_lettered_not_retried_forever() {
     let dead = t.pulled("dlq", 1).await;
     assert_eq!(dead[0].attributes["drip-reason"], "malformed_task");
     assert_eq!(dead[0].data, b"{\"not\":\"a task\"}");
+
+    // The slot travels as a time: a task whose slot is not one is malformed, and says which field.
+    let mut body = serde_json::to_value(task_body(&t.prefix, "payouts", "overflow", "s1", b"{}")).unwrap();
+    body["rateLimitMeta"]["scheduledFor"] = "next tuesday".into();
+    assert_eq!(t.dispatch(&serde_json::to_vec(&body).unwrap(), true, None).await, StatusCode::OK);
+    let dead = t.pulled("dlq", 1).await;
+    assert_eq!(dead[0].attributes["drip-reason"], "malformed_task");
+    assert!(
+        dead[0].attributes["drip-detail"].contains("'next tuesday'"),
+        "the detail names the value: {:?}",
+        dead[0].attributes
+    );
 }
 
 #[tokio::test]
@@ -340,7 +353,7 @@ async fn only_the_limiter_s_sealed_task_is_published_at_its_slot_and_once() {
     let t = start_with(Pubsub::shared(), None).await;
     let slot = wall_clock_millis() + 6_000;
     let mut real = task_body(&t.prefix, "payouts", "overflow", "s1", br#"{"amount":10}"#);
-    real.rate_limit_meta.scheduled_for = drip_core::time::format_rfc3339(slot);
+    real.rate_limit_meta.scheduled_for = slot;
     let encoded = serde_json::to_vec(&real).unwrap();
     let sealed = seal_as(SIGNING_KEY, TASK_NAME, slot, slot + HOUR, &encoded);
 
@@ -373,7 +386,7 @@ async fn only_the_limiter_s_sealed_task_is_published_at_its_slot_and_once() {
     // Within the early tolerance (1 s) the dispatcher waits for the slot.
     let soon = wall_clock_millis() + 700;
     let mut due = task_body(&t.prefix, "payouts", "overflow", "s2", br#"{"amount":10}"#);
-    due.rate_limit_meta.scheduled_for = drip_core::time::format_rfc3339(soon);
+    due.rate_limit_meta.scheduled_for = soon;
     let due = serde_json::to_vec(&due).unwrap();
     let due_seal = seal_as(SIGNING_KEY, TASK_NAME, soon, soon + HOUR, &due);
     assert_eq!(t.send(&due, true, None, Some(due_seal.clone()), 0).await, StatusCode::OK);

@@ -266,7 +266,7 @@ async fn a_rescheduled_claim_checked_event_keeps_its_payload_past_its_retries() 
             rule_id: None,
             window_type: "RPS".into(),
             limit: 2,
-            scheduled_for: drip_core::time::format_rfc3339(slot),
+            scheduled_for: slot,
             overflow_topic: format!("{prefix}-overflow"),
             cost: None,
         },

@@ -23,7 +23,7 @@ use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::OldSlot;
-use drip_core::time::{Millis, format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::EventPost;
 use drip_service::answer::Answer;
 use drip_service::reschedule::{self, Failure, Rescheduler, Wait};
@@ -141,8 +141,8 @@ async fn dispatch_batch(state: &AppState, batch: &TaskBatch<'_>, delivery: &Deli
             Ok(task) => task,
             Err(error) => return dead_letter_malformed(state, &delivery, &error.to_string()).await,
         };
-        let slot = parse_rfc3339(&task.rate_limit_meta.scheduled_for).ok();
-        if let Some(wait) = slot.map(|slot| slot - wall_clock_millis()).filter(|&wait| wait > 0) {
+        let wait = task.rate_limit_meta.scheduled_for - wall_clock_millis();
+        if wait > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
         }
         dispatch_task(state, &task, &delivery, true).await
@@ -191,7 +191,7 @@ async fn dispatch_task(state: &AppState, task: &TaskBody, delivery: &Delivery<'_
         Ok(Outcome::Busy) => Answer::new(StatusCode::SERVICE_UNAVAILABLE, Some(&rule_label), Outcome::Busy),
         Ok(outcome) => {
             let now = wall_clock_millis();
-            let lateness = parse_rfc3339(&meta.scheduled_for).map(|slot| now - slot).unwrap_or(0);
+            let lateness = now - meta.scheduled_for;
             if outcome == Outcome::Published {
                 state.metrics.observe(&rule_label, lateness.max(0) as f64 / 1_000.0);
             }
@@ -325,8 +325,8 @@ async fn deliver_event(
             let why = format!("paused until {} (the downstream said to wait)", format_rfc3339(until));
             return Err(Failure::Wait(Wait::paused(why)));
         }
-        if let Ok(slot) = parse_rfc3339(&task.rate_limit_meta.scheduled_for)
-            && rule.waits_when_late(slot, wall_clock_millis())
+        let slot = task.rate_limit_meta.scheduled_for;
+        if rule.waits_when_late(slot, wall_clock_millis())
             && let Some(later) = take_turn(state, task, (rule, delivery), slot).await?
         {
             return Ok(later);
@@ -356,7 +356,7 @@ async fn deliver_to_url(
         subscription: task.subscription.as_deref(),
         rule: &rule.name,
         key: &meta.key,
-        scheduled_for: parse_rfc3339(&meta.scheduled_for).unwrap_or_else(|_| wall_clock_millis()),
+        scheduled_for: meta.scheduled_for,
         attributes: &task.attributes,
         shadow: None,
         data,

@@ -6,7 +6,7 @@ use drip_core::event::MessageRef;
 use drip_core::outcome::Outcome;
 use drip_core::overflow::{CLAIM_CHECK_MARGIN, RateLimitMeta, TaskBody, TaskPayload, task_id};
 use drip_core::rules::Rule;
-use drip_core::time::{DAY, HOUR, Millis, format_rfc3339, parse_rfc3339};
+use drip_core::time::{DAY, HOUR, Millis};
 use drip_service::reschedule::Failure;
 use drip_service::task_batches::EventTask;
 use drip_store::{Reserved, SlotRequest};
@@ -55,7 +55,7 @@ pub(crate) async fn new_task(
         let keep = slot - reserved.now + CLAIM_CHECK_MARGIN;
         state.store.keep_payload(reference, keep).await.map_err(Failure::transient)?;
     }
-    let rate_limit_meta = RateLimitMeta { scheduled_for: format_rfc3339(slot), ..task.rate_limit_meta.clone() };
+    let rate_limit_meta = RateLimitMeta { scheduled_for: slot, ..task.rate_limit_meta.clone() };
     let body = serde_json::to_vec(&TaskBody { rate_limit_meta, ..task.clone() }).map_err(Failure::transient)?;
     Ok(EventTask { name: task_id(&rule.id, identity, Some(slot)), slot, body })
 }
@@ -73,7 +73,7 @@ pub(crate) fn stamp_of<'a>(task: &'a TaskBody, rule: Option<&'a Rule>) -> Stamp<
         subscription: task.subscription.as_deref(),
         rule: Some(rule.map_or(meta.rule.as_str(), |r| r.name.as_str())),
         key: Some(&meta.key),
-        scheduled_for: parse_rfc3339(&meta.scheduled_for).ok(),
+        scheduled_for: Some(meta.scheduled_for),
         published: drip_core::event::filing_time(task.publish_time.as_deref(), &task.attributes),
         ..Stamp::default()
     }

@@ -15,7 +15,7 @@ use drip_core::overflow::{
 };
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::schedule::{Attempt, Status, Unpark};
-use drip_core::time::{HOUR, Millis, SECOND, format_rfc3339, wall_clock_millis};
+use drip_core::time::{HOUR, Millis, SECOND, wall_clock_millis};
 use drip_dispatcher::{AppState, app};
 use drip_gcp::doubles::{RecordingPublisher, RecordingTasks};
 use drip_gcp::http_target::{HttpTarget, IdTokenMode};
@@ -96,7 +96,7 @@ fn event(id: &str, key: &str, slot: Millis, payload: TaskPayload, attributes: BT
             rule_id: None,
             window_type: "RPS".into(),
             limit: 1,
-            scheduled_for: format_rfc3339(slot),
+            scheduled_for: slot,
             overflow_topic: "payouts-overflow".into(),
             cost: None,
         },
@@ -541,7 +541,7 @@ async fn a_slowing_overflow_url_lowers_the_key_s_level() {
 }
 
 /// The events a recorded task carries (a batch's, or its own), by message id and slot.
-fn carried(body: &[u8]) -> Vec<(String, String)> {
+fn carried(body: &[u8]) -> Vec<(String, Millis)> {
     let bodies: Vec<Vec<u8>> = match TaskBatch::parse(body) {
         Some(batch) => batch.batch.iter().map(|event| event.get().as_bytes().to_vec()).collect(),
         None => vec![body.to_vec()],
@@ -589,10 +589,10 @@ async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order
     let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
     let created = d.tasks.created.lock().unwrap().clone();
-    let mut events: Vec<(String, String)> = created.iter().flat_map(|task| carried(&task.body)).collect();
+    let mut events: Vec<(String, Millis)> = created.iter().flat_map(|task| carried(&task.body)).collect();
     events.sort();
     assert_eq!(events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ids, "each once: {events:?}");
-    let slots: Vec<&String> = events.iter().map(|(_, slot)| slot).collect();
+    let slots: Vec<&Millis> = events.iter().map(|(_, slot)| slot).collect();
     assert!(slots.windows(2).all(|pair| pair[0] <= pair[1]), "in order: {events:?}");
     assert!(d.store.handing(&rule, key).await.unwrap().is_empty(), "nothing left half handed over");
     assert!(d.store.parked_bodies(&rule, key, 10).await.unwrap().is_empty(), "the queue is empty");

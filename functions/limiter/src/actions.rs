@@ -9,7 +9,7 @@ use drip_core::event::Event;
 use drip_core::outcome::DlqReason;
 use drip_core::overflow::{CLAIM_CHECK_MARGIN, MAX_INLINE_TASK_BODY, RateLimitMeta, TaskBody, TaskPayload, task_id};
 use drip_core::rules::{Forward, Rule};
-use drip_core::time::{Millis, format_rfc3339};
+use drip_core::time::Millis;
 use drip_gcp::http_target::EventPost;
 use drip_gcp::tasks::Created;
 use drip_service::reschedule;
@@ -164,7 +164,7 @@ impl AppState {
                 rule_id: (rule.id != rule.name).then(|| rule.id.clone()),
                 window_type: first.window_type(),
                 limit: first.limit(),
-                scheduled_for: format_rfc3339(slot),
+                scheduled_for: slot,
                 overflow_topic: rule.overflow_topic.to_string(),
                 cost: Some(acting.cost),
             },

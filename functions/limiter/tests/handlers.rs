@@ -342,7 +342,7 @@ async fn over_the_limit_a_signed_task_is_created_for_the_slot_and_beyond_max_del
         );
         let body: TaskBody = serde_json::from_slice(&task.body).unwrap();
         assert_eq!(body.message_id, id);
-        assert_eq!(parse_rfc3339(&body.rate_limit_meta.scheduled_for), Ok(next_window));
+        assert_eq!(body.rate_limit_meta.scheduled_for, next_window);
         assert_eq!(body.payload.data().unwrap(), br#"{"merchant_id":7}"#);
     }
     let dead = l.published("payouts-dlq");

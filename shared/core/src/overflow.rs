@@ -184,8 +184,10 @@ pub struct RateLimitMeta {
     pub window_type: String,
     /// The count of the rule's first limit.
     pub limit: u64,
-    /// The slot the event was given (RFC 3339).
-    pub scheduled_for: String,
+    /// The slot the event was given (RFC 3339 on the wire).
+    #[serde(with = "crate::time::rfc3339")]
+    #[schemars(with = "String")]
+    pub scheduled_for: crate::time::Millis,
     /// The topic it is published on.
     pub overflow_topic: String,
     /// The event's cost, for a new slot the dispatcher reserves (an `overflow: { url }` that
@@ -453,7 +455,7 @@ mod tests {
                 rule_id: None,
                 window_type: "RPM".into(),
                 limit: 100,
-                scheduled_for: "2026-08-03T14:02:00.000Z".into(),
+                scheduled_for: crate::time::parse_rfc3339("2026-08-03T14:02:00.000Z").unwrap(),
                 overflow_topic: "payout-events-overflow".into(),
                 cost: None,
             },
