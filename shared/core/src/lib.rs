@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod limit;
 pub mod outcome;
 pub mod overflow;
+pub mod partner;
 pub mod routing;
 pub mod rules;
 pub mod rules_diff;

@@ -123,6 +123,34 @@ pub struct Rule {
     pub park_horizon: Option<Millis>,
     /// Classes under its limits (docs/rules.md: "Classes under one limit").
     pub classes: Option<Classes>,
+    /// `learn:`: the key follows what the partner says of its limits on its answers (docs/rules.md:
+    /// "Learning the partner's limits"); `None`: its headers are not read.
+    pub learn: Option<Learn>,
+}
+
+/// A rule's `learn:`: which partner policy holds which of its limits, and how far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Learn {
+    /// A partner policy (its name) held to the rule's limit of this period; a policy not named
+    /// here holds the limit whose period is its window, if any.
+    pub policies: BTreeMap<String, Millis>,
+    /// Whether a learned limit may be above the file's count (default: only lower).
+    pub above_rules: bool,
+}
+
+impl Learn {
+    /// The rule's limit a partner policy holds: the one its name maps to, else the one whose
+    /// period is the policy's window.
+    pub fn limit_for<'a>(&self, limits: &'a [Limit], policy: &crate::partner::Policy) -> Option<&'a Limit> {
+        let per = policy.name.as_ref().and_then(|name| self.policies.get(name).copied()).or(policy.window)?;
+        limits.iter().find(|l| l.per() == per)
+    }
+
+    /// The count a policy of `quota` sets for a limit of `count` in the rules file: never above it
+    /// unless `above_rules`.
+    pub fn learned_count(&self, count: u64, quota: u64) -> u64 {
+        if self.above_rules { quota } else { quota.min(count) }.max(1)
+    }
 }
 
 /// A rule's `classes:`. An event of class `c` of key `k` is reserved by entity `k#c` (its own

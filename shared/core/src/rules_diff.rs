@@ -123,6 +123,7 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         count_refused,
         park_horizon,
         classes: _, // class_edits
+        learn,
     } = new;
     let mut edits = Vec::new();
     if &old.name != name {
@@ -182,6 +183,23 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         edits.push(edit(
             Safety::Safe,
             format!("late_events {:?} -> {:?}: from the next late event", old.late_events, late_events),
+        ));
+    }
+    if &old.learn != learn {
+        let show = |learn: &Option<crate::rules::Learn>| match learn {
+            None => "off".to_owned(),
+            Some(l) if l.policies.is_empty() && !l.above_rules => "headers".to_owned(),
+            Some(l) => {
+                format!("headers (policies {:?}, above_rules {})", l.policies.keys().collect::<Vec<_>>(), l.above_rules)
+            }
+        };
+        edits.push(edit(
+            Safety::Safe,
+            format!(
+                "learn {} -> {}: from the next answer; limits learned before end at their own end (drip limits clear ends one now)",
+                show(&old.learn),
+                show(learn)
+            ),
         ));
     }
     if &old.count_refused != count_refused {
@@ -526,6 +544,7 @@ rules:
             ("max_pause: 5m", Safety::Safe, "max_pause 30m -> 5m"),
             ("late_events: deliver", Safety::Safe, "late_events Wait -> Deliver"),
             ("count_refused: true", Safety::Safe, "count_refused false -> true"),
+            ("learn: headers", Safety::Safe, "learn off -> headers"),
             ("park_horizon: off", Safety::Safe, "park_horizon 2s -> off"),
             ("previous_key: \"x_{data.m}\"", Safety::Safe, "previous_key changed"),
         ];

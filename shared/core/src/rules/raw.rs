@@ -288,6 +288,33 @@ pub(super) struct RawRule {
     pub(super) count_refused: Option<bool>,
     /// Classes under the rule's limits: each class its own FIFO, some holding a reserve of each window.
     pub(super) classes: Option<RawClasses>,
+    /// Follow what the partner says of its limits on its answers (`RateLimit-Policy`, `RateLimit`,
+    /// `X-RateLimit-*`): `headers`, or `{ from: headers, policies: { NAME: PERIOD }, above_rules }`.
+    #[schemars(with = "Option<LearnShape>")]
+    pub(super) learn: Option<Value>,
+}
+
+/// `learn: headers`, or the long form.
+#[derive(schemars::JsonSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+enum LearnShape {
+    /// `headers`: every policy whose window is the period of one of the rule's limits.
+    Source(LearnSource),
+    Full {
+        from: LearnSource,
+        /// A partner policy (its name in `RateLimit-Policy`) held to the rule's limit of this period.
+        policies: Option<BTreeMap<String, String>>,
+        /// Whether a learned limit may be above the file's (default false: only lower).
+        above_rules: Option<bool>,
+    },
+}
+
+#[derive(schemars::JsonSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "lowercase")]
+enum LearnSource {
+    Headers,
 }
 
 /// `classes: { from, default, reserve }`.

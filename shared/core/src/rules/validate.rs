@@ -241,6 +241,11 @@ pub(super) fn validate_rule(
         );
     }
 
+    let learn = match (&raw.learn, &limits) {
+        (None, _) => Some(None),
+        (Some(value), Some(limits)) => errors.check("learn", parse_learn(value, limits).map(Some)),
+        (Some(_), None) => None,
+    };
     let classes = match (raw.classes, &limits) {
         (None, _) => Some(None),
         (Some(raw), Some(limits)) => validate_classes(raw, (&id, limits), adaptive.flatten(), errors),
@@ -276,6 +281,7 @@ pub(super) fn validate_rule(
         count_refused: raw.count_refused.unwrap_or(false),
         park_horizon: park_horizon?,
         classes: classes?,
+        learn: learn?,
     };
     Some((rule, budget_names))
 }
@@ -675,6 +681,43 @@ pub(super) fn parse_on_missing_key(value: &Value) -> Result<OnMissingKey, String
         },
         _ => Err(EXPECTED.into()),
     }
+}
+
+/// `learn: headers`, or `{ from: headers, policies: { NAME: PERIOD }, above_rules: BOOL }`; each
+/// period must be one of the rule's limits'.
+pub(super) fn parse_learn(value: &Value, limits: &[Limit]) -> Result<Learn, String> {
+    const EXPECTED: &str = "expected headers or { from: headers, policies: { NAME: PERIOD }, above_rules: true|false }";
+    let from = |v: Option<&Value>| match v.and_then(Value::as_str) {
+        Some("headers") => Ok(()),
+        Some(other) => Err(format!("learns from '{other}': the only source is headers")),
+        None => Err(EXPECTED.to_owned()),
+    };
+    let Value::Mapping(map) = value else {
+        from(Some(value))?;
+        return Ok(Learn::default());
+    };
+    from(map.get("from"))?;
+    let mut learn = Learn::default();
+    for (field, v) in map {
+        match field.as_str() {
+            Some("from") => {}
+            Some("above_rules") => learn.above_rules = v.as_bool().ok_or("above_rules must be true or false")?,
+            Some("policies") => {
+                let Value::Mapping(policies) = v else { return Err("policies: a map of NAME: PERIOD".into()) };
+                for (name, period) in policies {
+                    let name = name.as_str().ok_or("policies: each name is a string")?;
+                    let text = period.as_str().ok_or(format!("policies.{name}: a period such as 1s"))?;
+                    let per = crate::time::parse_duration(text).map_err(|e| format!("policies.{name}: {e}"))?;
+                    if !limits.iter().any(|l| l.per() == per) {
+                        return Err(format!("policies.{name}: {text} is the period of none of the rule's limits"));
+                    }
+                    learn.policies.insert(name.to_owned(), per);
+                }
+            }
+            _ => return Err(format!("unknown field {field:?}; {EXPECTED}")),
+        }
+    }
+    Ok(learn)
 }
 
 pub(super) fn valid_rule_name(name: &str) -> bool {
