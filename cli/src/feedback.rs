@@ -4,7 +4,8 @@
 //! adaptive limit. The operator's lever for "the partner says stop" before any consumer says so.
 //! With `--cost`, it reports what one message's call really cost instead (docs/rules.md: "Costs
 //! known only after the call"); with `--latency-ms`, how long calls took (docs/rules.md: "Latency
-//! as the leading signal").
+//! as the leading signal"); with `--header`, what the downstream's answer said of its limits, for a
+//! rule that learns them (docs/rules.md: "Learning the partner's limits").
 
 use std::process::ExitCode;
 
@@ -29,7 +30,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "key")]
     budget: Option<String>,
     /// The downstream's HTTP status (0: it timed out).
-    #[arg(long, required_unless_present_any = ["cost", "latency_ms"])]
+    #[arg(long, required_unless_present_any = ["cost", "latency_ms", "header"])]
     status: Option<u16>,
     /// Seconds, as the downstream's `Retry-After` said (at least 1; to lift a pause, use `drip
     /// resume`).
@@ -54,6 +55,10 @@ pub struct Args {
     /// How many calls `--latency-ms` is the percentile of (the window is judged now).
     #[arg(long, requires = "latency_ms")]
     calls: Option<u64>,
+    /// A header of the downstream's answer, `Name: value` (repeatable), for a rule with `learn:`:
+    /// `RateLimit-Policy`, `RateLimit`, `X-RateLimit-Limit/-Remaining/-Reset`, `Retry-After`.
+    #[arg(long, value_parser = header_line, requires = "key")]
+    header: Vec<(String, String)>,
     /// `table` (lines) or `json` (the limiter's answer).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -67,6 +72,16 @@ fn seconds_to_wait(text: &str) -> Result<u64, String> {
             "{seconds} is no wait: give the seconds the downstream said, at least 1 (to lift a pause, use drip resume)"
         )),
         Err(_) => Err(format!("'{text}' is not a whole number of seconds")),
+    }
+}
+
+/// `--header 'RateLimit: "default";r=0;t=30'`.
+fn header_line(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() && !name.contains(' ') => {
+            Ok((name.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err(format!("'{text}' is not 'Name: value' (e.g. 'RateLimit: \"default\";r=0;t=30')")),
     }
 }
 
@@ -87,6 +102,7 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
         "published": args.published,
         "latencyMs": args.latency_ms,
         "calls": args.calls,
+        "headers": (!args.header.is_empty()).then(|| args.header.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()),
     });
     let url = args.api.api.as_deref().context(
         "feedback goes through the limiter's API: give --api URL (or DRIP_API), e.g. the admin service's URL (docs/operations.md: \"Reaching production\")",
@@ -108,6 +124,28 @@ async fn report(args: &Args) -> anyhow::Result<Printed> {
             answer["outcome"].as_str().unwrap_or("-"),
             answer["booked"].as_u64().map_or("-".to_owned(), |b| b.to_string())
         ),
+        answer if answer["learned"].is_array() => {
+            let mut lines = String::new();
+            if let Some(until) = answer["pausedUntil"].as_str() {
+                lines += &format!("paused until {until} (the partner's quota is spent until its reset)\n");
+            }
+            for limit in answer["learned"].as_array().into_iter().flatten() {
+                lines += &format!(
+                    "learned {} -> {} until {}\n",
+                    limit["limit"].as_str().unwrap_or("-"),
+                    limit["count"],
+                    limit["until"].as_str().unwrap_or("-")
+                );
+            }
+            for ignored in answer["ignored"].as_array().into_iter().flatten() {
+                lines += &format!("left out: {}\n", ignored.as_str().unwrap_or("-"));
+            }
+            if lines.is_empty() {
+                "nothing learned: the headers match what the rules already say\n".to_owned()
+            } else {
+                lines
+            }
+        }
         serde_json::Value::Null => "no change: the answer neither pauses nor lowers anything\n".to_owned(),
         answer => {
             let paused =

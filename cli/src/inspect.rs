@@ -94,7 +94,8 @@ fn render(report: &EntityReport) -> String {
     for o in &report.overrides {
         let until = o.until.as_deref().map_or(String::new(), |u| format!(" until {u}"));
         let state = if o.in_force { "" } else { " (ended)" };
-        out += &format!("override   {} -> {}{until}{state}\n", o.limit, o.count);
+        let set = o.set.as_deref().map_or(String::new(), |set| format!(" ({set})"));
+        out += &format!("override   {} -> {}{until}{state}{set}\n", o.limit, o.count);
     }
     if let Some(level) = report.adaptive_level {
         out += &format!("adaptive   level {level:.3} of each count\n");

@@ -78,7 +78,9 @@ impl Transport {
         match self {
             Transport::Api(api) => api.get(&[V1, "rules", name, "keys", key], &[]).await,
             Transport::Redis { store, rules, path } => {
-                Ok(drip_store::inspect_key(store, rule(rules, path, name)?, &cap_key(key.into())).await?)
+                let rule = rule(rules, path, name)?;
+                let report = drip_store::inspect_key(store, rule, &cap_key(key.into())).await?;
+                Ok(drip_store::with_provenance(store, rule, report).await?)
             }
         }
     }

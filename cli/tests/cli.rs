@@ -1039,6 +1039,7 @@ fn the_rules_schema_refuses_what_the_loader_refuses() {
         ("feedback_to_unlisted_budget", "feedback against the rule's budgets"),
         ("inline_wait_too_long", "a duration's length (a pattern sees its text)"),
         ("invalid_budget_beside_valid", "a rule naming a budget the file refused"),
+        ("learn_policy_period", "one field against another (a learned policy's period against the limits)"),
         ("max_delay_over_30d", "a duration's length (a pattern sees its text)"),
         ("max_pause_over_max_delay", "max_pause against max_delay"),
         ("missing_dlq_topic", "a rule's dlq_topic against default_dlq_topic"),

@@ -359,6 +359,117 @@ rules:
     assert!(metrics.contains("outcome=\"drained\""), "a wake drained the key: {metrics}");
 }
 
+/// A partner that serves 5 calls a second, says so on every answer (`RateLimit-Policy` and
+/// `RateLimit`) and refuses past it, behind a rule that says 20 and learns from headers: once the
+/// first answer taught Drip the partner's policy, a burst reaches the partner at no more than 5 a
+/// second with no refusal; `drip inspect` names where the limit came from; every event is
+/// delivered exactly once and nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partner_that_says_its_limits_is_followed_and_never_refuses_once_learned() {
+    const LEARNING_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [ { limit: 20, per: 1s } ]
+    learn: headers
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { url: "TARGET" }
+    overflow_topic: {p}-overflow
+    overflow: { url: "TARGET" }
+"#;
+    const PARTNER: usize = 5;
+    let prefix = unique("learning");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let (target, answers) = quota_target(PARTNER).await;
+    let rules = LEARNING_RULES.replace("{p}", &prefix).replace("TARGET", &target);
+    let namespace = unique("drip");
+    let tasks = TasksStandIn::start().await;
+    let queues = tasks.queues(&prefix, 1);
+    let redis = shared_url();
+    let dispatcher =
+        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
+    let mut wiring =
+        LimiterWiring::new(redis.clone(), pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
+    wiring.namespace = namespace.clone();
+    let limiter = spawn_limiter(&rules, &wiring).await;
+    let source = format!("{prefix}-source");
+    pubsub.create_topic(&source).await;
+    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+
+    // One event teaches the policy; the burst that follows is paced by it.
+    let mut ids = HashSet::new();
+    ids.insert(pubsub.publish(&source, br#"{"merchant":"m","n":0}"#, &attributes).await);
+    delivered_once(&pubsub, &answers, &prefix, &ids, HashSet::new()).await;
+    let taught = answers.lock().unwrap().len();
+    for i in 1..=30 {
+        let data = format!(r#"{{"merchant":"m","n":{i}}}"#);
+        ids.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await);
+    }
+    let all = delivered_once(&pubsub, &answers, &prefix, &ids, HashSet::new()).await;
+    let after: Vec<&Answer> = all[taught..].iter().collect();
+    assert!(after.iter().all(|a| a.2 == 204), "no refusal once the policy is learned: {after:?}");
+    let mut windows: BTreeMap<Millis, usize> = BTreeMap::new();
+    for (_, at, _) in &after {
+        *windows.entry(at.div_euclid(1_000)).or_default() += 1;
+    }
+    assert!(windows.values().all(|&n| n <= PARTNER), "at most {PARTNER} a second at the partner: {windows:?}");
+    let dead_letters = pubsub.pull(&format!("{prefix}-dlq"), 100).await;
+    assert!(dead_letters.is_empty(), "nothing dead-lettered: {dead_letters:?}");
+
+    // Where the limit came from, as inspect and the audit list say it.
+    let http = reqwest::Client::new();
+    let report = get_json(&http, format!("{}/v1/rules/{prefix}-payouts/keys/merchant_m", limiter.url)).await;
+    let set = report["overrides"][0]["set"].as_str().unwrap_or_default();
+    assert!(set.starts_with("learned from the partner's headers at "), "{report}");
+    let count = report["overrides"][0]["count"].as_u64().unwrap_or(0);
+    assert!((1..=PARTNER as u64).contains(&count), "the partner's 5, or less for a window it had less left: {report}");
+    let metrics = limiter.state.metrics.shared.render();
+    let changes = format!("drip_learned_limit_changes_total{{target=\"rule:{prefix}-payouts\"}}");
+    assert!(metrics.contains(&changes), "{metrics}");
+    drop(dispatcher);
+}
+
+/// An HTTP target that serves `quota` calls per epoch-aligned second, says so on every answer
+/// (`RateLimit-Policy: "default";q=QUOTA;w=1` and `RateLimit: "default";r=LEFT;t=1`), and answers
+/// 429 with `Retry-After: 1` past it.
+async fn quota_target(quota: usize) -> (String, Arc<Mutex<Vec<Answer>>>) {
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let log = answers.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+        let log = log.clone();
+        async move {
+            let id = headers.get("x-drip-message-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+            let now = wall_clock_millis();
+            let mut log = log.lock().unwrap();
+            let served = log.iter().filter(|a| a.2 == 204 && a.1.div_euclid(1_000) == now.div_euclid(1_000)).count();
+            let refuse = served >= quota;
+            log.push((id, now, if refuse { 429 } else { 204 }));
+            let left = quota - served.min(quota) - usize::from(!refuse);
+            let said = [
+                ("ratelimit-policy", format!("\"default\";q={quota};w=1")),
+                ("ratelimit", format!("\"default\";r={left};t=1")),
+            ];
+            if refuse {
+                (StatusCode::TOO_MANY_REQUESTS, said, [("retry-after", "1")]).into_response()
+            } else {
+                (StatusCode::NO_CONTENT, said).into_response()
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, answers)
+}
+
 /// Waits (up to 60 s) until each of `ids` has reached the target (204) or `{prefix}-ready`
 /// (`forwarded` holds what was pulled from it already), then asserts that each did, exactly once
 /// and at one of the two. Returns the target's answers.

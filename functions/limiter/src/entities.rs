@@ -89,7 +89,11 @@ fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
 
 /// A key of a rule with classes (not one class of it) is reported as its classes together.
 pub async fn inspect(State(state): State<AppState>, target: PathTarget) -> Response {
-    match drip_store::inspect_key(&*state.store, target.rule(), &target.key).await {
+    let report = match drip_store::inspect_key(&*state.store, target.rule(), &target.key).await {
+        Ok(report) => drip_store::with_provenance(&*state.store, target.rule(), report).await,
+        Err(e) => Err(e),
+    };
+    match report {
         Ok(report) => Json(report).into_response(),
         Err(e) => unavailable("inspect", e),
     }
@@ -252,6 +256,9 @@ pub struct Feedback {
     /// percentile over that many calls, for an adaptive limit that follows latency.
     latency_ms: Option<f64>,
     calls: Option<u64>,
+    /// The downstream's answer's headers (name: value), for a rule that learns its limits from
+    /// them (`learn: headers`): `RateLimit-Policy`, `RateLimit`, `X-RateLimit-*`, `Retry-After`.
+    headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `POST /v1/feedback` with `latencyMs`: one call joins its window (judged when the window ends);
@@ -354,6 +361,35 @@ pub async fn feedback(
         (None, Some(_)) => String::new(),
         (None, None) => return error(StatusCode::BAD_REQUEST, "give a key or a budget"),
     };
+    if let Some(headers) = &body.headers {
+        if rule.learn.is_none() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("rule '{}' does not learn from the partner's headers: add learn: headers", rule.name),
+            );
+        }
+        if body.key.is_none() {
+            return error(StatusCode::BAD_REQUEST, "headers are learned per key: give the key");
+        }
+        let now = wall_clock_millis();
+        let says = drip_core::partner::read(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), now);
+        let delivered = body.status.is_none_or(|status| (200..300).contains(&status));
+        let learned =
+            drip_service::learn::act((&*state.store, &state.metrics), (rule, &key), &says, delivered, now).await;
+        if body.status.is_none() && body.cost.is_none() && body.latency_ms.is_none() {
+            let limits: Vec<_> = learned
+                .limits
+                .iter()
+                .map(|(limit, count, until)| serde_json::json!({ "limit": limit, "count": count, "until": format_rfc3339(*until) }))
+                .collect();
+            return Json(serde_json::json!({
+                "pausedUntil": learned.paused_until.map(format_rfc3339),
+                "learned": limits,
+                "ignored": says.ignored,
+            }))
+            .into_response();
+        }
+    }
     if body.latency_ms.is_some() || body.calls.is_some() {
         if body.status.is_some() || body.cost.is_some() || body.calls.is_some() && body.latency_ms.is_none() {
             return error(

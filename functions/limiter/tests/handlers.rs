@@ -140,6 +140,16 @@ rules:
     forward: { url: "TARGET" }
     overflow_topic: hooks-overflow
     dlq_topic: hooks-dlq
+  - name: learning_hooks
+    match: { attributes: { event_type: learning_hook } }
+    key: "endpoint_{attributes.endpoint}"
+    limits: [ { limit: 20, per: 1s }, { limit: 600, per: 1m } ]
+    learn: headers
+    max_delay: 1h
+    inline_wait: 0s
+    forward: { url: "TARGET" }
+    overflow_topic: hooks-overflow
+    dlq_topic: hooks-dlq
   - name: slowhooks
     match: { attributes: { event_type: slowhook } }
     key: "endpoint_{attributes.endpoint}"
@@ -521,7 +531,13 @@ async fn an_override_raises_or_lowers_one_entity_s_limit_from_the_next_reservati
     assert_eq!(listed, serde_json::json!([entry]));
     let (_, report) = l.send("GET", "/v1/rules/payouts/keys/merchant_21", None).await;
     assert_eq!(report["limits"][0]["capacity"], 4, "{report}");
-    assert_eq!(report["overrides"][0], entry, "inspect shows an override as GET .../limits does: {report}");
+    let mut shown = report["overrides"][0].clone();
+    let set = shown.as_object_mut().and_then(|o| o.remove("set"));
+    assert_eq!(shown, entry, "inspect shows an override as GET .../limits does: {report}");
+    assert!(
+        set.as_ref().and_then(|s| s.as_str()).is_some_and(|s| s.starts_with("set by anonymous at ")),
+        "and who set it: {report}"
+    );
     let (status, all) = l.send("GET", "/v1/rules/payouts/limits", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(all, serde_json::json!([{ "key": "merchant_21", "overrides": [entry] }]), "only the key with one");
@@ -782,6 +798,50 @@ async fn feedback_from_an_overflow_consumer_pauses_the_key() {
     assert_eq!(l.send("POST", "/v1/feedback", Some(unknown)).await.0, StatusCode::NOT_FOUND);
     let budget = serde_json::json!({ "rule": "hooks", "budget": "partner", "status": 429, "retryAfter": 1 });
     assert_eq!(l.send("POST", "/v1/feedback", Some(budget)).await.0, StatusCode::BAD_REQUEST, "not its budget");
+}
+
+/// A consumer passes the partner's headers to `/v1/feedback`: a policy below the rule's limit of
+/// its window becomes a learned limit of that key (an override set by the partner's headers,
+/// shown by inspect), a spent policy pauses the key until its reset, values that cannot be true
+/// are named and left out; a rule that does not learn refuses headers.
+#[tokio::test]
+async fn headers_passed_to_feedback_teach_a_learning_rule_the_partner_s_limits() {
+    let l = limiter();
+    let with = |headers: serde_json::Value| serde_json::json!({ "rule": "learning_hooks", "key": "endpoint_p", "headers": headers });
+    let said = serde_json::json!({
+        "RateLimit-Policy": "\"second\";q=8;w=1, \"minute\";q=900;w=60, \"hour\";q=5;w=3600, \"bad\";q=-1;w=1",
+        "RateLimit": "\"second\";r=7;t=1",
+    });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(with(said))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let learned = body["learned"].as_array().expect("learned limits");
+    // 8 a second is below 20; 900 a minute is above the file's 600; no limit is an hour's. And 7
+    // left of 8 with nothing used here: another client took one, so this window holds 7.
+    assert_eq!(learned.len(), 2, "{body}");
+    let first = (learned[0]["limit"].as_str(), learned[0]["count"].as_u64());
+    assert_eq!(first, (Some("20 per 1s (fixed)"), Some(8)), "{body}");
+    assert_eq!(learned[1]["count"].as_u64(), Some(7), "{body}");
+    let ends = learned[1]["until"].as_str().and_then(|u| drip_core::time::parse_rfc3339(u).ok()).unwrap_or(1);
+    assert_eq!(ends % 1_000, 0, "the lowered count ends with its window: {body}");
+    assert!(body["pausedUntil"].is_null(), "7 left: no pause: {body}");
+    assert_eq!(body["ignored"].as_array().map(Vec::len), Some(1), "q=-1 is named: {body}");
+    let (_, report) = l.send("GET", "/v1/rules/learning_hooks/keys/endpoint_p", None).await;
+    assert_eq!(report["limits"][0]["capacity"], 7, "the learned count is in force: {report}");
+    let set = report["overrides"][0]["set"].as_str().unwrap_or_default();
+    assert!(set.starts_with("learned from the partner's headers at "), "{report}");
+
+    let spent =
+        serde_json::json!({ "X-RateLimit-Limit": "8", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30" });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(with(spent))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let until = body["pausedUntil"].as_str().and_then(|u| drip_core::time::parse_rfc3339(u).ok()).expect("paused");
+    let wait = until - drip_core::time::wall_clock_millis();
+    assert!((25_000..=30_000).contains(&wait), "until the reset, 30 s away: {wait} ms");
+
+    let refused = serde_json::json!({ "rule": "hooks", "key": "k", "headers": { "RateLimit": "\"a\";r=0;t=5" } });
+    let (status, body) = l.send("POST", "/v1/feedback", Some(refused)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.to_string().contains("learn: headers"), "{body}");
 }
 
 /// One answer pauses a key for at most max_pause (here half of max_delay's hour): a Retry-After of

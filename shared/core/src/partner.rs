@@ -112,7 +112,7 @@ fn read_policies(value: &str, says: &mut PartnerSays) {
     for (name, params) in items {
         let unit = params.iter().find(|(k, _)| k == "qu").map(|(_, v)| v.clone());
         if let Some(unit) = unit.filter(|u| u.as_text() != Some("requests")) {
-            says.ignored.push(format!("RateLimit-Policy {name:?}: quota unit {unit:?} is not requests"));
+            says.ignored.push(format!("RateLimit-Policy {name:?}: quota unit {unit} is not requests"));
             continue;
         }
         let quota = match param_count(&params, "q", &name, says) {
@@ -128,7 +128,7 @@ fn read_policies(value: &str, says: &mut PartnerSays) {
             Some((_, v)) => match v.as_integer().filter(|w| *w > 0 && *w * SECOND <= MAX_WINDOW) {
                 Some(w) => Some(w * SECOND),
                 None => {
-                    says.ignored.push(format!("RateLimit-Policy {name:?}: window {v:?} is not 1 s to a year"));
+                    says.ignored.push(format!("RateLimit-Policy {name:?}: window {v} is not 1 s to a year"));
                     continue;
                 }
             },
@@ -171,7 +171,7 @@ fn read_ratelimit(value: &str, now: Millis, says: &mut PartnerSays) {
             Some((_, v)) => match v.as_integer().filter(|t| *t >= 0) {
                 Some(t) => Some(now + t.min(MAX_RESET / SECOND) * SECOND),
                 None => {
-                    says.ignored.push(format!("RateLimit {name:?}: reset {v:?} is not seconds from now"));
+                    says.ignored.push(format!("RateLimit {name:?}: reset {v} is not seconds from now"));
                     None
                 }
             },
@@ -284,6 +284,16 @@ enum Param {
     Other(String),
 }
 
+impl std::fmt::Display for Param {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Param::Integer(n) => write!(f, "{n}"),
+            Param::Text(s) => write!(f, "{s:?}"),
+            Param::Other(s) => f.write_str(s),
+        }
+    }
+}
+
 impl Param {
     fn as_integer(&self) -> Option<i64> {
         match self {
@@ -300,8 +310,11 @@ impl Param {
     }
 }
 
-/// A Structured Field List's items, each its name (a String or a Token) and its parameters.
-fn list_items(value: &str, field: &str, says: &mut PartnerSays) -> Option<Vec<(String, Vec<(String, Param)>)>> {
+/// A policy's name (a String or a Token) and its parameters, as a Structured Field List has it.
+type NamedItem = (String, Vec<(String, Param)>);
+
+/// A Structured Field List's items.
+fn list_items(value: &str, field: &str, says: &mut PartnerSays) -> Option<Vec<NamedItem>> {
     let list = match sfv::Parser::new(value).parse::<sfv::List>() {
         Ok(list) => list,
         Err(error) => {
@@ -347,7 +360,7 @@ fn param_count(params: &[(String, Param)], key: &str, name: &str, says: &mut Par
     let (_, value) = params.iter().find(|(k, _)| k == key)?;
     let n = value.as_integer().and_then(|n| u64::try_from(n).ok()).filter(|n| *n <= MAX_QUOTA);
     if n.is_none() {
-        says.ignored.push(format!("{name:?}: {key}={value:?} is not a count from 0 to {MAX_QUOTA}"));
+        says.ignored.push(format!("{name:?}: {key}={value} is not a count from 0 to {MAX_QUOTA}"));
     }
     Some(n)
 }

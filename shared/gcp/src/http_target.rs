@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use drip_core::time::{DAY, Millis, format_rfc3339, system_time_to_millis, wall_clock_millis};
+use drip_core::time::{DAY, Millis, format_rfc3339, wall_clock_millis};
 use google_cloud_auth::credentials::idtoken::IDTokenCredentials;
 use reqwest::header::HeaderValue;
 use tokio::sync::Mutex;
@@ -48,6 +48,21 @@ pub struct EventPost<'a> {
 
 /// What the target's answer means for the event (`drip_core::delivery`).
 pub use drip_core::delivery::Answer;
+use drip_core::partner::PartnerSays;
+
+/// A target's answer: what it means for the event, and what it said of its limits (its
+/// `RateLimit` headers and the like, `drip_core::partner`), read whatever its status.
+#[derive(Debug, Clone)]
+pub struct Posted {
+    pub answer: Answer,
+    pub partner: PartnerSays,
+}
+
+impl From<Answer> for Posted {
+    fn from(answer: Answer) -> Self {
+        Self { answer, partner: PartnerSays::default() }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PostError {
@@ -76,7 +91,7 @@ impl HttpTarget {
         Ok(Self { http, id_tokens: IdTokens { mode, credentials: Mutex::default() } })
     }
 
-    pub async fn post(&self, url: &str, event: EventPost<'_>) -> Result<Answer, PostError> {
+    pub async fn post(&self, url: &str, event: EventPost<'_>) -> Result<Posted, PostError> {
         let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(event.data).is_ok() {
             "application/json"
         } else {
@@ -104,12 +119,14 @@ impl HttpTarget {
         }
         let response = match request.send().await {
             Ok(response) => response,
-            Err(error) => return Ok(Answer::Overloaded { status: None, detail: format!("{url}: {error}") }),
+            Err(error) => return Ok(Answer::Overloaded { status: None, detail: format!("{url}: {error}") }.into()),
         };
         let status = response.status();
+        let headers = response.headers().iter().filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
+        let partner = drip_core::partner::read(headers, wall_clock_millis());
         let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let code = status.as_u16();
-        Ok(match (code, header("retry-after")) {
+        let answer = match (code, header("retry-after")) {
             _ if status.is_success() => {
                 Answer::Delivered { cost: header(COST_HEADER).and_then(|c| c.trim().parse().ok()) }
             }
@@ -123,7 +140,8 @@ impl HttpTarget {
                 detail: format!("answered {status}; Location: {}", header("location").as_deref().unwrap_or("-")),
             },
             _ => Answer::Refused { detail: format!("answered {code}") },
-        })
+        };
+        Ok(Posted { answer, partner })
     }
 }
 
@@ -136,12 +154,7 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, PostError> {
 
 /// When a `Retry-After` (delta-seconds or an HTTP date) ends, capped at a day.
 pub fn retry_after_until(value: &str) -> Option<Millis> {
-    if let Ok(seconds) = value.trim().parse::<u64>() {
-        return Some(wait_seconds(seconds));
-    }
-    let now = wall_clock_millis();
-    let until = system_time_to_millis(httpdate::parse_http_date(value.trim()).ok()?)?;
-    Some(until.clamp(now, now + DAY))
+    drip_core::partner::retry_after_until(value, wall_clock_millis())
 }
 
 /// When a wait of `seconds` from now ends, capped at a day.

@@ -9,6 +9,7 @@ pub mod counted_publish;
 pub mod feedback;
 pub mod health;
 pub mod latency;
+pub mod learn;
 pub mod live_rules;
 pub mod metrics;
 pub mod parking;

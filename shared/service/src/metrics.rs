@@ -63,6 +63,7 @@ pub struct Metrics {
     rules_refused: Gauge,
     adaptive_level: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     pauses_capped: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    learned_limits: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     budget_leases: Family<LeaseLabels, prometheus_client::metrics::counter::Counter>,
     budget_leased_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     budget_returned_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
@@ -138,6 +139,12 @@ impl Default for Metrics {
             "Answers that asked to wait longer than the rule's max_pause (capped, read as overload), by budget or rule",
             pauses_capped.clone(),
         );
+        let learned_limits = Family::<TargetLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "learned_limit_changes",
+            "Limits a key took from what the partner said on its answers (RateLimit headers), each change, by rule",
+            learned_limits.clone(),
+        );
         let budget_leases = Family::<LeaseLabels, prometheus_client::metrics::counter::Counter>::default();
         registry.register(
             "budget_leases",
@@ -209,6 +216,7 @@ impl Default for Metrics {
             rules_refused,
             adaptive_level,
             pauses_capped,
+            learned_limits,
             budget_leases,
             budget_leased_units,
             budget_returned_units,
@@ -264,6 +272,11 @@ impl Metrics {
 
     pub fn pause_capped(&self, target: String) {
         self.pauses_capped.get_or_create(&TargetLabels { target }).inc();
+    }
+
+    /// A key's limit changed to what the partner said (`rule:<name>`).
+    pub fn learned_limit_changed(&self, target: String) {
+        self.learned_limits.get_or_create(&TargetLabels { target }).inc();
     }
 
     /// A leased budget's home granted `units` to a partition (0: it had no room up to the horizon).

@@ -11,7 +11,7 @@ use drip_core::outcome::DlqReason;
 use drip_core::rules::Rule;
 use drip_core::schedule::{OldSlot, Status};
 use drip_core::time::format_rfc3339;
-use drip_gcp::http_target::{Answer, PostError};
+use drip_gcp::http_target::{PostError, Posted};
 use drip_gcp::tasks::Created;
 use drip_store::{Reserved, SlotRequest, Store};
 
@@ -73,11 +73,18 @@ impl Wait {
 pub async fn answered(
     (store, metrics): (&dyn Store, &ServiceMetrics),
     (rule, key): (&Rule, &str),
-    posted: Result<Answer, PostError>,
+    posted: Result<Posted, PostError>,
     target: &str,
 ) -> Result<Option<u64>, Failure> {
     let answer = match posted {
-        Ok(answer) => answer,
+        Ok(Posted { answer, partner }) => {
+            if rule.learn.is_some() && !(partner.is_empty() && partner.ignored.is_empty()) {
+                let delivered = matches!(answer.delivery(), Delivery::Delivered { .. });
+                let now = drip_core::time::wall_clock_millis();
+                crate::learn::act((store, metrics), (rule, key), &partner, delivered, now).await;
+            }
+            answer
+        }
         Err(PostError::InvalidHeader(detail)) => return Err(Failure::permanent(DlqReason::InvalidHeaderValue, detail)),
         Err(error) => return Err(Failure::transient(error)),
     };

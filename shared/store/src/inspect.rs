@@ -191,6 +191,10 @@ pub struct OverrideReport {
     pub count: u64,
     pub until: Option<String>,
     pub in_force: bool,
+    /// Who set it and when, from the rule's audit list when it still holds the change:
+    /// `learned from the partner's headers at T`, or `set by NAME at T`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -372,6 +376,7 @@ pub fn override_reports(
             count: o.limit,
             until: o.until.map(format_rfc3339),
             in_force: o.in_force(now),
+            set: None,
         })
     });
     each.collect()

@@ -34,4 +34,4 @@ pub use redis_store::{
 pub use reply::Reply;
 pub use request::{Clock, Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{Resumed, resume};
-pub use store::{Ping, Store, inspect_key};
+pub use store::{LEARNED_BY, Ping, Store, inspect_key, with_provenance};

@@ -131,6 +131,40 @@ pub async fn inspect_key<S: Store + ?Sized>(store: &S, rule: &Rule, key: &str) -
     Ok(key_of_classes(key, reports).expect("a rule with classes has at least one"))
 }
 
+/// How many of the rule's latest audit entries [`with_provenance`] looks through.
+const PROVENANCE_DEPTH: usize = 200;
+
+/// `report` with each override's provenance (`OverrideReport::set`), from the newest change of
+/// that key's limit in the rule's audit list: what `drip inspect` and `GET .../keys/{key}` show.
+pub async fn with_provenance<S: Store + ?Sized>(
+    store: &S,
+    rule: &Rule,
+    mut report: EntityReport,
+) -> Result<EntityReport, StoreError> {
+    if report.overrides.is_empty() {
+        return Ok(report);
+    }
+    let history = store.audit_history(rule, PROVENANCE_DEPTH).await?;
+    for o in &mut report.overrides {
+        let newest = history.iter().find_map(|entry| match entry {
+            AuditEntry::Override(change) if change.key == report.key && change.limit == o.limit => Some(change),
+            _ => None,
+        });
+        o.set = newest.map(|change| {
+            let at = drip_core::time::format_rfc3339(change.at);
+            match change.reason.as_deref() {
+                Some(reason) if change.by == LEARNED_BY => format!("{reason} at {at}"),
+                _ => format!("set by {} at {at}", change.by),
+            }
+        });
+    }
+    Ok(report)
+}
+
+/// Who a limit learned from the partner's answers is set by in the audit list (drip-service's
+/// `learn`).
+pub const LEARNED_BY: &str = "partner-headers";
+
 /// The classes of `key` whose entities to read for a report of the whole key: each class's
 /// `<key>#<class>`, when the rule has classes and `key` names no class of it.
 fn class_entities(rule: &Rule, key: &str) -> Vec<(String, String)> {

@@ -297,7 +297,7 @@ pub(super) struct RawRule {
 /// `learn: headers`, or the long form.
 #[derive(schemars::JsonSchema)]
 #[allow(dead_code)]
-#[serde(untagged)]
+#[serde(untagged, deny_unknown_fields)]
 enum LearnShape {
     /// `headers`: every policy whose window is the period of one of the rule's limits.
     Source(LearnSource),
