@@ -12,6 +12,7 @@ use drip_core::time::Millis;
 use pubsub_emulator_client::EmulatorClient;
 
 mod charts;
+mod headers;
 mod partner;
 mod priority;
 mod publish;
@@ -72,6 +73,11 @@ pub struct Args {
     /// the rules `payouts-fifo` and `payouts-classes` side by side.
     #[arg(long, conflicts_with_all = ["throttle", "latency"])]
     priority: bool,
+    /// The headers scenario: serve a partner of 10 calls a second that says so in its RateLimit
+    /// headers at this address (`/partner/plain`, `/partner/learning`), behind the rules
+    /// `payouts-plain` and `payouts-learning` side by side.
+    #[arg(long, conflicts_with_all = ["throttle", "latency", "priority"])]
+    headers: Option<String>,
     /// Create the rule's topics and the source topic's push subscription, publish nothing, and
     /// exit (`./run up`: a stack to try the CLI on).
     #[arg(long, conflicts_with_all = ["throttle", "latency", "priority"])]
@@ -139,6 +145,9 @@ pub(crate) async fn demo(args: &Args) -> anyhow::Result<bool> {
     }
     if args.priority {
         return priority_scenario(args).await;
+    }
+    if let Some(address) = &args.headers {
+        return headers::headers_scenario(args, address).await;
     }
     let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let rule =

@@ -222,10 +222,12 @@ pub(crate) async fn set_up_lanes(args: &Args) -> anyhow::Result<(drip_core::rule
     let rules = drip_core::rules::RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let pubsub = EmulatorClient::new(&args.pubsub_emulator, &args.project);
     for rule in &rules.rules {
-        let Forward::Topic(forward) = &rule.forward else {
-            anyhow::bail!("rule '{}' of a side-by-side scenario must forward to a topic", rule.name)
+        // A rule that forwards to a URL (the headers scenario) has no forward topic.
+        let forward = match &rule.forward {
+            Forward::Topic(forward) => Some(forward),
+            Forward::Url(_) => None,
         };
-        for topic in [forward, &rule.overflow_topic, &rule.dlq_topic] {
+        for topic in forward.into_iter().chain([&rule.overflow_topic, &rule.dlq_topic]) {
             pubsub.topic_with_subscription(topic).await.ok();
         }
     }
