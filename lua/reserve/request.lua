@@ -49,7 +49,9 @@ local function read_event()
   -- '' (reserve), 'keep' or 'give' (a new slot, the old one kept or given back), 'correct', or
   -- 'unpark' (the drain of the key's parked messages, at this one).
   local mode = ARGV[at + EVENT_MODE]
-  local e = {base = tonumber(ARGV[at + EVENT_FIRST_KEY]), field = ARGV[at + EVENT_ANSWER_FIELD],
+  -- `record`: where the record starts, so that a room reads a field of its own concern itself
+  -- (ARGV[e.record + EVENT_...]) and a new one touches no other room.
+  local e = {record = at, base = tonumber(ARGV[at + EVENT_FIRST_KEY]), field = ARGV[at + EVENT_ANSWER_FIELD],
     cost = tonumber(ARGV[at + EVENT_COST]), max_delay = tonumber(ARGV[at + EVENT_MAX_DELAY]),
     answers_base = tonumber(ARGV[at + EVENT_ANSWERS_BASE]), answers_keep = tonumber(ARGV[at + EVENT_ANSWERS_KEEP]),
     lease = tonumber(ARGV[at + EVENT_LEASE]), state_ttl = tonumber(ARGV[at + EVENT_STATE_KEEP]),

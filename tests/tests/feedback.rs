@@ -383,25 +383,8 @@ rules:
 "#;
     const PARTNER: usize = 5;
     let prefix = unique("learning");
-    let pubsub = Pubsub::shared();
-    for topic in ["ready", "overflow", "dlq"] {
-        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
-    }
-    let (target, answers) = quota_target(PARTNER).await;
-    let rules = LEARNING_RULES.replace("{p}", &prefix).replace("TARGET", &target);
-    let namespace = unique("drip");
-    let tasks = TasksStandIn::start().await;
-    let queues = tasks.queues(&prefix, 1);
-    let redis = shared_url();
-    let dispatcher =
-        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
-    let mut wiring =
-        LimiterWiring::new(redis.clone(), pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
-    wiring.namespace = namespace.clone();
-    let limiter = spawn_limiter(&rules, &wiring).await;
-    let source = format!("{prefix}-source");
-    pubsub.create_topic(&source).await;
-    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
+    let ThrottledStack { pubsub, answers, dispatcher, source, _limiter: limiter, .. } =
+        stack_before(&prefix, LEARNING_RULES, quota_target(PARTNER).await, 1).await;
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
 
     // One event teaches the policy; the burst that follows is paced by it.
@@ -516,11 +499,20 @@ struct ThrottledStack {
 }
 
 async fn throttled_stack(prefix: &str, rules: &str, refusals: (usize, u64), queues: usize) -> ThrottledStack {
+    stack_before(prefix, rules, throttling_target(refusals).await, queues).await
+}
+
+/// The same stack in front of any target (its URL, and what it answered).
+async fn stack_before(
+    prefix: &str,
+    rules: &str,
+    (target, answers): (String, Arc<Mutex<Vec<Answer>>>),
+    queues: usize,
+) -> ThrottledStack {
     let pubsub = Pubsub::shared();
     for topic in ["ready", "overflow", "dlq"] {
         pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
     }
-    let (target, answers) = throttling_target(refusals).await;
     let rules = rules.replace("{p}", prefix).replace("TARGET", &target);
     let namespace = unique("drip");
     let tasks = TasksStandIn::start().await;

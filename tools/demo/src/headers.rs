@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use drip_core::time::{Millis, wall_clock_millis};
 use plotters::prelude::*;
 
-use crate::partner::{pull_dead_letters, set_up_lanes};
+use crate::partner::{pull_dead_letters, set_up_lanes, stream_lanes};
 use crate::*;
 
 /// Calls per epoch-aligned second the partner serves, on each lane.
@@ -77,14 +77,6 @@ async fn serve(address: &str) -> anyhow::Result<Calls> {
     Ok(calls)
 }
 
-/// The `i`th payout of a lane, its number in attribute `payout`.
-fn lane_payout(i: usize, lane: &str) -> (Vec<u8>, BTreeMap<String, String>) {
-    let (data, mut attributes) = payout(i, "m001");
-    attributes.insert("variant".into(), lane.into());
-    attributes.insert("payout".into(), i.to_string());
-    (data, attributes)
-}
-
 /// What one lane's partner saw.
 struct Figures {
     refused: usize,
@@ -125,26 +117,7 @@ pub(crate) async fn headers_scenario(args: &Args, address: &str) -> anyhow::Resu
         "a partner serving {CAPACITY} calls/s per lane that says so on every answer (RateLimit-Policy, RateLimit) \
          and answers 429 past it; two rules of 20/s, without and with learn: headers; {RATE} events/s to each for {STREAM_SECS} s"
     );
-    let started = wall_clock_millis();
-    let mut published: HashMap<&str, HashSet<String>> = HashMap::new();
-    let (mut i, tick) = (0, Duration::from_millis(250));
-    let mut next = tokio::time::Instant::now();
-    while wall_clock_millis() - started < STREAM_SECS * 1_000 {
-        let mut batch = Vec::new();
-        for lane in LANES {
-            for _ in 0..RATE / 4 {
-                batch.push(lane_payout(i, lane));
-                i += 1;
-            }
-        }
-        pubsub.publish_batch(SOURCE, &batch).await?;
-        for (_, attributes) in &batch {
-            let lane = LANES.iter().find(|l| **l == attributes["variant"]).copied().unwrap_or(LANES[0]);
-            published.entry(lane).or_default().insert(attributes["payout"].clone());
-        }
-        next += tick;
-        tokio::time::sleep_until(next).await;
-    }
+    let (started, published) = stream_lanes(&pubsub, &LANES, (RATE, STREAM_SECS)).await?;
     let deadline = started + STREAM_SECS * 1_000 + args.timeout_secs as Millis * 1_000;
     let total: usize = published.values().map(HashSet::len).sum();
     let mut dead = Vec::new();

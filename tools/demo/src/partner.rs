@@ -112,9 +112,39 @@ async fn consume(lane: &'static str, lanes: Lanes, pubsub: EmulatorClient, limit
     }
 }
 
+/// Publishes `rate` payouts a second to each of `lanes` (attribute `variant`) for `secs` seconds,
+/// in four batches a second; returns when it started and each lane's payouts.
+pub(crate) async fn stream_lanes(
+    pubsub: &EmulatorClient,
+    lanes: &[&'static str],
+    (rate, secs): (usize, i64),
+) -> anyhow::Result<(Millis, HashMap<&'static str, HashSet<String>>)> {
+    let started = wall_clock_millis();
+    let mut published: HashMap<&'static str, HashSet<String>> = HashMap::new();
+    let (mut i, tick) = (0, Duration::from_millis(250));
+    let mut next = tokio::time::Instant::now();
+    while wall_clock_millis() - started < secs * 1_000 {
+        let mut batch = Vec::new();
+        for lane in lanes {
+            for _ in 0..rate / 4 {
+                batch.push(lane_payout(i, lane));
+                i += 1;
+            }
+        }
+        pubsub.publish_batch(SOURCE, &batch).await?;
+        for (_, attributes) in &batch {
+            let lane = lanes.iter().find(|l| **l == attributes["variant"]).copied().unwrap_or(lanes[0]);
+            published.entry(lane).or_default().insert(attributes["payout"].clone());
+        }
+        next += tick;
+        tokio::time::sleep_until(next).await;
+    }
+    Ok((started, published))
+}
+
 /// The `i`th payout of a lane, its number in attribute `payout` (the same in a retry published
 /// again: the partner counts payouts, not messages).
-fn lane_payout(i: usize, lane: &str) -> (Vec<u8>, BTreeMap<String, String>) {
+pub(crate) fn lane_payout(i: usize, lane: &str) -> (Vec<u8>, BTreeMap<String, String>) {
     let (data, mut attributes) = payout(i, "m001");
     attributes.insert("variant".into(), lane.into());
     attributes.insert("payout".into(), i.to_string());
@@ -137,27 +167,7 @@ pub(crate) async fn latency_scenario(args: &Args) -> anyhow::Result<bool> {
         CAPACITY * 3 / 2,
         CAPACITY * 3 / 2
     );
-    let started = wall_clock_millis();
-    let mut published: HashMap<&str, HashSet<String>> = HashMap::new();
-    let mut i = 0;
-    let tick = Duration::from_millis(250);
-    let mut next = tokio::time::Instant::now();
-    while wall_clock_millis() - started < STREAM_SECS * 1_000 {
-        let mut batch = Vec::new();
-        for lane in LANES {
-            for _ in 0..RATE / 4 {
-                batch.push(lane_payout(i, lane));
-                i += 1;
-            }
-        }
-        pubsub.publish_batch(SOURCE, &batch).await?;
-        for (_, attributes) in &batch {
-            let lane = if attributes["variant"] == "aimd" { LANES[0] } else { LANES[1] };
-            published.entry(lane).or_default().insert(attributes["payout"].clone());
-        }
-        next += tick;
-        tokio::time::sleep_until(next).await;
-    }
+    let (started, published) = stream_lanes(&pubsub, &LANES, (RATE, STREAM_SECS)).await?;
     let deadline = started + STREAM_SECS * 1_000 + args.timeout_secs as Millis * 1_000;
     let mut dead = Vec::new();
     let dead_letters = loop {
