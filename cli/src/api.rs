@@ -84,7 +84,7 @@ impl Api {
                 }
                 _ => "",
             };
-            bail!("{method} {url}: {status}{hint}: {}", text.trim());
+            bail!("{method} {url}: {status}{hint}: {}", drip_core::api_error::message_of(&text));
         }
         // A 204 (feedback that changed nothing) has no body: JSON null.
         let text = if text.trim().is_empty() { "null" } else { &text };

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
@@ -35,6 +35,7 @@ use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride};
 use drip_core::template::cap_key;
 use drip_core::time::{format_rfc3339, parse_rfc3339, wall_clock_millis};
+use drip_service::api_error::{ApiJson, ApiQuery};
 use drip_service::auth::Caller;
 use drip_service::feedback;
 use drip_service::live_rules::LoadedRules;
@@ -45,7 +46,7 @@ use serde::Deserialize;
 use crate::AppState;
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, message.into()).into_response()
+    drip_service::api_error::api_error(status, message)
 }
 
 /// Who called, for the logs and the audit: the verified email, or `anonymous` without OIDC.
@@ -73,7 +74,7 @@ impl FromRequestParts<AppState> for PathTarget {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
         let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
-            .map_err(IntoResponse::into_response)?;
+            .map_err(|rejection| error(rejection.status(), rejection.body_text()))?;
         let rules = state.rules.current();
         let name = params.get("rule").map_or("", String::as_str);
         let index = rules.rule_index(name).ok_or_else(|| error(StatusCode::NOT_FOUND, "no such rule"))?;
@@ -128,7 +129,11 @@ pub struct HistoryQuery {
 /// The most entries one history answer holds.
 const MAX_HISTORY: usize = 1_000;
 
-pub async fn history(State(state): State<AppState>, target: PathTarget, Query(query): Query<HistoryQuery>) -> Response {
+pub async fn history(
+    State(state): State<AppState>,
+    target: PathTarget,
+    ApiQuery(query): ApiQuery<HistoryQuery>,
+) -> Response {
     let rule = target.rule();
     let count = query.count.unwrap_or(20).min(MAX_HISTORY);
     match state.store.audit_history(rule, count).await {
@@ -155,7 +160,7 @@ pub async fn put_limit(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
     target: PathTarget,
-    Json(body): Json<SetLimit>,
+    ApiJson(body): ApiJson<SetLimit>,
 ) -> Response {
     let (rule, key) = (target.rule(), &target.key);
     let (limit, count) = match rule.override_target(&body.limit, body.window.as_deref()) {
@@ -191,7 +196,7 @@ pub async fn delete_limit(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
     target: PathTarget,
-    Query(which): Query<WhichLimit>,
+    ApiQuery(which): ApiQuery<WhichLimit>,
 ) -> Response {
     let rule = target.rule();
     let limit = match rule.override_target(&format!("1/{}", which.per), which.window.as_deref()) {
@@ -343,7 +348,7 @@ async fn report_cost(state: &AppState, rule: &Rule, key: &str, body: &Feedback, 
 pub async fn feedback(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
-    Json(body): Json<Feedback>,
+    ApiJson(body): ApiJson<Feedback>,
 ) -> Response {
     let rules = state.rules.current();
     let Some(rule) = rules.rule(&body.rule) else { return error(StatusCode::NOT_FOUND, "no such rule") };
@@ -478,7 +483,7 @@ pub async fn resume_key(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
     target: PathTarget,
-    Query(query): Query<ResumeQuery>,
+    ApiQuery(query): ApiQuery<ResumeQuery>,
 ) -> Response {
     resume(&state, caller, (target.rule(), &target.key, None), query.reason.as_deref()).await
 }
@@ -489,7 +494,7 @@ pub async fn resume_budget(
     caller: Option<axum::Extension<Caller>>,
     target: PathTarget,
     Path(params): Path<HashMap<String, String>>,
-    Query(query): Query<ResumeQuery>,
+    ApiQuery(query): ApiQuery<ResumeQuery>,
 ) -> Response {
     let rule = target.rule();
     let name = params.get("budget").map_or("", String::as_str);

@@ -592,13 +592,13 @@ async fn override_requests_that_name_nothing_are_refused() {
     let l = limiter();
     let put = |limit: &str| Some(serde_json::json!({ "limit": limit }));
     let (status, body) = l.send("PUT", "/v1/rules/refunds/keys/k/limits", put("5/1h")).await;
-    assert_eq!((status, body.as_str()), (StatusCode::NOT_FOUND, Some("no such rule")));
+    assert_eq!((status, body["error"]["message"].as_str()), (StatusCode::NOT_FOUND, Some("no such rule")));
     let (status, body) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", put("5/1m")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body.as_str().unwrap().contains("no limit per 1m"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("no limit per 1m"), "{body}");
     let (status, body) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", put("0/1h")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body.as_str().unwrap().contains("at least 1"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("at least 1"), "{body}");
     let bad_until = Some(serde_json::json!({ "limit": "5/1h", "until": "tomorrow" }));
     assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", bad_until).await.0, StatusCode::BAD_REQUEST);
     assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/k/limits?per=1d", None).await.0, StatusCode::BAD_REQUEST);
@@ -606,7 +606,7 @@ async fn override_requests_that_name_nothing_are_refused() {
     let past = Some(serde_json::json!({ "limit": "5/1h", "until": "2020-01-01T00:00:00Z" }));
     let (status, body) = l.send("PUT", "/v1/rules/payouts/keys/k/limits", past).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body.as_str().unwrap().contains("is in the past"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("is in the past"), "{body}");
     let ends = Some(serde_json::json!({ "limit": "5/1h", "until": "2099-01-01T00:00:00Z" }));
     assert_eq!(l.send("PUT", "/v1/rules/payouts/keys/k/limits", ends).await.0, StatusCode::OK);
     let six = Some(serde_json::json!({ "limit": "6/1h", "reason": "INC-42" }));
@@ -842,6 +842,47 @@ async fn headers_passed_to_feedback_teach_a_learning_rule_the_partner_s_limits()
     let (status, body) = l.send("POST", "/v1/feedback", Some(refused)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.to_string().contains("learn: headers"), "{body}");
+}
+
+/// Every route refuses in one JSON shape (Google's `{"error": {code, status, message}}`): a
+/// handler's own refusal, a body with an unknown field (the framework's 422), a query it cannot
+/// read and a route that does not exist; the message names what was wrong.
+#[tokio::test]
+async fn every_refusal_has_one_json_shape_that_names_what_was_wrong() {
+    let l = limiter();
+    let cases = [
+        (
+            "POST",
+            "/v1/feedback",
+            Some(serde_json::json!({ "rule": "nope", "key": "k", "status": 429 })),
+            404,
+            "no such rule",
+        ),
+        (
+            "POST",
+            "/v1/feedback",
+            Some(serde_json::json!({ "rule": "hooks", "key": "k", "statuss": 429 })),
+            422,
+            "unknown field `statuss`",
+        ),
+        (
+            "POST",
+            "/v1/feedback",
+            Some(serde_json::json!({ "rule": "hooks", "key": "k", "status": "429" })),
+            422,
+            "invalid type",
+        ),
+        ("GET", "/v1/rules/hooks/history?count=many", None, 400, "count"),
+        ("GET", "/v1/nothing/here", None, 404, "no route GET /v1/nothing/here"),
+    ];
+    for (method, path, body, code, says) in cases {
+        let (status, answer) = l.send(method, path, body).await;
+        assert_eq!(status.as_u16(), code, "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{method} {path}: {answer}");
+        assert!(answer["error"]["status"].as_str().is_some_and(|s| !s.is_empty()), "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{method} {path}: {message:?} names {says:?}");
+    }
 }
 
 /// One answer pauses a key for at most max_pause (here half of max_delay's hour): a Retry-After of
@@ -1222,14 +1263,14 @@ async fn unknown_fields_are_refused_naming_them_and_change_nothing() {
     let typo = serde_json::json!({ "limit": "5/1h", "untill": "2099-01-01T00:00:00Z" });
     let (status, body) = l.send("PUT", path, Some(typo)).await;
     assert!(status.is_client_error(), "{status}");
-    assert!(body.as_str().unwrap().contains("unknown field `untill`"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("unknown field `untill`"), "{body}");
     assert_eq!(l.send("GET", path, None).await.1, serde_json::json!([]), "no override was set");
     let (status, body) = l.send("DELETE", &format!("{path}?per=1h&windw=fixed"), None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body.as_str().unwrap().contains("windw"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("windw"), "{body}");
     let snake = serde_json::json!({ "rule": "payouts", "key": "merchant_5", "status": 429, "retry_after": 60 });
     let (status, body) = l.send("POST", "/v1/feedback", Some(snake)).await;
-    assert!(status.is_client_error() && body.as_str().unwrap().contains("retry_after"), "{status} {body}");
+    assert!(status.is_client_error() && body["error"]["message"].as_str().unwrap().contains("retry_after"), "{status} {body}");
     assert_eq!(l.send("GET", "/v1/rules/payouts/history?count=1&cuont=2", None).await.0, StatusCode::BAD_REQUEST);
 
     assert_eq!(l.payout("p0", 5).await, StatusCode::NO_CONTENT);

@@ -1,6 +1,7 @@
 //! Drip's pure core: the rules contract, key and cost templates, routing of an event to a rule, and
 //! the reference model of slot reservation. Nothing here does I/O or reads the clock.
 
+pub mod api_error;
 pub mod attributes;
 pub mod budgets;
 pub mod delivery;

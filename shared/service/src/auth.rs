@@ -11,7 +11,7 @@ use anyhow::bail;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use drip_gcp::oidc::{AuthError, OidcVerifier};
 
 /// Who called, as the verified token says (its email); absent when authentication is off.
@@ -108,7 +108,8 @@ async fn require(State(route): State<RouteAuth>, mut request: Request, next: Nex
                 AuthError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
                 AuthError::Forbidden(_) => StatusCode::FORBIDDEN,
             };
-            (status, status.canonical_reason().unwrap_or_default()).into_response()
+            // The reason stays in the log: a caller learns only which of the two it was.
+            crate::api_error::api_error(status, status.canonical_reason().unwrap_or_default())
         }
     }
 }

@@ -3,6 +3,7 @@
 //! authentication of callers, and graceful shutdown on SIGTERM.
 
 pub mod answer;
+pub mod api_error;
 pub mod auth;
 pub mod costs;
 pub mod counted_publish;
@@ -73,6 +74,7 @@ pub fn service_router(
         .merge(api)
         .merge(metrics_auth.protect(metrics::Metrics::routes(metrics.clone())))
         .merge(health::routes(store, rules))
+        .fallback(api_error::no_such_route)
         .route_layer(axum::middleware::from_fn_with_state(metrics, metrics::Metrics::record_request))
         .layer(telemetry::trace_layer())
 }
