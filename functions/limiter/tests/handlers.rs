@@ -1270,7 +1270,10 @@ async fn unknown_fields_are_refused_naming_them_and_change_nothing() {
     assert!(body["error"]["message"].as_str().unwrap().contains("windw"), "{body}");
     let snake = serde_json::json!({ "rule": "payouts", "key": "merchant_5", "status": 429, "retry_after": 60 });
     let (status, body) = l.send("POST", "/v1/feedback", Some(snake)).await;
-    assert!(status.is_client_error() && body["error"]["message"].as_str().unwrap().contains("retry_after"), "{status} {body}");
+    assert!(
+        status.is_client_error() && body["error"]["message"].as_str().unwrap().contains("retry_after"),
+        "{status} {body}"
+    );
     assert_eq!(l.send("GET", "/v1/rules/payouts/history?count=1&cuont=2", None).await.0, StatusCode::BAD_REQUEST);
 
     assert_eq!(l.payout("p0", 5).await, StatusCode::NO_CONTENT);
