@@ -126,14 +126,13 @@ impl HttpTarget {
         let partner = drip_core::partner::read(headers, wall_clock_millis());
         let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let code = status.as_u16();
-        let answer = match (code, header("retry-after")) {
+        // The partner's headers were read once above: its Retry-After's end is `partner.retry_until`.
+        let answer = match (code, header("retry-after"), partner.retry_until) {
             _ if status.is_success() => {
                 Answer::Delivered { cost: header(COST_HEADER).and_then(|c| c.trim().parse().ok()) }
             }
-            (429 | 503, Some(retry_after)) if retry_after_until(&retry_after).is_some() => {
-                Answer::Wait { status: code, until: retry_after_until(&retry_after).unwrap_or_default(), retry_after }
-            }
-            (408 | 429, _) | (500..=599, _) => {
+            (429 | 503, Some(retry_after), Some(until)) => Answer::Wait { status: code, until, retry_after },
+            (408 | 429, ..) | (500..=599, ..) => {
                 Answer::Overloaded { status: Some(code), detail: format!("{url} answered {status}") }
             }
             _ if status.is_redirection() => Answer::Refused {
@@ -150,11 +149,6 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, PostError> {
         let shown: String = value.chars().take(64).collect();
         PostError::InvalidHeader(format!("{name} cannot be an HTTP header value: {shown:?}"))
     })
-}
-
-/// When a `Retry-After` (delta-seconds or an HTTP date) ends, capped at a day.
-pub fn retry_after_until(value: &str) -> Option<Millis> {
-    drip_core::partner::retry_after_until(value, wall_clock_millis())
 }
 
 /// When a wait of `seconds` from now ends, capped at a day.
