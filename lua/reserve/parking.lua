@@ -26,7 +26,8 @@ end
 
 -- Whether an event whose earliest slot is `slot` parks (schedule.rs's parks): messages of the key
 -- are parked already, or the key or one of its budgets is throttled (paused, or its level below
--- the ceiling) and the slot lies past the park horizon.
+-- the ceiling) and the slot lies past the park horizon, or a fair budget's near horizon lies
+-- before the slot (book near, park far).
 local function parks(e, values, slot, now)
   if (tonumber(values[parked_at(e)]) or 0) > 0 then
     return true
@@ -36,6 +37,9 @@ local function parks(e, values, slot, now)
     local budget = e.budgets[b]
     if (budget.pause and budget.pause > now) or (budget.level and budget.level < budget.ceiling) then
       throttled = true
+    end
+    if budget.near > 0 and slot > now + budget.near then
+      return true
     end
   end
   return throttled and slot > now + e.park

@@ -678,6 +678,7 @@ pub fn scenario_with_budgets(max_events: usize) -> impl Strategy<Value = Scenari
                         adaptive,
                         floors,
                         per_key: false,
+                        fair: None,
                         leases: None,
                         tag: "b0".into(),
                     })
@@ -726,6 +727,20 @@ pub fn scenario_with_parking(max_events: usize) -> impl Strategy<Value = Scenari
             scenario
         },
     )
+}
+
+/// A parking scenario whose first budget is fair (weights 1 to 4 for some keys): an event whose
+/// slot lies past the budget's near horizon parks, its key joins the budget's ring, and drains
+/// book the ring's keys' heads within the near horizon.
+pub fn scenario_with_fair_budgets(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let weights = prop::collection::btree_map(0..3usize, 1u64..=4, 0..3);
+    (scenario_with_parking(max_events), weights).prop_map(|(mut scenario, weights)| {
+        let weights = weights.into_iter().map(|(entity, w)| (format!("entity_{entity}"), w)).collect();
+        let fair = Some(drip_core::fair::Fair { weights });
+        let first = Arc::new(Budget { fair, ..(*scenario.shared.budgets[0]).clone() });
+        scenario.shared.budgets[0] = first;
+        scenario
+    })
 }
 
 /// A scenario whose budgets are leased over 2 to 4 partitions, each asking its home for a chunk of
@@ -989,6 +1004,7 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
                 adaptive,
                 floors,
                 per_key: true,
+                fair: None,
                 leases: None,
                 tag: String::new(),
             });

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use drip_core::budgets::{Adaptive, Budget, LatencyControl, LatencyReport, PPM};
+use drip_core::fair::Member;
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{
@@ -19,8 +20,8 @@ use drip_tests::scenario::{
     Arrival, Kinds, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
     check_delivery_bounds, check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds,
     check_schedule, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
-    scenario_with_classes, scenario_with_corrections, scenario_with_leases, scenario_with_margin,
-    scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
+    scenario_with_classes, scenario_with_corrections, scenario_with_fair_budgets, scenario_with_leases,
+    scenario_with_margin, scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::strategy::{Strategy, ValueTree};
@@ -46,13 +47,17 @@ struct Run {
     answers: Vec<Reservation>,
     corrections: Vec<Correction>,
     drains: Vec<(Option<Millis>, Vec<Unpark>)>,
+    /// A fair budget's ring ops, in order: each park's join and wake, each drain's ring, leave
+    /// and end.
+    rings: Vec<String>,
 }
 
 /// The same, with what each of the scenario's cost corrections did, in order.
 async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, batches: &[Range<usize>]) -> Run {
     let alone: Vec<Range<usize>> = (0..scenario.events.len()).map(|i| i..i + 1).collect();
     let rules: Vec<String> = scenario.events.iter().map(|a| scenario.rule_of(rule, a.entity)).collect();
-    let (mut answers, mut corrections, mut drains) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut answers, mut corrections, mut drains, mut rings) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let fair = scenario.shared.budgets.first().filter(|b| b.fair.is_some());
     // Each entity's parked events (by index), oldest first, as the answers said.
     let mut parked: HashMap<usize, std::collections::VecDeque<usize>> = HashMap::new();
     for batch in if batches.is_empty() { &alone } else { batches } {
@@ -104,6 +109,13 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
                 queue.pop_front();
             }
             drains.push((wake, unparked));
+            if let Some(budget) = fair {
+                let member = Member { rule: rule.id.clone(), key: key.clone() };
+                let ring = store.fair_ring(budget).await.expect("fair_ring");
+                let left = store.fair_leave(budget, Some(&rule), &member).await.expect("fair_leave");
+                let turned = store.fair_turned(budget, ring.cursor + 1, None).await.expect("fair_turned");
+                rings.push(format!("drain {entity}: {ring:?}, left {left}, wake {turned:?}"));
+            }
         }
         let keys: Vec<String> = scenario.events[batch.clone()].iter().map(|a| scenario.entity_key(a)).collect();
         let requests: Vec<SlotRequest> =
@@ -114,6 +126,13 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
             if r.status == Status::Parked && r.attempt == Attempt::Decided {
                 parked.entry(scenario.events[j].entity).or_default().push_back(j);
                 PARKING_SEEN[2].fetch_add(1, Ordering::Relaxed);
+                if let Some(budget) = fair {
+                    let rule = scenario.rule(&rules[j]);
+                    let member = Member { rule: rule.id.clone(), key: keys[j - batch.start].clone() };
+                    store.fair_join(budget, &member, 60_000).await.expect("fair_join");
+                    let wake = store.arm_fair_wake(budget, r.slot - budget.near().unwrap()).await.expect("arm");
+                    rings.push(format!("park {j}: wake {wake:?}"));
+                }
             }
         }
         for (request, reserved) in requests.iter().zip(reserved) {
@@ -125,7 +144,7 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
             answers.push(reserved.reservation);
         }
     }
-    Run { answers, corrections, drains }
+    Run { answers, corrections, drains, rings }
 }
 
 /// The request of the event at `j` of `scenario`, at its arrival.
@@ -292,6 +311,10 @@ fn differential_in_batches(
             let (m, l) = (&model_run.corrections, &lua_run.corrections);
             return Err(TestCaseError::fail(format!("corrections: model {m:?}, lua {l:?}")));
         }
+        if model_run.rings != lua_run.rings {
+            let (m, l) = (&model_run.rings, &lua_run.rings);
+            return Err(TestCaseError::fail(format!("fair rings: model {m:#?}, lua {l:#?}")));
+        }
         if model_run.drains != lua_run.drains {
             let (m, l) = (&model_run.drains, &lua_run.drains);
             return Err(TestCaseError::fail(format!("drains: model {m:?}, lua {l:?}")));
@@ -450,6 +473,15 @@ fn reserve_lua_gives_the_model_s_answer_with_parked_backlogs() {
     differential(scenario_with_parking(60), 192, check_budget_bounds);
     let seen = PARKING_SEEN.each_ref().map(|n| n.load(Ordering::Relaxed));
     assert!(seen.iter().all(|&n| n > 0), "dropped, drained, parked: {seen:?}");
+}
+
+/// A fair budget (book near, park far) with weights, pauses, adaptive limits, new slots and
+/// drains at random moments: the model and the scripts (reserve.lua's parking, fair.lua's ring)
+/// agree on every answer, every park's ring join and wake, every drain's unparks, the ring it
+/// read, who left it and the next wake; every limit holds over what was reserved.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_fair_budgets() {
+    differential(scenario_with_fair_budgets(60), 160, check_budget_bounds);
 }
 
 /// A rule with classes (a reserve for one or two of them) over fixed limits, with and without
@@ -643,6 +675,7 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
             adaptive: None,
             floors: Vec::new(),
             per_key: false,
+            fair: None,
             leases: None,
             tag: format!("gateway{full}"),
         });
@@ -1142,6 +1175,7 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
         adaptive: None,
         floors: Vec::new(),
         per_key: false,
+        fair: None,
         leases: None,
         tag: unique("gateway"),
     });
@@ -1247,6 +1281,7 @@ fn latency_reports_give_the_model_s_levels() {
             adaptive: Some(adaptive),
             floors: Vec::new(),
             per_key: false,
+            fair: None,
             leases: None,
             tag: format!("{rule}-b"),
         };
@@ -1369,6 +1404,7 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
         adaptive: None,
         floors: Vec::new(),
         per_key: false,
+        fair: None,
         leases: Some(leases),
         tag: format!("{rule}-gateway"),
     });
@@ -1503,6 +1539,7 @@ async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
         adaptive: None,
         floors: Vec::new(),
         per_key: false,
+        fair: None,
         leases: Some(leases),
         tag: format!("{rule}-b"),
     });

@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, StatusCode};
 use drip_core::attributes::{Refused, Stamp};
 use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask};
+use drip_core::overflow::{FairWakeTask, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
 use drip_core::schedule::OldSlot;
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
@@ -64,6 +64,13 @@ pub async fn dispatch(State(state): State<AppState>, headers: HeaderMap, body: B
             return Answer::new(StatusCode::FORBIDDEN, None, Outcome::NotATask);
         }
         return crate::drain::wake(&state, &wake, &delivery).await;
+    }
+    if let Some(wake) = FairWakeTask::parse(&body) {
+        if delivery.sealed_until.is_none() {
+            tracing::error!(task = delivery.task, "dispatch refused: an unsealed wake task");
+            return Answer::new(StatusCode::FORBIDDEN, None, Outcome::NotATask);
+        }
+        return crate::drain::fair_wake(&state, &wake, &delivery).await;
     }
     match TaskBatch::parse(&body) {
         // Batches came after seals: an unsealed one is no task of ours.

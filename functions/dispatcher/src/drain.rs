@@ -8,8 +8,12 @@
 use axum::http::StatusCode;
 use drip_core::attributes::Refused;
 use drip_core::outcome::{DlqReason, Outcome};
-use drip_core::overflow::{TaskBody, WakeTask};
-use drip_core::rules::{DEFAULT_PARK_HORIZON, Rule};
+use std::collections::VecDeque;
+
+use drip_core::budgets::Budget;
+use drip_core::fair::{Member, Round};
+use drip_core::overflow::{FairWakeTask, TaskBody, WakeTask};
+use drip_core::rules::{DEFAULT_PARK_HORIZON, Rule, RuleSet};
 use drip_core::schedule::{Attempt, Status, Unpark};
 use drip_core::time::{Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
@@ -56,18 +60,7 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
     let Some(batcher) = &state.tasks else {
         anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
     };
-    let mut taken = Vec::new();
-    for body in state.store.handing(rule, key).await?.into_iter().flatten() {
-        let task: TaskBody = serde_json::from_slice(&body)?;
-        let (identity, published) = filing_of(&task);
-        let request = request_of(rule, &task, &identity, published);
-        let reserved = state.store.reserve(&request).await?;
-        match reserved.reservation.attempt {
-            Attempt::Done => state.store.handed_over(&request).await?,
-            Attempt::Busy => {}
-            Attempt::Decided | Attempt::Resumed => taken.push(Taken { task, identity, published, reserved }),
-        }
-    }
+    let mut taken = take_handing(state, rule, key).await?;
     let now = wall_clock_millis();
     let deadline = now + rule.park().unwrap_or(DEFAULT_PARK_HORIZON);
     let mut next = None;
@@ -106,6 +99,150 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
         tracing::debug!(rule = %rule.name, key, wake = %format_rfc3339(at), "drain: next wake armed");
     }
     let handed = taken.iter().map(|taken| hand_over(state, rule, taken, delivery));
+    futures_util::future::try_join_all(handed).await?;
+    Ok(taken.len())
+}
+
+/// What a drain that died took from the key's queue and did not hand over: taken again (its
+/// answer's lease taken again), unless it was handed over after all or another attempt holds it.
+async fn take_handing(state: &AppState, rule: &Rule, key: &str) -> anyhow::Result<Vec<Taken>> {
+    let mut taken = Vec::new();
+    for body in state.store.handing(rule, key).await?.into_iter().flatten() {
+        let task: TaskBody = serde_json::from_slice(&body)?;
+        let (identity, published) = filing_of(&task);
+        let request = request_of(rule, &task, &identity, published);
+        let reserved = state.store.reserve(&request).await?;
+        match reserved.reservation.attempt {
+            Attempt::Done => state.store.handed_over(&request).await?,
+            Attempt::Busy => {}
+            Attempt::Decided | Attempt::Resumed => taken.push(Taken { task, identity, published, reserved }),
+        }
+    }
+    Ok(taken)
+}
+
+/// A fair budget's wake: the drain of its ring of waiting keys (docs/rules.md: "Fair budgets").
+pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &Delivery<'_>) -> Answer {
+    let rules = state.rules.current();
+    let Some(budget) = rules.budgets.get(&wake.fair_wake.budget) else {
+        tracing::warn!(budget = %wake.fair_wake.budget, "a fair budget's wake for a budget that no longer exists: nothing to drain");
+        return Answer::new(StatusCode::OK, None, Outcome::Drained);
+    };
+    match drain_ring(state, &rules, budget, delivery).await {
+        Ok(taken) => {
+            tracing::info!(budget = %budget.name, taken, "drained a fair budget's waiting keys");
+            Answer::new(StatusCode::OK, None, Outcome::Drained)
+        }
+        Err(error) => {
+            tracing::warn!(budget = %budget.name, error = format!("{error:#}"), "fair drain failed; Cloud Tasks will retry its wake");
+            Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
+        }
+    }
+}
+
+/// One waiting key of a fair budget's ring during a drain: its rule and the bodies read ahead of
+/// its queue (its head first).
+struct Waiting<'r> {
+    rule: &'r Rule,
+    member: Member,
+    ahead: VecDeque<Option<Vec<u8>>>,
+}
+
+/// Hands over what earlier drains left of every waiting key, then gives the coming windows'
+/// units to the waiting keys in weighted deficit round robin (`drip_core::fair::Round`), each
+/// key's head booked with the ordinary unpark while its slot lies within the budget's near
+/// horizon; then arms the next wake and makes the tasks. Returns how many messages it took.
+async fn drain_ring(
+    state: &AppState,
+    rules: &RuleSet,
+    budget: &Budget,
+    delivery: &Delivery<'_>,
+) -> anyhow::Result<usize> {
+    let Some(batcher) = &state.tasks else {
+        anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
+    };
+    let ring = state.store.fair_ring(budget).await?;
+    let mut waiting = Vec::new();
+    for member in ring.members {
+        match rules.rule_by_id(&member.rule) {
+            Some(rule) => waiting.push(Waiting { rule, member, ahead: VecDeque::new() }),
+            None => {
+                tracing::warn!(rule = %member.rule, key = %member.key, budget = %budget.name, "a waiting key of a rule that no longer exists leaves the fair ring");
+                state.store.fair_leave(budget, None, &member).await?;
+            }
+        }
+    }
+    let mut taken = Vec::new();
+    for w in &waiting {
+        taken.extend(take_handing(state, w.rule, &w.member.key).await?.into_iter().map(|t| (w.rule, t)));
+    }
+    let now = wall_clock_millis();
+    // A budget no longer fair drains what waits at the horizon it had.
+    let shortest = budget.limits.iter().map(|l| l.per()).min().unwrap_or(SECOND);
+    let deadline = now + budget.near().unwrap_or_else(|| drip_core::fair::near_horizon(shortest));
+    let weights = waiting.iter().map(|w| budget.fair.as_ref().map_or(1, |f| f.weight_of(&w.member.key))).collect();
+    let mut round = Round::new(weights, ring.cursor);
+    let mut next: Option<Millis> = None;
+    let sooner = |at: Millis, next: &mut Option<Millis>| *next = Some(next.map_or(at, |n| n.min(at)));
+    'round: while let Some(m) = round.visit() {
+        let w = &mut waiting[m];
+        loop {
+            if taken.len() >= MAX_PER_WAKE {
+                sooner(now, &mut next);
+                break 'round;
+            }
+            if w.ahead.is_empty() {
+                w.ahead = state.store.parked_bodies(w.rule, &w.member.key, READ_AHEAD).await?.into();
+            }
+            let body = match w.ahead.front() {
+                None => {
+                    // Its queue is empty: it leaves, unless a message parked since (then the
+                    // next drain serves it, at once).
+                    if !state.store.fair_leave(budget, Some(w.rule), &w.member).await? {
+                        sooner(now, &mut next);
+                    }
+                    round.retire(m);
+                    break;
+                }
+                // Its push is still being parked (or its body is gone): look again in a second.
+                Some(None) => {
+                    sooner(now + SECOND, &mut next);
+                    round.retire(m);
+                    break;
+                }
+                Some(Some(body)) => body,
+            };
+            let task: TaskBody = serde_json::from_slice(body)?;
+            let (identity, published) = filing_of(&task);
+            let request = SlotRequest { unpark: Some(deadline), ..request_of(w.rule, &task, &identity, published) };
+            if !round.affords(m, request.event.cost) {
+                break;
+            }
+            match state.store.unpark(&request).await? {
+                (Unpark::Decided(reservation), at) => {
+                    round.spend(m, request.event.cost);
+                    w.ahead.pop_front();
+                    let reserved = Reserved { reservation, now: at };
+                    taken.push((w.rule, Taken { task, identity, published, reserved }));
+                }
+                (Unpark::Later { wake, .. }, _) => {
+                    sooner(wake, &mut next);
+                    round.retire(m);
+                    break;
+                }
+                // Another drain is at this queue: it arms its own next wake.
+                (Unpark::NotHead | Unpark::NotParked, _) => {
+                    round.retire(m);
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(at) = state.store.fair_turned(budget, round.cursor(), next).await? {
+        parking::fair_wake_at((batcher.tasks(), &state.metrics), budget, at).await?;
+        tracing::debug!(budget = %budget.name, wake = %format_rfc3339(at), "fair drain: next wake armed");
+    }
+    let handed = taken.iter().map(|(rule, taken)| hand_over(state, rule, taken, delivery));
     futures_util::future::try_join_all(handed).await?;
     Ok(taken.len())
 }

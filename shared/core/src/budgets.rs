@@ -28,6 +28,10 @@ pub struct Budget {
     /// Leased capacity (docs/rules.md, "A budget past one shard"): its keys spread over partitions,
     /// each booking against units its home leased it. `None`: one calendar, on one shard.
     pub leases: Option<Leases>,
+    /// `fair: true` (docs/rules.md: "Fair budgets"): while it binds, each window's units go to
+    /// the keys with events waiting, in proportion to their weights. `None`: first come, first
+    /// served.
+    pub fair: Option<crate::fair::Fair>,
     /// The Redis Cluster hash tag of the budget and of every entity of every rule that draws from
     /// it (the smallest budget name of the group that rules link together): one script call then
     /// touches one slot. See docs/rules.md, "Shared budgets".
@@ -39,6 +43,13 @@ impl Budget {
     /// (never less than the event's cost: a share never makes an event impossible).
     pub fn share_of(&self, count: u64, cost: u64) -> Option<u64> {
         self.max_share.map(|share| scaled(count, share, cost))
+    }
+
+    /// How far ahead a fair budget books ([`crate::fair::near_horizon`] of its shortest window):
+    /// an event of a rule drawing from it whose slot lies later parks. `None`: not fair.
+    pub fn near(&self) -> Option<Millis> {
+        let shortest = self.limits.iter().map(Limit::per).min()?;
+        self.fair.as_ref().map(|_| crate::fair::near_horizon(shortest))
     }
 
     /// The units of a window whose count in force is `count` that each floor holds: `count × floor`,

@@ -6,6 +6,7 @@ pub mod attributes;
 pub mod budgets;
 pub mod delivery;
 pub mod event;
+pub mod fair;
 pub mod json_path;
 pub mod ledger;
 pub mod limit;

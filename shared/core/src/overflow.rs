@@ -240,6 +240,41 @@ impl WakeTask {
     }
 }
 
+/// The task that wakes the drain of a fair budget's ring of waiting keys (docs/rules.md: "Fair
+/// budgets"): `{"fair_wake": {"budget": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairWakeTask {
+    pub fair_wake: FairWakeOf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairWakeOf {
+    pub budget: String,
+}
+
+impl FairWakeTask {
+    pub fn of(budget: &str) -> Self {
+        Self { fair_wake: FairWakeOf { budget: budget.to_owned() } }
+    }
+
+    /// `body` as a fair budget's wake, or `None`.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice(body).ok()
+    }
+
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a string encodes")
+    }
+
+    /// Its name for a wake at `at` (budget names are task-name characters): a wake armed twice
+    /// for one time is ALREADY_EXISTS.
+    pub fn name(&self, at: crate::time::Millis) -> String {
+        format!("fairwake-{}-at-{at}", self.fair_wake.budget)
+    }
+}
+
 /// Several delayed events of one queue whose slots fall in one short bucket, carried by one task:
 /// `{"batch": [<task body>, ...]}`, each element exactly what the event's own task would carry.
 #[derive(Debug, Deserialize)]

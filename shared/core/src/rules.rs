@@ -196,6 +196,11 @@ impl Rule {
     /// The horizon past which a throttled key's events park (`ReserveRequest::park`): the rule's
     /// `park_horizon` when it enforces, has no classes and draws from no leased budget (those
     /// book every slot at once); else `None`.
+    /// The fair budget it draws from, if any (a rule draws from one at most).
+    pub fn fair_budget(&self) -> Option<&Budget> {
+        self.budgets.iter().find(|b| b.fair.is_some()).map(|b| &**b)
+    }
+
     pub fn park(&self) -> Option<Millis> {
         let leased = self.budgets.iter().any(|b| b.leases.is_some());
         self.park_horizon.filter(|_| self.mode == Mode::Enforce && self.classes.is_none() && !leased)
@@ -549,6 +554,38 @@ impl RuleSet {
                         each.join(", ")
                     ),
                 );
+            }
+            let fair: Vec<&str> = rule.budgets.iter().filter(|b| b.fair.is_some()).map(|b| b.name.as_str()).collect();
+            if let Some(first) = fair.first() {
+                let label = format!("rule '{}'", rule.name);
+                let mut errors = RuleErrors { errors: &mut errors, label: &label };
+                let refusal = if fair.len() > 1 {
+                    Some((
+                        "budgets",
+                        format!(
+                            "draws from fair budgets {fair:?}: a key waits in one fair budget's ring, so a rule draws from one at most"
+                        ),
+                    ))
+                } else if rule.classes.is_some() {
+                    Some((
+                        "classes",
+                        format!(
+                            "draws from fair budget '{first}', but a rule with classes books at once by priority and never parks; a fair budget parks what lies past its near horizon"
+                        ),
+                    ))
+                } else if rule.mode == Mode::Enforce && rule.park_horizon.is_none() {
+                    Some((
+                        "park_horizon",
+                        format!(
+                            "is off, but the rule draws from fair budget '{first}', which parks what lies past its near horizon: remove park_horizon: off"
+                        ),
+                    ))
+                } else {
+                    None
+                };
+                if let Some((field, message)) = refusal {
+                    errors.push(field, message);
+                }
             }
             if let Cost::Fixed(cost) = rule.cost
                 && let Some(budget) = rule.budgets.iter().find(|b| b.limits.iter().any(|l| l.limit() < cost))

@@ -405,7 +405,8 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
             floors: _,  // below, with its own text
             per_key: _, // a classes calendar's, never written in the rules file (class_edits)
             leases: _,  // above: the entities move between shards
-            tag: _,     // above: budget_tag
+            fair,
+            tag: _, // above: budget_tag
         } = after.as_ref();
         if &before.limits != limits || &before.max_share != max_share || &before.adaptive != adaptive {
             edits.push(edit(
@@ -415,6 +416,18 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
                     after.name
                 ),
             ));
+        }
+        if &before.fair != fair {
+            let said = match fair {
+                Some(_) if before.fair.is_some() => "its weights changed: from the next drain of its waiting keys",
+                Some(_) => {
+                    "now fair: from the next reservation, events past its near horizon park and its waiting keys share each window"
+                }
+                None => {
+                    "no longer fair: from the next reservation, first come, first served; the keys already waiting drain through its ring until it is empty"
+                }
+            };
+            edits.push(edit(Safety::Safe, format!("budget '{}' {said}", after.name)));
         }
         if before.floors != after.floors {
             let show = |floors: &[(String, u64)]| {

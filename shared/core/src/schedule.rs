@@ -32,6 +32,7 @@ use crate::time::Millis;
 
 mod calendars;
 mod entity;
+mod fair;
 mod leases;
 mod overrides;
 mod parking;
@@ -81,6 +82,8 @@ fn answer_file(message_id: &str, published: Option<Millis>) -> AnswerFile {
 pub struct Scheduler {
     entities: HashMap<(String, String), Entity>,
     budgets: HashMap<String, BudgetState>,
+    /// By fair budget: its ring of waiting keys.
+    rings: HashMap<String, fair::RingState>,
 }
 
 impl Scheduler {

@@ -2,7 +2,9 @@
 //! what the limiter and the dispatcher do with a parked answer, and the one wake task per key that
 //! drains the queue at the rate in force when it runs.
 
-use drip_core::overflow::WakeTask;
+use drip_core::budgets::Budget;
+use drip_core::fair::Member;
+use drip_core::overflow::{FairWakeTask, WakeTask};
 use drip_core::rules::Rule;
 use drip_core::time::{Millis, format_rfc3339};
 use drip_gcp::tasks::Created;
@@ -28,6 +30,9 @@ pub async fn park(
     if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(body) {
         store.keep_payload(&reference, ttl).await?;
     }
+    if let Some(budget) = rule.fair_budget() {
+        return park_in_ring((store, tasks, metrics), (rule, budget, request), reserved, ttl).await;
+    }
     let horizon = rule.park().unwrap_or_default();
     let wanted = reserved.reservation.slot - horizon;
     // A redelivery (its answer resumed) arms again: the attempt that parked it may have died
@@ -44,6 +49,44 @@ pub async fn park(
     }
     tracing::info!(message = request.event.message_id, rule = %rule.name, key = request.key, wake = wake.map(format_rfc3339), "parked: the key is throttled");
     Ok(())
+}
+
+/// A key of a rule drawing from a fair budget parked: it joins the budget's ring of waiting keys,
+/// and the ring's drain is woken where the message's slot comes within the budget's near horizon,
+/// unless a wake is armed already (a redelivery arms again, as for a key's own wake).
+async fn park_in_ring(
+    (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),
+    (rule, budget, request): (&Rule, &Budget, &SlotRequest<'_>),
+    reserved: &Reserved,
+    keep: Millis,
+) -> anyhow::Result<()> {
+    let member = Member { rule: rule.id.clone(), key: request.key.to_owned() };
+    store.fair_join(budget, &member, keep).await?;
+    let wanted = reserved.reservation.slot - budget.near().unwrap_or_default();
+    let wake = match store.arm_fair_wake(budget, wanted).await? {
+        Some(wake) => Some(wake),
+        None if reserved.reservation.replayed() => {
+            Some(wanted.clamp(reserved.now, reserved.now + drip_core::schedule::MAX_WAKE_GAP))
+        }
+        None => None,
+    };
+    if let Some(at) = wake {
+        fair_wake_at((tasks, metrics), budget, at).await?;
+    }
+    tracing::info!(message = request.event.message_id, rule = %rule.name, key = request.key, budget = %budget.name, wake = wake.map(format_rfc3339), "parked: waiting for its turn in a fair budget");
+    Ok(())
+}
+
+/// Creates the task that wakes the drain of fair budget `budget`'s waiting keys at `at`.
+pub async fn fair_wake_at(
+    (tasks, metrics): (&Tasks, &ServiceMetrics),
+    budget: &Budget,
+    at: Millis,
+) -> anyhow::Result<Created> {
+    let wake = FairWakeTask::of(&budget.name);
+    let name = wake.name(at);
+    let create = tasks.create((&budget.name, ""), &name, at, wake.body());
+    Ok(metrics.time("cloud_tasks", create).await?)
 }
 
 /// Creates the task that wakes the drain of `key`'s parked messages at `at` (not batched: a wake

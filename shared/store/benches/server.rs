@@ -50,6 +50,7 @@ fn configurations() -> Vec<Configuration> {
         adaptive: Some(Adaptive { margin: 100_000, decrease: 900_000, min: 200_000, step: 100_000, latency: None }),
         floors: Vec::new(),
         per_key: false,
+        fair: None,
         leases: None,
         tag: "bench-gateway".into(),
     });
@@ -60,6 +61,7 @@ fn configurations() -> Vec<Configuration> {
         adaptive: None,
         floors: vec![("live".into(), 50_000)],
         per_key: true,
+        fair: None,
         leases: None,
         tag: String::new(),
     });
@@ -388,6 +390,7 @@ async fn full_calendar(
             adaptive: None,
             floors: Vec::new(),
             per_key: false,
+            fair: None,
             leases: None,
             tag: format!("bench-calendar-{ahead}"),
         });
@@ -452,6 +455,7 @@ fn gateway(name: &str, partitions: Option<u32>) -> Arc<Budget> {
         adaptive: None,
         floors: Vec::new(),
         per_key: false,
+        fair: None,
         leases: partitions.map(|p| Leases { partitions: p, chunk: Leases::default_chunk(p) }),
         tag: name.into(),
     })

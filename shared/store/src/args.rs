@@ -434,6 +434,8 @@ impl ReserveArgs {
             // A classes calendar holds its key's overrides of the rule's limits and carries over
             // what the key booked before the rule had classes (its last two fields).
             args.int("budget.per_key", i64::from(budget.per_key));
+            // A fair budget's near horizon (0: not fair): an event whose slot lies past it parks.
+            args.int("budget.near", budget.near().unwrap_or(0));
             if budget.per_key {
                 args.int("budget.carry_key", carry_at);
             }

@@ -222,6 +222,14 @@ pub fn budget_key(namespace: &str, budget: &Budget) -> String {
     format!("{namespace}:{{b:{}}}:budget:{}", budget.tag, budget.name)
 }
 
+/// A fair budget's ring of waiting keys (`lua/fair.lua`), and the hash of its drain (where the
+/// next starts, its wake): on the budget's slot, with every entity that draws from it.
+pub fn fair_keys(namespace: &str, budget: &Budget) -> [String; 2] {
+    let ring = format!("{namespace}:{{b:{}}}:fair:{}", budget.tag, budget.name);
+    let drain = format!("{ring}:m");
+    [ring, drain]
+}
+
 /// A leased budget's pool in one partition (what it was leased and booked of each window), on the
 /// slot of the partition's entities.
 pub fn pool_key(namespace: &str, budget: &Budget, partition: u32) -> String {

@@ -2,6 +2,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{
     AnswerFile, BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id,
@@ -98,6 +99,7 @@ impl MemoryStore {
         class_calendar(rule, key).map(|(calendar, scope)| Budget {
             name: calendar.state_name(Some(scope)),
             per_key: false,
+            fair: None,
             ..(**calendar).clone()
         })
     }
@@ -153,6 +155,39 @@ impl Store for MemoryStore {
             locked(&self.handing).push((request.rule.to_owned(), request.key.to_owned(), file_of(request)));
         }
         ready((unpark, now))
+    }
+
+    fn fair_join<'a>(&'a self, budget: &'a Budget, member: &'a Member, _: Millis) -> StoreFuture<'a, ()> {
+        self.with(|s| s.fair_join(&budget.name, member));
+        ready(())
+    }
+
+    fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring> {
+        ready(self.with(|s| s.fair_ring(&budget.name)))
+    }
+
+    fn fair_leave<'a>(
+        &'a self,
+        budget: &'a Budget,
+        rule: Option<&'a Rule>,
+        member: &'a Member,
+    ) -> StoreFuture<'a, bool> {
+        ready(self.with(|s| s.fair_leave(&budget.name, member, rule.is_none())))
+    }
+
+    fn fair_turned<'a>(
+        &'a self,
+        budget: &'a Budget,
+        cursor: u64,
+        wake: Option<Millis>,
+    ) -> StoreFuture<'a, Option<Millis>> {
+        let now = self.now();
+        ready(self.with(|s| s.fair_turned(&budget.name, now, cursor, wake)))
+    }
+
+    fn arm_fair_wake<'a>(&'a self, budget: &'a Budget, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
+        let now = self.now();
+        ready(self.with(|s| s.arm_fair_wake(&budget.name, now, wanted)))
     }
 
     /// The model's bodies never expire.

@@ -5,18 +5,19 @@
 use std::collections::BTreeMap;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride, Unpark};
-use drip_core::time::Millis;
+use drip_core::time::{Millis, wall_clock_millis};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
 use crate::inspect::EntityReport;
-use crate::keys::{DISPATCHED_MEMORY, field, parked_body_key, payload_key};
+use crate::keys::{DISPATCHED_MEMORY, fair_keys, field, parked_body_key, payload_key};
 use crate::overrides::Author;
 use crate::redis_store::{ReserveCall, only_answer};
-use crate::scripts::{RELEASE, WAKE};
+use crate::scripts::{FAIR, RELEASE, WAKE};
 use crate::store::{Ping, Store};
 use crate::{
     budgets::Calendar, keys::EntityKeys, keys::RuleRef, overrides::AuditEntry, overrides::OverrideChange,
@@ -115,6 +116,78 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
             let mut invocation = WAKE.call();
             invocation.key(&keys.state).arg(self.clock().now().map(|t| t.to_string()).unwrap_or_default()).arg(wanted);
+            Ok(invocation.invoke_async(&mut self.connection()).await?)
+        })
+    }
+
+    fn fair_join<'a>(&'a self, budget: &'a Budget, member: &'a Member, keep: Millis) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let mut invocation = FAIR.call();
+            let now = self.clock().now().unwrap_or_else(wall_clock_millis);
+            invocation.key(&ring).key(&drain).arg("join").arg(ring_member(member)).arg(now).arg(keep);
+            let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
+            Ok(())
+        })
+    }
+
+    fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring> {
+        Box::pin(async move {
+            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let mut pipe = redis::pipe();
+            pipe.zrange(&ring, 0, -1).hget(&drain, "c");
+            let (members, cursor): (Vec<String>, Option<u64>) = pipe.query_async(&mut self.connection()).await?;
+            let members = members
+                .iter()
+                .filter_map(|m| m.split_once('\n'))
+                .map(|(rule, key)| Member { rule: rule.to_owned(), key: key.to_owned() })
+                .collect();
+            Ok(Ring { members, cursor: cursor.unwrap_or(0) })
+        })
+    }
+
+    fn fair_leave<'a>(
+        &'a self,
+        budget: &'a Budget,
+        rule: Option<&'a Rule>,
+        member: &'a Member,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let mut invocation = FAIR.call();
+            invocation.key(&ring).key(&drain);
+            if let Some(rule) = rule {
+                invocation
+                    .key(EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), &member.key, &rule.limits).state);
+            }
+            invocation.arg("leave").arg(ring_member(member));
+            let left: i64 = invocation.invoke_async(&mut self.connection()).await?;
+            Ok(left == 1)
+        })
+    }
+
+    fn fair_turned<'a>(
+        &'a self,
+        budget: &'a Budget,
+        cursor: u64,
+        wake: Option<Millis>,
+    ) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(async move {
+            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let mut invocation = FAIR.call();
+            let now = self.clock().now().map(|t| t.to_string()).unwrap_or_default();
+            let wake = wake.map(|w| w.to_string()).unwrap_or_default();
+            invocation.key(&ring).key(&drain).arg("turned").arg(now).arg(cursor).arg(wake);
+            Ok(invocation.invoke_async(&mut self.connection()).await?)
+        })
+    }
+
+    fn arm_fair_wake<'a>(&'a self, budget: &'a Budget, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
+        Box::pin(async move {
+            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let mut invocation = FAIR.call();
+            let now = self.clock().now().map(|t| t.to_string()).unwrap_or_default();
+            invocation.key(&ring).key(&drain).arg("arm").arg(now).arg(wanted);
             Ok(invocation.invoke_async(&mut self.connection()).await?)
         })
     }
@@ -306,4 +379,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         let keys: Vec<Vec<u8>> = entries.iter().filter_map(|entry| parked_body_key(entry)).collect();
         Ok(redis::cmd("MGET").arg(keys).query_async(&mut self.connection()).await?)
     }
+}
+
+/// A fair ring's member as the ring holds it: `<rule id>\n<key>`.
+fn ring_member(member: &Member) -> String {
+    format!("{}\n{}", member.rule, member.key)
 }

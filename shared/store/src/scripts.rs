@@ -205,6 +205,8 @@ pub(crate) static RETURNS: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("returns", &with_prelude(""), include_str!("../../../lua/returns.lua")));
 pub(crate) static WAKE: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("wake", &with_prelude(""), include_str!("../../../lua/wake.lua")));
+pub(crate) static FAIR: LazyLock<Library> =
+    LazyLock::new(|| Library::of_script("fair", &with_prelude(""), include_str!("../../../lua/fair.lua")));
 pub(crate) static BUDGET: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("budget", &with_latency(), include_str!("../../../lua/budget.lua")));
 pub(crate) static OVERRIDE: LazyLock<Library> =
@@ -233,6 +235,7 @@ mod tests {
             include_str!("../../../lua/dispatch.lua"),
             include_str!("../../../lua/release.lua"),
             include_str!("../../../lua/wake.lua"),
+            include_str!("../../../lua/fair.lua"),
         ]);
         let sources: Vec<&str> = sources.collect();
         for (name, _) in shared_numbers() {

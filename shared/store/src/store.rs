@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride, Unpark};
 use drip_core::time::Millis;
@@ -38,6 +39,30 @@ pub trait Store: Ping + std::fmt::Debug {
     /// Arms the wake of the key's drain at `wanted` unless one is armed (`Scheduler::arm_wake`):
     /// the wake to make a task for, if any.
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
+    /// A key of `rule` parked a message while drawing from fair budget `budget`: it joins the
+    /// budget's ring of waiting keys (once; `Scheduler::fair_join`), which lives `keep` more at least.
+    fn fair_join<'a>(&'a self, budget: &'a Budget, member: &'a Member, keep: Millis) -> StoreFuture<'a, ()>;
+    /// The fair budget's ring: its waiting keys, oldest first, and where its next drain starts.
+    fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring>;
+    /// The member (a key of `rule`; `None`: its rule is gone) leaves the ring unless messages of
+    /// it parked since: whether it left.
+    fn fair_leave<'a>(
+        &'a self,
+        budget: &'a Budget,
+        rule: Option<&'a Rule>,
+        member: &'a Member,
+    ) -> StoreFuture<'a, bool>;
+    /// A drain of the ring ended: where the next starts, and its wake (`Scheduler::fair_turned`):
+    /// the wake to make a task for.
+    fn fair_turned<'a>(
+        &'a self,
+        budget: &'a Budget,
+        cursor: u64,
+        wake: Option<Millis>,
+    ) -> StoreFuture<'a, Option<Millis>>;
+    /// Arms the ring's drain at `wanted` unless one is armed (`Scheduler::arm_fair_wake`): the
+    /// wake to make a task for, if any.
+    fn arm_fair_wake<'a>(&'a self, budget: &'a Budget, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
     /// Keeps the body of the request's parked message (its task body, as it would be made) for
     /// `ttl`: the key's drain makes its task from it.
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()>;

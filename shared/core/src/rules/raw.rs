@@ -118,7 +118,7 @@ pub(super) struct RawTop {
     pub(super) budgets: Option<BTreeMap<String, Value>>,
 }
 
-/// A budget: its limits, or `{ limits, max_share, adaptive, floors, leases }`.
+/// A budget: its limits, or `{ limits, max_share, adaptive, floors, leases, fair, weights }`.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub(super) enum RawBudget {
@@ -142,6 +142,14 @@ pub(super) struct RawBudgetFields {
     /// Spread the keys of the rules drawing from it over partitions (Redis Cluster hash tags), each
     /// booking against capacity its home leases it: a budget past one shard.
     pub(super) leases: Option<RawLeases>,
+    /// While the budget binds, share each window among the keys with events waiting, in
+    /// proportion to their weights, instead of first come, first served (docs/rules.md, "Fair
+    /// budgets"). Every rule drawing from it parks (its `park_horizon` cannot be off).
+    pub(super) fair: Option<bool>,
+    /// With `fair: true`, by key: its weight, a whole number from 1 to 1000 (default 1). A key of
+    /// weight 3 gets three units of a window for each unit a key of weight 1 gets, while both wait.
+    #[schemars(extend("additionalProperties" = { "type": "integer", "minimum": 1, "maximum": 1000 }))]
+    pub(super) weights: Option<BTreeMap<String, u64>>,
 }
 
 /// A budget's floor for one rule: a share of each window for the rule, or one for each named key of

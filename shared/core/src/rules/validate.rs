@@ -9,6 +9,7 @@ use super::errors::*;
 use super::raw::*;
 use super::*;
 use crate::budgets::{Adaptive, Budget, FeedbackTarget, LatencyControl, Leases, PPM, fraction_ppm};
+use crate::fair::{Fair, MAX_WEIGHT};
 use crate::template::Template;
 use crate::time::{Millis, parse_duration};
 
@@ -329,6 +330,7 @@ fn validate_classes(
         adaptive,
         floors,
         per_key: true,
+        fair: None,
         leases: None,
         tag: String::new(),
     });
@@ -346,14 +348,20 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
             continue;
         }
         let fields = match deserialize::<RawBudget>(value) {
-            Ok(RawBudget::Limits(limits)) => {
-                RawBudgetFields { limits, max_share: None, adaptive: None, floors: None, leases: None }
-            }
+            Ok(RawBudget::Limits(limits)) => RawBudgetFields {
+                limits,
+                max_share: None,
+                adaptive: None,
+                floors: None,
+                leases: None,
+                fair: None,
+                weights: None,
+            },
             Ok(RawBudget::Full(fields)) => *fields,
             Err(_) => {
                 errors.push(
                     "",
-                    "expected a list of limits or { limits, max_share, adaptive, floors, leases } (fields: limit, per, placement)"
+                    "expected a list of limits or { limits, max_share, adaptive, floors, leases, fair, weights } (fields: limit, per, placement)"
                         .into(),
                 );
                 continue;
@@ -412,16 +420,54 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
             );
             ok = false;
         }
+        let fair = validate_fair(fields.fair, fields.weights, &mut errors);
+        ok &= fair.is_some();
+        if leases.is_some() && matches!(fair, Some(Some(_))) {
+            errors.push(
+                "fair",
+                "a leased budget cannot be fair yet: its partitions book their leases first come, first served; use one shard (no leases) for a fair budget".into(),
+            );
+            ok = false;
+        }
         if ok {
             let floors = floors.unwrap_or_default();
-            let leases = leases.flatten();
+            let (leases, fair) = (leases.flatten(), fair.flatten());
             budgets.insert(
                 name.clone(),
-                Budget { name, limits, max_share, adaptive, floors, per_key: false, leases, tag: String::new() },
+                Budget { name, limits, max_share, adaptive, floors, per_key: false, fair, leases, tag: String::new() },
             );
         }
     }
     budgets
+}
+
+/// A budget's `fair` and `weights`: `Some(None)` when it is not fair, `None` when they are wrong.
+fn validate_fair(
+    fair: Option<bool>,
+    weights: Option<BTreeMap<String, u64>>,
+    errors: &mut RuleErrors<'_, '_>,
+) -> Option<Option<Fair>> {
+    match (fair, weights) {
+        (None | Some(false), None) => Some(None),
+        (None | Some(false), Some(_)) => {
+            errors.push("weights", "weights share a fair budget's windows: add fair: true, or remove weights".into());
+            None
+        }
+        (Some(true), weights) => {
+            let weights = weights.unwrap_or_default();
+            let mut ok = true;
+            for (key, &weight) in &weights {
+                if !(1..=MAX_WEIGHT).contains(&weight) {
+                    errors.push(
+                        &format!("weights.{key}"),
+                        format!("must be a whole number from 1 to {MAX_WEIGHT}, got {weight}"),
+                    );
+                    ok = false;
+                }
+            }
+            ok.then_some(Some(Fair { weights }))
+        }
+    }
 }
 
 /// A budget's `leases`: partitions at least 2, a chunk above 0 and at most 1, start-placed windows

@@ -461,6 +461,7 @@ mod budget_tests {
             adaptive: None,
             floors: Vec::new(),
             per_key: false,
+            fair: None,
             leases: None,
             tag: "gateway".into(),
         })
@@ -794,6 +795,7 @@ mod budget_tests {
             name: "payouts".into(),
             floors: vec![("live".into(), 200_000)],
             per_key: true,
+            fair: None,
             leases: None,
             ..(*budget(10, Placement::Start, None)).clone()
         })

@@ -36,14 +36,16 @@ pub const WAKE_LOST_AFTER: Millis = 5 * crate::time::MINUTE;
 /// Whether an event of the entity whose earliest slot is `slot` parks instead of booking it: its
 /// rule parks, and messages of the key are parked already (FIFO), or the key is throttled (paused,
 /// or its adaptive level below the ceiling; or one of its budgets, `budget_throttled`) and the
-/// slot lies past the park horizon.
+/// slot lies past the park horizon, or it draws from a fair budget and the slot lies past that
+/// budget's near horizon ([`Budget::near`]: book near, park far).
 pub(super) fn parks(state: &EntityState, budget_throttled: bool, request: &ReserveRequest<'_>, slot: Millis) -> bool {
     let Some(horizon) = request.park else { return false };
     let paused = state.paused_until.is_some_and(|until| until > request.now);
     let lowered = request
         .adaptive
         .is_some_and(|a| a.level(state.adaptive, adaptive_window(request.limits), request.now) < a.ceiling());
-    state.parked > 0 || ((paused || lowered || budget_throttled) && slot > request.now + horizon)
+    let far = request.budgets.iter().filter_map(|b| b.near()).any(|near| slot > request.now + near);
+    state.parked > 0 || ((paused || lowered || budget_throttled) && slot > request.now + horizon) || far
 }
 
 /// Whether a budget the request draws from is paused, or its adaptive level below its ceiling.

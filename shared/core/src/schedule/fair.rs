@@ -1,0 +1,66 @@
+//! A fair budget's ring of waiting keys (crate::fair): who joins it, who leaves it, where its
+//! next drain starts and when it wakes. The drain itself is the ordinary unpark of each key's
+//! head, in the order [`crate::fair::Round`] gives.
+
+use super::*;
+use crate::fair::{Member, Ring};
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct RingState {
+    ring: Ring,
+    /// When the ring's drain is armed to wake (a task made for it).
+    wake: Option<Millis>,
+}
+
+impl Scheduler {
+    /// A key of a rule drawing from fair budget `budget` parked a message: it joins the budget's
+    /// ring of waiting keys, at its end, unless it is in it.
+    pub fn fair_join(&mut self, budget: &str, member: &Member) {
+        let ring = &mut self.rings.entry(budget.to_owned()).or_default().ring;
+        if !ring.members.contains(member) {
+            ring.members.push(member.clone());
+        }
+    }
+
+    /// The budget's ring: its waiting keys, oldest first, and where its next drain starts.
+    pub fn fair_ring(&self, budget: &str) -> Ring {
+        self.rings.get(budget).map(|r| r.ring.clone()).unwrap_or_default()
+    }
+
+    /// The drain found the member's queue empty (`gone`: its rule no longer exists): it leaves
+    /// the ring, unless a message of it parked since (then it stays, and `false`).
+    pub fn fair_leave(&mut self, budget: &str, member: &Member, gone: bool) -> bool {
+        let parked = self.entity_state(&member.rule, &member.key).map_or(0, |s| s.parked);
+        if parked > 0 && !gone {
+            return false;
+        }
+        if let Some(state) = self.rings.get_mut(budget) {
+            state.ring.members.retain(|m| m != member);
+        }
+        true
+    }
+
+    /// A drain of the ring ended at `now`: its next one starts at `cursor`, and wakes at `wake`;
+    /// with none while keys still wait (one joined during the drain, and its wake found this one
+    /// armed), at `now`. Returns the wake to make a task for (`None`: nobody waits; the next key
+    /// to park arms one).
+    pub fn fair_turned(&mut self, budget: &str, now: Millis, cursor: u64, wake: Option<Millis>) -> Option<Millis> {
+        let state = self.rings.entry(budget.to_owned()).or_default();
+        state.ring.cursor = cursor;
+        state.wake = wake.or((!state.ring.members.is_empty()).then_some(now));
+        state.wake
+    }
+
+    /// A key parked in the ring's budget at `now` and its drain should wake at `wanted`: the wake
+    /// to arm (recorded), or `None` when one is armed already and not lost ([`WAKE_LOST_AFTER`]),
+    /// or nobody waits.
+    pub fn arm_fair_wake(&mut self, budget: &str, now: Millis, wanted: Millis) -> Option<Millis> {
+        let state = self.rings.get_mut(budget)?;
+        if state.ring.members.is_empty() || state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
+            return None;
+        }
+        let wake = wanted.clamp(now, now + MAX_WAKE_GAP);
+        state.wake = Some(wake);
+        Some(wake)
+    }
+}
