@@ -2,18 +2,20 @@
 //! emulator pushes), Redis, the Cloud Tasks stand-in and a dispatcher delivering a rule's overflow
 //! to an HTTP target (`overflow: { url }`) that answers 429 with `Retry-After` for a while.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::StatusCode;
 use drip_core::time::{HOUR, MINUTE, Millis, wall_clock_millis};
 use drip_store::{AuditEntry, RedisStore, Store};
 use drip_tests::pubsub_emulator::Pubsub;
 use drip_tests::redis_server::shared_url;
 use drip_tests::stack::{LimiterWiring, TasksStandIn, spawn_limiter, spawn_rescheduling_dispatcher};
 use drip_tests::unique;
+
+#[path = "support/partner.rs"]
+mod partner;
+use partner::{Answer, ThrottledStack, delivered_once, quota_target, stack_before, throttled_stack, throttling_target};
 
 const RULES: &str = r#"
 default_dlq_topic: {p}-dlq
@@ -35,8 +37,6 @@ rules:
     overflow: { url: "TARGET" }
 "#;
 
-/// One answer the target gave: the message, when, and the status.
-type Answer = (String, Millis, u16);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflow_target_that_says_wait_pauses_the_budget_and_gets_every_event_once_after_it() {
@@ -418,139 +418,4 @@ rules:
     let changes = format!("drip_learned_limit_changes_total{{target=\"rule:{prefix}-payouts\"}}");
     assert!(metrics.contains(&changes), "{metrics}");
     drop(dispatcher);
-}
-
-/// An HTTP target that serves `quota` calls per epoch-aligned second, says so on every answer
-/// (`RateLimit-Policy: "default";q=QUOTA;w=1` and `RateLimit: "default";r=LEFT;t=1`), and answers
-/// 429 with `Retry-After: 1` past it.
-async fn quota_target(quota: usize) -> (String, Arc<Mutex<Vec<Answer>>>) {
-    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
-    let log = answers.clone();
-    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
-        let log = log.clone();
-        async move {
-            let id = headers.get("x-drip-message-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
-            let now = wall_clock_millis();
-            let mut log = log.lock().unwrap();
-            let served = log.iter().filter(|a| a.2 == 204 && a.1.div_euclid(1_000) == now.div_euclid(1_000)).count();
-            let refuse = served >= quota;
-            log.push((id, now, if refuse { 429 } else { 204 }));
-            let left = quota - served.min(quota) - usize::from(!refuse);
-            let said = [
-                ("ratelimit-policy", format!("\"default\";q={quota};w=1")),
-                ("ratelimit", format!("\"default\";r={left};t=1")),
-            ];
-            if refuse {
-                (StatusCode::TOO_MANY_REQUESTS, said, [("retry-after", "1")]).into_response()
-            } else {
-                (StatusCode::NO_CONTENT, said).into_response()
-            }
-        }
-    });
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, answers)
-}
-
-/// Waits (up to 60 s) until each of `ids` has reached the target (204) or `{prefix}-ready`
-/// (`forwarded` holds what was pulled from it already), then asserts that each did, exactly once
-/// and at one of the two. Returns the target's answers.
-async fn delivered_once(
-    pubsub: &Pubsub,
-    answers: &Mutex<Vec<Answer>>,
-    prefix: &str,
-    ids: &HashSet<String>,
-    mut forwarded: HashSet<String>,
-) -> Vec<Answer> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let delivered_all = |answers: &[Answer], forwarded: &HashSet<String>| {
-        let ok: HashSet<&String> = answers.iter().filter(|a| a.2 == 204).map(|a| &a.0).collect();
-        ids.iter().all(|id| ok.contains(id) || forwarded.contains(id))
-    };
-    while !delivered_all(&answers.lock().unwrap(), &forwarded) && std::time::Instant::now() < deadline {
-        for m in pubsub.pull(&format!("{prefix}-ready"), 100).await {
-            forwarded.insert(m.attributes["drip-message-id"].clone());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let answers = answers.lock().unwrap().clone();
-    assert!(delivered_all(&answers, &forwarded), "every event reached the topic or the target: {answers:?}");
-    let mut successes: HashMap<&String, usize> = HashMap::new();
-    for (id, _, _) in answers.iter().filter(|a| a.2 == 204) {
-        *successes.entry(id).or_default() += 1;
-    }
-    assert!(successes.values().all(|&n| n == 1), "each event reached the target once: {successes:?}");
-    assert!(successes.keys().all(|id| !forwarded.contains(*id)), "and not the topic too");
-    answers
-}
-
-/// The real stack in front of an `overflow: { url }` target that says wait: the rule's topics
-/// (`{p}-ready`, `-overflow`, `-dlq`), the target (`throttling_target`), the dispatcher and the
-/// limiter on one namespace, and `{p}-source` pushing to the limiter. `rules` names `{p}` and
-/// `TARGET`.
-struct ThrottledStack {
-    pubsub: Pubsub,
-    answers: Arc<Mutex<Vec<Answer>>>,
-    dispatcher: drip_tests::stack::DispatcherUnderTest,
-    source: String,
-    _limiter: drip_tests::stack::LimiterUnderTest,
-    _tasks: TasksStandIn,
-}
-
-async fn throttled_stack(prefix: &str, rules: &str, refusals: (usize, u64), queues: usize) -> ThrottledStack {
-    stack_before(prefix, rules, throttling_target(refusals).await, queues).await
-}
-
-/// The same stack in front of any target (its URL, and what it answered).
-async fn stack_before(
-    prefix: &str,
-    rules: &str,
-    (target, answers): (String, Arc<Mutex<Vec<Answer>>>),
-    queues: usize,
-) -> ThrottledStack {
-    let pubsub = Pubsub::shared();
-    for topic in ["ready", "overflow", "dlq"] {
-        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
-    }
-    let rules = rules.replace("{p}", prefix).replace("TARGET", &target);
-    let namespace = unique("drip");
-    let tasks = TasksStandIn::start().await;
-    let queues = tasks.queues(prefix, queues);
-    let redis = shared_url();
-    let dispatcher =
-        spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
-    let mut wiring =
-        LimiterWiring::new(redis, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
-    wiring.namespace = namespace;
-    let limiter = spawn_limiter(&rules, &wiring).await;
-    let source = format!("{prefix}-source");
-    pubsub.create_topic(&source).await;
-    pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
-    ThrottledStack { pubsub, answers, dispatcher, source, _limiter: limiter, _tasks: tasks }
-}
-
-/// An HTTP target that answers 429 with `Retry-After: retry_after` to its first `refusals` calls,
-/// then 204.
-async fn throttling_target((refusals, retry_after): (usize, u64)) -> (String, Arc<Mutex<Vec<Answer>>>) {
-    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
-    let log = answers.clone();
-    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
-        let log = log.clone();
-        async move {
-            let id = headers.get("x-drip-message-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
-            let mut log = log.lock().unwrap();
-            let refuse = log.len() < refusals;
-            log.push((id, wall_clock_millis(), if refuse { 429 } else { 204 }));
-            if refuse {
-                (StatusCode::TOO_MANY_REQUESTS, [("retry-after", retry_after.to_string())]).into_response()
-            } else {
-                StatusCode::NO_CONTENT.into_response()
-            }
-        }
-    });
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, answers)
 }
