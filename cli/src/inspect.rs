@@ -141,6 +141,29 @@ fn render(report: &EntityReport) -> String {
                 );
             }
         }
+        if let Some(fair) = &budget.fair {
+            let wait = fair.expected_wait_ms.map_or_else(
+                || "nothing parked".to_owned(),
+                |ms| format!("its parked events through in about {:.1} s", ms as f64 / 1e3),
+            );
+            out += &format!(
+                "  fair: books {} ms ahead; {} keys waiting; this key weight {}, {:.0} % of each window while they wait, {wait}\n",
+                fair.near_horizon_ms,
+                fair.waiting_keys,
+                fair.weight,
+                100.0 * fair.share
+            );
+            for waiting in &fair.busiest {
+                out += &format!(
+                    "    waiting {} key {}: {} parked, weight {} ({:.0} %)\n",
+                    waiting.rule,
+                    waiting.key,
+                    waiting.parked,
+                    waiting.weight,
+                    100.0 * waiting.share
+                );
+            }
+        }
         if let Some(until) = &budget.paused_until {
             out += &format!("  paused until {until}\n");
         }

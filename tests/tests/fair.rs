@@ -41,7 +41,7 @@ async fn a_quiet_merchant_is_not_kept_waiting_behind_a_flood_in_a_fair_budget() 
     const BUDGET: usize = 20;
     const NOISY: usize = 160;
     let prefix = unique("fair");
-    let ThrottledStack { pubsub, answers, source, dispatcher, .. } =
+    let ThrottledStack { pubsub, answers, source, dispatcher, _limiter: limiter, .. } =
         stack_before(&prefix, FAIR_RULES, quota_target(10_000).await, 2).await;
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
 
@@ -52,6 +52,19 @@ async fn a_quiet_merchant_is_not_kept_waiting_behind_a_flood_in_a_fair_budget() 
         noisy.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await);
     }
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+
+    // Mid-flood, inspect shows the noisy merchant waiting in the budget's ring, alone, with all
+    // of each window while it is, and its parked backlog through in about its size at the rate.
+    let url = format!("{}/v1/rules/{prefix}-payouts/keys/merchant_noisy", limiter.url);
+    let report: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+    let fair = &report["budgets"][0]["fair"];
+    assert_eq!(fair["waitingKeys"], 1, "{report}");
+    assert_eq!(fair["busiest"][0]["key"], "merchant_noisy", "{report}");
+    assert_eq!(fair["share"], 1.0, "{report}");
+    let parked = fair["busiest"][0]["parked"].as_u64().unwrap_or(0);
+    assert!(parked > 0 && parked <= NOISY as u64, "{report}");
+    let expected = fair["expectedWaitMs"].as_i64().unwrap_or(0);
+    assert_eq!(expected, parked as i64 * 1_000 / BUDGET as i64, "{report}");
     let mut quiet: HashMap<String, Millis> = HashMap::new();
     for i in 0..6 {
         let data = format!(r#"{{"merchant":"quiet{}","n":{i}}}"#, i % 3);
@@ -91,4 +104,10 @@ async fn a_quiet_merchant_is_not_kept_waiting_behind_a_flood_in_a_fair_budget() 
     assert!(flood_done - flood_from <= allowed, "the flood took {} ms (at most {allowed})", flood_done - flood_from);
     let metrics = dispatcher.state.metrics.shared.render();
     assert!(metrics.contains("outcome=\"drained\""), "the budget's ring was drained: {metrics}");
+    let booked = format!("drip_fair_booked_units_total{{target=\"budget:{prefix}-payouts-api\"}}");
+    let units: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&booked).and_then(|n| n.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{booked} in {metrics}"));
+    assert!(units > 0 && units <= (NOISY + quiet.len()) as u64, "{units} booked by the drains");
 }

@@ -37,7 +37,6 @@ rules:
     overflow: { url: "TARGET" }
 "#;
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflow_target_that_says_wait_pauses_the_budget_and_gets_every_event_once_after_it() {
     let prefix = unique("feedback");

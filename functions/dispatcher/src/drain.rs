@@ -238,6 +238,14 @@ async fn drain_ring(
             }
         }
     }
+    let booked: Vec<(&Taken, Millis)> = taken
+        .iter()
+        .filter(|(_, t)| t.reserved.reservation.status == Status::Reserved)
+        .map(|(_, t)| (t, t.reserved.reservation.slot))
+        .collect();
+    let waits: Vec<Millis> = booked.iter().filter_map(|(t, slot)| t.published.map(|p| slot - p)).collect();
+    let units = booked.iter().map(|(t, _)| t.task.rate_limit_meta.cost.unwrap_or(1)).sum();
+    state.metrics.shared.fair_drained(&budget.name, waiting.len(), units, &waits);
     if let Some(at) = state.store.fair_turned(budget, round.cursor(), next).await? {
         parking::fair_wake_at((batcher.tasks(), &state.metrics), budget, at).await?;
         tracing::debug!(budget = %budget.name, wake = %format_rfc3339(at), "fair drain: next wake armed");

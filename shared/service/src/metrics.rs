@@ -67,6 +67,9 @@ pub struct Metrics {
     budget_leases: Family<LeaseLabels, prometheus_client::metrics::counter::Counter>,
     budget_leased_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
     budget_returned_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    fair_waiting_keys: Family<TargetLabels, Gauge>,
+    fair_booked_units: Family<TargetLabels, prometheus_client::metrics::counter::Counter>,
+    fair_wait: HistogramFamily<TargetLabels>,
     cost_corrections: Family<CorrectionLabels, prometheus_client::metrics::counter::Counter>,
     latency_percentile: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     latency_reports: Family<LatencyLabels, prometheus_client::metrics::counter::Counter>,
@@ -163,6 +166,24 @@ impl Default for Metrics {
             "Units partitions gave back to a leased budget's home (events that left a window their pool leased), by budget",
             budget_returned_units.clone(),
         );
+        let fair_waiting_keys = Family::<TargetLabels, Gauge>::default();
+        registry.register(
+            "fair_waiting_keys",
+            "Keys with events waiting in a fair budget's ring when its drain last ran, by budget",
+            fair_waiting_keys.clone(),
+        );
+        let fair_booked_units = Family::<TargetLabels, prometheus_client::metrics::counter::Counter>::default();
+        registry.register(
+            "fair_booked_units",
+            "Units a fair budget's drains booked for its waiting keys, by budget (its use while it binds)",
+            fair_booked_units.clone(),
+        );
+        let fair_wait: HistogramFamily<TargetLabels> = Family::new_with_constructor(delay_histogram);
+        registry.register(
+            "fair_wait_seconds",
+            "How long each event a fair budget's drain booked waited, from its publish to its slot, by budget: the percentiles over its keys' events",
+            fair_wait.clone(),
+        );
         let cost_corrections = Family::<CorrectionLabels, prometheus_client::metrics::counter::Counter>::default();
         registry.register(
             "cost_corrections",
@@ -220,6 +241,9 @@ impl Default for Metrics {
             budget_leases,
             budget_leased_units,
             budget_returned_units,
+            fair_waiting_keys,
+            fair_booked_units,
+            fair_wait,
             cost_corrections,
             latency_percentile,
             latency_reports,
@@ -291,6 +315,18 @@ impl Metrics {
     pub fn budget_returned(&self, budget: &str, units: u64) {
         let target = format!("budget:{budget}");
         self.budget_returned_units.get_or_create(&TargetLabels { target }).inc_by(units);
+    }
+
+    /// A fair budget's drain ran with `waiting` keys in its ring and booked `waits` (each event's
+    /// publish to slot, ms) of `units` in all.
+    pub fn fair_drained(&self, budget: &str, waiting: usize, units: u64, waits: &[drip_core::time::Millis]) {
+        let target = TargetLabels { target: format!("budget:{budget}") };
+        self.fair_waiting_keys.get_or_create(&target).set(waiting as i64);
+        self.fair_booked_units.get_or_create(&target).inc_by(units);
+        let histogram = self.fair_wait.get_or_create(&target);
+        for &wait in waits {
+            histogram.observe(wait.max(0) as f64 / 1e3);
+        }
     }
 
     /// A cost reported after the call, and what it did (`more`, `less`, `same`, `already`, `unknown`).

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use drip_core::budgets::{Adaptive, Budget, LatencyState, PPM, adapted_count, adaptive_window};
+use drip_core::fair::Member;
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
@@ -93,6 +94,80 @@ pub struct BudgetReport {
     /// `ahead` are what its home leased to every partition; this is the key's partition's pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseReport>,
+    /// A fair budget (docs/rules.md: "Fair budgets"): its waiting keys and this key's place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair: Option<FairReport>,
+}
+
+/// A fair budget's ring as `drip inspect` shows it beside one key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FairReport {
+    /// How far ahead it books; what lies past it parks.
+    pub near_horizon_ms: Millis,
+    /// How many keys wait in its ring.
+    pub waiting_keys: usize,
+    /// The waiting keys with the most parked, most first (at most [`FAIR_KEYS_SHOWN`]).
+    pub busiest: Vec<FairKey>,
+    /// This key's weight, and its share of each window while the keys waiting now (and it) wait.
+    pub weight: u64,
+    pub share: f64,
+    /// About when this key's parked events are through at that share (none parked: `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_wait_ms: Option<Millis>,
+}
+
+/// One waiting key of a fair budget.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FairKey {
+    pub rule: String,
+    pub key: String,
+    pub weight: u64,
+    pub share: f64,
+    pub parked: u64,
+}
+
+/// The most waiting keys `drip inspect` lists for a fair budget.
+pub const FAIR_KEYS_SHOWN: usize = 10;
+
+/// A fair budget's view beside key `key` of rule `rule` (its id): `waiting` are the ring's members
+/// with how many of their messages are parked. A key's share is its weight over the weights of
+/// every waiting key (this one counted, waiting or not); its expected wait is its parked events at
+/// that share of the rate of the budget's tightest limit: an estimate (keys join and leave, what
+/// one cannot use goes to the others, and windows are whole).
+pub fn fair_report(budget: &Budget, waiting: &[(Member, u64)], (rule, key): (&str, &str)) -> Option<FairReport> {
+    let fair = budget.fair.as_ref()?;
+    let weight = fair.weight_of(key);
+    let me = |m: &Member| m.rule == rule && m.key == key;
+    let others: u64 = waiting.iter().filter(|(m, _)| !me(m)).map(|(m, _)| fair.weight_of(&m.key)).sum();
+    let total = (others + weight) as f64;
+    let mut busiest: Vec<FairKey> = waiting
+        .iter()
+        .map(|(m, parked)| {
+            let w = fair.weight_of(&m.key);
+            FairKey { rule: m.rule.clone(), key: m.key.clone(), weight: w, share: w as f64 / total, parked: *parked }
+        })
+        .collect();
+    busiest.sort_by(|a, b| b.parked.cmp(&a.parked).then_with(|| a.key.cmp(&b.key)));
+    busiest.truncate(FAIR_KEYS_SHOWN);
+    let share = weight as f64 / total;
+    let parked = waiting.iter().find(|(m, _)| me(m)).map_or(0, |(_, n)| *n);
+    let expected_wait_ms = (parked > 0).then(|| {
+        let each = |l: &drip_core::limit::Limit| {
+            let per_window = ((l.limit() as f64 * share).floor() as u64).max(1);
+            (parked as Millis * l.per()) / per_window as Millis
+        };
+        budget.limits.iter().map(each).max().unwrap_or(0)
+    });
+    Some(FairReport {
+        near_horizon_ms: budget.near().unwrap_or(0),
+        waiting_keys: waiting.len(),
+        busiest,
+        weight,
+        share,
+        expected_wait_ms,
+    })
 }
 
 /// The key's partition of a leased budget: per limit, what its home leased it and what it booked.
@@ -240,7 +315,30 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
             });
         }
         let slots = self.reserved_slots(rule, key, (slots_since(rule, now), now)).await?;
-        Ok(report(rule, key, now, &state, &budgets, &pools, &slots))
+        let mut report = report(rule, key, now, &state, &budgets, &pools, &slots);
+        if let Some(budget) = rule.fair_budget() {
+            let waiting = self.fair_waiting(budget).await?;
+            let shown = report.budgets.iter_mut().find(|b| b.name == budget.name);
+            if let Some(shown) = shown {
+                shown.fair = fair_report(budget, &waiting, (&rule.id, key));
+            }
+        }
+        Ok(report)
+    }
+
+    /// A fair budget's waiting keys, each with how many of its messages are parked.
+    async fn fair_waiting(&self, budget: &Budget) -> Result<Vec<(Member, u64)>, StoreError> {
+        let [ring, _] = crate::keys::fair_keys(self.namespace(), budget);
+        let members: Vec<String> =
+            redis::cmd("ZRANGE").arg(&ring).arg(0).arg(-1).query_async(&mut self.connection()).await?;
+        let members: Vec<Member> = members.iter().filter_map(|m| crate::keys::member_of(m)).collect();
+        let mut pipe = redis::pipe();
+        for member in &members {
+            let rule = RuleRef { id: &member.rule, tag: Some(&budget.tag), leases: None, classed: false };
+            pipe.hget(EntityKeys::of_entity(self.namespace(), rule, &member.key, &[]).state, field::PARKED);
+        }
+        let parked: Vec<Option<u64>> = pipe.query_async(&mut self.connection()).await?;
+        Ok(members.into_iter().zip(parked).map(|(m, n)| (m, n.unwrap_or(0))).collect())
     }
 
     /// The slots of the entity's reserved events at or after `since` whose answers Redis still
@@ -628,6 +726,7 @@ fn budget_report(budget: &Budget, state: &BudgetState, now: Millis) -> BudgetRep
         floors: floor_reports(budget, state, level, now),
         classes: false,
         lease: None,
+        fair: None,
     }
 }
 
@@ -670,4 +769,50 @@ fn floor_reports(budget: &Budget, state: &BudgetState, level: Option<u64>, now: 
         FloorReport { rule: rule.to_owned(), key, floor: *floor as f64 / PPM as f64, limits: limits.collect() }
     });
     floors.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drip_core::fair::Fair;
+    use drip_core::rules::Placement;
+
+    fn member(key: &str) -> Member {
+        Member { rule: "payouts".into(), key: key.into() }
+    }
+
+    /// A key's share is its weight over every waiting key's (itself counted), the busiest are
+    /// listed most parked first, and the expected wait is its parked events at its share of the
+    /// tightest limit, window after window.
+    #[test]
+    fn a_fair_budget_shows_each_waiting_key_s_weight_share_and_expected_wait() {
+        let budget = Budget {
+            name: "rail".into(),
+            limits: vec![
+                Limit::new(40, 1_000, Window::Fixed(Placement::Start)).unwrap(),
+                Limit::new(600, 60_000, Window::Fixed(Placement::Start)).unwrap(),
+            ],
+            max_share: None,
+            adaptive: None,
+            floors: Vec::new(),
+            per_key: false,
+            fair: Some(Fair { weights: BTreeMap::from([("big".to_owned(), 3)]) }),
+            leases: None,
+            tag: "rail".into(),
+        };
+        let waiting = [(member("small"), 5), (member("big"), 120)];
+        let big = fair_report(&budget, &waiting, ("payouts", "big")).unwrap();
+        assert_eq!((big.waiting_keys, big.weight, big.share), (2, 3, 0.75));
+        assert_eq!(
+            big.busiest.iter().map(|k| (k.key.as_str(), k.parked)).collect::<Vec<_>>(),
+            [("big", 120), ("small", 5)]
+        );
+        // 30 a second of the 40 (4 s), but 450 a minute of the 600 (16 s): the minute binds.
+        assert_eq!(big.expected_wait_ms, Some(16_000));
+        let newcomer = fair_report(&budget, &waiting, ("payouts", "new")).unwrap();
+        assert_eq!((newcomer.share, newcomer.expected_wait_ms), (0.2, None));
+        assert_eq!(budget.near(), Some(500));
+        let unfair = Budget { fair: None, ..budget };
+        assert_eq!(fair_report(&unfair, &waiting, ("payouts", "big")), None);
+    }
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use drip_core::budgets::{Budget, Leases};
+use drip_core::fair::Member;
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::state_id;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
@@ -228,6 +229,17 @@ pub fn fair_keys(namespace: &str, budget: &Budget) -> [String; 2] {
     let ring = format!("{namespace}:{{b:{}}}:fair:{}", budget.tag, budget.name);
     let drain = format!("{ring}:m");
     [ring, drain]
+}
+
+/// A fair ring's member as the ring holds it: `<rule id>\n<key>` (a rule id has no newline).
+pub fn ring_member(member: &Member) -> String {
+    format!("{}\n{}", member.rule, member.key)
+}
+
+/// The member a ring entry names.
+pub fn member_of(entry: &str) -> Option<Member> {
+    let (rule, key) = entry.split_once('\n')?;
+    Some(Member { rule: rule.to_owned(), key: key.to_owned() })
 }
 
 /// A leased budget's pool in one partition (what it was leased and booked of each window), on the

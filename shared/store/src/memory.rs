@@ -270,7 +270,17 @@ impl Store for MemoryStore {
             .collect();
         let now = self.now();
         let slots = self.reserved_slots(&rule.id, key, crate::inspect::slots_since(rule, now));
-        ready(report(rule, key, now, &state, &budgets, &pools, &slots))
+        let mut report = report(rule, key, now, &state, &budgets, &pools, &slots);
+        if let Some(budget) = rule.fair_budget() {
+            let waiting: Vec<(Member, u64)> = self.with(|s| {
+                let ring = s.fair_ring(&budget.name).members;
+                ring.into_iter().map(|m| (m.clone(), s.entity_state(&m.rule, &m.key).map_or(0, |e| e.parked))).collect()
+            });
+            if let Some(shown) = report.budgets.iter_mut().find(|b| b.name == budget.name) {
+                shown.fair = crate::inspect::fair_report(budget, &waiting, (&rule.id, key));
+            }
+        }
+        ready(report)
     }
 
     fn change_override<'a>(

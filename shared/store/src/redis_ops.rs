@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
 use crate::inspect::EntityReport;
-use crate::keys::{DISPATCHED_MEMORY, fair_keys, field, parked_body_key, payload_key};
+use crate::keys::{DISPATCHED_MEMORY, fair_keys, field, member_of, parked_body_key, payload_key, ring_member};
 use crate::overrides::Author;
 use crate::redis_store::{ReserveCall, only_answer};
 use crate::scripts::{FAIR, RELEASE, WAKE};
@@ -137,11 +137,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             let mut pipe = redis::pipe();
             pipe.zrange(&ring, 0, -1).hget(&drain, "c");
             let (members, cursor): (Vec<String>, Option<u64>) = pipe.query_async(&mut self.connection()).await?;
-            let members = members
-                .iter()
-                .filter_map(|m| m.split_once('\n'))
-                .map(|(rule, key)| Member { rule: rule.to_owned(), key: key.to_owned() })
-                .collect();
+            let members = members.iter().filter_map(|m| member_of(m)).collect();
             Ok(Ring { members, cursor: cursor.unwrap_or(0) })
         })
     }
@@ -379,9 +375,4 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         let keys: Vec<Vec<u8>> = entries.iter().filter_map(|entry| parked_body_key(entry)).collect();
         Ok(redis::cmd("MGET").arg(keys).query_async(&mut self.connection()).await?)
     }
-}
-
-/// A fair ring's member as the ring holds it: `<rule id>\n<key>`.
-fn ring_member(member: &Member) -> String {
-    format!("{}\n{}", member.rule, member.key)
 }

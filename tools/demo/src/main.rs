@@ -12,6 +12,7 @@ use drip_core::time::Millis;
 use pubsub_emulator_client::EmulatorClient;
 
 mod charts;
+mod fair;
 mod headers;
 mod partner;
 mod priority;
@@ -78,6 +79,11 @@ pub struct Args {
     /// `payouts-plain` and `payouts-learning` side by side.
     #[arg(long, conflicts_with_all = ["throttle", "latency", "priority"])]
     headers: Option<String>,
+    /// The fair scenario: serve a partner at this address (`/partner/fcfs`, `/partner/fair`) behind
+    /// the rules `payouts-fcfs` and `payouts-fair`, each with its budget of 40/s, first come first
+    /// served beside `fair: true`: a flood from one merchant, three quiet ones 4 s later.
+    #[arg(long, conflicts_with_all = ["throttle", "latency", "priority", "headers"])]
+    fair: Option<String>,
     /// Create the rule's topics and the source topic's push subscription, publish nothing, and
     /// exit (`./run up`: a stack to try the CLI on).
     #[arg(long, conflicts_with_all = ["throttle", "latency", "priority"])]
@@ -148,6 +154,9 @@ pub(crate) async fn demo(args: &Args) -> anyhow::Result<bool> {
     }
     if let Some(address) = &args.headers {
         return headers::headers_scenario(args, address).await;
+    }
+    if let Some(address) = &args.fair {
+        return fair::fair_scenario(args, address).await;
     }
     let rules = RuleSet::load(&args.rules).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let rule =
