@@ -28,6 +28,8 @@ use crate::task::{Delivery, dead_letter, filing_of, new_task, request_of};
 const MAX_PER_WAKE: usize = 1_000;
 /// How many queue entries are read at a time.
 const READ_AHEAD: usize = 64;
+/// The most messages a fair drain unparks in one script call.
+const PLAN_MAX: usize = 128;
 
 /// A message the drain took from the queue, and what it got.
 struct Taken {
@@ -184,59 +186,91 @@ async fn drain_ring(
     let mut round = Round::new(weights, ring.cursor);
     let mut next: Option<Millis> = None;
     let sooner = |at: Millis, next: &mut Option<Millis>| *next = Some(next.map_or(at, |n| n.min(at)));
-    'round: while let Some(m) = round.visit() {
-        let w = &mut waiting[m];
-        loop {
-            if taken.len() >= MAX_PER_WAKE {
-                sooner(now, &mut next);
-                break 'round;
-            }
-            if w.ahead.is_empty() {
-                w.ahead = state.store.parked_bodies(w.rule, &w.member.key, READ_AHEAD).await?.into();
-            }
-            let body = match w.ahead.front() {
-                None => {
-                    // Its queue is empty: it leaves, unless a message parked since (then the
-                    // next drain serves it, at once).
-                    if !state.store.fair_leave(budget, Some(w.rule), &w.member).await? {
-                        sooner(now, &mut next);
+    // Each turn plans, in the round's order, the heads each key's deficit covers (as if each were
+    // booked), until PLAN_MAX; one script call then unparks them in that order: a key whose head
+    // stays (its slot past the deadline) sits out, and what was planned behind it answers NotHead.
+    let mut exhausted = vec![false; waiting.len()];
+    while taken.len() < MAX_PER_WAKE {
+        let mut plan: Vec<(usize, TaskBody)> = Vec::new();
+        let mut planned = vec![0; waiting.len()];
+        'plan: while plan.len() < PLAN_MAX {
+            let Some(m) = round.visit() else { break };
+            let w = &mut waiting[m];
+            loop {
+                if w.ahead.len() <= planned[m] {
+                    let count = planned[m] + READ_AHEAD;
+                    w.ahead = state.store.parked_bodies(w.rule, &w.member.key, count).await?.into();
+                }
+                let body = match w.ahead.get(planned[m]) {
+                    None => {
+                        exhausted[m] = true;
+                        round.retire(m);
+                        break;
                     }
-                    round.retire(m);
+                    // Its push is still being parked (or its body is gone): look again in a second.
+                    Some(None) => {
+                        sooner(now + SECOND, &mut next);
+                        round.retire(m);
+                        break;
+                    }
+                    Some(Some(body)) => body,
+                };
+                let task: TaskBody = serde_json::from_slice(body)?;
+                let cost = task.rate_limit_meta.cost.unwrap_or(1);
+                if !round.affords(m, cost) {
                     break;
                 }
-                // Its push is still being parked (or its body is gone): look again in a second.
-                Some(None) => {
-                    sooner(now + SECOND, &mut next);
-                    round.retire(m);
-                    break;
-                }
-                Some(Some(body)) => body,
-            };
-            let task: TaskBody = serde_json::from_slice(body)?;
-            let (identity, published) = filing_of(&task);
-            let request = SlotRequest { unpark: Some(deadline), ..request_of(w.rule, &task, &identity, published) };
-            if !round.affords(m, request.event.cost) {
-                break;
-            }
-            match state.store.unpark(&request).await? {
-                (Unpark::Decided(reservation), at) => {
-                    round.spend(m, request.event.cost);
-                    w.ahead.pop_front();
-                    let reserved = Reserved { reservation, now: at };
-                    taken.push((w.rule, Taken { task, identity, published, reserved }));
-                }
-                (Unpark::Later { wake, .. }, _) => {
-                    sooner(wake, &mut next);
-                    round.retire(m);
-                    break;
-                }
-                // Another drain is at this queue: it arms its own next wake.
-                (Unpark::NotHead | Unpark::NotParked, _) => {
-                    round.retire(m);
-                    break;
+                round.spend(m, cost);
+                planned[m] += 1;
+                plan.push((m, task));
+                if plan.len() >= PLAN_MAX {
+                    break 'plan;
                 }
             }
         }
+        if plan.is_empty() {
+            break;
+        }
+        let filings: Vec<(String, Option<Millis>)> = plan.iter().map(|(_, task)| filing_of(task)).collect();
+        let requests: Vec<SlotRequest> = plan
+            .iter()
+            .zip(&filings)
+            .map(|((m, task), (identity, published))| {
+                let request = request_of(waiting[*m].rule, task, identity, *published);
+                SlotRequest { unpark: Some(deadline), ..request }
+            })
+            .collect();
+        let results = state.store.unpark_all(&requests).await?;
+        let mut decided = vec![0; waiting.len()];
+        for (((m, task), (identity, published)), (unpark, at)) in plan.into_iter().zip(filings).zip(results) {
+            match unpark {
+                Unpark::Decided(reservation) => {
+                    decided[m] += 1;
+                    let reserved = Reserved { reservation, now: at };
+                    taken.push((waiting[m].rule, Taken { task, identity, published, reserved }));
+                }
+                Unpark::Later { wake, .. } => {
+                    sooner(wake, &mut next);
+                    round.retire(m);
+                }
+                // Behind a head that stayed, or another drain is at this queue.
+                Unpark::NotHead | Unpark::NotParked => round.retire(m),
+            }
+        }
+        for (m, w) in waiting.iter_mut().enumerate() {
+            w.ahead.drain(..decided[m].min(w.ahead.len()));
+            // Its queue ran dry: it leaves, unless a message parked since (the next drain, at
+            // once, serves it).
+            if exhausted[m] && decided[m] == planned[m] {
+                exhausted[m] = false;
+                if !state.store.fair_leave(budget, Some(w.rule), &w.member).await? {
+                    sooner(now, &mut next);
+                }
+            }
+        }
+    }
+    if taken.len() >= MAX_PER_WAKE {
+        sooner(now, &mut next);
     }
     let booked: Vec<(&Taken, Millis)> = taken
         .iter()

@@ -190,6 +190,17 @@ impl Store for MemoryStore {
         ready(self.with(|s| s.arm_fair_wake(&budget.name, now, wanted)))
     }
 
+    fn unpark_all<'a>(&'a self, requests: &'a [SlotRequest<'a>]) -> StoreFuture<'a, Vec<(Unpark, Millis)>> {
+        Box::pin(async move {
+            let now = requests.first().and_then(SlotRequest::now).unwrap_or_else(wall_clock_millis);
+            let mut unparked = Vec::with_capacity(requests.len());
+            for request in requests {
+                unparked.push(self.unpark(&(*request).at(now)).await?);
+            }
+            Ok(unparked)
+        })
+    }
+
     /// The model's bodies never expire.
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], _: Millis) -> StoreFuture<'a, ()> {
         let name = parked_name(request.rule, request.key, &file_of(request));

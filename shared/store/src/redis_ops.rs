@@ -71,6 +71,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         })
     }
 
+    fn unpark_all<'a>(&'a self, requests: &'a [SlotRequest<'a>]) -> StoreFuture<'a, Vec<(Unpark, Millis)>> {
+        Box::pin(async move {
+            if requests.is_empty() {
+                return Ok(Vec::new());
+            }
+            let reply = self.run_reserve(self.reserve_batch_call(requests)).await?;
+            reply.chunks(crate::reply::REPLY_LENGTH).map(crate::reply::Reply::unpark).collect()
+        })
+    }
+
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let entry = self.keys(request).parked_entry();

@@ -36,6 +36,10 @@ pub trait Store: Ping + std::fmt::Debug {
     /// The drain of the key's parked messages at the request's message (`request.unpark` holds
     /// the deadline): `Scheduler::unpark`, and the time it was decided at.
     fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)>;
+    /// Unparks each request in order, in one script call where the store has calls (a fair
+    /// budget's drain hands a pass of its round over at once): what [`Store::unpark`] gives each,
+    /// one after another. The requests share the first one's `now`.
+    fn unpark_all<'a>(&'a self, requests: &'a [SlotRequest<'a>]) -> StoreFuture<'a, Vec<(Unpark, Millis)>>;
     /// Arms the wake of the key's drain at `wanted` unless one is armed (`Scheduler::arm_wake`):
     /// the wake to make a task for, if any.
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
