@@ -26,13 +26,17 @@ pub async fn park(
     body: &[u8],
 ) -> anyhow::Result<()> {
     let ttl = rule.max_delay + BODY_MARGIN;
-    store.park_body(request, body, ttl).await?;
     if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(body) {
         store.keep_payload(&reference, ttl).await?;
     }
     if let Some(budget) = rule.fair_budget() {
-        return park_in_ring((store, tasks, metrics), (rule, budget, request), reserved, ttl).await;
+        // The body kept and the ring joined together: the wake armed after both reads either.
+        let member = Member { rule: rule.id.clone(), key: request.key.to_owned() };
+        let (kept, joined) = tokio::join!(store.park_body(request, body, ttl), store.fair_join(budget, &member, ttl));
+        kept.and(joined)?;
+        return wake_ring((store, tasks, metrics), (rule, budget, request), reserved).await;
     }
+    store.park_body(request, body, ttl).await?;
     let horizon = rule.park().unwrap_or_default();
     let wanted = reserved.reservation.slot - horizon;
     // A redelivery (its answer resumed) arms again: the attempt that parked it may have died
@@ -51,17 +55,14 @@ pub async fn park(
     Ok(())
 }
 
-/// A key of a rule drawing from a fair budget parked: it joins the budget's ring of waiting keys,
-/// and the ring's drain is woken where the message's slot comes within the budget's near horizon,
+/// A key of a rule drawing from a fair budget parked and joined the budget's ring of waiting keys:
+/// the ring's drain is woken where the message's slot comes within the budget's near horizon,
 /// unless a wake is armed already (a redelivery arms again, as for a key's own wake).
-async fn park_in_ring(
+async fn wake_ring(
     (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),
     (rule, budget, request): (&Rule, &Budget, &SlotRequest<'_>),
     reserved: &Reserved,
-    keep: Millis,
 ) -> anyhow::Result<()> {
-    let member = Member { rule: rule.id.clone(), key: request.key.to_owned() };
-    store.fair_join(budget, &member, keep).await?;
     let wanted = reserved.reservation.slot - budget.near().unwrap_or_default();
     let wake = match store.arm_fair_wake(budget, wanted).await? {
         Some(wake) => Some(wake),

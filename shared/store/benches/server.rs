@@ -493,6 +493,105 @@ where
     events as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The same load through a fair budget of the same count, group commit on: `clients` callers
+/// each own their keys (so each key's queue is in its caller's order); an event whose slot lies
+/// past the near horizon parks and its key joins the ring, then drains at a simulated clock that
+/// moves one near horizon at a time hand the ring's keys their heads in round robin, up to 128
+/// unparks per script call (the dispatcher's plan): reservations per second, parking and draining
+/// together, and the script calls the drains made.
+async fn fair_throughput<C>(store: &RedisStore<C>, clients: usize) -> (f64, u64, f64)
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    use drip_core::fair::{Fair, Member, Round};
+    use drip_core::schedule::{Status, Unpark};
+    let budget = Arc::new(Budget { fair: Some(Fair::default()), ..(*gateway("fair-bench", None)).clone() });
+    let near = budget.near().expect("fair");
+    let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
+    let events = budgeted_events(clients);
+    let (t0, rule) = (wall_clock_millis().div_euclid(SECOND) * SECOND, "fair-bench-rule".to_owned());
+    let keys_each = ENTITIES / clients;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (store, budgets, rule) = (store.clone(), [budget.clone()], rule.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut parked: Vec<(usize, usize)> = Vec::new();
+            for i in 0..events / clients {
+                let key = format!("user_{}", (i % keys_each) * clients + c);
+                let id = format!("fair-{c}-{i}");
+                let request = request(&rule, &key, &id, (&limits, &budgets), t0);
+                let event = ReserveRequest { max_delay: DAY, park: Some(2 * SECOND), ..request.event };
+                let request = SlotRequest { event, ..request }.at(t0);
+                let reserved = store.reserve(&request).await.expect("reserve");
+                if reserved.reservation.status == Status::Parked {
+                    // As the limiter parks: the body kept and the ring joined together.
+                    let member = Member { rule: rule.clone(), key: key.clone() };
+                    let body = [b'x'; 300];
+                    let (kept, joined) =
+                        tokio::join!(store.park_body(&request, &body, DAY), store.fair_join(&budgets[0], &member, DAY));
+                    kept.and(joined).expect("park");
+                    parked.push((c, i));
+                }
+            }
+            parked
+        }));
+    }
+    // Each key's parked events, in its caller's order.
+    let mut queues: std::collections::BTreeMap<String, std::collections::VecDeque<String>> = Default::default();
+    for task in tasks {
+        for (c, i) in task.await.expect("client") {
+            queues
+                .entry(format!("user_{}", (i % keys_each) * clients + c))
+                .or_default()
+                .push_back(format!("fair-{c}-{i}"));
+        }
+    }
+    let parking = started.elapsed().as_secs_f64();
+    let (mut now, mut calls, budgets) = (t0, 0, [budget.clone()]);
+    while queues.values().any(|q| !q.is_empty()) {
+        let keys: Vec<String> = queues.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| k.clone()).collect();
+        let mut round = Round::new(vec![1; keys.len()], 0);
+        loop {
+            let mut plan: Vec<(usize, String)> = Vec::new();
+            let mut planned = vec![0; keys.len()];
+            while plan.len() < 128 {
+                let Some(m) = round.visit() else { break };
+                match queues[&keys[m]].get(planned[m]) {
+                    Some(id) if round.affords(m, 1) => {
+                        round.spend(m, 1);
+                        planned[m] += 1;
+                        plan.push((m, id.clone()));
+                    }
+                    Some(_) => {}
+                    None => round.retire(m),
+                }
+            }
+            if plan.is_empty() {
+                break;
+            }
+            let requests: Vec<SlotRequest> = plan
+                .iter()
+                .map(|(m, id)| {
+                    let request = request(&rule, &keys[*m], id, (&limits, &budgets), t0);
+                    let event = ReserveRequest { max_delay: DAY, ..request.event };
+                    SlotRequest { event, unpark: Some(now + near), ..request }.at(now)
+                })
+                .collect();
+            calls += 1;
+            for ((m, _), (unpark, _)) in plan.iter().zip(store.unpark_all(&requests).await.expect("unpark_all")) {
+                match unpark {
+                    Unpark::Decided(_) => _ = queues.get_mut(&keys[*m]).expect("a key").pop_front(),
+                    _ => round.retire(*m),
+                }
+            }
+        }
+        now += near;
+    }
+    let total = started.elapsed().as_secs_f64();
+    (events as f64 / total, calls, parking / total)
+}
+
 fn budgeted_events(clients: usize) -> usize {
     scaled(60_000) / clients * clients
 }
@@ -686,6 +785,19 @@ async fn main() {
     for (ahead, usec) in full_calendar(&mut connection, &store).await {
         println!("| {ahead} | {usec:.2} |");
     }
+    let batched = store.clone().with_batching(Batching::new(64, false));
+    println!(
+        "\n| a budget of {GATEWAY}/s, 32 clients, {} events over {ENTITIES} keys | reservations/s | script calls to drain | vs first come |\n|---|---|---|---|",
+        budgeted_events(32)
+    );
+    let first_come = budgeted_throughput(&batched, &gateway("fcfs-bench", None), 32, false).await;
+    println!("| first come, first served | {first_come:.0} | | 1.00× |");
+    let (fair, calls, parking) = fair_throughput(&batched, 32).await;
+    println!(
+        "| `fair: true`: park past the near horizon, drain in round robin ({:.0} % of the time parking) | {fair:.0} | {calls} | {:.2}× |",
+        100.0 * parking,
+        fair / first_come
+    );
     if let Ok(urls) = std::env::var("DRIP_BENCH_CLUSTER_URLS") {
         cluster_table(&urls, &mut connection, &store).await;
     }

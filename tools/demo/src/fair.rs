@@ -8,11 +8,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use drip_core::time::{Millis, wall_clock_millis};
 use plotters::prelude::*;
 
-use crate::partner::{pull_dead_letters, set_up_lanes};
+use crate::partner::{pull_dead_letters, serve_partner, set_up_lanes};
 use crate::publish::payout;
 use crate::*;
 
@@ -45,25 +44,14 @@ type Calls = Arc<Mutex<Vec<Call>>>;
 async fn serve(address: &str) -> anyhow::Result<Calls> {
     let calls: Calls = Arc::default();
     let log = calls.clone();
-    let app = axum::Router::new().route(
-        "/partner/{lane}",
-        axum::routing::post(
-            move |axum::extract::Path(lane): axum::extract::Path<String>, headers: axum::http::HeaderMap| {
-                let log = log.clone();
-                async move {
-                    let attributes = headers.get("x-drip-attributes").and_then(|v| v.to_str().ok()).unwrap_or("{}");
-                    let attributes: BTreeMap<String, String> = serde_json::from_str(attributes).unwrap_or_default();
-                    let payout = attributes.get("payout").cloned().unwrap_or_default();
-                    let merchant = attributes.get("merchant").cloned().unwrap_or_default();
-                    let call = Call { lane, merchant, payout, at: wall_clock_millis() };
-                    log.lock().unwrap_or_else(|e| e.into_inner()).push(call);
-                    axum::http::StatusCode::NO_CONTENT
-                }
-            },
-        ),
-    );
-    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    serve_partner(address, move |lane, attributes| {
+        let payout = attributes.get("payout").cloned().unwrap_or_default();
+        let merchant = attributes.get("merchant").cloned().unwrap_or_default();
+        let call = Call { lane, merchant, payout, at: wall_clock_millis() };
+        log.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+        axum::http::StatusCode::NO_CONTENT
+    })
+    .await?;
     Ok(calls)
 }
 

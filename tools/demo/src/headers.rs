@@ -8,12 +8,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::response::IntoResponse;
 use drip_core::time::{Millis, wall_clock_millis};
 use plotters::prelude::*;
 
-use crate::partner::{pull_dead_letters, set_up_lanes, stream_lanes};
+use crate::partner::{pull_dead_letters, serve_partner, set_up_lanes, stream_lanes};
 use crate::*;
 
 /// Calls per epoch-aligned second the partner serves, on each lane.
@@ -41,39 +40,27 @@ type Calls = Arc<Mutex<Vec<Call>>>;
 async fn serve(address: &str) -> anyhow::Result<Calls> {
     let calls: Calls = Arc::default();
     let log = calls.clone();
-    let app = axum::Router::new().route(
-        "/partner/{lane}",
-        axum::routing::post(
-            move |axum::extract::Path(lane): axum::extract::Path<String>, headers: axum::http::HeaderMap| {
-                let log = log.clone();
-                async move {
-                    let attributes = headers.get("x-drip-attributes").and_then(|v| v.to_str().ok()).unwrap_or("{}");
-                    let attributes: BTreeMap<String, String> = serde_json::from_str(attributes).unwrap_or_default();
-                    let payout = attributes.get("payout").cloned().unwrap_or_default();
-                    let at = wall_clock_millis();
-                    let second = at.div_euclid(1_000);
-                    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-                    let served_now =
-                        log.iter().filter(|c| c.lane == lane && c.served && c.at.div_euclid(1_000) == second).count();
-                    let served = served_now < CAPACITY;
-                    log.push(Call { lane, payout, at, served });
-                    let left = CAPACITY - served_now.min(CAPACITY) - usize::from(served);
-                    let reset = ((second + 1) * 1_000 - at + 999) / 1_000;
-                    let said = [
-                        ("ratelimit-policy", format!("\"default\";q={CAPACITY};w=1")),
-                        ("ratelimit", format!("\"default\";r={left};t={reset}")),
-                    ];
-                    if served {
-                        (axum::http::StatusCode::NO_CONTENT, said).into_response()
-                    } else {
-                        (axum::http::StatusCode::TOO_MANY_REQUESTS, said, [("retry-after", "1")]).into_response()
-                    }
-                }
-            },
-        ),
-    );
-    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    serve_partner(address, move |lane, attributes| {
+        let payout = attributes.get("payout").cloned().unwrap_or_default();
+        let at = wall_clock_millis();
+        let second = at.div_euclid(1_000);
+        let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+        let served_now = log.iter().filter(|c| c.lane == lane && c.served && c.at.div_euclid(1_000) == second).count();
+        let served = served_now < CAPACITY;
+        log.push(Call { lane, payout, at, served });
+        let left = CAPACITY - served_now.min(CAPACITY) - usize::from(served);
+        let reset = ((second + 1) * 1_000 - at + 999) / 1_000;
+        let said = [
+            ("ratelimit-policy", format!("\"default\";q={CAPACITY};w=1")),
+            ("ratelimit", format!("\"default\";r={left};t={reset}")),
+        ];
+        if served {
+            (axum::http::StatusCode::NO_CONTENT, said).into_response()
+        } else {
+            (axum::http::StatusCode::TOO_MANY_REQUESTS, said, [("retry-after", "1")]).into_response()
+        }
+    })
+    .await?;
     Ok(calls)
 }
 

@@ -263,3 +263,28 @@ pub(crate) async fn pull_dead_letters(
     }
     Ok(())
 }
+
+/// Serves a partner on `address`: `POST /partner/<lane>`, each call answered by `answer` with its
+/// lane and the event's attributes (Drip's `X-Drip-Attributes`).
+pub(crate) async fn serve_partner<F, R>(address: &str, answer: F) -> anyhow::Result<()>
+where
+    F: Fn(String, BTreeMap<String, String>) -> R + Clone + Send + Sync + 'static,
+    R: axum::response::IntoResponse + 'static,
+{
+    use anyhow::Context;
+    let app = axum::Router::new().route(
+        "/partner/{lane}",
+        axum::routing::post(
+            move |axum::extract::Path(lane): axum::extract::Path<String>, headers: axum::http::HeaderMap| {
+                let answer = answer.clone();
+                async move {
+                    let attributes = headers.get("x-drip-attributes").and_then(|v| v.to_str().ok()).unwrap_or("{}");
+                    answer(lane, serde_json::from_str(attributes).unwrap_or_default())
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(())
+}
