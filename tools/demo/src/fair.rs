@@ -70,7 +70,7 @@ struct Figures {
     quiet_waits: Vec<Millis>,
     /// Of the budget, delivered in the whole seconds the noisy backlog lasted.
     busy: f64,
-    /// The noisy merchant's share of the deliveries while the quiet ones waited.
+    /// The noisy merchant's share of the windows (seconds) in which the quiet ones waited.
     noisy_share: f64,
     /// The most delivered in one second.
     most: usize,
@@ -104,9 +104,12 @@ fn figures(calls: &[Call], lane: &str, published: &HashMap<String, (String, Mill
     let inside: Vec<usize> = per_second.range(noisy_from + 1..noisy_to).map(|(_, &n)| n).collect();
     let busy =
         if inside.is_empty() { 0.0 } else { inside.iter().sum::<usize>() as f64 / (inside.len() * BUDGET) as f64 };
-    let quiet_from = quiet.iter().map(|(_, at)| **at).min().unwrap_or(0);
-    let quiet_to = quiet.iter().filter_map(|(p, _)| first.get(p.as_str())).copied().max().unwrap_or(0);
-    let meanwhile: Vec<&&Call> = of_lane.iter().filter(|c| (quiet_from..=quiet_to).contains(&c.at)).collect();
+    // The seconds (the budget's windows) from the quiet payouts' publish to the last's delivery.
+    let quiet_from = quiet.iter().map(|(_, at)| **at).min().unwrap_or(0).div_euclid(1_000);
+    let quiet_to =
+        quiet.iter().filter_map(|(p, _)| first.get(p.as_str())).copied().max().unwrap_or(0).div_euclid(1_000);
+    let meanwhile: Vec<&&Call> =
+        of_lane.iter().filter(|c| (quiet_from..=quiet_to).contains(&c.at.div_euclid(1_000))).collect();
     let noisy_share = meanwhile.iter().filter(|c| c.merchant == "noisy").count() as f64 / meanwhile.len().max(1) as f64;
     let delivered: HashSet<&str> = of_lane.iter().map(|c| c.payout.as_str()).collect();
     Figures {
