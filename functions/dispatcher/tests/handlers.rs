@@ -11,7 +11,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use drip_core::event::MessageRef;
 use drip_core::overflow::{
-    RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner, WakeOf, WakeTask,
+    FairWakeTask, RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner, WakeOf,
+    WakeTask,
 };
 use drip_core::rules::{RuleSet, ServiceRules};
 use drip_core::schedule::{Attempt, Status, Unpark};
@@ -599,4 +600,81 @@ async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order
 
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
     assert_eq!(d.tasks.created.lock().unwrap().len(), created.len(), "a wake run twice makes nothing more");
+}
+
+/// A fair budget's wake drains its ring in weighted round robin: two keys with events parked past
+/// the near horizon, weights 3 and 1, share the next window's 8 units 6 to 2, each key's events in
+/// order; the ring's next wake is armed (one task), and the same wake run again takes nothing more
+/// from the window it filled.
+#[tokio::test]
+async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
+    let rules = RULES.replace("    park_horizon: off\n", "    budgets: [rail]\n").replace(
+        "rules:\n",
+        "budgets:\n  rail: { limits: [ { limit: 8, per: 1s } ], fair: true, weights: { merchant_big: 3 } }\nrules:\n",
+    );
+    let rules = rules.replace("limit: 1, per: 1s", "limit: 100, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let budget = rule.fair_budget().expect("fair").clone();
+    // Start early in a second, so that the next window lies past the near horizon (500 ms).
+    let into = wall_clock_millis() % SECOND;
+    if into > 200 {
+        tokio::time::sleep(Duration::from_millis((SECOND - into + 20) as u64)).await;
+    }
+    let now = wall_clock_millis();
+    let window = (now / SECOND + 1) * SECOND;
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let mut parked = BTreeMap::new();
+    for (key, count) in [("merchant_fill", 8), ("merchant_big", 10), ("merchant_small", 10)] {
+        for i in 0..count {
+            let id = format!("{key}-{i}");
+            let identity = MessageRef::new(id.clone(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
+            let request = SlotRequest::for_rule(&rule, key, &identity, 1);
+            let reserved = d.store.reserve(&request).await.unwrap();
+            if key == "merchant_fill" {
+                assert_eq!(reserved.reservation.status, Status::Reserved, "the current window has room");
+                continue;
+            }
+            assert_eq!(reserved.reservation.status, Status::Parked, "past the near horizon");
+            let body = event(&id, key, now, TaskPayload::inline(b"{}"), attributes.clone());
+            d.store.park_body(&request, &body, HOUR).await.unwrap();
+            let member = drip_core::fair::Member { rule: rule.id.clone(), key: key.to_owned() };
+            d.store.fair_join(&budget, &member, HOUR).await.unwrap();
+            d.store.complete(&request, &reserved).await.unwrap();
+            *parked.entry(key).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(d.store.fair_ring(&budget).await.unwrap().members.len(), 2);
+
+    // The next window comes within the near horizon.
+    tokio::time::sleep(Duration::from_millis((window - 450 - wall_clock_millis()).max(0) as u64)).await;
+    let wake = FairWakeTask::of(&budget.name);
+    let body = wake.body();
+    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let created = d.tasks.created.lock().unwrap().clone();
+    let events: Vec<(String, Millis)> = created
+        .iter()
+        .filter(|task| FairWakeTask::parse(&task.body).is_none())
+        .flat_map(|task| carried(&task.body))
+        .collect();
+    let of =
+        |key: &str| events.iter().filter(|(id, _)| id.starts_with(key)).map(|(id, _)| id.clone()).collect::<Vec<_>>();
+    assert_eq!(of("merchant_big"), (0..6).map(|i| format!("merchant_big-{i}")).collect::<Vec<_>>(), "{events:?}");
+    assert_eq!(of("merchant_small"), ["merchant_small-0", "merchant_small-1"], "{events:?}");
+    assert!(events.iter().all(|(_, slot)| *slot == window), "all in the next window: {events:?}");
+    let wakes = created.iter().filter(|task| FairWakeTask::parse(&task.body).is_some()).count();
+    assert_eq!(wakes, 1, "the next wake is armed: {created:?}");
+
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let again: Vec<(String, Millis)> = d
+        .tasks
+        .created
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|task| FairWakeTask::parse(&task.body).is_none())
+        .flat_map(|task| carried(&task.body))
+        .collect();
+    assert_eq!(again.len(), events.len(), "the window it filled takes nothing more");
 }
