@@ -82,6 +82,9 @@ def test_every_operator_question_has_a_panel():
         "drip_budget_leased_units_total",
         "drip_budget_returned_units_total",
         "drip_budget_leases_total",
+        "drip_fair_wait_seconds_bucket",
+        "drip_fair_waiting_keys",
+        "drip_fair_booked_units_total",
     ]:
         assert needed in text, f"no panel queries {needed}"
 
