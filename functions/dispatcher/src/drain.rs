@@ -174,10 +174,11 @@ async fn drain_ring(
             }
         }
     }
-    let mut taken = Vec::new();
-    for w in &waiting {
-        taken.extend(take_handing(state, w.rule, &w.member.key).await?.into_iter().map(|t| (w.rule, t)));
-    }
+    // Every key's handing list at once (pipelined on the connection), not one round trip each.
+    let left = waiting.iter().map(|w| take_handing(state, w.rule, &w.member.key));
+    let left = futures_util::future::try_join_all(left).await?;
+    let mut taken: Vec<(&Rule, Taken)> =
+        waiting.iter().zip(left).flat_map(|(w, taken)| taken.into_iter().map(move |t| (w.rule, t))).collect();
     let now = wall_clock_millis();
     // A budget no longer fair drains what waits at the horizon it had.
     let shortest = budget.limits.iter().map(|l| l.per()).min().unwrap_or(SECOND);
@@ -191,6 +192,18 @@ async fn drain_ring(
     // stays (its slot past the deadline) sits out, and what was planned behind it answers NotHead.
     let mut exhausted = vec![false; waiting.len()];
     while taken.len() < MAX_PER_WAKE {
+        // The heads of every key whose read-ahead ran out, at once: about what its weight takes
+        // in a few turns.
+        let short: Vec<usize> =
+            (0..waiting.len()).filter(|&m| round.active(m) && waiting[m].ahead.is_empty()).collect();
+        let reads = short.iter().map(|&m| {
+            let w = &waiting[m];
+            let count = (4 * round.weight(m) as usize).clamp(4, READ_AHEAD);
+            state.store.parked_bodies(w.rule, &w.member.key, count)
+        });
+        for (m, bodies) in short.iter().zip(futures_util::future::try_join_all(reads).await?) {
+            waiting[*m].ahead = bodies.into();
+        }
         let mut plan: Vec<(usize, TaskBody)> = Vec::new();
         let mut planned = vec![0; waiting.len()];
         'plan: while plan.len() < PLAN_MAX {

@@ -110,6 +110,16 @@ impl Round {
         self.deficits[member] = 0;
     }
 
+    /// Whether `member` still takes turns in this drain.
+    pub fn active(&self, member: usize) -> bool {
+        self.active[member]
+    }
+
+    /// `member`'s weight: the units its turn adds.
+    pub fn weight(&self, member: usize) -> u64 {
+        self.weights[member]
+    }
+
     /// Where the next drain of the ring starts.
     pub fn cursor(&self) -> u64 {
         self.next_start as u64
