@@ -1,10 +1,10 @@
--- A fair budget's ring of waiting keys (schedule/fair.rs): one operation a call.
+-- A fair budget's ring of waiting keys (schedule/fair.rs): one operation a call. A key joins the
+-- ring in the reservation script's call that parks it (lua/reserve/parking.lua).
 --
 -- KEYS[1]  the ring        drip:{b:tag}:fair:<budget>    sorted set: '<rule id>\n<key>' by when it joined
 -- KEYS[2]  its drain's     drip:{b:tag}:fair:<budget>:m  hash: 'c' where the next drain starts, 'wk' its wake
 -- KEYS[3]  (leave) the member's state hash ('q': how many of its messages are parked)
 -- ARGV     the operation, then its own:
---   join    member, now, keep   the member joins (once); both keys live at least `keep` more
 --   leave   member              it leaves unless messages of it are parked (no KEYS[3]: its rule
 --                                is gone, it leaves): 1 left, 0 stayed
 --   arm     now ('' for TIME), wanted   arms the drain's wake unless one is armed: the wake, or nil
@@ -13,16 +13,7 @@
 --                                drain, whose wake found this one armed), one at now: the wake
 local ring, drain = KEYS[1], KEYS[2]
 local op = str()
-if op == 'join' then
-  local member, now, keep = str(), int(), int()
-  redis.call('ZADD', ring, 'NX', now, member)
-  for _, key in ipairs({ring, drain}) do
-    if redis.call('PTTL', key) < keep then
-      redis.call('PEXPIRE', key, keep)
-    end
-  end
-  return redis.call('ZCARD', ring)
-elseif op == 'leave' then
+if op == 'leave' then
   local member = str()
   if KEYS[3] and (tonumber(redis.call('HGET', KEYS[3], 'q')) or 0) > 0 then
     return 0

@@ -45,11 +45,19 @@ local function parks(e, values, slot, now)
   return throttled and slot > now + e.park
 end
 
--- Appends the message to the key's queue. The queue and the state live while it may wait there
+-- Appends the message to the key's queue, and the key to its fair budget's ring (schedule.rs's
+-- decide: in the same call, so a parked key is always in the ring). The queue and the state live
+-- while it may wait there
 -- (its answer's life): a state's 'exp' says so, so that no commit shortens it.
 local function park(e, values, now)
   local queue, at = queue_key(e), parked_at(e)
   QUEUE.push(queue, queue_entry(e), e.answers_keep)
+  for b = 1, #e.budgets do
+    local budget = e.budgets[b]
+    if budget.ring_key then
+      RING.join(KEYS[e.base + budget.ring_key], budget.ring_member, now, e.answers_keep)
+    end
+  end
   set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false)
   local keep = now + e.answers_keep
   if not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep then

@@ -74,8 +74,12 @@ local function read_event()
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
-      leased = int() == 1, per_key = int() == 1, near = int(), carry_key = false, index = b, limits = {}, floors = {},
+      leased = int() == 1, per_key = int() == 1, near = int(), ring_key = false, ring_member = false, carry_key = false, index = b, limits = {}, floors = {},
       own_floor = false, pause = false, exp = false, level = false, hash = false, overridden = false}
+    if budget.near > 0 then
+      -- A fair budget's ring of waiting keys, and this key's entry in it: a key that parks joins.
+      budget.ring_key, budget.ring_member = int(), str()
+    end
     if budget.per_key then
       -- Where the key's own state is (what it booked before the rule had classes): carry_over.
       budget.carry_key = int()

@@ -161,7 +161,7 @@ end
 -- Every other hash, sorted set and list of the reservation: budget calendars and pools, a
 -- sliding limit's slots, a key's queue of parked messages. What each room asks of them, named;
 -- only this room calls Redis.
-local HASH, SLOTS, QUEUE = {}, {}, {}
+local HASH, SLOTS, QUEUE, RING = {}, {}, {}, {}
 
 -- A budget limit's window as `read(budget, l, window)` gives it (what it holds, and beside it a
 -- calendar's parts by floor or a pool's lease), read once per call: `l.used` and `l.beside` keep
@@ -272,4 +272,13 @@ end
 -- Moves the head of `from` to the end of `to`.
 function QUEUE.move_head(from, to, keep)
   QUEUE.push(to, redis.call('LPOP', from), keep)
+end
+
+-- A fair budget's ring of waiting keys (lua/fair.lua reads and trims it): `member` joins it once,
+-- by when it joined, and the ring lives `keep` more at least.
+function RING.join(key, member, now, keep)
+  redis.call('ZADD', key, 'NX', now, member)
+  if redis.call('PTTL', key) < keep then
+    redis.call('PEXPIRE', key, keep)
+  end
 end

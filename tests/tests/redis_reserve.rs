@@ -147,9 +147,7 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
                 parked.entry(scenario.events[j].entity).or_default().push_back(j);
                 PARKING_SEEN[2].fetch_add(1, Ordering::Relaxed);
                 if let Some(budget) = fair {
-                    let rule = scenario.rule(&rules[j]);
-                    let member = Member { rule: rule.id.clone(), key: keys[j - batch.start].clone() };
-                    store.fair_join(budget, &member, 60_000).await.expect("fair_join");
+                    // It joined the budget's ring in the same call.
                     let wake = store.arm_fair_wake(budget, r.slot - budget.near().unwrap()).await.expect("arm");
                     rings.push(format!("park {j}: wake {wake:?}"));
                 }

@@ -316,6 +316,11 @@ impl Scheduler {
         } else if parks(&entity.state, throttled_budget(&self.budgets, request, &shared), request, slot) {
             entity.queue.push_back(answer_file(request.message_id, request.published));
             entity.state.parked += 1;
+            // In the same step, so that a parked key is always in its fair budget's ring.
+            for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
+                let member = crate::fair::Member { rule: rule.into(), key: key.into() };
+                fair::join(&mut self.rings, &budget.name, &member, request.now);
+            }
             Status::Parked
         } else {
             commit(&mut entity.state, request, &own, slot);

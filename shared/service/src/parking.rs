@@ -3,7 +3,6 @@
 //! drains the queue at the rate in force when it runs.
 
 use drip_core::budgets::Budget;
-use drip_core::fair::Member;
 use drip_core::overflow::{FairWakeTask, WakeTask};
 use drip_core::rules::Rule;
 use drip_core::time::{Millis, format_rfc3339};
@@ -29,14 +28,10 @@ pub async fn park(
     if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(body) {
         store.keep_payload(&reference, ttl).await?;
     }
+    store.park_body(request, body, ttl).await?;
     if let Some(budget) = rule.fair_budget() {
-        // The body kept and the ring joined together: the wake armed after both reads either.
-        let member = Member { rule: rule.id.clone(), key: request.key.to_owned() };
-        let (kept, joined) = tokio::join!(store.park_body(request, body, ttl), store.fair_join(budget, &member, ttl));
-        kept.and(joined)?;
         return wake_ring((store, tasks, metrics), (rule, budget, request), reserved).await;
     }
-    store.park_body(request, body, ttl).await?;
     let horizon = rule.park().unwrap_or_default();
     let wanted = reserved.reservation.slot - horizon;
     // A redelivery (its answer resumed) arms again: the attempt that parked it may have died
@@ -55,8 +50,8 @@ pub async fn park(
     Ok(())
 }
 
-/// A key of a rule drawing from a fair budget parked and joined the budget's ring of waiting keys:
-/// the ring's drain is woken where the message's slot comes within the budget's near horizon,
+/// A key of a rule drawing from a fair budget parked, and joined the budget's ring of waiting keys
+/// in the same script call: the ring's drain is woken where the message's slot comes within the budget's near horizon,
 /// unless a wake is armed already (a redelivery arms again, as for a key's own wake).
 async fn wake_ring(
     (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),

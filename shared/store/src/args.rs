@@ -6,6 +6,7 @@
 //! which field moved.
 
 use drip_core::budgets::{Adaptive, adaptive_window};
+use drip_core::fair::Member;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{OldSlot, override_id};
 use drip_core::time::Millis;
@@ -341,6 +342,13 @@ impl ReserveArgs {
         if let Some(scope) = scope.filter(|_| event.budgets.iter().any(|b| b.per_key)) {
             self.keys.push(EntityKeys::of_entity(namespace, request.rule_ref(), scope, &[]).state);
         }
+        // A fair budget's ring of waiting keys: a key that parks joins it in the same call.
+        let ring_at = self.keys.len() as i64 + 1 - base;
+        if let Some(fair) = event.budgets.iter().find(|b| b.fair.is_some()) {
+            let [ring, _] = crate::keys::fair_keys(namespace, fair);
+            self.keys.push(ring);
+        }
+        let member = crate::keys::ring_member(&Member { rule: request.rule.to_owned(), key: request.key.to_owned() });
 
         let budget_limits = event.budgets.iter().flat_map(|b| &b.limits);
         let longest_window =
@@ -436,6 +444,9 @@ impl ReserveArgs {
             args.int("budget.per_key", i64::from(budget.per_key));
             // A fair budget's near horizon (0: not fair): an event whose slot lies past it parks.
             args.int("budget.near", budget.near().unwrap_or(0));
+            if budget.fair.is_some() {
+                args.int("budget.ring_key", ring_at).str("budget.ring_member", &member);
+            }
             if budget.per_key {
                 args.int("budget.carry_key", carry_at);
             }

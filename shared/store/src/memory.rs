@@ -157,11 +157,6 @@ impl Store for MemoryStore {
         ready((unpark, now))
     }
 
-    fn fair_join<'a>(&'a self, budget: &'a Budget, member: &'a Member, _: Millis) -> StoreFuture<'a, ()> {
-        self.with(|s| s.fair_join(&budget.name, member));
-        ready(())
-    }
-
     fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring> {
         ready(self.with(|s| s.fair_ring(&budget.name)))
     }

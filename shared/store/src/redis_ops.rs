@@ -8,7 +8,7 @@ use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride, Unpark};
-use drip_core::time::{Millis, wall_clock_millis};
+use drip_core::time::Millis;
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
@@ -127,17 +127,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             let mut invocation = WAKE.call();
             invocation.key(&keys.state).arg(self.clock().now().map(|t| t.to_string()).unwrap_or_default()).arg(wanted);
             Ok(invocation.invoke_async(&mut self.connection()).await?)
-        })
-    }
-
-    fn fair_join<'a>(&'a self, budget: &'a Budget, member: &'a Member, keep: Millis) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            let [ring, drain] = fair_keys(self.namespace(), budget);
-            let mut invocation = FAIR.call();
-            let now = self.clock().now().unwrap_or_else(wall_clock_millis);
-            invocation.key(&ring).key(&drain).arg("join").arg(ring_member(member)).arg(now).arg(keep);
-            let _: i64 = invocation.invoke_async(&mut self.connection()).await?;
-            Ok(())
         })
     }
 

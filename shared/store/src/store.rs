@@ -43,9 +43,6 @@ pub trait Store: Ping + std::fmt::Debug {
     /// Arms the wake of the key's drain at `wanted` unless one is armed (`Scheduler::arm_wake`):
     /// the wake to make a task for, if any.
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
-    /// A key of `rule` parked a message while drawing from fair budget `budget`: it joins the
-    /// budget's ring of waiting keys (once; `Scheduler::fair_join`), which lives `keep` more at least.
-    fn fair_join<'a>(&'a self, budget: &'a Budget, member: &'a Member, keep: Millis) -> StoreFuture<'a, ()>;
     /// The fair budget's ring: its waiting keys, oldest first, and where its next drain starts.
     fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring>;
     /// The member (a key of `rule`; `None`: its rule is gone) leaves the ring unless messages of

@@ -8,23 +8,32 @@ use crate::fair::{Member, Ring};
 #[derive(Debug, Clone, Default)]
 pub(super) struct RingState {
     ring: Ring,
+    /// When each member joined: the ring is in that order, members that joined at the same time
+    /// by `<rule>\n<key>` (as Redis orders a sorted set's ties).
+    joined: HashMap<Member, Millis>,
     /// When the ring's drain is armed to wake (a task made for it).
     wake: Option<Millis>,
 }
 
-impl Scheduler {
-    /// A key of a rule drawing from fair budget `budget` parked a message: it joins the budget's
-    /// ring of waiting keys, at its end, unless it is in it.
-    pub fn fair_join(&mut self, budget: &str, member: &Member) {
-        let ring = &mut self.rings.entry(budget.to_owned()).or_default().ring;
-        if !ring.members.contains(member) {
-            ring.members.push(member.clone());
-        }
+/// A key of a rule drawing from fair budget `budget` parked a message: it joins the budget's ring
+/// of waiting keys, at its end, unless it is in it ([`Scheduler::decide`] parks and joins in one
+/// step).
+pub(super) fn join(rings: &mut HashMap<String, RingState>, budget: &str, member: &Member, now: Millis) {
+    let state = rings.entry(budget.to_owned()).or_default();
+    if !state.ring.members.contains(member) {
+        state.ring.members.push(member.clone());
+        state.joined.insert(member.clone(), now);
     }
+}
 
+impl Scheduler {
     /// The budget's ring: its waiting keys, oldest first, and where its next drain starts.
     pub fn fair_ring(&self, budget: &str) -> Ring {
-        self.rings.get(budget).map(|r| r.ring.clone()).unwrap_or_default()
+        let Some(state) = self.rings.get(budget) else { return Ring::default() };
+        let mut ring = state.ring.clone();
+        let order = |m: &Member| (state.joined.get(m).copied(), format!("{}\n{}", m.rule, m.key));
+        ring.members.sort_by_cached_key(order);
+        ring
     }
 
     /// The drain found the member's queue empty (`gone`: its rule no longer exists): it leaves
@@ -36,6 +45,7 @@ impl Scheduler {
         }
         if let Some(state) = self.rings.get_mut(budget) {
             state.ring.members.retain(|m| m != member);
+            state.joined.remove(member);
         }
         true
     }
