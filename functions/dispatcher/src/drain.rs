@@ -190,7 +190,6 @@ async fn drain_ring(
     // Each turn plans, in the round's order, the heads each key's deficit covers (as if each were
     // booked), until PLAN_MAX; one script call then unparks them in that order: a key whose head
     // stays (its slot past the deadline) sits out, and what was planned behind it answers NotHead.
-    let mut exhausted = vec![false; waiting.len()];
     while taken.len() < MAX_PER_WAKE {
         // The heads of every key whose read-ahead ran out, at once: about what its weight takes
         // in a few turns.
@@ -205,7 +204,8 @@ async fn drain_ring(
             waiting[*m].ahead = bodies.into();
         }
         let mut plan: Vec<(usize, TaskBody)> = Vec::new();
-        let mut planned = vec![0; waiting.len()];
+        // What this turn planned of each key, and which keys' queues it planned to the end.
+        let (mut planned, mut exhausted) = (vec![0; waiting.len()], vec![false; waiting.len()]);
         'plan: while plan.len() < PLAN_MAX {
             let Some(m) = round.visit() else { break };
             let w = &mut waiting[m];
@@ -275,7 +275,6 @@ async fn drain_ring(
             // Its queue ran dry: it leaves, unless a message parked since (the next drain, at
             // once, serves it).
             if exhausted[m] && decided[m] == planned[m] {
-                exhausted[m] = false;
                 if !state.store.fair_leave(budget, Some(w.rule), &w.member).await? {
                     sooner(now, &mut next);
                 }
