@@ -274,10 +274,11 @@ async fn drain_ring(
             w.ahead.drain(..decided[m].min(w.ahead.len()));
             // Its queue ran dry: it leaves, unless a message parked since (the next drain, at
             // once, serves it).
-            if exhausted[m] && decided[m] == planned[m] {
-                if !state.store.fair_leave(budget, Some(w.rule), &w.member).await? {
-                    sooner(now, &mut next);
-                }
+            if exhausted[m]
+                && decided[m] == planned[m]
+                && !state.store.fair_leave(budget, Some(w.rule), &w.member).await?
+            {
+                sooner(now, &mut next);
             }
         }
     }
