@@ -1,6 +1,7 @@
 //! The contract between the Rust encoder and reserve.lua, pinned: the keys and arguments of one
 //! rich call (two events: a fixed, a sliding and a gcra limit with a floor, a delivery margin and
-//! an adaptive level, and a shared budget with a fair share, its own adaptive level and floors for two rules). A change to
+//! an adaptive level, and a fair shared budget with a fair share, its own adaptive level and floors
+//! for two rules: its near horizon, ring key and ring member). A change to
 //! the contract shows as a diff of `golden/reserve_args.txt`; `DRIP_BLESS=1` rewrites it.
 
 use drip_core::rules::{RuleSet, ServiceRules};
@@ -15,6 +16,8 @@ budgets:
     max_share: 0.25
     adaptive: { margin: 0.1, decrease: 0.5, min: 0.2 }
     floors: { payouts: 0.2, refunds: 0.1 }
+    fair: true
+    weights: { merchant_7: 2 }
 rules:
   - name: payouts
     match: { attributes: { event_type: payout } }
