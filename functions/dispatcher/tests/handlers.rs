@@ -663,7 +663,10 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
     assert!(events.iter().all(|(_, slot)| *slot == window), "all in the next window: {events:?}");
     let wakes: Vec<Millis> =
         created.iter().filter(|task| FairWakeTask::parse(&task.body).is_some()).map(|task| task.at).collect();
-    assert_eq!(wakes, [window + SECOND - 500], "the next wake: where the window after comes within 500 ms");
+    // The deadline is the drain's start + 500 ms, the unpark's clock a few ms later on a busy
+    // machine: the wake is when the window after comes within reach, not at once.
+    assert_eq!(wakes.len(), 1, "one next wake: {wakes:?}");
+    assert!((window + 500..window + 600).contains(&wakes[0]), "the next wake at the window after - 500 ms: {wakes:?}");
 
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
     let again: Vec<(String, Millis)> = d
