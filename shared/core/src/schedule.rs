@@ -355,65 +355,6 @@ impl Scheduler {
         Reservation { slot, status, decided_at: request.now, attempt: Attempt::Decided }
     }
 
-    /// The drain of a key's parked messages, at the message at the head of its queue (`request`
-    /// names it, with the rule's parameters at `now`): the slot it would get now, reserved when it
-    /// is no later than `deadline` (the message leaves the queue with that answer, a lease taken
-    /// for the drain's attempt), else left for a later wake. A message parked longer than its
-    /// `max_delay` (from when it was parked), or whose cost is over a limit in force now, leaves
-    /// with nothing reserved. The drain books at the key's frontier with the ordinary arithmetic,
-    /// one message after another in the queue's order, so every window stays exact.
-    pub fn unpark(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>, deadline: Millis) -> Unpark {
-        let file = answer_file(request.message_id, request.published);
-        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        let since = match entity.answers.get(&file) {
-            Some(answer) if answer.status == Status::Parked => answer.decided_at,
-            // Its answer expired (the drain stopped for longer than max_delay and the margin).
-            None if entity.queue.front() == Some(&file) => EXPIRED_PARK,
-            _ if !entity.queue.contains(&file) => return Unpark::NotParked,
-            _ => return Unpark::NotHead,
-        };
-        if entity.queue.front() != Some(&file) {
-            return Unpark::NotHead;
-        }
-        // What is left of its max_delay, from when it was parked (negative once it has passed).
-        let request = ReserveRequest { max_delay: since + request.max_delay - request.now, park: None, ..*request };
-        let (exceeded, slot) = self.earliest(rule, key, &request);
-        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned())).expect("entered above");
-        if !exceeded && slot <= request.now + request.max_delay && slot > deadline {
-            let wake = (slot - (deadline - request.now)).clamp(request.now, request.now + MAX_WAKE_GAP);
-            entity.state.wake = Some(wake);
-            return Unpark::Later { slot, wake };
-        }
-        entity.queue.pop_front();
-        entity.state.parked -= 1;
-        if entity.queue.is_empty() {
-            entity.state.wake = None;
-        }
-        entity.answers.remove(&file);
-        Unpark::Decided(self.decide(rule, key, &request, None))
-    }
-
-    /// A message of the key was parked at `now` and its drain should wake at `wanted`: returns the
-    /// wake to arm (and records it), or `None` when one is armed already (and not lost: see
-    /// [`WAKE_LOST_AFTER`]) or nothing is parked any more.
-    pub fn arm_wake(&mut self, rule: &str, key: &str, now: Millis, wanted: Millis) -> Option<Millis> {
-        let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
-        let state = &mut entity.state;
-        if state.parked == 0 || state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
-            return None;
-        }
-        let wake = wanted.clamp(now, now + MAX_WAKE_GAP);
-        state.wake = Some(wake);
-        Some(wake)
-    }
-
-    /// The key's parked messages, oldest first.
-    pub fn parked(&self, rule: &str, key: &str) -> Vec<AnswerFile> {
-        self.entities
-            .get(&(rule.to_owned(), key.to_owned()))
-            .map_or_else(Vec::new, |e| e.queue.iter().cloned().collect())
-    }
-
     /// Whether the request's cost is over a count in force, and the slot its entity would give it
     /// now (the runs its search walked are kept; nothing else changes).
     fn earliest(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> (bool, Millis) {
