@@ -5,7 +5,7 @@
 -- 'lat': '<baseline µs>:<level that hurt>:<level after that cut>:<busy healthy windows since>:<window of
 -- the report that decided>:<its level>'. `p` is a window's high percentile (µs) over `calls`
 -- calls; `count` the configured count of the limit that sets the window; `c` the parameters.
--- Returns the verdict (0 a repeat, 1 slow, 2 grew, 3 held), the level before and after, the
+-- Returns the verdict (0 a repeat, 1 slow, 2 grew, 3 held, 4 lagging), the level before and after, the
 -- gradient (ppm), the adaptive state to store ('' for none) and the latency state.
 local function trunc(x)
   if x < 0 then
@@ -42,17 +42,21 @@ local function level_after_latency(adapt, lat, p, calls, count, c, now)
   local seen = math.min(math.max(p, 1), LATENCY_MAX_US)
   local previous = baseline or seen
   local gradient = math.min(math.max(math.floor(c.tolerance * math.max(previous, LATENCY_FLOOR_US) / seen), 500000), 1000000)
-  if seen >= previous then
-    baseline = previous + math.floor((seen - previous) * c.weight / 1000000)
+  if seen < previous then
+    baseline = seen
+  elseif gradient < 1000000 and before > c.min then
+    baseline = previous
   else
-    baseline = previous - math.floor((previous - seen) * c.weight / 1000000)
+    baseline = previous + math.floor((seen - previous) * c.weight / 1000000)
   end
   hurt, cut, grown = hurt or 0, cut or 0, grown or 0
   local after, verdict
-  if gradient < 1000000 then
+  if gradient < 1000000 and calls > math.floor(count * before / 1000000) then
+    after, verdict = before, 4
+  elseif gradient < 1000000 then
     after = math.max(before - math.floor((before - math.floor(before * gradient / 1000000)) * c.smoothing / 1000000), c.min)
     hurt, cut, grown, verdict = before, after, 0, 1
-  elseif calls * 2 * 1000000 >= count * before then
+  elseif calls >= math.floor(math.floor(count * before / 1000000) * LATENCY_BUSY / 1000000) then
     grown = math.min(grown + 1, LATENCY_MAX_CLIMB * c.recover)
     local climb = c.step
     if hurt ~= 0 then

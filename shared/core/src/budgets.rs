@@ -235,7 +235,7 @@ impl Adaptive {
 /// latency as the leading signal (Gradient2's gradient applied to a rate, CUBIC's climb back). Each
 /// window's high percentile of call latency is compared with a slow baseline of it; above
 /// `tolerance ×` the baseline, the level is cut in proportion, and it grows back only in windows
-/// whose calls use at least half of the count in force.
+/// whose calls use most of the count in force ([`LATENCY_BUSY`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LatencyControl {
     /// A window is slow when its percentile exceeds `tolerance ×` the baseline (ppm: 2.0 is 2_000_000).
@@ -258,6 +258,12 @@ pub const LATENCY_FLOOR_US: u64 = 1_000;
 
 /// A percentile above this (µs, ten minutes) counts as this (the arithmetic stays exact in Lua).
 pub const LATENCY_MAX_US: u64 = 600_000_000;
+
+/// A healthy window grows the level only when its calls used this much of the count in force
+/// (ppm): a level is raised only by windows that proved the partner takes it. Half, as it was
+/// once, let the level climb to twice what was delivered while a backlog drained slower than the
+/// level allowed, and the next burst at that level met a partner past its capacity.
+pub const LATENCY_BUSY: u64 = 900_000;
 
 /// How many windows without a report a level set by latency holds before it climbs by `step`
 /// (`Adaptive::level`): between reports the level stays where the last one put it, so a window
@@ -302,9 +308,13 @@ pub struct LatencyReport {
 pub enum LatencyVerdict {
     /// Over tolerance: the level was cut by the gradient (ppm, in [0.5, 1)).
     Slow { gradient: u64 },
+    /// Over tolerance, but the window's calls were more than the count in force: slots booked
+    /// at a level since cut (a backlog books ahead); the level is held until the cut shows, so
+    /// one overload is not cut again for every window it takes to play out.
+    Lagging { gradient: u64 },
     /// Healthy and busy: the level grew.
     Grew,
-    /// Healthy, but the calls used less than half the count in force: the level is held.
+    /// Healthy, but the calls used less of the count in force than [`LATENCY_BUSY`]: the level is held.
     Held,
     /// A report of this window decided already: nothing changed.
     Repeat,
@@ -357,16 +367,27 @@ impl Adaptive {
         let previous = latency.map_or(seen, |l| l.baseline);
         let gradient = (control.tolerance * previous.max(LATENCY_FLOOR_US) / seen).clamp(PPM / 2, PPM);
         let mut state = latency.unwrap_or_default();
-        state.baseline = if seen >= previous {
-            previous + (seen - previous) * control.baseline / PPM
+        // The baseline is the partner's latency unloaded. A faster window proves it can answer
+        // that fast: the baseline follows at once. A slower one moves it by `baseline` of the
+        // way when it is healthy, and when it is slow only once the level is at its floor
+        // (cutting further cannot help: the partner's latency rose for good and becomes the new
+        // normal). A slow window that moved it while the level could still fall would teach the
+        // controller the partner's saturated latency, and then no window is ever slow.
+        let slow = gradient < PPM;
+        state.baseline = if seen < previous {
+            seen
+        } else if slow && before > self.min {
+            previous
         } else {
-            previous - (previous - seen) * control.baseline / PPM
+            previous + (seen - previous) * control.baseline / PPM
         };
-        let (after, verdict) = if gradient < PPM {
+        let (after, verdict) = if slow && report.calls > count * before / PPM {
+            (before, LatencyVerdict::Lagging { gradient })
+        } else if slow {
             let cut = (before - (before - before * gradient / PPM) * control.smoothing / PPM).max(self.min);
             (state.hurt, state.cut, state.grown) = (before, cut, 0);
             (cut, LatencyVerdict::Slow { gradient })
-        } else if report.calls * 2 * PPM >= count * before {
+        } else if report.calls >= count * before / PPM * LATENCY_BUSY / PPM {
             state.grown = (state.grown + 1).min(LATENCY_MAX_CLIMB * control.recover);
             let climb = if state.hurt == 0 { self.step } else { cubic_climb(&state, self.step, control.recover) };
             let after = before.saturating_add(climb).min(self.ceiling());
@@ -479,7 +500,7 @@ mod tests {
             aimd.after_latency((first.adaptive, Some(first.latency)), report(320, 90), count_window, 11_000).unwrap();
         assert_eq!(slow.verdict, LatencyVerdict::Slow { gradient: 500_000 });
         assert_eq!((slow.before, slow.after), (900_000, 675_000));
-        assert_eq!(slow.latency.baseline, 80_000 + 240_000 / 20, "the baseline moves slowly toward it");
+        assert_eq!(slow.latency.baseline, 80_000, "a slow window leaves the baseline while the level can fall");
         assert_eq!((slow.latency.hurt, slow.latency.cut), (900_000, 675_000));
         let signalled = aimd.signal(slow.adaptive, 1_000, 11_500);
         assert_eq!(signalled.level, 337_500, "a 429 in the window a latency report decided still lowers the level");
@@ -487,6 +508,7 @@ mod tests {
         let held =
             aimd.after_latency((slow.adaptive, Some(slow.latency)), report(80, 30), count_window, 12_000).unwrap();
         assert_eq!((held.verdict, held.after), (LatencyVerdict::Held, 675_000));
+        assert_eq!(held.latency.baseline, 80_000, "a faster window sets the baseline at once");
         // Busy: the cubic climbs steeply first, flattens at the level that hurt after `recover`.
         let mut state = (held.adaptive, Some(held.latency));
         let mut levels = Vec::new();
@@ -500,6 +522,64 @@ mod tests {
         assert_eq!(levels[..4], [805_079, 871_875, 896_485, 900_000][..]);
         assert_eq!(levels[4..], [900_000; 4][..], "the ceiling, not above");
         assert_eq!(state.1.unwrap().hurt, 0, "at the ceiling the climb starts over");
+    }
+
+    #[test]
+    fn a_slow_window_of_calls_booked_before_the_cut_is_not_cut_again() {
+        let aimd = Adaptive { latency: Some(CONTROL), ..AIMD };
+        let first = aimd.after_latency((None, None), report(80, 90), (100, 1_000), 10_000).unwrap();
+        let slow = aimd.after_latency((first.adaptive, Some(first.latency)), report(320, 90), (100, 1_000), 11_000);
+        let slow = slow.unwrap();
+        assert_eq!(slow.after, 675_000);
+        // 80 calls against 67 in force: they were booked at the level before the cut.
+        let lagging =
+            aimd.after_latency((slow.adaptive, Some(slow.latency)), report(320, 80), (100, 1_000), 12_000).unwrap();
+        assert_eq!(lagging.verdict, LatencyVerdict::Lagging { gradient: 500_000 });
+        assert_eq!((lagging.before, lagging.after), (675_000, 675_000), "held");
+        assert_eq!((lagging.latency.hurt, lagging.latency.cut), (900_000, 675_000), "the same episode");
+        // 67 calls, the count in force, still slow: the cut showed and did not suffice.
+        let again = aimd
+            .after_latency((lagging.adaptive, Some(lagging.latency)), report(320, 67), (100, 1_000), 13_000)
+            .unwrap();
+        assert_eq!((again.verdict, again.after), (LatencyVerdict::Slow { gradient: 500_000 }, 506_250));
+    }
+
+    #[test]
+    fn the_baseline_follows_a_faster_window_at_once_and_a_slower_one_only_healthy_or_at_the_floor() {
+        let aimd = Adaptive { latency: Some(CONTROL), ..AIMD };
+        // A first window measured while the partner was saturated: 400 ms.
+        let first = aimd.after_latency((None, None), report(400, 90), (100, 1_000), 10_000).unwrap();
+        let fast = aimd.after_latency((first.adaptive, Some(first.latency)), report(40, 90), (100, 1_000), 11_000);
+        assert_eq!(fast.unwrap().latency.baseline, 40_000, "at once");
+        let fast = fast.unwrap();
+        let healthy = aimd.after_latency((fast.adaptive, Some(fast.latency)), report(60, 90), (100, 1_000), 12_000);
+        assert_eq!(healthy.unwrap().latency.baseline, 41_000, "a twentieth of the way up");
+        // The partner's latency rose for good: cut after cut to the floor, then the baseline moves.
+        let mut state = (fast.adaptive, Some(fast.latency));
+        let mut baselines = Vec::new();
+        for w in 12..20 {
+            let next = aimd.after_latency(state, report(400, 10), (100, 1_000), w * 1_000).unwrap();
+            baselines.push((next.before, next.latency.baseline));
+            state = (next.adaptive, Some(next.latency));
+        }
+        let at_floor = baselines.iter().position(|&(before, _)| before == AIMD.min).unwrap();
+        assert!(at_floor > 0 && baselines[..at_floor].iter().all(|&(_, b)| b == 40_000), "{baselines:?}");
+        assert_eq!(baselines[at_floor].1, 40_000 + 360_000 / 20, "{baselines:?}");
+    }
+
+    #[test]
+    fn only_a_window_that_used_most_of_the_count_in_force_grows_the_level() {
+        let aimd = Adaptive { latency: Some(CONTROL), ..AIMD };
+        let at = AdaptiveState { level: 500_000, window: 9, by_latency: true };
+        let first = aimd.after_latency((Some(at), None), report(40, 50), (100, 1_000), 10_000).unwrap();
+        let grew = |calls| {
+            let next =
+                aimd.after_latency((first.adaptive, Some(first.latency)), report(40, calls), (100, 1_000), 11_000);
+            next.unwrap().verdict
+        };
+        assert_eq!(first.verdict, LatencyVerdict::Grew);
+        // 60 in force after the first climb: 54 calls (nine tenths) grow it, 53 hold it.
+        assert_eq!((grew(54), grew(53)), (LatencyVerdict::Grew, LatencyVerdict::Held));
     }
 
     #[test]

@@ -153,6 +153,9 @@ pub async fn report_to_store(
         } else {
             tracing::warn!(rule = %rule.name, key, target = %labelled, percentile_ms, calls = report.calls, gradient, level_before = before, level = after, "the downstream is slowing down: adaptive limit lowered");
         }
+    } else if let LatencyVerdict::Lagging { gradient } = change.verdict {
+        let gradient = gradient as f64 / PPM as f64;
+        tracing::info!(rule = %rule.name, key, target = %labelled, percentile_ms, calls = report.calls, gradient, level = before, "the downstream is still slow, at a rate booked before the last cut: adaptive limit held");
     } else {
         tracing::debug!(rule = %rule.name, key, target = %labelled, percentile_ms, calls = report.calls, verdict, level = after, shadow = control.shadow, "latency judged");
     }
@@ -165,6 +168,7 @@ pub fn verdict_name(verdict: LatencyVerdict) -> &'static str {
         LatencyVerdict::Slow { .. } => "slow",
         LatencyVerdict::Grew => "grew",
         LatencyVerdict::Held => "held",
+        LatencyVerdict::Lagging { .. } => "lagging",
         LatencyVerdict::Repeat => "repeat",
     }
 }

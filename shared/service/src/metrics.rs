@@ -95,7 +95,7 @@ pub struct CorrectionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LatencyLabels {
     pub target: String,
-    /// `slow`, `grew`, `held` or `repeat`.
+    /// `slow`, `lagging`, `grew`, `held` or `repeat`.
     pub verdict: &'static str,
     /// `true` when the controller only says what it would do.
     pub shadow: &'static str,
@@ -199,7 +199,7 @@ impl Default for Metrics {
         let latency_reports = Family::<LatencyLabels, prometheus_client::metrics::counter::Counter>::default();
         registry.register(
             "latency_reports",
-            "Windows of downstream latency the controller judged, by budget or rule and verdict: slow (the level cut), grew, held (healthy but under half the count used), repeat (a report of that window had decided); shadow=true: nothing was changed",
+            "Windows of downstream latency the controller judged, by budget or rule and verdict: slow (the level cut), lagging (slow, at calls booked before the last cut: held), grew, held (healthy but under nine tenths of the count used), repeat (a report of that window had decided); shadow=true: nothing was changed",
             latency_reports.clone(),
         );
         let http: HistogramFamily<HttpLabels> = Family::new_with_constructor(seconds_histogram);

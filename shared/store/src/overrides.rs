@@ -213,6 +213,7 @@ pub(crate) fn latency_change(reply: &[i64]) -> Result<LatencyChange, StoreError>
         1 => LatencyVerdict::Slow { gradient: gradient as u64 },
         2 => LatencyVerdict::Grew,
         3 => LatencyVerdict::Held,
+        4 => LatencyVerdict::Lagging { gradient: gradient as u64 },
         _ => return Err(StoreError::UnexpectedReply(format!("{reply:?}"))),
     };
     Ok(LatencyChange { verdict, before: before as u64, after: after as u64 })

@@ -25,6 +25,7 @@ fn shared_numbers() -> Vec<(&'static str, i64)> {
         ("LATENCY_FLOOR_US", b::LATENCY_FLOOR_US as i64),
         ("LATENCY_MAX_US", b::LATENCY_MAX_US as i64),
         ("LATENCY_MAX_CLIMB", b::LATENCY_MAX_CLIMB as i64),
+        ("LATENCY_BUSY", b::LATENCY_BUSY as i64),
         ("LATENCY_HOLD_WINDOWS", b::LATENCY_HOLD_WINDOWS),
         ("LATENCY_MEMORY_WINDOWS", b::LATENCY_MEMORY_WINDOWS),
         ("EXPIRED_PARK", drip_core::schedule::EXPIRED_PARK),
