@@ -448,9 +448,14 @@ fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::erro
 
 /// A budget of 5,000 a second (a partner's contract), leased over `partitions` or not.
 fn gateway(name: &str, partitions: Option<u32>) -> Arc<Budget> {
+    gateway_of(name, partitions, GATEWAY)
+}
+
+/// A budget of `count` a second, leased over `partitions` or not.
+fn gateway_of(name: &str, partitions: Option<u32>, count: u64) -> Arc<Budget> {
     Arc::new(Budget {
         name: name.into(),
-        limits: vec![Limit::new(GATEWAY, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        limits: vec![Limit::new(count, SECOND, Window::Fixed(Placement::Start)).unwrap()],
         max_share: None,
         adaptive: None,
         floors: Vec::new(),
@@ -499,13 +504,13 @@ where
 /// moves one near horizon at a time hand the ring's keys their heads in round robin, up to 128
 /// unparks per script call (the dispatcher's plan): reservations per second, parking and draining
 /// together, and the script calls the drains made.
-async fn fair_throughput<C>(store: &RedisStore<C>, clients: usize) -> (f64, u64, f64)
+async fn fair_throughput<C>(store: &RedisStore<C>, count: u64, clients: usize) -> (f64, u64, f64)
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     use drip_core::fair::{Fair, Round};
     use drip_core::schedule::{Status, Unpark};
-    let budget = Arc::new(Budget { fair: Some(Fair::default()), ..(*gateway("fair-bench", None)).clone() });
+    let budget = Arc::new(Budget { fair: Some(Fair::default()), ..(*gateway_of("fair-bench", None, count)).clone() });
     let near = budget.near().expect("fair");
     let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
     let events = budgeted_events(clients);
@@ -782,13 +787,16 @@ async fn main() {
         println!("| {ahead} | {usec:.2} |");
     }
     let batched = store.clone().with_batching(Batching::new(64, false));
+    // A quarter of the load a second: the backlog spans four windows at every scale, so most of
+    // it lies past the fair budget's near horizon and parks.
+    let count = (budgeted_events(32) / 4) as u64;
     println!(
-        "\n| a budget of {GATEWAY}/s, 32 clients, {} events over {ENTITIES} keys | reservations/s | script calls to drain | vs first come |\n|---|---|---|---|",
+        "\n| a budget of {count}/s, 32 clients, {} events over {ENTITIES} keys | reservations/s | script calls to drain | vs first come |\n|---|---|---|---|",
         budgeted_events(32)
     );
-    let first_come = budgeted_throughput(&batched, &gateway("fcfs-bench", None), 32, false).await;
+    let first_come = budgeted_throughput(&batched, &gateway_of("fcfs-bench", None, count), 32, false).await;
     println!("| first come, first served | {first_come:.0} | | 1.00× |");
-    let (fair, calls, parking) = fair_throughput(&batched, 32).await;
+    let (fair, calls, parking) = fair_throughput(&batched, count, 32).await;
     println!(
         "| `fair: true`: park past the near horizon, drain in round robin ({:.0} % of the time parking) | {fair:.0} | {calls} | {:.2}× |",
         100.0 * parking,
