@@ -446,6 +446,34 @@ fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::erro
     Ok(())
 }
 
+/// A first-come budget and a fair one under the same load, side by side (docs/capacity.md: "A fair
+/// budget under a deep backlog"); `DRIP_BENCH_FAIR_ONLY=1` runs this table alone.
+async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
+    let batched = store.clone().with_batching(Batching::new(64, false));
+    // A quarter of the load a second: the backlog spans four windows at every scale, so most of
+    // it lies past the fair budget's near horizon and parks.
+    let count = (budgeted_events(32) / 4) as u64;
+    println!(
+        "\n| a budget of {count}/s, 32 clients, {} events over {ENTITIES} keys | reservations/s | script calls to drain | vs first come |\n|---|---|---|---|",
+        budgeted_events(32)
+    );
+    server_usec(connection).await;
+    let first_come = budgeted_throughput(&batched, &gateway_of("fcfs-bench", None, count), 32, false).await;
+    let first_usec = server_usec(connection).await / budgeted_events(32) as f64;
+    println!("| first come, first served ({first_usec:.1} server µs an event) | {first_come:.0} | | 1.00× |");
+    let fair = fair_throughput((&batched, connection), count, 32).await;
+    println!(
+        "| `fair: true`: park past the near horizon ({:.1} server µs an event; {:.0} % of the time), drain in round robin ({:.1} µs a parked event; {} parked) | {:.0} | {} | {:.2}× |",
+        fair.reserve_usec,
+        100.0 * fair.parking,
+        fair.unpark_usec,
+        fair.parked,
+        fair.per_second,
+        fair.calls,
+        fair.per_second / first_come
+    );
+}
+
 /// A budget of 5,000 a second (a partner's contract), leased over `partitions` or not.
 fn gateway(name: &str, partitions: Option<u32>) -> Arc<Budget> {
     gateway_of(name, partitions, GATEWAY)
@@ -504,7 +532,11 @@ where
 /// moves one near horizon at a time hand the ring's keys their heads in round robin, up to 128
 /// unparks per script call (the dispatcher's plan): reservations per second, parking and draining
 /// together, and the script calls the drains made.
-async fn fair_throughput<C>(store: &RedisStore<C>, count: u64, clients: usize) -> (f64, u64, f64)
+async fn fair_throughput<C>(
+    (store, connection): (&RedisStore<C>, &mut MultiplexedConnection),
+    count: u64,
+    clients: usize,
+) -> FairFigures
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -516,6 +548,8 @@ where
     let events = budgeted_events(clients);
     let (t0, rule) = (wall_clock_millis().div_euclid(SECOND) * SECOND, "fair-bench-rule".to_owned());
     let keys_each = ENTITIES / clients;
+    script_calls(connection).await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -549,6 +583,8 @@ where
         }
     }
     let parking = started.elapsed().as_secs_f64();
+    let parked: usize = queues.values().map(|q| q.len()).sum();
+    let parking_usec = server_usec(connection).await;
     let (mut now, mut calls, budgets) = (t0, 0, [budget.clone()]);
     while queues.values().any(|q| !q.is_empty()) {
         let keys: Vec<String> = queues.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| k.clone()).collect();
@@ -580,17 +616,54 @@ where
                 })
                 .collect();
             calls += 1;
-            for ((m, _), (unpark, _)) in plan.iter().zip(store.unpark_all(&requests).await.expect("unpark_all")) {
+            let unparks = store.unpark_all(&requests).await.expect("unpark_all");
+            for ((m, _), (unpark, _)) in plan.iter().zip(&unparks) {
                 match unpark {
                     Unpark::Decided(_) => _ = queues.get_mut(&keys[*m]).expect("a key").pop_front(),
                     _ => round.retire(*m),
                 }
             }
+            if drip_core::fair::full_through_deadline(unparks.iter().map(|(unpark, _)| unpark)) {
+                break;
+            }
         }
         now += near;
     }
     let total = started.elapsed().as_secs_f64();
-    (events as f64 / total, calls, parking / total)
+    let draining_usec = server_usec(connection).await;
+    FairFigures {
+        per_second: events as f64 / total,
+        calls,
+        parking: parking / total,
+        reserve_usec: parking_usec / events as f64,
+        unpark_usec: draining_usec / parked.max(1) as f64,
+        parked,
+    }
+}
+
+/// What [`fair_throughput`] measured: reservations a second, the drains' script calls, the share
+/// of the time spent parking, server µs per event while parking (its reservation, and its body
+/// when it parks) and per parked event while draining.
+struct FairFigures {
+    per_second: f64,
+    calls: u64,
+    parking: f64,
+    reserve_usec: f64,
+    unpark_usec: f64,
+    parked: usize,
+}
+
+/// Server µs of every command since the last RESETSTAT (scripts and plain commands alike), reset
+/// again.
+async fn server_usec(connection: &mut MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
+    let usec = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
+        .filter_map(|l| l.split("usec=").nth(1)?.split(',').next()?.parse::<f64>().ok())
+        .sum();
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
+    usec
 }
 
 fn budgeted_events(clients: usize) -> usize {
@@ -742,6 +815,10 @@ async fn main() {
     let version = version.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").to_owned();
     println!("Redis {version} at {url}, scale {}\n", scale());
 
+    if std::env::var_os("DRIP_BENCH_FAIR_ONLY").is_some() {
+        fair_table(&mut connection, &store).await;
+        return;
+    }
     let rows = script_table(&mut connection, &store).await;
     let bucket = rows[1].usec;
     println!("| script | server µs/call | vs the token bucket | calls/s (pipelined) |");
@@ -786,22 +863,7 @@ async fn main() {
     for (ahead, usec) in full_calendar(&mut connection, &store).await {
         println!("| {ahead} | {usec:.2} |");
     }
-    let batched = store.clone().with_batching(Batching::new(64, false));
-    // A quarter of the load a second: the backlog spans four windows at every scale, so most of
-    // it lies past the fair budget's near horizon and parks.
-    let count = (budgeted_events(32) / 4) as u64;
-    println!(
-        "\n| a budget of {count}/s, 32 clients, {} events over {ENTITIES} keys | reservations/s | script calls to drain | vs first come |\n|---|---|---|---|",
-        budgeted_events(32)
-    );
-    let first_come = budgeted_throughput(&batched, &gateway_of("fcfs-bench", None, count), 32, false).await;
-    println!("| first come, first served | {first_come:.0} | | 1.00× |");
-    let (fair, calls, parking) = fair_throughput(&batched, count, 32).await;
-    println!(
-        "| `fair: true`: park past the near horizon, drain in round robin ({:.0} % of the time parking) | {fair:.0} | {calls} | {:.2}× |",
-        100.0 * parking,
-        fair / first_come
-    );
+    fair_table(&mut connection, &store).await;
     if let Ok(urls) = std::env::var("DRIP_BENCH_CLUSTER_URLS") {
         cluster_table(&urls, &mut connection, &store).await;
     }
