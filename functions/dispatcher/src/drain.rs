@@ -127,8 +127,20 @@ async fn take_handing(state: &AppState, rule: &Rule, key: &str) -> anyhow::Resul
 pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &Delivery<'_>) -> Answer {
     let rules = state.rules.current();
     let Some(budget) = rules.budgets.get(&wake.fair_wake.budget) else {
-        tracing::warn!(budget = %wake.fair_wake.budget, "a fair budget's wake for a budget that no longer exists: nothing to drain");
-        return Answer::new(StatusCode::OK, None, Outcome::Drained);
+        return match hand_ring_to_keys(state, &rules, wake).await {
+            Ok((handed, 0)) => {
+                tracing::warn!(budget = %wake.fair_wake.budget, keys = handed, "a fair budget's wake for a budget that no longer exists: its waiting keys drain on their own");
+                Answer::new(StatusCode::OK, None, Outcome::Drained)
+            }
+            Ok((handed, stranded)) => {
+                tracing::error!(budget = %wake.fair_wake.budget, handed, stranded, "a fair budget that no longer exists still holds waiting keys whose rules moved to another hash tag: their parked events stay until the budget is back (put it back with fair: false and let its ring drain before removing it)");
+                Answer::new(StatusCode::OK, None, Outcome::Drained)
+            }
+            Err(error) => {
+                tracing::warn!(budget = %wake.fair_wake.budget, error = format!("{error:#}"), "could not hand a removed fair budget's waiting keys to their drains; Cloud Tasks will retry its wake");
+                Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
+            }
+        };
     };
     match drain_ring(state, &rules, budget, delivery).await {
         Ok(taken) => {
@@ -140,6 +152,50 @@ pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &
             Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
         }
     }
+}
+
+/// The wake of a fair budget the rules no longer have: each key waiting in its ring whose rule
+/// still keeps its state in the budget's hash tag (it draws from another budget of the group)
+/// gets a wake of its own drain now (which drains its queue at its rule's horizon, as any parked
+/// key's) and leaves the ring, so that nothing parked stays behind a budget that is gone. A key
+/// whose rule's state moved to another hash tag cannot be drained from there: it stays in the
+/// ring, for the budget's return. Returns how many keys it handed over and how many stay.
+async fn hand_ring_to_keys(state: &AppState, rules: &RuleSet, wake: &FairWakeTask) -> anyhow::Result<(usize, usize)> {
+    let Some(batcher) = &state.tasks else {
+        anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
+    };
+    // Enough of the budget to name its ring: its name and hash tag.
+    let gone = Budget {
+        name: wake.fair_wake.budget.clone(),
+        tag: wake.tag().to_owned(),
+        limits: Vec::new(),
+        max_share: None,
+        adaptive: None,
+        floors: Vec::new(),
+        per_key: false,
+        fair: Some(Default::default()),
+        leases: None,
+    };
+    let ring = state.store.fair_ring(&gone).await?;
+    let now = wall_clock_millis();
+    let (mut handed, mut stranded) = (0, 0);
+    for member in &ring.members {
+        match rules.rule_by_id(&member.rule) {
+            Some(rule) if rule.budget_tag() != Some(wake.tag()) => {
+                stranded += 1;
+                continue;
+            }
+            Some(rule) => {
+                parking::wake_at((batcher.tasks(), &state.metrics), (rule, &member.key), now).await?;
+                handed += 1;
+            }
+            // A rule that is gone has nothing left to drain with, as with a key's own wake.
+            None => {}
+        }
+        // Leaves whatever is parked: its own drain has it now.
+        state.store.fair_leave(&gone, None, member).await?;
+    }
+    Ok((handed, stranded))
 }
 
 /// One waiting key of a fair budget's ring during a drain: its rule and the bodies read ahead of

@@ -55,10 +55,15 @@ fn dispatcher() -> Dispatcher {
 }
 
 fn dispatcher_with(rules: &str) -> Dispatcher {
+    dispatcher_on(rules, Arc::new(MemoryStore::new()))
+}
+
+/// A dispatcher of these rules on `store` (another dispatcher's, to see a rules change).
+fn dispatcher_on(rules: &str, store: Arc<MemoryStore>) -> Dispatcher {
     let rules = ServiceRules::new(RuleSet::parse("handlers.yaml", rules).unwrap(), "handlers.yaml").unwrap();
     let metrics = Arc::new(ServiceMetrics::new(("dispatches", "-"), ("dispatch_lateness_seconds", "-")));
     let pubsub = Arc::new(RecordingPublisher::default());
-    let (store, tasks) = (Arc::new(MemoryStore::new()), Arc::new(RecordingTasks::default()));
+    let tasks = Arc::new(RecordingTasks::default());
     let state = AppState {
         rules: drip_service::live_rules::LiveRules::fixed(rules, metrics.shared.clone()),
         store: store.clone(),
@@ -646,7 +651,7 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
 
     // The next window comes within the near horizon.
     tokio::time::sleep(Duration::from_millis((window - 450 - wall_clock_millis()).max(0) as u64)).await;
-    let wake = FairWakeTask::of(&budget.name);
+    let wake = FairWakeTask::of(&budget);
     let body = wake.body();
     let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
@@ -679,4 +684,91 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
         .flat_map(|task| carried(&task.body))
         .collect();
     assert_eq!(again.len(), events.len(), "the window it filled takes nothing more");
+}
+
+/// A fair budget removed from the rules while keys wait in its ring, its rule still drawing from
+/// another budget of its hash tag (`api`, whose name tags the pair): its wake hands each waiting
+/// key to its own drain (a wake task at once) and empties the ring, and those drains deliver what
+/// was parked, each key's in order: nothing stays behind a budget that is gone. Where the rule's
+/// state moved to another hash tag (it drew from the removed budget alone), no drain could find
+/// the parked events there: the keys stay in the ring, for the budget's return.
+#[tokio::test]
+async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains() {
+    let budgets = "budgets:\n  rail: { limits: [ { limit: 2, per: 1s } ], fair: true }\n  api: [ { limit: 1000, per: 1s } ]\nrules:\n";
+    let with_budget = RULES
+        .replace("    park_horizon: off\n", "    budgets: [rail, api]\n")
+        .replace("rules:\n", budgets)
+        .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
+    let d = dispatcher_with(&with_budget);
+    let rule = d.state.rules.current().rules[0].clone();
+    let budget = rule.fair_budget().expect("fair").clone();
+    // Early in a second, so that the next window lies past the near horizon (500 ms).
+    let into = wall_clock_millis() % SECOND;
+    if into > 200 {
+        tokio::time::sleep(Duration::from_millis((SECOND - into + 20) as u64)).await;
+    }
+    let now = wall_clock_millis();
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let mut parked: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for key in ["merchant_a", "merchant_b"] {
+        for i in 0..4 {
+            let id = format!("{key}-{i}");
+            let identity = MessageRef::new(id.clone(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
+            let request = SlotRequest::for_rule(&rule, key, &identity, 1);
+            let reserved = d.store.reserve(&request).await.unwrap();
+            if reserved.reservation.status != Status::Parked {
+                continue;
+            }
+            let body = event(&id, key, now, TaskPayload::inline(b"{}"), attributes.clone());
+            d.store.park_body(&request, &body, HOUR).await.unwrap();
+            d.store.complete(&request, &reserved).await.unwrap();
+            parked.entry(key).or_default().push(id);
+        }
+    }
+    assert_eq!(parked.values().map(Vec::len).sum::<usize>(), 6, "two booked in the current window: {parked:?}");
+    assert_eq!(d.store.fair_ring(&budget).await.unwrap().members.len(), 2);
+
+    assert_eq!(budget.tag, "api");
+
+    // Drawing from the removed budget alone, the rule's state would move to its own tag: its
+    // keys stay in the ring.
+    let alone = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 100, per: 1s");
+    let moved = dispatcher_on(&alone, d.store.clone());
+    let body = FairWakeTask::of(&budget).body();
+    assert_eq!(moved.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
+    assert_eq!(moved.store.fair_ring(&budget).await.unwrap().members.len(), 2, "they stay for the budget's return");
+    assert!(moved.tasks.created.lock().unwrap().iter().all(|task| WakeTask::parse(&task.body).is_none()));
+
+    // The budget is gone from the rules, the rule still draws from `api`; its wake runs.
+    let without = RULES
+        .replace("    park_horizon: off\n", "    budgets: [api]\n")
+        .replace("rules:\n", "budgets:\n  api: [ { limit: 1000, per: 1s } ]\nrules:\n")
+        .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
+    let after = dispatcher_on(&without, d.store.clone());
+    assert_eq!(after.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
+    assert!(after.store.fair_ring(&budget).await.unwrap().members.is_empty(), "the ring is empty");
+    let wakes: Vec<WakeTask> =
+        after.tasks.created.lock().unwrap().iter().filter_map(|task| WakeTask::parse(&task.body)).collect();
+    let mut woken: Vec<&str> = wakes.iter().map(|w| w.wake.key.as_str()).collect();
+    woken.sort_unstable();
+    assert_eq!(woken, ["merchant_a", "merchant_b"], "a wake of each waiting key's own drain");
+
+    for wake in &wakes {
+        let body = wake.body();
+        assert_eq!(after.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
+    }
+    let delivered: Vec<String> = after
+        .tasks
+        .created
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|task| WakeTask::parse(&task.body).is_none())
+        .flat_map(|task| carried(&task.body))
+        .map(|(id, _)| id)
+        .collect();
+    for (key, ids) in &parked {
+        let of: Vec<&String> = delivered.iter().filter(|id| id.starts_with(key)).collect();
+        assert_eq!(of, ids.iter().collect::<Vec<_>>(), "{key}'s parked events, in order: {delivered:?}");
+    }
 }

@@ -233,7 +233,8 @@ impl Adaptive {
 
 /// `adaptive: { latency: { tolerance, smoothing, baseline, recover, shadow } }`: the downstream's
 /// latency as the leading signal (Gradient2's gradient applied to a rate, CUBIC's climb back). Each
-/// window's high percentile of call latency is compared with a slow baseline of it; above
+/// window's high percentile of call latency is compared with a baseline (the partner's latency
+/// unloaded: the fastest recent window's, rising slowly); above
 /// `tolerance ×` the baseline, the level is cut in proportion, and it grows back only in windows
 /// whose calls use most of the count in force ([`LATENCY_BUSY`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -242,7 +243,7 @@ pub struct LatencyControl {
     pub tolerance: u64,
     /// How far one slow window moves the level toward `level × gradient` (ppm).
     pub smoothing: u64,
-    /// How far one window's percentile moves the baseline (ppm).
+    /// How far a slower window's percentile moves the baseline (ppm); a faster one sets it.
     pub baseline: u64,
     /// Healthy, busy windows for the level to climb back to the level that last hurt (CUBIC's K).
     pub recover: u64,

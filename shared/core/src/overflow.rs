@@ -241,7 +241,9 @@ impl WakeTask {
 }
 
 /// The task that wakes the drain of a fair budget's ring of waiting keys (docs/rules.md: "Fair
-/// budgets"): `{"fair_wake": {"budget": ...}}`.
+/// budgets"): `{"fair_wake": {"budget": ..., "tag": ...}}`, `tag` only where the budget's hash
+/// tag is not its name (it shares a shard with a budget a rule draws from beside it): a wake for
+/// a budget the rules no longer have still finds its ring.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FairWakeTask {
@@ -252,11 +254,19 @@ pub struct FairWakeTask {
 #[serde(deny_unknown_fields)]
 pub struct FairWakeOf {
     pub budget: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 impl FairWakeTask {
-    pub fn of(budget: &str) -> Self {
-        Self { fair_wake: FairWakeOf { budget: budget.to_owned() } }
+    pub fn of(budget: &crate::budgets::Budget) -> Self {
+        let tag = (budget.tag != budget.name).then(|| budget.tag.clone());
+        Self { fair_wake: FairWakeOf { budget: budget.name.clone(), tag } }
+    }
+
+    /// The budget's hash tag: its name unless the wake says otherwise.
+    pub fn tag(&self) -> &str {
+        self.fair_wake.tag.as_deref().unwrap_or(&self.fair_wake.budget)
     }
 
     /// `body` as a fair budget's wake, or `None`.
@@ -460,6 +470,28 @@ fn parse_sealed(header: &str) -> Option<(i64, i64, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fair_wake_names_its_budget_s_hash_tag_only_where_it_is_not_the_name() {
+        let limits = vec![crate::limit::Limit::new(10, 1_000, crate::limit::Window::Sliding).unwrap()];
+        let budget = crate::budgets::Budget {
+            name: "rail".into(),
+            limits,
+            max_share: None,
+            adaptive: None,
+            floors: Vec::new(),
+            per_key: false,
+            fair: Some(Default::default()),
+            leases: None,
+            tag: "rail".into(),
+        };
+        let own = FairWakeTask::of(&budget);
+        assert_eq!(own.body(), br#"{"fair_wake":{"budget":"rail"}}"#, "as before");
+        assert_eq!(FairWakeTask::parse(&own.body()).unwrap().tag(), "rail");
+        let shared = FairWakeTask::of(&crate::budgets::Budget { tag: "api".into(), ..budget });
+        let parsed = FairWakeTask::parse(&shared.body()).unwrap();
+        assert_eq!((parsed.fair_wake.budget.as_str(), parsed.tag()), ("rail", "api"));
+    }
 
     #[test]
     fn task_names_are_stable_valid_and_distinct() {

@@ -383,11 +383,20 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         edits.push(edit(
             Safety::NeedsCare,
             format!(
-                "its entities move from {} hash tag to {}: their state starts empty, so until the old backlog drains a window can hold the old backlog and new events",
+                "its entities move from {} hash tag to {}: their state starts empty, so until the old backlog drains a window can hold the old backlog and new events; events parked under the old tag stay there (change it with no key parked)",
                 home(old),
                 home(new)
             ),
         ));
+        if let Some(fair) = old.fair_budget().filter(|b| new.budget(&b.name).is_none()) {
+            edits.push(edit(
+                Safety::NeedsCare,
+                format!(
+                    "stops drawing from fair budget '{}' and its state moves to another hash tag: its keys waiting in the budget's ring cannot be drained from there; set fair: false on the budget and let its ring empty (drip inspect) first",
+                    fair.name
+                ),
+            ));
+        }
     } else if names(old) != names(new) {
         edits.push(edit(
             Safety::Safe,
@@ -635,6 +644,13 @@ rules:
         );
         let kyc = edits(&super::diff(&parse(&raised), &parse(&leased)), "kyc");
         assert!(matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.contains("to 4 partitions")), "{kyc:?}");
+        let fair = with_budget.replacen(
+            "  gateway: [ { limit: 50, per: 1s } ]\n",
+            "  gateway: { limits: [ { limit: 50, per: 1s } ], fair: true }\n",
+            1,
+        );
+        let kyc = edits(&super::diff(&parse(&fair), &parse(OLD)), "kyc");
+        assert!(kyc.iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("fair budget 'gateway'")), "{kyc:?}");
         let margin = OLD.replacen("    key: \"k\"\n", "    key: \"k\"\n    delivery_margin: 100ms\n", 1);
         let kyc = edits(&super::diff(&parse(OLD), &parse(&margin)), "kyc");
         assert!(matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("delivery_margin")), "{kyc:?}");

@@ -79,7 +79,7 @@ pub async fn fair_wake_at(
     budget: &Budget,
     at: Millis,
 ) -> anyhow::Result<Created> {
-    let wake = FairWakeTask::of(&budget.name);
+    let wake = FairWakeTask::of(budget);
     let name = wake.name(at);
     let create = tasks.create((&budget.name, ""), &name, at, wake.body());
     Ok(metrics.time("cloud_tasks", create).await?)

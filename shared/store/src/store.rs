@@ -45,8 +45,9 @@ pub trait Store: Ping + std::fmt::Debug {
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
     /// The fair budget's ring: its waiting keys, oldest first, and where its next drain starts.
     fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring>;
-    /// The member (a key of `rule`; `None`: its rule is gone) leaves the ring unless messages of
-    /// it parked since: whether it left.
+    /// The member (a key of `rule`) leaves the ring unless messages of it parked since; with
+    /// `None` (its rule is gone, or its own drain has its queue now) it leaves whatever is parked:
+    /// whether it left.
     fn fair_leave<'a>(
         &'a self,
         budget: &'a Budget,

@@ -210,7 +210,7 @@ pub(super) struct RawLatency {
     /// (default 0.5; above 0, at most 1).
     #[schemars(range(min = 0.000001, max = 1))]
     pub(super) smoothing: Option<f64>,
-    /// How far one window's percentile moves the baseline (default 0.05; above 0, at most 1).
+    /// How far a slower window's percentile moves the baseline; a faster one sets it (default 0.05; above 0, at most 1).
     #[schemars(range(min = 0.000001, max = 1))]
     pub(super) baseline: Option<f64>,
     /// Healthy, busy windows to climb back to the level that last hurt (default 8; 1 to 100).
