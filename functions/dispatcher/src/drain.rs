@@ -310,7 +310,7 @@ async fn drain_ring(
             })
             .collect();
         let results = state.store.unpark_all(&requests).await?;
-        let full = drip_core::fair::full_through_deadline(results.iter().map(|(unpark, _)| unpark));
+        let full = drip_core::schedule::full_through_deadline(results.iter().map(|(unpark, _)| unpark));
         let mut decided = vec![0; waiting.len()];
         for (((m, task), (identity, published)), (unpark, at)) in plan.into_iter().zip(filings).zip(results) {
             match unpark {

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::schedule::Unpark;
 use crate::time::Millis;
 
 /// The weight of a key that `weights` does not name.
@@ -127,53 +126,10 @@ impl Round {
     }
 }
 
-/// How many heads that stayed (their slots past the drain's deadline), with none booked after
-/// them, end a drain's turn ([`full_through_deadline`]).
-pub const FULL_AFTER: usize = 16;
-
-/// Whether a drain's unparks, in the order one call made them, end in [`FULL_AFTER`] heads or
-/// more that stayed with nothing booked after the first of them: the budget is full through the
-/// deadline, so every other waiting key's head would stay too. The drain stops there rather than
-/// try each waiting key once more (one wasted unpark per key a wake: with a thousand keys
-/// waiting, a quarter of a drain's work). Only the plan changes: what is booked, and where, is
-/// the ordinary arithmetic's; the keys not tried keep their place for the next wake.
-pub fn full_through_deadline<'a>(unparks: impl DoubleEndedIterator<Item = &'a Unpark>) -> bool {
-    let stayed = unparks
-        .rev()
-        .take_while(|u| !matches!(u, Unpark::Decided(_)))
-        .filter(|u| matches!(u, Unpark::Later { .. }))
-        .count();
-    stayed >= FULL_AFTER
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn a_drain_s_turn_ends_at_a_run_of_heads_that_stayed() {
-        let later = Unpark::Later { slot: 2_000, wake: 1_500 };
-        let decided = Unpark::Decided(crate::schedule::Reservation {
-            slot: 1_000,
-            status: crate::schedule::Status::Reserved,
-            decided_at: 0,
-            attempt: crate::schedule::Attempt::Decided,
-        });
-        let run = |booked: usize, stayed: usize| {
-            let mut unparks = vec![decided; booked];
-            for i in 0..stayed {
-                unparks.push(if i % 4 == 3 { Unpark::NotHead } else { later });
-            }
-            unparks
-        };
-        assert!(!full_through_deadline(run(100, 20).iter()), "15 stayed, 5 behind a head that stayed");
-        assert!(full_through_deadline(run(100, 22).iter()), "17 stayed");
-        let mut booked_after = run(10, 40);
-        booked_after.push(decided);
-        assert!(!full_through_deadline(booked_after.iter()), "a head booked after them: room is left");
-        assert!(!full_through_deadline(run(0, 0).iter()));
-    }
 
     /// Drains queues (each a list of costs) through a round until `capacity` units are booked
     /// or every queue is done: what each member booked.

@@ -623,7 +623,7 @@ where
                     _ => round.retire(*m),
                 }
             }
-            if drip_core::fair::full_through_deadline(unparks.iter().map(|(unpark, _)| unpark)) {
+            if drip_core::schedule::full_through_deadline(unparks.iter().map(|(unpark, _)| unpark)) {
                 break;
             }
         }
