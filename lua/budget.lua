@@ -4,8 +4,8 @@
 -- Arguments, in order (the prelude's cursor): now ('' for the server's TIME); how long the hash
 -- outlives what it holds (ms); 'pause' and the time before which no slot may lie (a later pause
 -- already set is kept), 'resume' (the pause is lifted), or 'adapt' (a 429, 5xx or timeout) and the
--- ceiling, decrease, min, step (ppm), window (ms) and 1 when a live latency controller climbs back
--- from it (0 otherwise): the level is multiplied by decrease (not below min) once per window, or 'latency' and a window's latency report (latency.lua's
+-- ceiling, decrease, min, step (ppm) and window (ms): the level is multiplied by decrease (not below
+-- min) once per window, or 'latency' and a window's latency report (latency.lua's
 -- parse_latency_args; 'lat' holds the controller's state; returns {verdict, level before, level
 -- after, gradient}).
 --
@@ -43,18 +43,11 @@ elseif op == 'latency' then
     now + LATENCY_MEMORY_WINDOWS * c.window) + margin
   level = {verdict, before, after, gradient}
 else
-  local ceiling, decrease, min, step, window, climbs = int(), int(), int(), int(), int(), int()
-  local before = level_in_force(held[2], ceiling, step, window, now)
+  local ceiling, decrease, min, step, window = int(), int(), int(), int(), int()
   local state
   level, state = level_after_signal(held[2], ceiling, decrease, min, step, window, now)
   if state ~= '' then
     redis.call('HSET', key, 'adapt', state)
-  end
-  if climbs == 1 and held[4] then
-    local lat = latency_after_signal(held[4], before, level)
-    if lat ~= held[4] then
-      redis.call('HSET', key, 'lat', lat)
-    end
   end
   needed = level_matters_until(level, ceiling, step, window, now) + margin
 end

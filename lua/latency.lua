@@ -76,16 +76,6 @@ local function level_after_latency(adapt, lat, p, calls, count, c, now)
   return verdict, before, after, gradient, state,
     table.concat({baseline, hurt, cut, grown, current, after}, ':')
 end
--- A 429, 5xx or timeout lowered the live level from `before` to `after` (budgets.rs:
--- Adaptive::latency_after_signal): the level it came at is the level that hurt, the level after
--- it the cut, and the climb starts over. The caller passes only a live controller's state.
-local function latency_after_signal(lat, before, after)
-  if not lat or after >= before then
-    return lat
-  end
-  local baseline, _, _, _, at, own = string.match(lat, '^(%d+):(%d+):(%d+):(%d+):(%-?%d+):(%d+)$')
-  return table.concat({baseline, before, after, 0, at, own}, ':')
-end
 -- The parameters of a latency report, 'ceiling:decrease:min:step:window:tolerance:smoothing:
 -- baseline:recover:shadow(0/1):count:percentile:calls' (drip-store's latency_args).
 local function parse_latency_args(value)

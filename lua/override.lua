@@ -46,17 +46,12 @@ if op == 'latency' then
   end
   previous = {verdict, before, after, gradient}
 elseif op == 'adapt' then
-  local ceiling, decrease, min, step, window, climbs =
-    string.match(value, '^(%d+):(%d+):(%d+):(%d+):(%d+):([01])$')
+  local ceiling, decrease, min, step, window = string.match(value, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
   ceiling, decrease, min, step, window =
     tonumber(ceiling), tonumber(decrease), tonumber(min), tonumber(step), tonumber(window)
-  local before = level_in_force(o.adapt, ceiling, step, window, now)
   local level, state = level_after_signal(o.adapt, ceiling, decrease, min, step, window, now)
   if state ~= '' then
     o.adapt = state
-  end
-  if climbs == '1' then
-    o.lat = latency_after_signal(o.lat, before, level)
   end
   o['adapt:u'] = level_matters_until(level, ceiling, step, window, now)
   previous = {level}

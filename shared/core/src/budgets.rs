@@ -406,23 +406,6 @@ impl Adaptive {
     }
 }
 
-impl Adaptive {
-    /// The latency controller's state after a 429, 5xx or timeout lowered the live level from
-    /// `before` to `after`: a loss for its climb, as for CUBIC. The level it came at is the level
-    /// that hurt and the level after it the cut, so healthy windows climb back toward it within
-    /// `recover` windows (a cubic that flattens there) rather than by `step` a window from far
-    /// below, which cost seconds of throughput after every refusal. Unchanged in shadow mode (the
-    /// live level is not the controller's), before any report (nothing to climb yet), and when
-    /// the level did not fall (a second signal in a window).
-    pub fn latency_after_signal(&self, latency: Option<LatencyState>, before: u64, after: u64) -> Option<LatencyState> {
-        let mut state = latency?;
-        if self.latency.is_some_and(|c| !c.shadow) && after < before {
-            (state.hurt, state.cut, state.grown) = (before, after, 0);
-        }
-        Some(state)
-    }
-}
-
 /// What the `grown`th healthy, busy window after a cut adds: the step of a cubic through the cut
 /// level that flattens at the level that hurt after `recover` windows, then probes above it,
 /// faster and faster (CUBIC's window growth; its span is at least `step`, so a cut at the floor
@@ -583,33 +566,6 @@ mod tests {
         let at_floor = baselines.iter().position(|&(before, _)| before == AIMD.min).unwrap();
         assert!(at_floor > 0 && baselines[..at_floor].iter().all(|&(_, b)| b == 40_000), "{baselines:?}");
         assert_eq!(baselines[at_floor].1, 40_000 + 360_000 / 20, "{baselines:?}");
-    }
-
-    #[test]
-    fn a_429_under_latency_control_is_a_loss_the_cubic_climbs_back_from() {
-        let aimd = Adaptive { latency: Some(CONTROL), ..AIMD };
-        let at = AdaptiveState { level: 600_000, window: 9, by_latency: true };
-        let first = aimd.after_latency((Some(at), None), report(40, 60), (100, 1_000), 10_000).unwrap();
-        let before = aimd.level(first.adaptive, 1_000, 11_000);
-        let signalled = aimd.signal(first.adaptive, 1_000, 11_000);
-        assert_eq!((before, signalled.level), (700_000, 350_000));
-        let lat = aimd.latency_after_signal(Some(first.latency), before, signalled.level).unwrap();
-        assert_eq!((lat.hurt, lat.cut, lat.grown), (700_000, 350_000, 0));
-        // Busy, healthy windows climb back to about the level it came at within `recover` (4).
-        let mut state = (Some(signalled), Some(lat));
-        let mut levels = Vec::new();
-        for w in 12..16 {
-            let next = aimd.after_latency(state, report(40, 100), (100, 1_000), w * 1_000).unwrap();
-            levels.push(next.after);
-            state = (next.adaptive, Some(next.latency));
-        }
-        assert!(levels[0] > 350_000 + 100_000 + 100_000, "more than AIMD's steps: {levels:?}");
-        assert!(levels[3] >= 690_000 && levels[3] <= 700_000, "flattens at the level it came at: {levels:?}");
-        let shadow = Adaptive { latency: Some(LatencyControl { shadow: true, ..CONTROL }), ..AIMD };
-        let kept = shadow.latency_after_signal(Some(first.latency), before, signalled.level).unwrap();
-        assert_eq!(kept, first.latency, "the shadow controller's level is its own");
-        assert_eq!(aimd.latency_after_signal(Some(lat), 350_000, 350_000), Some(lat), "no fall, no change");
-        assert_eq!(aimd.latency_after_signal(None, before, signalled.level), None);
     }
 
     #[test]

@@ -196,11 +196,8 @@ impl Scheduler {
     /// returns the level after it (ppm).
     pub fn signal(&mut self, rule: &str, key: &str, adaptive: &Adaptive, limits: &[Limit], now: Millis) -> u64 {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        let window = adaptive_window(limits);
-        let before = adaptive.level(entity.state.adaptive, window, now);
-        let after = adaptive.signal(entity.state.adaptive, window, now);
+        let after = adaptive.signal(entity.state.adaptive, adaptive_window(limits), now);
         entity.state.adaptive = Some(after);
-        entity.state.latency = adaptive.latency_after_signal(entity.state.latency, before, after.level);
         after.level
     }
 
@@ -208,11 +205,8 @@ impl Scheduler {
     pub fn signal_budget(&mut self, budget: &Budget, now: Millis) -> Option<u64> {
         let adaptive = budget.adaptive?;
         let state = self.budgets.entry(budget.name.clone()).or_default();
-        let window = adaptive_window(&budget.limits);
-        let before = adaptive.level(state.adaptive, window, now);
-        let after = adaptive.signal(state.adaptive, window, now);
+        let after = adaptive.signal(state.adaptive, adaptive_window(&budget.limits), now);
         state.adaptive = Some(after);
-        state.latency = adaptive.latency_after_signal(state.latency, before, after.level);
         Some(after.level)
     }
 

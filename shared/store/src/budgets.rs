@@ -11,7 +11,7 @@ use redis::aio::ConnectionLike;
 
 use crate::keys::STATE_MARGIN;
 use crate::keys::{budget_key, class_calendar_key, field, pool_key};
-use crate::overrides::{latency_args, latency_change, signal_args};
+use crate::overrides::{adapt_args, latency_args, latency_change};
 use crate::scripts::BUDGET;
 use crate::{keys::EntityKeys, keys::RuleRef, redis_store::RedisStore, request::StoreError};
 
@@ -90,7 +90,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let budget = calendar.budget();
         let Some(adaptive) = &budget.adaptive else { return Ok(None) };
         let mut args = vec!["adapt".to_owned()];
-        args.extend(signal_args(adaptive, &budget.limits));
+        args.extend(adapt_args(adaptive, &budget.limits));
         let level: i64 = self.hash_invocation(self.calendar_hashes(calendar).0, &args).await?;
         Ok(Some(level as u64))
     }

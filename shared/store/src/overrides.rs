@@ -183,19 +183,10 @@ pub(crate) fn parse_overrides(fields: &BTreeMap<String, String>) -> BTreeMap<Str
         .collect()
 }
 
-/// An adaptive limit's parameters, as [`signal_args`] and [`latency_args`] begin.
+/// An adaptive limit's parameters as override.lua's and budget.lua's 'adapt' read them.
 pub(crate) fn adapt_args(adaptive: &Adaptive, limits: &[Limit]) -> [String; 5] {
     [adaptive.ceiling(), adaptive.decrease, adaptive.min, adaptive.step, adaptive_window(limits) as u64]
         .map(|n| n.to_string())
-}
-
-/// A 429, 5xx or timeout as override.lua's and budget.lua's 'adapt' read it: the adaptive
-/// limit's parameters, then 1 when a live latency controller climbs back from it
-/// (`Adaptive::latency_after_signal`).
-pub(crate) fn signal_args(adaptive: &Adaptive, limits: &[Limit]) -> [String; 6] {
-    let [ceiling, decrease, min, step, window] = adapt_args(adaptive, limits);
-    let climbs = adaptive.latency.is_some_and(|c| !c.shadow);
-    [ceiling, decrease, min, step, window, u64::from(climbs).to_string()]
 }
 
 /// A latency report as override.lua's and budget.lua's 'latency' read it (latency.lua's
@@ -344,7 +335,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         key: &str,
         (adaptive, limits): (&Adaptive, &[Limit]),
     ) -> Result<u64, StoreError> {
-        let parameters = signal_args(adaptive, limits).join(":");
+        let parameters = adapt_args(adaptive, limits).join(":");
         let level = self.run_override(rule, key, [field::ADAPT, "", &parameters, ""]).await?;
         level.first().map(|&l| l as u64).ok_or_else(|| StoreError::UnexpectedReply(format!("{level:?}")))
     }
