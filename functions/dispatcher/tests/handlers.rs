@@ -607,6 +607,26 @@ async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order
     assert_eq!(d.tasks.created.lock().unwrap().len(), created.len(), "a wake run twice makes nothing more");
 }
 
+/// Reserves payout `id` of `key` as the limiter does, at `now`, and when it parks keeps its body
+/// and completes it, as the limiter's push does: its status.
+async fn reserve_or_park(
+    d: &Dispatcher,
+    rule: &drip_core::rules::Rule,
+    (key, id): (&str, &str),
+    now: Millis,
+) -> Status {
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let identity = MessageRef::new(id.to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
+    let request = SlotRequest::for_rule(rule, key, &identity, 1);
+    let reserved = d.store.reserve(&request).await.unwrap();
+    if reserved.reservation.status == Status::Parked {
+        let body = event(id, key, now, TaskPayload::inline(b"{}"), attributes);
+        d.store.park_body(&request, &body, HOUR).await.unwrap();
+        d.store.complete(&request, &reserved).await.unwrap();
+    }
+    reserved.reservation.status
+}
+
 /// A fair budget's wake drains its ring in weighted round robin: two keys with events parked past
 /// the near horizon, weights 3 and 1, share the next window's 8 units 6 to 2, each key's events in
 /// order; the ring's next wake is armed where the window after comes within reach (one task), and
@@ -621,30 +641,14 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
     let d = dispatcher_with(&rules);
     let rule = d.state.rules.current().rules[0].clone();
     let budget = rule.fair_budget().expect("fair").clone();
-    // Start early in a second, so that the next window lies past the near horizon (500 ms).
-    let into = wall_clock_millis() % SECOND;
-    if into > 200 {
-        tokio::time::sleep(Duration::from_millis((SECOND - into + 20) as u64)).await;
-    }
+    early_in_a_second().await;
     let now = wall_clock_millis();
     let window = (now / SECOND + 1) * SECOND;
-    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
-    let mut parked = BTreeMap::new();
     for (key, count) in [("merchant_fill", 8), ("merchant_big", 10), ("merchant_small", 10)] {
         for i in 0..count {
-            let id = format!("{key}-{i}");
-            let identity = MessageRef::new(id.clone(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
-            let request = SlotRequest::for_rule(&rule, key, &identity, 1);
-            let reserved = d.store.reserve(&request).await.unwrap();
-            if key == "merchant_fill" {
-                assert_eq!(reserved.reservation.status, Status::Reserved, "the current window has room");
-                continue;
-            }
-            assert_eq!(reserved.reservation.status, Status::Parked, "past the near horizon");
-            let body = event(&id, key, now, TaskPayload::inline(b"{}"), attributes.clone());
-            d.store.park_body(&request, &body, HOUR).await.unwrap();
-            d.store.complete(&request, &reserved).await.unwrap();
-            *parked.entry(key).or_insert(0) += 1;
+            let status = reserve_or_park(&d, &rule, (key, &format!("{key}-{i}")), now).await;
+            let expected = if key == "merchant_fill" { Status::Reserved } else { Status::Parked };
+            assert_eq!(status, expected, "the current window has room for the first 8, the rest lie past the horizon");
         }
     }
     assert_eq!(d.store.fair_ring(&budget).await.unwrap().members.len(), 2, "both parked keys joined the ring");
@@ -702,27 +706,15 @@ async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains
     let d = dispatcher_with(&with_budget);
     let rule = d.state.rules.current().rules[0].clone();
     let budget = rule.fair_budget().expect("fair").clone();
-    // Early in a second, so that the next window lies past the near horizon (500 ms).
-    let into = wall_clock_millis() % SECOND;
-    if into > 200 {
-        tokio::time::sleep(Duration::from_millis((SECOND - into + 20) as u64)).await;
-    }
+    early_in_a_second().await;
     let now = wall_clock_millis();
-    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
     let mut parked: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for key in ["merchant_a", "merchant_b"] {
         for i in 0..4 {
             let id = format!("{key}-{i}");
-            let identity = MessageRef::new(id.clone(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
-            let request = SlotRequest::for_rule(&rule, key, &identity, 1);
-            let reserved = d.store.reserve(&request).await.unwrap();
-            if reserved.reservation.status != Status::Parked {
-                continue;
+            if reserve_or_park(&d, &rule, (key, &id), now).await == Status::Parked {
+                parked.entry(key).or_default().push(id);
             }
-            let body = event(&id, key, now, TaskPayload::inline(b"{}"), attributes.clone());
-            d.store.park_body(&request, &body, HOUR).await.unwrap();
-            d.store.complete(&request, &reserved).await.unwrap();
-            parked.entry(key).or_default().push(id);
         }
     }
     assert_eq!(parked.values().map(Vec::len).sum::<usize>(), 6, "two booked in the current window: {parked:?}");
