@@ -165,17 +165,7 @@ async fn hand_ring_to_keys(state: &AppState, rules: &RuleSet, wake: &FairWakeTas
         anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
     };
     // Enough of the budget to name its ring: its name and hash tag.
-    let gone = Budget {
-        name: wake.fair_wake.budget.clone(),
-        tag: wake.tag().to_owned(),
-        limits: Vec::new(),
-        max_share: None,
-        adaptive: None,
-        floors: Vec::new(),
-        per_key: false,
-        fair: Some(Default::default()),
-        leases: None,
-    };
+    let gone = Budget::fair_named(&wake.fair_wake.budget, wake.tag());
     let ring = state.store.fair_ring(&gone).await?;
     let now = wall_clock_millis();
     let (mut handed, mut stranded) = (0, 0);

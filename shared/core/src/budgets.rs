@@ -39,6 +39,22 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// A fair budget known only by its name and hash tag, with no limits: enough to name its
+    /// keys in the store (a wake for a budget the rules no longer have).
+    pub fn fair_named(name: &str, tag: &str) -> Self {
+        Budget {
+            name: name.to_owned(),
+            limits: Vec::new(),
+            max_share: None,
+            adaptive: None,
+            floors: Vec::new(),
+            per_key: false,
+            fair: Some(Default::default()),
+            leases: None,
+            tag: tag.to_owned(),
+        }
+    }
+
     /// The most one entity may take of a window of a limit whose count in force is `count`
     /// (never less than the event's cost: a share never makes an event impossible).
     pub fn share_of(&self, count: u64, cost: u64) -> Option<u64> {

@@ -473,22 +473,11 @@ mod tests {
 
     #[test]
     fn a_fair_wake_names_its_budget_s_hash_tag_only_where_it_is_not_the_name() {
-        let limits = vec![crate::limit::Limit::new(10, 1_000, crate::limit::Window::Sliding).unwrap()];
-        let budget = crate::budgets::Budget {
-            name: "rail".into(),
-            limits,
-            max_share: None,
-            adaptive: None,
-            floors: Vec::new(),
-            per_key: false,
-            fair: Some(Default::default()),
-            leases: None,
-            tag: "rail".into(),
-        };
+        let budget = crate::budgets::Budget::fair_named("rail", "rail");
         let own = FairWakeTask::of(&budget);
         assert_eq!(own.body(), br#"{"fair_wake":{"budget":"rail"}}"#, "as before");
         assert_eq!(FairWakeTask::parse(&own.body()).unwrap().tag(), "rail");
-        let shared = FairWakeTask::of(&crate::budgets::Budget { tag: "api".into(), ..budget });
+        let shared = FairWakeTask::of(&crate::budgets::Budget::fair_named("rail", "api"));
         let parsed = FairWakeTask::parse(&shared.body()).unwrap();
         assert_eq!((parsed.fair_wake.budget.as_str(), parsed.tag()), ("rail", "api"));
     }
