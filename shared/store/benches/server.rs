@@ -548,8 +548,7 @@ where
     let events = budgeted_events(clients);
     let (t0, rule) = (wall_clock_millis().div_euclid(SECOND) * SECOND, "fair-bench-rule".to_owned());
     let keys_each = ENTITIES / clients;
-    script_calls(connection).await;
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
+    server_usec(connection).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
