@@ -5,9 +5,9 @@
 use std::process::ExitCode;
 
 use drip_core::schedule::LimitOverride;
-use drip_core::time::{DAY, Millis, format_rfc3339, parse_rfc3339};
+use drip_core::time::{DAY, Millis, parse_rfc3339};
 use drip_store::inspect::OverrideReport;
-use drip_store::{AuditEntry, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
+use drip_store::{AuditEntry, OverrideChange};
 
 use crate::output::{Output, Printed};
 use crate::transport::{DeleteOverride, SetOverride, Target};
@@ -103,88 +103,8 @@ fn parse_expiry(text: &str) -> anyhow::Result<Millis> {
     parse_rfc3339(text).map_err(|e| anyhow::anyhow!("--expires: {e} (give a date like 2026-12-31 or an RFC 3339 time)"))
 }
 
-fn show(o: Option<&OverrideView>) -> String {
-    match o {
-        None => "the rule's".into(),
-        Some(OverrideView { limit, until: None }) => limit.to_string(),
-        Some(OverrideView { limit, until: Some(until) }) => format!("{limit} until {}", format_rfc3339(*until)),
-    }
-}
-
-fn describe(entry: &AuditEntry) -> String {
-    match entry {
-        AuditEntry::Override(change) => describe_override(change),
-        AuditEntry::Feedback(call) => describe_feedback(call),
-        AuditEntry::Resume(resume) => describe_resume(resume),
-        AuditEntry::Cost(cost) => describe_cost(cost),
-    }
-}
-
-/// `sms user_7 message m1 cost 3 (booked 1: applied) (by … at …)`.
-fn describe_cost(cost: &drip_store::CostChange) -> String {
-    let booked = cost.booked.map_or(String::new(), |b| format!("booked {b}: "));
-    format!(
-        "{} {} message {} cost {} ({booked}{}) (by {} at {})\n",
-        cost.rule,
-        cost.key,
-        cost.message_id,
-        cost.actual,
-        cost.outcome,
-        cost.by,
-        format_rfc3339(cost.at)
-    )
-}
-
-/// `payouts merchant_7 resumed key: lifted the pause until … (by … at …: reason)`.
-pub fn describe_resume(resume: &ResumeChange) -> String {
-    let lifted = resume.resumed_pause.map_or("there was no pause to lift".to_owned(), |until| {
-        format!("lifted the pause until {}", format_rfc3339(until))
-    });
-    let reason = resume.reason.as_deref().map_or(String::new(), |reason| format!(": {reason}"));
-    format!(
-        "{} {} resumed {}: {lifted} (by {} at {}{reason})\n",
-        resume.rule,
-        resume.key,
-        resume.target,
-        resume.by,
-        format_rfc3339(resume.at)
-    )
-}
-
-fn describe_override(change: &OverrideChange) -> String {
-    let reason = change.reason.as_deref().map_or(String::new(), |reason| format!(": {reason}"));
-    format!(
-        "{} {} {}: {} -> {} (by {} at {}{reason})\n",
-        change.rule,
-        change.key,
-        change.limit,
-        show(change.before.as_ref()),
-        show(change.after.as_ref()),
-        change.by,
-        format_rfc3339(change.at)
-    )
-}
-
-/// `payouts merchant_7 feedback 429 (Retry-After 30 s): paused until … (was none), level 0.5 (by … at …)`.
-fn describe_feedback(call: &FeedbackChange) -> String {
-    let paused = |at: Option<Millis>| at.map_or("none".to_owned(), format_rfc3339);
-    let retry_after = call.retry_after.map_or(String::new(), |s| format!(" (Retry-After {s} s)"));
-    let level = call.adaptive_level.map_or(String::new(), |l| format!(", adaptive level {l}"));
-    format!(
-        "{} {} feedback {}{retry_after} on {}: paused until {} (was {}){level} (by {} at {})\n",
-        call.rule,
-        call.key,
-        call.status,
-        call.target,
-        paused(call.paused_after),
-        paused(call.paused_before),
-        call.by,
-        format_rfc3339(call.at)
-    )
-}
-
 fn change(change: &OverrideChange) -> anyhow::Result<Printed> {
-    Ok(Printed { table: describe_override(change), json: serde_json::to_value(change)? })
+    Ok(Printed { table: AuditEntry::Override(change.clone()).describe(), json: serde_json::to_value(change)? })
 }
 
 async fn execute(command: LimitsCommand) -> anyhow::Result<Printed> {
@@ -234,7 +154,10 @@ async fn execute(command: LimitsCommand) -> anyhow::Result<Printed> {
         }
         LimitsCommand::History { target, rule, count } => {
             let changes = target.connect().await?.history(&rule, count).await?;
-            Ok(Printed { table: changes.iter().map(describe).collect(), json: serde_json::to_value(&changes)? })
+            Ok(Printed {
+                table: changes.iter().map(AuditEntry::describe).collect(),
+                json: serde_json::to_value(&changes)?,
+            })
         }
     }
 }

@@ -51,5 +51,5 @@ fn describe(resumed: &Resumed) -> String {
             format!("in force now: still paused until {} by a budget of the rule", format_rfc3339(until))
         }
     };
-    format!("{}{in_force}\n", crate::limits::describe_resume(&resumed.change))
+    format!("{}{in_force}\n", resumed.change.describe())
 }

@@ -121,6 +121,8 @@ pub struct LimiterWiring {
     pub rules_poll_ms: u64,
     /// `DRIP_ROUTES`: the route classes it serves.
     pub routes: String,
+    /// Who may use the console.
+    pub console: drip_limiter::ConsoleSettings,
 }
 
 impl LimiterWiring {
@@ -147,6 +149,7 @@ impl LimiterWiring {
             redis_cluster: false,
             rules_poll_ms: 0,
             routes: "push,admin,feedback".into(),
+            console: drip_limiter::ConsoleSettings::default(),
         }
     }
 }
@@ -205,6 +208,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
         push_callers: wiring.callers.push.clone(),
         admin_callers: wiring.callers.admin.clone(),
         feedback_callers: wiring.callers.feedback.clone(),
+        console: wiring.console.clone(),
     };
     let state = build_state(&settings).await.expect("the limiter starts");
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");

@@ -8,8 +8,9 @@
 //! - `PUT /v1/rules/{rule}/keys/{key}/limits` `{"limit": "500/1m", "window"?: "fixed", "until"?: RFC 3339}`:
 //!   sets one, from the next reservation on;
 //! - `DELETE /v1/rules/{rule}/keys/{key}/limits?per=1m[&window=fixed]`: removes one;
+//! - `PUT /v1/rules/{rule}/keys/{key}/pause` `{"for": "15m", "reason"?}`: pauses the key (at most 7 days);
 //! - `DELETE /v1/rules/{rule}/keys/{key}/pause[?reason=...]`: lifts the key's pause;
-//! - `DELETE /v1/rules/{rule}/budgets/{budget}/pause[?reason=...]`: lifts a budget's pause.
+//! - `PUT` and `DELETE /v1/rules/{rule}/budgets/{budget}/pause`: the same for a budget.
 //!
 //! Each change is logged (who, what, before, after) and kept in the rule's audit list. A body or
 //! query with a field these routes do not know is refused (400, naming it): a misspelt `until`
@@ -66,7 +67,20 @@ impl PathTarget {
     fn rule(&self) -> &Rule {
         &self.rules.rules[self.index]
     }
+
+    /// The rule named `name` among the rules in force (none: 404, [`no_such_rule`]), and `key` capped.
+    pub(crate) fn named(state: &AppState, name: &str, key: &str) -> Option<Self> {
+        let rules = state.rules.current();
+        let index = rules.rule_index(name)?;
+        Some(Self { rules, index, key: cap_key(key.to_owned()) })
+    }
 }
+
+pub(crate) fn no_such_rule() -> Response {
+    error(StatusCode::NOT_FOUND, "no such rule")
+}
+
+impl PathTarget {}
 
 impl FromRequestParts<AppState> for PathTarget {
     type Rejection = Response;
@@ -75,11 +89,8 @@ impl FromRequestParts<AppState> for PathTarget {
         let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
             .map_err(|rejection| error(rejection.status(), rejection.body_text()))?;
-        let rules = state.rules.current();
         let name = params.get("rule").map_or("", String::as_str);
-        let index = rules.rule_index(name).ok_or_else(|| error(StatusCode::NOT_FOUND, "no such rule"))?;
-        let key = params.get("key").cloned().map(cap_key).unwrap_or_default();
-        Ok(Self { rules, index, key })
+        Self::named(state, name, params.get("key").map_or("", String::as_str)).ok_or_else(no_such_rule)
     }
 }
 
@@ -146,14 +157,14 @@ pub async fn history(
 #[serde(deny_unknown_fields)]
 pub struct SetLimit {
     /// `COUNT/PERIOD`, e.g. `500/1m`.
-    limit: String,
-    window: Option<String>,
+    pub(crate) limit: String,
+    pub(crate) window: Option<String>,
     /// RFC 3339. None: the replaced override's end, if it had one (`forever: true` drops it).
-    until: Option<String>,
+    pub(crate) until: Option<String>,
     #[serde(default)]
-    forever: bool,
+    pub(crate) forever: bool,
     /// Why, kept in the rule's audit list.
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
 pub async fn put_limit(
@@ -186,10 +197,10 @@ pub async fn put_limit(
 #[serde(deny_unknown_fields)]
 pub struct WhichLimit {
     /// The overridden limit's period, e.g. `1m`.
-    per: String,
-    window: Option<String>,
+    pub(crate) per: String,
+    pub(crate) window: Option<String>,
     /// Why, kept in the rule's audit list.
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
 pub async fn delete_limit(
@@ -475,7 +486,73 @@ pub async fn feedback(
 #[serde(deny_unknown_fields)]
 pub struct ResumeQuery {
     /// Why, kept in the rule's audit list.
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    /// How long from now, e.g. `15m` (at most 7 days).
+    #[serde(rename = "for")]
+    pub(crate) length: String,
+    /// Why, kept in the rule's audit list.
+    pub(crate) reason: Option<String>,
+}
+
+/// `PUT /v1/rules/{rule}/keys/{key}/pause` `{"for": "15m", "reason"?}`.
+pub async fn pause_key(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    target: PathTarget,
+    ApiJson(body): ApiJson<PauseBody>,
+) -> Response {
+    pause(&state, caller, (target.rule(), &target.key, None), &body).await
+}
+
+/// `PUT /v1/rules/{rule}/budgets/{budget}/pause` `{"for": "15m", "reason"?}`.
+pub async fn pause_budget(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+    target: PathTarget,
+    Path(params): Path<HashMap<String, String>>,
+    ApiJson(body): ApiJson<PauseBody>,
+) -> Response {
+    let rule = target.rule();
+    match named_budget(rule, &params) {
+        Ok(budget) => pause(&state, caller, (rule, "", Some(budget)), &body).await,
+        Err(refused) => *refused,
+    }
+}
+
+/// The budget a `.../budgets/{budget}/...` path names; 404 when the rule draws from none of that name.
+fn named_budget<'r>(rule: &'r Rule, params: &HashMap<String, String>) -> Result<&'r Budget, Box<Response>> {
+    let name = params.get("budget").map_or("", String::as_str);
+    rule.budget(name).ok_or_else(|| {
+        Box::new(error(StatusCode::NOT_FOUND, format!("rule '{}' draws from no budget '{name}'", rule.name)))
+    })
+}
+
+async fn pause(
+    state: &AppState,
+    caller: Option<axum::Extension<Caller>>,
+    (rule, key, budget): (&Rule, &str, Option<&Budget>),
+    body: &PauseBody,
+) -> Response {
+    let length = match drip_core::time::parse_duration(&body.length) {
+        Ok(length) if length > 0 && length <= drip_store::MAX_OPERATOR_PAUSE => length,
+        Ok(_) => return error(StatusCode::BAD_REQUEST, "for: a pause lasts more than 0 s and at most 7d"),
+        Err(message) => return error(StatusCode::BAD_REQUEST, format!("for: {message}")),
+    };
+    let by = caller_name(caller);
+    let author = drip_store::Author { by: &by, reason: body.reason.as_deref() };
+    match drip_store::pause(&*state.store, (rule, key, budget), length, author).await {
+        Ok(paused) => {
+            let change = &paused.change;
+            tracing::warn!(by = %change.by, rule = %rule.name, key, target = %change.target, paused_until = %format_rfc3339(change.paused_until), reason = ?change.reason, "paused by an operator");
+            Json(paused).into_response()
+        }
+        Err(e) => unavailable("pausing", e),
+    }
 }
 
 /// `DELETE /v1/rules/{rule}/keys/{key}/pause`.
@@ -497,17 +574,16 @@ pub async fn resume_budget(
     ApiQuery(query): ApiQuery<ResumeQuery>,
 ) -> Response {
     let rule = target.rule();
-    let name = params.get("budget").map_or("", String::as_str);
-    let Some(budget) = rule.budget(name) else {
-        return error(StatusCode::NOT_FOUND, format!("rule '{}' draws from no budget '{name}'", rule.name));
-    };
-    resume(&state, caller, (rule, "", Some(budget)), query.reason.as_deref()).await
+    match named_budget(rule, &params) {
+        Ok(budget) => resume(&state, caller, (rule, "", Some(budget)), query.reason.as_deref()).await,
+        Err(refused) => *refused,
+    }
 }
 
 async fn resume(
     state: &AppState,
     caller: Option<axum::Extension<Caller>>,
-    (rule, key, budget): (&Rule, &str, Option<&drip_core::budgets::Budget>),
+    (rule, key, budget): (&Rule, &str, Option<&Budget>),
     reason: Option<&str>,
 ) -> Response {
     let by = caller_name(caller);

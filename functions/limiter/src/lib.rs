@@ -4,6 +4,7 @@
 //! answers 204 only once that is done (5xx otherwise, so Pub/Sub redelivers).
 
 mod actions;
+pub mod console;
 mod entities;
 mod envelope;
 mod push;
@@ -29,7 +30,7 @@ use drip_store::Store;
 
 pub use drip_core::overflow::MAX_INLINE_TASK_BODY;
 pub use envelope::{PushedMessage, Unusable};
-pub use settings::{LimiterAuth, Routes, Settings};
+pub use settings::{ConsoleSettings, LimiterAuth, Routes, Settings};
 
 /// Pub/Sub push requests carry up to 10 MB of data, base64-encoded (×4/3) in JSON, plus up to 100
 /// attributes of at most 1,280 bytes each.
@@ -135,13 +136,21 @@ pub fn app(state: AppState) -> Router {
             "/v1/rules/{rule}/keys/{key}/limits",
             axum::routing::get(entities::get_limits).put(entities::put_limit).delete(entities::delete_limit),
         )
-        .route("/v1/rules/{rule}/keys/{key}/pause", axum::routing::delete(entities::resume_key))
-        .route("/v1/rules/{rule}/budgets/{budget}/pause", axum::routing::delete(entities::resume_budget))
+        .route(
+            "/v1/rules/{rule}/keys/{key}/pause",
+            axum::routing::put(entities::pause_key).delete(entities::resume_key),
+        )
+        .route(
+            "/v1/rules/{rule}/budgets/{budget}/pause",
+            axum::routing::put(entities::pause_budget).delete(entities::resume_budget),
+        )
         .route("/v1/rules/{rule}/limits", axum::routing::get(entities::list_limits))
         .route("/v1/rules/{rule}/history", axum::routing::get(entities::history));
     let feedback = Router::new().route("/v1/feedback", post(entities::feedback));
+    // The console identifies its callers itself (a browser sends IAP's header, not a bearer token).
     let api = served(auth.routes.push, auth.push.protect(push))
         .merge(served(auth.routes.admin, auth.admin.protect(admin)))
+        .merge(served(auth.routes.admin, console::routes()))
         .merge(served(auth.routes.feedback, auth.feedback.protect(feedback)))
         .with_state(state.clone());
     drip_service::service_router(api, &auth.metrics, state.store, state.rules, state.metrics.shared.clone())

@@ -3,10 +3,13 @@ use std::time::Duration;
 
 use anyhow::bail;
 use drip_gcp::http_target::IdTokenMode;
+use drip_gcp::oidc::{OidcSettings, OidcVerifier};
 use drip_service::settings::CommonSettings;
 use drip_service::shutdown::Shutdown;
 use drip_service::tasks::TaskSettings;
 use envconfig::Envconfig;
+
+use crate::console::{ConsoleAuth, Role};
 
 /// The limiter's settings, from the environment (docs/operations.md: "Settings").
 #[derive(Debug, Clone, Envconfig)]
@@ -38,6 +41,56 @@ pub struct Settings {
     /// Service accounts that may report a downstream's answers (`POST /v1/feedback`): overflow consumers.
     #[envconfig(from = "DRIP_FEEDBACK_CALLERS", default = "")]
     pub feedback_callers: String,
+    #[envconfig(nested)]
+    pub console: ConsoleSettings,
+}
+
+/// Who may use the operator console (`/console`, served with the admin routes).
+#[derive(Debug, Clone, Envconfig)]
+pub struct ConsoleSettings {
+    /// People (IAP's verified emails) or service accounts who may act: pause, resume, override.
+    #[envconfig(from = "DRIP_CONSOLE_OPERATORS", default = "")]
+    pub operators: String,
+    /// Those who may only look.
+    #[envconfig(from = "DRIP_CONSOLE_VIEWERS", default = "")]
+    pub viewers: String,
+    /// The audience of Identity-Aware Proxy's signed header on this service
+    /// (`/projects/<number>/locations/<region>/services/<service>`): with it, the console takes
+    /// its callers from IAP and from nothing else.
+    #[envconfig(from = "DRIP_IAP_AUDIENCE")]
+    pub iap_audience: Option<String>,
+    /// Where IAP's signing keys are (tests); Google's by default.
+    #[envconfig(from = "DRIP_IAP_JWKS_URL")]
+    pub iap_jwks_url: Option<String>,
+    /// With `DRIP_AUTH=off` (local runs): the role of every caller, `operator`, `viewer` or `none`.
+    #[envconfig(from = "DRIP_CONSOLE_ANONYMOUS", default = "operator")]
+    pub anonymous: String,
+}
+
+/// As the environment gives it when nothing is set.
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        Self {
+            operators: String::new(),
+            viewers: String::new(),
+            iap_audience: None,
+            iap_jwks_url: None,
+            anonymous: "operator".into(),
+        }
+    }
+}
+
+impl ConsoleSettings {
+    fn auth(&self, auth: drip_service::auth::Auth) -> anyhow::Result<ConsoleAuth> {
+        let anonymous = match self.anonymous.trim() {
+            "none" => None,
+            role => Some(role.parse::<Role>().map_err(|e| anyhow::anyhow!("DRIP_CONSOLE_ANONYMOUS: {e}, or none"))?),
+        };
+        let iap = self.iap_audience.clone().filter(|a| !a.trim().is_empty()).map(|audience| {
+            Arc::new(OidcVerifier::iap(OidcSettings { audience, jwks_url: self.iap_jwks_url.clone() }))
+        });
+        Ok(ConsoleAuth::new(auth, iap, (&self.operators, &self.viewers), anonymous))
+    }
 }
 
 /// Which route classes an instance serves (`DRIP_ROUTES`).
@@ -79,13 +132,15 @@ pub struct LimiterAuth {
     pub admin: drip_service::auth::RouteAuth,
     pub feedback: drip_service::auth::RouteAuth,
     pub metrics: drip_service::auth::RouteAuth,
+    pub console: ConsoleAuth,
 }
 
 impl LimiterAuth {
     /// Every route class served, every caller passes (tests of handlers in process).
     pub fn off() -> Self {
         let off = drip_service::auth::RouteAuth::off;
-        Self { routes: Routes::ALL, push: off(), admin: off(), feedback: off(), metrics: off() }
+        let console = ConsoleAuth::anonymous(Role::Operator);
+        Self { routes: Routes::ALL, push: off(), admin: off(), feedback: off(), metrics: off(), console }
     }
 
     /// The same callers, serving only `routes`.
@@ -115,6 +170,7 @@ impl Settings {
             admin: auth.route("DRIP_ADMIN_CALLERS", &self.admin_callers, false)?,
             feedback: auth.route("DRIP_FEEDBACK_CALLERS", &self.feedback_callers, false)?,
             metrics: auth.route("DRIP_METRICS_CALLERS", &self.common.metrics_callers, false)?,
+            console: self.console.auth(auth)?,
         })
     }
 

@@ -397,6 +397,11 @@ impl Scheduler {
         entity.answers.values().filter(|a| a.status == Status::Reserved && a.slot >= since).map(|a| a.slot).collect()
     }
 
+    /// Every entity of `rule` the model holds, with its last slot if it has one.
+    pub fn entities_of<'a>(&'a self, rule: &'a str) -> impl Iterator<Item = (&'a str, Option<Millis>)> + 'a {
+        self.entities.iter().filter(move |((r, _), _)| r == rule).map(|((_, key), e)| (key.as_str(), e.state.last_slot))
+    }
+
     pub fn entity_state(&self, rule: &str, key: &str) -> Option<&EntityState> {
         self.entities.get(&(rule.to_owned(), key.to_owned())).map(|e| &e.state)
     }

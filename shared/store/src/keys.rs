@@ -270,6 +270,11 @@ pub fn overrides_log(namespace: &str, rule: &str) -> String {
     format!("{namespace}:{{{rule}}}:overrides-log")
 }
 
+/// A secret every instance shares (`Store::shared_secret`).
+pub fn secret_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}:secret:{name}")
+}
+
 /// `<namespace>:{rule|key}`: the start of every Redis key of one entity.
 fn entity_prefix(namespace: &str, rule: &str, key: &str) -> String {
     format!("{namespace}:{{{rule}|{}}}", escape(key))
@@ -278,6 +283,11 @@ fn entity_prefix(namespace: &str, rule: &str, key: &str) -> String {
 /// Entity keys come from payloads: braces would move the hash tag, so they (and `%`) are escaped.
 fn escape(key: &str) -> String {
     key.replace('%', "%25").replace('{', "%7B").replace('}', "%7D")
+}
+
+/// The key [`escape`] wrote.
+pub(crate) fn unescape(key: &str) -> String {
+    key.replace("%7B", "{").replace("%7D", "}").replace("%25", "%")
 }
 
 #[cfg(test)]

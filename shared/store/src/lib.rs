@@ -2,7 +2,9 @@
 //! call for each group of reservations that arrive together), or memory (the reference model) for the simulator and tests.
 
 pub mod args;
+mod audit_text;
 mod budgets;
+mod busiest;
 mod connection;
 mod group_commit;
 pub mod inspect;
@@ -18,6 +20,7 @@ mod scripts;
 mod store;
 
 pub use budgets::Calendar;
+pub use busiest::{BusyKey, BusyKeys};
 pub use connection::{
     AnyConnection, CallObserver, ConnectError, Observed, RedisSettings, TokenAuth, TokenFuture, TokenSource,
 };
@@ -27,11 +30,13 @@ pub use keys::{
     class_calendar_key, dispatch_key, field,
 };
 pub use memory::MemoryStore;
-pub use overrides::{AuditEntry, Author, CostChange, FeedbackChange, OverrideChange, OverrideView, ResumeChange};
+pub use overrides::{
+    AuditEntry, Author, CostChange, FeedbackChange, OverrideChange, OverrideView, PauseChange, ResumeChange,
+};
 pub use redis_store::{
     DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, reserve_library,
 };
 pub use reply::Reply;
 pub use request::{Clock, Reserved, SlotRequest, StoreError, StoreFuture};
-pub use resume::{Resumed, resume};
+pub use resume::{MAX_OPERATOR_PAUSE, Paused, Resumed, pause, resume};
 pub use store::{LEARNED_BY, Ping, Store, inspect_key, with_provenance};

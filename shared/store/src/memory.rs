@@ -3,12 +3,13 @@ use std::sync::Mutex;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
 use drip_core::fair::{Member, Ring};
-use drip_core::rules::{Limit, Rule};
+use drip_core::rules::{Classes, Limit, Rule};
 use drip_core::schedule::{
     AnswerFile, BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id,
 };
 use drip_core::time::{Millis, wall_clock_millis};
 
+use crate::busiest::BusyKeys;
 use crate::inspect::{EntityReport, class_calendar, report};
 use crate::overrides::Author;
 use crate::store::{Ping, Store};
@@ -31,6 +32,8 @@ pub struct MemoryStore {
     /// Drained messages not handed over yet: (rule, key, answer file), in order.
     handing: Mutex<Vec<(String, String, AnswerFile)>>,
     clock: Clock,
+    /// Every name's `shared_secret`: one process holds the model, so any value serves (zeros).
+    secret: [u8; 32],
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -455,5 +458,22 @@ impl Store for MemoryStore {
             dispatched.remove(&message_name(of));
         }
         ready(())
+    }
+
+    /// Every entity the model holds is examined: `examine` bounds only Redis's search.
+    fn busiest_keys<'a>(&'a self, rule: &'a Rule, count: usize, _: usize) -> StoreFuture<'a, BusyKeys> {
+        let found = self.with(|s| {
+            let of_rule = s.entities_of(&rule.id).filter_map(|(key, last)| Some((key.to_owned(), last?)));
+            let scoped = of_rule.map(|(key, last)| match rule.classes.as_ref().and(Classes::split(&key)) {
+                Some((scope, _)) => (scope.to_owned(), last),
+                None => (key, last),
+            });
+            scoped.collect::<Vec<_>>()
+        });
+        ready(BusyKeys::ranked(found, count, true))
+    }
+
+    fn shared_secret<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<u8>> {
+        ready(self.secret.to_vec())
     }
 }

@@ -117,6 +117,25 @@ pub struct ResumeChange {
     pub reason: Option<String>,
 }
 
+/// A pause an operator set (`drip pause`, `PUT .../pause`, the console), as the rule's audit list
+/// keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct PauseChange {
+    #[serde(with = "drip_core::time::rfc3339")]
+    pub at: Millis,
+    pub by: String,
+    pub rule: String,
+    /// The key it named (empty for a budget).
+    pub key: String,
+    /// What it paused: `key` or `budget:<name>`.
+    pub target: String,
+    /// No slot of it before this.
+    #[serde(with = "drip_core::time::rfc3339")]
+    pub paused_until: Millis,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// A cost reported after the call through `POST /v1/feedback`, as the rule's audit list keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct CostChange {
@@ -140,6 +159,8 @@ pub struct CostChange {
 pub enum AuditEntry {
     Override(OverrideChange),
     Feedback(FeedbackChange),
+    // Before `Resume`: a pause's entry has every field a resume's has, and `paused_until` too.
+    Pause(PauseChange),
     Resume(ResumeChange),
     Cost(CostChange),
 }
@@ -150,6 +171,7 @@ impl AuditEntry {
         match self {
             AuditEntry::Override(change) => &change.rule,
             AuditEntry::Feedback(call) => &call.rule,
+            AuditEntry::Pause(pause) => &pause.rule,
             AuditEntry::Resume(resume) => &resume.rule,
             AuditEntry::Cost(cost) => &cost.rule,
         }

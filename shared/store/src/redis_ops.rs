@@ -13,6 +13,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
+use crate::busiest::BusyKeys;
 use crate::inspect::EntityReport;
 use crate::keys::{DISPATCHED_MEMORY, fair_keys, field, member_of, parked_body_key, payload_key, ring_member};
 use crate::overrides::Author;
@@ -360,6 +361,24 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.dispatch_op(of, "release", 1).await.map(drop) })
+    }
+
+    fn busiest_keys<'a>(&'a self, rule: &'a Rule, count: usize, examine: usize) -> StoreFuture<'a, BusyKeys> {
+        Box::pin(self.busiest(rule, count, examine))
+    }
+
+    /// `SET NX` of 32 random bytes, then `GET`: whichever instance came first made it.
+    fn shared_secret<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Vec<u8>> {
+        Box::pin(async move {
+            let mut fresh = [0u8; 32];
+            getrandom::fill(&mut fresh).map_err(|e| StoreError::UnexpectedReply(format!("no randomness: {e}")))?;
+            let name = crate::keys::secret_key(self.namespace(), name);
+            let mut connection = self.connection();
+            let _: Option<String> =
+                redis::cmd("SET").arg(&name).arg(fresh.as_slice()).arg("NX").query_async(&mut connection).await?;
+            let secret: Vec<u8> = connection.get(&name).await?;
+            Ok(secret)
+        })
     }
 }
 

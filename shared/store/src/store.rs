@@ -15,6 +15,7 @@ use drip_core::time::Millis;
 
 use drip_core::rules::Classes;
 
+use crate::busiest::BusyKeys;
 use crate::inspect::{ClassReport, EntityReport};
 use crate::overrides::Author;
 use crate::{
@@ -142,6 +143,12 @@ pub trait Store: Ping + std::fmt::Debug {
     fn finish_dispatch<'a>(&'a self, of: MessageOf<'a>, memory: Millis) -> StoreFuture<'a, ()>;
     /// Lets a retry publish at once after this attempt failed.
     fn release_dispatch<'a>(&'a self, of: MessageOf<'a>) -> StoreFuture<'a, ()>;
+    /// Up to `count` keys of the rule, the latest last slot first, from at most `examine` of
+    /// its entities (the console's busiest keys).
+    fn busiest_keys<'a>(&'a self, rule: &'a Rule, count: usize, examine: usize) -> StoreFuture<'a, BusyKeys>;
+    /// A random secret named `name`, made by the first instance that asks and the same for every
+    /// instance after (the console signs its forms' tokens with one).
+    fn shared_secret<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Vec<u8>>;
 }
 
 /// What a store says of `key`: the entity's report, or for a rule with classes asked about a key

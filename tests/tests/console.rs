@@ -1,0 +1,222 @@
+//! The operator console over the real local stack (Redis, the Pub/Sub emulator, the Cloud Tasks
+//! stand-in): its pages show the store's figures, its actions change the store through the API's
+//! handlers, a form without its token or from another site is refused, and a viewer cannot act.
+
+use drip_tests::pubsub_emulator::Pubsub;
+use drip_tests::redis_server::shared_url;
+use drip_tests::stack::{LimiterUnderTest, LimiterWiring, RecordingTarget, TasksStandIn, spawn_limiter};
+use drip_tests::unique;
+use reqwest::StatusCode;
+
+const RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant_id}"
+    limits: [{ limit: 2, per: 1h }]
+    max_delay: 3h
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
+"#;
+
+struct Console {
+    rule: String,
+    limiter: LimiterUnderTest,
+    http: reqwest::Client,
+    _tasks: TasksStandIn,
+    _receiver: RecordingTarget,
+}
+
+async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
+    let prefix = unique("con");
+    let pubsub = Pubsub::shared();
+    for topic in ["ready", "overflow", "dlq"] {
+        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
+    }
+    let (tasks, receiver) = (TasksStandIn::start().await, RecordingTarget::start().await);
+    let mut wiring = LimiterWiring::new(
+        shared_url(),
+        pubsub.host.clone(),
+        &tasks,
+        tasks.queues(&prefix, 1),
+        format!("{}/dispatch", receiver.url),
+    );
+    tune(&mut wiring);
+    let limiter = spawn_limiter(&RULES.replace("{p}", &prefix), &wiring).await;
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    Console { rule: format!("{prefix}-payouts"), limiter, http, _tasks: tasks, _receiver: receiver }
+}
+
+impl Console {
+    /// Three payouts of one merchant under 2 an hour: two forwarded, one waiting in a task.
+    async fn backlog(&self, merchant: u32) {
+        for id in ["a", "b", "c"] {
+            let data = format!(r#"{{"merchant_id":{merchant}}}"#);
+            let body = drip_tests::push_envelope(
+                &format!("{merchant}-{id}"),
+                "projects/drip-test/subscriptions/source",
+                drip_tests::publish_time(),
+                &[("event_type", "payout")],
+                data.as_bytes(),
+            );
+            let pushed = self.http.post(format!("{}/push", self.limiter.url)).body(body).send().await.unwrap();
+            assert_eq!(pushed.status(), StatusCode::NO_CONTENT);
+        }
+    }
+
+    async fn page(&self, path: &str) -> (StatusCode, String) {
+        let response = self.http.get(format!("{}{path}", self.limiter.url)).send().await.unwrap();
+        (response.status(), response.text().await.unwrap())
+    }
+
+    fn key_path(&self, merchant: u32) -> String {
+        format!("/console/rules/{}/keys/merchant_{merchant}", self.rule)
+    }
+
+    async fn post(&self, path: &str, form: &[(&str, &str)], origin: Option<&str>) -> (StatusCode, String) {
+        let mut request = self.http.post(format!("{}{path}", self.limiter.url)).form(form);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let response = request.send().await.unwrap();
+        (response.status(), response.text().await.unwrap())
+    }
+
+    async fn inspect(&self, merchant: u32) -> serde_json::Value {
+        let url = format!("{}/v1/rules/{}/keys/merchant_{merchant}", self.limiter.url, self.rule);
+        self.http.get(url).send().await.unwrap().json().await.unwrap()
+    }
+}
+
+/// The text between `id="<id>">` and the next `<`, as a browser shows it.
+fn element(html: &str, id: &str) -> String {
+    let marker = format!("id=\"{id}\">");
+    let start = html.find(&marker).unwrap_or_else(|| panic!("no #{id} in {html}")) + marker.len();
+    let text = html[start..].split('<').next().unwrap();
+    [("&#39;", "'"), ("&quot;", "\""), ("&lt;", "<"), ("&gt;", ">"), ("&#43;", "+"), ("&amp;", "&")]
+        .iter()
+        .fold(text.to_owned(), |text, (entity, c)| text.replace(entity, c))
+}
+
+/// The form token a page's forms carry.
+fn token(html: &str) -> String {
+    let marker = "name=\"csrf\" value=\"";
+    let start = html.find(marker).expect("a form with its token") + marker.len();
+    html[start..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn the_pages_show_the_store_s_figures() {
+    let c = start(|_| {}).await;
+    c.backlog(7).await;
+    c.backlog(8).await;
+    let report = c.inspect(7).await;
+    let (status, key) = c.page(&c.key_path(7)).await;
+    assert_eq!(status, StatusCode::OK, "{key}");
+    assert_eq!(element(&key, "backlog"), report["backlog"].to_string());
+    assert_eq!(report["backlog"], 1);
+    assert_eq!(element(&key, "verdict"), "backlogged");
+    assert!(element(&key, "drains").starts_with(&format!("at {}", report["drainsAt"].as_str().unwrap())), "{key}");
+    assert!(key.contains("<td>2 per 1h (fixed)</td><td>2</td><td>2</td><td>1</td>"), "used 2 of 2, 1 ahead: {key}");
+
+    let (status, rule) = c.page(&format!("/console/rules/{}", c.rule)).await;
+    assert_eq!(status, StatusCode::OK, "{rule}");
+    for merchant in ["merchant_7", "merchant_8"] {
+        assert!(rule.contains(&format!(">{merchant}</a>")), "{merchant} among the busiest keys: {rule}");
+    }
+    assert!(rule.contains("2 entities with state, all examined"), "{rule}");
+
+    let (status, overview) = c.page("/console").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(overview.contains(&format!(">{}</a>", c.rule)) && overview.contains(">backlogged<"), "{overview}");
+
+    let (found, _) = c.page(&format!("/console/rules/{}?key=merchant_8", c.rule)).await;
+    assert_eq!(found, StatusCode::SEE_OTHER, "a search opens the key's page");
+    let (missing, page) = c.page("/console/rules/no-such-rule").await;
+    assert_eq!(missing, StatusCode::NOT_FOUND);
+    assert_eq!(element(&page, "message"), "no such rule");
+}
+
+#[tokio::test]
+async fn a_pause_asks_to_confirm_then_pauses_and_a_resume_lifts_it() {
+    let c = start(|_| {}).await;
+    let (_, page) = c.page(&c.key_path(3)).await;
+    let (csrf, path) = (token(&page), format!("{}/pause", c.key_path(3)));
+    let form = [("csrf", csrf.as_str()), ("for", "15m"), ("reason", "partner maintenance")];
+
+    let (status, confirm) = c.post(&path, &form, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(element(&confirm, "question").starts_with("Pause merchant_3 of"), "{confirm}");
+    assert!(c.inspect(3).await["pausedUntil"].is_null(), "nothing is done before the confirmation");
+
+    let confirmed = [form.as_slice(), &[("confirm", "yes")]].concat();
+    let (status, done) = c.post(&path, &confirmed, None).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let until = c.inspect(3).await["pausedUntil"].as_str().expect("paused").to_owned();
+    assert!(element(&done, "message").contains(&format!("paused key until {until}")), "{done}");
+    let (_, page) = c.page(&c.key_path(3)).await;
+    assert_eq!(element(&page, "verdict"), "paused");
+    assert!(
+        page.contains(&format!("paused key until {until}")) && page.contains("partner maintenance"),
+        "audited: {page}"
+    );
+
+    let resume = [("csrf", csrf.as_str()), ("confirm", "yes")];
+    let (status, done) = c.post(&format!("{}/resume", c.key_path(3)), &resume, None).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(c.inspect(3).await["pausedUntil"].is_null());
+    assert!(element(&done, "message").contains(&format!("lifted the pause until {until}")), "{done}");
+}
+
+#[tokio::test]
+async fn an_override_set_in_the_console_is_the_api_s_and_a_bad_one_shows_the_api_s_message() {
+    let c = start(|_| {}).await;
+    let (_, page) = c.page(&c.key_path(4)).await;
+    let csrf = token(&page);
+    let set = [("csrf", csrf.as_str()), ("limit", "5/1h"), ("confirm", "yes")];
+    let (status, done) = c.post(&format!("{}/set-limit", c.key_path(4)), &set, None).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(c.inspect(4).await["limits"][0]["capacity"], 5);
+    let bad = [("csrf", csrf.as_str()), ("limit", "5/1d"), ("confirm", "yes")];
+    let (status, refused) = c.post(&format!("{}/set-limit", c.key_path(4)), &bad, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let api = c.http.put(format!("{}/v1/rules/{}/keys/merchant_4/limits", c.limiter.url, c.rule));
+    let api: serde_json::Value =
+        api.json(&serde_json::json!({"limit": "5/1d"})).send().await.unwrap().json().await.unwrap();
+    assert_eq!(element(&refused, "message"), api["error"]["message"].as_str().unwrap(), "the API's own words");
+}
+
+#[tokio::test]
+async fn a_form_without_its_token_or_from_another_site_is_refused() {
+    let c = start(|_| {}).await;
+    let (_, page) = c.page(&c.key_path(5)).await;
+    let path = format!("{}/pause", c.key_path(5));
+    let (status, refused) = c.post(&path, &[("for", "15m"), ("confirm", "yes")], None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(element(&refused, "message").contains("token is missing or stale"), "{refused}");
+    let forged = [("csrf", "493000.00ff"), ("for", "15m"), ("confirm", "yes")];
+    assert_eq!(c.post(&path, &forged, None).await.0, StatusCode::FORBIDDEN);
+    let good = [("csrf", token(&page)), ("for", "15m".into()), ("confirm", "yes".into())];
+    let good: Vec<(&str, &str)> = good.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let (status, _) = c.post(&path, &good, Some("https://elsewhere.example")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "another site's post is refused even with a token");
+    assert!(c.inspect(5).await["pausedUntil"].is_null(), "none of them paused the key");
+}
+
+#[tokio::test]
+async fn a_viewer_sees_no_action_and_cannot_act() {
+    let c = start(|w| w.console.anonymous = "viewer".into()).await;
+    c.backlog(6).await;
+    let (status, page) = c.page(&c.key_path(6)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(element(&page, "backlog"), "1");
+    assert!(!page.contains("<form method=\"post\""), "no action for a viewer: {page}");
+    let (status, refused) =
+        c.post(&format!("{}/pause", c.key_path(6)), &[("for", "15m"), ("confirm", "yes")], None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(element(&refused, "message").contains("may view the console, not act in it"), "{refused}");
+    assert!(c.inspect(6).await["pausedUntil"].is_null());
+}
