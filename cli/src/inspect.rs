@@ -89,7 +89,7 @@ fn render(report: &EntityReport) -> String {
         out += "  (a range is an estimate with its bounds: a fixed limit keeps only its last window, and a\n   cost template's events cost between 1 and the rule's largest cost)\n";
     }
     if let Some(until) = &report.paused_until {
-        out += &format!("paused     until {until} (the downstream said to wait)\n");
+        out += &format!("paused     until {until} (the partner said to wait, or an operator paused it)\n");
     }
     for o in &report.overrides {
         let until = o.until.as_deref().map_or(String::new(), |u| format!(" until {u}"));

@@ -38,6 +38,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Report a downstream's answer (429, 503 with Retry-After, ...) to the limiter (--api).
     Feedback(feedback::Args),
+    /// Pause a key or a budget for a while (a partner's maintenance window, an incident).
+    Pause(resume::PauseArgs),
     /// Lift a key's or a budget's pause (a partner's Retry-After, or feedback sent in error).
     Resume(resume::Args),
     /// Per-entity limits at run time: set, get, list, delete, history.
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Feedback(args) => feedback::run(args),
+        Command::Pause(args) => resume::run_pause(args),
         Command::Resume(args) => resume::run(args),
         Command::Limits(args) => limits::run(args),
         Command::Rules(args) => rules_cmd::run(args),

@@ -9,7 +9,7 @@ use drip_core::schedule::{LimitOverride, override_id};
 use drip_core::template::cap_key;
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_store::inspect::{EntityReport, KeyOverrides, OverrideReport, override_reports};
-use drip_store::{AnyConnection, AuditEntry, Author, OverrideChange, RedisStore, Resumed, Store};
+use drip_store::{AnyConnection, AuditEntry, Author, OverrideChange, Paused, RedisStore, Resumed, Store};
 use reqwest::Method;
 
 use crate::api::{Api, ApiArgs};
@@ -181,24 +181,63 @@ impl Transport {
         match self {
             Transport::Api(api) => {
                 let query: Vec<_> = reason.map(|r| ("reason", r.to_owned())).into_iter().collect();
-                let path = match budget {
-                    Some(budget) => [V1, "rules", name, "budgets", budget, "pause"],
-                    None => [V1, "rules", name, "keys", key, "pause"],
-                };
-                api.call(Method::DELETE, &path, &query, None).await
+                api.call(Method::DELETE, &pause_path(name, key, budget), &query, None).await
             }
             Transport::Redis { store, rules, path } => {
-                let rule = rule(rules, path, name)?;
-                let budget = match budget {
-                    None => None,
-                    Some(budget) => Some(rule.budget(budget).with_context(|| {
-                        format!("rule '{name}' draws from no budget '{budget}' in {}", path.display())
-                    })?),
-                };
-                let key = if budget.is_some() { String::new() } else { cap_key(key.into()) };
+                let (rule, key, budget) = pause_target(rules, path, (name, key, budget))?;
                 let author = Author { by: &operator(), reason };
                 Ok(drip_store::resume(store, rule, &key, budget, author).await?)
             }
         }
     }
+
+    /// Pauses `key`, or `budget` when given, for `length` from now (`PUT .../pause`).
+    pub async fn pause(
+        &self,
+        (name, key, budget): (&str, &str, Option<&str>),
+        length: &str,
+        reason: Option<&str>,
+    ) -> anyhow::Result<Paused> {
+        match self {
+            Transport::Api(api) => {
+                let body = serde_json::json!({ "for": length, "reason": reason });
+                api.call(Method::PUT, &pause_path(name, key, budget), &[], Some(body)).await
+            }
+            Transport::Redis { store, rules, path } => {
+                let (rule, key, budget) = pause_target(rules, path, (name, key, budget))?;
+                let length = match drip_core::time::parse_duration(length) {
+                    Ok(length) if length > 0 && length <= drip_store::MAX_OPERATOR_PAUSE => length,
+                    Ok(_) => anyhow::bail!("--for: a pause lasts more than 0 s and at most 7d"),
+                    Err(message) => anyhow::bail!("--for: {message}"),
+                };
+                let author = Author { by: &operator(), reason };
+                Ok(drip_store::pause(store, (rule, &key, budget), length, author).await?)
+            }
+        }
+    }
+}
+
+fn pause_path<'a>(name: &'a str, key: &'a str, budget: Option<&'a str>) -> [&'a str; 6] {
+    match budget {
+        Some(budget) => [V1, "rules", name, "budgets", budget, "pause"],
+        None => [V1, "rules", name, "keys", key, "pause"],
+    }
+}
+
+/// The rule, the key (capped; empty for a budget) and the budget a pause or resume names.
+fn pause_target<'r>(
+    rules: &'r RuleSet,
+    path: &Path,
+    (name, key, budget): (&str, &str, Option<&str>),
+) -> anyhow::Result<(&'r Rule, String, Option<&'r drip_core::budgets::Budget>)> {
+    let rule = rule(rules, path, name)?;
+    let budget = match budget {
+        None => None,
+        Some(budget) => Some(
+            rule.budget(budget)
+                .with_context(|| format!("rule '{name}' draws from no budget '{budget}' in {}", path.display()))?,
+        ),
+    };
+    let key = if budget.is_some() { String::new() } else { cap_key(key.into()) };
+    Ok((rule, key, budget))
 }

@@ -337,6 +337,45 @@ fn inspect_reports_an_entity_waiting_in_redis() {
     inspect_after_a_burst(&shared_url(), false, None);
 }
 
+/// `drip pause` holds a key (inspect says until when), is audited, and `drip resume` lifts it; a
+/// pause longer than a week is refused.
+#[test]
+fn a_key_paused_from_the_cli_waits_until_resumed() {
+    let rules_path = repo("examples/payouts-per-minute.yaml");
+    let namespace = unique("pause");
+    let url = shared_url();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--redis", &url, "--rules", rules_path.to_str().unwrap(), "--namespace", &namespace]);
+        drip(&all)
+    };
+    let paused = run(&[
+        "pause",
+        "payouts",
+        "merchant_1:payout",
+        "--for",
+        "10m",
+        "--reason",
+        "partner maintenance",
+        "--output",
+        "json",
+    ]);
+    assert!(paused.status.success(), "{paused:?}");
+    let paused: serde_json::Value = serde_json::from_str(&stdout(&paused)).unwrap();
+    let until = paused["pausedUntil"].as_str().expect("paused").to_owned();
+    assert_eq!(paused["change"]["paused_until"], until.as_str());
+    let inspected = stdout(&run(&["inspect", "payouts", "merchant_1:payout"]));
+    assert!(inspected.contains(&format!("paused     until {until}")), "{inspected}");
+    let history = stdout(&run(&["limits", "history", "--rule", "payouts"]));
+    assert!(history.contains(&format!("payouts merchant_1:payout paused key until {until}")), "{history}");
+    assert!(history.contains("partner maintenance"), "{history}");
+    let resumed = stdout(&run(&["resume", "payouts", "merchant_1:payout"]));
+    assert!(resumed.contains(&format!("lifted the pause until {until}")), "{resumed}");
+    let too_long = run(&["pause", "payouts", "merchant_1:payout", "--for", "8d"]);
+    assert!(!too_long.status.success());
+    assert!(String::from_utf8_lossy(&too_long.stderr).contains("at most 7d"), "{too_long:?}");
+}
+
 #[test]
 fn inspect_reaches_redis_over_tls_with_auth_and_a_private_ca() {
     let redis = drip_tests::redis_tls::start();

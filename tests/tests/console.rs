@@ -2,111 +2,11 @@
 //! stand-in): its pages show the store's figures, its actions change the store through the API's
 //! handlers, a form without its token or from another site is refused, and a viewer cannot act.
 
-use drip_tests::pubsub_emulator::Pubsub;
-use drip_tests::redis_server::shared_url;
-use drip_tests::stack::{LimiterUnderTest, LimiterWiring, RecordingTarget, TasksStandIn, spawn_limiter};
-use drip_tests::unique;
+#[path = "support/console.rs"]
+mod console;
+
+use console::{element, start, token};
 use reqwest::StatusCode;
-
-const RULES: &str = r#"
-default_dlq_topic: {p}-dlq
-rules:
-  - name: {p}-payouts
-    match: { attributes: { event_type: payout } }
-    key: "merchant_{data.merchant_id}"
-    limits: [{ limit: 2, per: 1h }]
-    max_delay: 3h
-    inline_wait: 0s
-    forward: { topic: {p}-ready }
-    overflow_topic: {p}-overflow
-    dlq_topic: {p}-dlq
-"#;
-
-struct Console {
-    rule: String,
-    limiter: LimiterUnderTest,
-    http: reqwest::Client,
-    _tasks: TasksStandIn,
-    _receiver: RecordingTarget,
-}
-
-async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
-    let prefix = unique("con");
-    let pubsub = Pubsub::shared();
-    for topic in ["ready", "overflow", "dlq"] {
-        pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
-    }
-    let (tasks, receiver) = (TasksStandIn::start().await, RecordingTarget::start().await);
-    let mut wiring = LimiterWiring::new(
-        shared_url(),
-        pubsub.host.clone(),
-        &tasks,
-        tasks.queues(&prefix, 1),
-        format!("{}/dispatch", receiver.url),
-    );
-    tune(&mut wiring);
-    let limiter = spawn_limiter(&RULES.replace("{p}", &prefix), &wiring).await;
-    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    Console { rule: format!("{prefix}-payouts"), limiter, http, _tasks: tasks, _receiver: receiver }
-}
-
-impl Console {
-    /// Three payouts of one merchant under 2 an hour: two forwarded, one waiting in a task.
-    async fn backlog(&self, merchant: u32) {
-        for id in ["a", "b", "c"] {
-            let data = format!(r#"{{"merchant_id":{merchant}}}"#);
-            let body = drip_tests::push_envelope(
-                &format!("{merchant}-{id}"),
-                "projects/drip-test/subscriptions/source",
-                drip_tests::publish_time(),
-                &[("event_type", "payout")],
-                data.as_bytes(),
-            );
-            let pushed = self.http.post(format!("{}/push", self.limiter.url)).body(body).send().await.unwrap();
-            assert_eq!(pushed.status(), StatusCode::NO_CONTENT);
-        }
-    }
-
-    async fn page(&self, path: &str) -> (StatusCode, String) {
-        let response = self.http.get(format!("{}{path}", self.limiter.url)).send().await.unwrap();
-        (response.status(), response.text().await.unwrap())
-    }
-
-    fn key_path(&self, merchant: u32) -> String {
-        format!("/console/rules/{}/keys/merchant_{merchant}", self.rule)
-    }
-
-    async fn post(&self, path: &str, form: &[(&str, &str)], origin: Option<&str>) -> (StatusCode, String) {
-        let mut request = self.http.post(format!("{}{path}", self.limiter.url)).form(form);
-        if let Some(origin) = origin {
-            request = request.header("origin", origin);
-        }
-        let response = request.send().await.unwrap();
-        (response.status(), response.text().await.unwrap())
-    }
-
-    async fn inspect(&self, merchant: u32) -> serde_json::Value {
-        let url = format!("{}/v1/rules/{}/keys/merchant_{merchant}", self.limiter.url, self.rule);
-        self.http.get(url).send().await.unwrap().json().await.unwrap()
-    }
-}
-
-/// The text between `id="<id>">` and the next `<`, as a browser shows it.
-fn element(html: &str, id: &str) -> String {
-    let marker = format!("id=\"{id}\">");
-    let start = html.find(&marker).unwrap_or_else(|| panic!("no #{id} in {html}")) + marker.len();
-    let text = html[start..].split('<').next().unwrap();
-    [("&#39;", "'"), ("&quot;", "\""), ("&lt;", "<"), ("&gt;", ">"), ("&#43;", "+"), ("&amp;", "&")]
-        .iter()
-        .fold(text.to_owned(), |text, (entity, c)| text.replace(entity, c))
-}
-
-/// The form token a page's forms carry.
-fn token(html: &str) -> String {
-    let marker = "name=\"csrf\" value=\"";
-    let start = html.find(marker).expect("a form with its token") + marker.len();
-    html[start..].split('"').next().unwrap().to_owned()
-}
 
 #[tokio::test]
 async fn the_pages_show_the_store_s_figures() {

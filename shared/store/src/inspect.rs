@@ -565,7 +565,7 @@ pub(crate) fn report(
     };
     let mut waiting_on = Vec::new();
     if let Some(until) = &paused_until {
-        waiting_on.push(format!("paused until {until}: the downstream said to wait"));
+        waiting_on.push(format!("paused until {until}: the partner said to wait, or an operator paused it"));
     }
     // When a limit's current window holds its count: ` until <its end>` (fixed), or "" (sliding,
     // gcra: full now); `None` when it has room.

@@ -100,7 +100,7 @@ pub trait Store: Ping + std::fmt::Debug {
     ) -> StoreFuture<'a, BTreeMap<String, BTreeMap<String, LimitOverride>>>;
     /// The rule's latest override changes and feedback calls, newest first.
     fn audit_history<'a>(&'a self, rule: &'a Rule, count: usize) -> StoreFuture<'a, Vec<AuditEntry>>;
-    /// No slot of the entity before `until` (the downstream said to wait).
+    /// No slot of the entity before `until` (the downstream said to wait, or an operator paused it).
     fn pause<'a>(&'a self, rule: &'a Rule, key: &'a str, until: Millis) -> StoreFuture<'a, ()>;
     /// No slot of any entity drawing from the budget before `until`.
     fn pause_budget<'a>(&'a self, budget: &'a Budget, until: Millis) -> StoreFuture<'a, ()>;

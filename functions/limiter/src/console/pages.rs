@@ -125,7 +125,7 @@ fn limits_of(rule: &Rule) -> String {
 /// How long until `at` (an RFC 3339 time) from `now`, or nothing once it is past.
 fn until(at: Option<&str>, now: Millis) -> String {
     match at.and_then(|t| parse_rfc3339(t).ok()) {
-        Some(t) if t > now => format!("in {}", format_duration(t - now)),
+        Some(t) if t > now => format!("in {}", format_duration((t - now).div_euclid(1_000).max(1) * 1_000)),
         _ => String::new(),
     }
 }
