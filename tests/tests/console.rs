@@ -120,3 +120,67 @@ async fn a_viewer_sees_no_action_and_cannot_act() {
     assert!(element(&refused, "message").contains("may view the console, not act in it"), "{refused}");
     assert!(c.inspect(6).await["pausedUntil"].is_null());
 }
+
+/// A P-256 key that signs the test's IAP assertions, and its public half as IAP publishes keys.
+const IAP_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgUirb0tbydFuA8goO
+SStjVM9ZaTAcGkjzM9AiIeL8m4GhRANCAATc4NxOMEAbso+hCRfdaCULyiUTdRos
+77xRyjs7FGua4663SunhNVWUTvGS2bNsA4jCqCnIfmMMy4rE5fIkdojS
+-----END PRIVATE KEY-----
+";
+const IAP_JWK: &str = r#"{"keys": [{"kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig", "kid": "iap-test",
+  "x": "3ODcTjBAG7KPoQkX3WglC8olE3UaLO-8Uco7OxRrmuM", "y": "rrdK6eE1VZRO8ZLZs2wDiMKoKch-YwzLisTl8iR2iNI"}]}"#;
+const IAP_AUDIENCE: &str = "/projects/123/locations/europe-west1/services/drip-admin";
+
+/// IAP's signed header for `email`, to `audience`.
+fn iap_assertion(email: &str, audience: &str) -> String {
+    let now = drip_core::time::wall_clock_millis() / 1_000;
+    let claims = serde_json::json!({
+        "iss": "https://cloud.google.com/iap", "aud": audience, "email": email, "sub": "accounts.google.com:1",
+        "iat": now, "exp": now + 600,
+    });
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("iap-test".into());
+    let key = jsonwebtoken::EncodingKey::from_ec_pem(IAP_KEY.as_bytes()).unwrap();
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+#[tokio::test]
+async fn behind_iap_the_signed_header_names_the_caller_and_the_lists_give_the_role() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let jwks = format!("http://{}/jwks", listener.local_addr().unwrap());
+    let keys = axum::Router::new().route("/jwks", axum::routing::get(|| async { IAP_JWK }));
+    tokio::spawn(async move { axum::serve(listener, keys).await });
+    let c = start(|w| {
+        w.routes = "admin".into();
+        w.oidc_audience = Some("https://drip-admin.example".into());
+        w.console.iap_audience = Some(IAP_AUDIENCE.into());
+        w.console.iap_jwks_url = Some(jwks);
+        w.console.operators = "ops@example.com".into();
+        w.console.viewers = "support@example.com".into();
+    })
+    .await;
+    let open = async |assertion: Option<String>| {
+        let mut request = c.http.get(format!("{}{}", c.limiter.url, c.key_path(9)));
+        if let Some(assertion) = assertion {
+            request = request.header("x-goog-iap-jwt-assertion", assertion);
+        }
+        let response = request.send().await.unwrap();
+        (response.status(), response.text().await.unwrap())
+    };
+    assert_eq!(open(None).await.0, StatusCode::UNAUTHORIZED, "no header: not through IAP");
+    let (status, page) = open(Some(iap_assertion("ops@example.com", IAP_AUDIENCE))).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("ops@example.com · operator") && page.contains("id=\"pause\""), "{page}");
+    let (status, page) = open(Some(iap_assertion("support@example.com", IAP_AUDIENCE))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("support@example.com · viewer") && !page.contains("<form method=\"post\""), "{page}");
+    let (status, page) = open(Some(iap_assertion("someone@example.com", IAP_AUDIENCE))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(element(&page, "message").contains("neither DRIP_CONSOLE_OPERATORS nor DRIP_CONSOLE_VIEWERS"), "{page}");
+    let other_service = "/projects/123/locations/europe-west1/services/other";
+    assert_eq!(open(Some(iap_assertion("ops@example.com", other_service))).await.0, StatusCode::UNAUTHORIZED);
+    let api = c.http.get(format!("{}/v1/rules/{}/keys/merchant_9", c.limiter.url, c.rule));
+    let api = api.header("x-goog-iap-jwt-assertion", iap_assertion("ops@example.com", IAP_AUDIENCE));
+    assert_eq!(api.send().await.unwrap().status(), StatusCode::UNAUTHORIZED, "the API still takes ID tokens only");
+}
