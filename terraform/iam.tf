@@ -157,3 +157,26 @@ resource "google_project_iam_member" "services_write_metrics" {
   role    = "roles/monitoring.metricWriter"
   member  = each.value
 }
+
+# The console behind IAP: IAP's service agent invokes the service (Cloud Run's invoker check after
+# IAP's), and the people of console_operators and console_viewers may pass IAP. Which of them may
+# act is the console's own check (DRIP_CONSOLE_OPERATORS).
+resource "google_cloud_run_v2_service_iam_member" "iap_invokes_console" {
+  count = local.console_enabled ? 1 : 0
+
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.drip["console"].name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-iap.iam.gserviceaccount.com"
+}
+
+resource "google_iap_web_cloud_run_service_iam_member" "console_users" {
+  for_each = local.console_enabled ? toset(concat(var.console_operators, var.console_viewers)) : toset([])
+
+  project                = var.project_id
+  location               = var.region
+  cloud_run_service_name = google_cloud_run_v2_service.drip["console"].name
+  role                   = "roles/iap.httpsResourceAccessor"
+  member                 = "user:${each.value}"
+}

@@ -14,9 +14,13 @@ locals {
   limiter_name    = "${var.name}-limiter"
   dispatcher_name = "${var.name}-dispatcher"
   admin_name      = "${var.name}-admin"
+  console_name    = "${var.name}-console"
   limiter_url     = "https://${local.limiter_name}-${data.google_project.this.number}.${var.region}.run.app"
   dispatcher_url  = "https://${local.dispatcher_name}-${data.google_project.this.number}.${var.region}.run.app"
   admin_url       = "https://${local.admin_name}-${data.google_project.this.number}.${var.region}.run.app"
+  console_url     = "https://${local.console_name}-${data.google_project.this.number}.${var.region}.run.app"
+  # The operator console is deployed once someone may act in it.
+  console_enabled = length(var.console_operators) > 0
 
   # The services' accounts, by role: each reads the secrets, writes metrics and (on a cluster)
   # connects to Redis.

@@ -13,6 +13,11 @@ output "admin_url" {
   value       = google_cloud_run_v2_service.drip["admin"].uri
 }
 
+output "console_url" {
+  description = "URL of the operator console behind IAP (<url>/console in a browser), when console_operators is set."
+  value       = local.console_enabled ? "${google_cloud_run_v2_service.drip["console"].uri}/console" : null
+}
+
 output "queues" {
   description = "Full names of the Cloud Tasks queues."
   value       = [for queue in google_cloud_tasks_queue.drip : queue.id]

@@ -1,8 +1,10 @@
 # The Cloud Run services: the limiter and the dispatcher with internal ingress (Pub/Sub and Cloud
 # Tasks of this project count as internal), and the admin service, the operators' door from a
 # laptop: the limiter's binary serving only its admin and feedback routes (never /push), reachable
-# from the internet by Google-authenticated callers that hold run.invoker on it. No service allows
-# unauthenticated access; each has Direct VPC egress to Memorystore and a startup probe on /readyz.
+# from the internet by Google-authenticated callers that hold run.invoker on it. With
+# console_operators, a fourth: the console service, the same binary serving the operator console
+# alone, behind Identity-Aware Proxy (people in a browser). No service allows unauthenticated
+# access; each has Direct VPC egress to Memorystore and a startup probe on /readyz.
 
 locals {
   # Each service serves /metrics, unauthenticated, on 127.0.0.1 at this port: only the collector
@@ -63,6 +65,17 @@ locals {
     DRIP_ADMIN_CALLERS    = join(",", concat([google_service_account.operator.email], var.limits_api_callers))
     DRIP_FEEDBACK_CALLERS = join(",", concat([google_service_account.operator.email], var.feedback_callers))
   })
+  # The console: people in a browser, named by IAP's signed header (which the console verifies
+  # against the service's audience); IAP replaces the caller's identity, so the API and its ID
+  # tokens stay on the admin service and this one serves the console alone.
+  console_env = merge(local.common_env, {
+    DRIP_ROUTES            = "console"
+    DRIP_AUTH              = "oidc"
+    DRIP_OIDC_AUDIENCE     = local.console_url
+    DRIP_IAP_AUDIENCE      = "/projects/${data.google_project.this.number}/locations/${var.region}/services/${local.console_name}"
+    DRIP_CONSOLE_OPERATORS = join(",", var.console_operators)
+    DRIP_CONSOLE_VIEWERS   = join(",", var.console_viewers)
+  })
   dispatcher_env = merge(local.common_env, local.tasks_env, {
     DRIP_AUTH               = "oidc"
     DRIP_OIDC_AUDIENCE      = local.dispatcher_url
@@ -81,6 +94,8 @@ locals {
       ingress       = "INGRESS_TRAFFIC_INTERNAL_ONLY"
       # Inline waits and Redis calls should not wait for CPU to be allocated.
       cpu_idle = false
+      iap      = false
+      enabled  = true
     }
     dispatcher = {
       name          = local.dispatcher_name
@@ -92,6 +107,8 @@ locals {
       timeout       = "60s"
       ingress       = "INGRESS_TRAFFIC_INTERNAL_ONLY"
       cpu_idle      = true
+      iap           = false
+      enabled       = true
     }
     admin = {
       name          = local.admin_name
@@ -105,17 +122,35 @@ locals {
       # callers stand in front of every route, and /push is not served here.
       ingress  = "INGRESS_TRAFFIC_ALL"
       cpu_idle = true
+      iap      = false
+      enabled  = true
+    }
+    console = {
+      name          = local.console_name
+      command       = "/usr/local/bin/drip-limiter"
+      account       = google_service_account.admin.email
+      env           = local.console_env
+      min_instances = 0
+      max_instances = 2
+      timeout       = "60s"
+      # Browsers on the internet, through IAP: it lets only console_operators and console_viewers
+      # in, and invokes the service as its own service agent (the one invoker grant here).
+      ingress  = "INGRESS_TRAFFIC_ALL"
+      cpu_idle = true
+      iap      = true
+      enabled  = local.console_enabled
     }
   }
 }
 
 resource "google_cloud_run_v2_service" "drip" {
-  for_each = local.services
+  for_each = { for role, service in local.services : role => service if service.enabled }
 
   project             = var.project_id
   location            = var.region
   name                = each.value.name
   ingress             = each.value.ingress
+  iap_enabled         = each.value.iap
   deletion_protection = var.deletion_protection
   labels              = local.labels
 
@@ -180,7 +215,7 @@ resource "google_cloud_run_v2_service" "drip" {
       # DRIP_TASK_SIGNING_KEY (and DRIP_TASK_SIGNING_KEY_PREVIOUS during a rotation) from the
       # secret made outside Terraform; the admin service makes no task and holds no key.
       dynamic "env" {
-        for_each = each.key == "admin" ? {} : local.signing_key_env
+        for_each = contains(["admin", "console"], each.key) ? {} : local.signing_key_env
         content {
           name = env.key
           value_source {

@@ -326,6 +326,23 @@ variable "operators" {
   }
 }
 
+variable "console_operators" {
+  description = "People (Google account emails) who may act in the operator console: pause, resume and override keys and budgets (docs/operations.md: \"The console\"). Non-empty: the console service is deployed behind Identity-Aware Proxy (the project needs iap.googleapis.com and an OAuth consent screen) and they may pass IAP."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for email in concat(var.console_operators, var.console_viewers) : can(regex("^[^:@\\s]+@[^:@\\s]+$", email))])
+    error_message = "Each console user is an email (alice@example.com), not an IAM member (no user: prefix)."
+  }
+}
+
+variable "console_viewers" {
+  description = "People (Google account emails) who may look at the operator console and act in none of it."
+  type        = list(string)
+  default     = []
+}
+
 variable "limits_api_callers" {
   description = "Service accounts (emails) of automation allowed to inspect keys and change their limits through the admin service's /v1/rules/{rule}/keys/{key}[/limits] (docs/rules.md: \"Changing limits\"), and only that: they may invoke the admin service, and its OIDC check lets them on those routes alone. Each change is logged and audited with the caller's email."
   type        = list(string)

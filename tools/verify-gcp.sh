@@ -132,7 +132,7 @@ prerequisites() {
   cloud gcloud services enable pubsub.googleapis.com cloudtasks.googleapis.com redis.googleapis.com run.googleapis.com \
     secretmanager.googleapis.com artifactregistry.googleapis.com cloudbuild.googleapis.com servicenetworking.googleapis.com \
     compute.googleapis.com iam.googleapis.com iamcredentials.googleapis.com monitoring.googleapis.com logging.googleapis.com \
-    cloudresourcemanager.googleapis.com --project "$PROJECT"
+    cloudresourcemanager.googleapis.com iap.googleapis.com --project "$PROJECT"
   if ! exists gcloud compute addresses describe google-managed-services-default --global --project "$PROJECT"; then
     cloud gcloud compute addresses create google-managed-services-default --global --purpose=VPC_PEERING \
       --prefix-length=16 --network=default --project "$PROJECT"
@@ -167,6 +167,7 @@ region                  = "$REGION"
 name                    = "$NAME"
 labels                  = { "$LABEL" = "$NAME" }
 operators               = ["user:$account"]
+console_operators       = ["$account"]
 task_signing_key_secret = "$NAME-task-signing-key"
 EOF
   cloud terraform -chdir="$EXAMPLE" init -input=false
@@ -181,7 +182,7 @@ operator_token() { # operator_token AUDIENCE
 
 services_ready() {
   local service status
-  for service in limiter dispatcher admin; do
+  for service in limiter dispatcher admin console; do
     status=$(cloud_out "True" gcloud run services describe "$NAME-$service" --region "$REGION" --project "$PROJECT" \
       --format='value(status.conditions[0].status)')
     [ "$status" = True ] || { say "$NAME-$service is not ready: $status"; return 1; }
@@ -205,6 +206,29 @@ anonymous_refused() {
   case "$code" in 401|403|404) ;; *) say "an anonymous push got $code"; return 1 ;; esac
   code=$(cloud_out "403" curl -s -o /dev/null -w '%{http_code}' "$ADMIN_URL/v1/limits")
   case "$code" in 401|403) ;; *) say "an anonymous admin call got $code"; return 1 ;; esac
+}
+
+# The console service is behind IAP: an anonymous browser is sent to Google's sign-in (IAP's
+# answer, never the console's page).
+console_behind_iap() {
+  local code page
+  page=$(cloud_out "" curl -s -D - -o /dev/null "$CONSOLE_URL")
+  code=$(printf '%s\n' "$page" | sed -n 's/^HTTP[^ ]* \([0-9]*\).*/\1/p' | head -1)
+  code=${code:-302}
+  case "$code" in 302|401|403) ;; *) say "an anonymous browser got $code from the console"; return 1 ;; esac
+  if printf '%s' "$page" | grep -qi '^location:' && ! printf '%s' "$page" | grep -qi '^location: https://accounts.google.com'; then
+    say "the console redirected elsewhere than Google's sign-in"; return 1
+  fi
+}
+
+# The console opens for an operator through IAP: programmatic access with the verifier's own
+# Google ID token, as a browser's session would carry the same identity; the page names the
+# caller as an operator.
+console_opens() {
+  local token page
+  token=$(cloud_out "TOKEN" gcloud auth print-identity-token)
+  page=$(cloud_out "operator" curl -sf -H "Authorization: Bearer $token" "$CONSOLE_URL")
+  printf '%s' "$page" | grep -q "operator" || { say "the console did not open for the operator"; return 1; }
 }
 
 wrong_audience_refused() {
@@ -309,7 +333,8 @@ STAGE="checks"
 LIMITER_URL=$(output limiter_url "https://$NAME-limiter-000000000000.$REGION.run.app")
 ADMIN_URL=$(output admin_url "https://$NAME-admin-000000000000.$REGION.run.app")
 OPERATOR=$(output operator_service_account "$NAME-operator@$PROJECT.iam.gserviceaccount.com")
-check services-ready "the limiter, dispatcher and admin services are ready" services_ready
+CONSOLE_URL=$(output console_url "https://$NAME-console-000000000000.$REGION.run.app/console")
+check services-ready "the limiter, dispatcher, admin and console services are ready" services_ready
 check sidecar-revision "the limiter's revision runs two containers (one declares the port)" sidecar_revision
 check replan-no-change "a second plan has no change" replan_no_change
 check anonymous-refused "anonymous calls are refused by Google's front end, never answered by Drip" anonymous_refused
@@ -317,4 +342,6 @@ check wrong-audience-refused "a token for another audience is refused; the admin
 check drip-at-the-limit "60 payouts arrive once each, at most 10 a second" drip_at_the_limit
 check partner-429-pauses "a partner's 429 with Retry-After pauses the key" partner_429_pauses
 check dead-letter-replayed "a dead letter is replayed once and reported when it comes back" dead_letter_replayed
+check console-behind-iap "the console service sends an anonymous browser to Google's sign-in" console_behind_iap
+check console-opens "the console opens for an operator through IAP" console_opens
 STAGE="done"

@@ -102,7 +102,7 @@ INTERNAL_INGRESS = ("INGRESS_TRAFFIC_INTERNAL_ONLY", "INGRESS_TRAFFIC_INTERNAL_L
 def _routes(env) -> set[str]:
     """The route classes a service's environment serves (DRIP_ROUTES; every class when unset)."""
     match = re.search(r"DRIP_ROUTES\W+([a-z,]+)", str(env))
-    return set(match.group(1).split(",")) if match else {"push", "admin", "feedback"}
+    return set(match.group(1).split(",")) if match else {"push", "admin", "feedback", "console"}
 
 
 def _env_of(module: Module, settings: dict) -> str:
@@ -112,20 +112,24 @@ def _env_of(module: Module, settings: dict) -> str:
 
 
 def cloud_run_is_private(module: Module):
-    """The limiter and the dispatcher take internal traffic only; the one service the internet may
-    reach (for operators on laptops) is the admin service, which serves no /push."""
+    """The limiter and the dispatcher take internal traffic only; the services the internet may
+    reach are the admin service (operators on laptops), which serves no /push, and the console
+    service, which serves the console alone, behind IAP."""
     problems = []
     services = module.of_type("google_cloud_run_v2_service")
     if not services:
         problems.append("no Cloud Run service")
     roles = _service_roles(module)
-    if set(roles) != {"limiter", "dispatcher", "admin"}:
-        problems.append(f"expected the limiter, dispatcher and admin services, found {sorted(roles)}")
+    if set(roles) != {"limiter", "dispatcher", "admin", "console"}:
+        problems.append(f"expected the limiter, dispatcher, admin and console services, found {sorted(roles)}")
     for role, settings in roles.items():
         ingress = unquote(str(settings.get("ingress")))
         if ingress in INTERNAL_INGRESS:
             continue
-        if role != "admin":
+        if role == "console":
+            if _routes(_env_of(module, settings)) != {"console"} or str(settings.get("iap")).lower() != "true":
+                problems.append("the console service is reachable from the internet without IAP, or serves more than the console")
+        elif role != "admin":
             problems.append(f"the {role} accepts traffic from the internet (ingress {ingress})")
         elif "push" in _routes(_env_of(module, settings)):
             problems.append("the admin service is reachable from the internet and serves /push")
@@ -150,7 +154,9 @@ def cloud_run_is_private(module: Module):
             and member.startswith("serviceAccount:")
             and '["admin"]' in str(grant.arguments.get("name"))
         )
-        if grant.arg("role") != "roles/run.invoker" or not ("google_service_account." in member or limits_caller):
+        # And IAP's service agent, on the console service: IAP invokes it for the people it let in.
+        iap_agent = member.endswith("@gcp-sa-iap.iam.gserviceaccount.com") and '["console"]' in str(grant.arguments.get("name"))
+        if grant.arg("role") != "roles/run.invoker" or not ("google_service_account." in member or limits_caller or iap_agent):
             problems.append(f"invoker grant {name} is not run.invoker for one of the module's service accounts")
     return problems
 
@@ -179,8 +185,8 @@ def admin_service_holds_no_signing_key(module: Module):
     task signing key nor the right to read its secret, nor the queues."""
     problems = []
     text = (module.directory / "run.tf").read_text()
-    if not re.search(r'for_each\s*=\s*each\.key\s*==\s*"admin"\s*\?\s*{}\s*:\s*local\.signing_key_env', text):
-        problems.append("the admin service is given the task signing key")
+    if not re.search(r'for_each\s*=\s*contains\(\["admin",\s*"console"\],\s*each\.key\)\s*\?\s*{}\s*:\s*local\.signing_key_env', text):
+        problems.append("the admin service (or the console service) is given the task signing key")
     grants = module.of_type("google_secret_manager_secret_iam_member").get("services_read_signing_key")
     if grants is None or 'role != "admin"' not in str(grants.arguments.get("for_each")):
         problems.append("the admin service's account may read the task signing key's secret")
@@ -388,7 +394,12 @@ def dedicated_service_accounts(module: Module):
     for role in ("limiter", "dispatcher", "admin", "operator", "push", "tasks"):
         if role not in accounts:
             problems.append(f"no dedicated service account for the {role}")
-    used = [str(settings.get("account")) for settings in _service_roles(module).values()]
+    roles = _service_roles(module)
+    # The console service runs as the admin service's account: both serve operators, with the
+    # same grants (Redis, the rules), and neither holds the task signing key.
+    if "console" in roles and str(roles["console"].get("account")) != str(roles.get("admin", {}).get("account")):
+        problems.append("the console service runs as another account than the admin service's")
+    used = [str(settings.get("account")) for role, settings in roles.items() if role != "console"]
     if len(set(used)) != len(used):
         problems.append("the limiter and the dispatcher share a service account")
     for account in used:

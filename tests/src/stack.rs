@@ -148,7 +148,7 @@ impl LimiterWiring {
             namespace: unique("drip"),
             redis_cluster: false,
             rules_poll_ms: 0,
-            routes: "push,admin,feedback".into(),
+            routes: "push,admin,feedback,console".into(),
             console: drip_limiter::ConsoleSettings::default(),
         }
     }

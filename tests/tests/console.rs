@@ -29,8 +29,21 @@ async fn the_pages_show_the_store_s_figures() {
     }
     assert!(rule.contains("2 entities with state, all examined"), "{rule}");
 
+    c.checks(21).await;
+    let (status, kyc) = c.page("/console/rules/kyc").await;
+    assert_eq!(status, StatusCode::OK, "{kyc}");
+    assert!(kyc.contains(">user_21</a>"), "a key under its budget's tag is found too: {kyc}");
+    assert!(kyc.contains("<h3>kyc-api"), "the rule's budget: {kyc}");
+
     let (status, overview) = c.page("/console").await;
     assert_eq!(status, StatusCode::OK);
+    let url = format!("{}/v1/rules/kyc/keys/user_21", c.limiter.url);
+    let api: serde_json::Value = c.http.get(url).send().await.unwrap().json().await.unwrap();
+    let budget = &api["budgets"][0]["limits"][0];
+    assert_eq!((budget["usedNow"].as_u64(), budget["ahead"].as_u64()), (Some(1), Some(1)), "{api}");
+    let row =
+        format!("<td>kyc-api</td><td>100 per 1h (fixed): {} of 100 now, {} ahead", budget["usedNow"], budget["ahead"]);
+    assert!(overview.contains(&row), "{overview}");
     assert!(overview.contains(&format!(">{}</a>", c.rule)) && overview.contains(">backlogged<"), "{overview}");
 
     let (found, _) = c.page(&format!("/console/rules/{}?key=merchant_8", c.rule)).await;
@@ -152,7 +165,7 @@ async fn behind_iap_the_signed_header_names_the_caller_and_the_lists_give_the_ro
     let keys = axum::Router::new().route("/jwks", axum::routing::get(|| async { IAP_JWK }));
     tokio::spawn(async move { axum::serve(listener, keys).await });
     let c = start(|w| {
-        w.routes = "admin".into();
+        w.routes = "admin,console".into();
         w.oidc_audience = Some("https://drip-admin.example".into());
         w.console.iap_audience = Some(IAP_AUDIENCE.into());
         w.console.iap_jwks_url = Some(jwks);

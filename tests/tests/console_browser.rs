@@ -80,12 +80,21 @@ async fn save(client: &Client, name: &str) {
     std::fs::write(screenshots().join(format!("{name}.png")), png).expect("the screenshot is saved");
 }
 
+/// The text of the element, once the page that has it has loaded.
 async fn text(client: &Client, css: &str) -> String {
-    client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap()
+    let wait = client.wait().at_most(Duration::from_secs(10));
+    wait.for_element(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap()
 }
 
-async fn click(client: &Client, css: &str) {
+/// Clicks the element, then waits for the page the click opens to have `then`.
+async fn click(client: &Client, css: &str, then: &str) {
     client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).click().await.unwrap();
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css(then))
+        .await
+        .unwrap_or_else(|e| panic!("after clicking {css}, no {then}: {e}"));
 }
 
 async fn type_into(client: &Client, css: &str, value: &str) {
@@ -109,6 +118,9 @@ async fn an_operator_pauses_and_resumes_a_key_in_a_browser() {
     for merchant in [11, 12, 13] {
         c.backlog(merchant).await;
     }
+    for user in [1, 2] {
+        c.checks(user).await;
+    }
     let (_driver, client) = open_browser(&driver, &chromium).await;
     let base = &c.limiter.url;
 
@@ -125,23 +137,23 @@ async fn an_operator_pauses_and_resumes_a_key_in_a_browser() {
 
     type_into(&client, "#pause-form input[name=for]", "10m").await;
     type_into(&client, "#pause-form input[name=reason]", "partner maintenance").await;
-    click(&client, "#pause").await;
+    click(&client, "#pause", "#question").await;
     assert!(text(&client, "#question").await.starts_with("Pause merchant_12 of"), "a confirmation first");
     assert!(c.inspect(12).await["pausedUntil"].is_null(), "nothing is done before it");
     save(&client, "confirm").await;
-    click(&client, "#confirm").await;
+    click(&client, "#confirm", "#message").await;
     let until = c.inspect(12).await["pausedUntil"].as_str().expect("paused after the confirmation").to_owned();
     assert!(text(&client, "#message").await.contains(&format!("paused key until {until}")));
-    click(&client, "#back").await;
+    click(&client, "#back", "#verdict").await;
     assert_eq!(text(&client, "#verdict").await, "paused");
     assert_eq!(text(&client, "#paused").await, format!("until {until}"));
     assert!(text(&client, "#history").await.contains("partner maintenance"));
     save(&client, "key-paused").await;
 
-    click(&client, "#resume").await;
-    click(&client, "#confirm").await;
+    click(&client, "#resume", "#question").await;
+    click(&client, "#confirm", "#message").await;
     assert!(text(&client, "#message").await.contains("lifted the pause"));
-    click(&client, "#back").await;
+    click(&client, "#back", "#verdict").await;
     assert_eq!(text(&client, "#verdict").await, "backlogged");
     assert!(c.inspect(12).await["pausedUntil"].is_null());
     client.close().await.unwrap();

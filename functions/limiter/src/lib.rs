@@ -121,8 +121,9 @@ fn longest_inline_wait(rules: &ServiceRules) -> Millis {
 }
 
 /// Each route class behind its own callers: `/push` (push subscriptions), `/v1/rules/...`
-/// (operators), `/v1/feedback` (overflow consumers), `/metrics` (the collector). A class that
-/// `DRIP_ROUTES` leaves out is not served at all (404), whoever calls.
+/// (operators), `/v1/feedback` (overflow consumers), `/console` (people, as IAP names them),
+/// `/metrics` (the collector). A class that `DRIP_ROUTES` leaves out is not served at all (404),
+/// whoever calls.
 pub fn app(state: AppState) -> Router {
     let auth = &state.auth;
     let served = |on: bool, router: Router<AppState>| if on { router } else { Router::new() };
@@ -150,7 +151,7 @@ pub fn app(state: AppState) -> Router {
     // The console identifies its callers itself (a browser sends IAP's header, not a bearer token).
     let api = served(auth.routes.push, auth.push.protect(push))
         .merge(served(auth.routes.admin, auth.admin.protect(admin)))
-        .merge(served(auth.routes.admin, console::routes()))
+        .merge(served(auth.routes.console, console::routes()))
         .merge(served(auth.routes.feedback, auth.feedback.protect(feedback)))
         .with_state(state.clone());
     drip_service::service_router(api, &auth.metrics, state.store, state.rules, state.metrics.shared.clone())

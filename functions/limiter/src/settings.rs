@@ -27,9 +27,10 @@ pub struct Settings {
     #[envconfig(from = "DRIP_FORWARD_ID_TOKEN", default = "auto")]
     pub forward_id_token: IdTokenMode,
     /// The route classes this instance serves, comma-separated: `push` (`POST /push`), `admin`
-    /// (`/v1/rules/...`), `feedback` (`POST /v1/feedback`). The admin service that operators reach
-    /// from the internet serves `admin,feedback` and never `push`.
-    #[envconfig(from = "DRIP_ROUTES", default = "push,admin,feedback")]
+    /// (`/v1/rules/...`), `feedback` (`POST /v1/feedback`), `console` (`/console`, the operator
+    /// console). The admin service that operators reach from the internet serves `admin,feedback`
+    /// and never `push`; the console service behind IAP serves `console` alone.
+    #[envconfig(from = "DRIP_ROUTES", default = "push,admin,feedback,console")]
     pub routes: String,
     /// Service accounts that may `POST /push` (the push subscriptions'); required with OIDC on
     /// when `push` is served.
@@ -99,26 +100,29 @@ pub struct Routes {
     pub push: bool,
     pub admin: bool,
     pub feedback: bool,
+    pub console: bool,
 }
 
 impl Routes {
-    pub const ALL: Self = Self { push: true, admin: true, feedback: true };
+    pub const ALL: Self = Self { push: true, admin: true, feedback: true, console: true };
+    pub const NONE: Self = Self { push: false, admin: false, feedback: false, console: false };
 
-    /// From a comma-separated list of `push`, `admin` and `feedback`.
+    /// From a comma-separated list of `push`, `admin`, `feedback` and `console`.
     pub fn parse(list: &str) -> anyhow::Result<Self> {
-        let mut routes = Self { push: false, admin: false, feedback: false };
+        let mut routes = Self::NONE;
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "push" => routes.push = true,
                 "admin" => routes.admin = true,
                 "feedback" => routes.feedback = true,
+                "console" => routes.console = true,
                 other => bail!(
-                    "DRIP_ROUTES: unknown route class '{other}' in '{list}' (write a comma-separated list of push, admin and feedback)"
+                    "DRIP_ROUTES: unknown route class '{other}' in '{list}' (write a comma-separated list of push, admin, feedback and console)"
                 ),
             }
         }
-        if routes == (Self { push: false, admin: false, feedback: false }) {
-            bail!("DRIP_ROUTES is empty: name the route classes to serve (push, admin, feedback)");
+        if routes == Self::NONE {
+            bail!("DRIP_ROUTES is empty: name the route classes to serve (push, admin, feedback, console)");
         }
         Ok(routes)
     }
@@ -219,10 +223,14 @@ mod tests {
 
     #[test]
     fn routes_name_the_classes_served_and_refuse_unknown_ones() {
-        assert_eq!(Routes::parse("push,admin,feedback").unwrap(), Routes::ALL);
-        assert_eq!(Routes::parse(" admin , feedback ").unwrap(), Routes { push: false, admin: true, feedback: true });
+        assert_eq!(Routes::parse("push,admin,feedback,console").unwrap(), Routes::ALL);
+        assert_eq!(
+            Routes::parse(" admin , feedback ").unwrap(),
+            Routes { admin: true, feedback: true, ..Routes::NONE }
+        );
+        assert_eq!(Routes::parse("console").unwrap(), Routes { console: true, ..Routes::NONE });
         let error = Routes::parse("admin,pus").unwrap_err().to_string();
-        assert!(error.contains("'pus'") && error.contains("push, admin and feedback"), "{error}");
+        assert!(error.contains("'pus'") && error.contains("push, admin, feedback and console"), "{error}");
         assert!(Routes::parse(" , ").unwrap_err().to_string().contains("empty"));
     }
 

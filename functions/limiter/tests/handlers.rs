@@ -1290,8 +1290,11 @@ async fn unknown_fields_are_refused_naming_them_and_change_nothing() {
 #[tokio::test]
 async fn each_instance_serves_only_the_route_classes_it_is_given() {
     let mut l = limiter();
-    l.state.auth =
-        drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes { push: false, admin: true, feedback: true });
+    l.state.auth = drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes {
+        admin: true,
+        feedback: true,
+        ..drip_limiter::Routes::NONE
+    });
     assert_eq!(l.payout("x", 1).await, StatusCode::NOT_FOUND, "no /push on the admin service");
     assert!(l.published("payouts-ready").is_empty() && l.tasks().is_empty());
     assert_eq!(l.send("GET", "/v1/rules/payouts/keys/merchant_1", None).await.0, StatusCode::OK);
@@ -1303,12 +1306,24 @@ async fn each_instance_serves_only_the_route_classes_it_is_given() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["pausedUntil"].is_string(), "{body}");
 
-    l.state.auth =
-        drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes { push: true, admin: false, feedback: true });
+    l.state.auth = drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes {
+        push: true,
+        feedback: true,
+        ..drip_limiter::Routes::NONE
+    });
     assert_eq!(l.payout("y", 1).await, StatusCode::NO_CONTENT);
     assert_eq!(l.send("GET", "/v1/rules/payouts/keys/merchant_1", None).await.0, StatusCode::NOT_FOUND);
     assert_eq!(l.send("DELETE", "/v1/rules/payouts/keys/merchant_1/pause", None).await.0, StatusCode::NOT_FOUND);
     assert_eq!(l.send("POST", "/v1/feedback", Some(feedback)).await.0, StatusCode::OK, "merchant_1 now has state");
+    assert_eq!(l.send("GET", "/console", None).await.0, StatusCode::NOT_FOUND, "no console on the limiter");
+
+    // The console service behind IAP: the console, and no API route (IAP replaces the caller's
+    // identity, so the API's ID tokens stay on the admin service).
+    l.state.auth =
+        drip_limiter::LimiterAuth::off().serving(drip_limiter::Routes { console: true, ..drip_limiter::Routes::NONE });
+    assert_eq!(l.send("GET", "/console", None).await.0, StatusCode::OK);
+    assert_eq!(l.send("GET", "/v1/rules/payouts/keys/merchant_1", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(l.payout("z", 1).await, StatusCode::NOT_FOUND);
 }
 
 /// A push redelivered after the attempt that was to forward it died (its lease held the slot

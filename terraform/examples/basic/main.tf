@@ -59,6 +59,18 @@ variable "operators" {
   default     = []
 }
 
+variable "console_operators" {
+  description = "People (emails) who may act in the operator console behind IAP; empty: no console service."
+  type        = list(string)
+  default     = []
+}
+
+variable "console_viewers" {
+  description = "People (emails) who may only look at the operator console."
+  type        = list(string)
+  default     = []
+}
+
 variable "notification_channels" {
   description = "Monitoring notification channels for Drip's alerts."
   type        = list(string)
@@ -88,6 +100,13 @@ module "drip" {
   task_signing_key_secret = var.task_signing_key_secret
   notification_channels   = var.notification_channels
   operators               = var.operators
+  console_operators       = var.console_operators
+  console_viewers         = var.console_viewers
+}
+
+output "console_url" {
+  description = "The operator console in a browser, behind IAP (when console_operators is set)."
+  value       = module.drip.console_url
 }
 
 output "admin_url" {

@@ -10,11 +10,24 @@ use reqwest::StatusCode;
 
 const RULES: &str = r#"
 default_dlq_topic: {p}-dlq
+budgets:
+  kyc-api:
+    limits: [{ limit: 100, per: 1h }]
 rules:
-  - name: {p}-payouts
+  - name: payouts
     match: { attributes: { event_type: payout } }
     key: "merchant_{data.merchant_id}"
     limits: [{ limit: 2, per: 1h }]
+    max_delay: 3h
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    dlq_topic: {p}-dlq
+  - name: kyc
+    match: { attributes: { event_type: kyc } }
+    key: "user_{data.user}"
+    limits: [{ limit: 1, per: 1h }]
+    budgets: [kyc-api]
     max_delay: 3h
     inline_wait: 0s
     forward: { topic: {p}-ready }
@@ -47,24 +60,35 @@ pub async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
     tune(&mut wiring);
     let limiter = spawn_limiter(&RULES.replace("{p}", &prefix), &wiring).await;
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    Console { rule: format!("{prefix}-payouts"), limiter, http, _tasks: tasks, _receiver: receiver }
+    // Each limiter has a namespace of its own: its rule may have a plain name.
+    Console { rule: "payouts".into(), limiter, http, _tasks: tasks, _receiver: receiver }
 }
 
 impl Console {
     /// Three payouts of one merchant under 2 an hour: two forwarded, one waiting in a task.
     pub async fn backlog(&self, merchant: u32) {
         for id in ["a", "b", "c"] {
-            let data = format!(r#"{{"merchant_id":{merchant}}}"#);
-            let body = drip_tests::push_envelope(
-                &format!("{merchant}-{id}"),
-                "projects/drip-test/subscriptions/source",
-                drip_tests::publish_time(),
-                &[("event_type", "payout")],
-                data.as_bytes(),
-            );
-            let pushed = self.http.post(format!("{}/push", self.limiter.url)).body(body).send().await.unwrap();
-            assert_eq!(pushed.status(), StatusCode::NO_CONTENT);
+            self.push(&format!("{merchant}-{id}"), "payout", &format!(r#"{{"merchant_id":{merchant}}}"#)).await;
         }
+    }
+
+    /// Two checks of one user under 1 an hour, drawing from the budget `kyc-api`: one waits.
+    pub async fn checks(&self, user: u32) {
+        for id in ["a", "b"] {
+            self.push(&format!("u{user}-{id}"), "kyc", &format!(r#"{{"user":{user}}}"#)).await;
+        }
+    }
+
+    async fn push(&self, id: &str, event_type: &str, data: &str) {
+        let body = drip_tests::push_envelope(
+            id,
+            "projects/drip-test/subscriptions/source",
+            drip_tests::publish_time(),
+            &[("event_type", event_type)],
+            data.as_bytes(),
+        );
+        let pushed = self.http.post(format!("{}/push", self.limiter.url)).body(body).send().await.unwrap();
+        assert_eq!(pushed.status(), StatusCode::NO_CONTENT);
     }
 
     pub async fn page(&self, path: &str) -> (StatusCode, String) {
