@@ -15,19 +15,13 @@
 //! replayed again. A run stops after `--max` replays (1,000 unless told), prints its progress on
 //! stderr, and on Ctrl-C gives back what it held and prints what it did.
 
-use std::collections::{BTreeMap, HashSet};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use drip_core::attributes::{DeadLetterView, REPLAY_OF, REPLAY_PUBLISHED};
-use drip_core::event::MessageRef;
-use drip_core::outcome::DlqReason;
-use drip_core::overflow::{TaskBody, TaskPayload};
-use drip_core::time::{format_rfc3339, parse_rfc3339};
 use drip_gcp::pubsub::Publishers;
-use drip_gcp::pull::{Pulled, Subscription};
-use drip_store::{AnyConnection, RedisStore, Store};
-use serde::Serialize;
+use drip_gcp::pull::Subscription;
+use drip_service::dead_letters::{self, Action, Counts, Entry, ReplayPlan};
+use drip_store::{RedisStore, Store};
 
 use crate::connect::RedisArgs;
 use crate::output::{Output, Printed};
@@ -84,35 +78,6 @@ struct ReplayArgs {
     output: Output,
 }
 
-/// What became of one dead letter.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Entry {
-    /// The dead letter's own id on the dead-letter topic.
-    dead_letter: String,
-    /// The id of the message it held.
-    message_id: Option<String>,
-    rule: Option<String>,
-    key: Option<String>,
-    reason: Option<String>,
-    action: Action,
-    /// Why it was left, or the replay's id.
-    detail: String,
-    /// The dead letter's own `drip-detail`: why Drip dead-lettered it.
-    why: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-enum Action {
-    Replayed,
-    WouldReplay,
-    Left,
-    /// Replayed by this run and dead-lettered again: its cause is not fixed.
-    DeadLetteredAgain,
-    Failed,
-}
-
 pub fn run(args: Args) -> ExitCode {
     let DlqCommand::Replay(args) = args.command;
     let result = tokio::runtime::Builder::new_current_thread()
@@ -140,9 +105,6 @@ fn full_name(project: &str, kind: &str, name: &str) -> String {
     if name.starts_with("projects/") { name.to_owned() } else { format!("projects/{project}/{kind}/{name}") }
 }
 
-/// How long a dead letter left for the end stays out of others' reach (Pub/Sub's most).
-const HOLD_SECONDS: u32 = 600;
-
 /// How a run ended, beside what it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ended {
@@ -166,236 +128,56 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, Ended)> {
         Some(url) => Some(RedisStore::new(args.connection.connect(url).await?, "drip".to_owned())),
         None => None,
     };
-    let topic = publishers.topic_name(&args.topic);
-    let (mut entries, mut left, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
-    // The `drip-replay-of` of every event this run published: one that comes back is not replayed again.
-    let mut published = HashSet::new();
-    let under_max = |entries: &Vec<Entry>| {
-        args.max == 0
-            || entries.iter().filter(|e| matches!(e.action, Action::Replayed | Action::WouldReplay)).count() < args.max
+    let plan = ReplayPlan {
+        subscription: args.subscription.clone(),
+        topic: args.topic.clone(),
+        reasons: args.reasons.clone(),
+        rule: args.rule.clone(),
+        key: args.key.clone(),
+        max: args.max,
+        idle: args.idle,
+        dry_run: args.dry_run,
     };
-    let mut idle_since = std::time::Instant::now();
-    let mut progress = Progress::new();
-    let work = async {
-        while under_max(&entries) {
-            let batch = subscription.pull(100).await?;
-            if batch.is_empty() {
-                if idle_since.elapsed() >= args.idle {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                continue;
-            }
-            idle_since = std::time::Instant::now();
-            let mut held = Vec::new();
-            for message in batch {
-                if !under_max(&entries) || !seen.insert(message.message_id.clone()) {
-                    // Beyond --max, or ours already (a deadline passed while it was held).
-                    held.push(message.ack_id);
-                    continue;
-                }
-                let (mut entry, event) = decide(args, &message, store.as_ref(), &published).await;
-                match event {
-                    Some(_) if args.dry_run => {
-                        (entry.action, entry.detail) = (Action::WouldReplay, format!("would publish to {topic}"));
-                        held.push(message.ack_id);
-                    }
-                    Some((data, attributes)) => {
-                        let of = attributes.get(REPLAY_OF).cloned().unwrap_or_default();
-                        match publishers.publish(&topic, data, attributes).await {
-                            Ok(id) => {
-                                subscription.acknowledge(std::slice::from_ref(&message.ack_id)).await?;
-                                published.insert(of);
-                                (entry.action, entry.detail) = (Action::Replayed, format!("published as {id}"));
-                            }
-                            Err(error) => {
-                                held.push(message.ack_id);
-                                (entry.action, entry.detail) = (Action::Failed, error.to_string());
-                            }
-                        }
-                    }
-                    None => held.push(message.ack_id),
-                }
-                entries.push(entry);
-            }
-            // Out of the next pulls' way until the end, when they all go back at once.
-            subscription.extend(&held, HOLD_SECONDS).await?;
-            left.extend(held);
-            progress.report(&entries);
+    let mut last = std::time::Instant::now();
+    let progress = |entries: &[Entry]| {
+        if last.elapsed() >= PROGRESS_EVERY {
+            last = std::time::Instant::now();
+            let c = Counts::of(entries);
+            eprintln!(
+                "drip dlq replay: {} seen, {} replayed, {} would replay, {} left, {} dead-lettered again, {} failed",
+                entries.len(),
+                c.replayed,
+                c.would,
+                c.left,
+                c.again,
+                c.failed
+            );
         }
-        anyhow::Ok(())
     };
-    let (result, interrupted) = tokio::select! {
-        result = work => (result, false),
-        _ = tokio::signal::ctrl_c() => (Ok(()), true),
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
     };
-    // Whatever happened, what was left goes back to the subscription now.
-    subscription.release(&left).await?;
-    result?;
-    let ended = if interrupted {
+    let store = store.as_ref().map(|s| s as &dyn Store);
+    let done = dead_letters::replay(&plan, (&subscription, &publishers), store, stop, progress).await?;
+    let ended = if done.interrupted {
+        let held = done.entries.iter().filter(|e| e.action != Action::Replayed).count();
         eprintln!(
             "drip dlq replay: interrupted; {} it held back on the subscription",
-            drip_core::counted(left.len() as u64, "dead letter")
+            drip_core::counted(held as u64, "dead letter")
         );
         Ended::Interrupted
-    } else if entries.iter().any(|e| e.action == Action::Failed) {
+    } else if done.entries.iter().any(|e| e.action == Action::Failed) {
         Ended::Failed
     } else {
         Ended::Done
     };
-    Ok((printed(args, &entries), ended))
-}
-
-/// A line on stderr every few seconds while a run lasts.
-struct Progress {
-    last: std::time::Instant,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Self { last: std::time::Instant::now() }
-    }
-
-    fn report(&mut self, entries: &[Entry]) {
-        if self.last.elapsed() < PROGRESS_EVERY {
-            return;
-        }
-        self.last = std::time::Instant::now();
-        let counts = Counts::of(entries);
-        eprintln!(
-            "drip dlq replay: {} seen, {} replayed, {} would replay, {} left, {} dead-lettered again, {} failed",
-            entries.len(),
-            counts.replayed,
-            counts.would,
-            counts.left,
-            counts.again,
-            counts.failed
-        );
-    }
-}
-
-#[derive(Debug)]
-struct Counts {
-    replayed: usize,
-    would: usize,
-    left: usize,
-    again: usize,
-    failed: usize,
-}
-
-impl Counts {
-    fn of(entries: &[Entry]) -> Self {
-        let count = |action| entries.iter().filter(|e| e.action == action).count();
-        Self {
-            replayed: count(Action::Replayed),
-            would: count(Action::WouldReplay),
-            left: count(Action::Left),
-            again: count(Action::DeadLetteredAgain),
-            failed: count(Action::Failed),
-        }
-    }
-}
-
-/// The event a dead letter holds, ready to publish, or why it is left.
-async fn decide(
-    args: &ReplayArgs,
-    message: &Pulled,
-    store: Option<&RedisStore<AnyConnection>>,
-    published: &HashSet<String>,
-) -> (Entry, Option<(Vec<u8>, BTreeMap<String, String>)>) {
-    let view = DeadLetterView::of(&message.attributes, &message.data);
-    let entry = Entry {
-        dead_letter: message.message_id.clone(),
-        message_id: view.message_id.clone(),
-        rule: view.rule.clone(),
-        key: view.key.clone(),
-        reason: view.reason.clone(),
-        action: Action::Left,
-        detail: String::new(),
-        why: view.detail.clone(),
-    };
-    if let Some(of) = view.replay_of.as_ref().filter(|of| published.contains(*of)) {
-        let mut entry = entry;
-        entry.action = Action::DeadLetteredAgain;
-        entry.detail = format!(
-            "this run replayed it ({of}) and it was dead-lettered again: its cause is not fixed, so it is not replayed again"
-        );
-        return (entry, None);
-    }
-    let left = |mut entry: Entry, why: String| {
-        entry.detail = why;
-        (entry, None)
-    };
-    if !args.reasons.is_empty() && !view.reason.as_ref().is_some_and(|r| args.reasons.contains(r)) {
-        return left(entry, "another reason".into());
-    }
-    if args.rule.is_some() && view.rule != args.rule {
-        return left(entry, "another rule".into());
-    }
-    if args.key.is_some() && view.key != args.key {
-        return left(entry, "another key".into());
-    }
-    let unreadable = view.reason.as_deref().and_then(DlqReason::parse).filter(|r| r.is_unreadable());
-    if let Some(reason) = unreadable
-        && !args.reasons.iter().any(|r| r == reason.as_str())
-    {
-        return left(
-            entry,
-            format!(
-                "Drip could not read it ({reason}): replayed as it is, it would be dead-lettered again; \
-                 name it with --reason {reason} to replay it anyway"
-            ),
-        );
-    }
-    if view.attributes_dropped {
-        return left(entry, "its attributes were dropped (too large to carry them): replay it by hand".into());
-    }
-    let (mut own, data) = match claim_checked(&view) {
-        None => (view.attributes.clone(), view.data.clone()),
-        Some((task, reference)) => match store {
-            None => return left(entry, format!("its data is claim-checked ({reference}): give --redis")),
-            Some(store) => match store.get_payload(&reference).await {
-                Ok(Some(data)) => (task.attributes.clone(), data),
-                Ok(None) => return left(entry, format!("its claim-checked data {reference} is gone")),
-                Err(error) => return left(entry, format!("reading {reference}: {error}")),
-            },
-        },
-    };
-    own.retain(|name, _| !name.starts_with(drip_core::attributes::PREFIX));
-    let of = match &view.message_id {
-        Some(id) => MessageRef::new(id.clone(), view.subscription.clone()).identity(),
-        None => format!("dlq:{}", message.message_id),
-    };
-    own.insert(REPLAY_OF.to_owned(), of);
-    // The dead letter's publish time, the same on every replay of it.
-    let published = message.publish_time.as_deref().and_then(|at| parse_rfc3339(at).ok()).unwrap_or_default();
-    own.insert(REPLAY_PUBLISHED.to_owned(), format_rfc3339(published));
-    (entry, Some((data, own)))
-}
-
-/// A dead letter of the dispatcher whose data could not be read holds the task's body, which
-/// names the claim-checked payload.
-fn claim_checked(view: &DeadLetterView) -> Option<(TaskBody, String)> {
-    let task: TaskBody = serde_json::from_slice(&view.data).ok()?;
-    match &task.payload {
-        TaskPayload::ClaimCheck(reference) => {
-            let reference = reference.clone();
-            Some((task, reference))
-        }
-        _ => None,
-    }
+    Ok((printed(args, &done.entries), ended))
 }
 
 fn printed(args: &ReplayArgs, entries: &[Entry]) -> Printed {
     let mut table = String::new();
     for e in entries {
-        let what = match e.action {
-            Action::Replayed => "replayed",
-            Action::WouldReplay => "would replay",
-            Action::Left => "left",
-            Action::DeadLetteredAgain => "AGAIN",
-            Action::Failed => "FAILED",
-        };
+        let what = e.action.label();
         let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         let why = e.why.as_deref().map(|why| format!(" [{why}]")).unwrap_or_default();
         table += &format!(

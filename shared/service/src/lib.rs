@@ -7,6 +7,7 @@ pub mod api_error;
 pub mod auth;
 pub mod costs;
 pub mod counted_publish;
+pub mod dead_letters;
 pub mod feedback;
 pub mod health;
 pub mod latency;
