@@ -180,3 +180,23 @@ resource "google_iap_web_cloud_run_service_iam_member" "console_users" {
   role                   = "roles/iap.httpsResourceAccessor"
   member                 = "user:${each.value}"
 }
+
+# The console's dead-letters page reads the dead-letter subscriptions and replays their events to
+# the source topics, as the admin service's account (the console service runs as it).
+resource "google_pubsub_subscription_iam_member" "console_reads_dead_letters" {
+  for_each = local.console_enabled ? google_pubsub_subscription.dlq : {}
+
+  project      = var.project_id
+  subscription = each.value.name
+  role         = "roles/pubsub.subscriber"
+  member       = google_service_account.admin.member
+}
+
+resource "google_pubsub_topic_iam_member" "console_replays_to_sources" {
+  for_each = local.console_enabled ? toset(var.source_topics) : toset([])
+
+  project = var.project_id
+  topic   = each.value
+  role    = "roles/pubsub.publisher"
+  member  = google_service_account.admin.member
+}

@@ -75,6 +75,9 @@ locals {
     DRIP_IAP_AUDIENCE      = "/projects/${data.google_project.this.number}/locations/${var.region}/services/${local.console_name}"
     DRIP_CONSOLE_OPERATORS = join(",", var.console_operators)
     DRIP_CONSOLE_VIEWERS   = join(",", var.console_viewers)
+    # Its dead-letters page: what it reads, and where it may replay to.
+    DRIP_CONSOLE_DLQ_SUBSCRIPTIONS = join(",", [for s in google_pubsub_subscription.dlq : s.name])
+    DRIP_CONSOLE_REPLAY_TOPICS     = join(",", var.source_topics)
   })
   dispatcher_env = merge(local.common_env, local.tasks_env, {
     DRIP_AUTH               = "oidc"

@@ -130,7 +130,7 @@ async fn replay(args: &ReplayArgs) -> anyhow::Result<(Printed, Ended)> {
     };
     let plan = ReplayPlan {
         subscription: args.subscription.clone(),
-        topic: args.topic.clone(),
+        topic: publishers.topic_name(&args.topic),
         reasons: args.reasons.clone(),
         rule: args.rule.clone(),
         key: args.key.clone(),

@@ -197,3 +197,74 @@ async fn behind_iap_the_signed_header_names_the_caller_and_the_lists_give_the_ro
     let api = api.header("x-goog-iap-jwt-assertion", iap_assertion("ops@example.com", IAP_AUDIENCE));
     assert_eq!(api.send().await.unwrap().status(), StatusCode::UNAUTHORIZED, "the API still takes ID tokens only");
 }
+
+/// A payout with no merchant is dead-lettered; the console's look lists it and changes nothing, a
+/// viewer may look but not replay, and an operator's confirmed replay publishes its event again to
+/// the source topic, marked as a replay of it.
+#[tokio::test]
+async fn dead_letters_are_looked_at_and_replayed_from_the_console() {
+    let c = start(|_| {}).await;
+    c.push("no-merchant", "payout", r#"{"amount":1}"#).await;
+    let (dlq, source) = (
+        format!("projects/drip-test/subscriptions/{}-dlq", c.prefix),
+        format!("projects/drip-test/topics/{}-source", c.prefix),
+    );
+    let (status, page) = c.page("/console/dead-letters").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains(&format!("<option>{dlq}</option>")), "{page}");
+    let csrf = token(&page);
+    let form = |mode: &'static str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("mode", mode.into()),
+            ("subscription", dlq.clone()),
+            ("topic", source.clone()),
+            ("reason", "missing_key_field".into()),
+        ]
+    };
+    let as_pairs = |form: &[(&'static str, String)]| form.iter().map(|(n, v)| (*n, v.clone())).collect::<Vec<_>>();
+    let post = async |form: Vec<(&'static str, String)>| {
+        let form: Vec<(&str, &str)> = form.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        c.post("/console/dead-letters", &form, None).await
+    };
+    let (status, looked) = post(as_pairs(&form("look"))).await;
+    assert_eq!(status, StatusCode::OK, "{looked}");
+    assert!(element(&looked, "summary").starts_with("a look: 1 would be replayed"), "{looked}");
+    assert!(looked.contains("<td>would replay</td>") && looked.contains("<td>payouts</td>"), "{looked}");
+    let (status, confirm) = post(as_pairs(&form("replay"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        element(&confirm, "question").starts_with("Replay the dead letters of reason missing_key_field"),
+        "{confirm}"
+    );
+    assert!(c.pubsub.pull(&format!("{}-source", c.prefix), 10).await.is_empty(), "nothing before the confirmation");
+
+    let mut confirmed = as_pairs(&form("replay"));
+    confirmed.push(("confirm", "yes".into()));
+    let (status, done) = post(confirmed).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(element(&done, "summary").starts_with(&format!("1 replayed to {source}")), "{done}");
+    let replayed = c.pubsub.pull_until(&format!("{}-source", c.prefix), 1, std::time::Duration::from_secs(10)).await;
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].data, br#"{"amount":1}"#);
+    assert!(replayed[0].attributes.contains_key("drip-replay-of"), "{:?}", replayed[0].attributes);
+}
+
+#[tokio::test]
+async fn a_viewer_may_look_at_dead_letters_but_not_replay_them() {
+    let c = start(|w| w.console.anonymous = "viewer".into()).await;
+    let (_, page) = c.page("/console/dead-letters").await;
+    assert!(page.contains("id=\"look\"") && !page.contains("id=\"replay\""), "{page}");
+    let dlq = format!("projects/drip-test/subscriptions/{}-dlq", c.prefix);
+    let topic = format!("projects/drip-test/topics/{}-source", c.prefix);
+    let csrf = token(&page);
+    let form =
+        [("csrf", csrf.as_str()), ("mode", "replay"), ("subscription", &dlq), ("topic", &topic), ("confirm", "yes")];
+    let (status, refused) = c.post("/console/dead-letters", &form, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    let elsewhere =
+        [("csrf", csrf.as_str()), ("mode", "look"), ("subscription", "projects/drip-test/subscriptions/other")];
+    let (status, refused) = c.post("/console/dead-letters", &elsewhere, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(element(&refused, "message").contains("not among DRIP_CONSOLE_DLQ_SUBSCRIPTIONS"), "{refused}");
+}

@@ -61,6 +61,8 @@ pub struct AppState {
     pub lease: Millis,
     /// After SIGTERM, what is left of each request is bounded by the time left.
     pub shutdown: Arc<Shutdown>,
+    /// What the console's dead-letters page may read and replay to.
+    pub dead_letters: Arc<console::DeadLetterSources>,
 }
 
 pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
@@ -113,6 +115,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
         attempt_deadline,
         lease: attempt_deadline.as_millis() as Millis + drip_service::LEASE_MARGIN,
         shutdown: settings.shutdown(),
+        dead_letters: Arc::new(settings.console.dead_letters(&common.project, common.pubsub_emulator_host.as_deref())),
     })
 }
 

@@ -9,7 +9,7 @@ use drip_service::shutdown::Shutdown;
 use drip_service::tasks::TaskSettings;
 use envconfig::Envconfig;
 
-use crate::console::{ConsoleAuth, Role};
+use crate::console::{ConsoleAuth, DeadLetterSources, Role};
 
 /// The limiter's settings, from the environment (docs/operations.md: "Settings").
 #[derive(Debug, Clone, Envconfig)]
@@ -66,6 +66,12 @@ pub struct ConsoleSettings {
     /// With `DRIP_AUTH=off` (local runs): the role of every caller, `operator`, `viewer` or `none`.
     #[envconfig(from = "DRIP_CONSOLE_ANONYMOUS", default = "operator")]
     pub anonymous: String,
+    /// Dead-letter topics' subscriptions the console may read and replay from (names or full).
+    #[envconfig(from = "DRIP_CONSOLE_DLQ_SUBSCRIPTIONS", default = "")]
+    pub dlq_subscriptions: String,
+    /// Topics the console may replay dead letters' events to (the topics the limiter reads).
+    #[envconfig(from = "DRIP_CONSOLE_REPLAY_TOPICS", default = "")]
+    pub replay_topics: String,
 }
 
 /// As the environment gives it when nothing is set.
@@ -77,11 +83,28 @@ impl Default for ConsoleSettings {
             iap_audience: None,
             iap_jwks_url: None,
             anonymous: "operator".into(),
+            dlq_subscriptions: String::new(),
+            replay_topics: String::new(),
         }
     }
 }
 
 impl ConsoleSettings {
+    /// The subscriptions and topics of `project` the console's dead-letters page works with.
+    pub fn dead_letters(&self, project: &str, emulator: Option<&str>) -> DeadLetterSources {
+        let full = |kind: &str, list: &str| -> Vec<String> {
+            let name = |n: &str| {
+                if n.starts_with("projects/") { n.to_owned() } else { format!("projects/{project}/{kind}/{n}") }
+            };
+            drip_service::auth::emails(list).iter().map(|n| name(n)).collect()
+        };
+        DeadLetterSources {
+            subscriptions: full("subscriptions", &self.dlq_subscriptions),
+            topics: full("topics", &self.replay_topics),
+            emulator: emulator.map(str::to_owned),
+        }
+    }
+
     fn auth(&self, auth: drip_service::auth::Auth) -> anyhow::Result<ConsoleAuth> {
         let anonymous = match self.anonymous.trim() {
             "none" => None,

@@ -225,6 +225,7 @@ fn limiter_forwarding_to(target: &str) -> Limiter {
         attempt_deadline: Duration::from_secs(5),
         lease: 10_000,
         shutdown: Shutdown::new(Duration::from_secs(10), Duration::from_secs(1)),
+        dead_letters: Arc::default(),
     };
     Limiter { state, store, pubsub, tasks }
 }

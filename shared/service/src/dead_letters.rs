@@ -18,7 +18,7 @@ use drip_core::event::MessageRef;
 use drip_core::outcome::DlqReason;
 use drip_core::overflow::{TaskBody, TaskPayload};
 use drip_core::time::{format_rfc3339, parse_rfc3339};
-use drip_gcp::pubsub::Publishers;
+use drip_gcp::Publish;
 use drip_gcp::pull::{Pulled, Subscription};
 use drip_store::Store;
 use serde::Serialize;
@@ -28,7 +28,7 @@ use serde::Serialize;
 pub struct ReplayPlan {
     /// The dead-letter topic's subscription (its full name).
     pub subscription: String,
-    /// Where each event goes again (a name, or `projects/P/topics/T`).
+    /// Where each event goes again: `projects/P/topics/T`.
     pub topic: String,
     /// Only dead letters with one of these `drip-reason`s (none: any).
     pub reasons: Vec<String>,
@@ -98,13 +98,13 @@ pub struct Replayed {
 /// plan's end; `progress` sees the entries after each pull.
 pub async fn replay(
     plan: &ReplayPlan,
-    (subscription, publishers): (&Subscription, &Publishers),
+    (subscription, publishers): (&Subscription, &dyn Publish),
     store: Option<&dyn Store>,
     stop: impl Future<Output = ()>,
     mut progress: impl FnMut(&[Entry]),
 ) -> anyhow::Result<Replayed> {
     let args = plan;
-    let topic = publishers.topic_name(&args.topic);
+    let topic = &args.topic;
     let (mut entries, mut left, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
     // The `drip-replay-of` of every event this run published: one that comes back is not replayed again.
     let mut published = HashSet::new();
@@ -139,7 +139,7 @@ pub async fn replay(
                     }
                     Some((data, attributes)) => {
                         let of = attributes.get(REPLAY_OF).cloned().unwrap_or_default();
-                        match publishers.publish(&topic, data, attributes).await {
+                        match publishers.publish(topic, data, attributes).await {
                             Ok(id) => {
                                 subscription.acknowledge(std::slice::from_ref(&message.ack_id)).await?;
                                 published.insert(of);

@@ -36,6 +36,9 @@ rules:
 "#;
 
 pub struct Console {
+    /// The prefix of its topics (each has a subscription of the same name).
+    pub prefix: String,
+    pub pubsub: Pubsub,
     pub rule: String,
     pub limiter: LimiterUnderTest,
     pub http: reqwest::Client,
@@ -46,7 +49,7 @@ pub struct Console {
 pub async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
     let prefix = unique("con");
     let pubsub = Pubsub::shared();
-    for topic in ["ready", "overflow", "dlq"] {
+    for topic in ["ready", "overflow", "dlq", "source"] {
         pubsub.topic_with_subscription(&format!("{prefix}-{topic}")).await;
     }
     let (tasks, receiver) = (TasksStandIn::start().await, RecordingTarget::start().await);
@@ -57,11 +60,13 @@ pub async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
         tasks.queues(&prefix, 1),
         format!("{}/dispatch", receiver.url),
     );
+    wiring.console.dlq_subscriptions = format!("{prefix}-dlq");
+    wiring.console.replay_topics = format!("{prefix}-source");
     tune(&mut wiring);
     let limiter = spawn_limiter(&RULES.replace("{p}", &prefix), &wiring).await;
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     // Each limiter has a namespace of its own: its rule may have a plain name.
-    Console { rule: "payouts".into(), limiter, http, _tasks: tasks, _receiver: receiver }
+    Console { prefix, pubsub, rule: "payouts".into(), limiter, http, _tasks: tasks, _receiver: receiver }
 }
 
 impl Console {
@@ -79,7 +84,7 @@ impl Console {
         }
     }
 
-    async fn push(&self, id: &str, event_type: &str, data: &str) {
+    pub async fn push(&self, id: &str, event_type: &str, data: &str) {
         let body = drip_tests::push_envelope(
             id,
             "projects/drip-test/subscriptions/source",

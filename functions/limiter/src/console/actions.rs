@@ -87,19 +87,20 @@ impl Action {
     }
 }
 
-struct Hidden {
-    name: &'static str,
-    value: String,
+pub(super) struct Hidden {
+    pub name: &'static str,
+    pub value: String,
 }
 
+/// "Do this?": the form's fields once more, with `confirm=yes`, posted to the same URL.
 #[derive(Template)]
 #[template(path = "console/confirm.html")]
-struct ConfirmPage {
-    caller: Caller,
-    question: String,
-    action: String,
-    fields: Vec<Hidden>,
-    back: String,
+pub(super) struct ConfirmPage {
+    pub caller: Caller,
+    pub question: String,
+    pub action: String,
+    pub fields: Vec<Hidden>,
+    pub back: String,
 }
 
 #[derive(Template)]
@@ -114,16 +115,27 @@ struct ResultPage {
 /// The checks every action passes first: an operator, from this site, with a good token.
 async fn admitted(state: &AppState, caller: &Caller, headers: &HeaderMap, form: &ActionForm) -> Result<(), Refusal> {
     if !caller.may_act() {
-        return Err(Refusal::new(
-            StatusCode::FORBIDDEN,
-            format!("{} may view the console, not act in it", caller.email),
-        ));
+        return Err(viewer_refused(caller));
     }
+    posted_here(state, caller, headers, &form.csrf).await
+}
+
+pub(super) fn viewer_refused(caller: &Caller) -> Refusal {
+    Refusal::new(StatusCode::FORBIDDEN, format!("{} may view the console, not act in it", caller.email))
+}
+
+/// A form posted from this site, with the caller's good token.
+pub(super) async fn posted_here(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    csrf: &str,
+) -> Result<(), Refusal> {
     if cross_site(headers) {
         return Err(Refusal::new(StatusCode::FORBIDDEN, "a form posted from another site is refused"));
     }
     let tokens = FormTokens::of(state).await?;
-    if !tokens.check(&caller.email, &form.csrf, wall_clock_millis() as u64) {
+    if !tokens.check(&caller.email, csrf, wall_clock_millis() as u64) {
         return Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "the form's token is missing or stale: open the page again and repeat the action",

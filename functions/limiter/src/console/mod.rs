@@ -11,7 +11,10 @@
 //! shares through Redis), and a cross-site form post is refused before its token is read.
 
 mod actions;
+mod dead_letters;
 mod pages;
+
+pub use dead_letters::DeadLetterSources;
 
 use std::sync::Arc;
 
@@ -248,6 +251,7 @@ pub fn routes() -> Router<AppState> {
         .route("/console/rules/{rule}/keys/{key}", get(pages::key))
         .route("/console/rules/{rule}/keys/{key}/{action}", post(actions::key_action))
         .route("/console/rules/{rule}/budgets/{budget}/{action}", post(actions::budget_action))
+        .route("/console/dead-letters", get(dead_letters::page).post(dead_letters::run))
         .route("/console/static/console.css", get(stylesheet))
 }
 
