@@ -21,6 +21,12 @@ async fn the_pages_show_the_store_s_figures() {
     assert_eq!(element(&key, "verdict"), "backlogged");
     assert!(element(&key, "drains").starts_with(&format!("at {}", report["drainsAt"].as_str().unwrap())), "{key}");
     assert!(key.contains("<td>2 per 1h (fixed)</td><td>2</td><td>2</td><td>1</td>"), "used 2 of 2, 1 ahead: {key}");
+    let waiting = format!("<li>{} · 1 event</li>", report["drainsAt"].as_str().unwrap());
+    assert!(key.contains(&waiting), "the waiting payout's slot among its decisions: {key}");
+
+    let feedback = serde_json::json!({"rule": "payouts", "key": "merchant_8", "status": 429});
+    let answered = c.http.post(format!("{}/v1/feedback", c.limiter.url)).json(&feedback).send().await.unwrap();
+    assert!(answered.status().is_success(), "{answered:?}");
 
     let (status, rule) = c.page(&format!("/console/rules/{}", c.rule)).await;
     assert_eq!(status, StatusCode::OK, "{rule}");
@@ -28,6 +34,7 @@ async fn the_pages_show_the_store_s_figures() {
         assert!(rule.contains(&format!(">{merchant}</a>")), "{merchant} among the busiest keys: {rule}");
     }
     assert!(rule.contains("2 entities with state, all examined"), "{rule}");
+    assert_eq!(element(&rule, "answers"), "1 × 429 in the last 15 minutes");
 
     c.checks(21).await;
     let (status, kyc) = c.page("/console/rules/kyc").await;

@@ -53,6 +53,12 @@ pub async fn apply(
     signal: Signal,
 ) -> Result<Effect, StoreError> {
     let budget = budget.or_else(|| rule.feedback_budget());
+    if signal.overloaded() || signal.until.is_some() {
+        // The console's "partner answers of the last minutes"; a count lost is no reason to fail.
+        if let Err(error) = store.count_answer(rule, signal.status.unwrap_or(0)).await {
+            tracing::debug!(rule = %rule.name, %error, "could not count a refusal");
+        }
+    }
     let target = budget.map_or_else(|| "key".to_owned(), |b| format!("budget:{}", b.name));
     // The metrics' label: a key's answers count for its rule (keys are too many for labels).
     let labelled = budget.map_or_else(|| format!("rule:{}", rule.name), |b| format!("budget:{}", b.name));

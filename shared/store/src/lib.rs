@@ -1,6 +1,7 @@
 //! Where reservations live: Redis in production (`reserve.lua`, atomic across every instance, one
 //! call for each group of reservations that arrive together), or memory (the reference model) for the simulator and tests.
 
+mod answers;
 pub mod args;
 mod audit_text;
 mod budgets;
@@ -19,6 +20,7 @@ mod resume;
 mod scripts;
 mod store;
 
+pub use answers::ANSWERS_KEPT;
 pub use budgets::Calendar;
 pub use busiest::{BusyKey, BusyKeys};
 pub use connection::{

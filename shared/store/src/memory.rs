@@ -32,6 +32,8 @@ pub struct MemoryStore {
     /// Drained messages not handed over yet: (rule, key, answer file), in order.
     handing: Mutex<Vec<(String, String, AnswerFile)>>,
     clock: Clock,
+    /// Each rule's refusals by minute (`Store::count_answer`); never expire in the model.
+    answers: Mutex<BTreeMap<(String, Millis), BTreeMap<u16, u64>>>,
     /// Every name's `shared_secret`: one process holds the model, so any value serves (zeros).
     secret: [u8; 32],
 }
@@ -471,6 +473,24 @@ impl Store for MemoryStore {
             scoped.collect::<Vec<_>>()
         });
         ready(BusyKeys::ranked(found, count, true))
+    }
+
+    fn slots_since<'a>(&'a self, rule: &'a Rule, key: &'a str, since: Millis) -> StoreFuture<'a, Vec<Millis>> {
+        ready(self.reserved_slots(&rule.id, key, since))
+    }
+
+    fn count_answer<'a>(&'a self, rule: &'a Rule, status: u16) -> StoreFuture<'a, ()> {
+        let minute = self.now().div_euclid(drip_core::time::MINUTE);
+        *locked(&self.answers).entry((rule.id.clone(), minute)).or_default().entry(status).or_default() += 1;
+        ready(())
+    }
+
+    fn answers_since<'a>(&'a self, rule: &'a Rule, since: Millis) -> StoreFuture<'a, BTreeMap<u16, u64>> {
+        let (first, last) = (since.div_euclid(drip_core::time::MINUTE), self.now().div_euclid(drip_core::time::MINUTE));
+        let answers = locked(&self.answers);
+        let minutes =
+            answers.range((rule.id.clone(), first)..=(rule.id.clone(), last)).map(|(_, counts)| counts.clone());
+        ready(crate::answers::sum(minutes))
     }
 
     fn shared_secret<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<u8>> {

@@ -367,6 +367,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         Box::pin(self.busiest(rule, count, examine))
     }
 
+    fn slots_since<'a>(&'a self, rule: &'a Rule, key: &'a str, since: Millis) -> StoreFuture<'a, Vec<Millis>> {
+        Box::pin(async move {
+            let now = self.store_now().await?;
+            self.reserved_slots(rule, key, (since, now)).await
+        })
+    }
+
+    fn count_answer<'a>(&'a self, rule: &'a Rule, status: u16) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.count_refusal(rule, status, self.store_now().await?).await })
+    }
+
+    fn answers_since<'a>(&'a self, rule: &'a Rule, since: Millis) -> StoreFuture<'a, BTreeMap<u16, u64>> {
+        Box::pin(async move { self.refusals_since(rule, (since, self.store_now().await?)).await })
+    }
+
     /// `SET NX` of 32 random bytes, then `GET`: whichever instance came first made it.
     fn shared_secret<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Vec<u8>> {
         Box::pin(async move {

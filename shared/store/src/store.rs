@@ -146,6 +146,14 @@ pub trait Store: Ping + std::fmt::Debug {
     /// Up to `count` keys of the rule, the latest last slot first, from at most `examine` of
     /// its entities (the console's busiest keys).
     fn busiest_keys<'a>(&'a self, rule: &'a Rule, count: usize, examine: usize) -> StoreFuture<'a, BusyKeys>;
+    /// The slots the entity's events hold from `since` on (exact, from their answers): its
+    /// recent decisions, for the console.
+    fn slots_since<'a>(&'a self, rule: &'a Rule, key: &'a str, since: Millis) -> StoreFuture<'a, Vec<Millis>>;
+    /// Counts one refusal of the rule's downstream (a status, 0 for a timeout) in its minute, kept
+    /// [`ANSWERS_KEPT`](crate::ANSWERS_KEPT).
+    fn count_answer<'a>(&'a self, rule: &'a Rule, status: u16) -> StoreFuture<'a, ()>;
+    /// The rule's counted refusals from `since` on, by status.
+    fn answers_since<'a>(&'a self, rule: &'a Rule, since: Millis) -> StoreFuture<'a, BTreeMap<u16, u64>>;
     /// A random secret named `name`, made by the first instance that asks and the same for every
     /// instance after (the console signs its forms' tokens with one).
     fn shared_secret<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Vec<u8>>;

@@ -197,20 +197,13 @@ pub struct Search {
     key: Option<String>,
 }
 
-/// The partner's answers of the last minutes, as the audit list holds them: `3 × 429, 1 × 503`.
-fn recent_answers(history: &[AuditEntry], now: Millis) -> String {
-    let mut by_status = BTreeMap::<u16, usize>::new();
-    for entry in history {
-        if let AuditEntry::Feedback(call) = entry
-            && call.at + RECENT > now
-        {
-            *by_status.entry(call.status).or_default() += 1;
-        }
-    }
+/// The downstream's refusals of the last minutes, by status: `3 × 429, 1 × timeout`.
+fn recent_answers(by_status: &BTreeMap<u16, u64>) -> String {
     if by_status.is_empty() {
-        return "none reported in the last 15 minutes".into();
+        return "no 429, 5xx or timeout in the last 15 minutes".into();
     }
-    let each: Vec<String> = by_status.iter().map(|(status, n)| format!("{n} × {status}")).collect();
+    let name = |status: u16| if status == 0 { "timeout".to_owned() } else { status.to_string() };
+    let each: Vec<String> = by_status.iter().map(|(&status, n)| format!("{n} × {}", name(status))).collect();
     format!("{} in the last 15 minutes", each.join(", "))
 }
 
@@ -240,9 +233,10 @@ pub async fn rule(
             None => drip_store::inspect_key(&*state.store, rule, "").await?.budgets,
         };
         let history = state.store.audit_history(rule, HISTORY).await?;
-        Ok::<_, drip_store::StoreError>((busy, reports, budgets, history))
+        let answers = state.store.answers_since(rule, now - RECENT).await?;
+        Ok::<_, drip_store::StoreError>((busy, reports, budgets, history, answers))
     };
-    let (busy, reports, budgets, history) = match loaded.await {
+    let (busy, reports, budgets, history, answers) = match loaded.await {
         Ok(loaded) => loaded,
         Err(e) => return unavailable("the rule's page", e).into_response(),
     };
@@ -270,7 +264,7 @@ pub async fn rule(
         max_delay: format_duration(rule.max_delay),
         keys,
         keys_seen: seen(&busy),
-        answers: recent_answers(&history, now),
+        answers: recent_answers(&answers),
         history: history.iter().take(20).map(AuditEntry::describe).collect(),
     })
 }
@@ -303,6 +297,28 @@ struct KeyPage {
     sources: Vec<String>,
     budgets: Vec<BudgetRow>,
     history: Vec<String>,
+    decisions: Vec<String>,
+    latency: Option<String>,
+}
+
+/// The slots the key's events took, a line per second: `2026-12-04T12:00:01.000Z · 3 events`
+/// (the latest [`DECISIONS`] seconds).
+fn decisions(slots: &[Millis]) -> Vec<String> {
+    let mut by_second = BTreeMap::<Millis, usize>::new();
+    for slot in slots {
+        *by_second.entry(slot.div_euclid(1_000) * 1_000).or_default() += 1;
+    }
+    let lines = by_second.iter().rev().take(DECISIONS).map(|(&second, &n)| {
+        format!("{} · {}", drip_core::time::format_rfc3339(second), drip_core::counted(n as u64, "event"))
+    });
+    lines.collect()
+}
+
+const DECISIONS: usize = 30;
+
+fn latency_line(view: &drip_store::inspect::LatencyView) -> String {
+    let hurt = view.level_that_hurt.map_or(String::new(), |l| format!(", hurt at level {l:.2}"));
+    format!("baseline {:.0} ms{hurt}, last judged {}", view.baseline_ms, view.last_judged)
 }
 
 pub async fn key(State(state): State<AppState>, caller: Caller, Path((name, key)): Path<(String, String)>) -> Response {
@@ -315,9 +331,10 @@ pub async fn key(State(state): State<AppState>, caller: Caller, Path((name, key)
         let report = drip_store::inspect_key(&*state.store, rule, &key).await?;
         let report = drip_store::with_provenance(&*state.store, rule, report).await?;
         let history = state.store.audit_history(rule, HISTORY).await?;
-        Ok::<_, drip_store::StoreError>((report, history))
+        let slots = state.store.slots_since(rule, &key, wall_clock_millis() - RECENT).await?;
+        Ok::<_, drip_store::StoreError>((report, history, slots))
     };
-    let (report, history) = match loaded.await {
+    let (report, history, slots) = match loaded.await {
         Ok(loaded) => loaded,
         Err(e) => return unavailable("the key's page", e).into_response(),
     };
@@ -335,6 +352,8 @@ pub async fn key(State(state): State<AppState>, caller: Caller, Path((name, key)
         sources: limit_sources(&report),
         budgets: report.budgets.iter().map(BudgetRow::of).collect(),
         history: history.iter().filter(|e| e.key() == key).take(30).map(AuditEntry::describe).collect(),
+        decisions: decisions(&slots),
+        latency: report.latency.as_ref().map(latency_line),
         key,
         report,
         caller,
