@@ -127,7 +127,7 @@ mod tests {
         assert_eq!(read, entry);
         assert_eq!(
             read.describe(),
-            "payouts merchant_7 paused key until 1970-01-01T00:01:01Z (by ops@example.com at 1970-01-01T00:00:01Z: partner maintenance)\n"
+            "payouts merchant_7 paused key until 1970-01-01T00:01:01.000Z (by ops@example.com at 1970-01-01T00:00:01.000Z: partner maintenance)\n"
         );
     }
 }

@@ -123,8 +123,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             });
         }
         let pattern = StatePattern::of(self.namespace(), RuleRef::of(rule));
-        let (mut cursor, mut names) = (0u64, Vec::new());
+        // A rule whose keys are few among many others' would make a long walk: it stops after ten
+        // keyspace keys per state hash it may examine.
+        let most_calls = examine.div_ceil(SCAN_STEP).max(1) * 10;
+        let (mut cursor, mut names, mut calls) = (0u64, Vec::new(), 0);
         loop {
+            calls += 1;
             let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
@@ -135,7 +139,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 .await?;
             names.extend(batch);
             cursor = next;
-            if cursor == 0 || names.len() >= examine {
+            if cursor == 0 || names.len() >= examine || calls >= most_calls {
                 break;
             }
         }

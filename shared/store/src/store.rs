@@ -150,7 +150,7 @@ pub trait Store: Ping + std::fmt::Debug {
     /// recent decisions, for the console.
     fn slots_since<'a>(&'a self, rule: &'a Rule, key: &'a str, since: Millis) -> StoreFuture<'a, Vec<Millis>>;
     /// Counts one refusal of the rule's downstream (a status, 0 for a timeout) in its minute, kept
-    /// [`ANSWERS_KEPT`](crate::ANSWERS_KEPT).
+    /// [`ANSWERS_KEPT`](crate::answers::ANSWERS_KEPT).
     fn count_answer<'a>(&'a self, rule: &'a Rule, status: u16) -> StoreFuture<'a, ()>;
     /// The rule's counted refusals from `since` on, by status.
     fn answers_since<'a>(&'a self, rule: &'a Rule, since: Millis) -> StoreFuture<'a, BTreeMap<u16, u64>>;
