@@ -11,16 +11,17 @@ use drip_store::Resumed;
 use crate::output::{Output, Printed};
 use crate::transport::Target;
 
+/// The key or budget a pause or resume names, why, and how to print the answer.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct KeyOrBudget {
     #[command(flatten)]
     target: Target,
     /// The rule, as the rules file names it.
     rule: String,
-    /// The key whose pause to lift (not with --budget).
+    /// The key (not with --budget).
     #[arg(required_unless_present = "budget")]
     key: Option<String>,
-    /// A budget the rule draws from: lift its pause instead of a key's.
+    /// A budget the rule draws from, for every key that draws from it, instead of a key.
     #[arg(long, conflicts_with = "key")]
     budget: Option<String>,
     /// Why, kept in the rule's audit list (`drip limits history`).
@@ -31,41 +32,38 @@ pub struct Args {
     output: Output,
 }
 
+impl KeyOrBudget {
+    fn named(&self) -> (&str, &str, Option<&str>) {
+        (&self.rule, self.key.as_deref().unwrap_or_default(), self.budget.as_deref())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    named: KeyOrBudget,
+}
+
 pub fn run(args: Args) -> ExitCode {
-    crate::output::run("resume", args.output, resume(&args))
+    crate::output::run("resume", args.named.output, resume(&args.named))
 }
 
 #[derive(Debug, clap::Args)]
 pub struct PauseArgs {
     #[command(flatten)]
-    target: Target,
-    /// The rule, as the rules file names it.
-    rule: String,
-    /// The key to pause (not with --budget).
-    #[arg(required_unless_present = "budget")]
-    key: Option<String>,
-    /// A budget the rule draws from: pause it, for every key that draws from it.
-    #[arg(long, conflicts_with = "key")]
-    budget: Option<String>,
+    named: KeyOrBudget,
     /// How long from now, e.g. `15m` (at most 7d). A pause that ends later already stays.
     #[arg(long = "for", value_name = "DURATION")]
     length: String,
-    /// Why, kept in the rule's audit list (`drip limits history`).
-    #[arg(long)]
-    reason: Option<String>,
-    /// `table` (a line) or `json` (the limiter's answer).
-    #[arg(long, value_enum, default_value_t = Output::Table)]
-    output: Output,
 }
 
 pub fn run_pause(args: PauseArgs) -> ExitCode {
-    crate::output::run("pause", args.output, pause(&args))
+    crate::output::run("pause", args.named.output, pause(&args))
 }
 
 async fn pause(args: &PauseArgs) -> anyhow::Result<Printed> {
-    let transport = args.target.connect().await?;
-    let named = (args.rule.as_str(), args.key.as_deref().unwrap_or_default(), args.budget.as_deref());
-    let paused = transport.pause(named, &args.length, args.reason.as_deref()).await?;
+    let transport = args.named.target.connect().await?;
+    let paused = transport.pause(args.named.named(), &args.length, args.named.reason.as_deref()).await?;
     let in_force = match paused.paused_until {
         Some(until) => format!("in force now: no new slot before {}\n", format_rfc3339(until)),
         None => "in force now: not paused\n".to_owned(),
@@ -73,11 +71,9 @@ async fn pause(args: &PauseArgs) -> anyhow::Result<Printed> {
     Ok(Printed { table: format!("{}{in_force}", paused.change.describe()), json: serde_json::to_value(&paused)? })
 }
 
-async fn resume(args: &Args) -> anyhow::Result<Printed> {
+async fn resume(args: &KeyOrBudget) -> anyhow::Result<Printed> {
     let transport = args.target.connect().await?;
-    let resumed = transport
-        .resume(&args.rule, args.key.as_deref().unwrap_or_default(), args.budget.as_deref(), args.reason.as_deref())
-        .await?;
+    let resumed = transport.resume(args.named(), args.reason.as_deref()).await?;
     Ok(Printed { table: describe(&resumed), json: serde_json::to_value(&resumed)? })
 }
 

@@ -173,9 +173,7 @@ impl Transport {
     /// Lifts the pause of `key`, or of `budget` when given (`DELETE .../pause`).
     pub async fn resume(
         &self,
-        name: &str,
-        key: &str,
-        budget: Option<&str>,
+        (name, key, budget): (&str, &str, Option<&str>),
         reason: Option<&str>,
     ) -> anyhow::Result<Resumed> {
         match self {
