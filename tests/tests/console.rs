@@ -5,7 +5,7 @@
 #[path = "support/console.rs"]
 mod console;
 
-use console::{element, start, token};
+use console::{element, start, start_on, token};
 use reqwest::StatusCode;
 
 #[tokio::test]
@@ -274,4 +274,22 @@ async fn a_viewer_may_look_at_dead_letters_but_not_replay_them() {
     let (status, refused) = c.post("/console/dead-letters", &elsewhere, None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(element(&refused, "message").contains("not among DRIP_CONSOLE_DLQ_SUBSCRIPTIONS"), "{refused}");
+}
+
+/// On a Redis Cluster the busiest keys are not listed (a scan reaches one node per call): the rule's
+/// page says so and offers the search, and a key's page shows its figures as on one Redis.
+#[tokio::test]
+async fn on_a_cluster_the_rule_s_page_says_to_search_and_a_key_s_page_works() {
+    let cluster = drip_tests::redis_server::RedisCluster::start();
+    let c = start_on(cluster.urls()[0].clone(), |w| w.redis_cluster = true).await;
+    c.backlog(31).await;
+    let (status, rule) = c.page("/console/rules/payouts").await;
+    assert_eq!(status, StatusCode::OK, "{rule}");
+    assert!(rule.contains("not listed on a Redis Cluster: search for a key by name"), "{rule}");
+    let (_, overview) = c.page("/console").await;
+    assert!(overview.contains(">unknown<") && !overview.contains(">idle<"), "not idle, unknown: {overview}");
+    let (status, key) = c.page(&c.key_path(31)).await;
+    assert_eq!(status, StatusCode::OK, "{key}");
+    assert_eq!(element(&key, "backlog"), "1");
+    assert_eq!(element(&key, "verdict"), "backlogged");
 }

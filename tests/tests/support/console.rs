@@ -47,6 +47,11 @@ pub struct Console {
 }
 
 pub async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
+    start_on(shared_url(), tune).await
+}
+
+/// The same on the Redis at `redis_url`.
+pub async fn start_on(redis_url: String, tune: impl FnOnce(&mut LimiterWiring)) -> Console {
     let prefix = unique("con");
     let pubsub = Pubsub::shared();
     for topic in ["ready", "overflow", "dlq", "source"] {
@@ -54,7 +59,7 @@ pub async fn start(tune: impl FnOnce(&mut LimiterWiring)) -> Console {
     }
     let (tasks, receiver) = (TasksStandIn::start().await, RecordingTarget::start().await);
     let mut wiring = LimiterWiring::new(
-        shared_url(),
+        redis_url,
         pubsub.host.clone(),
         &tasks,
         tasks.queues(&prefix, 1),

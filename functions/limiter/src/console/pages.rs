@@ -159,7 +159,12 @@ pub async fn overview(State(state): State<AppState>, caller: Caller) -> Response
             name: rule.name.clone(),
             limits: limits_of(rule),
             budgets: rule.budgets.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", "),
-            verdict: if top.is_some() { verdict(&report, now) } else { "idle" },
+            verdict: match (&top, &busy.unsupported) {
+                (Some(_), _) => verdict(&report, now),
+                // On a Redis Cluster no key is listed: the rule's state is not known from here.
+                (None, Some(_)) => "unknown",
+                (None, None) => "idle",
+            },
             drains: until(report.drains_at.as_deref().or(report.drains_after.as_deref()), now),
             busiest: top,
             keys_seen: seen(&busy),
