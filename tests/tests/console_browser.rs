@@ -7,6 +7,7 @@
 #[path = "support/console.rs"]
 mod console;
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -26,10 +27,15 @@ fn browser() -> Option<(PathBuf, PathBuf)> {
     Some((driver, chromium))
 }
 
+/// chromedriver in a process group of its own, with the Chromium it starts: dropped (the test
+/// ended, or failed before closing its session), the whole group is stopped, so no browser is
+/// left running.
 struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -39,6 +45,7 @@ async fn open_browser(driver: &std::path::Path, chromium: &std::path::Path) -> (
     let port = drip_tests::redis_server::free_port();
     let child = Command::new(driver)
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
