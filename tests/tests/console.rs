@@ -34,6 +34,7 @@ async fn the_pages_show_the_store_s_figures() {
         assert!(rule.contains(&format!(">{merchant}</a>")), "{merchant} among the busiest keys: {rule}");
     }
     assert!(rule.contains("2 entities with state, all examined"), "{rule}");
+    assert_eq!(element(&rule, "waiting"), "2 events over the keys below", "one waiting payout each");
     assert_eq!(element(&rule, "answers"), "1 × 429 in the last 15 minutes");
 
     c.checks(21).await;

@@ -180,6 +180,8 @@ struct KeyRow {
     parked: u64,
     drains: String,
     waiting_on: String,
+    /// Its downstream's latency baseline, when its adaptive limit follows latency.
+    latency: String,
 }
 
 #[derive(Template)]
@@ -193,6 +195,8 @@ struct RulePage {
     max_delay: String,
     keys: Vec<KeyRow>,
     keys_seen: String,
+    /// Events waiting (booked ahead or parked) over the keys listed.
+    waiting: u64,
     answers: String,
     history: Vec<String>,
 }
@@ -254,6 +258,7 @@ pub async fn rule(
             parked: r.parked,
             drains: until(r.drains_at.as_deref().or(r.drains_after.as_deref()), now),
             waiting_on: r.waiting_on.join("; "),
+            latency: r.latency.as_ref().map_or(String::new(), |l| format!("{:.0} ms", l.baseline_ms)),
         })
         .collect();
     let token = match FormTokens::of(&state).await {
@@ -267,6 +272,7 @@ pub async fn rule(
         limits: limits_of(rule),
         budgets: budgets.iter().map(BudgetRow::of).collect(),
         max_delay: format_duration(rule.max_delay),
+        waiting: reports.iter().map(|r| r.backlog + r.parked).sum(),
         keys,
         keys_seen: seen(&busy),
         answers: recent_answers(&answers),
