@@ -64,8 +64,13 @@ pub struct PathTarget {
 }
 
 impl PathTarget {
-    fn rule(&self) -> &Rule {
+    pub(crate) fn rule(&self) -> &Rule {
         &self.rules.rules[self.index]
+    }
+
+    /// The key the path names, capped as the limiter caps keys.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 
     /// The rule named `name` among the rules in force (none: 404, [`no_such_rule`]), and `key` capped.

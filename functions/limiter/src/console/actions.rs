@@ -12,7 +12,7 @@ use drip_store::{AuditEntry, OverrideChange, Paused, Resumed};
 use serde::Deserialize;
 
 use super::pages::key_path;
-use super::{Caller, FormTokens, Refusal, cross_site, render};
+use super::{Caller, FormTokens, Refusal, cross_site, given, render};
 use crate::AppState;
 use crate::entities::{self, PathTarget, PauseBody, ResumeQuery, SetLimit, WhichLimit};
 
@@ -35,10 +35,6 @@ pub struct ActionForm {
     until: String,
     #[serde(default)]
     per: String,
-}
-
-fn given(text: &str) -> Option<String> {
-    Some(text.trim()).filter(|t| !t.is_empty()).map(str::to_owned)
 }
 
 /// What an action is, before it is done.
@@ -90,6 +86,13 @@ impl Action {
 pub(super) struct Hidden {
     pub name: &'static str,
     pub value: String,
+}
+
+impl Hidden {
+    /// The fields of a form that were filled in, to post again.
+    pub fn given<'a>(fields: impl IntoIterator<Item = (&'static str, &'a String)>) -> Vec<Self> {
+        fields.into_iter().filter(|(_, v)| !v.is_empty()).map(|(name, v)| Self { name, value: v.clone() }).collect()
+    }
 }
 
 /// "Do this?": the form's fields once more, with `confirm=yes`, posted to the same URL.
@@ -154,12 +157,11 @@ fn confirm(caller: Caller, action: Action, what: &str, form: &ActionForm, back: 
         ("until", &form.until),
         ("per", &form.per),
     ];
-    let fields = fields.into_iter().filter(|(_, v)| !v.is_empty()).map(|(name, v)| Hidden { name, value: v.clone() });
     render(&ConfirmPage {
         caller,
         question: action.describe(what, form),
         action: action.name().to_owned(),
-        fields: fields.collect(),
+        fields: Hidden::given(fields),
         back,
     })
 }

@@ -15,7 +15,7 @@ use drip_service::dead_letters::{Counts, Entry, ReplayPlan, replay};
 use serde::Deserialize;
 
 use super::actions::{ConfirmPage, Hidden, posted_here, viewer_refused};
-use super::{Caller, FormTokens, Refusal, render};
+use super::{Caller, FormTokens, Refusal, given, render};
 use crate::AppState;
 
 /// What the page works with: the dead-letter subscriptions it reads, the topics it replays to
@@ -79,10 +79,6 @@ pub struct RunForm {
     key: String,
     #[serde(default)]
     max: String,
-}
-
-fn given(text: &str) -> Option<String> {
-    Some(text.trim()).filter(|t| !t.is_empty()).map(str::to_owned)
 }
 
 struct Row {
@@ -221,12 +217,11 @@ fn confirm(caller: Caller, plan: &ReplayPlan, form: &RunForm) -> Response {
         ("key", &form.key),
         ("max", &form.max),
     ];
-    let fields = fields.into_iter().filter(|(_, v)| !v.is_empty()).map(|(name, v)| Hidden { name, value: v.clone() });
     render(&ConfirmPage {
         caller,
         question,
         action: "replay".into(),
-        fields: fields.collect(),
+        fields: Hidden::given(fields),
         back: "/console/dead-letters".into(),
     })
 }

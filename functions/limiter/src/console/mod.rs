@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
@@ -189,6 +189,11 @@ fn render<T: Template>(page: &T) -> Response {
     }
 }
 
+/// A form field as given, or none when left empty.
+fn given(text: &str) -> Option<String> {
+    Some(text.trim()).filter(|t| !t.is_empty()).map(str::to_owned)
+}
+
 /// How long a form's token stays good, in hours.
 const TOKEN_HOURS: u64 = 12;
 const HOUR_MS: u64 = 3_600_000;
@@ -255,7 +260,7 @@ pub fn routes() -> Router<AppState> {
         .route("/console/static/console.css", get(stylesheet))
 }
 
-async fn stylesheet(State(_): State<AppState>) -> Response {
+async fn stylesheet() -> Response {
     ([(header::CONTENT_TYPE, "text/css")], include_str!("../../templates/console/console.css")).into_response()
 }
 

@@ -8,7 +8,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use drip_core::rules::Rule;
-use drip_core::template::cap_key;
 use drip_core::time::{Millis, format_duration, parse_rfc3339, wall_clock_millis};
 use drip_store::inspect::{BudgetReport, EntityReport};
 use drip_store::{AuditEntry, BusyKeys};
@@ -16,6 +15,7 @@ use serde::Deserialize;
 
 use super::{Caller, FormTokens, Refusal, render};
 use crate::AppState;
+use crate::entities::PathTarget;
 
 /// How many state hashes a rule's page examines for its busiest keys, and the overview per rule.
 const RULE_EXAMINE: usize = 10_000;
@@ -31,13 +31,9 @@ fn unavailable(what: &str, error: impl std::fmt::Display) -> Refusal {
     Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable")
 }
 
-fn rule_named(
-    state: &AppState,
-    name: &str,
-) -> Result<(std::sync::Arc<drip_service::live_rules::LoadedRules>, usize), Refusal> {
-    let rules = state.rules.current();
-    let index = rules.rule_index(name).ok_or_else(|| Refusal::new(StatusCode::NOT_FOUND, "no such rule"))?;
-    Ok((rules, index))
+/// The rule (and key) a console path names, as the API finds them; a page naming no rule is a 404.
+fn target(state: &AppState, name: &str, key: &str) -> Result<PathTarget, Refusal> {
+    PathTarget::named(state, name, key).ok_or_else(|| Refusal::new(StatusCode::NOT_FOUND, "no such rule"))
 }
 
 /// Where a key (or a rule) stands, in the words the console's tables use.
@@ -222,14 +218,14 @@ pub async fn rule(
     Path(name): Path<String>,
     Query(search): Query<Search>,
 ) -> Response {
-    let (rules, index) = match rule_named(&state, &name) {
-        Ok(found) => found,
+    let target = match target(&state, &name, "") {
+        Ok(target) => target,
         Err(refusal) => return refusal.into_response(),
     };
     if let Some(key) = search.key.filter(|k| !k.trim().is_empty()) {
         return Redirect::to(&key_path(&name, key.trim())).into_response();
     }
-    let rule = &rules.rules[index];
+    let rule = target.rule();
     let now = wall_clock_millis();
     let loaded = async {
         let busy = state.store.busiest_keys(rule, BUSIEST, RULE_EXAMINE).await?;
@@ -333,11 +329,11 @@ fn latency_line(view: &drip_store::inspect::LatencyView) -> String {
 }
 
 pub async fn key(State(state): State<AppState>, caller: Caller, Path((name, key)): Path<(String, String)>) -> Response {
-    let (rules, index) = match rule_named(&state, &name) {
-        Ok(found) => found,
+    let target = match target(&state, &name, &key) {
+        Ok(target) => target,
         Err(refusal) => return refusal.into_response(),
     };
-    let (rule, key) = (&rules.rules[index], cap_key(key));
+    let (rule, key) = (target.rule(), target.key().to_owned());
     let loaded = async {
         let report = drip_store::inspect_key(&*state.store, rule, &key).await?;
         let report = drip_store::with_provenance(&*state.store, rule, report).await?;
