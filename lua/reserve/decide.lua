@@ -33,9 +33,9 @@
 -- O(limits) (O(log n) per sliding limit, and a budget's calendar walked about once per window).
 -- Lua prints integers below 1e14 exactly, so times need no string.format.
 --
--- This file is the last of the rooms scripts.rs assembles in order (storage, request, overrides,
--- entity, leases, calendars, corrections, search, parking, decide): a local function is seen only
--- by the rooms after its own.
+-- scripts.rs assembles the rooms in order (storage, request, overrides, entity, leases,
+-- calendars, corrections, search, parking, decide, lean, call): a local function is seen only by
+-- the rooms after its own.
 
 -- A message file_answer found already answered: its answer, replayed.
 local function known(e, now)
@@ -62,7 +62,8 @@ local function decide(e, now)
   -- 'exp' is when the state was last set to expire and 'ab' the answers minute whose expiry is
   -- set, so that most calls need neither PEXPIRE: every redis.call costs the script about as much
   -- as its own arithmetic.
-  local values = e.state.read(e)
+  -- (A lean event handed over brings the state it read.)
+  local values = e.values or e.state.read(e)
   local last = read_overrides(e, values)
   if not read_budgets(e, now) or not counts_in_force(e, now) then
     if not file_answer(e, 'C', now, now, false) then
@@ -105,49 +106,7 @@ local function decide(e, now)
   if not file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
     return known(e, now)
   end
-  commit_entity(e, values, slot, now)
+  commit_entity(e, values, slot, now, #e.limits, limit_of)
   commit_budgets(e, slot, now)
   return reply(slot, 'R', ATTEMPT.decided, now, now)
-end
-
--- One call: the leases' credits, then each event in order. Everything a call keeps starts afresh
--- (this file runs as a function library, whose top level runs once; scripts.rs's wrapper resets
--- the argument cursor).
-local function main()
-  reads, answers, writes = {}, {}, {}
-  local now = clock(int())
-  for _ = 1, int() do
-    credit(now)
-  end
-  local count = int()
-  if count == 1 then
-    -- An event alone shares nothing: no sharing tables, and its reply is the call's.
-    local decided = decide(read_event(), now)
-    flush_writes()
-    return decided
-  end
-  local events = {}
-  for i = 1, count do
-    events[i] = read_event()
-  end
-  share(events)
-  local replies = {}
-  for i = 1, #events do
-    local decided = decide(events[i], now)
-    if decided.err then
-      -- What the events before it decided stands (their answers are filed): so does their state.
-      flush_writes()
-      return decided
-    end
-    local n = #replies
-    for j = 1, REPLY_LENGTH do
-      replies[n + j] = decided[j]
-    end
-    if decided[2] == STATUS.W then
-      -- The events after it wait for its lease: the caller sends them again with it.
-      break
-    end
-  end
-  flush_writes()
-  return replies
 end

@@ -12,9 +12,11 @@ local function outside_margin(t, per, margin)
 end
 
 -- The earliest time >= t at which one of the entity's limits accepts the cost more (schedule.rs's
--- earliest_accepted); `a`, `b` its two state fields, `last` the entity's frontier.
-local function limit_accepts(e, l, a, b, last, t)
-  local kind, per, limit, cost, margin = l.kind, l.per, l.count, e.cost, e.margin
+-- earliest_accepted): the limit's kind, period, count in force and extra (a gcra's burst, a
+-- sliding limit's set among the event's), `a`, `b` its two state fields, `last` the entity's
+-- frontier. Scalars, not the limit's table: the lean path has none.
+local function limit_accepts(e, kind, per, limit, extra, a, b, last, t)
+  local cost, margin = e.cost, e.margin
   if kind == 'fixed' or kind == 'spread' or kind == 'share' then
     local window
     window, t = outside_margin(t, per, margin)
@@ -33,7 +35,7 @@ local function limit_accepts(e, l, a, b, last, t)
     return t
   elseif kind == 'sliding' then
     if a then
-      local key = KEYS[e.base + KEY_SLIDING - 1 + l.extra]
+      local key = KEYS[e.base + KEY_SLIDING - 1 + extra]
       local newest = SLOTS.newest(key, 1)
       -- Drop the oldest slots until what is left leaves room for `cost`.
       local threshold = (tonumber(newest[2]) or a) - (limit - cost)
@@ -46,7 +48,7 @@ local function limit_accepts(e, l, a, b, last, t)
     return t
   elseif a then
     -- An event of cost c waits until c units conform: TAT - (burst - c) * T (schedule.rs).
-    local x = b - (l.extra - cost) * per
+    local x = b - (extra - cost) * per
     local q = math.floor(x / limit)
     local allowed = a + q
     if x - q * limit > 0 then
@@ -59,55 +61,66 @@ local function limit_accepts(e, l, a, b, last, t)
   return t
 end
 
+-- A limit's two state fields after `slot` is booked at the cost: a fixed window's and what it
+-- holds, a gcra limit's TAT and remainder, a sliding limit's base cost (its set gets the slot;
+-- `ttl` its life) and nothing.
+local function limit_booked(e, kind, per, limit, extra, a, b, slot, ttl)
+  local cost = e.cost
+  if kind == 'fixed' or kind == 'spread' or kind == 'share' then
+    local window = slot - slot % per
+    if a == window then
+      return window, b + cost
+    end
+    return window, cost
+  elseif kind == 'gcra' then
+    local tat, rem = a, b
+    -- A slot this limit set is TAT rounded up to the millisecond; only a later slot restarts TAT.
+    if not tat or slot > tat + (rem > 0 and 1 or 0) then
+      tat, rem = slot, 0
+    end
+    rem = rem + cost * per
+    return tat + math.floor(rem / limit), rem % limit
+  end
+  local key = KEYS[e.base + KEY_SLIDING - 1 + extra]
+  local base_cost = a or 0
+  local newest = SLOTS.newest(key, 1)
+  local total = tonumber(newest[2]) or base_cost
+  -- Members are slot times: a slot equal to the newest one merges into it (its total grows).
+  SLOTS.put(key, slot, total + cost)
+  while true do
+    local oldest = SLOTS.oldest(key)
+    if not oldest[1] or tonumber(oldest[1]) > slot - per - e.margin then
+      break
+    end
+    base_cost = tonumber(oldest[2])
+    SLOTS.remove(key, oldest[1])
+  end
+  HASH.keep(key, ttl)
+  return base_cost, nil
+end
+
+-- Limit i of the event as its table holds it (read_event's): kind, period, count in force, extra.
+local function limit_of(e, i)
+  local l = e.limits[i]
+  return l.kind, l.per, l.count, l.extra
+end
+
 -- The entity's state after `slot` is reserved: each limit's two fields, the frontier, and its TTL.
-local function commit_entity(e, values, slot, now)
-  local state_key, cost, state_ttl = KEYS[e.base + KEY_STATE], e.cost, e.state_ttl
+-- `n` limits, each as `limit(e, i)` gives it (limit_of, or the lean path's from its record).
+local function commit_entity(e, values, slot, now, n, limit)
+  local state_key, state_ttl = KEYS[e.base + KEY_STATE], e.state_ttl
   local ttl = slot - now + state_ttl
   local changes = {FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY, e.answers_base}
-  local limits = e.limits
-  for i = 1, #limits do
-    local l = limits[i]
-    local kind, per = l.kind, l.per
-    local fa, fb = ARGV[e.state_from + 1 + 2 * i], ARGV[e.state_from + 2 + 2 * i]
-    local a, b = tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i])
-    local n = #changes
-    if kind == 'fixed' or kind == 'spread' or kind == 'share' then
-      local window = slot - slot % per
-      local used = cost
-      if a == window then
-        used = b + cost
-      end
-      changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, window, fb, used
-      values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = window, used
-    elseif kind == 'gcra' then
-      local tat, rem = a, b
-      -- A slot this limit set is TAT rounded up to the millisecond; only a later slot restarts TAT.
-      if not tat or slot > tat + (rem > 0 and 1 or 0) then
-        tat, rem = slot, 0
-      end
-      rem = rem + cost * per
-      tat = tat + math.floor(rem / l.count)
-      rem = rem % l.count
-      changes[n + 1], changes[n + 2], changes[n + 3], changes[n + 4] = fa, tat, fb, rem
-      values[STATE_HEAD + 2 * i - 1], values[STATE_HEAD + 2 * i] = tat, rem
-    else
-      local key = KEYS[e.base + KEY_SLIDING - 1 + l.extra]
-      local base_cost = a or 0
-      local newest = SLOTS.newest(key, 1)
-      local total = tonumber(newest[2]) or base_cost
-      -- Members are slot times: a slot equal to the newest one merges into it (its total grows).
-      SLOTS.put(key, slot, total + cost)
-      while true do
-        local oldest = SLOTS.oldest(key)
-        if not oldest[1] or tonumber(oldest[1]) > slot - per - e.margin then
-          break
-        end
-        base_cost = tonumber(oldest[2])
-        SLOTS.remove(key, oldest[1])
-      end
-      changes[n + 1], changes[n + 2] = fa, base_cost
-      values[STATE_HEAD + 2 * i - 1] = base_cost
-      HASH.keep(key, ttl)
+  for i = 1, n do
+    local kind, per, count, extra = limit(e, i)
+    local at = STATE_HEAD + 2 * i
+    local a, b = limit_booked(e, kind, per, count, extra, tonumber(values[at - 1]), tonumber(values[at]), slot, ttl)
+    local c = #changes
+    changes[c + 1], changes[c + 2] = ARGV[e.state_from + at - 2], a
+    values[at - 1] = a
+    if b then
+      changes[c + 3], changes[c + 4] = ARGV[e.state_from + at - 1], b
+      values[at] = b
     end
   end
   -- The state must outlive the slot by its TTL margin; it is given twice that when it is set, so
@@ -131,7 +144,7 @@ local function commit_entity(e, values, slot, now)
     if blob ~= '' then
       changes[#changes + 1], changes[#changes + 2] = OVERRIDES, blob
     end
-    values[STATE_HEAD + 2 * #e.limits + STATE_OVERRIDES], e.folded = blob, false
+    values[STATE_HEAD + 2 * n + STATE_OVERRIDES], e.folded = blob, false
     HASH.remove(state_key, FIELD_LEGACY_FRONTIER)
     HASH.delete(KEYS[e.base + KEY_LEGACY_OVERRIDES])
   end

@@ -130,7 +130,7 @@ local function unpark(e, now)
   end
   leaves()
   file_answer(e, 'R', slot, now, false)
-  commit_entity(e, values, slot, now)
+  commit_entity(e, values, slot, now, #e.limits, limit_of)
   commit_budgets(e, slot, now)
   return reply(slot, 'R', ATTEMPT.decided, now, now)
 end

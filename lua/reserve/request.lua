@@ -61,7 +61,7 @@ local function read_event()
     margin = tonumber(ARGV[at + EVENT_MARGIN]), ceiling = tonumber(ARGV[at + ADAPTIVE_CEILING]) or false,
     step = tonumber(ARGV[at + ADAPTIVE_STEP]), window = tonumber(ARGV[at + ADAPTIVE_WINDOW]),
     limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides = false,
-    folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS}
+    folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS, values = false}
   local limits = e.limits
   for i = 1, int() do
     at = span(LIMIT_RECORD) - 1

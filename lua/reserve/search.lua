@@ -27,7 +27,8 @@ local function earliest_slot(e, values, last, horizon, now)
   for _ = 1, rounds do
     local next_slot = slot
     for i = 1, #limits do
-      local t = limit_accepts(e, limits[i], tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i]), last, slot)
+      local l = limits[i]
+      local t = limit_accepts(e, l.kind, l.per, l.count, l.extra, tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i]), last, slot)
       if t > next_slot then
         next_slot = t
       end

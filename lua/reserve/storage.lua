@@ -14,7 +14,10 @@ local NO_OVERRIDES = {}
 -- HMGET of ARGV[from..to], or what this call read (and changed) of the same fields before.
 local function hmget(key, from, to)
   local cached = reads[key]
-  if cached and cached.to - cached.from == to - from then
+  if cached and cached.from == from and cached.to == to then
+    -- The same names (a burst's events share their first one's record).
+    return cached.values
+  elseif cached and cached.to - cached.from == to - from then
     local same, offset = true, cached.from - from
     for i = from, to do
       if ARGV[i] ~= ARGV[i + offset] then

@@ -56,6 +56,10 @@ pub struct Scenario {
 pub struct Shared {
     /// The budgets every event draws from.
     pub budgets: Vec<Arc<Budget>>,
+    /// The events that draw from `budgets`, when not all do: the rule gains its budgets at the
+    /// first and loses them at the end, which moves it from the script's lean shape to the
+    /// general one and back.
+    pub budgeted: Option<std::ops::Range<usize>>,
     /// The rule's classes calendar (`Classes::calendar`, floors named `c0`, `c1`, ...) when it has
     /// classes, and what a classed event draws from: it, then `budgets`.
     pub classes: Option<Arc<Budget>>,

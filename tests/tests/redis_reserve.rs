@@ -14,6 +14,7 @@ use drip_core::schedule::{
     Attempt, Correction, LimitState, OldSlot, Reservation, ReserveRequest, Status, Unpark, state_id,
 };
 use drip_core::time::{MINUTE, Millis, SECOND};
+use drip_store::args::ReservePaths;
 use drip_store::{Clock, MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
@@ -24,6 +25,7 @@ use drip_tests::scenario::{
     scenario_with_margin, scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
 };
 use drip_tests::unique;
+use proptest::arbitrary::any;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use redis::AsyncCommands;
@@ -176,7 +178,10 @@ fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize)
         park: scenario.shared.park,
         published: Some(arrival.published),
         floor: arrival.floor,
-        budgets: &scenario.shared.budgets,
+        budgets: match &scenario.shared.budgeted {
+            Some(events) if !events.contains(&j) => &[],
+            _ => &scenario.shared.budgets,
+        },
         adaptive: scenario.shared.adaptive,
         margin: scenario.shared.margin,
         ..ReserveRequest::new(&arrival.id, scenario.limits_at(j), arrival.now)
@@ -317,124 +322,130 @@ fn differential_in_batches(
         )))),
         ..Config::default()
     };
+    // The lean path for the events of its shape (what the store does), and the two paths mixed
+    // message by message, each against the model on the same sequences.
+    let stores = [redis.clone(), redis.with_reserve_paths(ReservePaths::Mixed)];
     let result = TestRunner::new(config).run(&strategy, |(scenario, sizes)| {
-        let rule = unique("differential");
-        let (scenario, batches) = if sizes.is_empty() { (scenario, Vec::new()) } else { batched(scenario, &sizes) };
-        let scenario = with_own_budgets(scenario, &rule);
-        let memory = MemoryStore::new();
-        let (model_run, lua_run) = runtime.block_on(async {
-            (run_all(&memory, &rule, &scenario, &batches).await, run_all(&redis, &rule, &scenario, &batches).await)
-        });
-        if model_run.corrections != lua_run.corrections {
-            let (m, l) = (&model_run.corrections, &lua_run.corrections);
-            return Err(TestCaseError::fail(format!("corrections: model {m:?}, lua {l:?}")));
+        for redis in &stores {
+            compare_with_the_model(&runtime, redis, scenario.clone(), &sizes, &check)?;
         }
-        if model_run.rings != lua_run.rings {
-            let (m, l) = (&model_run.rings, &lua_run.rings);
-            return Err(TestCaseError::fail(format!("fair rings: model {m:#?}, lua {l:#?}")));
-        }
-        if model_run.drains != lua_run.drains {
-            let (m, l) = (&model_run.drains, &lua_run.drains);
-            return Err(TestCaseError::fail(format!("drains: model {m:?}, lua {l:?}")));
-        }
-        let (model, lua) = (model_run.answers, lua_run.answers);
-        for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
-            if m != l {
-                return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
-            }
-        }
-        // The state each left behind, read back from Redis into the model's type.
-        let entities: std::collections::BTreeSet<(usize, String)> = scenario
-            .events
-            .iter()
-            .map(|a| (a.entity, scenario.entity_key(a)))
-            .chain(scenario.overrides.iter().map(|o| (o.entity, o.key())))
-            .chain(scenario.pauses.iter().map(|p| (p.1, format!("entity_{}", p.1))))
-            .collect();
-        for (entity, key) in &entities {
-            // A class's entity holds none of the rule's limits: its key's calendar does (a key's
-            // own state, from before the rule had classes, does).
-            let class = scenario.shared.classes.is_some() && key.contains('#');
-            let limits = if class { Vec::new() } else { scenario.all_limits() };
-            let rule = scenario.rule_of(&rule, *entity);
-            let in_redis =
-                runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), key, &limits)).expect("entity_state");
-            let in_model = memory.entity_state(&rule, key).unwrap_or_default();
-            if in_model != in_redis {
-                return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
-            }
-        }
-        // Each budget's calendar from the last event's window on (Redis drops older windows).
-        let last_now = scenario.events.last().map_or(0, |a| a.now);
-        let current = |state: drip_core::schedule::BudgetState| drip_core::schedule::BudgetState {
-            windows: state.windows.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
-            floor_used: state
-                .floor_used
-                .into_iter()
-                .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
-                .collect(),
-            leased: state.leased.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
-            // Redis counts what a pool stranded as it drops passed windows; the model keeps them.
-            stranded: BTreeMap::new(),
-            granted: state
-                .granted
-                .into_iter()
-                .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
-                .collect(),
-            returned: state
-                .returned
-                .into_iter()
-                .filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per)
-                .collect(),
-            taken_back: state
-                .taken_back
-                .into_iter()
-                .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
-                .collect(),
-            ..state
-        };
-        for budget in &scenario.shared.budgets {
-            let in_redis = current(runtime.block_on(redis.budget_state(budget)).expect("budget_state"));
-            let in_model = current(memory.budget_state(&budget.name).unwrap_or_default());
-            if in_model != in_redis {
-                return Err(TestCaseError::fail(format!(
-                    "budget {}: model {in_model:?}, lua {in_redis:?}",
-                    budget.name
-                )));
-            }
-        }
-        // A leased budget's pools likewise (a pool's copy of its home's pause aside: the model
-        // keeps the pause at the home).
-        for budget in &scenario.shared.budgets {
-            for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
-                let pool = runtime.block_on(redis.pool_state(budget, partition)).expect("pool_state");
-                let in_redis = current(drip_core::schedule::BudgetState { paused_until: None, ..pool });
-                let in_model = current(memory.budget_state(&budget.pool_name(partition)).unwrap_or_default());
-                if in_model != in_redis {
-                    return Err(TestCaseError::fail(format!(
-                        "{}: model {in_model:?}, lua {in_redis:?}",
-                        budget.pool_name(partition)
-                    )));
-                }
-            }
-        }
-        // Each key's classes calendar likewise.
-        if let Some(calendar) = &scenario.shared.classes {
-            for (entity, _) in &entities {
-                let (key, rule) = (format!("entity_{entity}"), scenario.rule_of(&rule, *entity));
-                let rule = rule_ref(&rule, &scenario);
-                let in_redis = current(runtime.block_on(redis.class_calendar_state(rule, &key)).expect("calendar"));
-                let in_model = current(memory.budget_state(&calendar.state_name(Some(&key))).unwrap_or_default());
-                if in_model != in_redis {
-                    return Err(TestCaseError::fail(format!("{key}'s calendar: model {in_model:?}, lua {in_redis:?}")));
-                }
-            }
-        }
-        check(&scenario, &lua).map_err(TestCaseError::fail)
+        Ok(())
     });
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// One scenario through the model and through `redis`: identical answers and state, then `check`.
+fn compare_with_the_model(
+    runtime: &tokio::runtime::Runtime,
+    redis: &RedisStore<redis::aio::MultiplexedConnection>,
+    scenario: Scenario,
+    sizes: &[usize],
+    check: &impl Fn(&Scenario, &[Reservation]) -> Result<(), String>,
+) -> Result<(), TestCaseError> {
+    let rule = unique("differential");
+    let (scenario, batches) = if sizes.is_empty() { (scenario, Vec::new()) } else { batched(scenario, sizes) };
+    let scenario = with_own_budgets(scenario, &rule);
+    let memory = MemoryStore::new();
+    let (model_run, lua_run) = runtime.block_on(async {
+        (run_all(&memory, &rule, &scenario, &batches).await, run_all(redis, &rule, &scenario, &batches).await)
+    });
+    if model_run.corrections != lua_run.corrections {
+        let (m, l) = (&model_run.corrections, &lua_run.corrections);
+        return Err(TestCaseError::fail(format!("corrections: model {m:?}, lua {l:?}")));
+    }
+    if model_run.rings != lua_run.rings {
+        let (m, l) = (&model_run.rings, &lua_run.rings);
+        return Err(TestCaseError::fail(format!("fair rings: model {m:#?}, lua {l:#?}")));
+    }
+    if model_run.drains != lua_run.drains {
+        let (m, l) = (&model_run.drains, &lua_run.drains);
+        return Err(TestCaseError::fail(format!("drains: model {m:?}, lua {l:?}")));
+    }
+    let (model, lua) = (model_run.answers, lua_run.answers);
+    for (i, (m, l)) in model.iter().zip(&lua).enumerate() {
+        if m != l {
+            return Err(TestCaseError::fail(format!("event {i} {:?}: model {m:?}, lua {l:?}", scenario.events[i])));
+        }
+    }
+    // The state each left behind, read back from Redis into the model's type.
+    let entities: std::collections::BTreeSet<(usize, String)> = scenario
+        .events
+        .iter()
+        .map(|a| (a.entity, scenario.entity_key(a)))
+        .chain(scenario.overrides.iter().map(|o| (o.entity, o.key())))
+        .chain(scenario.pauses.iter().map(|p| (p.1, format!("entity_{}", p.1))))
+        .collect();
+    for (entity, key) in &entities {
+        // A class's entity holds none of the rule's limits: its key's calendar does (a key's
+        // own state, from before the rule had classes, does).
+        let class = scenario.shared.classes.is_some() && key.contains('#');
+        let limits = if class { Vec::new() } else { scenario.all_limits() };
+        let rule = scenario.rule_of(&rule, *entity);
+        let in_redis =
+            runtime.block_on(redis.entity_state(rule_ref(&rule, &scenario), key, &limits)).expect("entity_state");
+        let in_model = memory.entity_state(&rule, key).unwrap_or_default();
+        if in_model != in_redis {
+            return Err(TestCaseError::fail(format!("{key}: model state {in_model:?}, lua state {in_redis:?}")));
+        }
+    }
+    // Each budget's calendar from the last event's window on (Redis drops older windows).
+    let last_now = scenario.events.last().map_or(0, |a| a.now);
+    let current = |state: drip_core::schedule::BudgetState| drip_core::schedule::BudgetState {
+        windows: state.windows.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+        floor_used: state
+            .floor_used
+            .into_iter()
+            .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
+            .collect(),
+        leased: state.leased.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+        // Redis counts what a pool stranded as it drops passed windows; the model keeps them.
+        stranded: BTreeMap::new(),
+        granted: state.granted.into_iter().filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+        returned: state.returned.into_iter().filter(|((per, w), _)| *w >= last_now.div_euclid(*per) * per).collect(),
+        taken_back: state
+            .taken_back
+            .into_iter()
+            .filter(|((per, w, _), _)| *w >= last_now.div_euclid(*per) * per)
+            .collect(),
+        ..state
+    };
+    for budget in &scenario.shared.budgets {
+        let in_redis = current(runtime.block_on(redis.budget_state(budget)).expect("budget_state"));
+        let in_model = current(memory.budget_state(&budget.name).unwrap_or_default());
+        if in_model != in_redis {
+            return Err(TestCaseError::fail(format!("budget {}: model {in_model:?}, lua {in_redis:?}", budget.name)));
+        }
+    }
+    // A leased budget's pools likewise (a pool's copy of its home's pause aside: the model
+    // keeps the pause at the home).
+    for budget in &scenario.shared.budgets {
+        for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
+            let pool = runtime.block_on(redis.pool_state(budget, partition)).expect("pool_state");
+            let in_redis = current(drip_core::schedule::BudgetState { paused_until: None, ..pool });
+            let in_model = current(memory.budget_state(&budget.pool_name(partition)).unwrap_or_default());
+            if in_model != in_redis {
+                return Err(TestCaseError::fail(format!(
+                    "{}: model {in_model:?}, lua {in_redis:?}",
+                    budget.pool_name(partition)
+                )));
+            }
+        }
+    }
+    // Each key's classes calendar likewise.
+    if let Some(calendar) = &scenario.shared.classes {
+        for (entity, _) in &entities {
+            let (key, rule) = (format!("entity_{entity}"), scenario.rule_of(&rule, *entity));
+            let rule = rule_ref(&rule, &scenario);
+            let in_redis = current(runtime.block_on(redis.class_calendar_state(rule, &key)).expect("calendar"));
+            let in_model = current(memory.budget_state(&calendar.state_name(Some(&key))).unwrap_or_default());
+            if in_model != in_redis {
+                return Err(TestCaseError::fail(format!("{key}'s calendar: model {in_model:?}, lua {in_redis:?}")));
+            }
+        }
+    }
+    check(&scenario, &lua).map_err(TestCaseError::fail)
 }
 
 #[test]
@@ -456,6 +467,28 @@ fn reserve_lua_gives_the_model_s_answer_with_overrides() {
 #[test]
 fn reserve_lua_gives_the_model_s_answer_across_a_rule_edit() {
     differential(scenario_with_an_edit(60), 160, check_edit_bounds);
+}
+
+/// The rule gains its budgets at a random event and loses them at a later one: its events go the
+/// script's lean way before and after, the general way between, and the model and the Lua still
+/// agree on every answer and on the state left behind (every window of the key and of the budgets
+/// as the model keeps it), with the key's limits exact throughout.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_across_edits_between_its_paths() {
+    use proptest::sample::Index;
+    let strategy = (scenario_with_budgets(60), any::<Index>(), any::<Index>()).prop_map(|(mut scenario, a, b)| {
+        let n = scenario.events.len();
+        let (from, to) = (a.index(n).min(b.index(n)), a.index(n).max(b.index(n)));
+        scenario.shared.budgeted = Some(from..to);
+        scenario
+    });
+    differential(strategy, 128, |scenario, answers| {
+        check_pause_bounds(scenario, answers)?;
+        // The budgets' windows over the events that drew from them.
+        let Some(range) = scenario.shared.budgeted.clone() else { return Ok(()) };
+        let budgeted = Scenario { events: scenario.events[range.clone()].to_vec(), ..scenario.clone() };
+        check_budget_bounds(&budgeted, &answers[range])
+    });
 }
 
 /// Costs reported after the call, lowering or raising what messages booked (budgets too): the model

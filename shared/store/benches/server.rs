@@ -22,6 +22,7 @@ use drip_core::budgets::{Adaptive, Budget};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::ReserveRequest;
 use drip_core::time::{DAY, MINUTE, Millis, SECOND, wall_clock_millis};
+use drip_store::args::ReservePaths;
 use drip_store::{Batching, RedisStore, SlotRequest, Store};
 use plotters::prelude::*;
 use redis::aio::MultiplexedConnection;
@@ -188,57 +189,99 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     .await;
     rows.push(Row { name: "a classic Lua token bucket (HMGET, refill, HMSET, EXPIRE)".into(), usec, per_second });
     load_reserve(connection).await;
+    // The shapes without a budget take the lean path; each is measured on the general path too,
+    // right after, as the same events (`ReservePaths::General`), so that the two compare.
+    let general = store.clone().with_reserve_paths(ReservePaths::General);
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
-        let rule = format!("bench{n}");
-        let published = wall_clock_millis();
-        let (usec, per_second) = measure(connection, "fcall", calls, |i| {
-            let (key, id) = (entity(format!("merchant_{}", i % ENTITIES), &budgets), format!("{i}"));
-            store.reserve_call(&request(&rule, &key, &id, (&limits, &budgets), published)).cmd()
-        })
-        .await;
-        rows.push(Row { name: format!("reserve.lua, {name}"), usec, per_second });
+        let paths: &[(&str, &RedisStore<MultiplexedConnection>)] =
+            if budgets.is_empty() { &[("", store), (", the general path", &general)] } else { &[("", store)] };
+        for (path, store) in paths {
+            let rule = format!("bench{n}{path}");
+            let published = wall_clock_millis();
+            let (usec, per_second) = measure(connection, "fcall", calls, |i| {
+                let (key, id) = (entity(format!("merchant_{}", i % ENTITIES), &budgets), format!("{i}"));
+                store.reserve_call(&request(&rule, &key, &id, (&limits, &budgets), published)).cmd()
+            })
+            .await;
+            rows.push(Row { name: format!("reserve.lua, {name}{path}"), usec, per_second });
+        }
     }
     // Each configuration again, BATCH events per call (as group commit sends them): µs per event.
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
-        let rule = format!("bench-batch{n}");
-        let published = wall_clock_millis();
-        let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
-            let keys: Vec<String> =
-                (0..BATCH).map(|j| entity(format!("merchant_{}", (i * BATCH + j) % ENTITIES), &budgets)).collect();
-            let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
-            let requests: Vec<SlotRequest> = keys
-                .iter()
-                .zip(&ids)
-                .map(|(key, id)| request(&rule, key, id, (&limits, &budgets), published))
-                .collect();
-            store.reserve_batch_call(&requests).cmd()
-        })
-        .await;
-        rows.push(Row {
-            name: format!("reserve.lua, {name}, {BATCH} events of {BATCH} keys per call (per event)"),
-            usec: usec / BATCH as f64,
-            per_second: per_second * BATCH as f64,
-        });
+        let paths: &[(&str, &RedisStore<MultiplexedConnection>)] =
+            if budgets.is_empty() { &[("", store), (", the general path", &general)] } else { &[("", store)] };
+        for (path, store) in paths {
+            let rule = format!("bench-batch{n}{path}");
+            let published = wall_clock_millis();
+            let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
+                let keys: Vec<String> =
+                    (0..BATCH).map(|j| entity(format!("merchant_{}", (i * BATCH + j) % ENTITIES), &budgets)).collect();
+                let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
+                let requests: Vec<SlotRequest> = keys
+                    .iter()
+                    .zip(&ids)
+                    .map(|(key, id)| request(&rule, key, id, (&limits, &budgets), published))
+                    .collect();
+                store.reserve_batch_call(&requests).cmd()
+            })
+            .await;
+            rows.push(Row {
+                name: format!("reserve.lua, {name}, {BATCH} events of {BATCH} keys per call (per event){path}"),
+                usec: usec / BATCH as f64,
+                per_second: per_second * BATCH as f64,
+            });
+        }
     }
     // The seed's merchant burst: BATCH events of one key per call, its state read and written once.
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate().take(4) {
-        let rule = format!("bench-hot{n}");
-        let published = wall_clock_millis();
-        let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
-            let key = format!("merchant_{}", i % ENTITIES);
-            let ids: Vec<String> = (0..BATCH).map(|j| format!("hot-{}", i * BATCH + j)).collect();
-            let requests: Vec<SlotRequest> =
-                ids.iter().map(|id| request(&rule, &key, id, (&limits, &budgets), published)).collect();
-            store.reserve_batch_call(&requests).cmd()
-        })
-        .await;
-        rows.push(Row {
-            name: format!("reserve.lua, {name}, {BATCH} events of one key per call (per event)"),
-            usec: usec / BATCH as f64,
-            per_second: per_second * BATCH as f64,
-        });
+        for (path, store) in [("", store), (", the general path", &general)] {
+            let rule = format!("bench-hot{n}{path}");
+            let published = wall_clock_millis();
+            let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
+                let key = format!("merchant_{}", i % ENTITIES);
+                let ids: Vec<String> = (0..BATCH).map(|j| format!("hot-{}", i * BATCH + j)).collect();
+                let requests: Vec<SlotRequest> =
+                    ids.iter().map(|id| request(&rule, &key, id, (&limits, &budgets), published)).collect();
+                store.reserve_batch_call(&requests).cmd()
+            })
+            .await;
+            rows.push(Row {
+                name: format!("reserve.lua, {name}, {BATCH} events of one key per call (per event){path}"),
+                usec: usec / BATCH as f64,
+                per_second: per_second * BATCH as f64,
+            });
+        }
     }
     rows
+}
+
+/// Configuration `which`'s events, `scaled(200_000)` of them, in the shape DRIP_BENCH_PROFILE_SHAPE
+/// names (`alone`, `keys`: 16 of 16 keys per call, `burst`: 16 of one key), for a profiler.
+async fn profile(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>, which: usize) {
+    const BATCH: usize = 16;
+    load_reserve(connection).await;
+    let (name, limits, budgets) = configurations().swap_remove(which);
+    let shape = std::env::var("DRIP_BENCH_PROFILE_SHAPE").unwrap_or_else(|_| "alone".into());
+    let per_call = if shape == "alone" { 1 } else { BATCH };
+    let published = wall_clock_millis();
+    let calls = scaled(200_000) / per_call;
+    let (usec, _) = measure(connection, "fcall", calls, |i| {
+        let keys: Vec<String> = (0..per_call)
+            .map(|j| match shape.as_str() {
+                "burst" => entity(format!("merchant_{}", i % ENTITIES), &budgets),
+                _ => entity(format!("merchant_{}", (i * per_call + j) % ENTITIES), &budgets),
+            })
+            .collect();
+        let ids: Vec<String> = (0..per_call).map(|j| format!("profile-{}", i * per_call + j)).collect();
+        let requests: Vec<SlotRequest> = keys
+            .iter()
+            .zip(&ids)
+            .map(|(key, id)| request("profile", key, id, (&limits, &budgets), published))
+            .collect();
+        store.reserve_batch_call(&requests).cmd()
+    })
+    .await;
+    println!("{name}, {shape}: {:.2} server µs per event", usec / per_call as f64);
 }
 
 /// `CL.THROTTLE` of redis-cell, when the server loaded the module (`./run bench` builds it).
@@ -814,6 +857,12 @@ async fn main() {
     let version = version.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").to_owned();
     println!("Redis {version} at {url}, scale {}\n", scale());
 
+    // A profile's workload: one configuration's lone events (or 16 of 16 keys, or 16 of one key,
+    // per DRIP_BENCH_PROFILE_SHAPE), over and over, while `perf record` samples the server.
+    if let Ok(which) = std::env::var("DRIP_BENCH_PROFILE") {
+        profile(&mut connection, &store, which.parse().expect("a configuration's number")).await;
+        return;
+    }
     if std::env::var_os("DRIP_BENCH_FAIR_ONLY").is_some() {
         fair_table(&mut connection, &store).await;
         return;

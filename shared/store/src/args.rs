@@ -156,6 +156,10 @@ pub struct ReserveArgs {
     pub keys: Vec<String>,
     pub events: Vec<Args>,
     now: Option<Millis>,
+    /// Which of the script's paths its lean-shaped events take.
+    paths: ReservePaths,
+    /// The last event written in full with mode `lean`: its place in `events` and its keys'.
+    last_lean: Option<(usize, std::ops::Range<usize>)>,
     /// Leases the call credits to partitions' pools before its events (reserve.lua's `credit`).
     credits: Vec<Args>,
 }
@@ -203,12 +207,10 @@ pub struct EncodedEvent {
 impl EncodedEvent {
     /// `request`'s event, its keys `keys` (the entity's) and its budgets' hashes.
     pub fn new(namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> Self {
-        let mut call = ReserveArgs::new(None);
-        call.event(namespace, keys, request);
-        let args = call.events.pop().unwrap_or_default();
+        let (keys, args) = ReserveArgs::encode(namespace, keys, request);
         let leases = lease_targets(namespace, request);
         let gives_back = request.reslot == Some(drip_core::schedule::OldSlot::GivenBack);
-        Self { keys: call.keys, args, leases, cost: request.event.cost, max_delay: request.event.max_delay, gives_back }
+        Self { keys, args, leases, cost: request.event.cost, max_delay: request.event.max_delay, gives_back }
     }
 
     /// The event's first key (its entity's state): every key of the event shares its hash tag.
@@ -264,6 +266,37 @@ pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<O
         .collect()
 }
 
+/// The value written under `name` (empty when none is).
+fn value_of<'a>(args: &'a Args, name: &str) -> &'a [u8] {
+    args.named().find(|(n, _)| *n == name).map_or(&[], |(_, value)| value)
+}
+
+/// Whether two records are the same but for where their keys start, their message and its cost.
+fn same_but_message(a: &Args, b: &Args) -> bool {
+    const MESSAGE: [&str; 3] = ["event.first_key", "event.answer_field", "event.cost"];
+    a.0.len() == b.0.len() && a.named().zip(b.named()).all(|((name, x), (_, y))| x == y || MESSAGE.contains(&name))
+}
+
+/// Whether an event takes reserve.lua's lean path (`lua/reserve/lean.lua`, mode `lean`): a plain
+/// reservation (not a new slot, a drain or a correction) under its key's own limits alone, with no
+/// budget, no class and no floor carried over. The script still hands it to the general path when
+/// its key turns out to need more (overrides, a pause, a level, a parked backlog).
+fn lean_shape(request: &SlotRequest<'_>) -> bool {
+    let event = &request.event;
+    event.budgets.is_empty() && event.class.is_none() && event.floor.is_none()
+}
+
+/// Which of reserve.lua's paths the events of the lean shape take: the lean one (what the store
+/// does), the general one, or each by its message (about half each way, in one call or one after
+/// another: the differential tests run the mixed paths beside the lean one against the model).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ReservePaths {
+    #[default]
+    Lean,
+    General,
+    Mixed,
+}
+
 /// How reserve.lua names a limit's kind (a budget limit's placement: `fixed` or `spread`).
 pub fn script_kind(limit: &Limit) -> &'static str {
     match limit.window() {
@@ -305,7 +338,20 @@ struct EntityLimit {
 impl ReserveArgs {
     /// A call at `now` (`None`: the server's `TIME`).
     pub fn new(now: Option<Millis>) -> Self {
-        Self { keys: Vec::new(), events: Vec::new(), now, credits: Vec::new() }
+        Self {
+            keys: Vec::new(),
+            events: Vec::new(),
+            now,
+            credits: Vec::new(),
+            paths: ReservePaths::Lean,
+            last_lean: None,
+        }
+    }
+
+    /// The same call with its lean-shaped events sent down `paths`.
+    pub fn with_paths(mut self, paths: ReservePaths) -> Self {
+        self.paths = paths;
+        self
     }
 
     /// Credits a lease to the pool `pool` before the call's events (its key joins the call's).
@@ -325,12 +371,19 @@ impl ReserveArgs {
 
     /// Adds `request`'s event, its keys `keys` (the entity's) and its budgets' hashes.
     pub fn event(&mut self, namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> &mut Self {
+        let (keys, args) = Self::encode(namespace, keys, request);
+        self.add(keys, args)
+    }
+
+    /// `request`'s event: its keys (its entity's, then its budgets' hashes) and its record, whose
+    /// offsets count from its first key (`event.first_key`, written when it joins a call: `add`).
+    fn encode(namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> (Vec<String>, Args) {
         let event = &request.event;
-        let base = self.keys.len() as i64 + 1;
-        self.keys.extend(event_keys(keys));
-        let budgets_at = self.keys.len() as i64 + 1 - base;
+        let base = 1;
+        let mut own_keys = event_keys(keys);
+        let budgets_at = own_keys.len() as i64 + 1 - base;
         let (scope, class) = event.class.unzip();
-        self.keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
+        own_keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
             (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
             _ => match b.leases {
                 Some(leases) => pool_key(namespace, b, leases.partition_of(scope_of(request))),
@@ -338,15 +391,15 @@ impl ReserveArgs {
             },
         }));
         // A classes calendar's key's own state: what it booked before the rule had classes.
-        let carry_at = self.keys.len() as i64 + 1 - base;
+        let carry_at = own_keys.len() as i64 + 1 - base;
         if let Some(scope) = scope.filter(|_| event.budgets.iter().any(|b| b.per_key)) {
-            self.keys.push(EntityKeys::of_entity(namespace, request.rule_ref(), scope, &[]).state);
+            own_keys.push(EntityKeys::of_entity(namespace, request.rule_ref(), scope, &[]).state);
         }
         // A fair budget's ring of waiting keys: a key that parks joins it in the same call.
-        let ring_at = self.keys.len() as i64 + 1 - base;
+        let ring_at = own_keys.len() as i64 + 1 - base;
         if let Some(fair) = event.budgets.iter().find(|b| b.fair.is_some()) {
             let [ring, _] = crate::keys::fair_keys(namespace, fair);
-            self.keys.push(ring);
+            own_keys.push(ring);
         }
         let member = crate::keys::ring_member(&Member { rule: request.rule.to_owned(), key: request.key.to_owned() });
 
@@ -405,6 +458,7 @@ impl ReserveArgs {
                 "event.mode",
                 match (request.unpark, request.reslot) {
                     (Some(_), _) => "unpark",
+                    (None, None) if lean_shape(request) => "lean",
                     (None, None) => "",
                     (None, Some(OldSlot::Kept)) => "keep",
                     (None, Some(OldSlot::GivenBack)) => "give",
@@ -497,8 +551,7 @@ impl ReserveArgs {
                 }
             }
         });
-        self.events.push(args);
-        self
+        (own_keys, args)
     }
 
     /// Adds a correction of `request`'s message: the cost reported after its call, `actual`
@@ -510,32 +563,64 @@ impl ReserveArgs {
         request: &SlotRequest<'_>,
         actual: u64,
     ) -> &mut Self {
-        self.event(namespace, keys, request);
-        if let Some(event) = self.events.last_mut() {
-            event.set("event.mode", "correct").set("event.cost", actual.to_string());
-        }
-        self
+        let (keys, mut args) = Self::encode(namespace, keys, request);
+        args.set("event.mode", "correct").set("event.cost", actual.to_string());
+        self.add(keys, args)
     }
 
     /// Adds an event encoded on its own, its keys after those already in the call.
-    pub fn push(&mut self, mut event: EncodedEvent) -> &mut Self {
-        if let Some(base) = event.args.0.first_mut() {
-            // `event.first_key`: where this event's keys start in the call.
-            *base = (self.keys.len() as i64 + 1).to_string().into_bytes();
+    pub fn push(&mut self, event: EncodedEvent) -> &mut Self {
+        self.add(event.keys, event.args)
+    }
+
+    /// Adds an event's keys and record, its mode as `paths` says: in full, its keys after those
+    /// already in the call (`event.first_key` says where they start); or, when it is lean and its
+    /// record is the last lean event's but for its keys, message and cost (a key's burst, or
+    /// another key of the same rule in the same minute), as four values: `=`, where its keys start
+    /// (the last one's when they are the same), its answer field and its cost (reserve.lua's
+    /// `read_like`).
+    fn add(&mut self, keys: Vec<String>, mut args: Args) -> &mut Self {
+        let general = match self.paths {
+            ReservePaths::Lean => false,
+            ReservePaths::General => true,
+            // By the message, so that lone events mix as well as a call's.
+            ReservePaths::Mixed => value_of(&args, "event.answer_field").last().is_some_and(|b| b % 2 == 1),
+        };
+        let lean = value_of(&args, "event.mode") == b"lean";
+        if lean && general {
+            args.set("event.mode", "");
+        } else if lean {
+            if let Some((at, range)) = &self.last_lean
+                && same_but_message(&self.events[*at], &args)
+            {
+                // The same keys (a key's burst), or another key's of the same rule.
+                let first_key = if self.keys[range.clone()] == keys[..] {
+                    range.start + 1
+                } else {
+                    self.keys.extend(keys);
+                    self.keys.len() - range.len() + 1
+                };
+                let mut like = Args::default();
+                like.str("event.like", "=")
+                    .int("event.first_key", first_key as i64)
+                    .str("event.answer_field", value_of(&args, "event.answer_field"))
+                    .str("event.cost", value_of(&args, "event.cost"));
+                self.events.push(like);
+                return self;
+            }
+            self.last_lean = Some((self.events.len(), self.keys.len()..self.keys.len() + keys.len()));
         }
-        self.keys.append(&mut event.keys);
-        self.events.push(event.args);
+        args.set("event.first_key", (self.keys.len() as i64 + 1).to_string());
+        self.keys.extend(keys);
+        self.events.push(args);
         self
     }
 
     /// The arguments in order: now, the section of credits, then the section of events.
     pub fn args(&self) -> Args {
         let mut args = Args::default();
-        args.opt("now", self.now).section("credits", &self.credits, |args, credit| args.extend(credit)).section(
-            "events",
-            &self.events,
-            |args, event| args.extend(event),
-        );
+        args.opt("now", self.now).section("credits", &self.credits, |args, credit| args.extend(credit));
+        args.section("events", &self.events, |args, event| args.extend(event));
         args
     }
 }
@@ -585,5 +670,53 @@ mod tests {
         let script = &*crate::scripts::RESERVE_SOURCE;
         assert!(script.contains(&format!("KEYS[e.base + {}]", offset("key.answers"))), "written in as numbers");
         assert!(!script.contains("KEY_ANSWERS"), "no name is left in the script");
+    }
+
+    /// A key's burst: a lean event whose keys and record are the last lean one's but for its
+    /// message and cost is written as `=`, the same first key, its answer field and its cost, with
+    /// no keys of its own; another key's keys are added and its record written the same way; a
+    /// budgeted event, or one on the general path, is written in full.
+    #[test]
+    fn a_key_s_burst_is_written_once_and_then_by_message() {
+        use std::sync::Arc;
+        let limits = [Limit::new(10, 1_000, Window::Fixed(Placement::Start)).unwrap()];
+        let budget = Arc::new(drip_core::budgets::Budget {
+            name: "b".into(),
+            limits: limits.to_vec(),
+            max_share: None,
+            adaptive: None,
+            floors: Vec::new(),
+            per_key: false,
+            fair: None,
+            leases: None,
+            tag: "b".into(),
+        });
+        let budgets = [budget];
+        let request = |key: &'static str, id: &'static str, cost: u64, budgeted: bool| {
+            let event = ReserveRequest::new(id, &limits, 0);
+            let event = ReserveRequest { cost, budgets: if budgeted { &budgets[..] } else { &[] }, ..event };
+            SlotRequest::new("r", key, event)
+        };
+        let encode = |paths: ReservePaths, requests: &[SlotRequest<'_>]| {
+            let mut call = ReserveArgs::new(None).with_paths(paths);
+            for r in requests {
+                call.event("drip", &EntityKeys::new("drip", r.rule_ref(), r.key, r.event.message_id, None, &limits), r);
+            }
+            call
+        };
+        let burst = [request("k", "m1", 1, false), request("k", "m2", 3, false), request("j", "m3", 1, false)];
+        let call = encode(ReservePaths::Lean, &burst);
+        let modes: Vec<&[u8]> = call.events.iter().map(|e| e.0[0].as_slice()).collect();
+        assert_eq!(modes, [&b"1"[..], b"=", b"="], "the later events are the first's but for their message");
+        assert_eq!(value_of(&call.events[0], "event.mode"), b"lean");
+        assert_eq!(value_of(&call.events[1], "event.cost"), b"3");
+        let first_keys: Vec<&[u8]> = call.events.iter().map(|e| value_of(e, "event.first_key")).collect();
+        assert_eq!(first_keys, [&b"1"[..], b"1", b"4"], "the burst's keys once, then the other key's");
+        assert_eq!(call.keys.len(), 6);
+        assert!(call.events[1..].iter().all(|e| e.0.len() == 4));
+        let general = encode(ReservePaths::General, &burst);
+        assert!(general.events.iter().all(|e| value_of(e, "event.mode") == b"" && e.0.len() > 3));
+        let budgeted = encode(ReservePaths::Lean, &[request("k", "m1", 1, true), request("k", "m2", 1, true)]);
+        assert!(budgeted.events.iter().all(|e| value_of(e, "event.mode") == b"" && e.0.len() > 3));
     }
 }

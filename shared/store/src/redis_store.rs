@@ -6,7 +6,7 @@ use redis::aio::ConnectionLike;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs};
+use crate::args::{Credit, EncodedEvent, LeaseTarget, ReserveArgs, ReservePaths};
 use crate::group_commit::{Batching, DispatchGroup, DispatchOp, ReserveGroup, ScriptCalls};
 use crate::keys::field;
 use crate::keys::{STATE_MARGIN, dispatch_key, payload_key};
@@ -52,6 +52,7 @@ pub struct RedisStore<C> {
     lease_gates: Arc<LeaseGates>,
     lease_observer: Option<Arc<dyn LeaseObserver>>,
     clock: Clock,
+    paths: ReservePaths,
 }
 
 /// Told of each lease a budget's home grants (the services count them: `drip_budget_leases`).
@@ -120,6 +121,7 @@ impl<C> RedisStore<C> {
             lease_gates: Default::default(),
             lease_observer: None,
             clock: Clock::default(),
+            paths: ReservePaths::Lean,
         }
     }
 
@@ -230,7 +232,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         events: Vec<EncodedEvent>,
     ) -> Result<Vec<Reserved>, StoreError> {
         if !events.iter().any(EncodedEvent::leased) {
-            let mut args = ReserveArgs::new(now);
+            let mut args = ReserveArgs::new(now).with_paths(self.paths);
             for event in events {
                 args.push(event);
             }
@@ -247,7 +249,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         // The turn at a pool's gate, held until the event is sent again.
         let mut _turn = None;
         while asked < LEASE_ROUNDS {
-            let mut args = ReserveArgs::new(now);
+            let mut args = ReserveArgs::new(now).with_paths(self.paths);
             for (pool, credit) in credits.drain(..) {
                 args.credit(&pool, credit);
             }
@@ -394,6 +396,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> ScriptCalls for RedisSto
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    /// The same store with its lean-shaped reservations sent down `paths` (the lean path unless
+    /// told: the differential tests compare all three with the model).
+    pub fn with_reserve_paths(self, paths: ReservePaths) -> Self {
+        Self { paths, ..self }
+    }
+
     /// Reservations that arrive while a call is in flight go together in the next one.
     pub fn with_batching(self, batching: Batching) -> Self {
         let unbatched = Self { groups: None, ..self };
@@ -454,7 +462,7 @@ impl<C> RedisStore<C> {
 
     /// The script call that reserves each of `requests` in order (at the first one's `now`).
     pub fn reserve_batch_call(&self, requests: &[SlotRequest<'_>]) -> ReserveCall {
-        let mut args = ReserveArgs::new(requests.first().and_then(SlotRequest::now));
+        let mut args = ReserveArgs::new(requests.first().and_then(SlotRequest::now)).with_paths(self.paths);
         for request in requests {
             args.event(&self.namespace, &self.keys(request), request);
         }

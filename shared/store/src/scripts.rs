@@ -50,7 +50,7 @@ fn with_prelude(script: &str) -> String {
 /// `lua/reserve/`'s rooms, in the order they are assembled into one script: a Lua local is seen
 /// only by what comes after it, so each room uses only the rooms before it. The model's files in
 /// `drip-core`'s `schedule/` carry the same names, one concern each.
-const RESERVE_ROOMS: [(&str, &str); 10] = [
+const RESERVE_ROOMS: [(&str, &str); 12] = [
     ("storage", include_str!("../../../lua/reserve/storage.lua")),
     ("request", include_str!("../../../lua/reserve/request.lua")),
     ("overrides", include_str!("../../../lua/reserve/overrides.lua")),
@@ -61,6 +61,8 @@ const RESERVE_ROOMS: [(&str, &str); 10] = [
     ("search", include_str!("../../../lua/reserve/search.lua")),
     ("parking", include_str!("../../../lua/reserve/parking.lua")),
     ("decide", include_str!("../../../lua/reserve/decide.lua")),
+    ("lean", include_str!("../../../lua/reserve/lean.lua")),
+    ("call", include_str!("../../../lua/reserve/call.lua")),
 ];
 
 /// The reservation script: its rooms, one after another.
