@@ -105,6 +105,21 @@ local function limit_of(e, i)
   return l.kind, l.per, l.count, l.extra
 end
 
+-- The latest of the times at or after `slot` at which each of the entity's `n` limits (each as
+-- `limit(e, i)` gives it: limit_of, or the lean path's from its record) accepts the event.
+local function limits_accept(e, values, last, slot, n, limit)
+  local next_slot = slot
+  for i = 1, n do
+    local kind, per, count, extra = limit(e, i)
+    local t = limit_accepts(e, kind, per, count, extra, tonumber(values[STATE_HEAD + 2 * i - 1]),
+      tonumber(values[STATE_HEAD + 2 * i]), last, slot)
+    if t > next_slot then
+      next_slot = t
+    end
+  end
+  return next_slot
+end
+
 -- The entity's state after `slot` is reserved: each limit's two fields, the frontier, and its TTL.
 -- `n` limits, each as `limit(e, i)` gives it (limit_of, or the lean path's from its record).
 local function commit_entity(e, values, slot, now, n, limit)

@@ -56,36 +56,47 @@ local LEAN_RECORD = {__index = function(e, name)
   end
 end}
 
--- A lean event at the cursor, as `share` and the storage see it (the cursor moves past it), or
--- the general reading of it when its record is not of the lean shape after all.
+-- A lean event as `share` and the storage see it: where its record and keys are, its message and
+-- cost, and the few numbers of its record every decision reads (those of `like`, the event it is
+-- written as like, when there is one).
+local function lean_event(record, base, field, cost, like)
+  local n, state_from, answers_base, lease, state_ttl, margin
+  if like then
+    n, state_from = like.limits, like.state_from
+    answers_base, lease, state_ttl, margin = like.answers_base, like.lease, like.state_ttl, like.margin
+  else
+    n = tonumber(ARGV[record + EVENT_RECORD + 1])
+    state_from = record + EVENT_RECORD + 2 + n * LIMIT_RECORD
+    answers_base, lease = tonumber(ARGV[record + EVENT_ANSWERS_BASE]), tonumber(ARGV[record + EVENT_LEASE])
+    state_ttl, margin = tonumber(ARGV[record + EVENT_STATE_KEEP]), tonumber(ARGV[record + EVENT_MARGIN])
+  end
+  return setmetatable({lean = true, record = record, base = base, field = field, cost = cost,
+    answers_base = answers_base, lease = lease, state_ttl = state_ttl, margin = margin, limits = n,
+    specs = false, like = like, state_from = state_from, state_to = state_from + STATE_HEAD + 2 * n + STATE_TAIL - 1,
+    overrides = NO_OVERRIDES, reslot = false, folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS},
+    LEAN_RECORD)
+end
+
+-- A lean event at the cursor (the cursor moves past it), or the general reading of it when its
+-- record is not of the lean shape after all.
 local function read_lean()
   local at = arg_at
-  local n = tonumber(ARGV[at + EVENT_RECORD + 1])
-  local state_from = at + EVENT_RECORD + 2 + n * LIMIT_RECORD
-  local state_to = state_from + STATE_HEAD + 2 * n + STATE_TAIL - 1
-  if ARGV[state_to + 1] ~= '0' then
+  local e = lean_event(at, tonumber(ARGV[at + EVENT_FIRST_KEY]), ARGV[at + EVENT_ANSWER_FIELD],
+    tonumber(ARGV[at + EVENT_COST]), false)
+  if ARGV[e.state_to + 1] ~= '0' then
     return read_event()
   end
-  arg_at = state_to + 1
-  return setmetatable({lean = true, record = at, base = tonumber(ARGV[at + EVENT_FIRST_KEY]),
-    field = ARGV[at + EVENT_ANSWER_FIELD], cost = tonumber(ARGV[at + EVENT_COST]),
-    answers_base = tonumber(ARGV[at + EVENT_ANSWERS_BASE]), lease = tonumber(ARGV[at + EVENT_LEASE]),
-    state_ttl = tonumber(ARGV[at + EVENT_STATE_KEEP]), margin = tonumber(ARGV[at + EVENT_MARGIN]), limits = n,
-    specs = false, like = false, state_from = state_from, state_to = state_to, overrides = NO_OVERRIDES,
-    reslot = false, folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS}, LEAN_RECORD)
+  arg_at = e.state_to + 1
+  return e
 end
 
 -- A lean event written as `=`, where its keys start, its answer field and its cost (args.rs's
 -- `add`: a key's burst, or another key of the same rule in the same minute): `last`, the call's
 -- last lean event written in full, but for its keys, message and cost.
 local function read_like(last)
-  local base, field, cost = tonumber(ARGV[arg_at + 2]), ARGV[arg_at + 3], tonumber(ARGV[arg_at + 4])
-  arg_at = arg_at + 4
-  return setmetatable({lean = true, record = last.record, base = base, field = field, cost = cost,
-    answers_base = last.answers_base, lease = last.lease, state_ttl = last.state_ttl, margin = last.margin,
-    limits = last.limits, specs = false, like = last, state_from = last.state_from, state_to = last.state_to,
-    overrides = NO_OVERRIDES, reslot = false, folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS},
-    LEAN_RECORD)
+  local at = arg_at
+  arg_at = at + 4
+  return lean_event(last.record, tonumber(ARGV[at + 2]), ARGV[at + 3], tonumber(ARGV[at + 4]), last)
 end
 
 -- The general path's decision of a lean event: its record read whole, its storage and the state
@@ -104,20 +115,12 @@ end
 -- The earliest slot every limit accepts from the frontier (earliest_slot without pauses and
 -- budgets: each limit moves the slot forward at most once), false if it does not settle.
 local function lean_slot(e, values, last, now)
-  local slot, n, specs = now, e.limits, e.specs
+  local slot, n = now, e.limits
   if last and last > now then
     slot = last
   end
   for _ = 1, n + 2 do
-    local next_slot = slot
-    for i = 1, n do
-      local j = 4 * i
-      local t = limit_accepts(e, specs[j - 3], specs[j - 2], specs[j - 1], specs[j],
-        tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i]), last, slot)
-      if t > next_slot then
-        next_slot = t
-      end
-    end
+    local next_slot = limits_accept(e, values, last, slot, n, lean_limit)
     if next_slot == slot then
       return slot
     end
@@ -144,11 +147,7 @@ local function decide_lean(e, now)
   if not slot or slot > now + e.max_delay then
     return hand_over(e, values, now)
   end
-  -- The answers hash's expiry is set for this minute when the state says so (as read, a text;
-  -- as an earlier event of the call left it, a number).
-  local expiry_set = values[STATE_ANSWERS_EXPIRY]
-  expiry_set = expiry_set == ARGV[e.record + EVENT_ANSWERS_BASE] or expiry_set == e.answers_base
-  if not file_answer(e, 'R', slot, now, expiry_set) then
+  if not file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
     return known(e, now)
   end
   commit_entity(e, values, slot, now, e.limits, lean_limit)

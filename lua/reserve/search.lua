@@ -25,14 +25,7 @@ local function earliest_slot(e, values, last, horizon, now)
     rounds = 100000
   end
   for _ = 1, rounds do
-    local next_slot = slot
-    for i = 1, #limits do
-      local l = limits[i]
-      local t = limit_accepts(e, l.kind, l.per, l.count, l.extra, tonumber(values[STATE_HEAD + 2 * i - 1]), tonumber(values[STATE_HEAD + 2 * i]), last, slot)
-      if t > next_slot then
-        next_slot = t
-      end
-    end
+    local next_slot = limits_accept(e, values, last, slot, #limits, limit_of)
     for b = 1, #budgets do
       local budget = budgets[b]
       for j = 1, #budget.limits do

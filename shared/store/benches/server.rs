@@ -192,10 +192,11 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     // The shapes without a budget take the lean path; each is measured on the general path too,
     // right after, as the same events (`ReservePaths::General`), so that the two compare.
     let general = store.clone().with_reserve_paths(ReservePaths::General);
+    let paths_of = |budgets: &[Arc<Budget>]| -> Vec<(&str, &RedisStore<MultiplexedConnection>)> {
+        if budgets.is_empty() { vec![("", store), (", the general path", &general)] } else { vec![("", store)] }
+    };
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
-        let paths: &[(&str, &RedisStore<MultiplexedConnection>)] =
-            if budgets.is_empty() { &[("", store), (", the general path", &general)] } else { &[("", store)] };
-        for (path, store) in paths {
+        for (path, store) in paths_of(&budgets) {
             let rule = format!("bench{n}{path}");
             let published = wall_clock_millis();
             let (usec, per_second) = measure(connection, "fcall", calls, |i| {
@@ -208,9 +209,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     }
     // Each configuration again, BATCH events per call (as group commit sends them): µs per event.
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
-        let paths: &[(&str, &RedisStore<MultiplexedConnection>)] =
-            if budgets.is_empty() { &[("", store), (", the general path", &general)] } else { &[("", store)] };
-        for (path, store) in paths {
+        for (path, store) in paths_of(&budgets) {
             let rule = format!("bench-batch{n}{path}");
             let published = wall_clock_millis();
             let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
@@ -234,7 +233,7 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
     }
     // The seed's merchant burst: BATCH events of one key per call, its state read and written once.
     for (n, (name, limits, budgets)) in configurations().into_iter().enumerate().take(4) {
-        for (path, store) in [("", store), (", the general path", &general)] {
+        for (path, store) in paths_of(&budgets) {
             let rule = format!("bench-hot{n}{path}");
             let published = wall_clock_millis();
             let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {

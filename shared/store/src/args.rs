@@ -226,7 +226,7 @@ impl EncodedEvent {
     /// The same event sent again after its call stopped at it for a lease: a new slot that gave
     /// its old slot's units back did so already, and now keeps them.
     pub(crate) fn again(mut self) -> Self {
-        if self.args.named().any(|(name, value)| name == "event.mode" && value == b"give") {
+        if value_of(&self.args, "event.mode") == b"give" {
             self.args.set("event.mode", "keep");
         }
         self
@@ -379,9 +379,9 @@ impl ReserveArgs {
     /// offsets count from its first key (`event.first_key`, written when it joins a call: `add`).
     fn encode(namespace: &str, keys: &EntityKeys, request: &SlotRequest<'_>) -> (Vec<String>, Args) {
         let event = &request.event;
-        let base = 1;
+        // Each offset below is where a key sits counted from the event's first (KEYS[e.base + offset]).
         let mut own_keys = event_keys(keys);
-        let budgets_at = own_keys.len() as i64 + 1 - base;
+        let budgets_at = own_keys.len() as i64;
         let (scope, class) = event.class.unzip();
         own_keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
             (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
@@ -391,12 +391,12 @@ impl ReserveArgs {
             },
         }));
         // A classes calendar's key's own state: what it booked before the rule had classes.
-        let carry_at = own_keys.len() as i64 + 1 - base;
+        let carry_at = own_keys.len() as i64;
         if let Some(scope) = scope.filter(|_| event.budgets.iter().any(|b| b.per_key)) {
             own_keys.push(EntityKeys::of_entity(namespace, request.rule_ref(), scope, &[]).state);
         }
         // A fair budget's ring of waiting keys: a key that parks joins it in the same call.
-        let ring_at = own_keys.len() as i64 + 1 - base;
+        let ring_at = own_keys.len() as i64;
         if let Some(fair) = event.budgets.iter().find(|b| b.fair.is_some()) {
             let [ring, _] = crate::keys::fair_keys(namespace, fair);
             own_keys.push(ring);
@@ -446,7 +446,8 @@ impl ReserveArgs {
         }
 
         let mut args = Args::default();
-        args.int("event.first_key", base)
+        // Where its keys start in its call: `add` writes it.
+        args.int("event.first_key", 1)
             .str("event.answer_field", keys.answer_field)
             .int("event.cost", event.cost as i64)
             .int("event.max_delay", event.max_delay)
