@@ -480,6 +480,16 @@ fn reserve_lua_gives_the_model_s_answer_across_edits_between_its_paths() {
         let n = scenario.events.len();
         let (from, to) = (a.index(n).min(b.index(n)), a.index(n).max(b.index(n)));
         scenario.shared.budgeted = Some(from..to);
+        // A known gap (docs/rules.md, "Rule edits"): a message reserved before the rule gained its
+        // budgets and given a new slot after gives them back units it never took, in the model
+        // and the script alike. Such a message keeps its old slot here, so that the bounds below
+        // check what the edit is meant to keep exact.
+        let before: std::collections::HashSet<String> = scenario.events[..from].iter().map(|a| a.id.clone()).collect();
+        for arrival in &mut scenario.events[from..] {
+            if arrival.reslot == Some(OldSlot::GivenBack) && before.contains(&arrival.id) {
+                arrival.reslot = Some(OldSlot::Kept);
+            }
+        }
         scenario
     });
     differential(strategy, 128, |scenario, answers| {
