@@ -332,37 +332,42 @@ local function keep_runs(e)
   end
 end
 
-local function shift_budgets(e, slot, now, delta)
+-- Moves `delta` units into (positive) or out of (negative) `slot`'s window of each budget limit
+-- (schedule.rs's shift_budget_windows): a shared budget's only when the slot `charged` it
+-- (charged_by), a classes calendar's always.
+local function shift_budgets(e, slot, now, delta, charged)
   for j = 1, #e.budgets do
     local budget = e.budgets[j]
-    for k = 1, #budget.limits do
-      local l = budget.limits[k]
-      local per = l.per
-      local window = slot - slot % per
-      if l.counts and window + per > now and not (delta < 0 and l.spread) then
-        local name = per .. ':' .. window
-        local before = tonumber(HASH.get(budget.hash, name))
-        if before then
-          local used = math.max(before + delta, 0)
-          HASH.set(budget.hash, {name, used})
-          if budget.own_floor and not l.share then
-            local part = name .. ':f:' .. budget.floors[budget.own_floor].rule
-            local held = tonumber(HASH.get(budget.hash, part))
-            if held then
-              HASH.set(budget.hash, {part, math.max(held + delta, 0)})
+    if charged or budget.per_key then
+      for k = 1, #budget.limits do
+        local l = budget.limits[k]
+        local per = l.per
+        local window = slot - slot % per
+        if l.counts and window + per > now and not (delta < 0 and l.spread) then
+          local name = per .. ':' .. window
+          local before = tonumber(HASH.get(budget.hash, name))
+          if before then
+            local used = math.max(before + delta, 0)
+            HASH.set(budget.hash, {name, used})
+            if budget.own_floor and not l.share then
+              local part = name .. ':f:' .. budget.floors[budget.own_floor].rule
+              local held = tonumber(HASH.get(budget.hash, part))
+              if held then
+                HASH.set(budget.hash, {part, math.max(held + delta, 0)})
+              end
             end
-          end
-          -- Read again when the search needs it (with the floors' parts).
-          l.used[window] = nil
-          if delta < 0 and budget.leased then
-            lower_booked(budget.hash, per, window)
-            l.booked = false
-            give_back_lease(budget.hash, per, window, before - used, now)
-          end
-          local run = l.run
-          if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
-            run.least = used
-            HASH.set(budget.hash, {'run:' .. per, run.from .. ':' .. run.through .. ':' .. used})
+            -- Read again when the search needs it (with the floors' parts).
+            l.used[window] = nil
+            if delta < 0 and budget.leased then
+              lower_booked(budget.hash, per, window)
+              l.booked = false
+              give_back_lease(budget.hash, per, window, before - used, now)
+            end
+            local run = l.run
+            if delta < 0 and run and window >= run.from and window <= run.through and used < run.least then
+              run.least = used
+              HASH.set(budget.hash, {'run:' .. per, run.from .. ':' .. run.through .. ':' .. used})
+            end
           end
         end
       end

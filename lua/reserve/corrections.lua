@@ -1,19 +1,28 @@
 -- An event's old slot given back and a cost corrected after the call: units back to the
 -- windows that hold them (and to a pool's home), or charged.
 
--- The slot of the message's answer and the cost it holds (the booked one, or the one reported
--- after the call), if it holds one: a message given a new slot, whose new answer starts afresh
--- (the reported cost is dropped).
+-- The slot of the message's answer, the cost it holds (the booked one, or the one reported after
+-- the call) and when it was decided, if it holds one: a message given a new slot, whose new answer
+-- starts afresh (the reported cost is dropped).
 local function old_slot(e)
   local recorded, corrected = e.answers.get(e, e.field .. CORRECTED)
-  local kind, slot, _, _, cost = parse_answer(recorded or '')
+  local kind, slot, decided, _, cost = parse_answer(recorded or '')
   if corrected then
     HASH.remove(KEYS[e.base + KEY_ANSWERS], e.field .. CORRECTED)
   end
   if kind ~= 'R' then
     return nil
   end
-  return e.answers_base + tonumber(slot), tonumber(corrected) or cost
+  return e.answers_base + tonumber(slot), tonumber(corrected) or cost, e.answers_base + tonumber(decided)
+end
+
+-- Whether a slot decided at `decided` charged the event's shared budgets (schedule.rs's
+-- charged_by): the entity's reservations have charged the same ones since then. A slot reserved
+-- before its rule had a budget took nothing from it, so gives it nothing back.
+local function charged_since(e, values, decided)
+  local held = values[STATE_HEAD + 2 * #e.limits + STATE_CHARGES] or ''
+  local since, names = string.match(held, '^(%-?%d+):(.*)$')
+  return since ~= nil and names == e.charges and decided >= tonumber(since)
 end
 
 -- Gives `cost` units of the slot `old` back (schedule.rs's give_back), wherever the window
@@ -21,7 +30,7 @@ end
 -- windows and fair shares when the slot lies in the window it holds, budgets' start-placed
 -- windows; gcra and sliding only when it is the entity's latest slot (`last`). Written at once:
 -- they stand whatever the new decision.
-local function give_back(e, values, last, now, old, cost)
+local function give_back(e, values, last, now, old, cost, charged)
   local latest, limits, changes = last == old, e.limits, {}
   for i = 1, #limits do
     local l = limits[i]
@@ -54,13 +63,13 @@ local function give_back(e, values, last, now, old, cost)
     end
   end
   e.state.write(e, changes, false)
-  shift_budgets(e, old, now, -cost)
+  shift_budgets(e, old, now, -cost, charged)
 end
 
 -- Charges `more` units to `slot`'s windows (schedule.rs's charge): the entity's fixed windows and
 -- fair shares when the slot lies in the window it holds, budgets' windows that have not closed, a
 -- gcra limit's TAT, a sliding limit's newest slot.
-local function charge(e, values, now, slot, more)
+local function charge(e, values, now, slot, more, charged)
   local limits, changes = e.limits, {}
   for i = 1, #limits do
     local l = limits[i]
@@ -85,7 +94,7 @@ local function charge(e, values, now, slot, more)
     end
   end
   e.state.write(e, changes, false)
-  shift_budgets(e, slot, now, more)
+  shift_budgets(e, slot, now, more, charged)
 end
 
 -- A cost reported after the call (the event's cost) corrects what the message's reservation
@@ -109,10 +118,11 @@ local function correct(e, now)
   local last = read_overrides(e, values)
   read_budgets(e, now)
   counts_in_force(e, now)
+  local charged = charged_since(e, values, decided_at)
   if actual < booked then
-    give_back(e, values, last, now, slot, booked - actual)
+    give_back(e, values, last, now, slot, booked - actual, charged)
   elseif actual > booked then
-    charge(e, values, now, slot, actual - booked)
+    charge(e, values, now, slot, actual - booked, charged)
   end
   return reply(slot, kind, CORRECTION.applied, now, booked)
 end

@@ -13,7 +13,8 @@
 -- when its TTL was last set to end 'exp', the answers minute whose expiry is set 'ab', each limit's
 -- two fields, and its overrides, pause and adaptive level in one field (the prelude's OVERRIDES);
 -- 'last' is the frontier as earlier versions named it (an entity they wrote is carried over on its
--- next reservation). A message's answer is written with HSETNX before anything else is, so that
+-- next reservation); 'ch' ('<since>:<names>'), which shared budgets its reservations charge and
+-- since when (a slot decided before gives them nothing back: charged_since). A message's answer is written with HSETNX before anything else is, so that
 -- the common path reads nothing more: a message the hash already knows gets its first answer back.
 --
 -- A limit of kind 'share' is a budget's fair share (a fixed window on the entity's own slots): its
@@ -72,9 +73,9 @@ local function decide(e, now)
     return reply(now, 'C', ATTEMPT.decided, now, now)
   end
   if e.reslot then
-    local old, cost = old_slot(e)
+    local old, cost, decided = old_slot(e)
     if old and e.gives_back then
-      give_back(e, values, last, now, old, cost)
+      give_back(e, values, last, now, old, cost, charged_since(e, values, decided))
     end
   end
   local slot, horizon = search(e, values, last, now)

@@ -163,6 +163,20 @@ local function commit_entity(e, values, slot, now, n, limit)
     HASH.remove(state_key, FIELD_LEGACY_FRONTIER)
     HASH.delete(KEYS[e.base + KEY_LEGACY_OVERRIDES])
   end
+  -- Since when its reservations have charged which shared budgets (a lean event has none, and
+  -- goes the general way while the state names some).
+  local charges = e.charges
+  if charges then
+    local at = STATE_HEAD + 2 * n + STATE_CHARGES
+    local held = values[at] or ''
+    local names = string.match(held, '^%-?%d+:(.*)$')
+    if charges == '' and held ~= '' then
+      values[at], changes[#changes + 1], changes[#changes + 2] = '', FIELD_CHARGES, ''
+    elseif charges ~= '' and names ~= charges then
+      local since = now .. ':' .. charges
+      values[at], changes[#changes + 1], changes[#changes + 2] = since, FIELD_CHARGES, since
+    end
+  end
   e.state.write(e, changes, pexpire)
   -- What this call's next event of the entity reads (a cached state): the state as it is now.
   values[STATE_FRONTIER], values[STATE_EXPIRES], values[STATE_ANSWERS_EXPIRY] = slot, expires, e.answers_base

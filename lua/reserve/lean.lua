@@ -4,8 +4,8 @@
 -- general path's (limit_accepts, commit_entity, file_answer), so both read and write the same
 -- state and either may decide a key's next event; it hands the event over to `decide`, in the same
 -- call and before it writes anything, when its key needs more: overrides, a pause or an adaptive
--- level ('o'), a parked backlog, an earlier version's layout, a cost over a limit, or a slot past
--- max_delay.
+-- level ('o'), a parked backlog, budgets its state says it charged (the rule had some), an earlier
+-- version's layout, a cost over a limit, or a slot past max_delay.
 
 -- Limit i of a lean event: kind, period, count in force and extra, as `lean_limits` parsed them.
 local function lean_limit(e, i)
@@ -138,8 +138,8 @@ local function decide_lean(e, now)
   end
   local values = e.state.read(e)
   local tail = STATE_HEAD + 2 * e.limits
-  local frontier, parked = values[STATE_FRONTIER], values[tail + STATE_PARKED]
-  if values[tail + STATE_OVERRIDES] or (parked and tonumber(parked) > 0)
+  local frontier, parked, charges = values[STATE_FRONTIER], values[tail + STATE_PARKED], values[tail + STATE_CHARGES]
+  if values[tail + STATE_OVERRIDES] or (parked and tonumber(parked) > 0) or (charges and charges ~= '')
     or (not frontier and values[tail + STATE_LEGACY_FRONTIER]) or not lean_limits(e) then
     return hand_over(e, values, now)
   end

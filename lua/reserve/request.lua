@@ -122,6 +122,8 @@ local function read_event()
     budget.fields_from, budget.fields_to = span(3 + per_limit * #budget_limits + calendar)
     budgets[b] = budget
   end
+  -- The shared budgets it charges, by name (the state remembers them: commit_entity).
+  e.charges = #budgets > 0 and str() or ''
   return e
 end
 

@@ -56,10 +56,10 @@ pub struct Scenario {
 pub struct Shared {
     /// The budgets every event draws from.
     pub budgets: Vec<Arc<Budget>>,
-    /// The events that draw from `budgets`, when not all do: the rule gains its budgets at the
-    /// first and loses them at the end, which moves it from the script's lean shape to the
-    /// general one and back.
-    pub budgeted: Option<std::ops::Range<usize>>,
+    /// The events that draw from `budgets`, when not all do (empty: all): the rule gains its
+    /// budgets at the first of each span and loses them at its end, which moves it from the
+    /// script's lean shape to the general one and back.
+    pub budgeted: Vec<std::ops::Range<usize>>,
     /// The rule's classes calendar (`Classes::calendar`, floors named `c0`, `c1`, ...) when it has
     /// classes, and what a classed event draws from: it, then `budgets`.
     pub classes: Option<Arc<Budget>>,
@@ -901,6 +901,17 @@ pub fn scenario_with_corrections(max_events: usize) -> impl Strategy<Value = Sce
 /// events, so no window may be over); a raised cost is the partner's, counted as booked. A
 /// correction applies to the message's booking when it is made, once: a new slot is a new booking.
 pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> Result<(), String> {
+    let scenario = Scenario { events: corrected_events(scenario, answers), ..scenario.clone() };
+    if scenario.shared.budgets.is_empty() {
+        check_pause_bounds(&scenario, answers)
+    } else {
+        check_budget_bounds(&scenario, answers)
+    }
+}
+
+/// The scenario's events, each booking at its cost after any correction that lowered it
+/// (`check_corrected_bounds`).
+pub fn corrected_events(scenario: &Scenario, answers: &[Reservation]) -> Vec<Arrival> {
     let mut corrected: Vec<Arrival> = scenario.events.clone();
     let mut booking: HashMap<&str, usize> = HashMap::new();
     let mut done: Vec<bool> = vec![false; answers.len()];
@@ -921,12 +932,7 @@ pub fn check_corrected_bounds(scenario: &Scenario, answers: &[Reservation]) -> R
             booking.remove(arrival.id.as_str());
         }
     }
-    let scenario = Scenario { events: corrected, ..scenario.clone() };
-    if scenario.shared.budgets.is_empty() {
-        check_pause_bounds(&scenario, answers)
-    } else {
-        check_budget_bounds(&scenario, answers)
-    }
+    corrected
 }
 
 /// A rule with classes (two or three, `c0` and sometimes `c1` holding a reserve) over fixed limits,

@@ -20,7 +20,7 @@ use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
     Arrival, Kinds, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
     check_delivery_bounds, check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds,
-    check_schedule, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
+    check_schedule, corrected_events, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
     scenario_with_classes, scenario_with_corrections, scenario_with_fair_budgets, scenario_with_leases,
     scenario_with_margin, scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
 };
@@ -178,8 +178,8 @@ fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize)
         park: scenario.shared.park,
         published: Some(arrival.published),
         floor: arrival.floor,
-        budgets: match &scenario.shared.budgeted {
-            Some(events) if !events.contains(&j) => &[],
+        budgets: match &scenario.shared.budgeted[..] {
+            spans if !spans.is_empty() && !spans.iter().any(|events| events.contains(&j)) => &[],
             _ => &scenario.shared.budgets,
         },
         adaptive: scenario.shared.adaptive,
@@ -469,35 +469,50 @@ fn reserve_lua_gives_the_model_s_answer_across_a_rule_edit() {
     differential(scenario_with_an_edit(60), 160, check_edit_bounds);
 }
 
-/// The rule gains its budgets at a random event and loses them at a later one: its events go the
-/// script's lean way before and after, the general way between, and the model and the Lua still
-/// agree on every answer and on the state left behind (every window of the key and of the budgets
-/// as the model keeps it), with the key's limits exact throughout.
+/// The rule gains its budgets at a random event, loses them at a later one and sometimes gains
+/// them again, with costs corrected after the call at random: its events go the script's lean way
+/// outside the spans, the general way inside, and the model and the Lua agree on every answer and
+/// on the state left behind (every window of the key and of the budgets as the model keeps it),
+/// with the key's limits exact throughout and no budget window over its count. A message reserved
+/// before the rule had its budgets (or in a gap between spans) and given a new slot or a
+/// corrected cost inside a span gives the budgets back nothing and charges them nothing: its slot
+/// never took from them.
 #[test]
 fn reserve_lua_gives_the_model_s_answer_across_edits_between_its_paths() {
     use proptest::sample::Index;
-    let strategy = (scenario_with_budgets(60), any::<Index>(), any::<Index>()).prop_map(|(mut scenario, a, b)| {
+    let cuts = proptest::collection::vec(any::<Index>(), 2..=4);
+    let corrections = proptest::collection::vec((any::<Index>(), any::<Index>(), 0u64..=4), 0..6);
+    let strategy = (scenario_with_budgets(60), cuts, corrections).prop_map(|(mut scenario, cuts, corrections)| {
         let n = scenario.events.len();
-        let (from, to) = (a.index(n).min(b.index(n)), a.index(n).max(b.index(n)));
-        scenario.shared.budgeted = Some(from..to);
-        // A known gap (docs/rules.md, "Rule edits"): a message reserved before the rule gained its
-        // budgets and given a new slot after gives them back units it never took, in the model
-        // and the script alike. Such a message keeps its old slot here, so that the bounds below
-        // check what the edit is meant to keep exact.
-        let before: std::collections::HashSet<String> = scenario.events[..from].iter().map(|a| a.id.clone()).collect();
-        for arrival in &mut scenario.events[from..] {
-            if arrival.reslot == Some(OldSlot::GivenBack) && before.contains(&arrival.id) {
-                arrival.reslot = Some(OldSlot::Kept);
-            }
+        let mut cuts: Vec<usize> = cuts.iter().map(|cut| cut.index(n + 1)).collect();
+        cuts.sort_unstable();
+        scenario.shared.budgeted =
+            cuts.chunks_exact(2).map(|span| span[0]..span[1]).filter(|s| !s.is_empty()).collect();
+        if scenario.shared.budgeted.is_empty() {
+            scenario.shared.budgeted.push(0..0);
         }
+        scenario.shared.corrections = corrections
+            .into_iter()
+            .filter_map(|(at, of, actual)| {
+                let at = at.index(n);
+                (at > 0).then(|| (at, of.index(at), actual))
+            })
+            .collect();
+        scenario.shared.corrections.sort_by_key(|c| c.0);
         scenario
     });
     differential(strategy, 128, |scenario, answers| {
+        let scenario = &Scenario { events: corrected_events(scenario, answers), ..scenario.clone() };
         check_pause_bounds(scenario, answers)?;
         // The budgets' windows over the events that drew from them.
-        let Some(range) = scenario.shared.budgeted.clone() else { return Ok(()) };
-        let budgeted = Scenario { events: scenario.events[range.clone()].to_vec(), ..scenario.clone() };
-        check_budget_bounds(&budgeted, &answers[range])
+        let (events, answers): (Vec<Arrival>, Vec<Reservation>) = scenario
+            .shared
+            .budgeted
+            .iter()
+            .flat_map(|span| span.clone())
+            .map(|j| (scenario.events[j].clone(), answers[j]))
+            .unzip();
+        check_budget_bounds(&Scenario { events, ..scenario.clone() }, &answers)
     });
 }
 
@@ -1265,6 +1280,72 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
         // The next test case starts the budget afresh.
         let mut connection = shared_connection().await;
         let _: () = connection.del(drip_store::budget_key("drip", &budget)).await.unwrap();
+    }
+}
+
+/// A budget added to a rule with keys already booked, through both stores: a message reserved
+/// before took nothing from it, so a new slot or a lowered cost gives it nothing back and a
+/// raised cost charges it nothing (the budget's full window stays full: the new slot goes to the
+/// next); lost and gained again, a message reserved in the gap likewise. The key's lean events
+/// (no budget) and its budgeted ones (the general path) leave the same state in both stores.
+#[tokio::test]
+async fn a_budget_added_to_a_rule_gets_back_only_what_its_slots_took_in_both_stores() {
+    let redis = RedisStore::new(shared_connection().await, "drip");
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let budget = Arc::new(Budget {
+        name: unique("gateway"),
+        limits: vec![Limit::new(3, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        max_share: None,
+        adaptive: None,
+        floors: Vec::new(),
+        per_key: false,
+        fair: None,
+        leases: None,
+        tag: unique("gateway"),
+    });
+    let budgets = [budget.clone()];
+    let rule = unique("budget-added");
+    let memory = MemoryStore::new();
+    // (key, message, now, cost, whether the rule has the budget, whether it is a new slot)
+    let request = |key: &'static str, id: &'static str, now: Millis, cost: u64, budgeted: bool, reslot: bool| {
+        let on = if budgeted { &budgets[..] } else { &[] };
+        let event = ReserveRequest { cost, budgets: on, ..ReserveRequest::new(id, &limits, now) };
+        let reslot = reslot.then_some(OldSlot::GivenBack);
+        SlotRequest { tag: Some(budget.tag.as_str()), reslot, ..SlotRequest::new(&rule, key, event).at(now) }
+    };
+    let used = |state: drip_core::schedule::BudgetState| state.windows.get(&(SECOND, T0)).copied();
+    for store in [&redis as &dyn Store, &memory] {
+        macro_rules! slot {
+            ($($request:expr),*) => {
+                store.reserve(&request($($request),*)).await.unwrap().reservation.slot
+            };
+        }
+        for (id, cost) in [("a0", 1), ("a1", 2), ("a2", 1)] {
+            assert_eq!(slot!("a", id, T0, cost, false, false), T0);
+        }
+        for id in ["b0", "b1", "b2"] {
+            assert_eq!(slot!("b", id, T0 + 1, 1, true, false), T0 + 1);
+        }
+        assert_eq!(slot!("a", "a0", T0 + 2, 1, true, true), T0 + SECOND, "the window stays full");
+        let corrected = store.correct_cost(&request("a", "a1", T0 + 3, 1, true, false), 0).await.unwrap();
+        assert_eq!(corrected, Correction::Applied { booked: 2, actual: 0 });
+        let corrected = store.correct_cost(&request("a", "a2", T0 + 3, 1, true, false), 3).await.unwrap();
+        assert_eq!(corrected, Correction::Applied { booked: 1, actual: 3 });
+        assert_eq!(slot!("b", "b2", T0 + 4, 1, true, true), T0 + 4, "b2 took its unit");
+        // c: budgeted, then a lean event in a gap, then budgeted again.
+        assert_eq!(slot!("c", "c0", T0 + 5, 1, true, false), T0 + SECOND);
+        assert_eq!(slot!("c", "c1", T0 + 6, 1, false, false), T0 + SECOND);
+        assert_eq!(slot!("c", "c2", T0 + 7, 1, true, false), T0 + SECOND);
+        assert_eq!(slot!("c", "c1", T0 + 8, 1, true, true), T0 + 2 * SECOND, "a0, c0 and c2 fill the window");
+    }
+    let in_redis = redis.budget_state(&budget).await.unwrap();
+    assert_eq!(used(in_redis.clone()), Some(3));
+    assert_eq!(in_redis.windows.get(&(SECOND, T0 + SECOND)).copied(), Some(3));
+    assert_eq!(Some(&in_redis), memory.budget_state(&budget.name).as_ref());
+    let tagged = RuleRef { id: &rule, tag: Some(&budget.tag), leases: None, classed: false };
+    for key in ["a", "b", "c"] {
+        let state = redis.entity_state(tagged, key, &limits).await.unwrap();
+        assert_eq!(Some(&state), memory.entity_state(&rule, key).as_ref(), "{key}");
     }
 }
 

@@ -137,6 +137,14 @@ pub fn calendar_shares(calendar: &Budget, draws: &[std::sync::Arc<Budget>]) -> V
     shares
 }
 
+/// The shared budgets (not a classes calendar) an event of a rule drawing from `draws` charges,
+/// by name, joined with `,`: what an entity's state remembers its reservations charged, and since
+/// when (`EntityState::charges`), so that a slot reserved before its rule had a budget gives
+/// nothing back to it. Empty when there are none.
+pub fn charged_budgets(draws: &[std::sync::Arc<Budget>]) -> String {
+    draws.iter().filter(|b| !b.per_key).map(|b| b.name.as_str()).collect::<Vec<_>>().join(",")
+}
+
 /// `leases: { partitions, chunk }`: the budget's keys spread over `partitions` partitions (each its
 /// own Redis Cluster hash tag), and each partition books against a pool of units its budget's home
 /// leased it, window by window. The home never leases more than a window holds, so no window is

@@ -400,7 +400,12 @@ fn budget_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
     } else if names(old) != names(new) {
         edits.push(edit(
             Safety::Safe,
-            format!("budgets {:?} -> {:?}: from the next reservation", names(old), names(new)),
+            format!(
+                "budgets {:?} -> {:?}: from the next reservation (a slot booked before a budget was added gives it \
+                 nothing back, one booked before a budget was removed stays booked in it)",
+                names(old),
+                names(new)
+            ),
         ));
     }
     for (before, after) in

@@ -128,7 +128,7 @@ impl Scheduler {
                 .get(&(rule.to_owned(), key.to_owned()))
                 .and_then(|e| e.answers.get(&answer_file(request.message_id, request.published)))
                 .filter(|a| a.status == Status::Reserved)
-                .map(|a| (a.slot, a.corrected.unwrap_or(a.cost))),
+                .map(|a| (a.slot, a.corrected.unwrap_or(a.cost), a.decided_at)),
         };
         self.decide(rule, key, request, given_back)
     }
@@ -150,7 +150,7 @@ impl Scheduler {
         if answer.corrected.is_some() {
             return Correction::Already;
         }
-        let (slot, booked) = (answer.slot, answer.cost);
+        let (slot, booked, decided_at) = (answer.slot, answer.cost, answer.decided_at);
         answer.corrected = Some(actual);
         self.carry_over(rule, request);
         let Some(entity) = self.entities.get_mut(&(rule.to_owned(), key.to_owned())) else {
@@ -160,10 +160,11 @@ impl Scheduler {
         let shared = budget_limits(&self.budgets, &unit, (rule, key));
         let (_, own) = entity_limits(&entity.state, &unit, &shared);
         let moved = (request.now, slot, actual.abs_diff(booked));
+        let charged = charged_by(&entity.state, &unit, &shared, decided_at);
         if actual < booked {
-            give_back(&mut entity.state, &mut self.budgets, moved, &own, &shared);
+            give_back(&mut entity.state, &mut self.budgets, moved, &own, &charged);
         } else if actual > booked {
-            charge(&mut entity.state, &mut self.budgets, moved, &own, &shared);
+            charge(&mut entity.state, &mut self.budgets, moved, &own, &charged);
         }
         Correction::Applied { booked, actual }
     }
@@ -291,21 +292,22 @@ impl Scheduler {
     }
 
     /// A fresh decision for the request's message: its slot reserved (or why not) and its answer
-    /// filed, after the units of `given_back` (a slot and the cost it booked) went back (unless the
-    /// cost is over a count in force).
+    /// filed, after the units of `given_back` (a slot, the cost it booked and when it was decided)
+    /// went back (unless the cost is over a count in force).
     fn decide(
         &mut self,
         rule: &str,
         key: &str,
         request: &ReserveRequest<'_>,
-        given_back: Option<(Millis, u64)>,
+        given_back: Option<(Millis, u64, Millis)>,
     ) -> Reservation {
         let request = &self.with_carried_floor(request);
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         let shared = budget_limits(&self.budgets, request, (rule, key));
         let (exceeded, own) = entity_limits(&entity.state, request, &shared);
-        if let Some((old, cost)) = given_back.filter(|_| !exceeded) {
-            give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &shared);
+        if let Some((old, cost, decided_at)) = given_back.filter(|_| !exceeded) {
+            let charged = charged_by(&entity.state, request, &shared, decided_at);
+            give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &charged);
         }
         let slot =
             if exceeded { request.now } else { search(&entity.state, &mut self.budgets, request, (&own, &shared)) };

@@ -49,11 +49,12 @@ pub(crate) const STATE_HEAD: [(&str, &str); 3] = [
     ("state.expires", field::EXPIRES),
     ("state.answers_expiry", field::ANSWERS_EXPIRY),
 ];
-pub(crate) const STATE_TAIL: [(&str, &str); 4] = [
+pub(crate) const STATE_TAIL: [(&str, &str); 5] = [
     ("state.parked", field::PARKED),
     ("state.wake", field::WAKE),
     ("state.overrides", field::OVERRIDES),
     ("state.legacy_frontier", field::LEGACY_FRONTIER),
+    ("state.charges", field::CHARGES),
 ];
 
 /// A budget's one HMGET, by name, as STATE_HEAD and STATE_TAIL are the entity's: the fields before
@@ -552,6 +553,10 @@ impl ReserveArgs {
                 }
             }
         });
+        if !event.budgets.is_empty() {
+            // The shared budgets it charges (the state remembers them, and since when).
+            args.str("event.charges", drip_core::budgets::charged_budgets(event.budgets));
+        }
         (own_keys, args)
     }
 

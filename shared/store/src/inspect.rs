@@ -398,6 +398,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         let mut connection = self.connection();
         let fields: HashMap<String, String> =
             redis::cmd("HGETALL").arg(&keys.state).query_async(&mut connection).await?;
+        let charges = fields.get(field::CHARGES).and_then(|held| field::parse_charges(held));
         let fields: HashMap<String, i64> =
             fields.into_iter().filter_map(|(name, value)| Some((name, value.parse().ok()?))).collect();
         let held = |limit: &Limit| field::limit_state(limit).map(|name| fields.get(&name).copied());
@@ -411,6 +412,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
             latency: overrides.get(field::LATENCY).and_then(|l| field::parse_latency(l)),
             parked: fields.get(field::PARKED).map_or(0, |&n| n as u64),
             wake: fields.get(field::WAKE).copied(),
+            charges,
         };
         // Fair shares of budgets: fixed windows named `share:<budget>:<per>`.
         for (name, &window) in &fields {

@@ -360,6 +360,9 @@ pub mod field {
     pub const WAKE: &str = "wk";
     /// The frontier as earlier versions named it (reserve.lua carries such an entity over).
     pub const LEGACY_FRONTIER: &str = "last";
+    /// Since when the entity's reservations have charged its rule's shared budgets, and which:
+    /// `<since>:<names>` (drip-core's `charged_budgets`), absent or empty when none.
+    pub const CHARGES: &str = "ch";
     /// The entity's overrides, pause and adaptive level: one field of its state hash, `name=value`
     /// entries joined by `;` (the prelude's `parse_overrides`), absent for most entities.
     pub const OVERRIDES: &str = "o";
@@ -372,6 +375,12 @@ pub mod field {
     /// A classes calendar: the last slot of what its key booked before the rule had classes,
     /// once the calendar took it over (0: nothing).
     pub const CARRIED: &str = "c";
+
+    /// The charges field (`<since>:<names>`) as the model holds it: none when absent or empty.
+    pub fn parse_charges(held: &str) -> Option<(Millis, String)> {
+        let (since, names) = held.split_once(':')?;
+        Some((since.parse().ok()?, names.to_owned()))
+    }
 
     /// The overrides field's entries by name (as earlier versions held them in a hash of their own).
     pub fn parse_overrides_field(blob: &str) -> std::collections::BTreeMap<String, String> {
@@ -437,8 +446,9 @@ pub mod field {
     /// The hash fields the reservation script writes by name, each as the script spells it
     /// (`FIELD_FRONTIER`): scripts.rs writes each value into the script as a Lua string, so no
     /// room spells a field of its own.
-    pub const SCRIPT_FIELDS: [(&str, &str); 8] = [
+    pub const SCRIPT_FIELDS: [(&str, &str); 9] = [
         ("FIELD_FRONTIER", FRONTIER),
+        ("FIELD_CHARGES", CHARGES),
         ("FIELD_EXPIRES", EXPIRES),
         ("FIELD_ANSWERS_EXPIRY", ANSWERS_EXPIRY),
         ("FIELD_PARKED", PARKED),

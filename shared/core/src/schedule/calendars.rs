@@ -124,6 +124,7 @@ pub struct FullRun {
 }
 
 /// One budget limit as it counts this reservation.
+#[derive(Clone)]
 pub(super) struct BudgetLimit<'a> {
     pub(super) budget: &'a Budget,
     pub(super) limit: Limit,
@@ -176,6 +177,22 @@ impl BudgetLimit<'_> {
     pub(super) fn is_share(&self) -> bool {
         matches!(self.kind, BudgetLimitKind::Share { .. })
     }
+}
+
+/// The limits of `shared` that a slot decided at `decided` charged, so that giving it back or
+/// correcting its cost moves units in those only: a classes calendar's always (it carried the
+/// key's earlier bookings over), the shared budgets' only when the entity's reservations have
+/// charged the same budgets since then (`EntityState::charges`): a slot reserved before its rule
+/// had a budget took nothing from it.
+pub(super) fn charged_by<'a>(
+    state: &EntityState,
+    request: &ReserveRequest<'_>,
+    shared: &[BudgetLimit<'a>],
+    decided: Millis,
+) -> Vec<BudgetLimit<'a>> {
+    let names = crate::budgets::charged_budgets(request.budgets);
+    let charged = state.charges.as_ref().is_some_and(|(since, held)| *held == names && decided >= *since);
+    shared.iter().filter(|l| charged || l.budget.per_key).cloned().collect()
 }
 
 /// Gives the units of `old` (a slot of the request's message that was never used) back, wherever
@@ -550,6 +567,50 @@ mod budget_tests {
         let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
         let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
         s.reserve("r", key, &request)
+    }
+
+    /// A budget added to a rule: a message reserved before (or while the rule was without it)
+    /// took nothing from it, so a new slot or a lower cost gives it nothing back and a higher
+    /// cost charges it nothing; one reserved since gives back as before.
+    #[test]
+    fn a_slot_reserved_before_its_rule_had_a_budget_gives_that_budget_nothing_back() {
+        let budgets = [budget(3, Placement::Start, None)];
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let at = |id, now, cost, budgets| ReserveRequest {
+            cost,
+            max_delay: 10 * SECOND,
+            budgets,
+            ..request(id, &limits, now)
+        };
+        let used = |s: &Scheduler| s.budget_state("gateway").unwrap().windows.get(&(SECOND, 0)).copied();
+        let mut s = Scheduler::new();
+        for (id, cost) in [("a0", 1), ("a1", 2), ("a2", 1)] {
+            assert_eq!(s.reserve("r", "a", &at(id, 0, cost, &[])).slot, 0);
+        }
+        // The rule gains the budget: b's three fill its first window.
+        for id in ["b0", "b1", "b2"] {
+            assert_eq!(s.reserve("r", "b", &at(id, 1, 1, &budgets)).slot, 1);
+        }
+        assert_eq!(used(&s), Some(3));
+        // a0 given a new slot: its old one took nothing from the budget, which stays full.
+        assert_eq!(s.reslot("r", "a", &at("a0", 2, 1, &budgets), OldSlot::GivenBack).slot, SECOND);
+        assert_eq!(used(&s), Some(3));
+        // a1's cost lowered, a2's raised: neither moves the budget.
+        assert_eq!(s.correct("r", "a", &at("a1", 3, 1, &budgets), 0), Correction::Applied { booked: 2, actual: 0 });
+        assert_eq!(s.correct("r", "a", &at("a2", 3, 1, &budgets), 3), Correction::Applied { booked: 1, actual: 3 });
+        assert_eq!(used(&s), Some(3));
+        // b2 was reserved with the budget: its new slot gives its unit back first, and takes it again.
+        assert_eq!(s.reslot("r", "b", &at("b2", 4, 1, &budgets), OldSlot::GivenBack).slot, 4);
+        assert_eq!(used(&s), Some(3));
+
+        // Lost and gained again: a message reserved in the gap gives nothing back either.
+        let mut s = Scheduler::new();
+        assert_eq!(s.reserve("r", "c", &at("c0", 0, 1, &budgets)).slot, 0);
+        assert_eq!(s.reserve("r", "c", &at("c1", 1, 1, &[])).slot, 1);
+        assert_eq!(s.reserve("r", "c", &at("c2", 2, 1, &budgets)).slot, 2);
+        assert_eq!(used(&s), Some(2));
+        assert_eq!(s.reslot("r", "c", &at("c1", 3, 1, &budgets), OldSlot::GivenBack).slot, 3);
+        assert_eq!(used(&s), Some(3), "c1 took a unit it had not given back");
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub struct EntityState {
     pub parked: u64,
     /// When the latest wake of its drain was armed for, while messages are parked.
     pub wake: Option<Millis>,
+    /// Since when its reservations have charged its rule's shared budgets, and which
+    /// ([`crate::budgets::charged_budgets`]): a slot reserved before then took nothing from them,
+    /// so its units go back to none of them ([`charged_by`]).
+    pub charges: Option<(Millis, String)>,
 }
 
 /// One limit on the entity's own state as it counts this reservation: a rule's limit or a fair
@@ -121,4 +125,10 @@ pub(super) fn commit(state: &mut EntityState, request: &ReserveRequest<'_>, own:
         }
     }
     state.last_slot = Some(slot);
+    let names = crate::budgets::charged_budgets(request.budgets);
+    state.charges = match state.charges.take() {
+        _ if names.is_empty() => None,
+        Some((since, held)) if held == names => Some((since, held)),
+        _ => Some((request.now, names)),
+    };
 }
