@@ -1,13 +1,17 @@
 -- One call: the leases' credits, then each event in order, by the lean path or the general one.
 
--- The call's last lean event written in full (what an event written as `=` is like).
-local last_lean
+-- The call's last lean event written in full (what an event written as `=` is like), and its
+-- last general one (what an event written as `~` is like).
+local last_lean, last_full
 
 -- The event at the cursor, read as it is written: like the last lean one (read_like), lean
--- (read_lean) or whole (read_event).
+-- (read_lean), like the last general one (read_alike) or whole (read_event).
 local function read_next()
-  if ARGV[arg_at + 1] == '=' then
+  local mark = ARGV[arg_at + 1]
+  if mark == '=' then
     return read_like(last_lean)
+  elseif mark == '~' then
+    return read_alike(last_full)
   elseif ARGV[arg_at + EVENT_MODE] == 'lean' then
     local e = read_lean()
     if e.lean then
@@ -15,7 +19,8 @@ local function read_next()
     end
     return e
   end
-  return read_event()
+  last_full = read_event()
+  return last_full
 end
 
 local function decide_next(e, now)
@@ -29,7 +34,7 @@ end
 -- (this file runs as a function library, whose top level runs once; scripts.rs's wrapper resets
 -- the argument cursor).
 local function main()
-  reads, answers, writes, last_lean = {}, {}, {}, false
+  reads, answers, writes, last_lean, last_full = {}, {}, {}, false, false
   local now = clock(int())
   for _ = 1, int() do
     credit(now)

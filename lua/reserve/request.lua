@@ -127,6 +127,28 @@ local function read_event()
   return e
 end
 
+-- A general event written as `~`, where its keys start, its answer field, cost and answers
+-- minute, then its key in each of its fair budgets' rings (args.rs's `add`: a drain's heads, a
+-- group commit's events of one rule): `last`, the call's last general event written in full, but
+-- for those. Its record is read again, so that nothing of `last`'s tables is shared.
+local function read_alike(last)
+  local at = arg_at
+  arg_at = last.record
+  local e = read_event()
+  e.base, e.field, e.cost, e.answers_base = tonumber(ARGV[at + 2]), ARGV[at + 3], tonumber(ARGV[at + 4]),
+    tonumber(ARGV[at + 5])
+  at = at + 5
+  local budgets = e.budgets
+  for b = 1, #budgets do
+    if budgets[b].ring_member then
+      at = at + 1
+      budgets[b].ring_member = ARGV[at]
+    end
+  end
+  arg_at = at
+  return e
+end
+
 -- An answer's kind as its reply's status (redis_store.rs's parse_reply): reserved, beyond
 -- max_delay, cost over a limit in force (nothing reserved for the last two).
 -- P: parked (nothing reserved; the message waits in its key's queue). An unpark's reply may

@@ -554,10 +554,13 @@ fn reserve_lua_gives_the_model_s_answer_with_parked_backlogs() {
 /// A fair budget (book near, park far) with weights, pauses, adaptive limits, new slots and
 /// drains at random moments: the model and the scripts (reserve.lua's parking, fair.lua's ring)
 /// agree on every answer, every park's ring join and wake, every drain's unparks, the ring it
-/// read, who left it and the next wake; every limit holds over what was reserved.
+/// read, who left it and the next wake; every limit holds over what was reserved. Alone and in
+/// batches (a call's events of several keys, each joining the ring as its own).
 #[test]
 fn reserve_lua_gives_the_model_s_answer_with_fair_budgets() {
     differential(scenario_with_fair_budgets(60), 160, check_budget_bounds);
+    let sizes = || proptest::collection::vec(1usize..=64, 1..8);
+    differential_in_batches((scenario_with_fair_budgets(60), sizes()), 64, check_budget_bounds);
 }
 
 /// A rule with classes (a reserve for one or two of them) over fixed limits, with and without

@@ -161,6 +161,8 @@ pub struct ReserveArgs {
     paths: ReservePaths,
     /// The last event written in full with mode `lean`: its place in `events` and its keys'.
     last_lean: Option<(usize, std::ops::Range<usize>)>,
+    /// The same for the last event written in full for the general path.
+    last_full: Option<(usize, std::ops::Range<usize>)>,
     /// Leases the call credits to partitions' pools before its events (reserve.lua's `credit`).
     credits: Vec<Args>,
 }
@@ -274,8 +276,18 @@ fn value_of<'a>(args: &'a Args, name: &str) -> &'a [u8] {
 
 /// Whether two records are the same but for where their keys start, their message and its cost.
 fn same_but_message(a: &Args, b: &Args) -> bool {
-    const MESSAGE: [&str; 3] = ["event.first_key", "event.answer_field", "event.cost"];
-    a.0.len() == b.0.len() && a.named().zip(b.named()).all(|((name, x), (_, y))| x == y || MESSAGE.contains(&name))
+    same_but(a, b, &["event.first_key", "event.answer_field", "event.cost"])
+}
+
+/// What a general event written as another (`~`: reserve.lua's `read_alike`) has of its own: where
+/// its keys start, its message, cost and answers minute, and its key in its fair budgets' rings.
+const ALIKE_OWN: [&str; 5] =
+    ["event.first_key", "event.answer_field", "event.cost", "event.answers_base", "budget.ring_member"];
+
+/// Whether two records are the same but for the values of `own`.
+fn same_but(a: &Args, b: &Args, own: &[&str]) -> bool {
+    a.0.len() == b.0.len()
+        && a.named().zip(b.named()).all(|((name, x), (other, y))| name == other && (x == y || own.contains(&name)))
 }
 
 /// Whether an event takes reserve.lua's lean path (`lua/reserve/lean.lua`, mode `lean`): a plain
@@ -346,6 +358,7 @@ impl ReserveArgs {
             credits: Vec::new(),
             paths: ReservePaths::Lean,
             last_lean: None,
+            last_full: None,
         }
     }
 
@@ -595,17 +608,29 @@ impl ReserveArgs {
         let lean = value_of(&args, "event.mode") == b"lean";
         if lean && general {
             args.set("event.mode", "");
-        } else if lean {
+        }
+        if !lean || general {
+            if let Some((at, range)) = &self.last_full
+                && same_but(&self.events[*at], &args, &ALIKE_OWN)
+            {
+                // A drain's heads, or a group commit's events of one rule: the keys of each (the
+                // same ones for a key's next event), and what is its own.
+                let first_key = self.reuse_keys(range.clone(), keys);
+                let mut alike = Args::default();
+                alike.str("event.alike", "~").int("event.first_key", first_key as i64);
+                for (name, value) in args.named().filter(|(name, _)| ALIKE_OWN[1..].contains(name)) {
+                    alike.str(name, value);
+                }
+                self.events.push(alike);
+                return self;
+            }
+            self.last_full = Some((self.events.len(), self.keys.len()..self.keys.len() + keys.len()));
+        } else {
             if let Some((at, range)) = &self.last_lean
                 && same_but_message(&self.events[*at], &args)
             {
                 // The same keys (a key's burst), or another key's of the same rule.
-                let first_key = if self.keys[range.clone()] == keys[..] {
-                    range.start + 1
-                } else {
-                    self.keys.extend(keys);
-                    self.keys.len() - range.len() + 1
-                };
+                let first_key = self.reuse_keys(range.clone(), keys);
                 let mut like = Args::default();
                 like.str("event.like", "=")
                     .int("event.first_key", first_key as i64)
@@ -620,6 +645,17 @@ impl ReserveArgs {
         self.keys.extend(keys);
         self.events.push(args);
         self
+    }
+
+    /// Where an event written as another starts its keys: at the other's (`range`) when they are
+    /// the same (a key's next event), else after those already in the call.
+    fn reuse_keys(&mut self, range: std::ops::Range<usize>, keys: Vec<String>) -> usize {
+        if self.keys[range.clone()] == keys[..] {
+            range.start + 1
+        } else {
+            self.keys.extend(keys);
+            self.keys.len() - range.len() + 1
+        }
     }
 
     /// The arguments in order: now, the section of credits, then the section of events.
@@ -680,8 +716,9 @@ mod tests {
 
     /// A key's burst: a lean event whose keys and record are the last lean one's but for its
     /// message and cost is written as `=`, the same first key, its answer field and its cost, with
-    /// no keys of its own; another key's keys are added and its record written the same way; a
-    /// budgeted event, or one on the general path, is written in full.
+    /// no keys of its own; another key's keys are added and its record written the same way. On
+    /// the general path (a budgeted event, a drain's heads) the same holds with `~`, which also
+    /// carries the answers minute and the key's place in its fair budget's ring.
     #[test]
     fn a_key_s_burst_is_written_once_and_then_by_message() {
         use std::sync::Arc;
@@ -721,8 +758,38 @@ mod tests {
         assert_eq!(call.keys.len(), 6);
         assert!(call.events[1..].iter().all(|e| e.0.len() == 4));
         let general = encode(ReservePaths::General, &burst);
-        assert!(general.events.iter().all(|e| value_of(e, "event.mode") == b"" && e.0.len() > 3));
-        let budgeted = encode(ReservePaths::Lean, &[request("k", "m1", 1, true), request("k", "m2", 1, true)]);
-        assert!(budgeted.events.iter().all(|e| value_of(e, "event.mode") == b"" && e.0.len() > 3));
+        assert_eq!(value_of(&general.events[0], "event.mode"), b"");
+        let marks: Vec<&[u8]> = general.events.iter().map(|e| e.0[0].as_slice()).collect();
+        assert_eq!(marks, [&b"1"[..], b"~", b"~"]);
+        assert_eq!(general.keys.len(), 6, "the burst's keys once, then the other key's");
+        let named: Vec<(&str, &[u8])> = general.events[2].named().collect();
+        assert_eq!(
+            named,
+            [
+                ("event.alike", &b"~"[..]),
+                ("event.first_key", b"4"),
+                ("event.answer_field", value_of(&general.events[2], "event.answer_field")),
+                ("event.cost", b"1"),
+                ("event.answers_base", value_of(&general.events[0], "event.answers_base")),
+            ]
+        );
+        // A fair budget's drain: each head of another key carries its place in the ring.
+        let fair = Arc::new(drip_core::budgets::Budget {
+            fair: Some(drip_core::fair::Fair::default()),
+            ..(*budgets[0]).clone()
+        });
+        let fair = [fair];
+        let head = |key: &'static str, id: &'static str| {
+            let event = ReserveRequest { budgets: &fair[..], ..ReserveRequest::new(id, &limits, 0) };
+            SlotRequest { unpark: Some(500), ..SlotRequest::new("r", key, event) }
+        };
+        let drain = encode(ReservePaths::Lean, &[head("k", "m1"), head("j", "m2")]);
+        assert_eq!(value_of(&drain.events[0], "event.mode"), b"unpark");
+        assert_eq!(value_of(&drain.events[1], "budget.ring_member"), b"r\nj");
+        assert_eq!(drain.events[1].0.len(), 6);
+        assert!(drain.events[0].0.len() > 40, "written in full once: {}", drain.events[0].0.len());
+        // Records that differ in more than that are written in full.
+        let mixed = encode(ReservePaths::Lean, &[request("k", "m1", 1, true), head("k", "m2")]);
+        assert!(mixed.events.iter().all(|e| e.0[0] != b"~"));
     }
 }
