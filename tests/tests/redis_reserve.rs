@@ -747,17 +747,11 @@ async fn a_budget_full_far_ahead_costs_a_new_key_the_same_work_however_far() {
     let limits = [Limit::new(1_000, SECOND, Window::Fixed(Placement::Start)).unwrap()];
     let mut work = Vec::new();
     for full in [1_000i64, 360_000] {
-        let budget = Arc::new(Budget {
-            name: format!("gateway{full}"),
-            limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
-            max_share: None,
-            adaptive: None,
-            floors: Vec::new(),
-            per_key: false,
-            fair: None,
-            leases: None,
-            tag: format!("gateway{full}"),
-        });
+        let budget = Arc::new(Budget::named(
+            format!("gateway{full}"),
+            format!("gateway{full}"),
+            vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        ));
         let key = drip_store::budget_key("drip", &budget);
         let budgets = [budget];
         let reserve = async |entity: String| {
@@ -1247,17 +1241,11 @@ async fn an_override_of_a_classed_key_holds_for_every_class_and_keeps_its_calend
 async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
     let redis = RedisStore::new(shared_connection().await, "drip");
     let limits = [Limit::new(5, SECOND, Window::Fixed(Placement::Start)).unwrap()];
-    let budget = Arc::new(Budget {
-        name: unique("gateway"),
-        limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
-        max_share: None,
-        adaptive: None,
-        floors: Vec::new(),
-        per_key: false,
-        fair: None,
-        leases: None,
-        tag: unique("gateway"),
-    });
+    let budget = Arc::new(Budget::named(
+        unique("gateway"),
+        unique("gateway"),
+        vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+    ));
     let budgets = [budget.clone()];
     for (old, slot, next_window) in [(OldSlot::GivenBack, T0 + 100, None), (OldSlot::Kept, T0 + SECOND, Some(1))] {
         let rule = unique("give-back");
@@ -1295,17 +1283,11 @@ async fn a_new_slot_gives_the_old_one_s_units_back_in_both_stores() {
 async fn a_budget_added_to_a_rule_gets_back_only_what_its_slots_took_in_both_stores() {
     let redis = RedisStore::new(shared_connection().await, "drip");
     let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
-    let budget = Arc::new(Budget {
-        name: unique("gateway"),
-        limits: vec![Limit::new(3, SECOND, Window::Fixed(Placement::Start)).unwrap()],
-        max_share: None,
-        adaptive: None,
-        floors: Vec::new(),
-        per_key: false,
-        fair: None,
-        leases: None,
-        tag: unique("gateway"),
-    });
+    let budget = Arc::new(Budget::named(
+        unique("gateway"),
+        unique("gateway"),
+        vec![Limit::new(3, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+    ));
     let budgets = [budget.clone()];
     let rule = unique("budget-added");
     let memory = MemoryStore::new();

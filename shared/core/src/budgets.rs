@@ -39,20 +39,26 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// A fair budget known only by its name and hash tag, with no limits: enough to name its
-    /// keys in the store (a wake for a budget the rules no longer have).
-    pub fn fair_named(name: &str, tag: &str) -> Self {
+    /// A budget of `limits` on hash tag `tag`, and nothing more: no share, level, floors,
+    /// fairness or leases.
+    pub fn named(name: impl Into<String>, tag: impl Into<String>, limits: Vec<Limit>) -> Self {
         Budget {
-            name: name.to_owned(),
-            limits: Vec::new(),
+            name: name.into(),
+            limits,
             max_share: None,
             adaptive: None,
             floors: Vec::new(),
             per_key: false,
-            fair: Some(Default::default()),
+            fair: None,
             leases: None,
-            tag: tag.to_owned(),
+            tag: tag.into(),
         }
+    }
+
+    /// A fair budget known only by its name and hash tag, with no limits: enough to name its
+    /// keys in the store (a wake for a budget the rules no longer have).
+    pub fn fair_named(name: &str, tag: &str) -> Self {
+        Budget { fair: Some(Default::default()), ..Budget::named(name, tag, Vec::new()) }
     }
 
     /// The most one entity may take of a window of a limit whose count in force is `count`

@@ -425,17 +425,11 @@ async fn full_calendar(
     let probe = scaled(200);
     let mut rows = Vec::new();
     for ahead in [3_600, 36_000, 360_000].map(|n| scaled(n) as i64) {
-        let budget = Arc::new(Budget {
-            name: format!("bench-calendar-{ahead}"),
-            limits: vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
-            max_share: None,
-            adaptive: None,
-            floors: Vec::new(),
-            per_key: false,
-            fair: None,
-            leases: None,
-            tag: format!("bench-calendar-{ahead}"),
-        });
+        let budget = Arc::new(Budget::named(
+            format!("bench-calendar-{ahead}"),
+            format!("bench-calendar-{ahead}"),
+            vec![Limit::new(2, SECOND, Window::Fixed(Placement::Start)).unwrap()],
+        ));
         let key = drip_store::budget_key("bench", &budget);
         let budgets = [budget];
         let start = wall_clock_millis().div_euclid(SECOND) * SECOND;

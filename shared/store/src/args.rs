@@ -723,17 +723,7 @@ mod tests {
     fn a_key_s_burst_is_written_once_and_then_by_message() {
         use std::sync::Arc;
         let limits = [Limit::new(10, 1_000, Window::Fixed(Placement::Start)).unwrap()];
-        let budget = Arc::new(drip_core::budgets::Budget {
-            name: "b".into(),
-            limits: limits.to_vec(),
-            max_share: None,
-            adaptive: None,
-            floors: Vec::new(),
-            per_key: false,
-            fair: None,
-            leases: None,
-            tag: "b".into(),
-        });
+        let budget = Arc::new(drip_core::budgets::Budget::named("b", "b", limits.to_vec()));
         let budgets = [budget];
         let request = |key: &'static str, id: &'static str, cost: u64, budgeted: bool| {
             let event = ReserveRequest::new(id, &limits, 0);
