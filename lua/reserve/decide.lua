@@ -14,8 +14,9 @@
 -- two fields, and its overrides, pause and adaptive level in one field (the prelude's OVERRIDES);
 -- 'last' is the frontier as earlier versions named it (an entity they wrote is carried over on its
 -- next reservation); 'ch' ('<since>:<names>'), which shared budgets its reservations charge and
--- since when (a slot decided before gives them nothing back: charged_since). A message's answer is written with HSETNX before anything else is, so that
--- the common path reads nothing more: a message the hash already knows gets its first answer back.
+-- since when (a slot decided before gives them nothing back: charged_since). A message's answer
+-- is written with HSETNX before anything else is, so that the common path reads nothing more: a
+-- message the hash already knows gets its first answer back.
 --
 -- A limit of kind 'share' is a budget's fair share (a fixed window on the entity's own slots): its
 -- count is the budget limit's count in force times max_share, its extra the budget's number.

@@ -1,0 +1,467 @@
+use proptest::strategy::{Just, Strategy};
+
+use super::tests::request;
+use super::*;
+use crate::budgets::{Adaptive, PPM};
+use crate::time::SECOND;
+
+fn budget(limit: u64, placement: Placement, max_share: Option<u64>) -> Arc<Budget> {
+    Arc::new(Budget {
+        name: "gateway".into(),
+        limits: vec![Limit::new(limit, SECOND, Window::Fixed(placement)).unwrap()],
+        max_share,
+        adaptive: None,
+        floors: Vec::new(),
+        per_key: false,
+        fair: None,
+        leases: None,
+        tag: "gateway".into(),
+    })
+}
+
+/// A budget of 10 a second leased over two partitions, a unit at a time: each partition asks its
+/// home when its pool has no room, for what it booked of the window before (here nothing: a
+/// chunk, one unit); the home leases a window out and no further, and a partition that finds it
+/// full asks from the next window and remembers it.
+#[test]
+fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
+    let leases = crate::budgets::Leases { partitions: 2, chunk: 100_000 };
+    let budgets = [Arc::new(Budget { leases: Some(leases), ..(*budget(10, Placement::Start, None)).clone() })];
+    let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+    let (p0, p1) = (in_partition(0), in_partition(1));
+    let mut s = Scheduler::new();
+    let slots: Vec<Millis> = (0..12)
+        .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
+        .collect();
+    // Each leases a unit per event until the window is leased out (5 each); then each finds it
+    // full and leases a unit of the next.
+    assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
+    let home = s.budget_state("gateway").unwrap();
+    assert_eq!(home.windows, BTreeMap::from([((SECOND, 0), 10), ((SECOND, SECOND), 2)]));
+    assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&5));
+    assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&5));
+    let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
+    assert_eq!(pool.known_full.get(&SECOND), Some(&0), "p1 knows window 0 is leased out");
+    assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&1), Some(&1)));
+    // The next window p1 asks for: what it booked of the window before (5), less what it holds.
+    let more = reserve(&mut s, &p1, "m12", 0, &budgets).slot;
+    assert_eq!(more, SECOND);
+    let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
+    assert_eq!(pool.leased.get(&(SECOND, SECOND)), Some(&5), "asked 5 - 1 = 4 more");
+    // A scarce window is split: a partition asking for more than is left gets half of it.
+    let mut home = BudgetState::default();
+    let grant = |home: &mut BudgetState, partition, want| home.grant(partition, (SECOND, 0, SECOND), 10, (1, want));
+    assert_eq!(grant(&mut home, 0, 6).total, 6, "room enough: what it asked");
+    assert_eq!(grant(&mut home, 1, 8).total, 2, "4 left, 8 asked: half");
+    assert_eq!(grant(&mut home, 0, 8).total, 7, "2 left: half");
+    assert_eq!(grant(&mut home, 1, 8).total, 3, "1 left: the cost");
+    assert_eq!(grant(&mut home, 1, 8).window, Some(SECOND), "window 0 is leased out: the next");
+    // A pause of a leased budget is its home's: both partitions wait.
+    s.pause_budget("gateway", 5 * SECOND);
+    assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);
+}
+
+/// A partition that leased a whole window gives what left it back to the home (an event
+/// reslotted, its old slot given back), and the other partition leases it: without the return
+/// it would find the window leased out and take the next.
+#[test]
+fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
+    let leases = crate::budgets::Leases { partitions: 2, chunk: crate::budgets::PPM };
+    let budgets = [Arc::new(Budget { leases: Some(leases), ..(*budget(10, Placement::Start, None)).clone() })];
+    let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+    let (p0, p1) = (in_partition(0), in_partition(1));
+    let mut s = Scheduler::new();
+    let slots: Vec<Millis> = (0..4).map(|i| reserve(&mut s, &p0, &format!("m{i}"), 0, &budgets).slot).collect();
+    assert_eq!(slots, [0; 4]);
+    assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 0)), Some(&10), "the whole window");
+    // Two of p0's events leave window 0 (their task found a pause, say): their units go back.
+    for (id, now) in [("m1", 100), ("m2", 150)] {
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let request = ReserveRequest { max_delay: 10 * SECOND, budgets: &budgets, ..request(id, &limits, now) };
+        s.reslot("r", &p0, &request, OldSlot::GivenBack);
+    }
+    let pool = s.budget_state(&budgets[0].pool_name(0)).unwrap();
+    assert_eq!(pool.returned.get(&(SECOND, 0)), Some(&2), "{pool:?}");
+    assert_eq!(pool.pool_holds(SECOND, 0), 8);
+    let home = s.budget_state("gateway").unwrap();
+    assert_eq!(home.windows.get(&(SECOND, 0)), Some(&8), "the home leased 10 and took 2 back");
+    assert_eq!(home.taken_back.get(&(SECOND, 0, 0)), Some(&2));
+    // What they gave back went home; their new slots are in what p0 still held, at now.
+    assert_eq!(pool.windows.get(&(SECOND, 0)), Some(&4), "m0, m3 and the two reslotted");
+    // p1 leases the 2 that came back in window 0.
+    assert_eq!(reserve(&mut s, &p1, "n0", 200, &budgets).slot, 200);
+    assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 1)), Some(&1), "half of 2, at least 1");
+    // A return told twice takes nothing more back.
+    let mut home = s.budget_state("gateway").unwrap().clone();
+    let before = home.windows.get(&(SECOND, 0)).copied();
+    assert_eq!(home.take_back(0, (SECOND, 0), 2), 0);
+    assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
+}
+
+fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
+    s.reserve("r", key, &request)
+}
+
+/// A budget added to a rule: a message reserved before (or while the rule was without it)
+/// took nothing from it, so a new slot or a lower cost gives it nothing back and a higher
+/// cost charges it nothing; one reserved since gives back as before.
+#[test]
+fn a_slot_reserved_before_its_rule_had_a_budget_gives_that_budget_nothing_back() {
+    let budgets = [budget(3, Placement::Start, None)];
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let at =
+        |id, now, cost, budgets| ReserveRequest { cost, max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
+    let used = |s: &Scheduler| s.budget_state("gateway").unwrap().windows.get(&(SECOND, 0)).copied();
+    let mut s = Scheduler::new();
+    for (id, cost) in [("a0", 1), ("a1", 2), ("a2", 1)] {
+        assert_eq!(s.reserve("r", "a", &at(id, 0, cost, &[])).slot, 0);
+    }
+    // The rule gains the budget: b's three fill its first window.
+    for id in ["b0", "b1", "b2"] {
+        assert_eq!(s.reserve("r", "b", &at(id, 1, 1, &budgets)).slot, 1);
+    }
+    assert_eq!(used(&s), Some(3));
+    // a0 given a new slot: its old one took nothing from the budget, which stays full.
+    assert_eq!(s.reslot("r", "a", &at("a0", 2, 1, &budgets), OldSlot::GivenBack).slot, SECOND);
+    assert_eq!(used(&s), Some(3));
+    // a1's cost lowered, a2's raised: neither moves the budget.
+    assert_eq!(s.correct("r", "a", &at("a1", 3, 1, &budgets), 0), Correction::Applied { booked: 2, actual: 0 });
+    assert_eq!(s.correct("r", "a", &at("a2", 3, 1, &budgets), 3), Correction::Applied { booked: 1, actual: 3 });
+    assert_eq!(used(&s), Some(3));
+    // b2 was reserved with the budget: its new slot gives its unit back first, and takes it again.
+    assert_eq!(s.reslot("r", "b", &at("b2", 4, 1, &budgets), OldSlot::GivenBack).slot, 4);
+    assert_eq!(used(&s), Some(3));
+
+    // Lost and gained again: a message reserved in the gap gives nothing back either.
+    let mut s = Scheduler::new();
+    assert_eq!(s.reserve("r", "c", &at("c0", 0, 1, &budgets)).slot, 0);
+    assert_eq!(s.reserve("r", "c", &at("c1", 1, 1, &[])).slot, 1);
+    assert_eq!(s.reserve("r", "c", &at("c2", 2, 1, &budgets)).slot, 2);
+    assert_eq!(used(&s), Some(2));
+    assert_eq!(s.reslot("r", "c", &at("c1", 3, 1, &budgets), OldSlot::GivenBack).slot, 3);
+    assert_eq!(used(&s), Some(3), "c1 took a unit it had not given back");
+}
+
+#[test]
+fn entities_share_a_budget_and_a_backlogged_one_does_not_block_the_others() {
+    let budgets = [budget(4, Placement::Start, None)];
+    let mut s = Scheduler::new();
+    let a: Vec<Millis> = (0..10).map(|i| reserve(&mut s, "a", &format!("a{i}"), 0, &budgets).slot).collect();
+    assert_eq!(a, [0, 0, 0, 0, 1_000, 1_000, 1_000, 1_000, 2_000, 2_000]);
+    // Window 2s holds 2 of a's; b takes the rest of it, then the first free window.
+    let b: Vec<Millis> = (0..3).map(|i| reserve(&mut s, "b", &format!("b{i}"), 500, &budgets).slot).collect();
+    assert_eq!(b, [2_000, 2_000, 3_000]);
+    assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 2_000)], 4);
+}
+
+#[test]
+fn a_fair_share_leaves_the_others_room_and_a_paused_budget_waits() {
+    let budgets = [budget(10, Placement::Start, Some(300_000))];
+    let mut s = Scheduler::new();
+    let flood: Vec<Millis> = (0..7).map(|i| reserve(&mut s, "noisy", &format!("n{i}"), 0, &budgets).slot).collect();
+    assert_eq!(flood, [0, 0, 0, 1_000, 1_000, 1_000, 2_000], "3 of each window of 10");
+    assert_eq!(reserve(&mut s, "quiet", "q", 0, &budgets).slot, 0);
+    s.pause_budget("gateway", 5_500);
+    assert_eq!(reserve(&mut s, "other", "o", 100, &budgets).slot, 5_500);
+}
+
+#[test]
+fn spread_places_out_of_order_events_by_what_the_window_holds() {
+    let budgets = [budget(4, Placement::Spread, None)];
+    let mut s = Scheduler::new();
+    let slots: Vec<Millis> =
+        (0..5).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 0, &budgets).slot).collect();
+    assert_eq!(slots, [0, 250, 500, 750, 1_000]);
+}
+
+/// A scheduler whose budgets forget their runs before every search gives the same slots: the
+/// runs only speed the search up.
+fn without_runs(s: &mut Scheduler) -> &mut Scheduler {
+    s.budgets.values_mut().for_each(|b| b.runs.clear());
+    s
+}
+
+#[test]
+fn a_calendar_full_far_ahead_is_walked_once_then_jumped() {
+    let budgets = [budget(2, Placement::Start, None)];
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let reserve = |s: &mut Scheduler, key: &str| {
+        s.reserve(
+            "r",
+            key,
+            &ReserveRequest { max_delay: 1_000 * SECOND, budgets: &budgets, ..request("m", &limits, 0) },
+        )
+    };
+    let mut s = Scheduler::new();
+    // 1,000 tenants fill 500 windows; each search starts at now's window.
+    for i in 0..1_000 {
+        reserve(&mut s, &format!("k{i}"));
+    }
+    let run = s.budget_state("gateway").unwrap().runs[&SECOND];
+    assert_eq!(run, FullRun { from: 0, through: 498_000, least: 2 }, "the last search walked to window 499");
+    let mut plain = s.clone();
+    assert_eq!(reserve(&mut s, "new").slot, 500_000);
+    assert_eq!(reserve(without_runs(&mut plain), "new").slot, 500_000);
+    assert_eq!(s.budget_state("gateway").unwrap().runs[&SECOND].through, 499_000, "extended by the window walked");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+    #[test]
+    fn runs_of_full_windows_never_change_a_slot(
+        events in proptest::collection::vec((0u8..6, 1u64..4, 0i64..4_000, 0u8..3), 1..120),
+        count in 2u64..6,
+        adaptive_signals in proptest::collection::vec(0usize..120, 0..3),
+        floors in proptest::option::of((0u64..=600_000, 0u64..=400_000)),
+    ) {
+        let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 200_000, step: 100_000, latency: None };
+        let budget = Arc::new(Budget {
+            limits: vec![
+                Limit::new(count, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+                Limit::new(count * 3, 5 * SECOND, Window::Fixed(Placement::Spread)).unwrap(),
+            ],
+            adaptive: Some(adaptive),
+            floors: floors.map_or_else(Vec::new, |(r0, r1)| vec![("r0".into(), r0), ("r1".into(), r1)]),
+            ..(*budget(count, Placement::Start, None)).clone()
+        });
+        let budgets = [budget.clone()];
+        let own = [Limit::new(3, 2 * SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let (mut fast, mut plain) = (Scheduler::new(), Scheduler::new());
+        let mut now = 0;
+        for (i, (key, cost, step, margin)) in events.into_iter().enumerate() {
+            now += step / 8;
+            if adaptive_signals.contains(&i) {
+                fast.signal_budget(&budget, now);
+                plain.signal_budget(&budget, now);
+            }
+            let id = format!("m{i}");
+            let request = ReserveRequest {
+                cost: cost.min(count),
+                max_delay: 60 * SECOND,
+                budgets: &budgets,
+                margin: Millis::from(margin) * 100,
+                ..request(&id, &own, now)
+            };
+            let (rule, key) = (format!("r{}", key % 3), format!("k{key}"));
+            let a = fast.reserve(&rule, &key, &request);
+            let b = without_runs(&mut plain).reserve(&rule, &key, &request);
+            proptest::prop_assert_eq!((a.slot, a.status), (b.slot, b.status), "event {}", i);
+        }
+    }
+}
+
+fn reserve_for(s: &mut Scheduler, rule: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Millis {
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
+    s.reserve(rule, "k", &request).slot
+}
+
+#[test]
+fn a_floor_keeps_its_share_of_each_window_from_a_flood_booked_ahead() {
+    let budgets =
+        [Arc::new(Budget { floors: vec![("small".into(), 300_000)], ..(*budget(10, Placement::Start, None)).clone() })];
+    let mut s = Scheduler::new();
+    let flood: Vec<Millis> = (0..40).map(|i| reserve_for(&mut s, "big", &format!("b{i}"), 0, &budgets)).collect();
+    // Window 0 has started (its floor is anyone's); later windows keep 3 of 10 for `small`.
+    assert_eq!(flood.iter().filter(|&&t| t == 0).count(), 10);
+    for window in [1_000, 2_000, 3_000, 4_000] {
+        assert_eq!(flood.iter().filter(|&&t| t == window).count(), 7, "window {window}");
+    }
+    assert_eq!(flood.iter().filter(|&&t| t == 5_000).count(), 2);
+    // `small` arrives after the flood and books its floor of the first window that has one.
+    let small: Vec<Millis> = (0..4).map(|i| reserve_for(&mut s, "small", &format!("s{i}"), 500, &budgets)).collect();
+    assert_eq!(small, [1_000, 1_000, 1_000, 2_000]);
+    let state = s.budget_state("gateway").unwrap();
+    assert_eq!(state.windows[&(SECOND, 1_000)], 10);
+    assert_eq!(state.floor_used[&(SECOND, 2_000, "small".to_owned())], 1);
+    // Without the floor, `small` would have waited behind the whole flood.
+    let plain = [budget(10, Placement::Start, None)];
+    let mut s = Scheduler::new();
+    (0..40).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &plain));
+    assert_eq!(reserve_for(&mut s, "small", "s0", 500, &plain), 4_000);
+}
+
+proptest::proptest! {
+    /// Whatever another rule (with or without a floor of its own) booked ahead, a rule whose
+    /// floor holds `units` of each window books `units / cost` events into every window that
+    /// had not started: its i-th event lies no later than window `1 + i / (units / cost)`.
+    #[test]
+    fn a_floor_s_rule_books_its_floor_of_every_window_whatever_was_booked_ahead(
+        count in 2u64..20,
+        (floor, other) in (50_000u64..=PPM).prop_flat_map(|f| (Just(f), 0..=PPM - f)),
+        flood in proptest::collection::vec(1u64..4, 0..200),
+        small in 1usize..40,
+        cost in 1u64..4,
+    ) {
+        let units = count * floor / PPM;
+        proptest::prop_assume!(units >= cost);
+        let floors = vec![("small".to_owned(), floor), ("big".to_owned(), other)];
+        let budgets = [Arc::new(Budget { floors, ..(*budget(count, Placement::Start, None)).clone() })];
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let mut s = Scheduler::new();
+        for (i, c) in flood.iter().enumerate() {
+            let id = format!("b{i}");
+            let request = ReserveRequest { cost: (*c).min(count), max_delay: 1_000 * SECOND, budgets: &budgets, ..request(&id, &limits, 0) };
+            s.reserve("big", "k", &request);
+        }
+        for i in 0..small {
+            let id = format!("s{i}");
+            let request = ReserveRequest { cost, max_delay: 1_000 * SECOND, budgets: &budgets, ..request(&id, &limits, 500) };
+            let slot = s.reserve("small", "k", &request).slot;
+            let bound = (1 + i as u64 / (units / cost)) as Millis * SECOND;
+            proptest::prop_assert!(slot <= bound, "event {} at {} after {:?}", i, slot, s.budget_state("gateway"));
+        }
+        let state = s.budget_state("gateway").unwrap();
+        proptest::prop_assert!(state.windows.values().all(|&used| used <= count), "{:?}", state.windows);
+    }
+}
+
+#[test]
+fn a_key_s_floor_is_held_for_that_key_not_for_the_rest_of_its_rule() {
+    let budgets = [Arc::new(Budget {
+        floors: vec![("sms|vip".into(), 300_000)],
+        ..(*budget(10, Placement::Start, None)).clone()
+    })];
+    let reserve = |s: &mut Scheduler, key: &str, id: &str, now: Millis| {
+        let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+        let request = ReserveRequest { max_delay: 10 * SECOND, budgets: &budgets, ..request(id, &limits, now) };
+        s.reserve("sms", key, &request).slot
+    };
+    let mut s = Scheduler::new();
+    // Another key of the same rule floods: it leaves `vip`'s 3 units of each later window.
+    let flood: Vec<Millis> = (0..24).map(|i| reserve(&mut s, "bulk", &format!("b{i}"), 0)).collect();
+    assert_eq!(flood.iter().filter(|&&t| t == 1_000).count(), 7);
+    let vip: Vec<Millis> = (0..4).map(|i| reserve(&mut s, "vip", &format!("v{i}"), 500)).collect();
+    assert_eq!(vip, [1_000, 1_000, 1_000, 2_000]);
+    assert_eq!(s.budget_state("gateway").unwrap().floor_used[&(SECOND, 1_000, "sms|vip".to_owned())], 3);
+    // A third key of the rule holds no floor: it waits behind the flood.
+    assert_eq!(reserve(&mut s, "other", "o0", 500), 3_000);
+}
+
+#[test]
+fn an_unused_floor_is_anyone_s_once_its_window_starts() {
+    let budgets =
+        [Arc::new(Budget { floors: vec![("small".into(), 300_000)], ..(*budget(10, Placement::Start, None)).clone() })];
+    let mut s = Scheduler::new();
+    (0..38).for_each(|i| _ = reserve_for(&mut s, "big", &format!("b{i}"), 0, &budgets));
+    // Before window 1s starts, another rule cannot borrow `small`'s 3 units there: it goes to
+    // the first window with room beside the floor (5s, still empty).
+    assert_eq!(reserve_for(&mut s, "other", "o0", 900, &budgets), 5_000);
+    // Once it has started, they are free to whoever asks first.
+    let started: Vec<Millis> =
+        (1..5).map(|i| reserve_for(&mut s, "other", &format!("o{i}"), 1_000, &budgets)).collect();
+    assert_eq!(started, [5_000, 5_000, 5_000, 5_000], "FIFO: `other`'s next events follow its first");
+    assert_eq!(reserve_for(&mut s, "third", "t0", 1_000, &budgets), 1_000);
+    assert_eq!(s.budget_state("gateway").unwrap().windows[&(SECOND, 1_000)], 8);
+}
+
+/// A rule of 10 a second with classes: `live` reserves 20% of each window. Entities are a key's
+/// classes (`<key>#<class>`), each its own FIFO; the key's calendar holds the limit.
+fn reserve_class(
+    s: &mut Scheduler,
+    (key, class): (&str, &str),
+    id: &str,
+    now: Millis,
+    calendar: &Arc<Budget>,
+) -> Millis {
+    let draws = [calendar.clone()];
+    let request =
+        ReserveRequest { max_delay: 100 * SECOND, budgets: &draws, class: Some((key, class)), ..request(id, &[], now) };
+    s.reserve("payouts", &format!("{key}#{class}"), &request).slot
+}
+
+/// A classes calendar of 10 a second per key, `live` reserving 20% of each window.
+fn live_reserve_calendar() -> Arc<Budget> {
+    Arc::new(Budget {
+        name: "payouts".into(),
+        floors: vec![("live".into(), 200_000)],
+        per_key: true,
+        fair: None,
+        leases: None,
+        ..(*budget(10, Placement::Start, None)).clone()
+    })
+}
+
+#[test]
+fn classes_added_to_a_key_with_a_backlog_book_after_it_and_count_its_last_window() {
+    let calendar = live_reserve_calendar();
+    let mut s = Scheduler::new();
+    // Before the rule had classes, the key's own state booked 25 events: 10, 10 and 5.
+    let limits = calendar.limits.clone();
+    for i in 0..25 {
+        let id = format!("o{i}");
+        s.reserve("payouts", "m", &ReserveRequest { max_delay: 100 * SECOND, ..request(&id, &limits, 0) });
+    }
+    let live = reserve_class(&mut s, ("m", "live"), "l0", 100, &calendar);
+    assert_eq!(live, 2_000, "after the backlog, not in its full windows");
+    let bulk: Vec<Millis> =
+        (0..5).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 100, &calendar)).collect();
+    // Window 2 holds the backlog's 5 and live's 1: bulk takes 3 (live's unused unit of its
+    // reserve of 2 stays free), then goes to 3s.
+    assert_eq!(bulk, [2_000, 2_000, 2_000, 3_000, 3_000]);
+    let state = s.budget_state(&calendar.state_name(Some("m"))).unwrap();
+    assert_eq!((state.carried, state.windows[&(SECOND, 2_000)]), (Some(2_000), 9));
+    // Another key had no backlog: nothing carried, its classes start now.
+    assert_eq!(reserve_class(&mut s, ("n", "bulk"), "n0", 100, &calendar), 100);
+    assert_eq!(s.budget_state(&calendar.state_name(Some("n"))).unwrap().carried, Some(0));
+}
+
+#[test]
+fn a_key_s_override_is_its_calendar_s_for_every_class_until_it_ends() {
+    let calendar = live_reserve_calendar();
+    let mut s = Scheduler::new();
+    let id = override_id(&calendar.limits[0]);
+    let raised = LimitOverride { limit: 20, until: Some(2_000) };
+    assert_eq!(s.change_calendar_override(&calendar.state_name(Some("m")), &id, Some(raised)), None);
+    let m: Vec<Millis> = (0..24)
+        .map(|i| reserve_class(&mut s, ("m", ["bulk", "live"][i % 2]), &format!("m{i}"), 0, &calendar))
+        .collect();
+    // The count in force when they book is the override's: 20 in window 0, the other 4 in window 1.
+    assert_eq!(m.iter().filter(|&&t| t == 0).count(), 20, "{m:?}");
+    assert_eq!(m.iter().filter(|&&t| t == 1_000).count(), 4, "{m:?}");
+    let n: Vec<Millis> =
+        (0..11).map(|i| reserve_class(&mut s, ("n", "bulk"), &format!("n{i}"), 0, &calendar)).collect();
+    assert_eq!(n.iter().filter(|&&t| t == 0).count(), 10, "another key keeps the rule's count");
+    // A count below the cost refuses the event, for every class of the key.
+    let lowered = LimitOverride { limit: 1, until: None };
+    s.change_calendar_override(&calendar.state_name(Some("m")), &id, Some(lowered));
+    let draws = [calendar.clone()];
+    let request = ReserveRequest { cost: 2, budgets: &draws, class: Some(("m", "live")), ..request("big", &[], 0) };
+    assert_eq!(s.reserve("payouts", "m#live", &request).status, Status::CostExceedsLimit);
+    assert_eq!(s.change_calendar_override(&calendar.state_name(Some("m")), &id, None), Some(lowered));
+}
+
+#[test]
+fn a_class_with_a_reserve_overtakes_a_bulk_backlog_of_its_key_and_keys_stay_apart() {
+    let calendar = live_reserve_calendar();
+    let mut s = Scheduler::new();
+    let bulk: Vec<Millis> =
+        (0..26).map(|i| reserve_class(&mut s, ("m", "bulk"), &format!("b{i}"), 0, &calendar)).collect();
+    assert_eq!(bulk.iter().filter(|&&t| t == 0).count(), 10, "the current window's reserve is anyone's");
+    assert_eq!(bulk.iter().filter(|&&t| t == 1_000).count(), 8);
+    assert_eq!(bulk.iter().filter(|&&t| t == 2_000).count(), 8);
+    assert!(bulk.windows(2).all(|w| w[0] <= w[1]), "FIFO within the class");
+    // A live payout published behind the bulk backlog goes in the next window, not after it.
+    let live: Vec<Millis> =
+        (0..3).map(|i| reserve_class(&mut s, ("m", "live"), &format!("l{i}"), 100, &calendar)).collect();
+    assert_eq!(live, [1_000, 1_000, 2_000]);
+    // Another merchant's calendar is its own.
+    assert_eq!(reserve_class(&mut s, ("n", "bulk"), "n0", 100, &calendar), 100);
+    let m = s.budget_state("payouts|m").unwrap();
+    assert_eq!((m.windows[&(SECOND, 1_000)], m.floor_used[&(SECOND, 1_000, "live".to_owned())]), (10, 2));
+    assert_eq!(s.budget_state("payouts|n").unwrap().windows[&(SECOND, 0)], 1);
+}
+
+#[test]
+fn an_adaptive_budget_counts_less_after_a_signal() {
+    let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000, latency: None };
+    let budget = Arc::new(Budget { adaptive: Some(adaptive), ..(*budget(10, Placement::Start, None)).clone() });
+    let budgets = [budget.clone()];
+    let mut s = Scheduler::new();
+    s.signal_budget(&budget, 0);
+    let slots: Vec<Millis> =
+        (0..6).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 100, &budgets).slot).collect();
+    assert_eq!(slots, [100, 100, 100, 100, 100, 1_000], "5 of 10 in the window of the signal");
+}
