@@ -83,6 +83,46 @@ fn entity(key: String, budgets: &[Arc<Budget>]) -> String {
     if budgets.first().is_some_and(|b| b.per_key) { format!("{key}#bulk") } else { key }
 }
 
+/// Events per call in the batched rows (as group commit sends them).
+const BATCH: usize = 16;
+
+/// How a row's events share their calls: one a call, BATCH of BATCH keys, or BATCH of one key (a
+/// merchant's burst, its state read and written once).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Alone,
+    Keys,
+    Burst,
+}
+
+impl Shape {
+    fn per_call(self) -> usize {
+        if self == Shape::Alone { 1 } else { BATCH }
+    }
+
+    /// Call `i` of a row of `rule`'s events in this shape, its messages named `<prefix>-<n>`.
+    fn call(
+        self,
+        store: &RedisStore<MultiplexedConnection>,
+        (rule, prefix): (&str, &str),
+        config: (&[Limit], &[Arc<Budget>]),
+        published: Millis,
+        i: usize,
+    ) -> redis::Cmd {
+        let n = self.per_call();
+        let keys: Vec<String> = (0..n)
+            .map(|j| {
+                let k = if self == Shape::Burst { i } else { i * n + j };
+                entity(format!("merchant_{}", k % ENTITIES), config.1)
+            })
+            .collect();
+        let ids: Vec<String> = (0..n).map(|j| format!("{prefix}-{}", i * n + j)).collect();
+        let requests: Vec<SlotRequest> =
+            keys.iter().zip(&ids).map(|(key, id)| request(rule, key, id, config, published)).collect();
+        store.reserve_batch_call(&requests).cmd()
+    }
+}
+
 /// `(calls, usec)` of one command in `INFO commandstats`.
 async fn commandstat(connection: &mut MultiplexedConnection, command: &str) -> (u64, u64) {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
@@ -174,7 +214,6 @@ struct Row {
 }
 
 async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) -> Vec<Row> {
-    const BATCH: usize = 16;
     let calls = scaled(50_000);
     let mut rows = Vec::new();
     let (usec, per_second) =
@@ -207,48 +246,26 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
             rows.push(Row { name: format!("reserve.lua, {name}{path}"), usec, per_second });
         }
     }
-    // Each configuration again, BATCH events per call (as group commit sends them): µs per event.
-    for (n, (name, limits, budgets)) in configurations().into_iter().enumerate() {
-        for (path, store) in paths_of(&budgets) {
-            let rule = format!("bench-batch{n}{path}");
-            let published = wall_clock_millis();
-            let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
-                let keys: Vec<String> =
-                    (0..BATCH).map(|j| entity(format!("merchant_{}", (i * BATCH + j) % ENTITIES), &budgets)).collect();
-                let ids: Vec<String> = (0..BATCH).map(|j| format!("batch-{}", i * BATCH + j)).collect();
-                let requests: Vec<SlotRequest> = keys
-                    .iter()
-                    .zip(&ids)
-                    .map(|(key, id)| request(&rule, key, id, (&limits, &budgets), published))
-                    .collect();
-                store.reserve_batch_call(&requests).cmd()
-            })
-            .await;
-            rows.push(Row {
-                name: format!("reserve.lua, {name}, {BATCH} events of {BATCH} keys per call (per event){path}"),
-                usec: usec / BATCH as f64,
-                per_second: per_second * BATCH as f64,
-            });
-        }
-    }
-    // The seed's merchant burst: BATCH events of one key per call, its state read and written once.
-    for (n, (name, limits, budgets)) in configurations().into_iter().enumerate().take(4) {
-        for (path, store) in paths_of(&budgets) {
-            let rule = format!("bench-hot{n}{path}");
-            let published = wall_clock_millis();
-            let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
-                let key = format!("merchant_{}", i % ENTITIES);
-                let ids: Vec<String> = (0..BATCH).map(|j| format!("hot-{}", i * BATCH + j)).collect();
-                let requests: Vec<SlotRequest> =
-                    ids.iter().map(|id| request(&rule, &key, id, (&limits, &budgets), published)).collect();
-                store.reserve_batch_call(&requests).cmd()
-            })
-            .await;
-            rows.push(Row {
-                name: format!("reserve.lua, {name}, {BATCH} events of one key per call (per event){path}"),
-                usec: usec / BATCH as f64,
-                per_second: per_second * BATCH as f64,
-            });
+    // Each configuration again, BATCH events per call (as group commit sends them), of BATCH keys
+    // and of one key: µs per event. The one-key rows take the first four (no budget).
+    for (shape, label, prefix, take) in
+        [(Shape::Keys, format!("{BATCH} keys"), "batch", usize::MAX), (Shape::Burst, "one key".to_owned(), "hot", 4)]
+    {
+        for (n, (name, limits, budgets)) in configurations().into_iter().enumerate().take(take) {
+            for (path, store) in paths_of(&budgets) {
+                let rule = format!("bench-{prefix}{n}{path}");
+                let published = wall_clock_millis();
+                let config = (&limits[..], &budgets[..]);
+                let (usec, per_second) = measure(connection, "fcall", calls / BATCH, |i| {
+                    shape.call(store, (&rule, prefix), config, published, i)
+                })
+                .await;
+                rows.push(Row {
+                    name: format!("reserve.lua, {name}, {BATCH} events of {label} per call (per event){path}"),
+                    usec: usec / BATCH as f64,
+                    per_second: per_second * BATCH as f64,
+                });
+            }
         }
     }
     rows
@@ -257,30 +274,21 @@ async fn script_table(connection: &mut MultiplexedConnection, store: &RedisStore
 /// Configuration `which`'s events, `scaled(200_000)` of them, in the shape DRIP_BENCH_PROFILE_SHAPE
 /// names (`alone`, `keys`: 16 of 16 keys per call, `burst`: 16 of one key), for a profiler.
 async fn profile(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>, which: usize) {
-    const BATCH: usize = 16;
     load_reserve(connection).await;
     let (name, limits, budgets) = configurations().swap_remove(which);
-    let shape = std::env::var("DRIP_BENCH_PROFILE_SHAPE").unwrap_or_else(|_| "alone".into());
-    let per_call = if shape == "alone" { 1 } else { BATCH };
+    let named = std::env::var("DRIP_BENCH_PROFILE_SHAPE").unwrap_or_else(|_| "alone".into());
+    let shape = match named.as_str() {
+        "keys" => Shape::Keys,
+        "burst" => Shape::Burst,
+        _ => Shape::Alone,
+    };
     let published = wall_clock_millis();
-    let calls = scaled(200_000) / per_call;
+    let calls = scaled(200_000) / shape.per_call();
     let (usec, _) = measure(connection, "fcall", calls, |i| {
-        let keys: Vec<String> = (0..per_call)
-            .map(|j| match shape.as_str() {
-                "burst" => entity(format!("merchant_{}", i % ENTITIES), &budgets),
-                _ => entity(format!("merchant_{}", (i * per_call + j) % ENTITIES), &budgets),
-            })
-            .collect();
-        let ids: Vec<String> = (0..per_call).map(|j| format!("profile-{}", i * per_call + j)).collect();
-        let requests: Vec<SlotRequest> = keys
-            .iter()
-            .zip(&ids)
-            .map(|(key, id)| request("profile", key, id, (&limits, &budgets), published))
-            .collect();
-        store.reserve_batch_call(&requests).cmd()
+        shape.call(store, ("profile", "profile"), (&limits, &budgets), published, i)
     })
     .await;
-    println!("{name}, {shape}: {:.2} server µs per event", usec / per_call as f64);
+    println!("{name}, {named}: {:.2} server µs per event", usec / shape.per_call() as f64);
 }
 
 /// `CL.THROTTLE` of redis-cell, when the server loaded the module (`./run bench` builds it).
