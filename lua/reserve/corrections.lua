@@ -20,9 +20,8 @@ end
 -- charged_by): the entity's reservations have charged the same ones since then. A slot reserved
 -- before its rule had a budget took nothing from it, so gives it nothing back.
 local function charged_since(e, values, decided)
-  local held = values[STATE_HEAD + 2 * #e.limits + STATE_CHARGES] or ''
-  local since, names = string.match(held, '^(%-?%d+):(.*)$')
-  return since ~= nil and names == e.charges and decided >= tonumber(since)
+  local since, names = parse_charges(values[STATE_HEAD + 2 * #e.limits + STATE_CHARGES])
+  return since ~= nil and names == e.charges and decided >= since
 end
 
 -- Gives `cost` units of the slot `old` back (schedule.rs's give_back), wherever the window

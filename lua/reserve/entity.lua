@@ -120,6 +120,13 @@ local function limits_accept(e, values, last, slot, n, limit)
   return next_slot
 end
 
+-- The state's 'ch' (schedule.rs's EntityState::charges): since when the entity's reservations
+-- have charged which shared budgets (their names, joined), or nothing.
+local function parse_charges(held)
+  local since, names = string.match(held or '', '^(%-?%d+):(.*)$')
+  return tonumber(since), names
+end
+
 -- The entity's state after `slot` is reserved: each limit's two fields, the frontier, and its TTL.
 -- `n` limits, each as `limit(e, i)` gives it (limit_of, or the lean path's from its record).
 local function commit_entity(e, values, slot, now, n, limit)
@@ -169,7 +176,7 @@ local function commit_entity(e, values, slot, now, n, limit)
   if charges then
     local at = STATE_HEAD + 2 * n + STATE_CHARGES
     local held = values[at] or ''
-    local names = string.match(held, '^%-?%d+:(.*)$')
+    local _, names = parse_charges(held)
     if charges == '' and held ~= '' then
       values[at], changes[#changes + 1], changes[#changes + 2] = '', FIELD_CHARGES, ''
     elseif charges ~= '' and names ~= charges then

@@ -274,10 +274,9 @@ fn value_of<'a>(args: &'a Args, name: &str) -> &'a [u8] {
     args.named().find(|(n, _)| *n == name).map_or(&[], |(_, value)| value)
 }
 
-/// Whether two records are the same but for where their keys start, their message and its cost.
-fn same_but_message(a: &Args, b: &Args) -> bool {
-    same_but(a, b, &["event.first_key", "event.answer_field", "event.cost"])
-}
+/// What a lean event written as like another (`=`: reserve.lua's `read_like`) has of its own:
+/// where its keys start, its message and its cost.
+const LIKE_OWN: [&str; 3] = ["event.first_key", "event.answer_field", "event.cost"];
 
 /// What a general event written as another (`~`: reserve.lua's `read_alike`) has of its own: where
 /// its keys start, its message, cost and answers minute, and its key in its fair budgets' rings.
@@ -593,11 +592,12 @@ impl ReserveArgs {
     }
 
     /// Adds an event's keys and record, its mode as `paths` says: in full, its keys after those
-    /// already in the call (`event.first_key` says where they start); or, when it is lean and its
-    /// record is the last lean event's but for its keys, message and cost (a key's burst, or
-    /// another key of the same rule in the same minute), as four values: `=`, where its keys start
-    /// (the last one's when they are the same), its answer field and its cost (reserve.lua's
-    /// `read_like`).
+    /// already in the call (`event.first_key` says where they start); or, when its record is the
+    /// call's last one of its path but for what is its own, as that: a lean event (a key's burst,
+    /// or another key of the same rule in the same minute) as four values, `=`, where its keys
+    /// start (the last one's when they are the same), its answer field and its cost (reserve.lua's
+    /// `read_like`); a general one (a drain's heads, a group commit's budgeted events) as `~`,
+    /// where its keys start and the values of `ALIKE_OWN` (`read_alike`).
     fn add(&mut self, keys: Vec<String>, mut args: Args) -> &mut Self {
         let general = match self.paths {
             ReservePaths::Lean => false,
@@ -609,37 +609,31 @@ impl ReserveArgs {
         if lean && general {
             args.set("event.mode", "");
         }
-        if !lean || general {
-            if let Some((at, range)) = &self.last_full
-                && same_but(&self.events[*at], &args, &ALIKE_OWN)
-            {
-                // A drain's heads, or a group commit's events of one rule: the keys of each (the
-                // same ones for a key's next event), and what is its own.
-                let first_key = self.reuse_keys(range.clone(), keys);
-                let mut alike = Args::default();
-                alike.str("event.alike", "~").int("event.first_key", first_key as i64);
-                for (name, value) in args.named().filter(|(name, _)| ALIKE_OWN[1..].contains(name)) {
-                    alike.str(name, value);
-                }
-                self.events.push(alike);
-                return self;
-            }
-            self.last_full = Some((self.events.len(), self.keys.len()..self.keys.len() + keys.len()));
+        let lean = lean && !general;
+        let (last, own, mark) = if lean {
+            (self.last_lean.clone(), &LIKE_OWN[..], ("event.like", "="))
         } else {
-            if let Some((at, range)) = &self.last_lean
-                && same_but_message(&self.events[*at], &args)
-            {
-                // The same keys (a key's burst), or another key's of the same rule.
-                let first_key = self.reuse_keys(range.clone(), keys);
-                let mut like = Args::default();
-                like.str("event.like", "=")
-                    .int("event.first_key", first_key as i64)
-                    .str("event.answer_field", value_of(&args, "event.answer_field"))
-                    .str("event.cost", value_of(&args, "event.cost"));
-                self.events.push(like);
-                return self;
+            (self.last_full.clone(), &ALIKE_OWN[..], ("event.alike", "~"))
+        };
+        if let Some((at, range)) = last
+            && same_but(&self.events[at], &args, own)
+        {
+            // A key's burst, a drain's heads, or a group commit's events of one rule: the keys of
+            // each (the same ones for a key's next event), and what is its own.
+            let first_key = self.reuse_keys(range, keys);
+            let mut like = Args::default();
+            like.str(mark.0, mark.1).int("event.first_key", first_key as i64);
+            for (name, value) in args.named().filter(|(name, _)| own[1..].contains(name)) {
+                like.str(name, value);
             }
-            self.last_lean = Some((self.events.len(), self.keys.len()..self.keys.len() + keys.len()));
+            self.events.push(like);
+            return self;
+        }
+        let written = Some((self.events.len(), self.keys.len()..self.keys.len() + keys.len()));
+        if lean {
+            self.last_lean = written;
+        } else {
+            self.last_full = written;
         }
         args.set("event.first_key", (self.keys.len() as i64 + 1).to_string());
         self.keys.extend(keys);
