@@ -3,9 +3,9 @@
 //! in flight, what arrives waits, and the next call carries everything waiting (as much as one
 //! call takes). By default there is no timer: an item that arrives at an idle lane goes at once, so
 //! batching never adds latency to a lone request, and batches grow exactly as fast as calls are
-//! slower than arrivals. A lane may be given a linger ([`GroupCommit::with_linger`]): an item that
-//! finds it idle then waits that long for others to join its call (delayed events, whose slot is
-//! seconds away, can afford it; their push is answered later, the event is not delivered later).
+//! slower than arrivals. A lane may be given a linger ([`GroupCommit::with_linger`]): each call it
+//! makes then waits that long for others to join (delayed events, whose slot is seconds away, can
+//! afford it; their push is answered later, the event is not delivered later).
 //!
 //! A batch's call runs in a task of its own, so a caller that gives up (a deadline, a dropped
 //! request) never strands the answers of the others waiting with it; an item that finds its lane
@@ -107,7 +107,7 @@ struct Lane<F: Flush> {
 pub struct GroupCommit<F: Flush> {
     flusher: F,
     max_in_flight: usize,
-    /// How long the first item at an idle lane waits for others before its call (zero: none).
+    /// How long each call of a lane waits for others to join before it takes its batch (zero: none).
     linger: std::time::Duration,
     lanes: Mutex<HashMap<F::Lane, Lane<F>>>,
     next_id: std::sync::atomic::AtomicU64,
@@ -124,7 +124,7 @@ impl<F: Flush> GroupCommit<F> {
         Self::with_linger(flusher, max_in_flight, std::time::Duration::ZERO)
     }
 
-    /// The same, where an item that finds its lane idle waits `linger` for others to join its call.
+    /// The same, where each call waits `linger` for others to join it.
     pub fn with_linger(flusher: F, max_in_flight: usize, linger: std::time::Duration) -> Arc<Self> {
         Arc::new(Self {
             flusher,
@@ -176,15 +176,7 @@ impl<F: Flush> GroupCommit<F> {
                 self.flusher.flush(&lane, vec![item]).await.into_iter().next()
             }
             Start::Driver => {
-                let linger = self.linger;
-                let group = Arc::clone(self);
-                let lane_of_call = lane.clone();
-                tokio::spawn(async move {
-                    if !linger.is_zero() {
-                        tokio::time::sleep(linger).await;
-                    }
-                    group.drive(lane_of_call).await;
-                });
+                tokio::spawn(Arc::clone(self).drive(lane.clone()));
                 self.await_answer(&lane, id, answer).await
             }
             Start::Waits => self.await_answer(&lane, id, answer).await,
@@ -235,7 +227,13 @@ impl<F: Flush> GroupCommit<F> {
     }
 
     async fn drive(self: Arc<Self>, lane: F::Lane) {
-        while let Some(batch) = self.next_batch(&lane) {
+        loop {
+            // A lingering lane waits before each of its calls, not only the first: under a steady
+            // load the callers a call answered come back within the linger and share the next.
+            if !self.linger.is_zero() {
+                tokio::time::sleep(self.linger).await;
+            }
+            let Some(batch) = self.next_batch(&lane) else { break };
             let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.item, w.reply)).unzip();
             let outputs = self.flusher.flush(&lane, items).await;
             for (reply, output) in replies.into_iter().zip(outputs) {
@@ -364,6 +362,27 @@ mod tests {
         assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
         assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1, 2, 3]], "one call for the three");
         assert_eq!(started.elapsed(), Duration::from_millis(60), "the linger, then the call");
+    }
+
+    /// A lingering lane waits before every call, not only its first: an item that arrives just
+    /// after a call ended (a caller that call answered, coming back) shares the next call with what
+    /// arrived while it was in flight, rather than that call leaving at once without it.
+    #[tokio::test(start_paused = true)]
+    async fn a_lingering_lane_waits_before_each_call_so_callers_coming_back_share_the_next() {
+        let tasks = Mutex::default();
+        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
+        let group = GroupCommit::with_linger(flusher, 1, Duration::from_millis(50));
+        let submit = |item: u32, after: u64| {
+            let group = group.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                group.submit("a", item).await
+            }
+        };
+        // The first call runs from 50 to 60 ms; 2 arrives while it is in flight, 3 after it ended.
+        let (a, b, c) = tokio::join!(submit(1, 0), submit(2, 55), submit(3, 70));
+        assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1], vec![2, 3]], "2 waited for 3");
     }
 
     /// A lone item's call runs in its caller's task (no spawn, no channel on the path of a lone

@@ -22,8 +22,9 @@ pub struct TaskBatching {
     /// Creates of one (queue, bucket) in flight at once: fewer make larger batches, and make a
     /// push that arrives during them wait for one more create (docs/design.md: "Batching").
     pub in_flight: usize,
-    /// How long a delayed event that finds its (queue, bucket) idle waits for others to share its
-    /// task (0: none). Its push is answered that much later; the event is not delivered later.
+    /// How long each create of a (queue, bucket) waits for more delayed events to share its task
+    /// (0: none; a lone event at an idle lane then goes at once). Its pushes are answered that much
+    /// later; the events are not delivered later.
     pub linger: Millis,
 }
 
@@ -67,8 +68,9 @@ pub struct TaskSettings {
     /// Creates of one queue and bucket in flight at once.
     #[envconfig(from = "DRIP_TASK_BATCH_IN_FLIGHT", default = "2")]
     pub task_batch_in_flight: usize,
-    /// How long a delayed event at an idle (queue, bucket) waits for others to share its task.
-    #[envconfig(from = "DRIP_TASK_BATCH_LINGER_MS", default = "0")]
+    /// How long each create of a (queue, bucket) waits for more delayed events to share its task
+    /// (their pushes are answered that much later; the events go at their slots all the same).
+    #[envconfig(from = "DRIP_TASK_BATCH_LINGER_MS", default = "20")]
     pub task_batch_linger_ms: u64,
 }
 

@@ -366,7 +366,31 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
 /// Reservations per second through `RedisStore::reserve`, as the limiter calls it: `clients` tasks
 /// sharing one multiplexed connection, each awaiting its reservation before the next, over `keys`
 /// keys (with batching, those that arrive while a call is in flight share the next).
-async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize, keys: usize) -> f64 {
+/// Reservations a second through the store, a call each and group-committed, with the server's µs
+/// an event in each run: one shard's bound where the client is not (here the bench, its clients
+/// and Redis share the machine's cores); `DRIP_BENCH_THROUGHPUT_ONLY=1` runs this table alone.
+async fn throughput_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
+    let batched = store.clone().with_batching(Batching::new(64, false));
+    println!(
+        "\n| clients (one multiplexed connection) | keys | reservations/s, a call each | with group commit (≤ 64 per call) | ratio | server µs an event, a call each / group-committed | one shard's bound (10⁶ ÷ server µs), group-committed |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (clients, keys) in [(1, ENTITIES), (8, ENTITIES), (32, ENTITIES), (256, ENTITIES), (32, 1), (256, 1)] {
+        server_usec(connection).await;
+        let (alone, events) = throughput(store, clients, keys).await;
+        let alone_usec = server_usec(connection).await / events as f64;
+        let (together, events) = throughput(&batched, clients, keys).await;
+        let together_usec = server_usec(connection).await / events as f64;
+        println!(
+            "| {clients} | {keys} | {alone:.0} | {together:.0} | {:.2}× | {alone_usec:.2} / {together_usec:.2} | {:.0} |",
+            together / alone,
+            1e6 / together_usec
+        );
+    }
+}
+
+/// Reservations a second, and how many were made.
+async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize, keys: usize) -> (f64, usize) {
     let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
     let events = scaled(60_000) / clients * clients;
     let published = wall_clock_millis();
@@ -384,7 +408,7 @@ async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize, k
     for task in tasks {
         task.await.expect("client");
     }
-    events as f64 / started.elapsed().as_secs_f64()
+    (events as f64 / started.elapsed().as_secs_f64(), events)
 }
 
 /// Server µs per call on one hot key after `depth` reservations queued ahead (100 per minute:
@@ -868,6 +892,10 @@ async fn main() {
         fair_table(&mut connection, &store).await;
         return;
     }
+    if std::env::var_os("DRIP_BENCH_THROUGHPUT_ONLY").is_some() {
+        throughput_table(&mut connection, &store).await;
+        return;
+    }
     let rows = script_table(&mut connection, &store).await;
     let bucket = rows[1].usec;
     println!("| script | server µs/call | vs the token bucket | calls/s (pipelined) |");
@@ -892,16 +920,7 @@ async fn main() {
         "\nRedis memory: {per_message:.1} bytes per in-flight message, {per_entity:.0} bytes per entity (1 fixed limit)"
     );
 
-    let batched = store.clone().with_batching(Batching::new(64, false));
-    println!(
-        "\n| clients (one multiplexed connection) | keys | reservations/s, a call each | with group commit (≤ 64 per call) | ratio |"
-    );
-    println!("|---|---|---|---|---|");
-    for (clients, keys) in [(1, ENTITIES), (8, ENTITIES), (32, ENTITIES), (256, ENTITIES), (32, 1), (256, 1)] {
-        let alone = throughput(&store, clients, keys).await;
-        let together = throughput(&batched, clients, keys).await;
-        println!("| {clients} | {keys} | {alone:.0} | {together:.0} | {:.2}× |", together / alone);
-    }
+    throughput_table(&mut connection, &store).await;
 
     let depths = backlog(&mut connection, &store).await;
     println!("\n| backlog ahead (one hot key) | reserve.lua µs/call | token bucket µs/call |\n|---|---|---|");
