@@ -4,7 +4,8 @@
 //!   bench_peers bare PORT REDIS_URL SINK  the least a push handler can do: parse the envelope, the
 //!                                         same reserve.lua call, the same POST, then 204
 //!
-//! Not part of Drip: the yardstick the limiter's own overhead is measured against.
+//! Not part of Drip: the yardstick the limiter's own overhead is measured against. Built with the
+//! limiter's allocator, so that the comparison is of the handlers, not of the allocators.
 
 use std::net::Ipv4Addr;
 
@@ -18,6 +19,9 @@ use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::ReserveRequest;
 use drip_core::time::{DAY, SECOND};
 use drip_store::{AnyConnection, RedisSettings, RedisStore, SlotRequest, Store};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Clone)]
 struct Bare {
