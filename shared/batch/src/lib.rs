@@ -343,21 +343,26 @@ mod tests {
         assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![21]]);
     }
 
+    /// A lane of one call in flight with a linger of `ms`.
+    fn lingering(ms: u64) -> Arc<GroupCommit<Doubler>> {
+        let tasks = Mutex::default();
+        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
+        GroupCommit::with_linger(flusher, 1, Duration::from_millis(ms))
+    }
+
+    /// Submits `item` to lane "a" `after` ms from now.
+    async fn submit_after(group: &Arc<GroupCommit<Doubler>>, item: u32, after: u64) -> Option<u32> {
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        group.submit("a", item).await
+    }
+
     /// With a linger, the first item at an idle lane waits that long, and what arrives meanwhile
     /// shares its call.
     #[tokio::test(start_paused = true)]
     async fn with_a_linger_items_arriving_close_together_share_a_call() {
-        let tasks = Mutex::default();
-        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
-        let group = GroupCommit::with_linger(flusher, 1, Duration::from_millis(50));
+        let group = lingering(50);
         let started = tokio::time::Instant::now();
-        let submit = |item: u32, after: u64| {
-            let group = group.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(after)).await;
-                group.submit("a", item).await
-            }
-        };
+        let submit = |item, after| submit_after(&group, item, after);
         let (a, b, c) = tokio::join!(submit(1, 0), submit(2, 20), submit(3, 40));
         assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
         assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1, 2, 3]], "one call for the three");
@@ -369,16 +374,8 @@ mod tests {
     /// arrived while it was in flight, rather than that call leaving at once without it.
     #[tokio::test(start_paused = true)]
     async fn a_lingering_lane_waits_before_each_call_so_callers_coming_back_share_the_next() {
-        let tasks = Mutex::default();
-        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
-        let group = GroupCommit::with_linger(flusher, 1, Duration::from_millis(50));
-        let submit = |item: u32, after: u64| {
-            let group = group.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(after)).await;
-                group.submit("a", item).await
-            }
-        };
+        let group = lingering(50);
+        let submit = |item, after| submit_after(&group, item, after);
         // The first call runs from 50 to 60 ms; 2 arrives while it is in flight, 3 after it ended.
         let (a, b, c) = tokio::join!(submit(1, 0), submit(2, 55), submit(3, 70));
         assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
