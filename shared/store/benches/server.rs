@@ -363,9 +363,6 @@ async fn memory(connection: &mut MultiplexedConnection, store: &RedisStore<Multi
     (per_message, per_entity)
 }
 
-/// Reservations per second through `RedisStore::reserve`, as the limiter calls it: `clients` tasks
-/// sharing one multiplexed connection, each awaiting its reservation before the next, over `keys`
-/// keys (with batching, those that arrive while a call is in flight share the next).
 /// Reservations a second through the store, a call each and group-committed, with the server's µs
 /// an event in each run: one shard's bound where the client is not (here the bench, its clients
 /// and Redis share the machine's cores); `DRIP_BENCH_THROUGHPUT_ONLY=1` runs this table alone.
@@ -389,7 +386,10 @@ async fn throughput_table(connection: &mut MultiplexedConnection, store: &RedisS
     }
 }
 
-/// Reservations a second, and how many were made.
+/// Reservations per second through `RedisStore::reserve`, as the limiter calls it: `clients` tasks
+/// sharing one multiplexed connection, each awaiting its reservation before the next, over `keys`
+/// keys (with batching, those that arrive while a call is in flight share the next); and how many
+/// were made.
 async fn throughput(store: &RedisStore<MultiplexedConnection>, clients: usize, keys: usize) -> (f64, usize) {
     let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
     let events = scaled(60_000) / clients * clients;
