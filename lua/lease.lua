@@ -1,22 +1,32 @@
 -- A leased budget's home grants a partition units of one limit (schedule.rs's BudgetState::grant):
--- the first window from `from` up to `horizon` whose leases leave room for `cost` of `count` is
--- leased to the partition, up to `want` units, never past `count`. The home is the budget's hash
--- (drip:{b:<tag>}:budget:<name>): '<per>:<window>' what it leased of that window in all,
--- '<per>:<window>:p<partition>' what it leased the partition, '<per>:<window>:p<partition>:r' what
--- the partition gave back of it (lua/returns.lua), 'lo:<per>' its oldest window.
+-- the first window from `from` up to `horizon` with room for `cost` of `count` leases it `want`
+-- units, or more: its share of what is left of the window by demand (room * want / the
+-- partitions' demands, rounded up). A partition's demand is what it last asked for; one that has
+-- not asked within LEASE_TERM counts as asking as much as this one. The same call leases it part
+-- of each of the term's next windows (`term` windows in all), as far as their room goes: as much
+-- as it now holds of that first window, at most its share of the count by demand, less what it
+-- holds there. The walk stops at a full window past `from` that the partition holds a lease of
+-- (its pool may have room there): the answer then only says the windows before are full.
+--
+-- The home is the budget's hash (drip:{b:<tag>}:budget:<name>): '<per>:<window>' what it leased
+-- of that window in all, '<per>:<window>:p<partition>' what it leased the partition,
+-- '<per>:<window>:p<partition>:r' what the partition gave back of it (lua/returns.lua),
+-- 'lo:<per>' its oldest window, 'd:<per>:p<partition>' what the partition last asked for and when
+-- ('<units>:<time>').
 --
 -- KEYS[1]  the home's hash
 -- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
--- count, cost, want, keep (how long the hash outlives a window it leased, past the window).
+-- count, cost, want, keep (how long the hash outlives a window it leased, past the window), term.
 --
 -- Returns the window (0 and found = 0 for none), the partition's total lease of it (a total, so
 -- that crediting it twice or out of order changes nothing), the last window before it with no
--- room, found (1 or 0), and the units this call leased.
+-- room, found (1 or 0), the units this call leased in all, then each window of the term leased
+-- ahead and the partition's total of it.
 
 local key = KEYS[1]
 local now = clock(int())
 local partition, partitions, per, from, horizon = int(), int(), int(), int(), int()
-local count, cost, want, keep = int(), int(), int(), int()
+local count, cost, want, keep, term = int(), int(), int(), int(), int()
 
 -- Windows before now's lease nothing more: dropped (a few at a time, or by a scan after a gap).
 local current = now - now % per
@@ -33,28 +43,75 @@ if not lo or lo < current then
   redis.call('HSET', key, 'lo:' .. per, current)
 end
 
+-- The live partitions' demands, this one's as it asks now.
+redis.call('HSET', key, 'd:' .. per .. ':p' .. partition, want .. ':' .. now)
+-- A partition that has not asked within the term counts as asking as much as this one.
+local demands = 0
+for q = 0, partitions - 1 do
+  local units, at = string.match(redis.call('HGET', key, 'd:' .. per .. ':p' .. q) or '', '^(%d+):(%-?%d+)$')
+  if units and tonumber(at) + LEASE_TERM > now then
+    demands = demands + tonumber(units)
+  else
+    demands = demands + want
+  end
+end
+demands = math.max(demands, 1)
+
+local function room(window)
+  return count - (tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0)
+end
+
+local function lease_units(window, units)
+  local name = per .. ':' .. window
+  redis.call('HINCRBY', key, name, units)
+  return redis.call('HINCRBY', key, name .. ':p' .. partition, units)
+end
+
 -- The home's clock decides what has passed: a window before now's was dropped above with what it
 -- leased, so a partition whose own call saw an earlier now (its reply travelled, time moved on)
 -- is never leased it afresh. (The model has one clock: there `from` is never before now's window.)
-local window = math.max(from, current)
+local start = math.max(from, current)
+local window = start
 while window <= horizon do
-  local name = per .. ':' .. window
-  local total = tonumber(redis.call('HGET', key, name)) or 0
-  if total + cost <= count then
-    -- A scarce window (less room than asked) is split: at most half of what is left, at least the
-    -- cost, so partitions asking in turn share it.
-    local room = count - total
-    local units = want
-    if want > room then
-      units = math.max(math.ceil(room / 2), cost)
+  local open = room(window)
+  if open >= cost then
+    local share = math.floor((count * want + demands - 1) / demands)
+    local before = tonumber(redis.call('HGET', key, per .. ':' .. window .. ':p' .. partition)) or 0
+    -- A long window's share is too much to strand when the partition's events stop: it gets
+    -- what it asks for.
+    local topped = 0
+    if term > 1 then
+      topped = share - before
     end
-    redis.call('HINCRBY', key, name, units)
-    local held = redis.call('HINCRBY', key, name .. ':p' .. partition, units)
-    local ttl = window + keep - now
+    local units = math.min(math.max(want, topped), open)
+    local held = lease_units(window, units)
+    local reply = {window, held, window - per, 1, units}
+    local part = math.min(held, share)
+    local last = window
+    for k = 1, term - 1 do
+      local ahead = window + k * per
+      if ahead > horizon then
+        break
+      end
+      local name = per .. ':' .. ahead
+      local got = redis.call('HMGET', key, name, name .. ':p' .. partition)
+      local more = math.min(part - (tonumber(got[2]) or 0), count - (tonumber(got[1]) or 0))
+      if more > 0 then
+        reply[#reply + 1] = ahead
+        reply[#reply + 1] = lease_units(ahead, more)
+        reply[5] = reply[5] + more
+        last = ahead
+      end
+    end
+    local ttl = last + keep - now
     if redis.call('PTTL', key) < ttl then
       redis.call('PEXPIRE', key, ttl)
     end
-    return {window, held, window - per, 1, units}
+    return reply
+  end
+  if window > start and (tonumber(redis.call('HGET', key, per .. ':' .. window .. ':p' .. partition)) or 0) > 0 then
+    -- It holds a lease of this full window: its pool may have room there.
+    break
   end
   window = window + per
 end

@@ -284,10 +284,6 @@ local function commit_budgets(e, slot, now)
         HASH.add(key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)
       end
       local current = now - now % per
-      if budget.leased then
-        -- A pool keeps the window before now's: what it booked of it sizes its next lease.
-        current = current - per
-      end
       -- A share that books nothing leaves its period's windows to the calendar limit that does.
       if l.counts and l.lo and l.lo < current then
         local floors, stranded = budget.floors, 0

@@ -87,10 +87,7 @@ local function pool_accepts(e, budget, l, j, slot, horizon, now)
     end
     empty = empty and used >= leased
     if not l.full or window > l.full then
-      -- About what the partition will use of it (schedule.rs's pool_demand): what it booked of the
-      -- window before, less what it holds of this one.
-      local before = pool_use(budget, l, window - per)
-      e.wanted = {budget = budget.index, limit = j, window = window, demand = math.max(before - leased, 0)}
+      e.wanted = {budget = budget.index, limit = j, window = window}
       return false
     end
     if not l.top or window >= l.top then

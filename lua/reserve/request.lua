@@ -168,11 +168,11 @@ local function reply(slot, kind, attempt, now, decided_at)
 end
 
 -- An event that needs a lease first (its call stops at it, nothing of it written but a new slot's
--- give-back): the window, W, which budget and limit of the event (budget * 256 + limit), the
--- units its partition is about to use of the window, and now.
+-- give-back): the window, W, which budget and limit of the event (budget * 256 + limit), 0 and
+-- now.
 local function lease_wanted(e, now)
   local wanted = e.wanted
-  return {wanted.window, STATUS.W, wanted.budget * 256 + wanted.limit, wanted.demand, now}
+  return {wanted.window, STATUS.W, wanted.budget * 256 + wanted.limit, 0, now}
 end
 
 -- The answer a message already has: its reply, with its lease taken again unless it is held or done.

@@ -44,6 +44,7 @@ fn run_model(scenario: &Scenario) -> Result<Vec<drip_core::schedule::Reservation
             margin: shared.margin,
             class: None,
             park: None,
+            queued: &[],
         };
         let answer = scheduler.reserve("rule", &key, &request);
         let unchanged =

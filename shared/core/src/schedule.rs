@@ -331,8 +331,8 @@ impl Scheduler {
                 let (state, per) = (self.budgets.entry(state.clone()).or_default(), limit.per());
                 let window = slot.div_euclid(per) * per;
                 if l.partition().is_some() {
-                    // A pool keeps no window before the one before now's (reserve.lua drops them here too).
-                    let current = request.now.div_euclid(per) * per - per;
+                    // A pool keeps no window before now's (reserve.lua drops them here too).
+                    let current = request.now.div_euclid(per) * per;
                     state.windows.retain(|&(p, w), _| p != per || w >= current);
                     state.leased.retain(|&(p, w), _| p != per || w >= current);
                     state.returned.retain(|&(p, w), _| p != per || w >= current);

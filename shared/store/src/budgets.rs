@@ -181,6 +181,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 && let Ok(window) = value.parse()
             {
                 state.known_full.insert(per, window);
+            } else if let Some((per, partition)) = name.strip_prefix("d:").and_then(|d| d.split_once(":p"))
+                && let (Ok(per), Ok(partition)) = (per.parse(), partition.parse())
+                && let Some((Ok(units), Ok(at))) = value.split_once(':').map(|(u, a)| (u.parse(), a.parse()))
+            {
+                state.demands.insert((per, partition), (units, at));
             } else if let Some(per) = name.strip_prefix("S:").and_then(|p| p.parse().ok())
                 && let Ok(units) = value.parse()
             {

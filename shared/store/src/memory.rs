@@ -135,15 +135,41 @@ impl Ping for MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
+impl MemoryStore {
+    /// Reserves each request in order as one call of the Redis store would: each event's lease,
+    /// if it asks for one, also asks for the events behind it in the call from the same pool.
+    pub fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
+        let pools: Vec<Vec<String>> = requests.iter().map(|r| r.event.leased_pools(r.key).collect()).collect();
+        let mut reserved = Vec::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
+            let mut queued: Vec<(String, u64)> = pools[i].iter().map(|pool| (pool.clone(), 0)).collect();
+            for (later, pools) in requests.iter().zip(&pools).skip(i + 1) {
+                for (pool, cost) in &mut queued {
+                    if pools.contains(pool) {
+                        *cost += later.event.cost;
+                    }
+                }
+            }
+            let event = ReserveRequest { queued: &queued, ..request.event };
+            reserved.push(self.reserve_now(&SlotRequest { event, ..*request }));
+        }
+        reserved
+    }
+
+    fn reserve_now(&self, request: &SlotRequest<'_>) -> Reserved {
         let now = request.now().unwrap_or_else(wall_clock_millis);
         let model_request = ReserveRequest { now, ..request.event };
         let reservation = self.with(|s| match request.reslot {
             Some(old) => s.reslot(request.rule, request.key, &model_request, old),
             None => s.reserve(request.rule, request.key, &model_request),
         });
-        ready(Reserved { reservation, now })
+        Reserved { reservation, now }
+    }
+}
+
+impl Store for MemoryStore {
+    fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
+        ready(self.reserve_now(request))
     }
 
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {

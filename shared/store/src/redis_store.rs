@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use drip_core::schedule::{Lease, lease_term};
 use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
@@ -244,11 +245,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             events.iter().filter(|e| e.gives_back).flat_map(|e| e.leases.iter().flatten().cloned()).collect();
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
-        // How often the event at the head of `waiting` stopped for a lease.
-        let mut asked = 0;
+        // Where the event at the head of `waiting` last stopped for a lease, and how often in a
+        // row it stopped there.
+        let (mut stopped_at, mut stops) = (None, 0);
         // The turn at a pool's gate, held until the event is sent again.
         let mut _turn = None;
-        while asked < LEASE_ROUNDS {
+        while stops < STOPS_AT_ONE_WINDOW {
             let mut args = ReserveArgs::new(now).with_paths(self.paths);
             for (pool, credit) in credits.drain(..) {
                 args.credit(&pool, credit);
@@ -262,21 +264,26 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             let mut wanted = None;
             for answer in reply.chunks(REPLY_LENGTH) {
                 match Reply::parse(answer)? {
-                    Reply::LeaseWanted { window, budget, limit, demand, now } => {
-                        wanted = Some((window, budget as i64, limit as i64, demand, now));
+                    Reply::LeaseWanted { window, budget, limit, now } => {
+                        wanted = Some((window, budget as i64, limit as i64, now));
                     }
                     Reply::Decided(reserved) => {
                         decided.push(reserved);
                         waiting.pop_front();
-                        asked = 0;
+                        (stopped_at, stops) = (None, 0);
                     }
                     _ => return Err(StoreError::UnexpectedReply(format!("{answer:?}"))),
                 }
             }
-            let Some((window, budget, limit, demand, at)) = wanted else {
+            let Some((window, budget, limit, at)) = wanted else {
                 self.send_returns(each_pool_once(&returning)).await;
                 return Ok(decided);
             };
+            if stopped_at == Some((budget, limit, window)) {
+                stops += 1;
+            } else {
+                (stopped_at, stops) = (Some((budget, limit, window)), 1);
+            }
             let event = waiting.pop_front().ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))?;
             let target = usize::try_from(budget - 1).ok().and_then(|b| event.leases.get(b)?.as_ref());
             let found = usize::try_from(limit - 1).ok().and_then(|j| Some((target?, *target?.limits.get(j)?)));
@@ -290,25 +297,34 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             if !returning.is_empty() {
                 self.send_returns(each_pool_once(&returning)).await;
             }
+            // This call's events after it that draw from the pool will want units too.
+            let behind: u64 = waiting
+                .iter()
+                .filter(|e| e.leases.iter().flatten().any(|l| l.pool == target.pool))
+                .map(|e| e.cost)
+                .sum();
+            let asking = event.cost + behind;
             let gate = self.lease_gates.of(&target.pool);
             let seen = gate.leased.load(Ordering::Acquire);
-            gate.wait((per, window), event.cost, true);
+            gate.wait((per, window), asking, true);
             let turn = gate.turn.clone().lock_owned().await;
-            let others = gate.wait((per, window), event.cost, false);
+            let others = gate.wait((per, window), asking, false);
             if gate.leased.load(Ordering::Acquire) == seen {
-                // Callers of the same pool waiting behind this one for the same window will want
-                // their units too.
-                let want = want.max(demand).max(event.cost + others);
+                // So will the callers of the same pool waiting behind this one for the same
+                // window, and the events behind them in their calls.
+                let want = want.max(asking + others);
                 let span = (per, window, at + event.max_delay);
-                let lease = self.grant(target, span, now, (count, event.cost, want)).await?;
-                credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
+                for lease in self.grant(target, span, now, (count, event.cost, want)).await? {
+                    credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
+                }
                 gate.leased.fetch_add(1, Ordering::AcqRel);
             }
-            asked += 1;
             _turn = Some(turn);
             waiting.push_front(event.again());
         }
-        Err(StoreError::UnexpectedReply(format!("a reservation stopped for a lease {LEASE_ROUNDS} times")))
+        Err(StoreError::UnexpectedReply(format!(
+            "a reservation stopped for a lease {STOPS_AT_ONE_WINDOW} times in a row at one window"
+        )))
     }
 
     /// The home's lease (`lua/lease.lua`) of one limit `(per, from, horizon)` for `target`'s
@@ -319,19 +335,26 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         (per, from, horizon): (Millis, Millis, Millis),
         now: Option<Millis>,
         (count, cost, want): (u64, u64, u64),
-    ) -> Result<drip_core::schedule::Lease, StoreError> {
+    ) -> Result<Vec<Lease>, StoreError> {
         let mut invocation = LEASE.call();
         invocation.key(&target.home).arg(now.map(|n| n.to_string()).unwrap_or_default());
         invocation.arg(target.partition).arg(target.partitions).arg(per).arg(from).arg(horizon);
-        invocation.arg(count).arg(cost).arg(want).arg(per + STATE_MARGIN);
+        invocation.arg(count).arg(cost).arg(want).arg(per + STATE_MARGIN).arg(lease_term(per));
         let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
-        let &[window, total, full_through, found, units] = reply.as_slice() else {
+        let Some((&[window, total, full_through, found, units], ahead)) = reply.split_at_checked(5) else {
             return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));
         };
+        if !ahead.len().is_multiple_of(2) {
+            return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));
+        }
         if let Some(observer) = &self.lease_observer {
             observer.leased(&target.budget, units.max(0) as u64);
         }
-        Ok(drip_core::schedule::Lease { window: (found == 1).then_some(window), total: total as u64, full_through })
+        let mut leases = vec![Lease { window: (found == 1).then_some(window), total: total as u64, full_through }];
+        for pair in ahead.chunks(2) {
+            leases.push(Lease { window: Some(pair[0]), total: pair[1] as u64, full_through });
+        }
+        Ok(leases)
     }
 
     /// Sends each pool's returns (what its events gave back of its leases, reserve.lua's
@@ -441,10 +464,12 @@ pub fn reserve_library() -> &'static str {
     &RESERVE.source
 }
 
-/// How often one event may stop for a lease before the store gives up (the caller answers 503 and
-/// the event comes again): each lease lets its search go at least one window further (or ends it),
-/// so only a pool that other callers keep emptying stops it often.
-const LEASE_ROUNDS: usize = 64;
+/// How often in a row one event may stop for a lease at the same window before the store gives up
+/// (the caller answers 503 and the event comes again). However far its search walks, each lease
+/// leases it units of the window it stopped at or tells it the home is full through it, so its
+/// next stop is at a later window; only callers elsewhere that empty the pool every time between
+/// its lease and its next call stop it at one window again.
+const STOPS_AT_ONE_WINDOW: usize = 64;
 
 /// Reads the reservation script's reply: `REPLY_LENGTH` numbers per event, each a decision.
 pub fn parse_replies(reply: &[i64]) -> Result<Vec<Reserved>, StoreError> {

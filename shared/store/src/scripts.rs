@@ -31,6 +31,7 @@ fn shared_numbers() -> Vec<(&'static str, i64)> {
         ("EXPIRED_PARK", drip_core::schedule::EXPIRED_PARK),
         ("WAKE_LOST_AFTER", drip_core::schedule::WAKE_LOST_AFTER),
         ("MAX_WAKE_GAP", drip_core::schedule::MAX_WAKE_GAP),
+        ("LEASE_TERM", drip_core::schedule::LEASE_TERM),
     ];
     numbers.extend(crate::reply::reply_numbers());
     numbers

@@ -38,37 +38,89 @@ pub struct BudgetState {
     pub returned: BTreeMap<(Millis, Millis), u64>,
     /// A home: by (per, window start, partition), the units that partition gave back, in all.
     pub taken_back: BTreeMap<(Millis, Millis, u32), u64>,
+    /// A home: by (per, partition), the units that partition last asked for and when: its
+    /// demand, which sizes its part of the windows it is leased ahead ([`BudgetState::grant`]).
+    pub demands: BTreeMap<(Millis, u32), (u64, Millis)>,
     /// A pool in Redis: by per, the units of passed windows it was leased and did not book,
     /// counted as it drops them (the model keeps every window: what it stranded is read off them).
     pub stranded: BTreeMap<Millis, u64>,
 }
 
 impl BudgetState {
-    /// The home's grant (`lua/lease.lua`): the first window from `from` up to `horizon` whose
-    /// leases leave room for `cost` of `count` leases `partition` up to `want` units of it (never
-    /// past `count`). A scarce window (less room than asked) is split: a lease takes at most half
-    /// of what is left (at least the cost), so partitions asking in turn share it.
+    /// The home's grant (`lua/lease.lua`) of one limit to `partition`, asking for `want` units
+    /// from window `from` for a `cost`, at `now`. The first window from `from` up to `horizon`
+    /// with room for the cost leases it `want` units, or more: its share of what is left of the
+    /// window by demand (`room × want ÷ the partitions' demands`, rounded up), so that a
+    /// partition booking a flood asks a few times a window, not once per call. A partition's
+    /// demand is what it last asked for; one that has not asked within [`LEASE_TERM`] counts as
+    /// asking as much as this one, so a partition alone takes its part of a window, not all of it.
+    ///
+    /// The same call leases it part of each of the term's next windows ([`lease_term`]), as far as
+    /// their room goes: as much as it now holds of that first window (about its rate), at most its
+    /// share of the count by demand, less what it holds there. A partition booking at its rate
+    /// then asks about once a term.
+    ///
+    /// The walk stops at a full window past `from` that the partition holds a lease of (its pool
+    /// may have room there): the answer then only tells it the windows before are full.
     pub fn grant(
         &mut self,
-        partition: u32,
+        (partition, partitions, now): (u32, u32, Millis),
         (per, from, horizon): (Millis, Millis, Millis),
         count: u64,
         (cost, want): (u64, u64),
-    ) -> Lease {
+    ) -> Vec<Lease> {
+        self.demands.insert((per, partition), (want, now));
+        // A partition that has not asked within the term counts as asking as much as this one.
+        let demands: u64 = (0..partitions)
+            .map(|q| {
+                self.demands.get(&(per, q)).filter(|(_, at)| at + LEASE_TERM > now).map_or(want, |&(units, _)| units)
+            })
+            .sum::<u64>()
+            .max(1);
+        let room = |home: &Self, window| count.saturating_sub(home.windows.get(&(per, window)).copied().unwrap_or(0));
         let mut window = from;
         while window <= horizon {
-            let total = self.windows.entry((per, window)).or_default();
-            if *total + cost <= count {
-                let room = count - *total;
-                let units = if want <= room { want } else { room.div_ceil(2).max(cost) };
-                *total += units;
-                let held = self.granted.entry((per, window, partition)).or_default();
-                *held += units;
-                return Lease { window: Some(window), total: *held, full_through: window - per };
+            if room(self, window) >= cost {
+                let share = (count * want).div_ceil(demands);
+                let held = self.granted.get(&(per, window, partition)).copied().unwrap_or(0);
+                // A long window's share is too much to strand when the partition's events stop:
+                // it gets what it asks for.
+                let topped = if lease_term(per) > 1 { share.saturating_sub(held) } else { 0 };
+                let units = want.max(topped).min(room(self, window));
+                let first = self.lease_units(partition, (per, window), units, window - per);
+                let part = first.total.min(share);
+                let mut leases = vec![first];
+                let ahead = (1..lease_term(per)).map(|k| window + k * per).take_while(|&w| w <= horizon);
+                for ahead in ahead {
+                    let held = self.granted.get(&(per, ahead, partition)).copied().unwrap_or(0);
+                    let units = part.saturating_sub(held).min(room(self, ahead));
+                    if units > 0 {
+                        leases.push(self.lease_units(partition, (per, ahead), units, window - per));
+                    }
+                }
+                return leases;
+            }
+            if window > from && self.granted.get(&(per, window, partition)).is_some_and(|&held| held > 0) {
+                // It holds a lease of this full window: its pool may have room there.
+                break;
             }
             window += per;
         }
-        Lease { window: None, total: 0, full_through: window - per }
+        vec![Lease { window: None, total: 0, full_through: window - per }]
+    }
+
+    /// Leases `units` of a window to `partition`: its lease, a total.
+    fn lease_units(
+        &mut self,
+        partition: u32,
+        (per, window): (Millis, Millis),
+        units: u64,
+        full_through: Millis,
+    ) -> Lease {
+        *self.windows.entry((per, window)).or_default() += units;
+        let held = self.granted.entry((per, window, partition)).or_default();
+        *held += units;
+        Lease { window: Some(window), total: *held, full_through }
     }
 
     /// A partition pool takes a lease of one limit (idempotent: a lease is the partition's total).

@@ -14,6 +14,18 @@ pub struct Lease {
     pub full_through: Millis,
 }
 
+/// How many windows of a limit of period `per` one lease covers: the window asked for and its
+/// share of the next ones, about [`LEASE_TERM`] in all (at most sixteen). A limit of a longer
+/// period leases one window at a time: a partition whose events stop holds what it was leased
+/// ahead until the window passes, and a minute of its part is too much to strand.
+pub fn lease_term(per: Millis) -> i64 {
+    (LEASE_TERM / per.max(1)).clamp(1, 16)
+}
+
+/// About how far ahead a lease reaches: a partition booking at its rate asks its home about once
+/// in this.
+pub const LEASE_TERM: Millis = 5 * crate::time::SECOND;
+
 /// A leased budget limit (by its place among a request's budget limits) has no units for the cost
 /// from this window on: its home is asked before the search goes on.
 pub(super) struct LeaseWanted {
@@ -56,8 +68,9 @@ pub(super) fn pool_accepts(
 
 /// Asks the home of a leased budget limit for units from `window` on and credits the partition's
 /// pool with what it leased (what `RedisStore` does in two calls between two reservation calls).
-/// A partition asks for what it will use soon: what it booked of the window before, less what it
-/// holds of this one ([`pool_demand`]), and at least a chunk ([`Leases::want`]).
+/// A partition asks for what it is about to use: this event's cost and that of the events behind
+/// it in its call from the same pool, at least a chunk ([`Leases::want`]); the home adds its share
+/// of what is left of the window ([`BudgetState::grant`]).
 pub(super) fn lease(
     budgets: &mut HashMap<String, BudgetState>,
     limit: &BudgetLimit<'_>,
@@ -66,21 +79,15 @@ pub(super) fn lease(
 ) {
     let (Some(partition), Some(leases)) = (limit.partition(), limit.budget.leases) else { return };
     let per = limit.limit.per();
-    let demand = pool_demand(budgets.get(&limit.state), per, window);
-    let want = leases.want(limit.count, request.cost).max(demand);
+    let queued = request.queued.iter().find(|(pool, _)| *pool == limit.state).map_or(0, |&(_, cost)| cost);
+    let want = leases.want(limit.count, request.cost).max(request.cost + queued);
     let span = (per, window, request.now + request.max_delay);
-    let lease =
-        budgets.entry(limit.budget.name.clone()).or_default().grant(partition, span, limit.count, (request.cost, want));
-    budgets.entry(limit.state.clone()).or_default().credit(per, lease);
-}
-
-/// About what a pool will use of `window`: what it booked of the window before, less what it holds
-/// of `window` (a pool keeps the window before now's for this). Asking for more (doubling what it
-/// holds when that runs out) strands more of each window: measured in docs/capacity.md.
-pub(super) fn pool_demand(pool: Option<&BudgetState>, per: Millis, window: Millis) -> u64 {
-    let before = pool.and_then(|p| p.windows.get(&(per, window - per)).copied()).unwrap_or(0);
-    let held = pool.map_or(0, |p| p.pool_holds(per, window));
-    before.saturating_sub(held)
+    let home = budgets.entry(limit.budget.name.clone()).or_default();
+    let leases = home.grant((partition, leases.partitions, request.now), span, limit.count, (request.cost, want));
+    let pool = budgets.entry(limit.state.clone()).or_default();
+    for lease in leases {
+        pool.credit(per, lease);
+    }
 }
 
 #[cfg(test)]

@@ -109,6 +109,9 @@ pub struct ReserveRequest<'a> {
     /// The rule parks its backlog while a key is throttled ([`Status::Parked`]): an event whose
     /// slot lies more than this after now books nothing then. `None`: the rule never parks.
     pub park: Option<Millis>,
+    /// The cost of the events behind this one in its call (a store's batch), by the leased pool
+    /// they draw from ([`Budget::pool_name`]): a lease this one asks for asks for them too.
+    pub queued: &'a [(String, u64)],
 }
 
 impl<'a> ReserveRequest<'a> {
@@ -130,7 +133,14 @@ impl<'a> ReserveRequest<'a> {
             margin: 0,
             class: None,
             park: None,
+            queued: &[],
         }
+    }
+
+    /// The leased pools the event of `key` draws from ([`Budget::pool_name`]).
+    pub fn leased_pools(&self, key: &str) -> impl Iterator<Item = String> + '_ {
+        let scope = self.class.map_or(key, |(scope, _)| scope).to_owned();
+        self.budgets.iter().filter_map(move |b| Some(b.pool_name(b.partition_of(&scope)?)))
     }
 
     /// The same request for an event of `rule`'s class `class` of `key`: the rule's limits are the

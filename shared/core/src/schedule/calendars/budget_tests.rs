@@ -19,10 +19,11 @@ fn budget(limit: u64, placement: Placement, max_share: Option<u64>) -> Arc<Budge
     })
 }
 
-/// A budget of 10 a second leased over two partitions, a unit at a time: each partition asks its
-/// home when its pool has no room, for what it booked of the window before (here nothing: a
-/// chunk, one unit); the home leases a window out and no further, and a partition that finds it
-/// full asks from the next window and remembers it.
+/// A budget of 10 a second leased over two partitions, asking a unit at a time: each partition
+/// asks its home when its pool has no room; the home leases it its share of what is left of the
+/// window (a partition that has not asked yet counts as asking as much), and as much of the
+/// term's next windows as it then holds of this one; a partition that finds a window leased out
+/// books the next windows it holds, asking no more.
 #[test]
 fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     let leases = crate::budgets::Leases { partitions: 2, chunk: 100_000 };
@@ -33,29 +34,61 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     let slots: Vec<Millis> = (0..12)
         .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
         .collect();
-    // Each leases a unit per event until the window is leased out (5 each); then each finds it
-    // full and leases a unit of the next.
+    // p0 leases 5 of window 0 (half: p1 has not asked) and 5 of each of the next four; p1 3 (half
+    // of the 5 left), then 1 and 1 more as it runs out. Each finds window 0 leased out at its
+    // sixth event, asks, and is told so: the home stops at window 1, which it holds a lease of.
     assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
     let home = s.budget_state("gateway").unwrap();
-    assert_eq!(home.windows, BTreeMap::from([((SECOND, 0), 10), ((SECOND, SECOND), 2)]));
+    assert_eq!(home.windows, (0..5).map(|w| ((SECOND, w * SECOND), 10)).collect());
     assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&5));
     assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&5));
+    assert_eq!(home.granted.get(&(SECOND, 4 * SECOND, 1)), Some(&5));
     let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
     assert_eq!(pool.known_full.get(&SECOND), Some(&0), "p1 knows window 0 is leased out");
-    assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&1), Some(&1)));
-    // The next window p1 asks for: what it booked of the window before (5), less what it holds.
-    let more = reserve(&mut s, &p1, "m12", 0, &budgets).slot;
-    assert_eq!(more, SECOND);
-    let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
-    assert_eq!(pool.leased.get(&(SECOND, SECOND)), Some(&5), "asked 5 - 1 = 4 more");
-    // A scarce window is split: a partition asking for more than is left gets half of it.
+    assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&1), Some(&5)));
+    // Its next events book what it holds, without asking.
+    let more: Vec<Millis> = (12..16).map(|i| reserve(&mut s, &p1, &format!("m{i}"), 0, &budgets).slot).collect();
+    assert_eq!(more, [SECOND; 4]);
+    assert_eq!(s.budget_state("gateway").unwrap().windows.len(), 5, "no lease since");
+    // A window's units: what a partition asks for, or its share of the count by demand, less what
+    // it holds, if more.
     let mut home = BudgetState::default();
-    let grant = |home: &mut BudgetState, partition, want| home.grant(partition, (SECOND, 0, SECOND), 10, (1, want));
-    assert_eq!(grant(&mut home, 0, 6).total, 6, "room enough: what it asked");
-    assert_eq!(grant(&mut home, 1, 8).total, 2, "4 left, 8 asked: half");
-    assert_eq!(grant(&mut home, 0, 8).total, 7, "2 left: half");
-    assert_eq!(grant(&mut home, 1, 8).total, 3, "1 left: the cost");
-    assert_eq!(grant(&mut home, 1, 8).window, Some(SECOND), "window 0 is leased out: the next");
+    let grant = |home: &mut BudgetState, partition, want, horizon| {
+        let leases = home.grant((partition, 2, 0), (SECOND, 0, horizon), 10, (1, want));
+        leases.iter().map(|l| (l.window, l.total)).collect::<Vec<_>>()
+    };
+    assert_eq!(grant(&mut home, 0, 2, 0), [(Some(0), 5)], "half: p1, not asking yet, counts as asking 2");
+    assert_eq!(grant(&mut home, 1, 1, 0), [(Some(0), 4)], "its share (1 of 3) of 10, rounded up");
+    assert_eq!(grant(&mut home, 1, 8, 0), [(Some(0), 5)], "asked 8: the 1 left");
+    assert_eq!(grant(&mut home, 0, 8, 0), [(None, 0)], "nothing left up to the horizon");
+    // Ahead, each of the term's next windows: as much as it holds of the first (its rate), at most
+    // its share, less what it holds there.
+    let mut home = BudgetState::default();
+    let ahead = |w: Millis, total| (Some(w * SECOND), total);
+    assert_eq!(
+        grant(&mut home, 0, 10, 2 * SECOND),
+        [ahead(0, 10), ahead(1, 5), ahead(2, 5)],
+        "all of window 0, as asked; ahead its share, half"
+    );
+    assert_eq!(
+        grant(&mut home, 1, 1, 2 * SECOND),
+        [ahead(1, 1), ahead(2, 1)],
+        "window 0 is leased out: the next with room, its share (1 of 11) of it"
+    );
+    assert_eq!(
+        grant(&mut home, 1, 4, 2 * SECOND),
+        [ahead(1, 5), ahead(2, 3)],
+        "4 more of window 1; ahead up to its share (4 of 14: 3)"
+    );
+    assert_eq!(
+        grant(&mut home, 1, 1, 2 * SECOND),
+        [(None, 0)],
+        "windows 0 and 1 are full and it holds a lease of window 1: told so, nothing leased"
+    );
+    // A window of a long limit (one whose term is that window alone): what it asks for.
+    let mut home = BudgetState::default();
+    let minute = home.grant((0, 2, 0), (crate::time::MINUTE, 0, 0), 100, (1, 2));
+    assert_eq!((minute[0].window, minute[0].total), (Some(0), 2));
     // A pause of a leased budget is its home's: both partitions wait.
     s.pause_budget("gateway", 5 * SECOND);
     assert_eq!(reserve(&mut s, &p0, "late", 0, &budgets).slot, 5 * SECOND);
@@ -90,7 +123,11 @@ fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
     assert_eq!(pool.windows.get(&(SECOND, 0)), Some(&4), "m0, m3 and the two reslotted");
     // p1 leases the 2 that came back in window 0.
     assert_eq!(reserve(&mut s, &p1, "n0", 200, &budgets).slot, 200);
-    assert_eq!(s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 1)), Some(&1), "half of 2, at least 1");
+    assert_eq!(
+        s.budget_state("gateway").unwrap().granted.get(&(SECOND, 0, 1)),
+        Some(&2),
+        "both: p0 holds more than its part"
+    );
     // A return told twice takes nothing more back.
     let mut home = s.budget_state("gateway").unwrap().clone();
     let before = home.windows.get(&(SECOND, 0)).copied();
