@@ -1538,32 +1538,15 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
     let burst = |budget: Arc<Budget>, rule: String| {
         let store = store.clone();
         async move {
-            let mut tasks = Vec::new();
-            for caller in 0..callers {
-                let (store, budget, rule) = (store.clone(), budget.clone(), rule.clone());
-                tasks.push(tokio::spawn(async move {
-                    let budgets = [budget];
-                    let mut slots = Vec::new();
-                    for i in (caller..events).step_by(callers) {
-                        let (key, id) = (format!("user{}", i % keys), format!("m{i}"));
-                        let event = ReserveRequest {
-                            max_delay: MINUTE,
-                            budgets: &budgets,
-                            ..ReserveRequest::new(&id, &own, 0)
-                        };
-                        let request =
-                            SlotRequest { tag: Some(&budgets[0].tag), ..SlotRequest::new(&rule, &key, event) };
-                        let reserved = store.reserve(&request).await.expect("reserve");
-                        assert_eq!(reserved.reservation.status, Status::Reserved, "{id}: {reserved:?}");
-                        slots.push((key, reserved.reservation.slot, reserved.now));
-                    }
-                    slots
-                }));
-            }
-            let mut slots = Vec::new();
-            for task in tasks {
-                slots.extend(task.await.unwrap());
-            }
+            let answers = leased_burst(store, budget, &rule, (events, keys, callers), (&own, MINUTE)).await;
+            let slots: Vec<(String, Millis, Millis)> = answers
+                .into_iter()
+                .map(|(key, reserved)| {
+                    let reserved = reserved.expect("reserve");
+                    assert_eq!(reserved.reservation.status, Status::Reserved, "{key}: {reserved:?}");
+                    (key, reserved.reservation.slot, reserved.now)
+                })
+                .collect();
             slots
         }
     };
@@ -1646,31 +1629,13 @@ async fn a_leased_budget_of_two_limits_answers_every_event_of_an_overrun() {
         ..Budget::named(format!("{rule}-contract"), format!("{rule}-contract"), Vec::new())
     });
     let own = [fixed(1_000_000, MINUTE)];
-    let (events, callers) = (12_000usize, 256usize);
-    let mut tasks = Vec::new();
-    for caller in 0..callers {
-        let (store, budget, rule) = (store.clone(), budget.clone(), rule.clone());
-        tasks.push(tokio::spawn(async move {
-            let budgets = [budget];
-            let mut slots = Vec::new();
-            for i in (caller..events).step_by(callers) {
-                let (key, id) = (format!("user{}", i % 600), format!("m{i}"));
-                let event =
-                    ReserveRequest { max_delay: 3_600_000, budgets: &budgets, ..ReserveRequest::new(&id, &own, 0) };
-                let request = SlotRequest { tag: Some(&budgets[0].tag), ..SlotRequest::new(&rule, &key, event) };
-                slots.push(store.reserve(&request).await.map(|r| r.reservation));
-            }
-            slots
-        }));
-    }
+    let answers = leased_burst(store, budget, &rule, (12_000, 600, 256), (&own, 3_600_000)).await;
     let mut per_window: BTreeMap<(Millis, Millis), u64> = BTreeMap::new();
-    for task in tasks {
-        for reservation in task.await.unwrap() {
-            let reservation = reservation.expect("every call answers");
-            assert_eq!(reservation.status, Status::Reserved, "{reservation:?}");
-            for per in [SECOND, MINUTE] {
-                *per_window.entry((per, reservation.slot - reservation.slot % per)).or_default() += 1;
-            }
+    for (key, reserved) in answers {
+        let reservation = reserved.expect("every call answers").reservation;
+        assert_eq!(reservation.status, Status::Reserved, "{key}: {reservation:?}");
+        for per in [SECOND, MINUTE] {
+            *per_window.entry((per, reservation.slot - reservation.slot % per)).or_default() += 1;
         }
     }
     for (&(per, window), &n) in &per_window {
@@ -1678,6 +1643,38 @@ async fn a_leased_budget_of_two_limits_answers_every_event_of_an_overrun() {
     }
     let minutes = per_window.keys().filter(|(per, _)| *per == MINUTE).count();
     assert!(minutes >= 6, "12,000 events over 2,000 a minute take at least six minutes: {minutes}");
+}
+
+/// `events` events of `keys` keys of `rule`, each drawing from `budget` with its own `limits` and
+/// `max_delay`, reserved by `callers` concurrent callers at the server's clock: each key's answers.
+async fn leased_burst<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static>(
+    store: Arc<RedisStore<C>>,
+    budget: Arc<Budget>,
+    rule: &str,
+    (events, keys, callers): (usize, usize, usize),
+    (limits, max_delay): (&[Limit], Millis),
+) -> Vec<(String, Result<Reserved, drip_store::StoreError>)> {
+    let mut tasks = Vec::new();
+    for caller in 0..callers {
+        let (store, budget, rule, limits) = (store.clone(), budget.clone(), rule.to_owned(), limits.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let budgets = [budget];
+            let mut answers = Vec::new();
+            for i in (caller..events).step_by(callers) {
+                let (key, id) = (format!("user{}", i % keys), format!("m{i}"));
+                let event = ReserveRequest { max_delay, budgets: &budgets, ..ReserveRequest::new(&id, &limits, 0) };
+                let request = SlotRequest { tag: Some(&budgets[0].tag), ..SlotRequest::new(&rule, &key, event) };
+                let reserved = store.reserve(&request).await;
+                answers.push((key, reserved));
+            }
+            answers
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.extend(task.await.unwrap());
+    }
+    answers
 }
 
 /// Counts what a store's lease observer hears (the services count it as `drip_budget_leases`).
