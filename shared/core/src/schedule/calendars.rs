@@ -49,11 +49,13 @@ pub struct BudgetState {
 impl BudgetState {
     /// The home's grant (`lua/lease.lua`) of one limit to `partition`, asking for `want` units
     /// from window `from` for a `cost`, at `now`. The first window from `from` up to `horizon`
-    /// with room for the cost leases it `want` units, or more: its share of what is left of the
-    /// window by demand (`room × want ÷ the partitions' demands`, rounded up), so that a
-    /// partition booking a flood asks a few times a window, not once per call. A partition's
-    /// demand is what it last asked for; one that has not asked within [`LEASE_TERM`] counts as
-    /// asking as much as this one, so a partition alone takes its part of a window, not all of it.
+    /// with room for the cost leases it `want` units, or more: its share of the window's count by
+    /// demand (`count × want ÷ the partitions' demands`, rounded up) less what it holds there, so
+    /// that a partition booking a flood asks about once a window, not once per call; a long
+    /// limit's window (its term that window alone) only what it asks for, since a share of it
+    /// would strand at a flood's tail. A partition's demand is what it last asked for; one that
+    /// has not asked within [`LEASE_TERM`] counts as asking as much as this one, so a partition
+    /// alone takes its part of a window, not all of it.
     ///
     /// The same call leases it part of each of the term's next windows ([`lease_term`]), as far as
     /// their room goes: as much as it now holds of that first window (about its rate), at most its

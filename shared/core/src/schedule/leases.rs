@@ -69,8 +69,9 @@ pub(super) fn pool_accepts(
 /// Asks the home of a leased budget limit for units from `window` on and credits the partition's
 /// pool with what it leased (what `RedisStore` does in two calls between two reservation calls).
 /// A partition asks for what it is about to use: this event's cost and that of the events behind
-/// it in its call from the same pool, at least a chunk ([`Leases::want`]); the home adds its share
-/// of what is left of the window ([`BudgetState::grant`]).
+/// it in its call from the same pool, at least a chunk ([`Leases::want`]); the home may lease it
+/// more, its share of the window's count, and part of the term's next windows
+/// ([`BudgetState::grant`]).
 pub(super) fn lease(
     budgets: &mut HashMap<String, BudgetState>,
     limit: &BudgetLimit<'_>,

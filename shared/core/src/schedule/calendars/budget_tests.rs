@@ -20,10 +20,10 @@ fn budget(limit: u64, placement: Placement, max_share: Option<u64>) -> Arc<Budge
 }
 
 /// A budget of 10 a second leased over two partitions, asking a unit at a time: each partition
-/// asks its home when its pool has no room; the home leases it its share of what is left of the
-/// window (a partition that has not asked yet counts as asking as much), and as much of the
-/// term's next windows as it then holds of this one; a partition that finds a window leased out
-/// books the next windows it holds, asking no more.
+/// asks its home when its pool has no room; the home leases it its share of the window's count
+/// (a partition that has not asked yet counts as asking as much), and as much of the term's next
+/// windows as it then holds of this one; a partition that finds a window leased out books the
+/// next windows it holds, asking no more.
 #[test]
 fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     let leases = crate::budgets::Leases { partitions: 2, chunk: 100_000 };
@@ -34,9 +34,9 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     let slots: Vec<Millis> = (0..12)
         .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
         .collect();
-    // p0 leases 5 of window 0 (half: p1 has not asked) and 5 of each of the next four; p1 3 (half
-    // of the 5 left), then 1 and 1 more as it runs out. Each finds window 0 leased out at its
-    // sixth event, asks, and is told so: the home stops at window 1, which it holds a lease of.
+    // p0 leases 5 of window 0 (half: p1, not asking yet, counts as asking as much) and 5 of each
+    // of the next four; p1 the other 5, and 5 ahead. Each finds window 0 leased out at its sixth
+    // event, asks, and is told so: the home stops at window 1, which it holds a lease of.
     assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
     let home = s.budget_state("gateway").unwrap();
     assert_eq!(home.windows, (0..5).map(|w| ((SECOND, w * SECOND), 10)).collect());
