@@ -1696,9 +1696,10 @@ impl drip_store::LeaseObserver for LeasedUnits {
     }
 }
 
-/// A partition that leased a whole window and booked one unit of it strands the rest: its pool
-/// counts it once the window has passed (docs/rules.md, "A budget past one shard"), and the other
-/// partition, finding the window leased out, takes the next.
+/// A partition that leased a whole window and booked one unit of it strands the rest, and what
+/// it was leased ahead and did not book: its pool counts it once the window has passed
+/// (docs/rules.md, "A budget past one shard"), and the other partition, finding the window leased
+/// out, takes the next.
 #[tokio::test]
 async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
     use drip_core::budgets::Leases;
@@ -1725,12 +1726,14 @@ async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
         let request = SlotRequest { tag: Some(&budget.tag), ..SlotRequest::new(&rule, key, event) }.at(now);
         store.reserve(&request).await.expect("reserve").reservation.slot
     };
+    // It asks for a whole window (its chunk): all of the first, and its half of the term's next.
     assert_eq!(reserve(&p0, "m0", T0).await, T0, "p0 leases the whole window and books a unit");
     assert_eq!(reserve(&p1, "m1", T0).await, T0 + SECOND, "p1 finds it leased out: the next window");
-    // Two windows later p0 books again, dropping the window it held 10 of and booked 1.
+    // Two windows later p0 books again, dropping the window it held 10 of and booked 1, and the
+    // next, whose 5 it was leased ahead and did not book.
     assert_eq!(reserve(&p0, "m2", T0 + 2 * SECOND).await, T0 + 2 * SECOND);
     let pool = store.pool_state(&budget, 0).await.unwrap();
-    assert_eq!(pool.stranded.get(&SECOND), Some(&9), "{pool:?}");
+    assert_eq!(pool.stranded.get(&SECOND), Some(&14), "{pool:?}");
 }
 
 /// reserve.lua runs as a function library (FCALL): a Redis that never held it, or lost it (a
