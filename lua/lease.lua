@@ -58,8 +58,11 @@ for q = 0, partitions - 1 do
 end
 demands = math.max(demands, 1)
 
-local function room(window)
-  return count - (tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0)
+-- What is left of a window's count, and what the partition holds of it.
+local function room_and_held(window)
+  local name = per .. ':' .. window
+  local got = redis.call('HMGET', key, name, name .. ':p' .. partition)
+  return count - (tonumber(got[1]) or 0), tonumber(got[2]) or 0
 end
 
 local function lease_units(window, units)
@@ -74,10 +77,9 @@ end
 local start = math.max(from, current)
 local window = start
 while window <= horizon do
-  local open = room(window)
+  local open, before = room_and_held(window)
   if open >= cost then
     local share = math.floor((count * want + demands - 1) / demands)
-    local before = tonumber(redis.call('HGET', key, per .. ':' .. window .. ':p' .. partition)) or 0
     -- A long window's share is too much to strand when the partition's events stop: it gets
     -- what it asks for.
     local topped = 0
@@ -94,9 +96,8 @@ while window <= horizon do
       if ahead > horizon then
         break
       end
-      local name = per .. ':' .. ahead
-      local got = redis.call('HMGET', key, name, name .. ':p' .. partition)
-      local more = math.min(part - (tonumber(got[2]) or 0), count - (tonumber(got[1]) or 0))
+      local open_ahead, held_ahead = room_and_held(ahead)
+      local more = math.min(part - held_ahead, open_ahead)
       if more > 0 then
         reply[#reply + 1] = ahead
         reply[#reply + 1] = lease_units(ahead, more)
@@ -110,7 +111,7 @@ while window <= horizon do
     end
     return reply
   end
-  if window > start and (tonumber(redis.call('HGET', key, per .. ':' .. window .. ':p' .. partition)) or 0) > 0 then
+  if window > start and before > 0 then
     -- It holds a lease of this full window: its pool may have room there.
     break
   end

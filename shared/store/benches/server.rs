@@ -777,12 +777,8 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     let home = store.budget_state(budget).await.expect("home");
-    let mut used: std::collections::BTreeMap<Millis, u64> = Default::default();
-    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
-        for (&(_, window), &n) in &store.pool_state(budget, partition).await.expect("pool").windows {
-            *used.entry(window).or_default() += n;
-        }
-    }
+    let used: std::collections::BTreeMap<Millis, u64> =
+        pools_booked(store, budget).await.into_iter().map(|((_, window), n)| (window, n)).collect();
     let booked = |w: &Millis| used.get(w).is_some_and(|&n| n > 0);
     let windows: Vec<Millis> = home.windows.keys().map(|&(_, w)| w).filter(booked).collect();
     let (first, last) = (windows.first().copied().unwrap_or(0), windows.last().copied().unwrap_or(0));
@@ -790,6 +786,20 @@ where
     let full = windows.get(1..windows.len().saturating_sub(1)).unwrap_or_default();
     let left: u64 = full.iter().map(|w| GATEWAY - used.get(w).copied().unwrap_or(0)).sum();
     (left as f64 / (GATEWAY * full.len().max(1) as u64) as f64, full.len())
+}
+
+/// What a leased budget's partitions booked in all, by (per, window).
+async fn pools_booked<C>(store: &RedisStore<C>, budget: &Budget) -> std::collections::BTreeMap<(Millis, Millis), u64>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut used = std::collections::BTreeMap::new();
+    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
+        for (&window, &n) in &store.pool_state(budget, partition).await.expect("pool").windows {
+            *used.entry(window).or_default() += n;
+        }
+    }
+    used
 }
 
 /// The cluster rows: a budgeted rule on one master against leased over the cluster's masters, a
@@ -1030,12 +1040,7 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     let count = |per: Millis| budget.limits.iter().find(|l| l.per() == per).map_or(0, |l| l.limit());
-    let mut used: std::collections::BTreeMap<(Millis, Millis), u64> = Default::default();
-    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
-        for (&window, &n) in &store.pool_state(budget, partition).await.expect("pool").windows {
-            *used.entry(window).or_default() += n;
-        }
-    }
+    let used = pools_booked(store, budget).await;
     let booked = |per: Millis, window: Millis| used.get(&(per, window)).copied().unwrap_or(0);
     let windows: Vec<Millis> = used.keys().filter(|(p, _)| *p == per).map(|&(_, w)| w).collect();
     let counted: Vec<Millis> = windows[..windows.len().saturating_sub(1)]

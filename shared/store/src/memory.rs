@@ -139,21 +139,24 @@ impl MemoryStore {
     /// Reserves each request in order as one call of the Redis store would: each event's lease,
     /// if it asks for one, also asks for the events behind it in the call from the same pool.
     pub fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
-        let pools: Vec<Vec<String>> = requests.iter().map(|r| r.event.leased_pools(r.key).collect()).collect();
-        let mut reserved = Vec::with_capacity(requests.len());
-        for (i, request) in requests.iter().enumerate() {
-            let mut queued: Vec<(String, u64)> = pools[i].iter().map(|pool| (pool.clone(), 0)).collect();
-            for (later, pools) in requests.iter().zip(&pools).skip(i + 1) {
-                for (pool, cost) in &mut queued {
-                    if pools.contains(pool) {
-                        *cost += later.event.cost;
-                    }
-                }
+        // From the last event back, the cost behind each event by pool.
+        let mut behind: HashMap<String, u64> = HashMap::new();
+        let mut queued: Vec<Vec<(String, u64)>> = Vec::with_capacity(requests.len());
+        for request in requests.iter().rev() {
+            let pools: Vec<String> = request.event.leased_pools(request.key).collect();
+            queued.push(pools.iter().map(|pool| (pool.clone(), behind.get(pool).copied().unwrap_or(0))).collect());
+            for pool in pools {
+                *behind.entry(pool).or_default() += request.event.cost;
             }
-            let event = ReserveRequest { queued: &queued, ..request.event };
-            reserved.push(self.reserve_now(&SlotRequest { event, ..*request }));
         }
-        reserved
+        let queued = queued.iter().rev();
+        let with_queued = requests.iter().zip(queued);
+        with_queued
+            .map(|(request, queued)| {
+                let event = ReserveRequest { queued, ..request.event };
+                self.reserve_now(&SlotRequest { event, ..*request })
+            })
+            .collect()
     }
 
     fn reserve_now(&self, request: &SlotRequest<'_>) -> Reserved {

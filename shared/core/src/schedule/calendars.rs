@@ -79,30 +79,34 @@ impl BudgetState {
             })
             .sum::<u64>()
             .max(1);
-        let room = |home: &Self, window| count.saturating_sub(home.windows.get(&(per, window)).copied().unwrap_or(0));
+        // What is left of a window's count, and what the partition holds of it.
+        let room_and_held = |home: &Self, window| {
+            let total = home.windows.get(&(per, window)).copied().unwrap_or(0);
+            (count.saturating_sub(total), home.granted.get(&(per, window, partition)).copied().unwrap_or(0))
+        };
         let mut window = from;
         while window <= horizon {
-            if room(self, window) >= cost {
+            let (room, held) = room_and_held(self, window);
+            if room >= cost {
                 let share = (count * want).div_ceil(demands);
-                let held = self.granted.get(&(per, window, partition)).copied().unwrap_or(0);
                 // A long window's share is too much to strand when the partition's events stop:
                 // it gets what it asks for.
                 let topped = if lease_term(per) > 1 { share.saturating_sub(held) } else { 0 };
-                let units = want.max(topped).min(room(self, window));
+                let units = want.max(topped).min(room);
                 let first = self.lease_units(partition, (per, window), units, window - per);
                 let part = first.total.min(share);
                 let mut leases = vec![first];
                 let ahead = (1..lease_term(per)).map(|k| window + k * per).take_while(|&w| w <= horizon);
                 for ahead in ahead {
-                    let held = self.granted.get(&(per, ahead, partition)).copied().unwrap_or(0);
-                    let units = part.saturating_sub(held).min(room(self, ahead));
+                    let (room, held) = room_and_held(self, ahead);
+                    let units = part.saturating_sub(held).min(room);
                     if units > 0 {
                         leases.push(self.lease_units(partition, (per, ahead), units, window - per));
                     }
                 }
                 return leases;
             }
-            if window > from && self.granted.get(&(per, window, partition)).is_some_and(|&held| held > 0) {
+            if window > from && held > 0 {
                 // It holds a lease of this full window: its pool may have room there.
                 break;
             }
