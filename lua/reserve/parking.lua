@@ -115,7 +115,11 @@ local function unpark(e, now)
     return reply(now, 'C', ATTEMPT.decided, now, now)
   end
   local slot, horizon = search(e, values, last, now)
-  if not slot then
+  if slot == false then
+    -- Its partition's pool of a leased budget has no units for it: the drain asks the home and
+    -- sends it again (nothing of it written).
+    return lease_wanted(e, now)
+  elseif not slot then
     return redis.error_reply('drip: slot search did not settle')
   end
   keep_runs(e)

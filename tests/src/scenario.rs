@@ -752,30 +752,42 @@ pub fn scenario_with_fair_budgets(max_events: usize) -> impl Strategy<Value = Sc
 /// placement: a leased budget has none); arrivals compressed so that backlogs book ahead and the
 /// homes run out of room.
 pub fn scenario_with_leases(max_events: usize) -> impl Strategy<Value = Scenario> {
-    let leases = prop::collection::vec((2u32..=4, 1u64..=PPM), 2);
-    (scenario_with_budgets(max_events), leases, 1i64..=4).prop_map(|(mut scenario, leases, squeeze)| {
-        let partitions = leases[0].0;
-        let budgets = scenario.shared.budgets.iter().zip(&leases).map(|(b, &(_, chunk))| {
-            let limits =
-                b.limits.iter().map(|l| Limit::new(l.limit(), l.per(), Window::Fixed(Placement::Start)).unwrap());
-            Arc::new(Budget {
-                limits: limits.collect(),
-                adaptive: None,
-                floors: Vec::new(),
-                leases: Some(drip_core::budgets::Leases { partitions, chunk }),
-                ..(**b).clone()
-            })
-        });
-        scenario.shared.budgets = budgets.collect();
-        scenario.shared.rules = 1;
-        scenario.shared.signals.retain(|(_, entity)| entity.is_some());
-        let start = scenario.events.first().map_or(0, |a| a.now);
-        for event in &mut scenario.events {
-            event.now = start + (event.now - start) / squeeze;
-            event.published = start + (event.published - start) / squeeze;
-        }
-        scenario
-    })
+    (scenario_with_budgets(max_events), budget_leases()).prop_map(leased)
+}
+
+/// A parking scenario (pauses of keys and budgets, adaptive keys, drains at random moments) whose
+/// budgets are leased as in [`scenario_with_leases`]: a drain's unpark, too, asks a home for units
+/// when its partition's pool has none.
+pub fn scenario_with_leased_parking(max_events: usize) -> impl Strategy<Value = Scenario> {
+    (scenario_with_parking(max_events), budget_leases()).prop_map(leased)
+}
+
+/// Partitions and chunk of each of two budgets' leases, and how much arrivals are compressed.
+fn budget_leases() -> impl Strategy<Value = (Vec<(u32, u64)>, i64)> {
+    (prop::collection::vec((2u32..=4, 1u64..=PPM), 2), 1i64..=4)
+}
+
+fn leased((mut scenario, (leases, squeeze)): (Scenario, (Vec<(u32, u64)>, i64))) -> Scenario {
+    let partitions = leases[0].0;
+    let budgets = scenario.shared.budgets.iter().zip(&leases).map(|(b, &(_, chunk))| {
+        let limits = b.limits.iter().map(|l| Limit::new(l.limit(), l.per(), Window::Fixed(Placement::Start)).unwrap());
+        Arc::new(Budget {
+            limits: limits.collect(),
+            adaptive: None,
+            floors: Vec::new(),
+            leases: Some(drip_core::budgets::Leases { partitions, chunk }),
+            ..(**b).clone()
+        })
+    });
+    scenario.shared.budgets = budgets.collect();
+    scenario.shared.rules = 1;
+    scenario.shared.signals.retain(|(_, entity)| entity.is_some());
+    let start = scenario.events.first().map_or(0, |a| a.now);
+    for event in &mut scenario.events {
+        event.now = start + (event.now - start) / squeeze;
+        event.published = start + (event.published - start) / squeeze;
+    }
+    scenario
 }
 
 /// For scenarios with budgets: per entity, slots never go backwards and the rule's limits hold;

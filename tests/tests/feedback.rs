@@ -358,6 +358,69 @@ rules:
     assert!(metrics.contains("outcome=\"drained\""), "a wake drained the key: {metrics}");
 }
 
+/// A budget leased over two partitions whose partner says wait (429, `Retry-After: 3`): the pause
+/// reaches every partition's pool, the keys' backlogs park, and their drains book them after it
+/// through their partitions' leases, asking the home for units as a reservation does. Through the
+/// real stack: every event reaches the partner or the topic exactly once, no second at the
+/// partner holds more than the budget's count, nothing is dead-lettered, and the wakes drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_budget_that_says_wait_parks_its_keys_and_drains_them_through_its_partitions() {
+    const LEASED_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+budgets:
+  {p}-partner:
+    limits: [ { limit: 6, per: 1s } ]
+    leases: { partitions: 2 }
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [ { limit: 4, per: 1s } ]
+    budgets: [{p}-partner]
+    feedback: {p}-partner
+    park_horizon: 1s
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    overflow: { url: "TARGET" }
+"#;
+    const BUDGET: usize = 6;
+    let prefix = unique("leased-parking");
+    let ThrottledStack { pubsub, answers, dispatcher, source, .. } =
+        throttled_stack(&prefix, LEASED_RULES, (1, 3), 1).await;
+
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let mut ids = HashSet::new();
+    for i in 0..80 {
+        let data = format!(r#"{{"merchant":"m{}","n":{i}}}"#, i % 4);
+        ids.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await);
+    }
+    let forwarded: HashSet<String> = pubsub
+        .pull_until(&format!("{prefix}-ready"), 1, Duration::from_secs(10))
+        .await
+        .into_iter()
+        .map(|m| m.attributes["drip-message-id"].clone())
+        .collect();
+    let answers = delivered_once(&pubsub, &answers, &prefix, &ids, forwarded).await;
+    let mut windows: BTreeMap<Millis, usize> = BTreeMap::new();
+    for (_, at, _) in answers.iter().filter(|a| a.2 == 204) {
+        *windows.entry(at.div_euclid(1_000)).or_default() += 1;
+    }
+    assert!(windows.values().all(|&n| n <= BUDGET), "at most {BUDGET} a second at the partner: {windows:?}");
+    let refused = answers.iter().find(|a| a.2 == 429).expect("the partner refused one").1;
+    for (id, at, _) in answers.iter().filter(|a| a.2 == 204) {
+        let inside = *at > refused + 300 && *at < refused + 2_900;
+        assert!(!inside, "{id} delivered at {at}, inside the pause from {refused}: {answers:?}");
+    }
+    let dead_letters = pubsub.pull(&format!("{prefix}-dlq"), 100).await;
+    assert!(dead_letters.is_empty(), "nothing dead-lettered: {dead_letters:?}");
+    let metrics = dispatcher.state.metrics.shared.render();
+    assert!(metrics.contains("outcome=\"drained\""), "a wake drained a parked key: {metrics}");
+    assert!(metrics.contains("drip_budget_leases_total"), "the drains asked the home for units: {metrics}");
+}
+
 /// A partner that serves 5 calls a second, says so on every answer (`RateLimit-Policy` and
 /// `RateLimit`) and refuses past it, behind a rule that says 20 and learns from headers: once the
 /// first answer taught Drip the partner's policy, a burst reaches the partner at no more than 5 a

@@ -21,8 +21,8 @@ use drip_tests::scenario::{
     Arrival, Kinds, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
     check_delivery_bounds, check_edit_bounds, check_limits, check_overridden_bounds, check_pause_bounds,
     check_schedule, corrected_events, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
-    scenario_with_classes, scenario_with_corrections, scenario_with_fair_budgets, scenario_with_leases,
-    scenario_with_margin, scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
+    scenario_with_classes, scenario_with_corrections, scenario_with_fair_budgets, scenario_with_leased_parking,
+    scenario_with_leases, scenario_with_margin, scenario_with_overrides, scenario_with_parking, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::arbitrary::any;
@@ -591,6 +591,18 @@ fn reserve_lua_gives_the_model_s_answer_with_leased_budgets() {
     differential(scenario_with_leases(60), 160, check_budget_bounds);
     let sizes = || proptest::collection::vec(1usize..=64, 1..8);
     differential_in_batches((scenario_with_leases(60), sizes()), 64, check_budget_bounds);
+}
+
+/// Leased budgets under a rule that parks a throttled key's backlog (pauses of keys and budgets,
+/// adaptive keys, drains at random moments): a drain's unpark whose partition's pool has no units
+/// asks the home and goes on, as a reservation does; the model and the scripts agree on every
+/// answer, every drain's unparks and wake, each home's leases and each pool's; no budget window
+/// holds more than its count, nothing lands in a pause, FIFO holds.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_leased_budgets_that_park() {
+    differential(scenario_with_leased_parking(60), 160, check_budget_bounds);
+    let seen = PARKING_SEEN.each_ref().map(|n| n.load(Ordering::Relaxed));
+    assert!(seen.iter().all(|&n| n > 0), "dropped, drained, parked: {seen:?}");
 }
 
 /// A delivery margin: the model and the Lua agree, and every fixed window and sliding interval

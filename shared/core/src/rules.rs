@@ -121,9 +121,6 @@ pub struct Rule {
     /// `park_horizon`: while a key is throttled, an event whose slot lies further ahead than this
     /// parks (the model's `Status::Parked`); `None`: `off`. See [`Rule::park`].
     pub park_horizon: Option<Millis>,
-    /// The rules file gave `park_horizon` (not the default): a rule that cannot park is refused
-    /// for it rather than silently not parking.
-    pub park_horizon_said: bool,
     /// Classes under its limits (docs/rules.md: "Classes under one limit").
     pub classes: Option<Classes>,
     /// `learn:`: the key follows what the partner says of its limits on its answers (docs/rules.md:
@@ -196,17 +193,16 @@ impl Classes {
 }
 
 impl Rule {
-    /// The horizon past which a throttled key's events park (`ReserveRequest::park`): the rule's
-    /// `park_horizon` when it enforces, has no classes and draws from no leased budget (those
-    /// book every slot at once); else `None`.
     /// The fair budget it draws from, if any (a rule draws from one at most).
     pub fn fair_budget(&self) -> Option<&Budget> {
         self.budgets.iter().find(|b| b.fair.is_some()).map(|b| &**b)
     }
 
+    /// The horizon past which a throttled key's events park (`ReserveRequest::park`): the rule's
+    /// `park_horizon` when it enforces and has no classes (a classed key books every slot at
+    /// once); else `None`.
     pub fn park(&self) -> Option<Millis> {
-        let leased = self.budgets.iter().any(|b| b.leases.is_some());
-        self.park_horizon.filter(|_| self.mode == Mode::Enforce && self.classes.is_none() && !leased)
+        self.park_horizon.filter(|_| self.mode == Mode::Enforce && self.classes.is_none())
     }
 }
 
@@ -555,19 +551,6 @@ impl RuleSet {
                     format!(
                         "budgets drawn from together must be leased over the same partitions, or none of them ({}): a key lives in one partition of all of them",
                         each.join(", ")
-                    ),
-                );
-            }
-            if let Some(leased) = rule.budgets.iter().find(|b| b.leases.is_some())
-                && rule.park_horizon_said
-                && rule.park_horizon.is_some()
-            {
-                let label = format!("rule '{}'", rule.name);
-                RuleErrors { errors: &mut errors, label: &label }.push(
-                    "park_horizon",
-                    format!(
-                        "draws from leased budget '{}', whose keys book at once and never park (a drain cannot yet ask the budget's home for units): remove park_horizon",
-                        leased.name
                     ),
                 );
             }

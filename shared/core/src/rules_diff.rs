@@ -122,8 +122,7 @@ fn rule_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
         late_events,
         count_refused,
         park_horizon,
-        park_horizon_said: _, // with park_horizon
-        classes: _,           // class_edits
+        classes: _, // class_edits
         learn,
     } = new;
     let mut edits = Vec::new();

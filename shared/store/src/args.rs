@@ -201,7 +201,6 @@ pub struct EncodedEvent {
     /// By budget (in the event's order): where a leased one asks for units.
     pub(crate) leases: Vec<Option<LeaseTarget>>,
     pub(crate) cost: u64,
-    pub(crate) max_delay: Millis,
     /// Whether it may give units back (a new slot for an event that gave its old one back, or a
     /// correction): its leased budgets' pools may then have units to return to their homes.
     pub(crate) gives_back: bool,
@@ -213,7 +212,7 @@ impl EncodedEvent {
         let (keys, args) = ReserveArgs::encode(namespace, keys, request);
         let leases = lease_targets(namespace, request);
         let gives_back = request.reslot == Some(drip_core::schedule::OldSlot::GivenBack);
-        Self { keys, args, leases, cost: request.event.cost, max_delay: request.event.max_delay, gives_back }
+        Self { keys, args, leases, cost: request.event.cost, gives_back }
     }
 
     /// The event's first key (its entity's state): every key of the event shares its hash tag.

@@ -67,19 +67,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)> {
         Box::pin(async move {
-            let reply = self.run_reserve(self.reserve_call(request)).await?;
-            crate::reply::Reply::unpark(&reply)
+            let mut unparked = self.unpark_each(std::slice::from_ref(request)).await?;
+            unparked.pop().ok_or_else(|| StoreError::UnexpectedReply("no reply to an unpark".into()))
         })
     }
 
     fn unpark_all<'a>(&'a self, requests: &'a [SlotRequest<'a>]) -> StoreFuture<'a, Vec<(Unpark, Millis)>> {
-        Box::pin(async move {
-            if requests.is_empty() {
-                return Ok(Vec::new());
-            }
-            let reply = self.run_reserve(self.reserve_batch_call(requests)).await?;
-            reply.chunks(crate::reply::REPLY_LENGTH).map(crate::reply::Reply::unpark).collect()
-        })
+        Box::pin(self.unpark_each(requests))
     }
 
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()> {

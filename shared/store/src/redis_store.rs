@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use drip_core::schedule::{Lease, lease_term};
+use drip_core::schedule::{Lease, Unpark, lease_term};
 use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
@@ -239,6 +239,31 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             }
             return self.call_reserve(ReserveCall(args)).await;
         }
+        self.leasing_call(now, events).await?.iter().map(|r| Reply::decided(r)).collect()
+    }
+
+    /// A drain's unparks of `requests` in one call; one whose partition's pool of a leased budget
+    /// needs units stops it, and it goes on from there once the home has leased them.
+    pub(crate) async fn unpark_each(&self, requests: &[SlotRequest<'_>]) -> Result<Vec<(Unpark, Millis)>, StoreError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reply = if requests.iter().all(|r| r.event.budgets.iter().all(|b| b.leases.is_none())) {
+            self.run_reserve(self.reserve_batch_call(requests)).await?
+        } else {
+            let events = requests.iter().map(|r| EncodedEvent::new(&self.namespace, &self.keys(r), r)).collect();
+            self.leasing_call(requests.first().and_then(SlotRequest::now), events).await?.concat()
+        };
+        reply.chunks(REPLY_LENGTH).map(Reply::unpark).collect()
+    }
+
+    /// The events' replies (a reservation's or a drain's unpark), one call after another: a call
+    /// that stops at an event for a lease goes on from it once its home has leased its pool units.
+    pub(crate) async fn leasing_call(
+        &self,
+        now: Option<Millis>,
+        events: Vec<EncodedEvent>,
+    ) -> Result<Vec<Vec<i64>>, StoreError> {
         let mut decided = Vec::with_capacity(events.len());
         // The pools of events that may give units back: their returns go to the homes after.
         let returning: Vec<LeaseTarget> =
@@ -263,19 +288,15 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             let reply = reply?;
             let mut wanted = None;
             for answer in reply.chunks(REPLY_LENGTH) {
-                match Reply::parse(answer)? {
-                    Reply::LeaseWanted { window, budget, limit, now } => {
-                        wanted = Some((window, budget as i64, limit as i64, now));
-                    }
-                    Reply::Decided(reserved) => {
-                        decided.push(reserved);
-                        waiting.pop_front();
-                        (stopped_at, stops) = (None, 0);
-                    }
-                    _ => return Err(StoreError::UnexpectedReply(format!("{answer:?}"))),
+                if let Reply::LeaseWanted { window, budget, limit, max_delay, now } = Reply::parse(answer)? {
+                    wanted = Some((window, budget as i64, limit as i64, now + max_delay));
+                } else {
+                    decided.push(answer.to_vec());
+                    waiting.pop_front();
+                    (stopped_at, stops) = (None, 0);
                 }
             }
-            let Some((window, budget, limit, at)) = wanted else {
+            let Some((window, budget, limit, horizon)) = wanted else {
                 self.send_returns(each_pool_once(&returning)).await;
                 return Ok(decided);
             };
@@ -313,7 +334,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 // So will the callers of the same pool waiting behind this one for the same
                 // window, and the events behind them in their calls.
                 let want = want.max(asking + others);
-                let span = (per, window, at + event.max_delay);
+                let span = (per, window, horizon);
                 for lease in self.grant(target, span, now, (count, event.cost, want)).await? {
                     credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
                 }

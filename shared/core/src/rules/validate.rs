@@ -281,7 +281,6 @@ pub(super) fn validate_rule(
         late_events: late_events?,
         count_refused: raw.count_refused.unwrap_or(false),
         park_horizon: park_horizon?,
-        park_horizon_said: raw.park_horizon.is_some(),
         classes: classes?,
         learn: learn?,
     };
