@@ -71,7 +71,9 @@ local function pool_accepts(e, budget, l, j, slot, horizon, now)
     known = l.booked
   end
   local empty = window <= known + per
-  if l.booked and window <= l.booked then
+  -- (Not past the horizon: a drained message's horizon may lie before the hint, and its walk ends
+  -- at the first window past it, as the model's does.)
+  if l.booked and window <= l.booked and l.booked + per <= horizon then
     window = l.booked + per
   end
   while true do

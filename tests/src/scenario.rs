@@ -762,6 +762,13 @@ pub fn scenario_with_leased_parking(max_events: usize) -> impl Strategy<Value = 
     (scenario_with_parking(max_events), budget_leases()).prop_map(leased)
 }
 
+/// A fair budget (with weights) leased as in [`scenario_with_leases`]: each key parks in its
+/// partition's ring, and a drain's unparks of a ring's heads in one call stop for a lease where
+/// the partition's pool has none, the heads behind in its demand.
+pub fn scenario_with_fair_leased_budgets(max_events: usize) -> impl Strategy<Value = Scenario> {
+    (scenario_with_fair_budgets(max_events), budget_leases()).prop_map(leased)
+}
+
 /// Partitions and chunk of each of two budgets' leases, and how much arrivals are compressed.
 fn budget_leases() -> impl Strategy<Value = (Vec<(u32, u64)>, i64)> {
     (prop::collection::vec((2u32..=4, 1u64..=PPM), 2), 1i64..=4)

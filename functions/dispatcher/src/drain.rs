@@ -10,8 +10,7 @@ use drip_core::attributes::Refused;
 use drip_core::outcome::{DlqReason, Outcome};
 use std::collections::VecDeque;
 
-use drip_core::budgets::Budget;
-use drip_core::fair::{Member, Round};
+use drip_core::fair::{FairRing, Member, Round};
 use drip_core::overflow::{FairWakeTask, TaskBody, WakeTask};
 use drip_core::rules::{DEFAULT_PARK_HORIZON, Rule, RuleSet};
 use drip_core::schedule::{Attempt, Status, Unpark};
@@ -142,9 +141,21 @@ pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &
             }
         };
     };
-    match drain_ring(state, &rules, budget, delivery).await {
+    let Some(ring) = wake.ring_of(budget) else {
+        return match hand_ring_to_keys(state, &rules, wake).await {
+            Ok((handed, stranded)) => {
+                tracing::warn!(budget = %budget.name, handed, stranded, "a fair budget's wake for a ring its partitions no longer have: its waiting keys drain on their own where their state stays");
+                Answer::new(StatusCode::OK, None, Outcome::Drained)
+            }
+            Err(error) => {
+                tracing::warn!(budget = %budget.name, error = format!("{error:#}"), "could not hand an old ring's waiting keys to their drains; Cloud Tasks will retry its wake");
+                Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
+            }
+        };
+    };
+    match drain_ring(state, &rules, ring, delivery).await {
         Ok(taken) => {
-            tracing::info!(budget = %budget.name, taken, "drained a fair budget's waiting keys");
+            tracing::info!(ring = %ring.name(), taken, "drained a fair budget's waiting keys");
             Answer::new(StatusCode::OK, None, Outcome::Drained)
         }
         Err(error) => {
@@ -158,20 +169,27 @@ pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &
 /// still keeps its state in the budget's hash tag (it draws from another budget of the group)
 /// gets a wake of its own drain now (which drains its queue at its rule's horizon, as any parked
 /// key's) and leaves the ring, so that nothing parked stays behind a budget that is gone. A key
-/// whose rule's state moved to another hash tag cannot be drained from there: it stays in the
-/// ring, for the budget's return. Returns how many keys it handed over and how many stay.
+/// whose rule's state moved to another hash tag (or other partitions) cannot be drained from
+/// there: it stays in the ring, for the budget's return. The same for a ring of partitions the
+/// budget no longer has. Returns how many keys it handed over and how many stay.
 async fn hand_ring_to_keys(state: &AppState, rules: &RuleSet, wake: &FairWakeTask) -> anyhow::Result<(usize, usize)> {
     let Some(batcher) = &state.tasks else {
         anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
     };
-    // Enough of the budget to name its ring: its name and hash tag.
-    let gone = Budget::fair_named(&wake.fair_wake.budget, wake.tag());
-    let ring = state.store.fair_ring(&gone).await?;
+    // Enough of the budget to name its ring: its name, hash tag and partitions.
+    let gone = wake.budget_named();
+    let gone = FairRing { budget: &gone, partition: wake.fair_wake.partition };
+    let ring = state.store.fair_ring(gone).await?;
     let now = wall_clock_millis();
     let (mut handed, mut stranded) = (0, 0);
     for member in &ring.members {
         match rules.rule_by_id(&member.rule) {
-            Some(rule) if rule.budget_tag() != Some(wake.tag()) => {
+            // Its state moved: another hash tag, or its budgets' partitions changed.
+            Some(rule)
+                if rule.budget_tag() != Some(wake.tag())
+                    || rule.budgets.iter().find_map(|b| b.leases).map(|l| l.partitions)
+                        != wake.fair_wake.partitions =>
+            {
                 stranded += 1;
                 continue;
             }
@@ -183,7 +201,7 @@ async fn hand_ring_to_keys(state: &AppState, rules: &RuleSet, wake: &FairWakeTas
             None => {}
         }
         // Leaves whatever is parked: its own drain has it now.
-        state.store.fair_leave(&gone, None, member).await?;
+        state.store.fair_leave(gone, None, member).await?;
     }
     Ok((handed, stranded))
 }
@@ -203,20 +221,21 @@ struct Waiting<'r> {
 async fn drain_ring(
     state: &AppState,
     rules: &RuleSet,
-    budget: &Budget,
+    fair: FairRing<'_>,
     delivery: &Delivery<'_>,
 ) -> anyhow::Result<usize> {
+    let budget = fair.budget;
     let Some(batcher) = &state.tasks else {
         anyhow::bail!("DRIP_TASKS_QUEUES and DRIP_DISPATCHER_URL are not set: this dispatcher cannot drain");
     };
-    let ring = state.store.fair_ring(budget).await?;
+    let ring = state.store.fair_ring(fair).await?;
     let mut waiting = Vec::new();
     for member in ring.members {
         match rules.rule_by_id(&member.rule) {
             Some(rule) => waiting.push(Waiting { rule, member, ahead: VecDeque::new() }),
             None => {
                 tracing::warn!(rule = %member.rule, key = %member.key, budget = %budget.name, "a waiting key of a rule that no longer exists leaves the fair ring");
-                state.store.fair_leave(budget, None, &member).await?;
+                state.store.fair_leave(fair, None, &member).await?;
             }
         }
     }
@@ -323,7 +342,7 @@ async fn drain_ring(
             // once, serves it).
             if exhausted[m]
                 && decided[m] == planned[m]
-                && !state.store.fair_leave(budget, Some(w.rule), &w.member).await?
+                && !state.store.fair_leave(fair, Some(w.rule), &w.member).await?
             {
                 sooner(now, &mut next);
             }
@@ -342,10 +361,10 @@ async fn drain_ring(
         .collect();
     let waits: Vec<Millis> = booked.iter().filter_map(|(t, slot)| t.published.map(|p| slot - p)).collect();
     let units = booked.iter().map(|(t, _)| t.task.rate_limit_meta.cost.unwrap_or(1)).sum();
-    state.metrics.shared.fair_drained(&budget.name, waiting.len(), units, &waits);
-    if let Some(at) = state.store.fair_turned(budget, round.cursor(), next).await? {
-        parking::fair_wake_at((batcher.tasks(), &state.metrics), budget, at).await?;
-        tracing::debug!(budget = %budget.name, wake = %format_rfc3339(at), "fair drain: next wake armed");
+    state.metrics.shared.fair_drained(&fair.name(), waiting.len(), units, &waits);
+    if let Some(at) = state.store.fair_turned(fair, round.cursor(), next).await? {
+        parking::fair_wake_at((batcher.tasks(), &state.metrics), fair, at).await?;
+        tracing::debug!(ring = %fair.name(), wake = %format_rfc3339(at), "fair drain: next wake armed");
     }
     let handed = taken.iter().map(|(rule, taken)| hand_over(state, rule, taken, delivery));
     futures_util::future::try_join_all(handed).await?;

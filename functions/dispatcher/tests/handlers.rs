@@ -10,6 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use drip_core::event::MessageRef;
+use drip_core::fair::FairRing;
 use drip_core::overflow::{
     FairWakeTask, RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner, WakeOf,
     WakeTask,
@@ -651,11 +652,15 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
             assert_eq!(status, expected, "the current window has room for the first 8, the rest lie past the horizon");
         }
     }
-    assert_eq!(d.store.fair_ring(&budget).await.unwrap().members.len(), 2, "both parked keys joined the ring");
+    assert_eq!(
+        d.store.fair_ring(FairRing { budget: &budget, partition: None }).await.unwrap().members.len(),
+        2,
+        "both parked keys joined the ring"
+    );
 
     // The next window comes within the near horizon.
     tokio::time::sleep(Duration::from_millis((window - 450 - wall_clock_millis()).max(0) as u64)).await;
-    let wake = FairWakeTask::of(&budget);
+    let wake = FairWakeTask::of(FairRing { budget: &budget, partition: None });
     let body = wake.body();
     let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
@@ -718,7 +723,7 @@ async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains
         }
     }
     assert_eq!(parked.values().map(Vec::len).sum::<usize>(), 6, "two booked in the current window: {parked:?}");
-    assert_eq!(d.store.fair_ring(&budget).await.unwrap().members.len(), 2);
+    assert_eq!(d.store.fair_ring(FairRing { budget: &budget, partition: None }).await.unwrap().members.len(), 2);
 
     assert_eq!(budget.tag, "api");
 
@@ -726,9 +731,13 @@ async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains
     // keys stay in the ring.
     let alone = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 100, per: 1s");
     let moved = dispatcher_on(&alone, d.store.clone());
-    let body = FairWakeTask::of(&budget).body();
+    let body = FairWakeTask::of(FairRing { budget: &budget, partition: None }).body();
     assert_eq!(moved.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
-    assert_eq!(moved.store.fair_ring(&budget).await.unwrap().members.len(), 2, "they stay for the budget's return");
+    assert_eq!(
+        moved.store.fair_ring(FairRing { budget: &budget, partition: None }).await.unwrap().members.len(),
+        2,
+        "they stay for the budget's return"
+    );
     assert!(moved.tasks.created.lock().unwrap().iter().all(|task| WakeTask::parse(&task.body).is_none()));
 
     // The budget is gone from the rules, the rule still draws from `api`; its wake runs.
@@ -738,7 +747,10 @@ async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains
         .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
     let after = dispatcher_on(&without, d.store.clone());
     assert_eq!(after.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
-    assert!(after.store.fair_ring(&budget).await.unwrap().members.is_empty(), "the ring is empty");
+    assert!(
+        after.store.fair_ring(FairRing { budget: &budget, partition: None }).await.unwrap().members.is_empty(),
+        "the ring is empty"
+    );
     let wakes: Vec<WakeTask> =
         after.tasks.created.lock().unwrap().iter().filter_map(|task| WakeTask::parse(&task.body)).collect();
     let mut woken: Vec<&str> = wakes.iter().map(|w| w.wake.key.as_str()).collect();

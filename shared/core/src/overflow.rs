@@ -256,17 +256,46 @@ pub struct FairWakeOf {
     pub budget: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// On a leased budget, the partition whose ring it drains, of how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
 }
 
 impl FairWakeTask {
-    pub fn of(budget: &crate::budgets::Budget) -> Self {
+    pub fn of(ring: crate::fair::FairRing<'_>) -> Self {
+        let budget = ring.budget;
         let tag = (budget.tag != budget.name).then(|| budget.tag.clone());
-        Self { fair_wake: FairWakeOf { budget: budget.name.clone(), tag } }
+        let partitions = ring.partition.and(budget.leases.map(|l| l.partitions));
+        Self { fair_wake: FairWakeOf { budget: budget.name.clone(), tag, partition: ring.partition, partitions } }
     }
 
     /// The budget's hash tag: its name unless the wake says otherwise.
     pub fn tag(&self) -> &str {
         self.fair_wake.tag.as_deref().unwrap_or(&self.fair_wake.budget)
+    }
+
+    /// The ring it wakes, of `budget` as the rules have it now; `None` when the budget's
+    /// partitions changed since it was armed (the ring it named is not one of the budget's now).
+    pub fn ring_of<'a>(&self, budget: &'a crate::budgets::Budget) -> Option<crate::fair::FairRing<'a>> {
+        let now = budget.leases.map(|l| l.partitions);
+        let fits = match self.fair_wake.partition {
+            Some(partition) => now == self.fair_wake.partitions && now.is_some_and(|n| partition < n),
+            None => now.is_none(),
+        };
+        fits.then_some(crate::fair::FairRing { budget, partition: self.fair_wake.partition })
+    }
+
+    /// Enough of the budget it was armed for to name its ring in the store, whatever the rules
+    /// say now: its name, hash tag and partitions.
+    pub fn budget_named(&self) -> crate::budgets::Budget {
+        let mut budget = crate::budgets::Budget::fair_named(&self.fair_wake.budget, self.tag());
+        budget.leases = self.fair_wake.partitions.map(|partitions| crate::budgets::Leases {
+            partitions,
+            chunk: crate::budgets::Leases::default_chunk(partitions),
+        });
+        budget
     }
 
     /// `body` as a fair budget's wake, or `None`.
@@ -281,7 +310,10 @@ impl FairWakeTask {
     /// Its name for a wake at `at` (budget names are task-name characters): a wake armed twice
     /// for one time is ALREADY_EXISTS.
     pub fn name(&self, at: crate::time::Millis) -> String {
-        format!("fairwake-{}-at-{at}", self.fair_wake.budget)
+        match self.fair_wake.partition {
+            Some(partition) => format!("fairwake-{}-p{partition}-at-{at}", self.fair_wake.budget),
+            None => format!("fairwake-{}-at-{at}", self.fair_wake.budget),
+        }
     }
 }
 
@@ -474,12 +506,33 @@ mod tests {
     #[test]
     fn a_fair_wake_names_its_budget_s_hash_tag_only_where_it_is_not_the_name() {
         let budget = crate::budgets::Budget::fair_named("rail", "rail");
-        let own = FairWakeTask::of(&budget);
+        let own = FairWakeTask::of(crate::fair::FairRing { budget: &budget, partition: None });
         assert_eq!(own.body(), br#"{"fair_wake":{"budget":"rail"}}"#, "as before");
         assert_eq!(FairWakeTask::parse(&own.body()).unwrap().tag(), "rail");
-        let shared = FairWakeTask::of(&crate::budgets::Budget::fair_named("rail", "api"));
+        let api = crate::budgets::Budget::fair_named("rail", "api");
+        let shared = FairWakeTask::of(crate::fair::FairRing { budget: &api, partition: None });
         let parsed = FairWakeTask::parse(&shared.body()).unwrap();
         assert_eq!((parsed.fair_wake.budget.as_str(), parsed.tag()), ("rail", "api"));
+    }
+
+    #[test]
+    fn a_leased_fair_budget_s_wake_names_its_partition_and_finds_its_ring_only_while_it_fits() {
+        let leased = |partitions| {
+            let mut budget = crate::budgets::Budget::fair_named("rail", "rail");
+            budget.leases = Some(crate::budgets::Leases { partitions, chunk: 1 });
+            budget
+        };
+        let three = leased(3);
+        let wake = FairWakeTask::of(crate::fair::FairRing { budget: &three, partition: Some(2) });
+        assert_eq!(wake.body(), br#"{"fair_wake":{"budget":"rail","partition":2,"partitions":3}}"#);
+        let parsed = FairWakeTask::parse(&wake.body()).unwrap();
+        assert_eq!(parsed.name(7), "fairwake-rail-p2-at-7", "one wake per partition's ring");
+        assert_eq!(parsed.ring_of(&three).map(|r| r.name()), Some("rail@2".to_owned()));
+        assert!(parsed.ring_of(&leased(4)).is_none(), "the partitions changed since");
+        assert!(parsed.ring_of(&crate::budgets::Budget::fair_named("rail", "rail")).is_none(), "no longer leased");
+        assert_eq!(parsed.budget_named().leases.map(|l| l.partitions), Some(3), "a gone budget's ring is found");
+        let unleased = FairWakeTask::of(crate::fair::FairRing { budget: &three, partition: None });
+        assert!(unleased.ring_of(&three).is_none(), "a leased budget's rings are its partitions'");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! drains the queue at the rate in force when it runs.
 
 use drip_core::budgets::Budget;
+use drip_core::fair::FairRing;
 use drip_core::overflow::{FairWakeTask, WakeTask};
 use drip_core::rules::Rule;
 use drip_core::time::{Millis, format_rfc3339};
@@ -59,7 +60,8 @@ async fn wake_ring(
     reserved: &Reserved,
 ) -> anyhow::Result<()> {
     let wanted = reserved.reservation.slot - budget.near().unwrap_or_default();
-    let wake = match store.arm_fair_wake(budget, wanted).await? {
+    let ring = FairRing::of_key(budget, request.key);
+    let wake = match store.arm_fair_wake(ring, wanted).await? {
         Some(wake) => Some(wake),
         None if reserved.reservation.replayed() => {
             Some(wanted.clamp(reserved.now, reserved.now + drip_core::schedule::MAX_WAKE_GAP))
@@ -67,21 +69,22 @@ async fn wake_ring(
         None => None,
     };
     if let Some(at) = wake {
-        fair_wake_at((tasks, metrics), budget, at).await?;
+        fair_wake_at((tasks, metrics), ring, at).await?;
     }
     tracing::info!(message = request.event.message_id, rule = %rule.name, key = request.key, budget = %budget.name, wake = wake.map(format_rfc3339), "parked: waiting for its turn in a fair budget");
     Ok(())
 }
 
-/// Creates the task that wakes the drain of fair budget `budget`'s waiting keys at `at`.
+/// Creates the task that wakes the drain of a fair budget's ring of waiting keys at `at`.
 pub async fn fair_wake_at(
     (tasks, metrics): (&Tasks, &ServiceMetrics),
-    budget: &Budget,
+    ring: FairRing<'_>,
     at: Millis,
 ) -> anyhow::Result<Created> {
-    let wake = FairWakeTask::of(budget);
+    let wake = FairWakeTask::of(ring);
     let name = wake.name(at);
-    let create = tasks.create((&budget.name, ""), &name, at, wake.body());
+    let partition = ring.partition.map(|p| p.to_string()).unwrap_or_default();
+    let create = tasks.create((&ring.budget.name, &partition), &name, at, wake.body());
     Ok(metrics.time("cloud_tasks", create).await?)
 }
 

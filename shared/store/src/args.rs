@@ -6,7 +6,7 @@
 //! which field moved.
 
 use drip_core::budgets::{Adaptive, adaptive_window};
-use drip_core::fair::Member;
+use drip_core::fair::{FairRing, Member};
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{OldSlot, override_id};
 use drip_core::time::Millis;
@@ -410,7 +410,7 @@ impl ReserveArgs {
         // A fair budget's ring of waiting keys: a key that parks joins it in the same call.
         let ring_at = own_keys.len() as i64;
         if let Some(fair) = event.budgets.iter().find(|b| b.fair.is_some()) {
-            let [ring, _] = crate::keys::fair_keys(namespace, fair);
+            let [ring, _] = crate::keys::fair_keys(namespace, FairRing::of_key(fair, scope_of(request)));
             own_keys.push(ring);
         }
         let member = crate::keys::ring_member(&Member { rule: request.rule.to_owned(), key: request.key.to_owned() });

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use drip_core::budgets::{Adaptive, Budget, LatencyState, PPM, adapted_count, adaptive_window};
-use drip_core::fair::Member;
+use drip_core::fair::{FairRing, Member};
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
@@ -317,7 +317,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         let slots = self.reserved_slots(rule, key, (slots_since(rule, now), now)).await?;
         let mut report = report(rule, key, now, &state, &budgets, &pools, &slots);
         if let Some(budget) = rule.fair_budget() {
-            let waiting = self.fair_waiting(budget).await?;
+            let waiting = self.fair_waiting(FairRing::of_key(budget, key)).await?;
             let shown = report.budgets.iter_mut().find(|b| b.name == budget.name);
             if let Some(shown) = shown {
                 shown.fair = fair_report(budget, &waiting, (&rule.id, key));
@@ -326,15 +326,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         Ok(report)
     }
 
-    /// A fair budget's waiting keys, each with how many of its messages are parked.
-    async fn fair_waiting(&self, budget: &Budget) -> Result<Vec<(Member, u64)>, StoreError> {
-        let [ring, _] = crate::keys::fair_keys(self.namespace(), budget);
+    /// A fair budget's ring's waiting keys, each with how many of its messages are parked.
+    async fn fair_waiting(&self, fair: FairRing<'_>) -> Result<Vec<(Member, u64)>, StoreError> {
+        let budget = fair.budget;
+        let [ring, _] = crate::keys::fair_keys(self.namespace(), fair);
         let members: Vec<String> =
             redis::cmd("ZRANGE").arg(&ring).arg(0).arg(-1).query_async(&mut self.connection()).await?;
         let members: Vec<Member> = members.iter().filter_map(|m| crate::keys::member_of(m)).collect();
         let mut pipe = redis::pipe();
         for member in &members {
-            let rule = RuleRef { id: &member.rule, tag: Some(&budget.tag), leases: None, classed: false };
+            let rule = RuleRef { id: &member.rule, tag: Some(&budget.tag), leases: budget.leases, classed: false };
             pipe.hget(EntityKeys::of_entity(self.namespace(), rule, &member.key, &[]).state, field::PARKED);
         }
         let parked: Vec<Option<u64>> = pipe.query_async(&mut self.connection()).await?;

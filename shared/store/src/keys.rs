@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use drip_core::budgets::{Budget, Leases};
-use drip_core::fair::Member;
+use drip_core::fair::{FairRing, Member};
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::state_id;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};
@@ -224,9 +224,15 @@ pub fn budget_key(namespace: &str, budget: &Budget) -> String {
 }
 
 /// A fair budget's ring of waiting keys (`lua/fair.lua`), and the hash of its drain (where the
-/// next starts, its wake): on the budget's slot, with every entity that draws from it.
-pub fn fair_keys(namespace: &str, budget: &Budget) -> [String; 2] {
-    let ring = format!("{namespace}:{{b:{}}}:fair:{}", budget.tag, budget.name);
+/// next starts, its wake): on the budget's slot, with every entity that draws from it; on a leased
+/// budget, a partition's ring on the partition's slot, with its entities.
+pub fn fair_keys(namespace: &str, ring: FairRing<'_>) -> [String; 2] {
+    let budget = ring.budget;
+    let tag = match (ring.partition, budget.leases) {
+        (Some(partition), Some(leases)) => partition_tag(&budget.tag, leases.partitions, partition),
+        _ => format!("b:{}", budget.tag),
+    };
+    let ring = format!("{namespace}:{{{tag}}}:fair:{}", budget.name);
     let drain = format!("{ring}:m");
     [ring, drain]
 }

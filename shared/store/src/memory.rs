@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
-use drip_core::fair::{Member, Ring};
+use drip_core::fair::{FairRing, Member, Ring};
 use drip_core::rules::{Classes, Limit, Rule};
 use drip_core::schedule::{
     AnswerFile, BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id,
@@ -139,21 +139,10 @@ impl MemoryStore {
     /// Reserves each request in order as one call of the Redis store would: each event's lease,
     /// if it asks for one, also asks for the events behind it in the call from the same pool.
     pub fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
-        // From the last event back, the cost behind each event by pool.
-        let mut behind: HashMap<String, u64> = HashMap::new();
-        let mut queued: Vec<Vec<(String, u64)>> = Vec::with_capacity(requests.len());
-        for request in requests.iter().rev() {
-            let pools: Vec<String> = request.event.leased_pools(request.key).collect();
-            queued.push(pools.iter().map(|pool| (pool.clone(), behind.get(pool).copied().unwrap_or(0))).collect());
-            for pool in pools {
-                *behind.entry(pool).or_default() += request.event.cost;
-            }
-        }
-        let queued = queued.iter().rev();
-        let with_queued = requests.iter().zip(queued);
+        let with_queued = requests.iter().zip(queued_behind(requests));
         with_queued
             .map(|(request, queued)| {
-                let event = ReserveRequest { queued, ..request.event };
+                let event = ReserveRequest { queued: &queued, ..request.event };
                 self.reserve_now(&SlotRequest { event, ..*request })
             })
             .collect()
@@ -191,40 +180,43 @@ impl Store for MemoryStore {
         ready((unpark, now))
     }
 
-    fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring> {
-        ready(self.with(|s| s.fair_ring(&budget.name)))
+    fn fair_ring<'a>(&'a self, ring: FairRing<'a>) -> StoreFuture<'a, Ring> {
+        ready(self.with(|s| s.fair_ring(&ring.name())))
     }
 
     fn fair_leave<'a>(
         &'a self,
-        budget: &'a Budget,
+        ring: FairRing<'a>,
         rule: Option<&'a Rule>,
         member: &'a Member,
     ) -> StoreFuture<'a, bool> {
-        ready(self.with(|s| s.fair_leave(&budget.name, member, rule.is_none())))
+        ready(self.with(|s| s.fair_leave(&ring.name(), member, rule.is_none())))
     }
 
     fn fair_turned<'a>(
         &'a self,
-        budget: &'a Budget,
+        ring: FairRing<'a>,
         cursor: u64,
         wake: Option<Millis>,
     ) -> StoreFuture<'a, Option<Millis>> {
         let now = self.now();
-        ready(self.with(|s| s.fair_turned(&budget.name, now, cursor, wake)))
+        ready(self.with(|s| s.fair_turned(&ring.name(), now, cursor, wake)))
     }
 
-    fn arm_fair_wake<'a>(&'a self, budget: &'a Budget, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
+    fn arm_fair_wake<'a>(&'a self, ring: FairRing<'a>, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
         let now = self.now();
-        ready(self.with(|s| s.arm_fair_wake(&budget.name, now, wanted)))
+        ready(self.with(|s| s.arm_fair_wake(&ring.name(), now, wanted)))
     }
 
+    /// Each unpark in order, as one call of the Redis store would make them: a drain's head that
+    /// asks for a lease also asks for the heads behind it in the call from the same pool.
     fn unpark_all<'a>(&'a self, requests: &'a [SlotRequest<'a>]) -> StoreFuture<'a, Vec<(Unpark, Millis)>> {
         Box::pin(async move {
             let now = requests.first().and_then(SlotRequest::now).unwrap_or_else(wall_clock_millis);
             let mut unparked = Vec::with_capacity(requests.len());
-            for request in requests {
-                unparked.push(self.unpark(&(*request).at(now)).await?);
+            for (request, queued) in requests.iter().zip(queued_behind(requests)) {
+                let event = ReserveRequest { queued: &queued, ..request.event };
+                unparked.push(self.unpark(&SlotRequest { event, ..(*request).at(now) }).await?);
             }
             Ok(unparked)
         })
@@ -313,7 +305,7 @@ impl Store for MemoryStore {
         let mut report = report(rule, key, now, &state, &budgets, &pools, &slots);
         if let Some(budget) = rule.fair_budget() {
             let waiting: Vec<(Member, u64)> = self.with(|s| {
-                let ring = s.fair_ring(&budget.name).members;
+                let ring = s.fair_ring(&FairRing::of_key(budget, key).name()).members;
                 ring.into_iter().map(|m| (m.clone(), s.entity_state(&m.rule, &m.key).map_or(0, |e| e.parked))).collect()
             });
             if let Some(shown) = report.budgets.iter_mut().find(|b| b.name == budget.name) {
@@ -525,4 +517,20 @@ impl Store for MemoryStore {
     fn shared_secret<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<u8>> {
         ready(self.secret.to_vec())
     }
+}
+
+/// For each request, the cost of the requests after it in one call by leased pool it draws from
+/// (what its lease, if it asks for one, asks for beside its own cost).
+fn queued_behind(requests: &[SlotRequest<'_>]) -> Vec<Vec<(String, u64)>> {
+    let mut behind: HashMap<String, u64> = HashMap::new();
+    let mut queued: Vec<Vec<(String, u64)>> = Vec::with_capacity(requests.len());
+    for request in requests.iter().rev() {
+        let pools: Vec<String> = request.event.leased_pools(request.key).collect();
+        queued.push(pools.iter().map(|pool| (pool.clone(), behind.get(pool).copied().unwrap_or(0))).collect());
+        for pool in pools {
+            *behind.entry(pool).or_default() += request.event.cost;
+        }
+    }
+    queued.reverse();
+    queued
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
-use drip_core::fair::{Member, Ring};
+use drip_core::fair::{FairRing, Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride, Unpark};
 use drip_core::time::Millis;
@@ -125,9 +125,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         })
     }
 
-    fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring> {
+    fn fair_ring<'a>(&'a self, fair: FairRing<'a>) -> StoreFuture<'a, Ring> {
         Box::pin(async move {
-            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let [ring, drain] = fair_keys(self.namespace(), fair);
             let mut pipe = redis::pipe();
             pipe.zrange(&ring, 0, -1).hget(&drain, "c");
             let (members, cursor): (Vec<String>, Option<u64>) = pipe.query_async(&mut self.connection()).await?;
@@ -138,12 +138,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn fair_leave<'a>(
         &'a self,
-        budget: &'a Budget,
+        fair: FairRing<'a>,
         rule: Option<&'a Rule>,
         member: &'a Member,
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let [ring, drain] = fair_keys(self.namespace(), fair);
             let mut invocation = FAIR.call();
             invocation.key(&ring).key(&drain);
             if let Some(rule) = rule {
@@ -158,12 +158,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn fair_turned<'a>(
         &'a self,
-        budget: &'a Budget,
+        fair: FairRing<'a>,
         cursor: u64,
         wake: Option<Millis>,
     ) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(async move {
-            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let [ring, drain] = fair_keys(self.namespace(), fair);
             let mut invocation = FAIR.call();
             let now = self.clock().now().map(|t| t.to_string()).unwrap_or_default();
             let wake = wake.map(|w| w.to_string()).unwrap_or_default();
@@ -172,9 +172,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         })
     }
 
-    fn arm_fair_wake<'a>(&'a self, budget: &'a Budget, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
+    fn arm_fair_wake<'a>(&'a self, fair: FairRing<'a>, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(async move {
-            let [ring, drain] = fair_keys(self.namespace(), budget);
+            let [ring, drain] = fair_keys(self.namespace(), fair);
             let mut invocation = FAIR.call();
             let now = self.clock().now().map(|t| t.to_string()).unwrap_or_default();
             invocation.key(&ring).key(&drain).arg("arm").arg(now).arg(wanted);

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
-use drip_core::fair::{Member, Ring};
+use drip_core::fair::{FairRing, Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride, Unpark};
 use drip_core::time::Millis;
@@ -44,14 +44,15 @@ pub trait Store: Ping + std::fmt::Debug {
     /// Arms the wake of the key's drain at `wanted` unless one is armed (`Scheduler::arm_wake`):
     /// the wake to make a task for, if any.
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
-    /// The fair budget's ring: its waiting keys, oldest first, and where its next drain starts.
-    fn fair_ring<'a>(&'a self, budget: &'a Budget) -> StoreFuture<'a, Ring>;
+    /// A fair budget's ring (the budget's, or a partition's): its waiting keys, oldest first, and
+    /// where its next drain starts.
+    fn fair_ring<'a>(&'a self, ring: FairRing<'a>) -> StoreFuture<'a, Ring>;
     /// The member (a key of `rule`) leaves the ring unless messages of it parked since; with
     /// `None` (its rule is gone, or its own drain has its queue now) it leaves whatever is parked:
     /// whether it left.
     fn fair_leave<'a>(
         &'a self,
-        budget: &'a Budget,
+        ring: FairRing<'a>,
         rule: Option<&'a Rule>,
         member: &'a Member,
     ) -> StoreFuture<'a, bool>;
@@ -59,13 +60,13 @@ pub trait Store: Ping + std::fmt::Debug {
     /// the wake to make a task for.
     fn fair_turned<'a>(
         &'a self,
-        budget: &'a Budget,
+        ring: FairRing<'a>,
         cursor: u64,
         wake: Option<Millis>,
     ) -> StoreFuture<'a, Option<Millis>>;
     /// Arms the ring's drain at `wanted` unless one is armed (`Scheduler::arm_fair_wake`): the
     /// wake to make a task for, if any.
-    fn arm_fair_wake<'a>(&'a self, budget: &'a Budget, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
+    fn arm_fair_wake<'a>(&'a self, ring: FairRing<'a>, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
     /// Keeps the body of the request's parked message (its task body, as it would be made) for
     /// `ttl`: the key's drain makes its task from it.
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()>;

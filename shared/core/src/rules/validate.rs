@@ -422,13 +422,6 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
         }
         let fair = validate_fair(fields.fair, fields.weights, &mut errors);
         ok &= fair.is_some();
-        if leases.is_some() && matches!(fair, Some(Some(_))) {
-            errors.push(
-                "fair",
-                "a leased budget cannot be fair yet: its partitions book their leases first come, first served; use one shard (no leases) for a fair budget".into(),
-            );
-            ok = false;
-        }
         if ok {
             let floors = floors.unwrap_or_default();
             let (leases, fair) = (leases.flatten(), fair.flatten());

@@ -1,5 +1,5 @@
-//! A fair budget's ring of waiting keys (crate::fair): who joins it, who leaves it, where its
-//! next drain starts and when it wakes. The drain itself is the ordinary unpark of each key's
+//! A fair budget's ring of waiting keys (crate::fair; named by [`crate::fair::FairRing::name`]):
+//! who joins it, who leaves it, where its next drain starts and when it wakes. The drain itself is the ordinary unpark of each key's
 //! head, in the order [`crate::fair::Round`] gives.
 
 use super::*;
@@ -15,11 +15,11 @@ pub(super) struct RingState {
     wake: Option<Millis>,
 }
 
-/// A key of a rule drawing from fair budget `budget` parked a message: it joins the budget's ring
-/// of waiting keys, at its end, unless it is in it ([`Scheduler::decide`] parks and joins in one
-/// step).
-pub(super) fn join(rings: &mut HashMap<String, RingState>, budget: &str, member: &Member, now: Millis) {
-    let state = rings.entry(budget.to_owned()).or_default();
+/// A key of a rule drawing from a fair budget parked a message: it joins its ring of waiting keys
+/// (`ring`: [`crate::fair::FairRing::name`]), at its end, unless it is in it
+/// ([`Scheduler::decide`] parks and joins in one step).
+pub(super) fn join(rings: &mut HashMap<String, RingState>, ring: &str, member: &Member, now: Millis) {
+    let state = rings.entry(ring.to_owned()).or_default();
     if !state.ring.members.contains(member) {
         state.ring.members.push(member.clone());
         state.joined.insert(member.clone(), now);
