@@ -15,9 +15,15 @@
 -- 'lo:<per>' its oldest window, 'd:<per>:p<partition>' what the partition last asked for and when
 -- ('<units>:<time>').
 --
+-- A fair budget's home (`fair` 1; BudgetState::grant_fair) shares each window max-min fair among
+-- the partitions that asked within FAIR_DEMAND_LIFE windows, by what each last asked for: each is
+-- owed its part less what it holds there, and the first window in which what is not owed to the
+-- others leaves room for `cost` leases the partition up to `want` of it; nothing ahead.
+--
 -- KEYS[1]  the home's hash
 -- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
--- count, cost, want, keep (how long the hash outlives a window it leased, past the window), term.
+-- count, cost, want, keep (how long the hash outlives a window it leased, past the window), term,
+-- fair (1 or 0).
 --
 -- Returns the window (0 and found = 0 for none), the partition's total lease of it (a total, so
 -- that crediting it twice or out of order changes nothing), the last window before it with no
@@ -28,6 +34,7 @@ local key = KEYS[1]
 local now = clock(int())
 local partition, partitions, per, from, horizon = int(), int(), int(), int(), int()
 local count, cost, want, keep, term = int(), int(), int(), int(), int()
+local fair = int() == 1
 
 -- Windows before now's lease nothing more: dropped (a few at a time, or by a scan after a gap).
 local current = now - now % per
@@ -46,17 +53,6 @@ end
 
 -- The live partitions' demands, this one's as it asks now.
 redis.call('HSET', key, 'd:' .. per .. ':p' .. partition, want .. ':' .. now)
--- A partition that has not asked within the term counts as asking as much as this one.
-local demands = 0
-for q = 0, partitions - 1 do
-  local units, at = string.match(redis.call('HGET', key, 'd:' .. per .. ':p' .. q) or '', '^(%d+):(%-?%d+)$')
-  if units and tonumber(at) + LEASE_TERM > now then
-    demands = demands + tonumber(units)
-  else
-    demands = demands + want
-  end
-end
-demands = math.max(demands, 1)
 
 -- What is left of a window's count, and what the partition holds of it.
 local function room_and_held(window)
@@ -71,10 +67,77 @@ local function lease_units(window, units)
   return redis.call('HINCRBY', key, name .. ':p' .. partition, units)
 end
 
+local function keep_until(last)
+  local ttl = last + keep - now
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
 -- The home's clock decides what has passed: a window before now's was dropped above with what it
 -- leased, so a partition whose own call saw an earlier now (its reply travelled, time moved on)
 -- is never leased it afresh. (The model has one clock: there `from` is never before now's window.)
 local start = math.max(from, current)
+
+if fair then
+  -- The live demands in order (units, then partition), and each one's max-min part of the count.
+  local live = {}
+  for q = 0, partitions - 1 do
+    local units, at = string.match(redis.call('HGET', key, 'd:' .. per .. ':p' .. q) or '', '^(%d+):(%-?%d+)$')
+    if units and tonumber(at) + FAIR_DEMAND_LIFE * per > now then
+      live[#live + 1] = {q = q, units = tonumber(units)}
+    end
+  end
+  table.sort(live, function(a, b)
+    return a.units < b.units or (a.units == b.units and a.q < b.q)
+  end)
+  local left = count
+  for i = 1, #live do
+    local n = #live - i + 1
+    live[i].part = math.min(live[i].units, math.floor((left + n - 1) / n))
+    left = math.max(left - live[i].part, 0)
+  end
+  local window = start
+  while window <= horizon do
+    local name = per .. ':' .. window
+    -- What it leased in all, what the partition holds (it is live: it just asked) and what the
+    -- others are still owed of their parts.
+    local total, held, owed = tonumber(redis.call('HGET', key, name)) or 0, 0, 0
+    for i = 1, #live do
+      local has = tonumber(redis.call('HGET', key, name .. ':p' .. live[i].q)) or 0
+      if live[i].q == partition then
+        held = has
+      elseif live[i].part > has then
+        owed = owed + live[i].part - has
+      end
+    end
+    local open = count - total - owed
+    if open >= cost then
+      local units = math.min(want, open)
+      local leased = lease_units(window, units)
+      keep_until(window)
+      return {window, leased, window - per, 1, units}
+    end
+    if window > start and held > 0 then
+      -- It holds a lease of this window: its pool may have room there.
+      break
+    end
+    window = window + per
+  end
+  return {0, 0, window - per, 0, 0}
+end
+-- A partition that has not asked within the term counts as asking as much as this one.
+local demands = 0
+for q = 0, partitions - 1 do
+  local units, at = string.match(redis.call('HGET', key, 'd:' .. per .. ':p' .. q) or '', '^(%d+):(%-?%d+)$')
+  if units and tonumber(at) + LEASE_TERM > now then
+    demands = demands + tonumber(units)
+  else
+    demands = demands + want
+  end
+end
+demands = math.max(demands, 1)
+
 local window = start
 while window <= horizon do
   local open, before = room_and_held(window)
@@ -105,10 +168,7 @@ while window <= horizon do
         last = ahead
       end
     end
-    local ttl = last + keep - now
-    if redis.call('PTTL', key) < ttl then
-      redis.call('PEXPIRE', key, ttl)
-    end
+    keep_until(last)
     return reply
   end
   if window > start and before > 0 then

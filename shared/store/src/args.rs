@@ -177,6 +177,8 @@ pub struct LeaseTarget {
     pub pool: String,
     pub partition: u32,
     pub partitions: u32,
+    /// The budget is fair: its home shares each window max-min fair among the partitions.
+    pub fair: bool,
     /// By budget limit: per, count, the units one lease asks for.
     pub limits: Vec<(Millis, u64, u64)>,
 }
@@ -262,6 +264,7 @@ pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<O
                 pool: pool_key(namespace, b, partition),
                 partition,
                 partitions: leases.partitions,
+                fair: b.fair.is_some(),
                 limits,
             })
         })

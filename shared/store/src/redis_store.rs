@@ -360,7 +360,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let mut invocation = LEASE.call();
         invocation.key(&target.home).arg(now.map(|n| n.to_string()).unwrap_or_default());
         invocation.arg(target.partition).arg(target.partitions).arg(per).arg(from).arg(horizon);
-        invocation.arg(count).arg(cost).arg(want).arg(per + STATE_MARGIN).arg(lease_term(per));
+        invocation
+            .arg(count)
+            .arg(cost)
+            .arg(want)
+            .arg(per + STATE_MARGIN)
+            .arg(lease_term(per))
+            .arg(u8::from(target.fair));
         let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
         let Some((&[window, total, full_through, found, units], ahead)) = reply.split_at_checked(5) else {
             return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));

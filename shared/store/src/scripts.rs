@@ -32,6 +32,7 @@ fn shared_numbers() -> Vec<(&'static str, i64)> {
         ("WAKE_LOST_AFTER", drip_core::schedule::WAKE_LOST_AFTER),
         ("MAX_WAKE_GAP", drip_core::schedule::MAX_WAKE_GAP),
         ("LEASE_TERM", drip_core::schedule::LEASE_TERM),
+        ("FAIR_DEMAND_LIFE", drip_core::schedule::FAIR_DEMAND_LIFE),
     ];
     numbers.extend(crate::reply::reply_numbers());
     numbers
@@ -331,7 +332,7 @@ mod tests {
         assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::keys::ANSWER_BUCKET.to_string()), "{line}");
         let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
         let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
-        assert_eq!((names, values), (28, 28), "13 numbers and the reply's 15: {line}");
+        assert_eq!((names, values), (29, 29), "14 numbers and the reply's 15: {line}");
         assert!(line.contains("REPLY_LEASE_WANTED") && line.contains("CORRECTION_UNKNOWN"), "{line}");
     }
 }

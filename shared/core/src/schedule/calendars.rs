@@ -115,6 +115,45 @@ impl BudgetState {
         vec![Lease { window: None, total: 0, full_through: window - per }]
     }
 
+    /// A fair budget's grant (`lua/lease.lua` with `fair` 1): max-min fair across the partitions
+    /// that asked within [`FAIR_DEMAND_LIFE`] windows. Each such partition is owed the max-min
+    /// fair part of a window's count by their demands (what each last asked for: a drain's
+    /// heads), less what it holds there; the first window from `from` up to `horizon` in which
+    /// what is not owed to the others leaves room for `cost` leases the partition up to `want`
+    /// of it. A partition whose keys ask little gets all it asks while one holding a flood takes
+    /// the rest (work conserving), and the flood's partition never takes what a quiet partition's
+    /// drain is about to book. Only the window asked for: a fair budget books near.
+    pub fn grant_fair(
+        &mut self,
+        (partition, partitions, now): (u32, u32, Millis),
+        (per, from, horizon): (Millis, Millis, Millis),
+        count: u64,
+        (cost, want): (u64, u64),
+    ) -> Lease {
+        self.demands.insert((per, partition), (want, now));
+        let live = (0..partitions).filter_map(|q| {
+            let &(units, at) = self.demands.get(&(per, q))?;
+            (at + FAIR_DEMAND_LIFE * per > now).then_some((q, units))
+        });
+        let parts = max_min_parts(count, live.collect());
+        let mut window = from;
+        while window <= horizon {
+            let total = self.windows.get(&(per, window)).copied().unwrap_or(0);
+            let held_by = |q: u32| self.granted.get(&(per, window, q)).copied().unwrap_or(0);
+            let owed: u64 =
+                parts.iter().filter(|(q, _)| *q != partition).map(|&(q, part)| part.saturating_sub(held_by(q))).sum();
+            let open = count.saturating_sub(total).saturating_sub(owed);
+            if open >= cost {
+                return self.lease_units(partition, (per, window), want.min(open), window - per);
+            }
+            if window > from && held_by(partition) > 0 {
+                break;
+            }
+            window += per;
+        }
+        Lease { window: None, total: 0, full_through: window - per }
+    }
+
     /// Leases `units` of a window to `partition`: its lease, a total.
     fn lease_units(
         &mut self,
@@ -521,3 +560,22 @@ pub(super) fn spread_position(window: Millis, used: u64, span: Millis, n: u64) -
 
 #[cfg(test)]
 mod budget_tests;
+
+/// How many windows a partition's demand on a fair budget's home lives after it asked: a drain
+/// asks about once a window while its keys wait, so its part stays owed between two asks.
+pub const FAIR_DEMAND_LIFE: i64 = 2;
+
+/// The max-min fair parts of `count` among `demands` (partition, units): in order of demand, each
+/// gets what it asks for, at most an equal part (rounded up) of what the smaller ones left.
+pub fn max_min_parts(count: u64, mut demands: Vec<(u32, u64)>) -> Vec<(u32, u64)> {
+    demands.sort_by_key(|&(q, units)| (units, q));
+    let mut left = count;
+    let n = demands.len() as u64;
+    let mut parts = Vec::with_capacity(demands.len());
+    for (i, (q, units)) in demands.into_iter().enumerate() {
+        let part = units.min(left.div_ceil(n - i as u64));
+        left = left.saturating_sub(part);
+        parts.push((q, part));
+    }
+    parts
+}

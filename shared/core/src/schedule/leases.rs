@@ -84,7 +84,11 @@ pub(super) fn lease(
     let want = leases.want(limit.count, request.cost).max(request.cost + queued);
     let span = (per, window, request.now + request.max_delay);
     let home = budgets.entry(limit.budget.name.clone()).or_default();
-    let leases = home.grant((partition, leases.partitions, request.now), span, limit.count, (request.cost, want));
+    let asker = (partition, leases.partitions, request.now);
+    let leases = match limit.budget.fair {
+        Some(_) => vec![home.grant_fair(asker, span, limit.count, (request.cost, want))],
+        None => home.grant(asker, span, limit.count, (request.cost, want)),
+    };
     let pool = budgets.entry(limit.state.clone()).or_default();
     for lease in leases {
         pool.credit(per, lease);

@@ -502,3 +502,31 @@ fn an_adaptive_budget_counts_less_after_a_signal() {
         (0..6).map(|i| reserve(&mut s, &format!("k{i}"), &format!("m{i}"), 100, &budgets).slot).collect();
     assert_eq!(slots, [100, 100, 100, 100, 100, 1_000], "5 of 10 in the window of the signal");
 }
+
+/// A fair budget's home shares a window max-min fair among the partitions that asked lately: a
+/// partition that asks little gets all of it, one that holds a flood the rest, and the flood's
+/// partition never takes what another live partition is still owed.
+#[test]
+fn a_fair_home_leases_max_min_fair_among_the_partitions_that_asked_lately() {
+    assert_eq!(max_min_parts(20, vec![(0, 128), (1, 3), (2, 6)]), [(1, 3), (2, 6), (0, 11)]);
+    assert_eq!(max_min_parts(10, vec![(0, 9), (1, 9)]), [(0, 5), (1, 5)], "equal parts of what is left");
+    assert_eq!(max_min_parts(10, vec![]), []);
+    let mut home = BudgetState::default();
+    let grant = |home: &mut BudgetState, partition, want, (now, from)| {
+        let lease = home.grant_fair((partition, 3, now), (SECOND, from, 3 * SECOND), 20, (1, want));
+        (lease.window, lease.total)
+    };
+    assert_eq!(grant(&mut home, 0, 128, (0, 0)), (Some(0), 20), "alone: all of the window (work conserving)");
+    assert_eq!(grant(&mut home, 1, 3, (10, 0)), (Some(SECOND), 3), "the window is leased out: the next");
+    assert_eq!(grant(&mut home, 0, 128, (20, SECOND)), (Some(SECOND), 17), "the flood takes what p1 is not owed");
+    assert_eq!(
+        grant(&mut home, 0, 128, (25, 0)),
+        (None, 0),
+        "it holds a lease of the full window: its pool may have room"
+    );
+    assert_eq!(grant(&mut home, 2, 6, (30, 0)), (Some(2 * SECOND), 6), "p2 is owed its part of the next");
+    assert_eq!(grant(&mut home, 0, 128, (40, 2 * SECOND)), (Some(2 * SECOND), 11), "p1's 3 stay owed");
+    assert_eq!(home.windows.get(&(SECOND, 2 * SECOND)), Some(&17), "3 of 20 held for p1, who asked lately");
+    // Two windows later p1's and p2's asks are stale: the flood's partition takes a whole window.
+    assert_eq!(grant(&mut home, 0, 128, (2 * SECOND + 40, 3 * SECOND)), (Some(3 * SECOND), 20));
+}
