@@ -10,7 +10,8 @@ use drip_core::attributes::Refused;
 use drip_core::outcome::{DlqReason, Outcome};
 use std::collections::VecDeque;
 
-use drip_core::fair::{FairRing, Member, Round};
+use drip_core::budgets::FairRing;
+use drip_core::fair::{Member, Round};
 use drip_core::overflow::{FairWakeTask, TaskBody, WakeTask};
 use drip_core::rules::{DEFAULT_PARK_HORIZON, Rule, RuleSet};
 use drip_core::schedule::{Attempt, Status, Unpark};

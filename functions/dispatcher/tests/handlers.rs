@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use drip_core::budgets::FairRing;
 use drip_core::event::MessageRef;
-use drip_core::fair::FairRing;
 use drip_core::overflow::{
     FairWakeTask, RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner, WakeOf,
     WakeTask,

@@ -114,6 +114,37 @@ impl Budget {
     }
 }
 
+/// One ring of a fair budget's waiting keys: the budget's, or on a leased budget one partition's.
+/// A key's queue lives in its partition, so its ring and that ring's drain do too: each
+/// partition's drain shares what its home leases it among its own waiting keys, and the home
+/// shares each window among the partitions by what their drains ask for (docs/rules.md, "Fair
+/// budgets").
+#[derive(Debug, Clone, Copy)]
+pub struct FairRing<'a> {
+    pub budget: &'a Budget,
+    pub partition: Option<u32>,
+}
+
+impl<'a> FairRing<'a> {
+    /// The ring a key of a rule drawing from `budget` joins.
+    pub fn of_key(budget: &'a Budget, key: &str) -> Self {
+        Self { budget, partition: budget.partition_of(key) }
+    }
+
+    /// Every ring of the budget: one per partition, or its one.
+    pub fn every(budget: &'a Budget) -> Vec<Self> {
+        match budget.leases {
+            Some(leases) => (0..leases.partitions).map(|p| Self { budget, partition: Some(p) }).collect(),
+            None => vec![Self { budget, partition: None }],
+        }
+    }
+
+    /// The name the model keeps it under: the budget's, or its partition's pool's.
+    pub fn name(&self) -> String {
+        self.partition.map_or_else(|| self.budget.name.clone(), |p| self.budget.pool_name(p))
+    }
+}
+
 /// A class's key's fair share of one limit of a budget it draws from: one more limit of the key's
 /// classes calendar (docs/rules.md, "Classes under one limit").
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::budgets::Budget;
 use crate::time::Millis;
 
 /// The weight of a key that `weights` does not name.
@@ -40,37 +39,6 @@ pub fn near_horizon(shortest: Millis) -> Millis {
 pub struct Member {
     pub rule: String,
     pub key: String,
-}
-
-/// One ring of a fair budget's waiting keys: the budget's, or on a leased budget one partition's.
-/// A key's queue lives in its partition, so its ring and that ring's drain do too: each
-/// partition's drain shares what its home leases it among its own waiting keys, and the home
-/// shares each window among the partitions by what their drains ask for (docs/rules.md, "Fair
-/// budgets").
-#[derive(Debug, Clone, Copy)]
-pub struct FairRing<'a> {
-    pub budget: &'a Budget,
-    pub partition: Option<u32>,
-}
-
-impl<'a> FairRing<'a> {
-    /// The ring a key of a rule drawing from `budget` joins.
-    pub fn of_key(budget: &'a Budget, key: &str) -> Self {
-        Self { budget, partition: budget.partition_of(key) }
-    }
-
-    /// Every ring of the budget: one per partition, or its one.
-    pub fn every(budget: &'a Budget) -> Vec<Self> {
-        match budget.leases {
-            Some(leases) => (0..leases.partitions).map(|p| Self { budget, partition: Some(p) }).collect(),
-            None => vec![Self { budget, partition: None }],
-        }
-    }
-
-    /// The name the model keeps it under: the budget's, or its partition's pool's.
-    pub fn name(&self) -> String {
-        self.partition.map_or_else(|| self.budget.name.clone(), |p| self.budget.pool_name(p))
-    }
 }
 
 /// The ring of a fair budget's waiting keys, in the order they joined, and where the next drain

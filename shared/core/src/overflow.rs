@@ -264,7 +264,7 @@ pub struct FairWakeOf {
 }
 
 impl FairWakeTask {
-    pub fn of(ring: crate::fair::FairRing<'_>) -> Self {
+    pub fn of(ring: crate::budgets::FairRing<'_>) -> Self {
         let budget = ring.budget;
         let tag = (budget.tag != budget.name).then(|| budget.tag.clone());
         let partitions = ring.partition.and(budget.leases.map(|l| l.partitions));
@@ -278,13 +278,13 @@ impl FairWakeTask {
 
     /// The ring it wakes, of `budget` as the rules have it now; `None` when the budget's
     /// partitions changed since it was armed (the ring it named is not one of the budget's now).
-    pub fn ring_of<'a>(&self, budget: &'a crate::budgets::Budget) -> Option<crate::fair::FairRing<'a>> {
+    pub fn ring_of<'a>(&self, budget: &'a crate::budgets::Budget) -> Option<crate::budgets::FairRing<'a>> {
         let now = budget.leases.map(|l| l.partitions);
         let fits = match self.fair_wake.partition {
             Some(partition) => now == self.fair_wake.partitions && now.is_some_and(|n| partition < n),
             None => now.is_none(),
         };
-        fits.then_some(crate::fair::FairRing { budget, partition: self.fair_wake.partition })
+        fits.then_some(crate::budgets::FairRing { budget, partition: self.fair_wake.partition })
     }
 
     /// Enough of the budget it was armed for to name its ring in the store, whatever the rules
@@ -506,11 +506,11 @@ mod tests {
     #[test]
     fn a_fair_wake_names_its_budget_s_hash_tag_only_where_it_is_not_the_name() {
         let budget = crate::budgets::Budget::fair_named("rail", "rail");
-        let own = FairWakeTask::of(crate::fair::FairRing { budget: &budget, partition: None });
+        let own = FairWakeTask::of(crate::budgets::FairRing { budget: &budget, partition: None });
         assert_eq!(own.body(), br#"{"fair_wake":{"budget":"rail"}}"#, "as before");
         assert_eq!(FairWakeTask::parse(&own.body()).unwrap().tag(), "rail");
         let api = crate::budgets::Budget::fair_named("rail", "api");
-        let shared = FairWakeTask::of(crate::fair::FairRing { budget: &api, partition: None });
+        let shared = FairWakeTask::of(crate::budgets::FairRing { budget: &api, partition: None });
         let parsed = FairWakeTask::parse(&shared.body()).unwrap();
         assert_eq!((parsed.fair_wake.budget.as_str(), parsed.tag()), ("rail", "api"));
     }
@@ -523,7 +523,7 @@ mod tests {
             budget
         };
         let three = leased(3);
-        let wake = FairWakeTask::of(crate::fair::FairRing { budget: &three, partition: Some(2) });
+        let wake = FairWakeTask::of(crate::budgets::FairRing { budget: &three, partition: Some(2) });
         assert_eq!(wake.body(), br#"{"fair_wake":{"budget":"rail","partition":2,"partitions":3}}"#);
         let parsed = FairWakeTask::parse(&wake.body()).unwrap();
         assert_eq!(parsed.name(7), "fairwake-rail-p2-at-7", "one wake per partition's ring");
@@ -531,7 +531,7 @@ mod tests {
         assert!(parsed.ring_of(&leased(4)).is_none(), "the partitions changed since");
         assert!(parsed.ring_of(&crate::budgets::Budget::fair_named("rail", "rail")).is_none(), "no longer leased");
         assert_eq!(parsed.budget_named().leases.map(|l| l.partitions), Some(3), "a gone budget's ring is found");
-        let unleased = FairWakeTask::of(crate::fair::FairRing { budget: &three, partition: None });
+        let unleased = FairWakeTask::of(crate::budgets::FairRing { budget: &three, partition: None });
         assert!(unleased.ring_of(&three).is_none(), "a leased budget's rings are its partitions'");
     }
 

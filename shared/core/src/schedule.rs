@@ -321,7 +321,7 @@ impl Scheduler {
             // In the same step, so that a parked key is always in its fair budget's ring.
             for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
                 let member = crate::fair::Member { rule: rule.into(), key: key.into() };
-                let ring = crate::fair::FairRing::of_key(budget, key).name();
+                let ring = crate::budgets::FairRing::of_key(budget, key).name();
                 fair::join(&mut self.rings, &ring, &member, request.now);
             }
             Status::Parked

@@ -3,7 +3,7 @@
 //! drains the queue at the rate in force when it runs.
 
 use drip_core::budgets::Budget;
-use drip_core::fair::FairRing;
+use drip_core::budgets::FairRing;
 use drip_core::overflow::{FairWakeTask, WakeTask};
 use drip_core::rules::Rule;
 use drip_core::time::{Millis, format_rfc3339};

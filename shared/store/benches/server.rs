@@ -816,17 +816,15 @@ async fn cluster_table(urls: &str, connection: &mut MultiplexedConnection, store
     );
 }
 
-/// One table of [`cluster_table`], each call carrying up to `max_batch` events.
-async fn cluster_rows(
+/// A store on the cluster at `urls` (comma-separated) under `namespace`, group-committing up to
+/// `max_batch` events a call, and a connection to each of its nodes (for their CPU and calls).
+async fn cluster_store(
     urls: &str,
+    namespace: String,
     max_batch: usize,
-    connection: &mut MultiplexedConnection,
-    store: &RedisStore<MultiplexedConnection>,
-) {
+) -> (RedisStore<redis::cluster_async::ClusterConnection>, Vec<MultiplexedConnection>) {
     let urls: Vec<&str> = urls.split(',').collect();
     let client = redis::cluster::ClusterClient::new(urls.clone()).expect("DRIP_BENCH_CLUSTER_URLS");
-    // The cluster is not flushed between runs: each run's keys are its own.
-    let namespace = format!("bench-cluster-{}-{max_batch}", wall_clock_millis());
     let cluster = RedisStore::new(client.get_async_connection().await.expect("the cluster"), namespace)
         .with_batching(Batching::new(max_batch, true));
     let mut nodes = Vec::new();
@@ -834,6 +832,19 @@ async fn cluster_rows(
         let node = redis::Client::open(*url).expect("a node");
         nodes.push(node.get_multiplexed_async_connection().await.expect("a node"));
     }
+    (cluster, nodes)
+}
+
+/// One table of [`cluster_table`], each call carrying up to `max_batch` events.
+async fn cluster_rows(
+    urls: &str,
+    max_batch: usize,
+    connection: &mut MultiplexedConnection,
+    store: &RedisStore<MultiplexedConnection>,
+) {
+    // The cluster is not flushed between runs: each run's keys are its own.
+    let namespace = format!("bench-cluster-{}-{max_batch}", wall_clock_millis());
+    let (cluster, mut nodes) = cluster_store(urls, namespace, max_batch).await;
     script_calls_by_node(&mut nodes).await;
     let one = store.clone().with_batching(Batching::new(max_batch, true));
     let clients = 256;
@@ -888,16 +899,8 @@ async fn cluster_rows(
 /// against one exact calendar: calls that failed, units stranded in full windows of each limit,
 /// and how much later the leased slots lie than an exact calendar's (the i-th slot of each, sorted).
 async fn contract_table(urls: &str, connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
-    let urls: Vec<&str> = urls.split(',').collect();
-    let client = redis::cluster::ClusterClient::new(urls.clone()).expect("DRIP_BENCH_CLUSTER_URLS");
     let namespace = format!("bench-contract-{}", wall_clock_millis());
-    let cluster = RedisStore::new(client.get_async_connection().await.expect("the cluster"), namespace)
-        .with_batching(Batching::new(64, true));
-    let mut nodes = Vec::new();
-    for url in &urls {
-        let node = redis::Client::open(*url).expect("a node");
-        nodes.push(node.get_multiplexed_async_connection().await.expect("a node"));
-    }
+    let (cluster, mut nodes) = cluster_store(urls, namespace, 64).await;
     let one = store.clone().with_batching(Batching::new(64, true));
     let events = scaled(12_000) / 256 * 256;
     println!(

@@ -6,8 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+use drip_core::budgets::FairRing;
 use drip_core::budgets::{Budget, Leases};
-use drip_core::fair::{FairRing, Member};
+use drip_core::fair::Member;
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::state_id;
 use drip_core::time::{DAY, HOUR, MINUTE, Millis};

@@ -1,8 +1,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use drip_core::budgets::FairRing;
 use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
-use drip_core::fair::{FairRing, Member, Ring};
+use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Classes, Limit, Rule};
 use drip_core::schedule::{
     AnswerFile, BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id,
@@ -215,8 +216,9 @@ impl Store for MemoryStore {
             let now = requests.first().and_then(SlotRequest::now).unwrap_or_else(wall_clock_millis);
             let mut unparked = Vec::with_capacity(requests.len());
             for (request, queued) in requests.iter().zip(queued_behind(requests)) {
+                let request = (*request).at(now);
                 let event = ReserveRequest { queued: &queued, ..request.event };
-                unparked.push(self.unpark(&SlotRequest { event, ..(*request).at(now) }).await?);
+                unparked.push(self.unpark(&SlotRequest { event, ..request }).await?);
             }
             Ok(unparked)
         })

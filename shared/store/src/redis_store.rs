@@ -214,12 +214,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// Reserves each request's slot, one after another in order, in one script call (every key of
     /// every request in one hash slot, on a Cluster). Each gets its own answer, as if reserved alone.
     pub async fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Result<Vec<Reserved>, StoreError> {
-        if requests.iter().all(|r| r.event.budgets.iter().all(|b| b.leases.is_none())) {
+        if !any_leased(requests) {
             // Nothing can stop the call for a lease: encoded straight into it.
             return self.call_reserve(self.reserve_batch_call(requests)).await;
         }
-        let events = requests.iter().map(|r| EncodedEvent::new(&self.namespace, &self.keys(r), r)).collect();
-        self.reserve_encoded(requests.first().and_then(SlotRequest::now), events).await
+        self.reserve_encoded(requests.first().and_then(SlotRequest::now), self.encoded(requests)).await
     }
 
     /// The same for events encoded on their own (by different requests), at `now`.
@@ -248,11 +247,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let reply = if requests.iter().all(|r| r.event.budgets.iter().all(|b| b.leases.is_none())) {
-            self.run_reserve(self.reserve_batch_call(requests)).await?
+        let reply = if any_leased(requests) {
+            self.leasing_call(requests.first().and_then(SlotRequest::now), self.encoded(requests)).await?.concat()
         } else {
-            let events = requests.iter().map(|r| EncodedEvent::new(&self.namespace, &self.keys(r), r)).collect();
-            self.leasing_call(requests.first().and_then(SlotRequest::now), events).await?.concat()
+            self.run_reserve(self.reserve_batch_call(requests)).await?
         };
         reply.chunks(REPLY_LENGTH).map(Reply::unpark).collect()
     }
@@ -512,6 +510,11 @@ impl<C> RedisStore<C> {
         self.reserve_batch_call(std::slice::from_ref(request))
     }
 
+    /// Each of `requests` encoded on its own (a leasing call sends them again from where it stopped).
+    fn encoded(&self, requests: &[SlotRequest<'_>]) -> Vec<EncodedEvent> {
+        requests.iter().map(|r| EncodedEvent::new(&self.namespace, &self.keys(r), r)).collect()
+    }
+
     /// The script call that reserves each of `requests` in order (at the first one's `now`).
     pub fn reserve_batch_call(&self, requests: &[SlotRequest<'_>]) -> ReserveCall {
         let mut args = ReserveArgs::new(requests.first().and_then(SlotRequest::now)).with_paths(self.paths);
@@ -520,6 +523,11 @@ impl<C> RedisStore<C> {
         }
         ReserveCall(args)
     }
+}
+
+/// Whether an event of `requests` draws from a leased budget (its call may stop for a lease).
+fn any_leased(requests: &[SlotRequest<'_>]) -> bool {
+    requests.iter().any(|r| r.event.budgets.iter().any(|b| b.leases.is_some()))
 }
 
 /// Each pool once, of the events' leased budgets that may have given units back.

@@ -1,4 +1,4 @@
-//! A fair budget's ring of waiting keys (crate::fair; named by [`crate::fair::FairRing::name`]):
+//! A fair budget's ring of waiting keys (crate::fair; named by [`crate::budgets::FairRing::name`]):
 //! who joins it, who leaves it, where its next drain starts and when it wakes. The drain itself is the ordinary unpark of each key's
 //! head, in the order [`crate::fair::Round`] gives.
 
@@ -16,7 +16,7 @@ pub(super) struct RingState {
 }
 
 /// A key of a rule drawing from a fair budget parked a message: it joins its ring of waiting keys
-/// (`ring`: [`crate::fair::FairRing::name`]), at its end, unless it is in it
+/// (`ring`: [`crate::budgets::FairRing::name`]), at its end, unless it is in it
 /// ([`Scheduler::decide`] parks and joins in one step).
 pub(super) fn join(rings: &mut HashMap<String, RingState>, ring: &str, member: &Member, now: Millis) {
     let state = rings.entry(ring.to_owned()).or_default();
