@@ -136,7 +136,8 @@ pub const FAIR_KEYS_SHOWN: usize = 10;
 /// with how many of their messages are parked. A key's share is its weight over the weights of
 /// every waiting key (this one counted, waiting or not); its expected wait is its parked events at
 /// that share of the rate of the budget's tightest limit: an estimate (keys join and leave, what
-/// one cannot use goes to the others, and windows are whole).
+/// one cannot use goes to the others, and windows are whole). On a leased budget `waiting` is the
+/// key's partition's ring, and the estimate a lower bound while other partitions' keys wait.
 pub fn fair_report(budget: &Budget, waiting: &[(Member, u64)], (rule, key): (&str, &str)) -> Option<FairReport> {
     let fair = budget.fair.as_ref()?;
     let weight = fair.weight_of(key);
