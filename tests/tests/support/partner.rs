@@ -151,3 +151,26 @@ pub async fn throttling_target((refusals, retry_after): (usize, u64)) -> (String
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, answers)
 }
+
+/// The ids of the messages forwarded at once to `{prefix}-ready` (pulled for up to 10 s).
+pub async fn forwarded_ids(pubsub: &Pubsub, prefix: &str) -> HashSet<String> {
+    let ready = pubsub.pull_until(&format!("{prefix}-ready"), 1, Duration::from_secs(10)).await;
+    ready.into_iter().map(|m| m.attributes["drip-message-id"].clone()).collect()
+}
+
+/// No epoch-aligned second at the partner took more than `limit` of the calls it accepted, and
+/// nothing reached `{prefix}-dlq`.
+pub async fn at_most_per_second_and_nothing_dead_lettered(
+    pubsub: &Pubsub,
+    prefix: &str,
+    answers: &[Answer],
+    limit: usize,
+) {
+    let mut windows: std::collections::BTreeMap<Millis, usize> = std::collections::BTreeMap::new();
+    for (_, at, _) in answers.iter().filter(|a| a.2 == 204) {
+        *windows.entry(at.div_euclid(1_000)).or_default() += 1;
+    }
+    assert!(windows.values().all(|&n| n <= limit), "at most {limit} a second at the partner: {windows:?}");
+    let dead_letters = pubsub.pull(&format!("{prefix}-dlq"), 100).await;
+    assert!(dead_letters.is_empty(), "nothing dead-lettered: {dead_letters:?}");
+}
