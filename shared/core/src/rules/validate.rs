@@ -409,7 +409,7 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
         if leases.is_some() && adaptive.is_some() {
             errors.push(
                 "leases",
-                "a leased budget cannot be adaptive: its count is split among partitions ahead of time".into(),
+                "a leased budget cannot be adaptive: its partitions hold leases of the windows ahead that its home cannot take back, so a lowered level would bind only once they pass".into(),
             );
             ok = false;
         }
