@@ -79,6 +79,26 @@ end
 -- is never leased it afresh. (The model has one clock: there `from` is never before now's window.)
 local start = math.max(from, current)
 
+-- The walk of both grants: the first window from `start` up to `horizon` where what
+-- `open_of(window)` says it may lease the partition (and what it holds there) leaves room for
+-- the cost: that window, what is open and what it holds; else nil and the last window before it
+-- with no room. It stops at a full window past `start` that the partition holds a lease of (its
+-- pool may have room there).
+local function first_open(open_of)
+  local window = start
+  while window <= horizon do
+    local open, held = open_of(window)
+    if open >= cost then
+      return window, open, held
+    end
+    if window > start and held > 0 then
+      break
+    end
+    window = window + per
+  end
+  return nil, window - per
+end
+
 if fair then
   -- The live demands in order (units, then partition), and each one's max-min part of the count.
   local live = {}
@@ -97,8 +117,7 @@ if fair then
     live[i].part = math.min(live[i].units, math.floor((left + n - 1) / n))
     left = math.max(left - live[i].part, 0)
   end
-  local window = start
-  while window <= horizon do
+  local window, open = first_open(function(window)
     local name = per .. ':' .. window
     -- What it leased in all, what the partition holds (it is live: it just asked) and what the
     -- others are still owed of their parts.
@@ -111,20 +130,16 @@ if fair then
         owed = owed + live[i].part - has
       end
     end
-    local open = count - total - owed
-    if open >= cost then
-      local units = math.min(want, open)
-      local leased = lease_units(window, units)
-      keep_until(window)
-      return {window, leased, window - per, 1, units}
-    end
-    if window > start and held > 0 then
-      -- It holds a lease of this window: its pool may have room there.
-      break
-    end
-    window = window + per
+    return count - total - owed, held
+  end)
+  if not window then
+    -- (`open` is then the last window with no room.)
+    return {0, 0, open, 0, 0}
   end
-  return {0, 0, window - per, 0, 0}
+  local units = math.min(want, open)
+  local leased = lease_units(window, units)
+  keep_until(window)
+  return {window, leased, window - per, 1, units}
 end
 -- A partition that has not asked within the term counts as asking as much as this one.
 local demands = 0
@@ -138,43 +153,36 @@ for q = 0, partitions - 1 do
 end
 demands = math.max(demands, 1)
 
-local window = start
-while window <= horizon do
-  local open, before = room_and_held(window)
-  if open >= cost then
-    local share = math.floor((count * want + demands - 1) / demands)
-    -- A long window's share is too much to strand when the partition's events stop: it gets
-    -- what it asks for.
-    local topped = 0
-    if term > 1 then
-      topped = share - before
-    end
-    local units = math.min(math.max(want, topped), open)
-    local held = lease_units(window, units)
-    local reply = {window, held, window - per, 1, units}
-    local part = math.min(held, share)
-    local last = window
-    for k = 1, term - 1 do
-      local ahead = window + k * per
-      if ahead > horizon then
-        break
-      end
-      local open_ahead, held_ahead = room_and_held(ahead)
-      local more = math.min(part - held_ahead, open_ahead)
-      if more > 0 then
-        reply[#reply + 1] = ahead
-        reply[#reply + 1] = lease_units(ahead, more)
-        reply[5] = reply[5] + more
-        last = ahead
-      end
-    end
-    keep_until(last)
-    return reply
-  end
-  if window > start and before > 0 then
-    -- It holds a lease of this full window: its pool may have room there.
+local window, open, before = first_open(room_and_held)
+if not window then
+  -- (`open` is then the last window with no room.)
+  return {0, 0, open, 0, 0}
+end
+local share = math.floor((count * want + demands - 1) / demands)
+-- A long window's share is too much to strand when the partition's events stop: it gets what it
+-- asks for.
+local topped = 0
+if term > 1 then
+  topped = share - before
+end
+local units = math.min(math.max(want, topped), open)
+local held = lease_units(window, units)
+local reply = {window, held, window - per, 1, units}
+local part = math.min(held, share)
+local last = window
+for k = 1, term - 1 do
+  local ahead = window + k * per
+  if ahead > horizon then
     break
   end
-  window = window + per
+  local open_ahead, held_ahead = room_and_held(ahead)
+  local more = math.min(part - held_ahead, open_ahead)
+  if more > 0 then
+    reply[#reply + 1] = ahead
+    reply[#reply + 1] = lease_units(ahead, more)
+    reply[5] = reply[5] + more
+    last = ahead
+  end
 end
-return {0, 0, window - per, 0, 0}
+keep_until(last)
+return reply

@@ -84,35 +84,52 @@ impl BudgetState {
             let total = home.windows.get(&(per, window)).copied().unwrap_or(0);
             (count.saturating_sub(total), home.granted.get(&(per, window, partition)).copied().unwrap_or(0))
         };
+        let (window, room, held) = match self.first_open((per, from, horizon), cost, room_and_held) {
+            Ok(found) => found,
+            Err(full_through) => return vec![Lease { window: None, total: 0, full_through }],
+        };
+        let share = (count * want).div_ceil(demands);
+        // A long window's share is too much to strand when the partition's events stop: it gets
+        // what it asks for.
+        let topped = if lease_term(per) > 1 { share.saturating_sub(held) } else { 0 };
+        let units = want.max(topped).min(room);
+        let first = self.lease_units(partition, (per, window), units, window - per);
+        let part = first.total.min(share);
+        let mut leases = vec![first];
+        let ahead = (1..lease_term(per)).map(|k| window + k * per).take_while(|&w| w <= horizon);
+        for ahead in ahead {
+            let (room, held) = room_and_held(self, ahead);
+            let units = part.saturating_sub(held).min(room);
+            if units > 0 {
+                leases.push(self.lease_units(partition, (per, ahead), units, window - per));
+            }
+        }
+        leases
+    }
+
+    /// The walk of both grants: the first window from `from` up to `horizon` where what
+    /// `open(home, window)` says the home may lease the partition (with what it holds there) leaves
+    /// room for `cost`: that window, what is open and what it holds; else the last window before
+    /// it with no room. It stops at a full window past `from` that the partition holds a lease of
+    /// (its pool may have room there).
+    fn first_open(
+        &self,
+        (per, from, horizon): (Millis, Millis, Millis),
+        cost: u64,
+        open: impl Fn(&Self, Millis) -> (u64, u64),
+    ) -> Result<(Millis, u64, u64), Millis> {
         let mut window = from;
         while window <= horizon {
-            let (room, held) = room_and_held(self, window);
+            let (room, held) = open(self, window);
             if room >= cost {
-                let share = (count * want).div_ceil(demands);
-                // A long window's share is too much to strand when the partition's events stop:
-                // it gets what it asks for.
-                let topped = if lease_term(per) > 1 { share.saturating_sub(held) } else { 0 };
-                let units = want.max(topped).min(room);
-                let first = self.lease_units(partition, (per, window), units, window - per);
-                let part = first.total.min(share);
-                let mut leases = vec![first];
-                let ahead = (1..lease_term(per)).map(|k| window + k * per).take_while(|&w| w <= horizon);
-                for ahead in ahead {
-                    let (room, held) = room_and_held(self, ahead);
-                    let units = part.saturating_sub(held).min(room);
-                    if units > 0 {
-                        leases.push(self.lease_units(partition, (per, ahead), units, window - per));
-                    }
-                }
-                return leases;
+                return Ok((window, room, held));
             }
             if window > from && held > 0 {
-                // It holds a lease of this full window: its pool may have room there.
                 break;
             }
             window += per;
         }
-        vec![Lease { window: None, total: 0, full_through: window - per }]
+        Err(window - per)
     }
 
     /// A fair budget's grant (`lua/lease.lua` with `fair` 1): max-min fair across the partitions
@@ -136,22 +153,17 @@ impl BudgetState {
             (at + FAIR_DEMAND_LIFE * per > now).then_some((q, units))
         });
         let parts = max_min_parts(count, live.collect());
-        let mut window = from;
-        while window <= horizon {
-            let total = self.windows.get(&(per, window)).copied().unwrap_or(0);
-            let held_by = |q: u32| self.granted.get(&(per, window, q)).copied().unwrap_or(0);
+        let open = |home: &Self, window| {
+            let total = home.windows.get(&(per, window)).copied().unwrap_or(0);
+            let held_by = |q: u32| home.granted.get(&(per, window, q)).copied().unwrap_or(0);
             let owed: u64 =
                 parts.iter().filter(|(q, _)| *q != partition).map(|&(q, part)| part.saturating_sub(held_by(q))).sum();
-            let open = count.saturating_sub(total).saturating_sub(owed);
-            if open >= cost {
-                return self.lease_units(partition, (per, window), want.min(open), window - per);
-            }
-            if window > from && held_by(partition) > 0 {
-                break;
-            }
-            window += per;
+            (count.saturating_sub(total).saturating_sub(owed), held_by(partition))
+        };
+        match self.first_open((per, from, horizon), cost, open) {
+            Ok((window, open, _)) => self.lease_units(partition, (per, window), want.min(open), window - per),
+            Err(full_through) => Lease { window: None, total: 0, full_through },
         }
-        Lease { window: None, total: 0, full_through: window - per }
     }
 
     /// Leases `units` of a window to `partition`: its lease, a total.
