@@ -238,7 +238,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             }
             return self.call_reserve(ReserveCall(args)).await;
         }
-        self.leasing_call(now, events).await?.iter().map(|r| Reply::decided(r)).collect()
+        self.leasing_call(now, events).await?.chunks(REPLY_LENGTH).map(Reply::decided).collect()
     }
 
     /// A drain's unparks of `requests` in one call; one whose partition's pool of a leased budget
@@ -248,21 +248,22 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             return Ok(Vec::new());
         }
         let reply = if any_leased(requests) {
-            self.leasing_call(requests.first().and_then(SlotRequest::now), self.encoded(requests)).await?.concat()
+            self.leasing_call(requests.first().and_then(SlotRequest::now), self.encoded(requests)).await?
         } else {
             self.run_reserve(self.reserve_batch_call(requests)).await?
         };
         reply.chunks(REPLY_LENGTH).map(Reply::unpark).collect()
     }
 
-    /// The events' replies (a reservation's or a drain's unpark), one call after another: a call
-    /// that stops at an event for a lease goes on from it once its home has leased its pool units.
+    /// The events' replies (a reservation's or a drain's unpark, `REPLY_LENGTH` numbers each), one
+    /// call after another: a call that stops at an event for a lease goes on from it once its home
+    /// has leased its pool units.
     pub(crate) async fn leasing_call(
         &self,
         now: Option<Millis>,
         events: Vec<EncodedEvent>,
-    ) -> Result<Vec<Vec<i64>>, StoreError> {
-        let mut decided = Vec::with_capacity(events.len());
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut decided = Vec::with_capacity(events.len() * REPLY_LENGTH);
         // The pools of events that may give units back: their returns go to the homes after.
         let returning: Vec<LeaseTarget> =
             events.iter().filter(|e| e.gives_back).flat_map(|e| e.leases.iter().flatten().cloned()).collect();
@@ -289,7 +290,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 if let Reply::LeaseWanted { window, budget, limit, max_delay, now } = Reply::parse(answer)? {
                     wanted = Some((window, budget as i64, limit as i64, now + max_delay));
                 } else {
-                    decided.push(answer.to_vec());
+                    decided.extend_from_slice(answer);
                     waiting.pop_front();
                     (stopped_at, stops) = (None, 0);
                 }
