@@ -6,8 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use drip_core::budgets::FairRing;
-use drip_core::budgets::{Adaptive, Budget, LatencyControl, LatencyReport, PPM};
+use drip_core::budgets::{Adaptive, Budget, FairRing, LatencyControl, LatencyReport, PPM};
 use drip_core::fair::Member;
 use drip_core::ledger::fixed_window_usage;
 use drip_core::rules::{Limit, Placement, Window};

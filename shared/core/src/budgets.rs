@@ -131,14 +131,6 @@ impl<'a> FairRing<'a> {
         Self { budget, partition: budget.partition_of(key) }
     }
 
-    /// Every ring of the budget: one per partition, or its one.
-    pub fn every(budget: &'a Budget) -> Vec<Self> {
-        match budget.leases {
-            Some(leases) => (0..leases.partitions).map(|p| Self { budget, partition: Some(p) }).collect(),
-            None => vec![Self { budget, partition: None }],
-        }
-    }
-
     /// The name the model keeps it under: the budget's, or its partition's pool's.
     pub fn name(&self) -> String {
         self.partition.map_or_else(|| self.budget.name.clone(), |p| self.budget.pool_name(p))

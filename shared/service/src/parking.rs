@@ -2,8 +2,7 @@
 //! what the limiter and the dispatcher do with a parked answer, and the one wake task per key that
 //! drains the queue at the rate in force when it runs.
 
-use drip_core::budgets::Budget;
-use drip_core::budgets::FairRing;
+use drip_core::budgets::{Budget, FairRing};
 use drip_core::overflow::{FairWakeTask, WakeTask};
 use drip_core::rules::Rule;
 use drip_core::time::{Millis, format_rfc3339};

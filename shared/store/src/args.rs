@@ -5,8 +5,7 @@
 //! one rich request as `name = value` lines, so that a change to the contract is a diff that says
 //! which field moved.
 
-use drip_core::budgets::FairRing;
-use drip_core::budgets::{Adaptive, adaptive_window};
+use drip_core::budgets::{Adaptive, FairRing, adaptive_window};
 use drip_core::fair::Member;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{OldSlot, override_id};

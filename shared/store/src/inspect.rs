@@ -6,8 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use std::sync::Arc;
 
-use drip_core::budgets::FairRing;
-use drip_core::budgets::{Adaptive, Budget, LatencyState, PPM, adapted_count, adaptive_window};
+use drip_core::budgets::{Adaptive, Budget, FairRing, LatencyState, PPM, adapted_count, adaptive_window};
 use drip_core::fair::Member;
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};

@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use drip_core::budgets::FairRing;
-use drip_core::budgets::{Budget, Leases};
+use drip_core::budgets::{Budget, FairRing, Leases};
 use drip_core::fair::Member;
 use drip_core::rules::{Classes, Limit, Rule, Window};
 use drip_core::schedule::state_id;
@@ -58,10 +57,7 @@ impl<'a> RuleRef<'a> {
     /// counts as its key): the group's, or with leases, its key's partition's.
     fn group_tag(&self, key: &str) -> Option<String> {
         let tag = self.tag?;
-        Some(match self.leases {
-            None => format!("b:{tag}"),
-            Some(leases) => partition_tag(tag, leases.partitions, leases.partition_of(self.scope(key))),
-        })
+        Some(budgets_tag(tag, self.leases.map(|leases| (leases, leases.partition_of(self.scope(key))))))
     }
 
     /// `<namespace>:{...}`: the start of every Redis key of the entity `key`: under the budgets'
@@ -224,15 +220,21 @@ pub fn budget_key(namespace: &str, budget: &Budget) -> String {
     format!("{namespace}:{{b:{}}}:budget:{}", budget.tag, budget.name)
 }
 
+/// The hash tag of a budgets group `tag`'s keys: the group's, or on leased budgets the given
+/// partition's.
+fn budgets_tag(tag: &str, partition: Option<(Leases, u32)>) -> String {
+    match partition {
+        None => format!("b:{tag}"),
+        Some((leases, partition)) => partition_tag(tag, leases.partitions, partition),
+    }
+}
+
 /// A fair budget's ring of waiting keys (`lua/fair.lua`), and the hash of its drain (where the
 /// next starts, its wake): on the budget's slot, with every entity that draws from it; on a leased
 /// budget, a partition's ring on the partition's slot, with its entities.
 pub fn fair_keys(namespace: &str, ring: FairRing<'_>) -> [String; 2] {
     let budget = ring.budget;
-    let tag = match (ring.partition, budget.leases) {
-        (Some(partition), Some(leases)) => partition_tag(&budget.tag, leases.partitions, partition),
-        _ => format!("b:{}", budget.tag),
-    };
+    let tag = budgets_tag(&budget.tag, budget.leases.zip(ring.partition));
     let ring = format!("{namespace}:{{{tag}}}:fair:{}", budget.name);
     let drain = format!("{ring}:m");
     [ring, drain]

@@ -1,8 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use drip_core::budgets::FairRing;
-use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::budgets::{Budget, FairRing, LatencyChange, LatencyReport};
 use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Classes, Limit, Rule};
 use drip_core::schedule::{

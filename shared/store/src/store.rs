@@ -7,8 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use drip_core::budgets::FairRing;
-use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::budgets::{Budget, FairRing, LatencyChange, LatencyReport};
 use drip_core::fair::{Member, Ring};
 use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride, Unpark};
