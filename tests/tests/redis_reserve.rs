@@ -92,30 +92,51 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
             store.pause_budget(&scenario.shared.budgets[budget], until).await.expect("pause");
         }
         for &(_, entity, ahead) in scenario.shared.drains.iter().filter(|d| d.0 == i) {
-            let (key, queue) = (format!("entity_{entity}"), parked.entry(entity).or_default());
+            let key = format!("entity_{entity}");
             let rule = scenario.rule(&scenario.rule_of(rule, entity));
             let wake = store.arm_wake(&rule, &key, arrival.now + ahead / 2).await.expect("arm_wake");
             let mut unparked = Vec::new();
-            if fair.is_some() {
-                // A fair budget's drain hands a pass over in one call: the whole queue at once,
-                // what follows a head that stays answered NotHead.
-                let requests: Vec<SlotRequest> = queue
+            if let Some(budget) = fair {
+                // A fair budget's drain hands a ring's heads over in one call, as the dispatcher
+                // does: the queues of every key waiting in this key's ring (its partition's, when
+                // leased), round robin from this key; what follows a head that stays answers
+                // NotHead, and a head that stays holds its pool's units for the heads after it.
+                let ring = FairRing::of_key(budget, &key).partition;
+                let mut keys: Vec<usize> = parked
                     .iter()
-                    .map(|&j| {
-                        let request = request_of(scenario, &rules[j], &key, j);
+                    .filter(|(e, q)| **e != entity && !q.is_empty())
+                    .map(|(e, _)| *e)
+                    .filter(|e| FairRing::of_key(budget, &format!("entity_{e}")).partition == ring)
+                    .collect();
+                keys.sort_unstable();
+                keys.insert(0, entity);
+                let depth = keys.iter().map(|e| parked.get(e).map_or(0, |q| q.len())).max().unwrap_or(0);
+                let plan: Vec<(usize, usize)> = (0..depth)
+                    .flat_map(|d| keys.iter().map(move |e| (*e, d)))
+                    .filter_map(|(e, d)| Some((e, *parked.get(&e)?.get(d)?)))
+                    .collect();
+                let plan_keys: Vec<String> = plan.iter().map(|(e, _)| format!("entity_{e}")).collect();
+                let requests: Vec<SlotRequest> = plan
+                    .iter()
+                    .zip(&plan_keys)
+                    .map(|(&(_, j), key)| {
+                        let request = request_of(scenario, &rules[j], key, j);
                         SlotRequest { unpark: Some(arrival.now + ahead), reslot: None, ..request }.at(arrival.now)
                     })
                     .collect();
                 let results = store.unpark_all(&requests).await.expect("unpark_all");
-                for (unpark, _) in results {
+                for (&(e, j), (unpark, _)) in plan.iter().zip(results) {
                     unparked.push(unpark);
+                    let queue = parked.entry(e).or_default();
                     if let (Unpark::Decided(decided), Some(&head)) = (unpark, queue.front()) {
+                        assert_eq!(head, j, "a drain books a key's queue in order");
                         answers[head] = decided;
                         PARKING_SEEN[usize::from(decided.status == Status::Reserved)].fetch_add(1, Ordering::Relaxed);
                         queue.pop_front();
                     }
                 }
             }
+            let queue = parked.entry(entity).or_default();
             while let Some(&head) = queue.front().filter(|_| fair.is_none()) {
                 let request = SlotRequest {
                     unpark: Some(arrival.now + ahead),
@@ -552,9 +573,10 @@ fn reserve_lua_gives_the_model_s_answer_with_parked_backlogs() {
 
 /// A fair budget (book near, park far) with weights, pauses, adaptive limits, new slots and
 /// drains at random moments: the model and the scripts (reserve.lua's parking, fair.lua's ring)
-/// agree on every answer, every park's ring join and wake, every drain's unparks, the ring it
-/// read, who left it and the next wake; every limit holds over what was reserved. Alone and in
-/// batches (a call's events of several keys, each joining the ring as its own).
+/// agree on every answer, every park's ring join and wake, every drain's unparks (a drain's call
+/// holds the queues of every key waiting in the ring, round robin, as the dispatcher's does), the
+/// ring it read, who left it and the next wake; every limit holds over what was reserved. Alone
+/// and in batches (a call's events of several keys, each joining the ring as its own).
 #[test]
 fn reserve_lua_gives_the_model_s_answer_with_fair_budgets() {
     differential(scenario_with_fair_budgets(60), 160, check_budget_bounds);
