@@ -16,7 +16,8 @@
 -- ('<units>:<time>').
 --
 -- A fair budget's home (`fair` 1; BudgetState::grant_fair) shares each window max-min fair among
--- the partitions that asked within FAIR_DEMAND_LIFE windows, by what each last asked for: each is
+-- the partitions that asked within FAIR_DEMAND_LIFE windows, by what each last asked for and held
+-- of the window it asked from: each is
 -- owed its part less what it holds there, and the first window in which what is not owed to the
 -- others leaves room for `cost` leases the partition up to `want` of it; nothing ahead.
 --
@@ -51,8 +52,6 @@ if not lo or lo < current then
   redis.call('HSET', key, 'lo:' .. per, current)
 end
 
--- The live partitions' demands, this one's as it asks now.
-redis.call('HSET', key, 'd:' .. per .. ':p' .. partition, want .. ':' .. now)
 
 -- What is left of a window's count, and what the partition holds of it.
 local function room_and_held(window)
@@ -78,6 +77,14 @@ end
 -- leased, so a partition whose own call saw an earlier now (its reply travelled, time moved on)
 -- is never leased it afresh. (The model has one clock: there `from` is never before now's window.)
 local start = math.max(from, current)
+
+-- The live partitions' demands, this one's as it asks now: a fair budget's, what it asks for and
+-- what it holds of the window it asks from (all it wants of that window).
+local demand = want
+if fair then
+  demand = want + (tonumber(redis.call('HGET', key, per .. ':' .. start .. ':p' .. partition)) or 0)
+end
+redis.call('HSET', key, 'd:' .. per .. ':p' .. partition, demand .. ':' .. now)
 
 -- The walk of both grants: the first window from `start` up to `horizon` where what
 -- `open_of(window)` says it may lease the partition (and what it holds there) leaves room for

@@ -115,14 +115,20 @@ local function unpark(e, now)
     return reply(now, 'C', ATTEMPT.decided, now, now)
   end
   local slot, horizon = search(e, values, last, now)
-  if slot == false then
-    -- Its partition's pool of a leased budget has no units for it: the drain asks the home and
-    -- sends it again (nothing of it written).
+  if slot == false and e.wanted.window > deadline then
+    -- A drain leases only windows it may book now (schedule.rs's search): its partition's pool is
+    -- short past the deadline, so the head stays, its slot at least that window.
+    slot = e.wanted.window
+  elseif slot == false then
+    -- Its partition's pool of a leased budget has no units for it: the drain asks the home for no
+    -- window past the deadline and sends it again (nothing of it written).
+    e.max_delay = math.min(e.max_delay, deadline - now)
     return lease_wanted(e, now)
   elseif not slot then
     return redis.error_reply('drip: slot search did not settle')
+  else
+    keep_runs(e)
   end
-  keep_runs(e)
   if slot > horizon then
     leaves()
     file_answer(e, 'L', slot, now, false)

@@ -309,8 +309,11 @@ impl Scheduler {
             let charged = charged_by(&entity.state, request, &shared, decided_at);
             give_back(&mut entity.state, &mut self.budgets, (request.now, old, cost), &own, &charged);
         }
-        let slot =
-            if exceeded { request.now } else { search(&entity.state, &mut self.budgets, request, (&own, &shared)) };
+        let slot = if exceeded {
+            request.now
+        } else {
+            search(&entity.state, &mut self.budgets, request, (&own, &shared), None)
+        };
         let status = if exceeded {
             Status::CostExceedsLimit
         } else if slot > request.now + request.max_delay {
@@ -359,8 +362,15 @@ impl Scheduler {
     }
 
     /// Whether the request's cost is over a count in force, and the slot its entity would give it
-    /// now (the runs its search walked are kept; nothing else changes).
-    fn earliest(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> (bool, Millis) {
+    /// now (the runs its search walked are kept; nothing else changes); a leased budget's home is
+    /// asked for no window past `lease_through` ([`search`]).
+    fn earliest(
+        &mut self,
+        rule: &str,
+        key: &str,
+        request: &ReserveRequest<'_>,
+        lease_through: Option<Millis>,
+    ) -> (bool, Millis) {
         self.carry_over(rule, request);
         let request = &self.with_carried_floor(request);
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
@@ -369,7 +379,7 @@ impl Scheduler {
         if exceeded {
             return (true, request.now);
         }
-        (false, search(&entity.state, &mut self.budgets, request, (&own, &shared)))
+        (false, search(&entity.state, &mut self.budgets, request, (&own, &shared), lease_through))
     }
 
     fn answer_mut(&mut self, rule: &str, key: &str, (id, published): (&str, Option<Millis>)) -> Option<&mut Answer> {
@@ -441,16 +451,24 @@ impl Scheduler {
 
 /// The entity's earliest slot ([`earliest_slot`]), each leased budget's home asked for a lease
 /// where its pool has none, and the runs of full windows the search walked kept.
+///
+/// A drain's search (`lease_through`: its deadline) leases only windows it may book now: its home
+/// walks no window past the deadline, and where a pool is short in a window past it the search
+/// stops there (that window is a lower bound of the slot, and the head stays), so a busy
+/// partition's drain never takes a window ahead before the partitions whose keys arrive meanwhile
+/// have asked for it.
 fn search(
     state: &EntityState,
     budgets: &mut HashMap<String, BudgetState>,
     request: &ReserveRequest<'_>,
     (own, shared): (&[EntityLimit], &[BudgetLimit<'_>]),
+    lease_through: Option<Millis>,
 ) -> Millis {
     let (slot, runs) = loop {
         match earliest_slot(state, budgets, request, own, shared) {
             Ok(found) => break found,
-            Err(wanted) => lease(budgets, &shared[wanted.limit], request, wanted.window),
+            Err(wanted) if lease_through.is_some_and(|through| wanted.window > through) => return wanted.window,
+            Err(wanted) => lease(budgets, &shared[wanted.limit], request, (wanted.window, lease_through)),
         }
     };
     for ((state, per), run) in runs {

@@ -134,8 +134,8 @@ impl BudgetState {
 
     /// A fair budget's grant (`lua/lease.lua` with `fair` 1): max-min fair across the partitions
     /// that asked within [`FAIR_DEMAND_LIFE`] windows. Each such partition is owed the max-min
-    /// fair part of a window's count by their demands (what each last asked for: a drain's
-    /// heads), less what it holds there; the first window from `from` up to `horizon` in which
+    /// fair part of a window's count by their demands (what each last asked for, a drain's heads,
+    /// and what it held then of the window it asked from), less what it holds there; the first window from `from` up to `horizon` in which
     /// what is not owed to the others leaves room for `cost` leases the partition up to `want`
     /// of it. A partition whose keys ask little gets all it asks while one holding a flood takes
     /// the rest (work conserving), and the flood's partition never takes what a quiet partition's
@@ -147,7 +147,9 @@ impl BudgetState {
         count: u64,
         (cost, want): (u64, u64),
     ) -> Lease {
-        self.demands.insert((per, partition), (want, now));
+        // All it wants of the window it asks from: what it asks for and what it holds there.
+        let held = self.granted.get(&(per, from, partition)).copied().unwrap_or(0);
+        self.demands.insert((per, partition), (want + held, now));
         let live = (0..partitions).filter_map(|q| {
             let &(units, at) = self.demands.get(&(per, q))?;
             (at + FAIR_DEMAND_LIFE * per > now).then_some((q, units))

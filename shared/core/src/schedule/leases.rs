@@ -76,13 +76,14 @@ pub(super) fn lease(
     budgets: &mut HashMap<String, BudgetState>,
     limit: &BudgetLimit<'_>,
     request: &ReserveRequest<'_>,
-    window: Millis,
+    (window, lease_through): (Millis, Option<Millis>),
 ) {
     let (Some(partition), Some(leases)) = (limit.partition(), limit.budget.leases) else { return };
     let per = limit.limit.per();
     let queued = request.queued.iter().find(|(pool, _)| *pool == limit.state).map_or(0, |&(_, cost)| cost);
     let want = leases.want(limit.count, request.cost).max(request.cost + queued);
-    let span = (per, window, request.now + request.max_delay);
+    let horizon = request.now + request.max_delay;
+    let span = (per, window, lease_through.map_or(horizon, |through| through.min(horizon)));
     let home = budgets.entry(limit.budget.name.clone()).or_default();
     let asker = (partition, leases.partitions, request.now);
     let leases = match limit.budget.fair {

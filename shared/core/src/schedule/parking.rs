@@ -107,7 +107,7 @@ impl Scheduler {
         }
         // What is left of its max_delay, from when it was parked (negative once it has passed).
         let request = ReserveRequest { max_delay: since + request.max_delay - request.now, park: None, ..*request };
-        let (exceeded, slot) = self.earliest(rule, key, &request);
+        let (exceeded, slot) = self.earliest(rule, key, &request, Some(deadline));
         let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned())).expect("entered above");
         if !exceeded && slot <= request.now + request.max_delay && slot > deadline {
             let wake = (slot - (deadline - request.now)).clamp(request.now, request.now + MAX_WAKE_GAP);

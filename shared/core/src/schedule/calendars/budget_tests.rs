@@ -135,6 +135,65 @@ fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
     assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
 }
 
+/// A drain leases only windows it may book now: its home walks no window past the drain's
+/// deadline, and a head whose pool is short past it stays, its slot that window, with nothing
+/// leased there (a busy partition's drain never takes a window ahead before the partitions whose
+/// keys arrive meanwhile have asked for it).
+#[test]
+fn a_drain_leases_no_window_past_its_deadline() {
+    let leases = crate::budgets::Leases { partitions: 2, chunk: PPM };
+    let fair = Some(crate::fair::Fair::default());
+    let budgets = [Arc::new(Budget { leases: Some(leases), fair, ..(*budget(10, Placement::Start, None)).clone() })];
+    let key = (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == 0).unwrap();
+    let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
+    fn parking<'a>(
+        id: &'a str,
+        now: Millis,
+        (limits, budgets): (&'a [Limit], &'a [Arc<Budget>]),
+    ) -> ReserveRequest<'a> {
+        ReserveRequest { max_delay: 10 * SECOND, park: Some(2 * SECOND), budgets, ..request(id, limits, now) }
+    }
+    let ids: Vec<String> = (0..25).map(|i| format!("m{i}")).collect();
+    let request = |i: usize, now| parking(&ids[i], now, (&limits, &budgets));
+    let mut s = Scheduler::new();
+    // Ten book window 0; the eleventh leases window 1 and parks (past the near horizon), and so
+    // does every one after it.
+    let statuses: Vec<Status> = (0..25).map(|i| s.reserve("r", &key, &request(i, 0)).status).collect();
+    assert_eq!(statuses[..10], [Status::Reserved; 10]);
+    assert_eq!(statuses[10..], [Status::Parked; 15]);
+    // A drain at 600 books up to 1100: window 1's ten, then its head stays at window 2.
+    let deadline = 600 + budgets[0].near().unwrap();
+    for i in 10..20 {
+        let unpark = s.unpark("r", &key, &request(i, 600), deadline);
+        assert!(matches!(unpark, Unpark::Decided(r) if r.slot == SECOND), "m{i}: {unpark:?}");
+    }
+    let stays = s.unpark("r", &key, &request(20, 600), deadline);
+    assert_eq!(stays, Unpark::Later { slot: 2 * SECOND, wake: 2 * SECOND - (deadline - 600) });
+    let home = s.budget_state("gateway").unwrap();
+    assert_eq!(home.windows.get(&(SECOND, 2 * SECOND)), None, "nothing leased past the deadline: {home:?}");
+    // The next drain, with window 2 within its deadline, leases it.
+    let unpark = s.unpark("r", &key, &request(20, 1_500), 2_000);
+    assert!(matches!(unpark, Unpark::Decided(r) if r.slot == 2 * SECOND), "{unpark:?}");
+    assert_eq!(s.budget_state("gateway").unwrap().windows.get(&(SECOND, 2 * SECOND)), Some(&10));
+}
+
+/// A fair partition's demand is all it wants of the window it asks from: what it asks for and
+/// what it already holds there. One whose pool booked its unit and asks for one more is owed two;
+/// the flood's partition takes the rest.
+#[test]
+fn a_fair_partition_s_demand_counts_what_it_holds_of_the_window() {
+    let mut home = BudgetState::default();
+    let grant = |home: &mut BudgetState, partition, want, (now, from)| {
+        let lease = home.grant_fair((partition, 3, now), (SECOND, from, 3 * SECOND), 20, (1, want));
+        (lease.window, lease.total)
+    };
+    assert_eq!(grant(&mut home, 0, 128, (0, 0)), (Some(0), 20));
+    assert_eq!(grant(&mut home, 1, 1, (10, 0)), (Some(SECOND), 1), "window 0 is the flood's");
+    assert_eq!(grant(&mut home, 1, 1, (20, SECOND)), (Some(SECOND), 2), "it wants 2 of window 1, not 1");
+    assert_eq!(home.demands.get(&(SECOND, 1)), Some(&(2, 20)));
+    assert_eq!(grant(&mut home, 0, 128, (30, SECOND)), (Some(SECOND), 18), "the flood: all p1 is not owed");
+}
+
 fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
     let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
     let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
