@@ -127,32 +127,10 @@ async fn take_handing(state: &AppState, rule: &Rule, key: &str) -> anyhow::Resul
 pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &Delivery<'_>) -> Answer {
     let rules = state.rules.current();
     let Some(budget) = rules.budgets.get(&wake.fair_wake.budget) else {
-        return match hand_ring_to_keys(state, &rules, wake).await {
-            Ok((handed, 0)) => {
-                tracing::warn!(budget = %wake.fair_wake.budget, keys = handed, "a fair budget's wake for a budget that no longer exists: its waiting keys drain on their own");
-                Answer::new(StatusCode::OK, None, Outcome::Drained)
-            }
-            Ok((handed, stranded)) => {
-                tracing::error!(budget = %wake.fair_wake.budget, handed, stranded, "a fair budget that no longer exists still holds waiting keys whose rules moved to another hash tag: their parked events stay until the budget is back (put it back with fair: false and let its ring drain before removing it)");
-                Answer::new(StatusCode::OK, None, Outcome::Drained)
-            }
-            Err(error) => {
-                tracing::warn!(budget = %wake.fair_wake.budget, error = format!("{error:#}"), "could not hand a removed fair budget's waiting keys to their drains; Cloud Tasks will retry its wake");
-                Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
-            }
-        };
+        return hand_over_ring(state, &rules, wake, "a fair budget that no longer exists").await;
     };
     let Some(ring) = wake.ring_of(budget) else {
-        return match hand_ring_to_keys(state, &rules, wake).await {
-            Ok((handed, stranded)) => {
-                tracing::warn!(budget = %budget.name, handed, stranded, "a fair budget's wake for a ring its partitions no longer have: its waiting keys drain on their own where their state stays");
-                Answer::new(StatusCode::OK, None, Outcome::Drained)
-            }
-            Err(error) => {
-                tracing::warn!(budget = %budget.name, error = format!("{error:#}"), "could not hand an old ring's waiting keys to their drains; Cloud Tasks will retry its wake");
-                Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
-            }
-        };
+        return hand_over_ring(state, &rules, wake, "a ring of partitions the budget no longer has").await;
     };
     match drain_ring(state, &rules, ring, delivery).await {
         Ok(taken) => {
@@ -164,6 +142,41 @@ pub(crate) async fn fair_wake(state: &AppState, wake: &FairWakeTask, delivery: &
             Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry)
         }
     }
+}
+
+/// The wake of a ring that is `gone` (its budget, or its partition): its keys handed to their own
+/// drains ([`hand_ring_to_keys`]), or a retry when they could not be.
+async fn hand_over_ring(state: &AppState, rules: &RuleSet, wake: &FairWakeTask, gone: &str) -> Answer {
+    let budget = &wake.fair_wake.budget;
+    match hand_ring_to_keys(state, rules, wake).await {
+        Ok((handed, 0)) => {
+            tracing::warn!(
+                budget,
+                ring = gone,
+                handed,
+                "a fair wake for a ring that is gone: its waiting keys drain on their own"
+            );
+        }
+        Ok((handed, stranded)) => {
+            tracing::error!(
+                budget,
+                ring = gone,
+                handed,
+                stranded,
+                "a ring that is gone still holds waiting keys whose rules moved to another hash tag or partition: their parked events stay until it is back (put the budget back with fair: false and let its ring drain before removing it)"
+            );
+        }
+        Err(error) => {
+            tracing::warn!(
+                budget,
+                ring = gone,
+                error = format!("{error:#}"),
+                "could not hand a gone ring's waiting keys to their drains; Cloud Tasks will retry its wake"
+            );
+            return Answer::new(StatusCode::SERVICE_UNAVAILABLE, None, Outcome::Retry);
+        }
+    }
+    Answer::new(StatusCode::OK, None, Outcome::Drained)
 }
 
 /// The wake of a fair budget the rules no longer have: each key waiting in its ring whose rule
