@@ -12,14 +12,14 @@
 -- The home is the budget's hash (drip:{b:<tag>}:budget:<name>): '<per>:<window>' what it leased
 -- of that window in all, '<per>:<window>:p<partition>' what it leased the partition,
 -- '<per>:<window>:p<partition>:r' what the partition gave back of it (lua/returns.lua),
--- 'lo:<per>' its oldest window, 'd:<per>:p<partition>' what the partition last asked for and when
--- ('<units>:<time>').
+-- 'lo:<per>' its oldest window, 'd:<per>:p<partition>' what the partition last asked for (a fair
+-- budget's: with what it held of the window it asked from) and when ('<units>:<time>').
 --
 -- A fair budget's home (`fair` 1; BudgetState::grant_fair) shares each window max-min fair among
 -- the partitions that asked within FAIR_DEMAND_LIFE windows, by what each last asked for and held
--- of the window it asked from: each is
--- owed its part less what it holds there, and the first window in which what is not owed to the
--- others leaves room for `cost` leases the partition up to `want` of it; nothing ahead.
+-- of the window it asked from: each is owed its part less what it holds there, and the first
+-- window in which what is not owed to the others leaves room for `cost` leases the partition up
+-- to `want` of it; nothing ahead.
 --
 -- KEYS[1]  the home's hash
 -- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
@@ -51,7 +51,6 @@ end
 if not lo or lo < current then
   redis.call('HSET', key, 'lo:' .. per, current)
 end
-
 
 -- What is left of a window's count, and what the partition holds of it.
 local function room_and_held(window)

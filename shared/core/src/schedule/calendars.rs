@@ -135,9 +135,9 @@ impl BudgetState {
     /// A fair budget's grant (`lua/lease.lua` with `fair` 1): max-min fair across the partitions
     /// that asked within [`FAIR_DEMAND_LIFE`] windows. Each such partition is owed the max-min
     /// fair part of a window's count by their demands (what each last asked for, a drain's heads,
-    /// and what it held then of the window it asked from), less what it holds there; the first window from `from` up to `horizon` in which
-    /// what is not owed to the others leaves room for `cost` leases the partition up to `want`
-    /// of it. A partition whose keys ask little gets all it asks while one holding a flood takes
+    /// and what it held then of the window it asked from), less what it holds there; the first
+    /// window from `from` up to `horizon` in which what is not owed to the others leaves room for
+    /// `cost` leases the partition up to `want` of it. A partition whose keys ask little gets all it asks while one holding a flood takes
     /// the rest (work conserving), and the flood's partition never takes what a quiet partition's
     /// drain is about to book. Only the window asked for: a fair budget books near.
     pub fn grant_fair(
