@@ -1086,7 +1086,6 @@ fn the_rules_schema_refuses_what_the_loader_refuses() {
         ("max_delay_over_30d", "a duration's length (a pattern sees its text)"),
         ("max_pause_over_max_delay", "max_pause against max_delay"),
         ("missing_dlq_topic", "a rule's dlq_topic against default_dlq_topic"),
-        ("park_horizon_on_classes", "one field against another (park_horizon beside classes)"),
         ("unknown_budget", "a rule's budgets against the file's"),
         ("unreachable_after_catch_all", "a rule against the rules before it"),
         ("zero_period", "a sum of durations that is zero"),

@@ -1047,6 +1047,19 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
     )
 }
 
+/// A rule with classes (as [`scenario_with_classes`]) that parks a throttled key's backlog: pauses
+/// of keys and lowered calendars hold every class of the key, each class parks in its own queue,
+/// and random drains book each class's queue of a key in turn.
+pub fn scenario_with_parked_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let drains = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..2_000), 0..12);
+    (scenario_with_classes(max_events), drains, 0i64..1_500).prop_map(|(mut scenario, drains, horizon)| {
+        let n = scenario.events.len();
+        scenario.shared.drains = drains.into_iter().map(|(at, entity, ahead)| (at.index(n), entity, ahead)).collect();
+        scenario.shared.park = Some(horizon);
+        scenario
+    })
+}
+
 /// For scenarios with classes: per key and class, slots never go backwards; no slot decided
 /// after a pause of its key lies before the pause's end, whatever its class; per key, every
 /// window of each of the rule's limits holds at most its count over all classes; every budget

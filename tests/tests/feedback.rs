@@ -349,6 +349,95 @@ rules:
     assert!(metrics.contains("outcome=\"drained\""), "a wake drained the key: {metrics}");
 }
 
+/// A key of a rule with classes that its partner paused for two minutes parks each class's events
+/// in the class's own queue. Lifting the pause through the API (on one class: a pause is every
+/// class's) wakes every class's drain at once, not at its next wake up to 30 s away; each class
+/// drains in its own order, live's reserve taking a unit of each window beside the bulk backlog.
+/// Through the real stack: nothing reaches the partner before the resume, every event once, no
+/// second over the limit, nothing dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_classed_key_parks_each_class_and_a_resume_wakes_every_class_s_drain() {
+    const CLASSED_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [ { limit: 5, per: 1s } ]
+    classes: { from: "{attributes.priority}", default: bulk, reserve: { live: 0.2 } }
+    park_horizon: 1s
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    overflow: { url: "TARGET" }
+"#;
+    const LIMIT: usize = 5;
+    let prefix = unique("classed-parking");
+    let ThrottledStack { pubsub, answers, source, _limiter: limiter, .. } =
+        throttled_stack(&prefix, CLASSED_RULES, (0, 1), 1).await;
+    let (http, rule) = (reqwest::Client::new(), format!("{prefix}-payouts"));
+    let publish = |class: &'static str, n: usize| {
+        let attributes =
+            BTreeMap::from([("event_type".to_owned(), "payout".to_owned()), ("priority".to_owned(), class.to_owned())]);
+        let (pubsub, source) = (&pubsub, &source);
+        async move { pubsub.publish(source, format!(r#"{{"merchant":"m","n":{n}}}"#).as_bytes(), &attributes).await }
+    };
+    // Feedback reaches keys Drip has scheduled: one bulk payout goes first (forwarded at once).
+    let first = publish("bulk", 0).await;
+    let forwarded = pubsub.pull_until(&format!("{prefix}-ready"), 1, std::time::Duration::from_secs(10)).await;
+    assert_eq!(forwarded.len(), 1, "{forwarded:?}");
+    let paused = http
+        .post(format!("{}/v1/feedback", limiter.url))
+        .json(&serde_json::json!({ "rule": rule, "key": "merchant_m#bulk", "status": 429, "retryAfter": 120 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paused.status(), 200);
+    let mut ids = HashSet::from([first]);
+    for n in 1..=20 {
+        ids.insert(publish("bulk", n).await);
+    }
+    let live: HashSet<String> =
+        futures_util::future::join_all((21..24).map(|n| publish("live", n))).await.into_iter().collect();
+    ids.extend(live.iter().cloned());
+    // Each class parks in its own queue.
+    let parked = |class: &'static str| {
+        let (state, rule) = (&limiter.state, state_rule(&limiter.state, &rule));
+        async move { state.store.parked_bodies(&rule, &format!("merchant_m#{class}"), 100).await.unwrap().len() }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while (parked("bulk").await, parked("live").await) != (20, 3) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!((parked("bulk").await, parked("live").await), (20, 3), "each class's queue");
+    assert!(answers.lock().unwrap().is_empty(), "nothing reached the partner while paused");
+
+    let resumed = wall_clock_millis();
+    let lifted =
+        http.delete(format!("{}/v1/rules/{rule}/keys/merchant_m%23live/pause", limiter.url)).send().await.unwrap();
+    assert_eq!(lifted.status(), 200, "{:?}", lifted.text().await);
+    let answers = delivered_once(&pubsub, &answers, &prefix, &ids, forwarded_ids_of(&forwarded)).await;
+    at_most_per_second_and_nothing_dead_lettered(&pubsub, &prefix, &answers, LIMIT).await;
+    let last =
+        |of: &dyn Fn(&String) -> bool| answers.iter().filter(|a| a.2 == 204 && of(&a.0)).map(|a| a.1).max().unwrap();
+    let (last_live, last_bulk) = (last(&|id| live.contains(id)), last(&|id| !live.contains(id)));
+    // 20 bulk at 4 or 5 a second after the resume, and live's 3 from its reserve meanwhile: bulk's
+    // drain woke with live's (its own wake was up to 30 s away).
+    assert!(last_bulk - resumed <= 8_000, "bulk's backlog drained {} ms after the resume", last_bulk - resumed);
+    assert!(last_live < last_bulk, "live overtook the bulk backlog: {answers:?}");
+}
+
+/// The rule `name` as the limiter runs it.
+fn state_rule(state: &drip_limiter::AppState, name: &str) -> drip_core::rules::Rule {
+    state.rules.current().rule(name).expect("the rule").clone()
+}
+
+fn forwarded_ids_of(messages: &[drip_tests::pubsub_emulator::Pulled]) -> HashSet<String> {
+    messages.iter().map(|m| m.attributes["drip-message-id"].clone()).collect()
+}
+
 /// A budget leased over two partitions whose partner says wait (429, `Retry-After: 3`): the pause
 /// reaches every partition's pool, the keys' backlogs park, and their drains book them after it
 /// through their partitions' leases, asking the home for units as a reservation does. Through the

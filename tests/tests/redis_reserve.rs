@@ -23,7 +23,7 @@ use drip_tests::scenario::{
     check_schedule, corrected_events, plain_rule, rule_with, scenario, scenario_with_an_edit, scenario_with_budgets,
     scenario_with_classes, scenario_with_corrections, scenario_with_fair_budgets, scenario_with_fair_leased_budgets,
     scenario_with_leased_parking, scenario_with_leases, scenario_with_margin, scenario_with_overrides,
-    scenario_with_parking, scenario_with_pauses,
+    scenario_with_parked_classes, scenario_with_parking, scenario_with_pauses,
 };
 use drip_tests::unique;
 use proptest::arbitrary::any;
@@ -61,8 +61,9 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
     let rules: Vec<String> = scenario.events.iter().map(|a| scenario.rule_of(rule, a.entity)).collect();
     let (mut answers, mut corrections, mut drains, mut rings) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let fair = scenario.shared.budgets.first().filter(|b| b.fair.is_some());
-    // Each entity's parked events (by index), oldest first, as the answers said.
-    let mut parked: HashMap<usize, std::collections::VecDeque<usize>> = HashMap::new();
+    // Each entity's parked events (by index), oldest first, as the answers said: by its key, or a
+    // class's entity `<key>#c<class>` (each class parks in its own queue).
+    let mut parked: HashMap<String, std::collections::VecDeque<usize>> = HashMap::new();
     for batch in if batches.is_empty() { &alone } else { batches } {
         let (i, arrival) = (batch.start, &scenario.events[batch.start]);
         for &(_, of, actual) in scenario.shared.corrections.iter().filter(|c| c.0 == i) {
@@ -94,40 +95,38 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
         for &(_, entity, ahead) in scenario.shared.drains.iter().filter(|d| d.0 == i) {
             let key = format!("entity_{entity}");
             let rule = scenario.rule(&scenario.rule_of(rule, entity));
-            let wake = store.arm_wake(&rule, &key, arrival.now + ahead / 2).await.expect("arm_wake");
-            let mut unparked = Vec::new();
             if let Some(budget) = fair {
+                let wake = store.arm_wake(&rule, &key, arrival.now + ahead / 2).await.expect("arm_wake");
                 // A fair budget's drain hands a ring's heads over in one call, as the dispatcher
                 // does: the queues of every key waiting in this key's ring (its partition's, when
                 // leased), round robin from this key; what follows a head that stays answers
                 // NotHead, and a head that stays holds its pool's units for the heads after it.
                 let ring = FairRing::of_key(budget, &key).partition;
-                let mut keys: Vec<usize> = parked
+                let mut keys: Vec<String> = parked
                     .iter()
-                    .filter(|(e, q)| **e != entity && !q.is_empty())
-                    .map(|(e, _)| *e)
-                    .filter(|e| FairRing::of_key(budget, &format!("entity_{e}")).partition == ring)
+                    .filter(|(k, q)| **k != key && !q.is_empty())
+                    .map(|(k, _)| k.clone())
+                    .filter(|k| FairRing::of_key(budget, k).partition == ring)
                     .collect();
                 keys.sort_unstable();
-                keys.insert(0, entity);
-                let depth = keys.iter().map(|e| parked.get(e).map_or(0, |q| q.len())).max().unwrap_or(0);
-                let plan: Vec<(usize, usize)> = (0..depth)
-                    .flat_map(|d| keys.iter().map(move |e| (*e, d)))
-                    .filter_map(|(e, d)| Some((e, *parked.get(&e)?.get(d)?)))
+                keys.insert(0, key.clone());
+                let depth = keys.iter().map(|k| parked.get(k).map_or(0, |q| q.len())).max().unwrap_or(0);
+                let plan: Vec<(&String, usize)> = (0..depth)
+                    .flat_map(|d| keys.iter().map(move |k| (k, d)))
+                    .filter_map(|(k, d)| Some((k, *parked.get(k)?.get(d)?)))
                     .collect();
-                let plan_keys: Vec<String> = plan.iter().map(|(e, _)| format!("entity_{e}")).collect();
                 let requests: Vec<SlotRequest> = plan
                     .iter()
-                    .zip(&plan_keys)
-                    .map(|(&(_, j), key)| {
-                        let request = request_of(scenario, &rules[j], key, j);
+                    .map(|&(k, j)| {
+                        let request = request_of(scenario, &rules[j], k, j);
                         SlotRequest { unpark: Some(arrival.now + ahead), reslot: None, ..request }.at(arrival.now)
                     })
                     .collect();
                 let results = store.unpark_all(&requests).await.expect("unpark_all");
-                for (&(e, j), (unpark, _)) in plan.iter().zip(results) {
+                let mut unparked = Vec::new();
+                for (&(k, j), (unpark, _)) in plan.iter().zip(results) {
                     unparked.push(unpark);
-                    let queue = parked.entry(e).or_default();
+                    let queue = parked.get_mut(k).expect("planned from a queue");
                     if let (Unpark::Decided(decided), Some(&head)) = (unpark, queue.front()) {
                         assert_eq!(head, j, "a drain books a key's queue in order");
                         answers[head] = decided;
@@ -135,31 +134,39 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
                         queue.pop_front();
                     }
                 }
-            }
-            let queue = parked.entry(entity).or_default();
-            while let Some(&head) = queue.front().filter(|_| fair.is_none()) {
-                let request = SlotRequest {
-                    unpark: Some(arrival.now + ahead),
-                    reslot: None,
-                    ..request_of(scenario, &rules[head], &key, head)
-                }
-                .at(arrival.now);
-                let (unpark, _) = store.unpark(&request).await.expect("unpark");
-                unparked.push(unpark);
-                let Unpark::Decided(decided) = unpark else { break };
-                // What the event holds now is its drained answer: the checks count its slot.
-                answers[head] = decided;
-                PARKING_SEEN[usize::from(decided.status == Status::Reserved)].fetch_add(1, Ordering::Relaxed);
-                queue.pop_front();
-            }
-            drains.push((wake, unparked));
-            if let Some(budget) = fair {
+                drains.push((wake, unparked));
                 let member = Member { rule: rule.id.clone(), key: key.clone() };
                 let fair = FairRing::of_key(budget, &key);
                 let ring = store.fair_ring(fair).await.expect("fair_ring");
                 let left = store.fair_leave(fair, Some(&rule), &member).await.expect("fair_leave");
                 let turned = store.fair_turned(fair, ring.cursor + 1, None).await.expect("fair_turned");
                 rings.push(format!("drain {entity}: {ring:?}, left {left}, wake {turned:?}"));
+                continue;
+            }
+            // A key's own drain; with classes, each class's (and the key's, for what it parked
+            // before the rule had classes), one after another.
+            let classes = if scenario.shared.classes.is_some() { 0..3 } else { 0..0 };
+            let keys = std::iter::once(key.clone()).chain(classes.map(|c| format!("{key}#c{c}")));
+            for key in keys {
+                let wake = store.arm_wake(&rule, &key, arrival.now + ahead / 2).await.expect("arm_wake");
+                let mut unparked = Vec::new();
+                let queue = parked.entry(key.clone()).or_default();
+                while let Some(&head) = queue.front() {
+                    let request = SlotRequest {
+                        unpark: Some(arrival.now + ahead),
+                        reslot: None,
+                        ..request_of(scenario, &rules[head], &key, head)
+                    }
+                    .at(arrival.now);
+                    let (unpark, _) = store.unpark(&request).await.expect("unpark");
+                    unparked.push(unpark);
+                    let Unpark::Decided(decided) = unpark else { break };
+                    // What the event holds now is its drained answer: the checks count its slot.
+                    answers[head] = decided;
+                    PARKING_SEEN[usize::from(decided.status == Status::Reserved)].fetch_add(1, Ordering::Relaxed);
+                    queue.pop_front();
+                }
+                drains.push((wake, unparked));
             }
         }
         let keys: Vec<String> = scenario.events[batch.clone()].iter().map(|a| scenario.entity_key(a)).collect();
@@ -169,7 +176,7 @@ async fn run_all(store: &impl Differential, rule: &str, scenario: &Scenario, bat
         for (j, reserved) in batch.clone().zip(&reserved) {
             let r = reserved.reservation;
             if r.status == Status::Parked && r.attempt == Attempt::Decided {
-                parked.entry(scenario.events[j].entity).or_default().push_back(j);
+                parked.entry(keys[j - batch.start].clone()).or_default().push_back(j);
                 PARKING_SEEN[2].fetch_add(1, Ordering::Relaxed);
                 if let Some(budget) = fair {
                     // It joined the budget's ring in the same call.
@@ -640,6 +647,20 @@ fn reserve_lua_gives_the_model_s_answer_with_fair_leased_budgets() {
     differential(scenario_with_fair_leased_budgets(60), 160, check_budget_bounds);
     let sizes = || proptest::collection::vec(1usize..=64, 1..8);
     differential_in_batches((scenario_with_fair_leased_budgets(60), sizes()), 64, check_budget_bounds);
+    let seen = PARKING_SEEN.each_ref().map(|n| n.load(Ordering::Relaxed));
+    assert!(seen.iter().all(|&n| n > 0), "dropped, drained, parked: {seen:?}");
+}
+
+/// A rule with classes that parks a throttled key's backlog (pauses of keys, each its calendar's
+/// for every class; adaptive calendars and their signals; budgets and their pauses): each class
+/// parks in its own queue and drains in its own order, keeping the classes' reserves. The model
+/// and the scripts agree on every answer, every drain's wake and unparks, and the state; each
+/// key's windows (all classes together) and each budget's hold their counts, FIFO per class.
+#[test]
+fn reserve_lua_gives_the_model_s_answer_with_classes_that_park() {
+    differential(scenario_with_parked_classes(60), 160, check_class_bounds);
+    let sizes = || proptest::collection::vec(1usize..=64, 1..8);
+    differential_in_batches((scenario_with_parked_classes(60), sizes()), 64, check_class_bounds);
     let seen = PARKING_SEEN.each_ref().map(|n| n.load(Ordering::Relaxed));
     assert!(seen.iter().all(|&n| n > 0), "dropped, drained, parked: {seen:?}");
 }

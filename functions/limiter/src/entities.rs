@@ -32,7 +32,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use drip_core::budgets::{Budget, LatencyReport, PPM};
 use drip_core::event::MessageRef;
-use drip_core::rules::{Limit, Rule};
+use drip_core::rules::{Classes, Limit, Rule};
 use drip_core::schedule::{Correction, LimitOverride};
 use drip_core::template::cap_key;
 use drip_core::time::{format_rfc3339, parse_rfc3339, wall_clock_millis};
@@ -606,13 +606,24 @@ async fn resume(
 }
 
 /// After a key's pause is lifted, its parked events drain now, at the rate in force, rather than
-/// at the drain's next wake. An instance that creates no task (the admin service) leaves them to
-/// that wake, at most `MAX_WAKE_GAP` (30 s) away while events are parked.
+/// at the drain's next wake; a key of a rule with classes is paused for every class, so each
+/// class's drain wakes. An instance that creates no task (the admin service) leaves them to that
+/// wake, at most `MAX_WAKE_GAP` (30 s) away while events are parked.
 async fn wake_parked(state: &AppState, rule: &Rule, key: &str) {
     let Some(batcher) = &state.tasks else {
         tracing::info!(rule = %rule.name, key, "pause lifted; this instance creates no task, so parked events drain at their next wake");
         return;
     };
+    let entities = match (&rule.classes, Classes::split(key)) {
+        (Some(classes), Some((scope, _))) => classes.names.iter().map(|class| Classes::entity(scope, class)).collect(),
+        _ => vec![key.to_owned()],
+    };
+    for entity in entities {
+        wake_entity(state, batcher, rule, &entity).await;
+    }
+}
+
+async fn wake_entity(state: &AppState, batcher: &drip_service::task_batches::TaskBatcher, rule: &Rule, key: &str) {
     match state.store.parked_bodies(rule, key, 1).await {
         Ok(parked) if parked.is_empty() => return,
         Ok(_) => {}

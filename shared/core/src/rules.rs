@@ -199,10 +199,9 @@ impl Rule {
     }
 
     /// The horizon past which a throttled key's events park (`ReserveRequest::park`): the rule's
-    /// `park_horizon` when it enforces and has no classes (a classed key books every slot at
-    /// once); else `None`.
+    /// `park_horizon` when it enforces (a class of a key parks in its own queue); else `None`.
     pub fn park(&self) -> Option<Millis> {
-        self.park_horizon.filter(|_| self.mode == Mode::Enforce && self.classes.is_none())
+        self.park_horizon.filter(|_| self.mode == Mode::Enforce)
     }
 }
 
@@ -569,7 +568,7 @@ impl RuleSet {
                     Some((
                         "classes",
                         format!(
-                            "draws from fair budget '{first}', but a rule with classes books at once by priority and never parks; a fair budget parks what lies past its near horizon"
+                            "draws from fair budget '{first}', but a rule with classes cannot: a fair budget shares each window among its waiting keys, and a classed key waits as one queue per class, so its classes would take a key's turn each"
                         ),
                     ))
                 } else if rule.mode == Mode::Enforce && rule.park_horizon.is_none() {

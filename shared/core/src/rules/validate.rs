@@ -149,13 +149,6 @@ pub(super) fn validate_rule(
         None => Some(Some(DEFAULT_PARK_HORIZON)),
         Some("off") => Some(None),
         // Said, not ignored: a horizon on a rule that never parks would promise what it cannot.
-        Some(_) if raw.classes.is_some() => {
-            errors.push(
-                "park_horizon",
-                "a rule with classes never parks (its classes book at once, by priority): remove park_horizon".into(),
-            );
-            None
-        }
         Some(_) if mode == Some(Mode::Shadow) => {
             errors.push("park_horizon", "a shadow rule never parks (it enforces nothing): remove park_horizon".into());
             None

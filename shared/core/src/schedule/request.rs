@@ -150,14 +150,7 @@ impl<'a> ReserveRequest<'a> {
         match &rule.classes {
             Some(classes) => {
                 // The rule's adaptive level is the calendar's (`Classes::calendar`), not the entity's.
-                Self {
-                    limits: &[],
-                    budgets: &classes.draws,
-                    class: Some((key, class)),
-                    adaptive: None,
-                    park: None,
-                    ..self
-                }
+                Self { limits: &[], budgets: &classes.draws, class: Some((key, class)), adaptive: None, ..self }
             }
             None => self,
         }

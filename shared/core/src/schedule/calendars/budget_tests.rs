@@ -589,3 +589,61 @@ fn a_fair_home_leases_max_min_fair_among_the_partitions_that_asked_lately() {
     // Two windows later p1's and p2's asks are stale: the flood's partition takes a whole window.
     assert_eq!(grant(&mut home, 0, 128, (2 * SECOND + 40, 3 * SECOND)), (Some(3 * SECOND), 20));
 }
+
+/// A classed key paused (its calendar's pause, every class's): each class parks in its own queue
+/// and drains in its own order, booking with the ordinary arithmetic, so a class's reserve still
+/// lets it overtake the other's backlog once the pause ends.
+#[test]
+fn a_paused_classed_key_parks_by_class_and_each_class_drains_keeping_its_reserve() {
+    let calendar = live_reserve_calendar();
+    let draws = [calendar.clone()];
+    let class_request = |class: &'static str, id: &'static str, now| ReserveRequest {
+        max_delay: 100 * SECOND,
+        park: Some(2 * SECOND),
+        budgets: &draws,
+        class: Some(("m", class)),
+        ..request(id, &[], now)
+    };
+    let bulk: Vec<&'static str> = (0..30).map(|i| &*format!("b{i}").leak()).collect();
+    let live = ["l0", "l1", "l2"];
+    let mut s = Scheduler::new();
+    s.pause_budget(&calendar.state_name(Some("m")), 5_000);
+    for id in &bulk {
+        assert_eq!(s.reserve("payouts", "m#bulk", &class_request("bulk", id, 100)).status, Status::Parked);
+    }
+    for id in live {
+        let parked = s.reserve("payouts", "m#live", &class_request("live", id, 200));
+        assert_eq!((parked.status, parked.slot), (Status::Parked, 5_000));
+    }
+    assert_eq!((s.parked("payouts", "m#bulk").len(), s.parked("payouts", "m#live").len()), (30, 3));
+    assert_eq!(s.budget_state("payouts|m").map(|c| c.windows.len()), Some(0), "nothing booked while paused");
+    // Another key of the rule is not paused: it books at once.
+    let other = ReserveRequest { class: Some(("n", "bulk")), ..class_request("bulk", "n0", 300) };
+    assert_eq!(s.reserve("payouts", "n#bulk", &other).status, Status::Reserved);
+    // The pause ends at 5 s; bulk's drain runs first, up to a deadline of 7.5 s: all of window 5 s
+    // (started: the reserve is anyone's), then 8 of 6 s and of 7 s (live's 2 held until each starts).
+    let mut booked = Vec::new();
+    for id in &bulk {
+        match s.unpark("payouts", "m#bulk", &class_request("bulk", id, 5_000), 7_500) {
+            Unpark::Decided(r) => booked.push(r.slot),
+            Unpark::Later { slot, wake } => {
+                assert_eq!((slot, wake), (8_000, 5_500));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(booked, [vec![5_000; 10], vec![6_000; 8], vec![7_000; 8]].concat());
+    // Live's own drain overtakes bulk's backlog: its reserve of 6 s, then 7 s's.
+    let live_slots: Vec<Millis> = live
+        .iter()
+        .map(|id| match s.unpark("payouts", "m#live", &class_request("live", id, 5_000), 7_500) {
+            Unpark::Decided(r) => r.slot,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(live_slots, [6_000, 6_000, 7_000]);
+    let m = s.budget_state("payouts|m").unwrap();
+    assert_eq!([5_000, 6_000, 7_000].map(|w| m.windows[&(SECOND, w)]), [10, 10, 9], "no window over 10");
+    assert_eq!((s.entity_state("payouts", "m#live").unwrap().parked, s.parked("payouts", "m#bulk").len()), (0, 4));
+}
