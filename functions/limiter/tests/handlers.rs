@@ -1040,12 +1040,25 @@ async fn a_live_payout_overtakes_its_merchant_s_bulk_backlog() {
     let (status, body) = l.send("POST", "/v1/feedback", Some(feedback)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let until = parse_rfc3339(body["pausedUntil"].as_str().unwrap()).unwrap();
+    let before = l.tasks().len();
     assert_eq!(l.push("l1", &event("live"), b"{}").await, StatusCode::NO_CONTENT);
-    assert!(l.tasks().last().unwrap().at >= until, "the live class waits for the key's pause");
+    // The live class waits for the key's pause: in its own queue, no slot booked, its drain's wake armed.
+    let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23live", None).await;
+    assert_eq!(report["parked"].as_u64(), Some(1), "the live class's queue: {report}");
+    let armed: Vec<CreatedTask> = l.tasks()[before..].to_vec();
+    assert!(!armed.is_empty() && armed.iter().all(|t| t.id.starts_with("wake-")), "only a wake: {armed:?}");
+    assert!(armed.iter().all(|t| t.at < until), "it looks again before the pause ends (a pause may be lifted)");
     let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23bulk", None).await;
     assert!(report["budgets"][0]["pausedUntil"].as_str().is_some(), "the calendar holds the pause: {report}");
+    // Lifting it on another class wakes the live class's drain now, not at its armed wake.
+    let (before, resumed) = (l.tasks().len(), drip_core::time::wall_clock_millis());
     let (status, _) = l.send("DELETE", "/v1/rules/settlements/keys/merchant_m%23bulk/pause", None).await;
     assert_eq!(status, StatusCode::OK);
+    let woken: Vec<CreatedTask> = l.tasks()[before..].to_vec();
+    assert!(
+        woken.iter().any(|t| t.id.starts_with("wake-") && t.at <= resumed + drip_core::time::SECOND),
+        "the live class's drain woke at the resume: {woken:?}"
+    );
     let (_, report) = l.send("GET", "/v1/rules/settlements/keys/merchant_m%23live", None).await;
     assert!(report["budgets"][0]["pausedUntil"].is_null(), "lifted for every class: {report}");
     // An override of the key is its calendar's: every class books against it.
