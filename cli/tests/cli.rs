@@ -1076,7 +1076,6 @@ fn the_rules_schema_refuses_what_the_loader_refuses() {
         ("duplicate_rule_id", "rules against each other"),
         ("duplicate_rule_names", "rules against each other"),
         ("fair_budget_park_off", "a rule's park_horizon against the fair budget it draws from"),
-        ("fair_budget_with_classes", "a rule's classes against the fair budget it draws from"),
         ("fair_budgets_two", "a rule's budgets' fairness against each other"),
         ("fair_weights_without_fair", "a budget's weights against its fair"),
         ("feedback_to_unlisted_budget", "feedback against the rule's budgets"),

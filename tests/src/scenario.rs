@@ -1049,13 +1049,33 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
 
 /// A rule with classes (as [`scenario_with_classes`]) that parks a throttled key's backlog: pauses
 /// of keys and lowered calendars hold every class of the key, each class parks in its own queue,
-/// and random drains book each class's queue of a key in turn.
+/// and random drains book each class's queue of a key in turn. The rule has its classes from the
+/// start: what a key parked before its rule had classes drains as the key's, which its calendar
+/// does not count (`drip rules diff` says adding classes to a rule that parks needs care).
 pub fn scenario_with_parked_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
     let drains = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..2_000), 0..12);
     (scenario_with_classes(max_events), drains, 0i64..1_500).prop_map(|(mut scenario, drains, horizon)| {
+        scenario.events.iter_mut().for_each(|arrival| arrival.unclassed = false);
         let n = scenario.events.len();
         scenario.shared.drains = drains.into_iter().map(|(at, entity, ahead)| (at.index(n), entity, ahead)).collect();
         scenario.shared.park = Some(horizon);
+        scenario
+    })
+}
+
+/// A rule with classes that parks (as [`scenario_with_parked_classes`]) drawing from a fair
+/// budget (its first, with weights 1 to 4 for some keys): each class of a key parks past the
+/// budget's near horizon in its own queue and waits in the ring as its own member.
+pub fn scenario_with_fair_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
+    let weights = prop::collection::btree_map(0..3usize, 1u64..=4, 0..3);
+    let with_budgets =
+        scenario_with_parked_classes(max_events).prop_filter("a budget", |s| !s.shared.budgets.is_empty());
+    (with_budgets, weights).prop_map(|(mut scenario, weights)| {
+        let weights = weights.into_iter().map(|(entity, w)| (format!("entity_{entity}"), w)).collect();
+        let fair = Some(drip_core::fair::Fair { weights });
+        scenario.shared.budgets[0] = Arc::new(Budget { fair, ..(*scenario.shared.budgets[0]).clone() });
+        let calendar = scenario.shared.classes.clone().expect("classes");
+        scenario.shared.draws = std::iter::once(calendar).chain(scenario.shared.budgets.iter().cloned()).collect();
         scenario
     })
 }

@@ -19,7 +19,7 @@ use drip_core::time::{Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
 use drip_service::parking;
 use drip_service::reschedule::{Failure, create_task};
-use drip_store::{Reserved, SlotRequest};
+use drip_store::{Reserved, RuleRef, SlotRequest};
 
 use crate::AppState;
 use crate::task::{Delivery, dead_letter, filing_of, new_task, request_of};
@@ -262,8 +262,16 @@ async fn drain_ring(
     // A budget no longer fair drains what waits at the horizon it had.
     let shortest = budget.limits.iter().map(|l| l.per()).min().unwrap_or(SECOND);
     let deadline = now + budget.near().unwrap_or_else(|| drip_core::fair::near_horizon(shortest));
-    let weights = waiting.iter().map(|w| budget.fair.as_ref().map_or(1, |f| f.weight_of(&w.member.key))).collect();
-    let mut round = Round::new(weights, ring.cursor);
+    // A key's weight, shared among its classes waiting (a rule with classes waits as one member per
+    // class of a key): a merchant's share does not grow with the classes it has waiting.
+    let groups: Vec<((&str, &str), u64)> = waiting
+        .iter()
+        .map(|w| {
+            let scope = RuleRef::of(w.rule).scope(&w.member.key);
+            ((w.member.rule.as_str(), scope), budget.fair.as_ref().map_or(1, |f| f.weight_of(scope)))
+        })
+        .collect();
+    let mut round = Round::new(drip_core::fair::shared_weights(&groups), ring.cursor);
     let mut next: Option<Millis> = None;
     let sooner = |at: Millis, next: &mut Option<Millis>| *next = Some(next.map_or(at, |n| n.min(at)));
     // Each turn plans, in the round's order, the heads each key's deficit covers (as if each were

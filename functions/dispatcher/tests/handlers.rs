@@ -695,6 +695,60 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
     assert_eq!(again.len(), events.len(), "the window it filled takes nothing more");
 }
 
+/// A rule with classes drawing from a fair budget: each class of a key waits in the ring as its own
+/// member, and a key's waiting classes share its weight. Merchant two's live and bulk classes and
+/// merchant one's bulk wait past the near horizon; the next window's 8 units go 4 to each
+/// merchant (2 live and 2 bulk for merchant two), each class's events in order.
+#[tokio::test]
+async fn a_fair_budget_shares_a_window_by_key_whatever_classes_wait() {
+    let classes = "    budgets: [rail]\n    classes: { from: \"{attributes.priority}\", default: bulk, reserve: { live: 0.1 } }\n";
+    let rules = RULES
+        .replace("    park_horizon: off\n", classes)
+        .replace("rules:\n", "budgets:\n  rail: { limits: [ { limit: 8, per: 1s } ], fair: true }\nrules:\n")
+        .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let budget = rule.fair_budget().expect("fair").clone();
+    early_in_a_second().await;
+    let now = wall_clock_millis();
+    let window = (now / SECOND + 1) * SECOND;
+    let waiting = ["merchant_two#live", "merchant_two#bulk", "merchant_one#bulk"];
+    for (key, count) in [("merchant_fill#bulk", 8), (waiting[0], 10), (waiting[1], 10), (waiting[2], 10)] {
+        for i in 0..count {
+            let status = reserve_or_park(&d, &rule, (key, &format!("{key}-{i}")), now).await;
+            let expected = if key == "merchant_fill#bulk" { Status::Reserved } else { Status::Parked };
+            assert_eq!(status, expected, "{key}: the current window has room for the first 8");
+        }
+    }
+    let ring = d.store.fair_ring(FairRing { budget: &budget, partition: None }).await.unwrap();
+    let mut members: Vec<&str> = ring.members.iter().map(|m| m.key.as_str()).collect();
+    members.sort_unstable();
+    assert_eq!(members, [waiting[2], waiting[1], waiting[0]], "each class of a key waits as its own member");
+
+    tokio::time::sleep(Duration::from_millis((window - 450 - wall_clock_millis()).max(0) as u64)).await;
+    let wake = FairWakeTask::of(FairRing { budget: &budget, partition: None });
+    let body = wake.body();
+    assert_eq!(d.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
+    let events: Vec<(String, Millis)> = d
+        .tasks
+        .created
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|task| FairWakeTask::parse(&task.body).is_none())
+        .flat_map(|task| carried(&task.body))
+        .collect();
+    let of = |key: &str| events.iter().filter(|(id, _)| id.starts_with(&format!("{key}-"))).count();
+    assert_eq!(waiting.map(of), [2, 2, 4], "merchant two's classes share its turn: {events:?}");
+    for key in waiting {
+        let ids: Vec<&String> =
+            events.iter().filter(|(id, _)| id.starts_with(&format!("{key}-"))).map(|(id, _)| id).collect();
+        let expected: Vec<String> = (0..ids.len()).map(|i| format!("{key}-{i}")).collect();
+        assert_eq!(ids, expected.iter().collect::<Vec<_>>(), "each class's in order");
+    }
+    assert!(events.iter().all(|(_, slot)| *slot == window), "all in the next window: {events:?}");
+}
+
 /// A fair budget removed from the rules while keys wait in its ring, its rule still drawing from
 /// another budget of its hash tag (`api`, whose name tags the pair): its wake hands each waiting
 /// key to its own drain (a wake task at once) and empties the ring, and those drains deliver what

@@ -27,6 +27,24 @@ impl Fair {
     }
 }
 
+/// The weights of a drain's members in its [`Round`], each given as its key's group (its rule and
+/// key: a rule with classes waits as one member per class of a key) and its key's weight: each
+/// key's weight shared equally among its members, as the smallest integers in those proportions
+/// (scaled by the lcm of the groups' sizes, reduced by the weights' gcd). A key's classes together
+/// take what one member of its weight would, so a merchant's share does not grow with the
+/// classes it has waiting.
+pub fn shared_weights<G: Ord>(members: &[(G, u64)]) -> Vec<u64> {
+    use num_integer::Integer;
+    let mut sizes: BTreeMap<&G, u64> = BTreeMap::new();
+    for (group, _) in members {
+        *sizes.entry(group).or_default() += 1;
+    }
+    let scale = sizes.values().fold(1u64, |l, &n| l.lcm(&n));
+    let weights: Vec<u64> = members.iter().map(|(group, weight)| weight * scale / sizes[group]).collect();
+    let common = weights.iter().fold(0u64, |g, w| g.gcd(w)).max(1);
+    weights.into_iter().map(|w| w / common).collect()
+}
+
 /// How far ahead a fair budget whose shortest window is `shortest` books: half of it. An event
 /// whose slot lies later parks; the drain books each window once it lies within this, so a key
 /// that was quiet is in the next round of a window that nobody has booked yet.
@@ -181,7 +199,35 @@ mod tests {
         assert_eq!(booked, vec![3, 5], "three turns of one unit pay for the cost of three");
     }
 
+    #[test]
+    fn a_key_s_classes_share_its_weight() {
+        let members = [(("payouts", "a"), 1), (("payouts", "a"), 1), (("payouts", "b"), 1), (("payouts", "c"), 3)];
+        assert_eq!(shared_weights(&members), [1, 1, 2, 6], "a's two classes take one key's turn together");
+        assert_eq!(shared_weights(&[("a", 2), ("b", 4)]), [1, 2], "the smallest integers in proportion");
+        assert_eq!(shared_weights::<&str>(&[]), Vec::<u64>::new());
+    }
+
     proptest! {
+        /// Each key's members together weigh in proportion to its key's weight, its members alike,
+        /// and the weights have no common divisor.
+        #[test]
+        fn shared_weights_keep_each_key_s_proportion(
+            keys in proptest::collection::vec((1u64..=MAX_WEIGHT, 1usize..=4), 1..6),
+        ) {
+            let members: Vec<(usize, u64)> =
+                keys.iter().enumerate().flat_map(|(k, &(w, n))| std::iter::repeat_n((k, w), n)).collect();
+            let shared = shared_weights(&members);
+            let total = |k: usize| members.iter().zip(&shared).filter(|((g, _), _)| *g == k).map(|(_, w)| *w).sum::<u64>();
+            for (a, &(wa, _)) in keys.iter().enumerate() {
+                for (b, &(wb, _)) in keys.iter().enumerate() {
+                    prop_assert_eq!(total(a) * wb, total(b) * wa);
+                }
+                let mine: Vec<u64> = members.iter().zip(&shared).filter(|((g, _), _)| *g == a).map(|(_, w)| *w).collect();
+                prop_assert!(mine.windows(2).all(|p| p[0] == p[1]));
+            }
+            prop_assert_eq!(shared.iter().fold(0u64, |g, w| num_integer::Integer::gcd(&g, w)), 1);
+        }
+
         /// Max-min fair and work conserving: every unit that any queue could use is booked, and
         /// while two keys both still wait, neither is ahead of its weighted share by more than a
         /// turn (its weight plus the largest cost).

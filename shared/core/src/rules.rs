@@ -564,13 +564,6 @@ impl RuleSet {
                             "draws from fair budgets {fair:?}: a key waits in one fair budget's ring, so a rule draws from one at most"
                         ),
                     ))
-                } else if rule.classes.is_some() {
-                    Some((
-                        "classes",
-                        format!(
-                            "draws from fair budget '{first}', but a rule with classes cannot: a fair budget shares each window among its waiting keys, and a classed key waits as one queue per class, so its classes would take a key's turn each"
-                        ),
-                    ))
                 } else if rule.mode == Mode::Enforce && rule.park_horizon.is_none() {
                     Some((
                         "park_horizon",

@@ -311,7 +311,14 @@ fn class_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
                 old.limits.iter().any(|o| o.per() == l.per() && matches!(o.window(), crate::rules::Window::Fixed(_)))
             });
             let classes = show(new);
-            vec![if carried {
+            vec![if carried && new.park().is_some() {
+                edit(
+                    Safety::NeedsCare,
+                    format!(
+                        "classes added ({classes}): each key's calendar takes over the backlog already scheduled under the key, but events parked under a key (while it was paused or throttled, or waiting in a fair budget) drain after it as the key's, counted by the key's own state and not by its calendar, so a window can hold them and the classes' events too: add classes when no key of the rule has events parked (drip inspect), or with park_horizon: off"
+                    ),
+                )
+            } else if carried {
                 edit(
                     Safety::Safe,
                     format!(
@@ -528,7 +535,16 @@ rules:
             "    key: \"k\"\n    classes: { from: \"{attributes.p}\", default: bulk, reserve: { live: 0.1 } }\n",
             1,
         );
+        // A rule that parks: what is parked under a key drains as the key's, which its calendar
+        // does not count.
         let kyc = edits(&diff(&parse(OLD), &parse(&classed)), "kyc");
+        assert!(
+            matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.contains("events parked under a key")),
+            "{kyc:?}"
+        );
+        let unparked = |file: &str| file.replacen("    key: \"k\"\n", "    key: \"k\"\n    park_horizon: \"off\"\n", 1);
+        let (old_file, classed) = (unparked(OLD), unparked(&classed));
+        let kyc = edits(&diff(&parse(&old_file), &parse(&classed)), "kyc");
         assert!(
             matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("classes added (live, bulk (default bulk; reserve live 0.1)): each key's calendar takes over")),
             "{kyc:?}"
@@ -538,7 +554,7 @@ rules:
             "limits: [ { limit: 5, per: 1s, window: sliding } ]",
             1,
         );
-        let kyc = edits(&diff(&parse(&from_sliding), &parse(&classed)), "kyc");
+        let kyc = edits(&diff(&parse(&unparked(&from_sliding)), &parse(&classed)), "kyc");
         assert!(
             kyc.iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("did not have as fixed windows")),
             "{kyc:?}"
@@ -556,7 +572,7 @@ rules:
             kyc.iter().any(|(s, w)| *s == Safety::NeedsCare && w.contains("new period on a rule with classes")),
             "{kyc:?}"
         );
-        let kyc = edits(&diff(&parse(&raised), &parse(OLD)), "kyc");
+        let kyc = edits(&diff(&parse(&raised), &parse(&old_file)), "kyc");
         assert!(
             matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.starts_with("classes removed")),
             "{kyc:?}"

@@ -324,7 +324,8 @@ impl Scheduler {
             // In the same step, so that a parked key is always in its fair budget's ring.
             for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
                 let member = crate::fair::Member { rule: rule.into(), key: key.into() };
-                let ring = crate::budgets::FairRing::of_key(budget, key).name();
+                let scope = request.class.map_or(key, |(scope, _)| scope);
+                let ring = crate::budgets::FairRing::of_key(budget, scope).name();
                 fair::join(&mut self.rings, &ring, &member, request.now);
             }
             Status::Parked

@@ -59,7 +59,7 @@ async fn wake_ring(
     reserved: &Reserved,
 ) -> anyhow::Result<()> {
     let wanted = reserved.reservation.slot - budget.near().unwrap_or_default();
-    let ring = FairRing::of_key(budget, request.key);
+    let ring = FairRing::of_key(budget, request.scope());
     let wake = match store.arm_fair_wake(ring, wanted).await? {
         Some(wake) => Some(wake),
         None if reserved.reservation.replayed() => {

@@ -237,12 +237,6 @@ impl EncodedEvent {
     }
 }
 
-/// The key of a request's entity: its key, or a class's key (its classes together). A leased budget
-/// partitions by it and a key's floor is held for it.
-fn scope_of<'a>(request: &SlotRequest<'a>) -> &'a str {
-    request.event.class.map_or(request.key, |(scope, _)| scope)
-}
-
 /// By budget of the request: where a leased one asks its home for units (empty when none is
 /// leased: most events, which then allocate nothing for it).
 pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<Option<LeaseTarget>> {
@@ -250,7 +244,7 @@ pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<O
     if event.budgets.iter().all(|b| b.leases.is_none()) {
         return Vec::new();
     }
-    let scope = scope_of(request);
+    let scope = request.scope();
     event
         .budgets
         .iter()
@@ -401,7 +395,7 @@ impl ReserveArgs {
         own_keys.extend(event.budgets.iter().map(|b| match (b.per_key, scope) {
             (true, Some(scope)) => class_calendar_key(namespace, request.rule_ref(), scope),
             _ => match b.leases {
-                Some(leases) => pool_key(namespace, b, leases.partition_of(scope_of(request))),
+                Some(leases) => pool_key(namespace, b, leases.partition_of(request.scope())),
                 None => budget_key(namespace, b),
             },
         }));
@@ -413,7 +407,7 @@ impl ReserveArgs {
         // A fair budget's ring of waiting keys: a key that parks joins it in the same call.
         let ring_at = own_keys.len() as i64;
         if let Some(fair) = event.budgets.iter().find(|b| b.fair.is_some()) {
-            let [ring, _] = crate::keys::fair_keys(namespace, FairRing::of_key(fair, scope_of(request)));
+            let [ring, _] = crate::keys::fair_keys(namespace, FairRing::of_key(fair, request.scope()));
             own_keys.push(ring);
         }
         let member = crate::keys::ring_member(&Member { rule: request.rule.to_owned(), key: request.key.to_owned() });
@@ -543,7 +537,7 @@ impl ReserveArgs {
             let member = if budget.per_key {
                 class.unwrap_or_default()
             } else {
-                budget.floor_member(request.rule, scope_of(request))
+                budget.floor_member(request.rule, request.scope())
             };
             args.section("budget.floors", &budget.floors, |args, (name, floor)| {
                 args.str("budget.floor.rule", name)

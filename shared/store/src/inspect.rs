@@ -131,28 +131,52 @@ pub struct FairKey {
 /// The most waiting keys `drip inspect` lists for a fair budget.
 pub const FAIR_KEYS_SHOWN: usize = 10;
 
-/// A fair budget's view beside key `key` of rule `rule` (its id): `waiting` are the ring's members
-/// with how many of their messages are parked. A key's share is its weight over the weights of
-/// every waiting key (this one counted, waiting or not); its expected wait is its parked events at
-/// that share of the rate of the budget's tightest limit: an estimate (keys join and leave, what
-/// one cannot use goes to the others, and windows are whole). On a leased budget `waiting` is the
-/// key's partition's ring, and the estimate a lower bound while other partitions' keys wait.
-pub fn fair_report(budget: &Budget, waiting: &[(Member, u64)], (rule, key): (&str, &str)) -> Option<FairReport> {
+/// A fair budget's view beside key `key` of rule `rule` (its id; `classed`: the rule has classes,
+/// so `key` is a class's entity and its key's classes share the key's weight): `waiting` are the
+/// ring's members with how many of their messages are parked. A key's share is its weight, shared
+/// among its waiting classes ([`drip_core::fair::shared_weights`]), over the weights of every
+/// waiting key (this one counted, waiting or not); its expected wait is its parked events at that
+/// share of the rate of the budget's tightest limit: an estimate (keys join and leave, what one
+/// cannot use goes to the others, and windows are whole; another rule's classes count as keys).
+/// On a leased budget `waiting` is the key's partition's ring, and the estimate a lower bound
+/// while other partitions' keys wait.
+pub fn fair_report(
+    budget: &Budget,
+    waiting: &[(Member, u64)],
+    (rule, key): (&str, &str),
+    classed: bool,
+) -> Option<FairReport> {
     let fair = budget.fair.as_ref()?;
-    let weight = fair.weight_of(key);
+    let scope = |r: &str, k: &'_ str| -> String {
+        let split = if classed && r == rule { Classes::split(k) } else { None };
+        split.map_or(k, |(scope, _)| scope).to_owned()
+    };
     let me = |m: &Member| m.rule == rule && m.key == key;
-    let others: u64 = waiting.iter().filter(|(m, _)| !me(m)).map(|(m, _)| fair.weight_of(&m.key)).sum();
-    let total = (others + weight) as f64;
+    let mut members: Vec<(&str, &str)> = waiting.iter().map(|(m, _)| (m.rule.as_str(), m.key.as_str())).collect();
+    let mine = waiting.iter().position(|(m, _)| me(m)).unwrap_or_else(|| {
+        members.push((rule, key));
+        members.len() - 1
+    });
+    let groups: Vec<((&str, String), u64)> =
+        members.iter().map(|&(r, k)| ((r, scope(r, k)), fair.weight_of(&scope(r, k)))).collect();
+    let shared = drip_core::fair::shared_weights(&groups);
+    let total = shared.iter().sum::<u64>() as f64;
     let mut busiest: Vec<FairKey> = waiting
         .iter()
-        .map(|(m, parked)| {
-            let w = fair.weight_of(&m.key);
-            FairKey { rule: m.rule.clone(), key: m.key.clone(), weight: w, share: w as f64 / total, parked: *parked }
+        .zip(&groups)
+        .zip(&shared)
+        .map(|(((m, parked), (_, weight)), w)| FairKey {
+            rule: m.rule.clone(),
+            key: m.key.clone(),
+            weight: *weight,
+            share: *w as f64 / total,
+            parked: *parked,
         })
         .collect();
     busiest.sort_by(|a, b| b.parked.cmp(&a.parked).then_with(|| a.key.cmp(&b.key)));
     busiest.truncate(FAIR_KEYS_SHOWN);
-    let share = weight as f64 / total;
+    let weight = groups[mine].1;
+    let share = shared[mine] as f64 / total;
     let parked = waiting.iter().find(|(m, _)| me(m)).map_or(0, |(_, n)| *n);
     let expected_wait_ms = (parked > 0).then(|| {
         let each = |l: &drip_core::limit::Limit| {
@@ -318,10 +342,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         let slots = self.reserved_slots(rule, key, (slots_since(rule, now), now)).await?;
         let mut report = report(rule, key, now, &state, &budgets, &pools, &slots);
         if let Some(budget) = rule.fair_budget() {
-            let waiting = self.fair_waiting(FairRing::of_key(budget, key)).await?;
+            let waiting = self.fair_waiting(FairRing::of_key(budget, scope)).await?;
             let shown = report.budgets.iter_mut().find(|b| b.name == budget.name);
             if let Some(shown) = shown {
-                shown.fair = fair_report(budget, &waiting, (&rule.id, key));
+                shown.fair = fair_report(budget, &waiting, (&rule.id, key), rule.classes.is_some());
             }
         }
         Ok(report)
@@ -805,7 +829,7 @@ mod tests {
             tag: "rail".into(),
         };
         let waiting = [(member("small"), 5), (member("big"), 120)];
-        let big = fair_report(&budget, &waiting, ("payouts", "big")).unwrap();
+        let big = fair_report(&budget, &waiting, ("payouts", "big"), false).unwrap();
         assert_eq!((big.waiting_keys, big.weight, big.share), (2, 3, 0.75));
         assert_eq!(
             big.busiest.iter().map(|k| (k.key.as_str(), k.parked)).collect::<Vec<_>>(),
@@ -813,10 +837,16 @@ mod tests {
         );
         // 30 a second of the 40 (4 s), but 450 a minute of the 600 (16 s): the minute binds.
         assert_eq!(big.expected_wait_ms, Some(16_000));
-        let newcomer = fair_report(&budget, &waiting, ("payouts", "new")).unwrap();
+        let newcomer = fair_report(&budget, &waiting, ("payouts", "new"), false).unwrap();
         assert_eq!((newcomer.share, newcomer.expected_wait_ms), (0.2, None));
         assert_eq!(budget.near(), Some(500));
+        // A rule with classes: a key's waiting classes share its weight (3 for big).
+        let classed = [(member("big#live"), 4), (member("big#bulk"), 40), (member("small#bulk"), 5)];
+        let live = fair_report(&budget, &classed, ("payouts", "big#live"), true).unwrap();
+        assert_eq!((live.weight, live.share), (3, 0.375), "half of big's 3 of 4");
+        let shares: Vec<(&str, f64)> = live.busiest.iter().map(|k| (k.key.as_str(), k.share)).collect();
+        assert_eq!(shares, [("big#bulk", 0.375), ("small#bulk", 0.25), ("big#live", 0.375)]);
         let unfair = Budget { fair: None, ..budget };
-        assert_eq!(fair_report(&unfair, &waiting, ("payouts", "big")), None);
+        assert_eq!(fair_report(&unfair, &waiting, ("payouts", "big"), false), None);
     }
 }

@@ -306,11 +306,11 @@ impl Store for MemoryStore {
         let mut report = report(rule, key, now, &state, &budgets, &pools, &slots);
         if let Some(budget) = rule.fair_budget() {
             let waiting: Vec<(Member, u64)> = self.with(|s| {
-                let ring = s.fair_ring(&FairRing::of_key(budget, key).name()).members;
+                let ring = s.fair_ring(&FairRing::of_key(budget, scope).name()).members;
                 ring.into_iter().map(|m| (m.clone(), s.entity_state(&m.rule, &m.key).map_or(0, |e| e.parked))).collect()
             });
             if let Some(shown) = report.budgets.iter_mut().find(|b| b.name == budget.name) {
-                shown.fair = crate::inspect::fair_report(budget, &waiting, (&rule.id, key));
+                shown.fair = crate::inspect::fair_report(budget, &waiting, (&rule.id, key), rule.classes.is_some());
             }
         }
         ready(report)

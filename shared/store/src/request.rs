@@ -61,6 +61,12 @@ impl<'a> SlotRequest<'a> {
         Self { tag: rule.budget_tag(), ..Self::new(&rule.id, key, event) }
     }
 
+    /// The key the entity belongs to: for a class's entity `<key>#<class>`, its key (whose
+    /// partition, ring and calendar it shares); else the entity's own.
+    pub fn scope(&self) -> &'a str {
+        self.event.class.map_or(self.key, |(scope, _)| scope)
+    }
+
     /// The same request decided at `now` instead of the store's clock (tests, the simulator).
     pub fn at(self, now: Millis) -> Self {
         Self { event: ReserveRequest { now, ..self.event }, store_clock: false, ..self }
