@@ -126,3 +126,59 @@ async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: u
         .sum();
     assert!(units > 0 && units <= (noisy_count + quiet.len()) as u64, "{units} booked by the drains");
 }
+
+/// Two merchants flood a fair budget of 20 a second, one with 60 live and 60 bulk payouts (a rule
+/// with classes: two members of the ring), the other with 120 bulk: each class waits in its own
+/// queue, and a merchant's waiting classes share its weight, so while both backlogs last each
+/// merchant gets about half of every window (the first one's split between its classes), not
+/// two thirds for the merchant with more classes waiting. Every window exact, every payout once,
+/// nothing dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merchant_s_classes_share_its_turn_in_a_fair_budget() {
+    const BUDGET: usize = 20;
+    let rules = FAIR_RULES.replace(
+        "    budgets: [{p}-payouts-api]\n",
+        "    budgets: [{p}-payouts-api]\n    classes: { from: \"{attributes.priority}\", default: bulk, reserve: { live: 0.1 } }\n",
+    );
+    assert_ne!(rules, FAIR_RULES);
+    let prefix = unique("fair-classes");
+    let ThrottledStack { pubsub, answers, source, .. } =
+        stack_before(&prefix, &rules, quota_target(10_000).await, 2).await;
+    let mut of: HashMap<String, (&str, &str, usize)> = HashMap::new();
+    let started = wall_clock_millis();
+    for i in 0..120 {
+        let sends = [("two", if i % 2 == 0 { "live" } else { "bulk" }), ("one", "bulk")];
+        for (merchant, class) in sends {
+            let attributes = BTreeMap::from([
+                ("event_type".to_owned(), "payout".to_owned()),
+                ("priority".to_owned(), class.to_owned()),
+            ]);
+            let data = format!(r#"{{"merchant":"{merchant}","n":{i}}}"#);
+            of.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await, (merchant, class, i));
+        }
+    }
+    let ids: HashSet<String> = of.keys().cloned().collect();
+    let all = delivered_once(&pubsub, &answers, &prefix, &ids, HashSet::new()).await;
+    at_most_per_second_and_nothing_dead_lettered(&pubsub, &prefix, &all, BUDGET).await;
+    let delivered: Vec<(Millis, &str, &str, usize)> = all
+        .iter()
+        .filter(|a| a.2 == 204)
+        .map(|(id, at, _)| {
+            let (merchant, class, n) = of[id];
+            (*at, merchant, class, n)
+        })
+        .collect();
+    // From the third second to the eighth both backlogs last (each merchant's 120 at about 10 a
+    // second): count what each got.
+    let from = started.div_euclid(1_000) + 2;
+    let within = |d: &&(Millis, &str, &str, usize)| (from..from + 6).contains(&d.0.div_euclid(1_000));
+    let count = |merchant: &str, class: Option<&str>| {
+        delivered.iter().filter(within).filter(|d| d.1 == merchant && class.is_none_or(|c| d.2 == c)).count()
+    };
+    let (two, one) = (count("two", None), count("one", None));
+    println!("in six windows: merchant two {two} ({} live), merchant one {one}", count("two", Some("live")));
+    assert!(two + one >= 6 * BUDGET * 9 / 10, "the budget kept busy: {two} + {one}");
+    assert!(two.abs_diff(one) * 5 <= two + one, "each merchant about half: two {two}, one {one}");
+    let live = count("two", Some("live"));
+    assert!(live * 3 >= two && live * 3 <= 2 * two, "two's classes share its half: {live} live of {two}");
+}
