@@ -39,6 +39,22 @@ rules:
     overflow: { url: "TARGET" }
 "#;
 
+/// A key's own limit of 5 a second, its overflow delivered to `TARGET`.
+const PARKING_RULES: &str = r#"
+default_dlq_topic: {p}-dlq
+rules:
+  - name: {p}-payouts
+    match: { attributes: { event_type: payout } }
+    key: "merchant_{data.merchant}"
+    limits: [ { limit: 5, per: 1s } ]
+    delivery_margin: 100ms
+    max_delay: 5m
+    inline_wait: 0s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
+    overflow: { url: "TARGET" }
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflow_target_that_says_wait_pauses_the_budget_and_gets_every_event_once_after_it() {
     let prefix = unique("feedback");
@@ -305,20 +321,6 @@ async fn a_rescheduled_claim_checked_event_keeps_its_payload_past_its_retries() 
 /// the parked backlog is through within its size ÷ the limit (and 2 s) after the pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_key_parks_its_backlog_and_drains_it_at_the_full_rate_after_the_pause() {
-    const PARKING_RULES: &str = r#"
-default_dlq_topic: {p}-dlq
-rules:
-  - name: {p}-payouts
-    match: { attributes: { event_type: payout } }
-    key: "merchant_{data.merchant}"
-    limits: [ { limit: 5, per: 1s } ]
-    delivery_margin: 100ms
-    max_delay: 5m
-    inline_wait: 0s
-    forward: { topic: {p}-ready }
-    overflow_topic: {p}-overflow
-    overflow: { url: "TARGET" }
-"#;
     const LIMIT: usize = 5;
     let prefix = unique("parking");
     let ThrottledStack { pubsub, answers, dispatcher, source, .. } =
@@ -357,26 +359,15 @@ rules:
 /// second over the limit, nothing dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_classed_key_parks_each_class_and_a_resume_wakes_every_class_s_drain() {
-    const CLASSED_RULES: &str = r#"
-default_dlq_topic: {p}-dlq
-rules:
-  - name: {p}-payouts
-    match: { attributes: { event_type: payout } }
-    key: "merchant_{data.merchant}"
-    limits: [ { limit: 5, per: 1s } ]
-    classes: { from: "{attributes.priority}", default: bulk, reserve: { live: 0.2 } }
-    park_horizon: 1s
-    delivery_margin: 100ms
-    max_delay: 5m
-    inline_wait: 0s
-    forward: { topic: {p}-ready }
-    overflow_topic: {p}-overflow
-    overflow: { url: "TARGET" }
-"#;
+    let rules = PARKING_RULES.replace(
+        "    delivery_margin: 100ms\n",
+        "    classes: { from: \"{attributes.priority}\", default: bulk, reserve: { live: 0.2 } }\n    park_horizon: 1s\n    delivery_margin: 100ms\n",
+    );
+    assert_ne!(rules, PARKING_RULES);
     const LIMIT: usize = 5;
     let prefix = unique("classed-parking");
     let ThrottledStack { pubsub, answers, source, _limiter: limiter, .. } =
-        throttled_stack(&prefix, CLASSED_RULES, (0, 1), 1).await;
+        throttled_stack(&prefix, &rules, (0, 1), 1).await;
     let (http, rule) = (reqwest::Client::new(), format!("{prefix}-payouts"));
     let publish = |class: &'static str, n: usize| {
         let attributes =

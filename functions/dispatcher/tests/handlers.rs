@@ -547,6 +547,16 @@ async fn a_slowing_overflow_url_lowers_the_key_s_level() {
     assert!((drip_core::budgets::PPM / 2..drip_core::budgets::PPM).contains(&level), "cut, by half at most: {level}");
 }
 
+/// The events the tasks created so far carry (not the fair wakes), by message id and slot.
+fn events_carried(d: &Dispatcher) -> Vec<(String, Millis)> {
+    let created = d.tasks.created.lock().unwrap().clone();
+    created
+        .iter()
+        .filter(|task| FairWakeTask::parse(&task.body).is_none())
+        .flat_map(|task| carried(&task.body))
+        .collect()
+}
+
 /// The events a recorded task carries (a batch's, or its own), by message id and slot.
 fn carried(body: &[u8]) -> Vec<(String, Millis)> {
     let bodies: Vec<Vec<u8>> = match TaskBatch::parse(body) {
@@ -665,11 +675,7 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
     let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
     let created = d.tasks.created.lock().unwrap().clone();
-    let events: Vec<(String, Millis)> = created
-        .iter()
-        .filter(|task| FairWakeTask::parse(&task.body).is_none())
-        .flat_map(|task| carried(&task.body))
-        .collect();
+    let events = events_carried(&d);
     let of =
         |key: &str| events.iter().filter(|(id, _)| id.starts_with(key)).map(|(id, _)| id.clone()).collect::<Vec<_>>();
     assert_eq!(of("merchant_big"), (0..6).map(|i| format!("merchant_big-{i}")).collect::<Vec<_>>(), "{events:?}");
@@ -683,15 +689,7 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
     assert!((window + 500..window + 600).contains(&wakes[0]), "the next wake at the window after - 500 ms: {wakes:?}");
 
     assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
-    let again: Vec<(String, Millis)> = d
-        .tasks
-        .created
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|task| FairWakeTask::parse(&task.body).is_none())
-        .flat_map(|task| carried(&task.body))
-        .collect();
+    let again = events_carried(&d);
     assert_eq!(again.len(), events.len(), "the window it filled takes nothing more");
 }
 
@@ -729,15 +727,7 @@ async fn a_fair_budget_shares_a_window_by_key_whatever_classes_wait() {
     let wake = FairWakeTask::of(FairRing { budget: &budget, partition: None });
     let body = wake.body();
     assert_eq!(d.run(&body, Some(&seal(&body, wall_clock_millis(), TASK_NAME))).await, StatusCode::OK);
-    let events: Vec<(String, Millis)> = d
-        .tasks
-        .created
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|task| FairWakeTask::parse(&task.body).is_none())
-        .flat_map(|task| carried(&task.body))
-        .collect();
+    let events = events_carried(&d);
     let of = |key: &str| events.iter().filter(|(id, _)| id.starts_with(&format!("{key}-"))).count();
     assert_eq!(waiting.map(of), [2, 2, 4], "merchant two's classes share its turn: {events:?}");
     for key in waiting {
