@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use drip_core::budgets::FairRing;
+use drip_core::budgets::{Budget, FairRing};
 use drip_core::event::MessageRef;
 use drip_core::overflow::{
     FairWakeTask, RateLimitMeta, SIGNATURE_HEADER, TaskBatch, TaskBody, TaskPayload, TaskSeal, TaskSigner, WakeOf,
     WakeTask,
 };
-use drip_core::rules::{RuleSet, ServiceRules};
+use drip_core::rules::{Rule, RuleSet, ServiceRules};
 use drip_core::schedule::{Attempt, Status, Unpark};
 use drip_core::time::{HOUR, Millis, SECOND, wall_clock_millis};
 use drip_dispatcher::{AppState, app};
@@ -638,21 +638,28 @@ async fn reserve_or_park(
     reserved.reservation.status
 }
 
+/// A dispatcher whose rule (its own limit 100 a second) draws from the budgets of `budgets` (the
+/// file's section, one a fair `rail`) as `draws` says, early in a second: the rule and `rail`.
+async fn fair_dispatcher(budgets: &str, draws: &str) -> (Dispatcher, Rule, Budget) {
+    let rules = RULES
+        .replace("    park_horizon: off\n", draws)
+        .replace("rules:\n", &format!("budgets:\n{budgets}rules:\n"))
+        .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let budget = rule.fair_budget().expect("fair").clone();
+    early_in_a_second().await;
+    (d, rule, budget)
+}
+
 /// A fair budget's wake drains its ring in weighted round robin: two keys with events parked past
 /// the near horizon, weights 3 and 1, share the next window's 8 units 6 to 2, each key's events in
 /// order; the ring's next wake is armed where the window after comes within reach (one task), and
 /// the same wake run again takes nothing more from the window it filled.
 #[tokio::test]
 async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
-    let rules = RULES.replace("    park_horizon: off\n", "    budgets: [rail]\n").replace(
-        "rules:\n",
-        "budgets:\n  rail: { limits: [ { limit: 8, per: 1s } ], fair: true, weights: { merchant_big: 3 } }\nrules:\n",
-    );
-    let rules = rules.replace("limit: 1, per: 1s", "limit: 100, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
-    let budget = rule.fair_budget().expect("fair").clone();
-    early_in_a_second().await;
+    let rail = "  rail: { limits: [ { limit: 8, per: 1s } ], fair: true, weights: { merchant_big: 3 } }\n";
+    let (d, rule, budget) = fair_dispatcher(rail, "    budgets: [rail]\n").await;
     let now = wall_clock_millis();
     let window = (now / SECOND + 1) * SECOND;
     for (key, count) in [("merchant_fill", 8), ("merchant_big", 10), ("merchant_small", 10)] {
@@ -700,14 +707,8 @@ async fn a_fair_budget_s_wake_shares_the_next_window_by_weight() {
 #[tokio::test]
 async fn a_fair_budget_shares_a_window_by_key_whatever_classes_wait() {
     let classes = "    budgets: [rail]\n    classes: { from: \"{attributes.priority}\", default: bulk, reserve: { live: 0.1 } }\n";
-    let rules = RULES
-        .replace("    park_horizon: off\n", classes)
-        .replace("rules:\n", "budgets:\n  rail: { limits: [ { limit: 8, per: 1s } ], fair: true }\nrules:\n")
-        .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
-    let budget = rule.fair_budget().expect("fair").clone();
-    early_in_a_second().await;
+    let (d, rule, budget) =
+        fair_dispatcher("  rail: { limits: [ { limit: 8, per: 1s } ], fair: true }\n", classes).await;
     let now = wall_clock_millis();
     let window = (now / SECOND + 1) * SECOND;
     let waiting = ["merchant_two#live", "merchant_two#bulk", "merchant_one#bulk"];
@@ -747,15 +748,8 @@ async fn a_fair_budget_shares_a_window_by_key_whatever_classes_wait() {
 /// the parked events there: the keys stay in the ring, for the budget's return.
 #[tokio::test]
 async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains() {
-    let budgets = "budgets:\n  rail: { limits: [ { limit: 2, per: 1s } ], fair: true }\n  api: [ { limit: 1000, per: 1s } ]\nrules:\n";
-    let with_budget = RULES
-        .replace("    park_horizon: off\n", "    budgets: [rail, api]\n")
-        .replace("rules:\n", budgets)
-        .replace("limit: 1, per: 1s", "limit: 100, per: 1s");
-    let d = dispatcher_with(&with_budget);
-    let rule = d.state.rules.current().rules[0].clone();
-    let budget = rule.fair_budget().expect("fair").clone();
-    early_in_a_second().await;
+    let budgets = "  rail: { limits: [ { limit: 2, per: 1s } ], fair: true }\n  api: [ { limit: 1000, per: 1s } ]\n";
+    let (d, rule, budget) = fair_dispatcher(budgets, "    budgets: [rail, api]\n").await;
     let now = wall_clock_millis();
     let mut parked: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for key in ["merchant_a", "merchant_b"] {
