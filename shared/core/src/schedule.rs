@@ -324,8 +324,7 @@ impl Scheduler {
             // In the same step, so that a parked key is always in its fair budget's ring.
             for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
                 let member = crate::fair::Member { rule: rule.into(), key: key.into() };
-                let scope = request.class.map_or(key, |(scope, _)| scope);
-                let ring = crate::budgets::FairRing::of_key(budget, scope).name();
+                let ring = crate::budgets::FairRing::of_key(budget, request.scope(key)).name();
                 fair::join(&mut self.rings, &ring, &member, request.now);
             }
             Status::Parked

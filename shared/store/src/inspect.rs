@@ -140,16 +140,16 @@ pub const FAIR_KEYS_SHOWN: usize = 10;
 /// cannot use goes to the others, and windows are whole; another rule's classes count as keys).
 /// On a leased budget `waiting` is the key's partition's ring, and the estimate a lower bound
 /// while other partitions' keys wait.
-pub fn fair_report(
+pub fn fair_report<'a>(
     budget: &Budget,
-    waiting: &[(Member, u64)],
-    (rule, key): (&str, &str),
+    waiting: &'a [(Member, u64)],
+    (rule, key): (&str, &'a str),
     classed: bool,
 ) -> Option<FairReport> {
     let fair = budget.fair.as_ref()?;
-    let scope = |r: &str, k: &'_ str| -> String {
+    let scope = |r: &str, k: &'a str| -> &'a str {
         let split = if classed && r == rule { Classes::split(k) } else { None };
-        split.map_or(k, |(scope, _)| scope).to_owned()
+        split.map_or(k, |(scope, _)| scope)
     };
     let me = |m: &Member| m.rule == rule && m.key == key;
     let mut members: Vec<(&str, &str)> = waiting.iter().map(|(m, _)| (m.rule.as_str(), m.key.as_str())).collect();
@@ -157,8 +157,13 @@ pub fn fair_report(
         members.push((rule, key));
         members.len() - 1
     });
-    let groups: Vec<((&str, String), u64)> =
-        members.iter().map(|&(r, k)| ((r, scope(r, k)), fair.weight_of(&scope(r, k)))).collect();
+    let groups: Vec<((&str, &str), u64)> = members
+        .iter()
+        .map(|&(r, k)| {
+            let scope = scope(r, k);
+            ((r, scope), fair.weight_of(scope))
+        })
+        .collect();
     let shared = drip_core::fair::shared_weights(&groups);
     let total = shared.iter().sum::<u64>() as f64;
     let mut busiest: Vec<FairKey> = waiting

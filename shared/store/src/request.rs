@@ -64,7 +64,7 @@ impl<'a> SlotRequest<'a> {
     /// The key the entity belongs to: for a class's entity `<key>#<class>`, its key (whose
     /// partition, ring and calendar it shares); else the entity's own.
     pub fn scope(&self) -> &'a str {
-        self.event.class.map_or(self.key, |(scope, _)| scope)
+        self.event.scope(self.key)
     }
 
     /// The same request decided at `now` instead of the store's clock (tests, the simulator).

@@ -137,9 +137,18 @@ impl<'a> ReserveRequest<'a> {
         }
     }
 
+    /// The key the entity `key` belongs to: for a class's entity, its key (whose partition, ring
+    /// and calendar its classes share); else `key` itself.
+    pub fn scope<'k>(&self, key: &'k str) -> &'k str
+    where
+        'a: 'k,
+    {
+        self.class.map_or(key, |(scope, _)| scope)
+    }
+
     /// The leased pools the event of `key` draws from ([`Budget::pool_name`]).
     pub fn leased_pools(&self, key: &str) -> impl Iterator<Item = String> + '_ {
-        let scope = self.class.map_or(key, |(scope, _)| scope).to_owned();
+        let scope = self.scope(key).to_owned();
         self.budgets.iter().filter_map(move |b| Some(b.pool_name(b.partition_of(&scope)?)))
     }
 
