@@ -112,6 +112,8 @@ pub struct LimiterWiring {
     pub claim_check_max_bytes: usize,
     /// `DRIP_RESERVE_BATCH_MAX` and `DRIP_TASK_BATCH_MAX` (1: one call, one task per event).
     pub batch_max: usize,
+    /// `DRIP_TASK_BATCH_LINGER_MS` (0 here: a lone delayed push goes at once).
+    pub task_linger_ms: u64,
     pub timeouts_ms: u64,
     /// The Redis key namespace (a dispatcher working with this limiter must share it).
     pub namespace: String,
@@ -144,6 +146,7 @@ impl LimiterWiring {
             callers: Callers::default(),
             claim_check_max_bytes: 1024 * 1024,
             batch_max: 64,
+            task_linger_ms: 0,
             timeouts_ms: 3_000,
             namespace: unique("drip"),
             redis_cluster: false,
@@ -199,6 +202,7 @@ pub async fn spawn_limiter(rules_yaml: &str, wiring: &LimiterWiring) -> LimiterU
         },
         tasks: TaskSettings {
             task_batch_max: wiring.batch_max,
+            task_batch_linger_ms: wiring.task_linger_ms,
             ..task_settings(&wiring.tasks_endpoint, &wiring.queues, &wiring.dispatcher_url, wiring.timeouts_ms)
         },
         claim_check_max_bytes: wiring.claim_check_max_bytes,

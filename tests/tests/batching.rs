@@ -26,6 +26,14 @@ rules:
     inline_wait: 0s
     forward: { topic: {p}-ready }
     overflow_topic: {p}-overflow
+  - name: {p}-inline
+    match: { attributes: { event_type: inline } }
+    key: "merchant_{data.merchant}"
+    limits: [{ limit: 1, per: 1s, window: gcra }]
+    max_delay: 5m
+    inline_wait: 2s
+    forward: { topic: {p}-ready }
+    overflow_topic: {p}-overflow
 "#;
 
 struct Stack {
@@ -37,6 +45,10 @@ struct Stack {
 }
 
 async fn stack(timeouts_ms: u64) -> Stack {
+    stack_lingering(timeouts_ms, 0).await
+}
+
+async fn stack_lingering(timeouts_ms: u64, task_linger_ms: u64) -> Stack {
     let prefix = unique("batch");
     let pubsub = Pubsub::shared();
     for topic in ["ready", "overflow", "dlq"] {
@@ -51,6 +63,7 @@ async fn stack(timeouts_ms: u64) -> Stack {
         LimiterWiring::new(shared_url(), pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
     wiring.namespace = namespace;
     wiring.timeouts_ms = timeouts_ms;
+    wiring.task_linger_ms = task_linger_ms;
     let limiter = spawn_limiter(&rules, &wiring).await;
     Stack { prefix, pubsub, tasks, limiter, http: reqwest::Client::new() }
 }
@@ -58,12 +71,16 @@ async fn stack(timeouts_ms: u64) -> Stack {
 impl Stack {
     /// Pushes every message at once, each retried as Pub/Sub would until it is acked.
     async fn push_all(&self, ids: &[String], published: &str) {
+        self.push_all_of("payout", ids, published).await
+    }
+
+    async fn push_all_of(&self, event_type: &str, ids: &[String], published: &str) {
         let pushes = ids.iter().map(|id| {
             let body = push_envelope(
                 id,
                 "projects/p/subscriptions/source",
                 published,
-                &[("event_type", "payout")],
+                &[("event_type", event_type)],
                 br#"{"merchant":1}"#,
             );
             let (http, url) = (self.http.clone(), format!("{}/push", self.limiter.url));
@@ -161,6 +178,43 @@ async fn a_hot_keys_burst_travels_in_shared_tasks_and_each_event_comes_out_once_
     }
     let fullest = fullest_second(&delivered);
     assert!(fullest <= 5, "the topics saw {fullest} in one second of one merchant at 5/s");
+}
+
+/// A delayed event's create lingers (here up to 3 s) only while a push still in flight may join
+/// it: a lone delayed push is answered at once, and one pushed while another push waits in
+/// process for its slot (`inline_wait`) is answered once that push is done, not after 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_lingers_only_while_a_push_in_flight_may_still_join_it() {
+    let s = stack_lingering(3_000, 3_000).await;
+    let now = format_rfc3339(wall_clock_millis());
+    let ids: Vec<String> = (0..6).map(|i| format!("{}-{i}", s.prefix)).collect();
+    // Five go now (5/s); then a sixth, delayed, alone in flight.
+    s.push_all(&ids[..5], &now).await;
+    let started = std::time::Instant::now();
+    s.push_all(&ids[5..], &now).await;
+    let alone = started.elapsed();
+    assert!(alone < Duration::from_millis(1_500), "a lone delayed push waited {alone:?} for others to join");
+
+    // An inline event of 1/s: the first goes now, the second waits in process for its slot, a
+    // second away; meanwhile a delayed payout's create waits for it (it may still join), and goes
+    // once it is done.
+    let inline: Vec<String> = (0..2).map(|i| format!("{}-inline-{i}", s.prefix)).collect();
+    s.push_all_of("inline", &inline[..1], &now).await;
+    let started = std::time::Instant::now();
+    let delayed = vec![format!("{}-6", s.prefix)];
+    let (_, waited) = tokio::join!(s.push_all_of("inline", &inline[1..], &now), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.push_all(&delayed, &now).await;
+        started.elapsed()
+    });
+    let inline_done = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_millis(2_500),
+        "the delayed push was answered after {waited:?}: it should wait for the inline push (done after {inline_done:?}), not the whole 3 s"
+    );
+    let delivered = s.delivered(9, Duration::from_secs(30)).await;
+    let counts = count_by_id(&delivered);
+    assert!(counts.len() == 9 && counts.values().all(|&n| n == 1), "each once: {counts:?}");
 }
 
 /// The stand-in creates each task and never answers: every create times out after it took effect,

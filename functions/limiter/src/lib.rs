@@ -94,7 +94,7 @@ pub async fn build_state(settings: &Settings) -> anyhow::Result<AppState> {
     let redis = common.redis_store(metrics.shared.clone()).await?;
     let auth = settings.route_auth()?;
     let tasks = match auth.routes.push {
-        true => Some(TaskBatcher::new(
+        true => Some(TaskBatcher::for_pushes(
             settings.tasks.connect(&common.project, common.task_signer()?).await?,
             settings.tasks.batching(),
         )),

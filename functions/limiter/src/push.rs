@@ -17,6 +17,7 @@ use drip_core::schedule::{Attempt, OldSlot, Reservation, ReserveRequest};
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
 use drip_service::reschedule::Rescheduler;
+use drip_service::task_batches::TaskBatcher;
 use drip_store::{Reserved, SlotRequest};
 
 use crate::AppState;
@@ -26,6 +27,8 @@ use crate::envelope::{self, PushedMessage};
 /// 204 once the event is forwarded, scheduled or dead-lettered; 503 when any of that failed
 /// transiently or another attempt is acting on it. Never 202: the Pub/Sub emulator takes it for a nack.
 pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Answer {
+    // Counted from its start: a task create lingers for the pushes still on their way to one.
+    let _caller = state.tasks.as_deref().and_then(TaskBatcher::caller);
     // Whatever hangs, the push answers before SIGKILL (each step below is cut earlier still).
     state
         .shutdown

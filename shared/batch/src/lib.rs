@@ -3,9 +3,10 @@
 //! in flight, what arrives waits, and the next call carries everything waiting (as much as one
 //! call takes). By default there is no timer: an item that arrives at an idle lane goes at once, so
 //! batching never adds latency to a lone request, and batches grow exactly as fast as calls are
-//! slower than arrivals. A lane may be given a linger ([`GroupCommit::with_linger`]): each call it
-//! makes then waits that long for others to join (delayed events, whose slot is seconds away, can
-//! afford it; their push is answered later, the event is not delivered later).
+//! slower than arrivals. A lane may be given a [`Linger`]: each call it makes then waits up to that
+//! long for others to join (delayed events, whose slot is seconds away, can afford it; their push
+//! is answered later, the event is not delivered later), and no longer than anyone can still join:
+//! told who its callers are, a lane goes as soon as every caller in flight is already waiting.
 //!
 //! A batch's call runs in a task of its own, so a caller that gives up (a deadline, a dropped
 //! request) never strands the answers of the others waiting with it; an item that finds its lane
@@ -25,7 +26,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -98,6 +101,58 @@ impl<F: Flush> Drop for HandOn<F> {
     }
 }
 
+/// The callers in flight that may still submit items (a service's requests being handled): a
+/// linger that knows them stops waiting once each one is already waiting or being carried.
+#[derive(Debug, Default)]
+pub struct Callers(AtomicUsize);
+
+impl Callers {
+    /// Counts a caller in until the returned guard is dropped.
+    pub fn enter(self: &Arc<Self>) -> Caller {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Caller(Arc::clone(self))
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A caller counted in [`Callers`] while it lives.
+#[derive(Debug)]
+pub struct Caller(Arc<Callers>);
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long each call of a lane waits for others to join it.
+#[derive(Debug, Clone, Default)]
+pub struct Linger {
+    /// The longest wait (zero: none; an item at an idle lane then goes at once).
+    pub length: Duration,
+    /// Who may still submit: once as many items are waiting or being carried as there are callers
+    /// in flight, nothing more can join, and the call goes. `None`: always the whole length.
+    pub callers: Option<Arc<Callers>>,
+}
+
+impl Linger {
+    pub fn fixed(length: Duration) -> Self {
+        Self { length, callers: None }
+    }
+}
+
+/// Counts an item submitted until its caller has its answer (or gives up).
+struct Held<'a>(&'a AtomicUsize);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Lane<F: Flush> {
     in_flight: usize,
     waiting: VecDeque<Waiting<F>>,
@@ -107,8 +162,10 @@ struct Lane<F: Flush> {
 pub struct GroupCommit<F: Flush> {
     flusher: F,
     max_in_flight: usize,
-    /// How long each call of a lane waits for others to join before it takes its batch (zero: none).
-    linger: std::time::Duration,
+    /// How long each call of a lane waits for others to join before it takes its batch.
+    linger: Linger,
+    /// Items submitted and not yet answered, waiting or in a call, over every lane.
+    held: AtomicUsize,
     lanes: Mutex<HashMap<F::Lane, Lane<F>>>,
     next_id: std::sync::atomic::AtomicU64,
 }
@@ -121,15 +178,16 @@ impl<F: Flush> std::fmt::Debug for GroupCommit<F> {
 
 impl<F: Flush> GroupCommit<F> {
     pub fn new(flusher: F, max_in_flight: usize) -> Arc<Self> {
-        Self::with_linger(flusher, max_in_flight, std::time::Duration::ZERO)
+        Self::with_linger(flusher, max_in_flight, Linger::default())
     }
 
-    /// The same, where each call waits `linger` for others to join it.
-    pub fn with_linger(flusher: F, max_in_flight: usize, linger: std::time::Duration) -> Arc<Self> {
+    /// The same, where each call waits as `linger` says for others to join it.
+    pub fn with_linger(flusher: F, max_in_flight: usize, linger: Linger) -> Arc<Self> {
         Arc::new(Self {
             flusher,
             max_in_flight: max_in_flight.max(1),
             linger,
+            held: AtomicUsize::new(0),
             lanes: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
         })
@@ -149,7 +207,9 @@ impl<F: Flush> GroupCommit<F> {
     /// the item, it withdraws it.
     pub async fn submit(self: &Arc<Self>, lane: F::Lane, item: F::Item) -> Option<F::Output> {
         let (reply, answer) = oneshot::channel();
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.held.fetch_add(1, Ordering::Relaxed);
+        let _held = Held(&self.held);
         let start = {
             let mut lanes = self.lanes();
             let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
@@ -160,7 +220,7 @@ impl<F: Flush> GroupCommit<F> {
             }
             // Only on an idle lane: with calls in flight, a spawned call leaves what arrives with
             // it a moment to join (batches under load stay as large as before).
-            if idle && entry.waiting.is_empty() && self.linger.is_zero() {
+            if idle && entry.waiting.is_empty() && self.linger.length.is_zero() {
                 Start::Alone(item)
             } else {
                 entry.waiting.push_back(Waiting { id, item, reply });
@@ -226,12 +286,29 @@ impl<F: Flush> GroupCommit<F> {
         }
     }
 
+    /// Waits the linger's length, or less once every caller in flight is held here.
+    async fn linger(&self) {
+        let Some(callers) = &self.linger.callers else {
+            return tokio::time::sleep(self.linger.length).await;
+        };
+        let deadline = tokio::time::Instant::now() + self.linger.length;
+        // Looked at every twentieth of the linger: a caller's arrival or departure wakes nothing.
+        let step = (self.linger.length / 20).max(Duration::from_millis(1));
+        while self.held.load(Ordering::Relaxed) < callers.count() {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return;
+            }
+            tokio::time::sleep(step.min(deadline - now)).await;
+        }
+    }
+
     async fn drive(self: Arc<Self>, lane: F::Lane) {
         loop {
             // A lingering lane waits before each of its calls, not only the first: under a steady
             // load the callers a call answered come back within the linger and share the next.
-            if !self.linger.is_zero() {
-                tokio::time::sleep(self.linger).await;
+            if !self.linger.length.is_zero() {
+                self.linger().await;
             }
             let Some(batch) = self.next_batch(&lane) else { break };
             let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.item, w.reply)).unzip();
@@ -262,7 +339,7 @@ impl<F: Flush> std::fmt::Debug for Batcher<F> {
 impl<F: Flush> Batcher<F> {
     /// `max_items`: the most items one call carries (1 or less: each inline); what else as
     /// [`GroupCommit::with_linger`].
-    pub fn new(flusher: F, max_items: usize, max_in_flight: usize, linger: std::time::Duration) -> Self {
+    pub fn new(flusher: F, max_items: usize, max_in_flight: usize, linger: Linger) -> Self {
         if max_items <= 1 {
             Self::Inline(flusher)
         } else {
@@ -347,7 +424,60 @@ mod tests {
     fn lingering(ms: u64) -> Arc<GroupCommit<Doubler>> {
         let tasks = Mutex::default();
         let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
-        GroupCommit::with_linger(flusher, 1, Duration::from_millis(ms))
+        GroupCommit::with_linger(flusher, 1, Linger::fixed(Duration::from_millis(ms)))
+    }
+
+    /// A lane of one call in flight with a linger of `ms` that knows its callers.
+    fn lingering_for(ms: u64, callers: &Arc<Callers>) -> Arc<GroupCommit<Doubler>> {
+        let tasks = Mutex::default();
+        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
+        let linger = Linger { length: Duration::from_millis(ms), callers: Some(Arc::clone(callers)) };
+        GroupCommit::with_linger(flusher, 1, linger)
+    }
+
+    /// Told its callers, a linger ends as soon as every caller in flight waits in it: no one else
+    /// can join, and waiting on would only slow them all.
+    #[tokio::test(start_paused = true)]
+    async fn a_linger_that_knows_its_callers_goes_once_every_caller_waits() {
+        let callers = Arc::new(Callers::default());
+        let group = lingering_for(50, &callers);
+        let started = tokio::time::Instant::now();
+        let submit = |item, after| {
+            let caller = callers.enter();
+            let group = &group;
+            async move {
+                let output = submit_after(group, item, after).await;
+                drop(caller);
+                output
+            }
+        };
+        let (a, b, c) = tokio::join!(submit(1, 0), submit(2, 5), submit(3, 10));
+        assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
+        assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1, 2, 3]], "one call for the three");
+        let took = started.elapsed();
+        assert!(took <= Duration::from_millis(10 + 3 + 10), "the call went once the third waited, not after 50 ms: {took:?}");
+        assert_eq!(callers.count(), 0);
+    }
+
+    /// A caller still in flight that has not submitted yet may: the linger waits for it, up to its
+    /// length, and a lone caller at an idle lane goes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_linger_that_knows_its_callers_waits_while_one_may_still_join() {
+        let callers = Arc::new(Callers::default());
+        let group = lingering_for(50, &callers);
+        let busy_elsewhere = callers.enter();
+        let started = tokio::time::Instant::now();
+        let caller = callers.enter();
+        assert_eq!(group.submit("a", 1).await, Some(2));
+        assert_eq!(started.elapsed(), Duration::from_millis(60), "the whole linger, then the call");
+        drop(busy_elsewhere);
+        let started = tokio::time::Instant::now();
+        assert_eq!(group.submit("a", 2).await, Some(4));
+        // The lane's driver was still lingering after the first call (for callers coming back):
+        // it sees at its next look (every 2.5 ms) that no one else can join.
+        let took = started.elapsed();
+        assert!(took <= Duration::from_millis(10 + 3), "alone in flight: no linger before its call, took {took:?}");
+        drop(caller);
     }
 
     /// Submits `item` to lane "a" `after` ms from now.
@@ -492,7 +622,7 @@ mod tests {
         let batchers = [1, 64].map(|max| {
             let doubler =
                 Doubler { batches: Mutex::default(), tasks: Mutex::default(), calls: AtomicUsize::new(0), max };
-            Batcher::new(doubler, max, 1, Duration::ZERO)
+            Batcher::new(doubler, max, 1, Linger::default())
         });
         assert!(matches!(batchers[0], Batcher::Inline(_)) && matches!(batchers[1], Batcher::Grouped(_)));
         for batcher in &batchers {

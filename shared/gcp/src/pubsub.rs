@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use drip_batch::{Batcher, Flush, up_to};
+use drip_batch::{Batcher, Flush, Linger, up_to};
 
 use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicyExt};
 use google_cloud_pubsub::client::{BasePublisher, Publisher};
@@ -208,7 +208,7 @@ impl BatchedPublishes {
     /// `max_batch`: the most messages one request carries (1: each on its own).
     pub fn new(inner: Arc<dyn Publish>, max_batch: usize) -> Self {
         let calls = PublishCalls { inner: inner.clone(), max_batch: max_batch.max(1) };
-        Self { inner, batcher: Batcher::new(calls, max_batch, PUBLISHES_IN_FLIGHT, Duration::ZERO) }
+        Self { inner, batcher: Batcher::new(calls, max_batch, PUBLISHES_IN_FLIGHT, Linger::default()) }
     }
 }
 

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drip_batch::{Batcher, Flush, fan_out};
+use drip_batch::{Batcher, Caller, Callers, Flush, Linger, fan_out};
 use drip_core::overflow::{BATCH_ENVELOPE, MAX_INLINE_TASK_BODY, TaskBatch, batch_task_id};
 use drip_core::time::Millis;
 use drip_gcp::tasks::{CreateTaskError, Created};
@@ -112,6 +112,8 @@ pub struct TaskBatcher {
     tasks: Tasks,
     batching: TaskBatching,
     batcher: Batcher<TaskCreates>,
+    /// The requests that may create tasks, where the service counts them ([`Self::for_pushes`]).
+    callers: Option<Arc<Callers>>,
 }
 
 impl std::fmt::Debug for TaskBatcher {
@@ -121,11 +123,30 @@ impl std::fmt::Debug for TaskBatcher {
 }
 
 impl TaskBatcher {
+    /// Each create lingers its whole length.
     pub fn new(tasks: Tasks, batching: TaskBatching) -> Arc<Self> {
-        let linger = Duration::from_millis(batching.linger.max(0) as u64);
+        Self::build(tasks, batching, None)
+    }
+
+    /// Each create lingers only while a request in flight ([`Self::caller`]) may still join it:
+    /// with few pushes in flight (a closed loop such as the local Pub/Sub emulator's), a create
+    /// goes once they all wait, rather than holding every one of them the whole linger.
+    pub fn for_pushes(tasks: Tasks, batching: TaskBatching) -> Arc<Self> {
+        Self::build(tasks, batching, Some(Arc::default()))
+    }
+
+    fn build(tasks: Tasks, batching: TaskBatching, callers: Option<Arc<Callers>>) -> Arc<Self> {
+        let linger =
+            Linger { length: Duration::from_millis(batching.linger.max(0) as u64), callers: callers.clone() };
         let creates = TaskCreates { tasks: tasks.clone(), batching };
         let batcher = Batcher::new(creates, batching.max_events, batching.in_flight, linger);
-        Arc::new(Self { tasks, batching, batcher })
+        Arc::new(Self { tasks, batching, batcher, callers })
+    }
+
+    /// Counts a request that may create tasks in until the guard is dropped (a push, from its
+    /// start): `None` where creates linger their whole length.
+    pub fn caller(&self) -> Option<Caller> {
+        self.callers.as_ref().map(Callers::enter)
     }
 
     pub fn tasks(&self) -> &Tasks {
