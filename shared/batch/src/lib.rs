@@ -455,7 +455,10 @@ mod tests {
         assert_eq!((a, b, c), (Some(2), Some(4), Some(6)));
         assert_eq!(*group.flusher().batches.lock().unwrap(), [vec![1, 2, 3]], "one call for the three");
         let took = started.elapsed();
-        assert!(took <= Duration::from_millis(10 + 3 + 10), "the call went once the third waited, not after 50 ms: {took:?}");
+        assert!(
+            took <= Duration::from_millis(10 + 3 + 10),
+            "the call went once the third waited, not after 50 ms: {took:?}"
+        );
         assert_eq!(callers.count(), 0);
     }
 

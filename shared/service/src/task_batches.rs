@@ -1,9 +1,10 @@
 //! Batched delayed delivery: delayed events of one queue whose slots fall in one bucket (default
-//! 1 s) travel in one Cloud Task. Group commit again, with no timer: an event that finds a create
-//! slot of its bucket free (`in_flight`) gets its own task at once (the per-event task, name and
-//! body of an unbatched Drip); the events that arrive while the creates are in flight share the
-//! next one, and so on. Each caller
-//! is answered only once the task that carries its event exists, so a push is acked only then.
+//! 1 s) travel in one Cloud Task. Group commit again, with a linger: each create of a bucket waits
+//! up to `DRIP_TASK_BATCH_LINGER_MS` for more events (in the limiter, only while a push in flight
+//! may still join it), and the events that arrive while the creates are in flight share the next
+//! one. A task of one event is that event's own (the per-event task, name and body of an
+//! unbatched Drip). Each caller is answered only once the task that carries its event exists, so a
+//! push is acked only then.
 //!
 //! A batch task's name is a hash of its events' own task names, so a retried create of the same
 //! batch is ALREADY_EXISTS. An event can still travel in two tasks (a create that timed out and a
@@ -136,8 +137,7 @@ impl TaskBatcher {
     }
 
     fn build(tasks: Tasks, batching: TaskBatching, callers: Option<Arc<Callers>>) -> Arc<Self> {
-        let linger =
-            Linger { length: Duration::from_millis(batching.linger.max(0) as u64), callers: callers.clone() };
+        let linger = Linger { length: Duration::from_millis(batching.linger.max(0) as u64), callers: callers.clone() };
         let creates = TaskCreates { tasks: tasks.clone(), batching };
         let batcher = Batcher::new(creates, batching.max_events, batching.in_flight, linger);
         Arc::new(Self { tasks, batching, batcher, callers })
