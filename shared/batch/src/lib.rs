@@ -422,16 +422,17 @@ mod tests {
 
     /// A lane of one call in flight with a linger of `ms`.
     fn lingering(ms: u64) -> Arc<GroupCommit<Doubler>> {
-        let tasks = Mutex::default();
-        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
-        GroupCommit::with_linger(flusher, 1, Linger::fixed(Duration::from_millis(ms)))
+        lingering_as(Linger::fixed(Duration::from_millis(ms)))
     }
 
     /// A lane of one call in flight with a linger of `ms` that knows its callers.
     fn lingering_for(ms: u64, callers: &Arc<Callers>) -> Arc<GroupCommit<Doubler>> {
+        lingering_as(Linger { length: Duration::from_millis(ms), callers: Some(Arc::clone(callers)) })
+    }
+
+    fn lingering_as(linger: Linger) -> Arc<GroupCommit<Doubler>> {
         let tasks = Mutex::default();
         let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
-        let linger = Linger { length: Duration::from_millis(ms), callers: Some(Arc::clone(callers)) };
         GroupCommit::with_linger(flusher, 1, linger)
     }
 
