@@ -97,6 +97,12 @@ impl Stack {
         futures_util::future::join_all(pushes).await;
     }
 
+    /// Whether a task created so far carries the message `id` (it was delayed).
+    async fn in_a_task(&self, id: &str) -> bool {
+        let tasks = self.tasks.client.tasks().await.unwrap();
+        carried(&tasks).iter().any(|(_, events)| events.iter().any(|e| e == id))
+    }
+
     /// Every message on the forward and overflow topics, read until `count` distinct ones came
     /// and then a second more (a duplicate would show then).
     async fn delivered(&self, count: usize, timeout: Duration) -> Vec<Pulled> {
@@ -187,34 +193,40 @@ async fn a_hot_keys_burst_travels_in_shared_tasks_and_each_event_comes_out_once_
 async fn a_create_lingers_only_while_a_push_in_flight_may_still_join_it() {
     let s = stack_lingering(3_000, 3_000).await;
     let now = format_rfc3339(wall_clock_millis());
-    let ids: Vec<String> = (0..6).map(|i| format!("{}-{i}", s.prefix)).collect();
-    // Five go now (5/s); then a sixth, delayed, alone in flight.
-    s.push_all(&ids[..5], &now).await;
+    let ids: Vec<String> = (0..17).map(|i| format!("{}-{i}", s.prefix)).collect();
+    // Ten at once fill two windows of 5/s (whichever second they fall in), so the eleventh is
+    // delayed, alone in flight.
+    s.push_all(&ids[..10], &now).await;
     let started = std::time::Instant::now();
-    s.push_all(&ids[5..], &now).await;
+    s.push_all(&ids[10..11], &now).await;
     let alone = started.elapsed();
+    assert!(s.in_a_task(&ids[10]).await, "the lone push was delayed");
     assert!(alone < Duration::from_millis(1_500), "a lone delayed push waited {alone:?} for others to join");
 
     // An inline event of 1/s: the first goes now, the second waits in process for its slot, a
-    // second away; meanwhile a delayed payout's create waits for it (it may still join), and goes
-    // once it is done.
+    // second away; meanwhile six payouts (more than a window holds: some are delayed) wait for it
+    // (it may still join their creates), and go once it is done.
     let inline: Vec<String> = (0..2).map(|i| format!("{}-inline-{i}", s.prefix)).collect();
     s.push_all_of("inline", &inline[..1], &now).await;
     let started = std::time::Instant::now();
-    let delayed = vec![format!("{}-6", s.prefix)];
     let (_, waited) = tokio::join!(s.push_all_of("inline", &inline[1..], &now), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        s.push_all(&delayed, &now).await;
+        s.push_all(&ids[11..], &now).await;
         started.elapsed()
     });
     let inline_done = started.elapsed();
+    let mut delayed = 0;
+    for id in &ids[11..] {
+        delayed += usize::from(s.in_a_task(id).await);
+    }
+    assert!(delayed > 0, "some of the six were delayed");
     assert!(
         waited >= Duration::from_millis(500) && waited < Duration::from_millis(2_500),
-        "the delayed push was answered after {waited:?}: it should wait for the inline push (done after {inline_done:?}), not the whole 3 s"
+        "the delayed pushes were answered after {waited:?}: they should wait for the inline push (done after {inline_done:?}), not the whole 3 s"
     );
-    let delivered = s.delivered(9, Duration::from_secs(30)).await;
+    let delivered = s.delivered(ids.len() + inline.len(), Duration::from_secs(30)).await;
     let counts = count_by_id(&delivered);
-    assert!(counts.len() == 9 && counts.values().all(|&n| n == 1), "each once: {counts:?}");
+    assert!(counts.len() == ids.len() + inline.len() && counts.values().all(|&n| n == 1), "each once: {counts:?}");
 }
 
 /// The stand-in creates each task and never answers: every create times out after it took effect,
