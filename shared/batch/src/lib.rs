@@ -144,15 +144,6 @@ impl Linger {
     }
 }
 
-/// Counts an item submitted until its caller has its answer (or gives up).
-struct Held<'a>(&'a AtomicUsize);
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 struct Lane<F: Flush> {
     in_flight: usize,
     waiting: VecDeque<Waiting<F>>,
@@ -164,8 +155,9 @@ pub struct GroupCommit<F: Flush> {
     max_in_flight: usize,
     /// How long each call of a lane waits for others to join before it takes its batch.
     linger: Linger,
-    /// Items submitted and not yet answered, waiting or in a call, over every lane.
-    held: AtomicUsize,
+    /// Items submitted and not yet answered, waiting or in a call, over every lane: counted only
+    /// where the linger knows its callers (nothing else reads it).
+    held: Arc<Callers>,
     lanes: Mutex<HashMap<F::Lane, Lane<F>>>,
     next_id: std::sync::atomic::AtomicU64,
 }
@@ -187,7 +179,7 @@ impl<F: Flush> GroupCommit<F> {
             flusher,
             max_in_flight: max_in_flight.max(1),
             linger,
-            held: AtomicUsize::new(0),
+            held: Arc::default(),
             lanes: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
         })
@@ -208,8 +200,7 @@ impl<F: Flush> GroupCommit<F> {
     pub async fn submit(self: &Arc<Self>, lane: F::Lane, item: F::Item) -> Option<F::Output> {
         let (reply, answer) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.held.fetch_add(1, Ordering::Relaxed);
-        let _held = Held(&self.held);
+        let _held = self.linger.callers.is_some().then(|| self.held.enter());
         let start = {
             let mut lanes = self.lanes();
             let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
@@ -294,7 +285,7 @@ impl<F: Flush> GroupCommit<F> {
         let deadline = tokio::time::Instant::now() + self.linger.length;
         // Looked at every twentieth of the linger: a caller's arrival or departure wakes nothing.
         let step = (self.linger.length / 20).max(Duration::from_millis(1));
-        while self.held.load(Ordering::Relaxed) < callers.count() {
+        while self.held.count() < callers.count() {
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return;
