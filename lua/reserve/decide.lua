@@ -66,6 +66,14 @@ local function decide(e, now)
   -- as its own arithmetic.
   -- (A lean event handed over brings the state it read.)
   local values = e.values or e.state.read(e)
+  if e.park and not e.reslot and (tonumber(values[parked_at(e)]) or 0) > 0 then
+    -- Behind messages of its key already parked (FIFO): it parks without a slot of its own.
+    if not file_answer(e, 'P', now, now, false) then
+      return known(e, now)
+    end
+    park(e, values, now)
+    return reply(now, 'P', ATTEMPT.decided, now, now)
+  end
   local last = read_overrides(e, values)
   if not read_budgets(e, now) or not counts_in_force(e, now) then
     if not file_answer(e, 'C', now, now, false) then

@@ -727,6 +727,11 @@ struct FairFigures {
 /// again.
 async fn server_usec(connection: &mut MultiplexedConnection) -> f64 {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
+    if std::env::var_os("DRIP_BENCH_DEBUG").is_some() {
+        for l in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+            eprintln!("{l}");
+        }
+    }
     let usec = info
         .lines()
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
