@@ -523,25 +523,31 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
     let batched = store.clone().with_batching(Batching::new(64, false));
     // A quarter of the load a second: the backlog spans four windows at every scale, so most of
     // it lies past the fair budget's near horizon and parks.
-    let count = (budgeted_events(32) / 4) as u64;
+    let (count, events) = ((budgeted_events(32) / 4) as u64, budgeted_events(32) as f64);
     println!(
-        "\n| a budget of {count}/s, 32 clients, {} events over {ENTITIES} keys | reservations/s | script calls to drain | vs first come |\n|---|---|---|---|",
-        budgeted_events(32)
+        "\n| a budget of {count}/s, 32 clients, {events} events over {ENTITIES} keys | reservations/s | script calls to drain | Redis CPU µs an event | vs first come: reservations/s, one Redis's bound |\n|---|---|---|---|---|"
     );
     server_usec(connection).await;
+    let cpu = cpu_usec(connection).await;
     let first_come = budgeted_throughput(&batched, &gateway_of("fcfs-bench", None, count), 32, false).await;
-    let first_usec = server_usec(connection).await / budgeted_events(32) as f64;
-    println!("| first come, first served ({first_usec:.1} server µs an event) | {first_come:.0} | | 1.00× |");
-    let fair = fair_throughput((&batched, connection), count, 32).await;
+    let first_cpu = (cpu_usec(connection).await - cpu) / events;
+    let first_usec = server_usec(connection).await / events;
     println!(
-        "| `fair: true`: park past the near horizon ({:.1} server µs an event; {:.0} % of the time), drain in round robin ({:.1} µs a parked event; {} parked) | {:.0} | {} | {:.2}× |",
+        "| first come, first served ({first_usec:.1} server µs an event) | {first_come:.0} | | {first_cpu:.1} | 1.00×, 1.00× |"
+    );
+    let cpu = cpu_usec(connection).await;
+    let fair = fair_throughput((&batched, connection), count, 32).await;
+    let fair_cpu = (cpu_usec(connection).await - cpu) / events;
+    println!(
+        "| `fair: true`: park past the near horizon ({:.1} server µs an event; {:.0} % of the time), drain in round robin ({:.1} µs a parked event; {} parked) | {:.0} | {} | {fair_cpu:.1} | {:.2}×, {:.2}× |",
         fair.reserve_usec,
         100.0 * fair.parking,
         fair.unpark_usec,
         fair.parked,
         fair.per_second,
         fair.calls,
-        fair.per_second / first_come
+        fair.per_second / first_come,
+        first_cpu / fair_cpu
     );
 }
 
@@ -727,11 +733,6 @@ struct FairFigures {
 /// again.
 async fn server_usec(connection: &mut MultiplexedConnection) -> f64 {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
-    if std::env::var_os("DRIP_BENCH_DEBUG").is_some() {
-        for l in info.lines().filter(|l| l.starts_with("cmdstat_")) {
-            eprintln!("{l}");
-        }
-    }
     let usec = info
         .lines()
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
