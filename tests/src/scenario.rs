@@ -1049,13 +1049,12 @@ pub fn scenario_with_classes(max_events: usize) -> impl Strategy<Value = Scenari
 
 /// A rule with classes (as [`scenario_with_classes`]) that parks a throttled key's backlog: pauses
 /// of keys and lowered calendars hold every class of the key, each class parks in its own queue,
-/// and random drains book each class's queue of a key in turn. The rule has its classes from the
-/// start: what a key parked before its rule had classes drains as the key's, which its calendar
-/// does not count (`drip rules diff` says adding classes to a rule that parks needs care).
+/// and random drains book each class's queue of a key in turn. Sometimes the rule gains its
+/// classes at a later event: what a key parked before (its budget paused or lowered) drains, once
+/// the rule has classes, as the key's default class against its calendar.
 pub fn scenario_with_parked_classes(max_events: usize) -> impl Strategy<Value = Scenario> {
     let drains = prop::collection::vec((any::<Index>(), 0..3usize, 0i64..2_000), 0..12);
     (scenario_with_classes(max_events), drains, 0i64..1_500).prop_map(|(mut scenario, drains, horizon)| {
-        scenario.events.iter_mut().for_each(|arrival| arrival.unclassed = false);
         let n = scenario.events.len();
         scenario.shared.drains = drains.into_iter().map(|(at, entity, ahead)| (at.index(n), entity, ahead)).collect();
         scenario.shared.park = Some(horizon);
@@ -1102,7 +1101,9 @@ pub fn check_class_bounds(scenario: &Scenario, answers: &[Reservation]) -> Resul
         if answer.status != Status::Reserved {
             continue;
         }
-        let last = frontiers.insert((arrival.entity, arrival.class), answer.slot);
+        // What a key reserved or parked before the rule had classes is its own FIFO.
+        let class = if arrival.unclassed { usize::MAX } else { arrival.class };
+        let last = frontiers.insert((arrival.entity, class), answer.slot);
         if last.is_some_and(|last| answer.slot < last) {
             return Err(format!("{arrival:?} got {answer:?}, before its class's previous slot"));
         }

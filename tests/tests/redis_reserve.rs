@@ -125,7 +125,7 @@ async fn run_all(store: &impl Differential, rule_name: &str, scenario: &Scenario
                 let requests: Vec<SlotRequest> = plan
                     .iter()
                     .map(|&(k, j)| {
-                        let request = request_of(scenario, &rules[j], k, j);
+                        let request = drain_request_of(scenario, &rules[j], k, j, i);
                         SlotRequest { unpark: Some(arrival.now + ahead), reslot: None, ..request }.at(arrival.now)
                     })
                     .collect();
@@ -167,7 +167,7 @@ async fn run_all(store: &impl Differential, rule_name: &str, scenario: &Scenario
                     let request = SlotRequest {
                         unpark: Some(arrival.now + ahead),
                         reslot: None,
-                        ..request_of(scenario, &rules[head], &key, head)
+                        ..drain_request_of(scenario, &rules[head], &key, head, i)
                     }
                     .at(arrival.now);
                     let (unpark, _) = store.unpark(&request).await.expect("unpark");
@@ -240,6 +240,21 @@ fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize)
         reslot: arrival.reslot,
         tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
         ..SlotRequest::new(rule, key, event).at(arrival.now)
+    }
+}
+
+/// A drain's request for the parked event at `j`, made at the event at `i`: a key that parked
+/// before its rule had classes drains as its default class once the rule has them, against its
+/// key's calendar (`Classes::of_entity`, as the dispatcher's `SlotRequest::for_rule` does).
+fn drain_request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize, i: usize) -> SlotRequest<'a> {
+    let request = request_of(scenario, rule, key, j);
+    let bare = drip_core::rules::Classes::split(key).is_none();
+    match &scenario.shared.classes {
+        Some(_) if bare && !scenario.events[i].unclassed => {
+            let (limits, budgets, class) = (&[][..], &scenario.shared.draws[..], Some((key, "c0")));
+            SlotRequest { event: ReserveRequest { limits, budgets, class, ..request.event }, ..request }
+        }
+        _ => request,
     }
 }
 
@@ -1853,4 +1868,64 @@ async fn a_redis_that_lost_the_library_loads_it_again() {
     assert_eq!(libraries.len(), 1, "one library: {libraries:?}");
     let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut connection).await.unwrap();
     assert_eq!(reserve("m2").await, T0 + SECOND, "loaded again, the entity's state intact");
+}
+
+/// Classes added to a rule that parks while a key has events parked: the key's drain, its
+/// requests made as the dispatcher makes them (`SlotRequest::for_rule` of the rule as it is now),
+/// books them as the key's default class against its calendar, so a window holds the classes'
+/// events and the drained ones within its count; both stores give every answer alike.
+#[tokio::test]
+async fn what_a_key_parked_before_its_rule_had_classes_drains_as_its_default_class() {
+    use drip_core::rules::RuleSet;
+    let redis = RedisStore::new(shared_connection().await, "drip");
+    let id = unique("parked-then-classed");
+    let text = |classes: &str| {
+        format!(
+            "default_dlq_topic: dlq\nrules:\n  - name: {id}\n    key: \"{{attributes.k}}\"\n    limits: [ {{ limit: 3, per: 1s }} ]\n    \
+             max_delay: 1h\n    park_horizon: 1s\n{classes}    forward: {{ topic: ready }}\n    overflow_topic: overflow\n"
+        )
+    };
+    let before = RuleSet::parse("before.yaml", &text("")).unwrap();
+    let classes = "    classes: { from: \"{attributes.c}\", default: bulk, reserve: { live: 0.34 } }\n";
+    let after = RuleSet::parse("after.yaml", &text(classes)).unwrap();
+    let (before, after) = (before.rule(&id).unwrap(), after.rule(&id).unwrap());
+    let parked: Vec<String> = (0..4).map(|i| format!("p{i}")).collect();
+    let (mut answers, memory) = (Vec::new(), MemoryStore::new());
+    redis.clock().set(T0);
+    memory.clock().set(T0);
+    for store in [&redis as &dyn Store, &memory] {
+        let mut slots = Vec::new();
+        // The key is paused until 5 s: its events park (the later ones behind the first).
+        store.pause(before, "m", T0 + 5 * SECOND).await.unwrap();
+        for message in &parked {
+            let request = SlotRequest::for_rule(before, "m", message, 1).at(T0 + 100);
+            assert_eq!(store.reserve(&request).await.unwrap().reservation.status, Status::Parked);
+        }
+        // The rule gains classes: the key's classes fill the window at 6 s.
+        for (message, entity) in [("b0", "m#bulk"), ("b1", "m#bulk"), ("l0", "m#live")] {
+            let reserved = store.reserve(&SlotRequest::for_rule(after, entity, message, 1).at(T0 + 6 * SECOND)).await;
+            let reservation = reserved.unwrap().reservation;
+            assert_eq!(reservation.status, Status::Reserved);
+            slots.push(reservation.slot);
+        }
+        // The key's drain at 6 s, as the rule is now, books its parked events within 3 s.
+        let mut drained = Vec::new();
+        for message in &parked {
+            let request =
+                SlotRequest { unpark: Some(T0 + 9 * SECOND), ..SlotRequest::for_rule(after, "m", message, 1) };
+            let (unpark, _) = store.unpark(&request.at(T0 + 6 * SECOND)).await.unwrap();
+            let Unpark::Decided(reservation) = unpark else { panic!("{message}: {unpark:?}") };
+            assert_eq!(reservation.status, Status::Reserved, "{message}");
+            drained.push(reservation.slot);
+        }
+        assert!(drained.iter().all(|&slot| slot >= T0 + 7 * SECOND), "after the classes' full window: {drained:?}");
+        slots.extend(&drained);
+        let mut per_window = BTreeMap::new();
+        for slot in &slots {
+            *per_window.entry(slot.div_euclid(SECOND)).or_insert(0) += 1;
+        }
+        assert!(per_window.values().all(|&n| n <= 3), "every window of the key within 3: {per_window:?}");
+        answers.push(slots);
+    }
+    assert_eq!(answers[0], answers[1], "Redis and the model");
 }

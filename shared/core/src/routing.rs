@@ -183,6 +183,22 @@ rules:
     }
 
     #[test]
+    fn an_entity_of_a_classed_rule_reserves_as_its_class_or_as_its_key_s_default_class() {
+        let classed = RULES.replacen(
+            "    key: \"{attributes.tenant}\"\n",
+            "    key: \"{attributes.tenant}\"\n    classes: { from: \"{attributes.p}\", default: bulk, reserve: { live: 0.2 } }\n",
+            1,
+        );
+        let rules = RuleSet::parse("rules.yaml", &classed).unwrap();
+        let classes = rules.rule("kyc").and_then(|r| r.classes.as_ref()).expect("classes");
+        assert_eq!(classes.of_entity("t1#live"), ("t1", "live"));
+        assert_eq!(classes.of_entity("t1#bulk"), ("t1", "bulk"));
+        // A key that waited before the rule had classes: its key's default class.
+        assert_eq!(classes.of_entity("t1"), ("t1", "bulk"));
+        assert_eq!(classes.of_entity("t1#vip"), ("t1#vip", "bulk"), "no class of the rule");
+    }
+
+    #[test]
     fn fallback_key_instead_of_dead_letter() {
         let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
         match plan(&rules, &event("kyc", "")) {

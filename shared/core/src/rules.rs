@@ -186,6 +186,17 @@ impl Classes {
         entity.rsplit_once('#')
     }
 
+    /// The key and class an entity of the rule reserves as: a class's entity `<key>#<class>` as
+    /// that class; any other entity (a key that waited or booked before the rule had classes) as
+    /// the default class of its own key, so that what it still holds is counted by its key's
+    /// calendar.
+    pub fn of_entity<'a>(&'a self, entity: &'a str) -> (&'a str, &'a str) {
+        match Self::split(entity) {
+            Some((key, class)) if self.names.iter().any(|n| n == class) => (key, class),
+            _ => (entity, &self.default),
+        }
+    }
+
     /// Each class's reserve of a window with `count` in force, in units.
     pub fn reserves(&self, count: u64) -> impl Iterator<Item = (&str, u64)> {
         self.calendar.floor_units(count)

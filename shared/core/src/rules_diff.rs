@@ -313,9 +313,9 @@ fn class_edits(old: &Rule, new: &Rule) -> Vec<Edit> {
             let classes = show(new);
             vec![if carried && new.park().is_some() {
                 edit(
-                    Safety::NeedsCare,
+                    Safety::Safe,
                     format!(
-                        "classes added ({classes}): each key's calendar takes over the backlog already scheduled under the key, but events parked under a key (while it was paused or throttled, or waiting in a fair budget) drain after it as the key's, counted by the key's own state and not by its calendar, so a window can hold them and the classes' events too: add classes when no key of the rule has events parked (drip inspect), or with park_horizon: off"
+                        "classes added ({classes}): each key's calendar takes over the backlog already scheduled under the key (its last window counted, every class after its last slot), and what a key parked before (while paused or throttled, or waiting in a fair budget) drains as its default class against that calendar, so every window stays exact; the classes' events may book before those parked events, as they would before any parked backlog"
                     ),
                 )
             } else if carried {
@@ -535,11 +535,10 @@ rules:
             "    key: \"k\"\n    classes: { from: \"{attributes.p}\", default: bulk, reserve: { live: 0.1 } }\n",
             1,
         );
-        // A rule that parks: what is parked under a key drains as the key's, which its calendar
-        // does not count.
+        // A rule that parks: what is parked under a key drains as its default class.
         let kyc = edits(&diff(&parse(OLD), &parse(&classed)), "kyc");
         assert!(
-            matches!(kyc.as_slice(), [(Safety::NeedsCare, what)] if what.contains("events parked under a key")),
+            matches!(kyc.as_slice(), [(Safety::Safe, what)] if what.contains("drains as its default class")),
             "{kyc:?}"
         );
         let unparked = |file: &str| file.replacen("    key: \"k\"\n", "    key: \"k\"\n    park_horizon: \"off\"\n", 1);

@@ -50,13 +50,13 @@ impl<'a> SlotRequest<'a> {
     /// `ReserveRequest::for_rule` gives them), on the store's clock.
     ///
     /// For a rule with classes, `key` is the entity `<key>#<class>` (`Classes::entity`, as routing
-    /// makes it): the event draws from its key's calendar.
+    /// makes it): the event draws from its key's calendar. A bare key there (what it parked, or a
+    /// task it booked, before the rule had classes) draws from it as the default class
+    /// (`Classes::of_entity`).
     pub fn for_rule(rule: &'a drip_core::rules::Rule, key: &'a str, message_id: &'a str, cost: u64) -> Self {
         let mut event = ReserveRequest::for_rule(rule, message_id, cost, 0);
-        if rule.classes.is_some()
-            && let Some(class) = drip_core::rules::Classes::split(key)
-        {
-            event = event.for_class(rule, class);
+        if let Some(classes) = &rule.classes {
+            event = event.for_class(rule, classes.of_entity(key));
         }
         Self { tag: rule.budget_tag(), ..Self::new(&rule.id, key, event) }
     }
