@@ -618,6 +618,43 @@ async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order
     assert_eq!(d.tasks.created.lock().unwrap().len(), created.len(), "a wake run twice makes nothing more");
 }
 
+/// An event that arrives while its key has events parked joins the queue without a search: one
+/// whose cost is over the count in force parks like the others, and the drain dead-letters it with
+/// that reason when it reaches the head; the events around it get their tasks in order.
+#[tokio::test]
+async fn a_drain_dead_letters_a_parked_event_whose_cost_is_over_the_count_when_its_turn_comes() {
+    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let (key, now) = ("merchant_c", wall_clock_millis());
+    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    for (id, cost) in [("c0", 1), ("c1", 11), ("c2", 1)] {
+        let identity = MessageRef::new(id.to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
+        let request = SlotRequest::for_rule(&rule, key, &identity, cost);
+        let reserved = d.store.reserve(&request).await.unwrap();
+        assert_eq!(reserved.reservation.status, Status::Parked, "{id}: behind a 10 s pause");
+        let mut body: TaskBody =
+            serde_json::from_slice(&event(id, key, now, TaskPayload::inline(b"{}"), attributes.clone())).unwrap();
+        body.rate_limit_meta.cost = Some(cost);
+        d.store.park_body(&request, &serde_json::to_vec(&body).unwrap(), HOUR).await.unwrap();
+        d.store.complete(&request, &reserved).await.unwrap();
+    }
+    Store::resume(&*d.store, &rule, key).await.unwrap();
+    let body = WakeTask { wake: WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } }.body();
+    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let created = d.tasks.created.lock().unwrap().clone();
+    let mut events: Vec<(String, Millis)> = created.iter().flat_map(|task| carried(&task.body)).collect();
+    events.sort();
+    assert_eq!(events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["c0", "c2"], "{events:?}");
+    let letters = d.pubsub.published.lock().unwrap().clone();
+    let letters: Vec<_> = letters.iter().filter(|p| p.topic == "drip-dlq").collect();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].attributes["drip-reason"], "cost_exceeds_limit");
+    assert!(d.store.parked_bodies(&rule, key, 10).await.unwrap().is_empty(), "the queue is empty");
+}
+
 /// Reserves payout `id` of `key` as the limiter does, at `now`, and when it parks keeps its body
 /// and completes it, as the limiter's push does: its status.
 async fn reserve_or_park(
