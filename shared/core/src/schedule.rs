@@ -86,6 +86,22 @@ pub struct Scheduler {
     rings: HashMap<String, fair::RingState>,
 }
 
+/// Files a new decision as the message's answer (its lease taken by the attempt that asked): its
+/// reservation.
+fn file_decision(entity: &mut Entity, request: &ReserveRequest<'_>, slot: Millis, status: Status) -> Reservation {
+    let answer = Answer {
+        slot,
+        status,
+        decided_at: request.now,
+        cost: request.cost,
+        corrected: None,
+        completed: false,
+        lease_until: request.now + request.lease,
+    };
+    entity.answers.insert(answer_file(request.message_id, request.published), answer);
+    Reservation { slot, status, decided_at: request.now, attempt: Attempt::Decided }
+}
+
 /// The message joins the end of its key's queue, and the key its fair budgets' rings in the same
 /// step, so that a parked key is always in its fair budget's ring.
 fn queue(
@@ -136,17 +152,7 @@ impl Scheduler {
     fn park_behind(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
         queue(entity, &mut self.rings, (rule, key), request);
-        let answer = Answer {
-            slot: request.now,
-            status: Status::Parked,
-            decided_at: request.now,
-            cost: request.cost,
-            corrected: None,
-            completed: false,
-            lease_until: request.now + request.lease,
-        };
-        entity.answers.insert(answer_file(request.message_id, request.published), answer);
-        Reservation { slot: request.now, status: Status::Parked, decided_at: request.now, attempt: Attempt::Decided }
+        file_decision(entity, request, request.now, Status::Parked)
     }
 
     /// Reserves a new slot for a message that already has one (the attempt holding its lease was
@@ -381,17 +387,7 @@ impl Scheduler {
             }
             Status::Reserved
         };
-        let answer = Answer {
-            slot,
-            status,
-            decided_at: request.now,
-            cost: request.cost,
-            corrected: None,
-            completed: false,
-            lease_until: request.now + request.lease,
-        };
-        entity.answers.insert(answer_file(request.message_id, request.published), answer);
-        Reservation { slot, status, decided_at: request.now, attempt: Attempt::Decided }
+        file_decision(entity, request, slot, status)
     }
 
     /// Whether the request's cost is over a count in force, and the slot its entity would give it
