@@ -274,7 +274,8 @@ end
 
 -- Moves the head of `from` to the end of `to`.
 function QUEUE.move_head(from, to, keep)
-  QUEUE.push(to, redis.call('LPOP', from), keep)
+  redis.call('LMOVE', from, to, 'LEFT', 'RIGHT')
+  redis.call('PEXPIRE', to, keep)
 end
 
 -- A fair budget's ring of waiting keys (lua/fair.lua reads and trims it): `member` joins it once,
