@@ -102,23 +102,6 @@ fn file_decision(entity: &mut Entity, request: &ReserveRequest<'_>, slot: Millis
     Reservation { slot, status, decided_at: request.now, attempt: Attempt::Decided }
 }
 
-/// The message joins the end of its key's queue, and the key its fair budgets' rings in the same
-/// step, so that a parked key is always in its fair budget's ring.
-fn queue(
-    entity: &mut Entity,
-    rings: &mut HashMap<String, fair::RingState>,
-    (rule, key): (&str, &str),
-    request: &ReserveRequest<'_>,
-) {
-    entity.queue.push_back(answer_file(request.message_id, request.published));
-    entity.state.parked += 1;
-    for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
-        let member = crate::fair::Member { rule: rule.into(), key: key.into() };
-        let ring = crate::budgets::FairRing::of_key(budget, request.scope(key)).name();
-        fair::join(rings, &ring, &member, request.now);
-    }
-}
-
 impl Scheduler {
     pub fn new() -> Self {
         Self::default()
@@ -143,16 +126,6 @@ impl Scheduler {
             return self.park_behind(rule, key, request);
         }
         self.decide(rule, key, request, None)
-    }
-
-    /// A new event of a key whose messages are parked already waits behind them (FIFO, as
-    /// [`parks`] says) without a slot of its own: nothing is searched or booked, so its cost, its
-    /// `max_delay` (from now) and the counts in force are the drain's to judge at the head of
-    /// the queue ([`Self::unpark`]). Its answer's slot is now.
-    fn park_behind(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
-        let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        queue(entity, &mut self.rings, (rule, key), request);
-        file_decision(entity, request, request.now, Status::Parked)
     }
 
     /// Reserves a new slot for a message that already has one (the attempt holding its lease was
@@ -799,52 +772,6 @@ mod tests {
         let Unpark::Decided(b) = s.unpark("r", "k", &request("b", 11_000), 12_000) else { panic!() };
         assert_eq!((b.status, b.slot), (Status::Reserved, 11_000));
         assert_eq!(s.reserve("r", "k", &request("a", 11_500)).status, Status::MaxDelayExceeded, "its answer stays");
-    }
-
-    #[test]
-    fn an_event_behind_parked_ones_waits_unsearched_and_the_drain_judges_it_at_the_head() {
-        let limits = [limit(1, SECOND, Window::Fixed(Placement::Start))];
-        let limits = &limits;
-        let request = move |id: &'static str, now, cost, max_delay| ReserveRequest {
-            park: Some(SECOND),
-            max_delay,
-            cost,
-            ..ReserveRequest::new(id, limits, now)
-        };
-        let mut s = Scheduler::new();
-        s.pause("r", "k", 5_000);
-        let head = s.reserve("r", "k", &request("a", 0, 1, MINUTE));
-        assert_eq!((head.status, head.slot), (Status::Parked, 5_000), "the first one searched");
-        // Behind it: parked at once, slot now, even a cost over the count or a max_delay the
-        // pause alone breaks (a key with nothing parked refuses both at arrival).
-        let over = s.reserve("r", "k", &request("b", 100, 2, MINUTE));
-        assert_eq!((over.status, over.slot), (Status::Parked, 100));
-        let late = s.reserve("r", "k", &request("c", 200, 1, SECOND));
-        assert_eq!((late.status, late.slot), (Status::Parked, 200));
-        let fits = s.reserve("r", "k", &request("d", 300, 1, MINUTE));
-        assert_eq!((fits.status, fits.slot), (Status::Parked, 300));
-        assert_eq!(s.reserve("r", "k2", &request("e", 300, 2, MINUTE)).status, Status::CostExceedsLimit);
-        assert_eq!(s.entity_state("r", "k").unwrap().parked, 4);
-        assert_eq!(s.entity_state("r", "k").unwrap().last_slot, None, "nothing booked");
-        // The drain: the head books where the pause ends, the next two leave with nothing
-        // reserved, and the last books behind the head.
-        let drained: Vec<_> = [("a", 1, MINUTE), ("b", 2, MINUTE), ("c", 1, SECOND), ("d", 1, MINUTE)]
-            .into_iter()
-            .map(|(id, cost, max_delay)| match s.unpark("r", "k", &request(id, 5_000, cost, max_delay), 7_000) {
-                Unpark::Decided(r) => (r.status, r.slot),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(
-            drained,
-            [
-                (Status::Reserved, 5_000),
-                (Status::CostExceedsLimit, 5_000),
-                (Status::MaxDelayExceeded, 6_000),
-                (Status::Reserved, 6_000)
-            ]
-        );
-        assert_eq!(s.entity_state("r", "k").unwrap().parked, 0);
     }
 
     #[test]
