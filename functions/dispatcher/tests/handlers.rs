@@ -628,17 +628,9 @@ async fn a_drain_dead_letters_a_parked_event_whose_cost_is_over_the_count_when_i
     let rule = d.state.rules.current().rules[0].clone();
     let (key, now) = ("merchant_c", wall_clock_millis());
     Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
-    let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
     for (id, cost) in [("c0", 1), ("c1", 11), ("c2", 1)] {
-        let identity = MessageRef::new(id.to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
-        let request = SlotRequest::for_rule(&rule, key, &identity, cost);
-        let reserved = d.store.reserve(&request).await.unwrap();
-        assert_eq!(reserved.reservation.status, Status::Parked, "{id}: behind a 10 s pause");
-        let mut body: TaskBody =
-            serde_json::from_slice(&event(id, key, now, TaskPayload::inline(b"{}"), attributes.clone())).unwrap();
-        body.rate_limit_meta.cost = Some(cost);
-        d.store.park_body(&request, &serde_json::to_vec(&body).unwrap(), HOUR).await.unwrap();
-        d.store.complete(&request, &reserved).await.unwrap();
+        let status = reserve_or_park_costing(&d, &rule, (key, id, cost), now).await;
+        assert_eq!(status, Status::Parked, "{id}: behind a 10 s pause");
     }
     Store::resume(&*d.store, &rule, key).await.unwrap();
     let body = WakeTask { wake: WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } }.body();
@@ -663,13 +655,25 @@ async fn reserve_or_park(
     (key, id): (&str, &str),
     now: Millis,
 ) -> Status {
+    reserve_or_park_costing(d, rule, (key, id, 1), now).await
+}
+
+/// The same for a payout of `cost` units (its body says so, as the limiter's does).
+async fn reserve_or_park_costing(
+    d: &Dispatcher,
+    rule: &drip_core::rules::Rule,
+    (key, id, cost): (&str, &str, u64),
+    now: Millis,
+) -> Status {
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
     let identity = MessageRef::new(id.to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
-    let request = SlotRequest::for_rule(rule, key, &identity, 1);
+    let request = SlotRequest::for_rule(rule, key, &identity, cost);
     let reserved = d.store.reserve(&request).await.unwrap();
     if reserved.reservation.status == Status::Parked {
-        let body = event(id, key, now, TaskPayload::inline(b"{}"), attributes);
-        d.store.park_body(&request, &body, HOUR).await.unwrap();
+        let mut body: TaskBody =
+            serde_json::from_slice(&event(id, key, now, TaskPayload::inline(b"{}"), attributes)).unwrap();
+        body.rate_limit_meta.cost = (cost != 1).then_some(cost);
+        d.store.park_body(&request, &serde_json::to_vec(&body).unwrap(), HOUR).await.unwrap();
         d.store.complete(&request, &reserved).await.unwrap();
     }
     reserved.reservation.status
