@@ -24,7 +24,8 @@
 -- KEYS[1]  the home's hash
 -- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
 -- count, cost, want, keep (how long the hash outlives a window it leased, past the window), term,
--- fair (1 or 0).
+-- fair (1 or 0), and for an adaptive budget its ceiling, step (ppm) and window (ms), else 0 0 0:
+-- the home grants from the count at its level in force ('adapt', set by lua/budget.lua).
 --
 -- Returns the window (0 and found = 0 for none), the partition's total lease of it (a total, so
 -- that crediting it twice or out of order changes nothing), the last window before it with no
@@ -36,6 +37,10 @@ local now = clock(int())
 local partition, partitions, per, from, horizon = int(), int(), int(), int(), int()
 local count, cost, want, keep, term = int(), int(), int(), int(), int()
 local fair = int() == 1
+local ceiling, step, level_window = int(), int(), int()
+if ceiling > 0 then
+  count = scaled(count, level_in_force(redis.call('HGET', key, 'adapt'), ceiling, step, level_window, now), cost)
+end
 
 -- Windows before now's lease nothing more: dropped (a few at a time, or by a scan after a gap).
 local current = now - now % per

@@ -1062,7 +1062,6 @@ fn the_rules_schema_refuses_what_the_loader_refuses() {
         ("budget_gcra_window", "a budget's window against the rules drawing on it"),
         ("budget_key_floors_over_one", "a budget's key floors against each other and its rules'"),
         ("budget_leases_mixed_in_a_rule", "a rule's budgets' leases against each other"),
-        ("budget_leases_with_adaptive", "a budget's leases against its adaptive limit"),
         ("budget_leases_with_floors", "a budget's leases against its floors"),
         ("budget_leases_with_spread", "a budget's leases against its limits' placement"),
         ("budget_listed_twice", "a rule's budgets against each other"),

@@ -748,9 +748,9 @@ pub fn scenario_with_fair_budgets(max_events: usize) -> impl Strategy<Value = Sc
 }
 
 /// A scenario whose budgets are leased over 2 to 4 partitions, each asking its home for a chunk of
-/// anything from one unit to a whole window at a time (no adaptive level, floors or spread
-/// placement: a leased budget has none); arrivals compressed so that backlogs book ahead and the
-/// homes run out of room.
+/// anything from one unit to a whole window at a time (sometimes adaptive, with 429s that lower
+/// the first budget's level between events; no floors or spread placement: a leased budget has
+/// none); arrivals compressed so that backlogs book ahead and the homes run out of room.
 pub fn scenario_with_leases(max_events: usize) -> impl Strategy<Value = Scenario> {
     (scenario_with_budgets(max_events), budget_leases()).prop_map(leased)
 }
@@ -780,7 +780,6 @@ fn leased((mut scenario, (leases, squeeze)): (Scenario, (Vec<(u32, u64)>, i64)))
         let limits = b.limits.iter().map(|l| Limit::new(l.limit(), l.per(), Window::Fixed(Placement::Start)).unwrap());
         Arc::new(Budget {
             limits: limits.collect(),
-            adaptive: None,
             floors: Vec::new(),
             leases: Some(drip_core::budgets::Leases { partitions, chunk }),
             ..(**b).clone()
@@ -788,7 +787,6 @@ fn leased((mut scenario, (leases, squeeze)): (Scenario, (Vec<(u32, u64)>, i64)))
     });
     scenario.shared.budgets = budgets.collect();
     scenario.shared.rules = 1;
-    scenario.shared.signals.retain(|(_, entity)| entity.is_some());
     let start = scenario.events.first().map_or(0, |a| a.now);
     for event in &mut scenario.events {
         event.now = start + (event.now - start) / squeeze;

@@ -227,6 +227,7 @@ impl Scheduler {
         let state = self.budgets.entry(budget.name.clone()).or_default();
         let after = adaptive.signal(state.adaptive, adaptive_window(&budget.limits), now);
         state.adaptive = Some(after);
+        adopt_level(&mut self.budgets, budget, now);
         Some(after.level)
     }
 
@@ -264,6 +265,7 @@ impl Scheduler {
         state.latency = Some(outcome.latency);
         if let Some(level) = outcome.adaptive {
             state.adaptive = Some(level);
+            adopt_level(&mut self.budgets, budget, now);
         }
         Some(outcome)
     }

@@ -5,7 +5,7 @@
 //! one rich request as `name = value` lines, so that a change to the contract is a diff that says
 //! which field moved.
 
-use drip_core::budgets::{Adaptive, FairRing, adaptive_window};
+use drip_core::budgets::{Adaptive, Budget, FairRing, adaptive_window};
 use drip_core::fair::Member;
 use drip_core::rules::{Limit, Placement, Window};
 use drip_core::schedule::{OldSlot, override_id};
@@ -181,6 +181,28 @@ pub struct LeaseTarget {
     pub fair: bool,
     /// By budget limit: per, count, the units one lease asks for.
     pub limits: Vec<(Millis, u64, u64)>,
+    /// An adaptive budget's ceiling, step (ppm) and window: its home grants from the count at its
+    /// level in force.
+    pub level: Option<(u64, u64, Millis)>,
+}
+
+impl LeaseTarget {
+    /// Where `budget` (leased) asks for units from `partition`'s pool: `limits` empty (a pool a
+    /// signal or a return goes to, not a reservation).
+    pub(crate) fn of_pool(namespace: &str, budget: &Budget, partition: u32) -> Option<Self> {
+        let leases = budget.leases?;
+        let level = budget.adaptive.map(|a| (a.ceiling(), a.step, adaptive_window(&budget.limits)));
+        Some(LeaseTarget {
+            budget: budget.name.clone(),
+            home: budget_key(namespace, budget),
+            pool: pool_key(namespace, budget, partition),
+            partition,
+            partitions: leases.partitions,
+            fair: budget.fair.is_some(),
+            limits: Vec::new(),
+            level,
+        })
+    }
 }
 
 /// What a home leased a pool of one budget limit (`Lease` of the model), to be credited to the
@@ -250,17 +272,8 @@ pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<O
         .iter()
         .map(|b| {
             let leases = b.leases?;
-            let partition = leases.partition_of(scope);
             let limits = b.limits.iter().map(|l| (l.per(), l.limit(), leases.want(l.limit(), event.cost))).collect();
-            Some(LeaseTarget {
-                budget: b.name.clone(),
-                home: budget_key(namespace, b),
-                pool: pool_key(namespace, b, partition),
-                partition,
-                partitions: leases.partitions,
-                fair: b.fair.is_some(),
-                limits,
-            })
+            Some(LeaseTarget { limits, ..LeaseTarget::of_pool(namespace, b, leases.partition_of(scope))? })
         })
         .collect()
 }

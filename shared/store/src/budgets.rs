@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 
-use drip_core::budgets::{Budget, LatencyChange, LatencyReport};
+use drip_core::budgets::{Budget, LatencyChange, LatencyReport, adaptive_window};
 use drip_core::rules::Rule;
 use drip_core::schedule::BudgetState;
 use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
+use crate::args::LeaseTarget;
 use crate::keys::STATE_MARGIN;
 use crate::keys::{budget_key, class_calendar_key, field, pool_key};
 use crate::overrides::{adapt_args, latency_args, latency_change};
@@ -92,7 +93,32 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let mut args = vec!["adapt".to_owned()];
         args.extend(adapt_args(adaptive, &budget.limits));
         let level: i64 = self.hash_invocation(self.calendar_hashes(calendar).0, &args).await?;
+        self.hand_level_to_pools(calendar).await?;
         Ok(Some(level as u64))
+    }
+
+    /// A leased budget's pools take its home's adaptive state (schedule/leases.rs's `adopt_level`):
+    /// where the level fell, each gives back what it leased and had not booked of the windows
+    /// still open, and the store sends that to the home. Between the home's change and a pool's,
+    /// the pool books at the level before, as if the signal had come a moment later; a pool that
+    /// is not reached (an error, returned) keeps its leases until they pass (at most a lease's
+    /// term) and takes the level at the next signal.
+    async fn hand_level_to_pools(&self, calendar: Calendar<'_>) -> Result<(), StoreError> {
+        let Calendar::Budget(budget) = calendar else { return Ok(()) };
+        let (Some(leases), Some(adaptive)) = (budget.leases, budget.adaptive) else { return Ok(()) };
+        let home = budget_key(self.namespace(), budget);
+        let state: Option<String> =
+            redis::cmd("HGET").arg(&home).arg(field::ADAPT).query_async(&mut self.connection()).await?;
+        let (ceiling, step, window) = (adaptive.ceiling(), adaptive.step, adaptive_window(&budget.limits));
+        let args =
+            ["adopt".to_owned(), state.unwrap_or_default(), ceiling.to_string(), step.to_string(), window.to_string()];
+        let pools: Vec<LeaseTarget> =
+            (0..leases.partitions).filter_map(|p| LeaseTarget::of_pool(self.namespace(), budget, p)).collect();
+        for pool in &pools {
+            self.hash_invocation::<i64>(pool.pool.clone(), &args).await?;
+        }
+        self.send_returns(pools.iter().collect()).await;
+        Ok(())
     }
 
     /// A window's latency of the calendar's downstream; `None` when its adaptive limit does not
@@ -110,7 +136,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         };
         let args = ["latency".to_owned(), parameters];
         let reply: Vec<i64> = self.hash_invocation(self.calendar_hashes(calendar).0, &args).await?;
-        latency_change(&reply).map(Some)
+        let change = latency_change(&reply)?;
+        self.hand_level_to_pools(calendar).await?;
+        Ok(Some(change))
     }
 
     /// budget.lua on the calendar hash `hash` (a budget's or a key's classes'), at the store's clock.

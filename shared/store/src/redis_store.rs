@@ -366,6 +366,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             .arg(per + STATE_MARGIN)
             .arg(lease_term(per))
             .arg(u8::from(target.fair));
+        let (ceiling, step, window) = target.level.unwrap_or_default();
+        invocation.arg(ceiling).arg(step).arg(window);
         let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
         let Some((&[window, total, full_through, found, units], ahead)) = reply.split_at_checked(5) else {
             return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));

@@ -193,9 +193,18 @@ fn with_record_places(script: &str) -> String {
     // The event's keys are offsets from its first (0 for the first).
     places.extend(EVENT_KEYS.iter().enumerate().map(|(at, name)| (name.replace('.', "_").to_uppercase(), at)));
     let mut words: Vec<(String, String)> = places.into_iter().map(|(name, place)| (name, place.to_string())).collect();
-    words
-        .extend(crate::keys::field::SCRIPT_FIELDS.iter().map(|(name, value)| (name.to_string(), format!("'{value}'"))));
-    // Longest first, so that no name is replaced inside a longer one.
+    words.extend(field_words());
+    replace_words(script, words)
+}
+
+/// The hash fields the scripts write by name (`FIELD_POOL_RETURNS`), each as a Lua string.
+fn field_words() -> impl Iterator<Item = (String, String)> {
+    crate::keys::field::SCRIPT_FIELDS.iter().map(|(name, value)| (name.to_string(), format!("'{value}'")))
+}
+
+/// `script` with every name of `words` replaced by its value, longest first, so that no name is
+/// replaced inside a longer one.
+fn replace_words(script: &str, mut words: Vec<(String, String)>) -> String {
     words.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
     words.into_iter().fold(script.to_owned(), |text, (name, value)| text.replace(&name, &value))
 }
@@ -212,8 +221,10 @@ pub(crate) static WAKE: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("wake", &with_prelude(""), include_str!("../../../lua/wake.lua")));
 pub(crate) static FAIR: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("fair", &with_prelude(""), include_str!("../../../lua/fair.lua")));
-pub(crate) static BUDGET: LazyLock<Library> =
-    LazyLock::new(|| Library::of_script("budget", &with_latency(), include_str!("../../../lua/budget.lua")));
+pub(crate) static BUDGET: LazyLock<Library> = LazyLock::new(|| {
+    let script = replace_words(include_str!("../../../lua/budget.lua"), field_words().collect());
+    Library::of_script("budget", &with_latency(), &script)
+});
 pub(crate) static OVERRIDE: LazyLock<Library> =
     LazyLock::new(|| Library::of_script("override", &with_latency(), include_str!("../../../lua/override.lua")));
 

@@ -399,13 +399,6 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
         ok &= floors.is_some();
         let leases = fields.leases.map(|raw| validate_leases(raw, &limits, &mut errors));
         ok &= !matches!(leases, Some(None));
-        if leases.is_some() && adaptive.is_some() {
-            errors.push(
-                "leases",
-                "a leased budget cannot be adaptive: its partitions hold leases of the windows ahead that its home cannot take back, so a lowered level would bind only once they pass".into(),
-            );
-            ok = false;
-        }
         if leases.is_some() && floors.as_ref().is_some_and(|f| !f.is_empty()) {
             errors.push(
                 "leases",

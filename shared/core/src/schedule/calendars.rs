@@ -211,6 +211,21 @@ impl BudgetState {
         })
     }
 
+    /// A pool whose budget's level fell gives back what it holds and has not booked of every
+    /// window of its leases that has not closed at `now`, and forgets that its home was full from
+    /// now's window on (its home has room again at the lowered count: the next event asks).
+    /// Returns each window's total given back, for the home.
+    pub fn give_back_open_leases(&mut self, now: Millis) -> Vec<(Millis, Millis, u64)> {
+        let open: Vec<(Millis, Millis)> =
+            self.leased.keys().copied().filter(|&(per, window)| window + per > now).collect();
+        let returns =
+            open.into_iter().filter_map(|(per, w)| Some((per, w, self.give_back_lease(per, w, u64::MAX)?))).collect();
+        for (&per, full) in self.known_full.iter_mut() {
+            *full = (*full).min(now.div_euclid(per) * per - per);
+        }
+        returns
+    }
+
     /// The home takes back what `partition` gave back of a window (`lua/returns.lua`): `total` is
     /// the partition's whole return of it, so only what is new comes off the window's leases.
     /// Returns the units taken back now.

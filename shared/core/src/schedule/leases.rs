@@ -81,18 +81,46 @@ pub(super) fn lease(
     let (Some(partition), Some(leases)) = (limit.partition(), limit.budget.leases) else { return };
     let per = limit.limit.per();
     let queued = request.queued.iter().find(|(pool, _)| *pool == limit.state).map_or(0, |&(_, cost)| cost);
-    let want = leases.want(limit.count, request.cost).max(request.cost + queued);
+    // The count in force at the home's level (a leased budget's signals go to its home).
+    let level = budget_level(limit.budget, budgets.get(&limit.budget.name), request.now);
+    let count = adapted_count(&limit.limit, limit.base, level, request.cost);
+    let want = leases.want(limit.base, request.cost).max(request.cost + queued);
     let horizon = request.now + request.max_delay;
     let span = (per, window, lease_through.map_or(horizon, |through| through.min(horizon)));
     let home = budgets.entry(limit.budget.name.clone()).or_default();
     let asker = (partition, leases.partitions, request.now);
     let leases = match limit.budget.fair {
-        Some(_) => vec![home.grant_fair(asker, span, limit.count, (request.cost, want))],
-        None => home.grant(asker, span, limit.count, (request.cost, want)),
+        Some(_) => vec![home.grant_fair(asker, span, count, (request.cost, want))],
+        None => home.grant(asker, span, count, (request.cost, want)),
     };
     let pool = budgets.entry(limit.state.clone()).or_default();
     for lease in leases {
         pool.credit(per, lease);
+    }
+}
+
+/// A leased budget's home hands its adaptive state to every partition's pool after a signal or a
+/// latency report moved it (`RedisStore::signal_calendar` does the same, pool by pool): a pool's
+/// reservations read their level there, so a key throttled by it parks. Where the level in force
+/// fell, the pool gives back what it was leased and has not booked of every window that has not
+/// closed, and its home takes it back: the home's next grants are at the lowered count, so the
+/// lowered level binds from now on, as on one Redis, but for what was booked already.
+pub(super) fn adopt_level(budgets: &mut HashMap<String, BudgetState>, budget: &Budget, now: Millis) {
+    let (Some(leases), Some(adaptive)) = (budget.leases, budget.adaptive) else { return };
+    let window = adaptive_window(&budget.limits);
+    let state = budgets.get(&budget.name).and_then(|home| home.adaptive);
+    for partition in 0..leases.partitions {
+        let pool = budgets.entry(budget.pool_name(partition)).or_default();
+        let before = adaptive.level(pool.adaptive, window, now);
+        pool.adaptive = state;
+        if adaptive.level(state, window, now) >= before {
+            continue;
+        }
+        let returns = pool.give_back_open_leases(now);
+        let home = budgets.entry(budget.name.clone()).or_default();
+        for (per, window, total) in returns {
+            home.take_back(partition, (per, window), total);
+        }
     }
 }
 

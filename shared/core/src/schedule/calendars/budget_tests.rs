@@ -135,6 +135,46 @@ fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
     assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
 }
 
+/// An adaptive leased budget: a signal goes to the home, which hands its level to both pools;
+/// each gives back what it leased and had not booked of every window still open, so that the
+/// home's next grants, at the lowered count, bind from now on (as on one Redis).
+#[test]
+fn a_lowered_level_of_a_leased_budget_takes_back_what_its_pools_had_not_booked() {
+    let leases = crate::budgets::Leases { partitions: 2, chunk: 100_000 };
+    let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 100_000, latency: None };
+    let leased =
+        Budget { leases: Some(leases), adaptive: Some(adaptive), ..(*budget(10, Placement::Start, None)).clone() };
+    let budgets = [Arc::new(leased)];
+    let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+    let (p0, p1) = (in_partition(0), in_partition(1));
+    let mut s = Scheduler::new();
+    // Each partition leases half of window 0 and of the next four, and books one.
+    assert_eq!(reserve(&mut s, &p0, "a", 0, &budgets).slot, 0);
+    assert_eq!(reserve(&mut s, &p1, "b", 0, &budgets).slot, 0);
+    let home = s.budget_state("gateway").unwrap();
+    assert_eq!(home.windows, (0..5).map(|w| ((SECOND, w * SECOND), 10)).collect());
+
+    assert_eq!(s.signal_budget(&budgets[0], 100), Some(500_000));
+    let home = s.budget_state("gateway").unwrap().clone();
+    for partition in 0..2 {
+        let pool = s.budget_state(&budgets[0].pool_name(partition)).unwrap();
+        assert_eq!(pool.adaptive, home.adaptive, "the pool reads the home's level");
+        assert_eq!(pool.pool_holds(SECOND, 0), 1, "what it booked of window 0 stays");
+        assert_eq!(pool.pool_holds(SECOND, SECOND), 0);
+    }
+    assert_eq!(home.windows.get(&(SECOND, 0)), Some(&2), "the home took back all but the two booked");
+    assert_eq!(home.windows.get(&(SECOND, 4 * SECOND)), Some(&0));
+
+    // At the lowered count (5 a second), both partitions together book 5 of each window.
+    let slots: Vec<Millis> = (0..16)
+        .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 200, &budgets).slot)
+        .collect();
+    let booked = |window: Millis| slots.iter().filter(|&&t| t.div_euclid(SECOND) == window).count();
+    assert_eq!(booked(0), 3, "window 0 holds two already: {slots:?}");
+    assert!((1..5).all(|w| booked(w) <= 5), "{slots:?}");
+    assert_eq!(booked(1) + booked(2) + booked(3), 13, "the rest in the next windows, work-conserving: {slots:?}");
+}
+
 /// A drain leases only windows it may book now: its home walks no window past the drain's
 /// deadline, and a head whose pool is short past it stays, its slot that window, with nothing
 /// leased there (a busy partition's drain never takes a window ahead before the partitions whose
