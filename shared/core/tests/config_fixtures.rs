@@ -172,3 +172,14 @@ fn a_budget_floor_is_held_for_a_rule_or_for_named_keys_of_a_rule_by_its_id() {
     assert_eq!(gateway.floor_member("alerts-v1", "tenant_8"), "alerts-v1");
     assert_eq!(gateway.floor_member("otp", "tenant_7"), "otp");
 }
+
+/// A leased budget takes an adaptive limit (its home's level binds every partition: docs/rules.md,
+/// "A budget past one shard"), with a latency controller too.
+#[test]
+fn a_leased_budget_may_be_adaptive() {
+    let text = "budgets:\n  gateway:\n    limits: [ { limit: 20000, per: 1s } ]\n    leases: { partitions: 3 }\n    adaptive: { margin: 0.1, decrease: 0.9, min: 0.2, step: 0.1, latency: { tolerance: 2.0 } }\nrules:\n  - { name: otp, match: { attributes: { kind: otp } }, key: k, limits: [ { limit: 10, per: 1s } ], max_delay: 1h, forward: { topic: ready }, overflow_topic: overflow, dlq_topic: dlq, budgets: [gateway] }\n";
+    let rules = RuleSet::parse("leased.yaml", text).unwrap_or_else(|errors| panic!("{errors}"));
+    let gateway = &rules.budgets["gateway"];
+    assert_eq!(gateway.leases.map(|l| l.partitions), Some(3));
+    assert!(gateway.adaptive.is_some_and(|a| a.latency.is_some()));
+}

@@ -402,7 +402,7 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
         if leases.is_some() && floors.as_ref().is_some_and(|f| !f.is_empty()) {
             errors.push(
                 "leases",
-                "a leased budget cannot hold floors: a floor needs every rule's use of a window in one place".into(),
+                "a leased budget cannot hold floors: a floor keeps a window's units for one rule until the window starts, and that rule's keys are spread over every partition, so its units would either sit in the partitions that leased them (a floor that strands where the rule's events do not come) or stay with the home (a trip to it for each of the rule's events)".into(),
             );
             ok = false;
         }
