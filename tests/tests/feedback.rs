@@ -429,11 +429,12 @@ fn forwarded_ids_of(messages: &[drip_tests::pubsub_emulator::Pulled]) -> HashSet
     messages.iter().map(|m| m.attributes["drip-message-id"].clone()).collect()
 }
 
-/// A budget leased over two partitions whose partner says wait (429, `Retry-After: 3`): the pause
-/// reaches every partition's pool, the keys' backlogs park, and their drains book them after it
-/// through their partitions' leases, asking the home for units as a reservation does. Through the
-/// real stack: every event reaches the partner or the topic exactly once, no second at the
-/// partner holds more than the budget's count, nothing is dead-lettered, and the wakes drained.
+/// An adaptive budget leased over two partitions whose partner says wait (429, `Retry-After: 3`):
+/// the pause and the lowered level reach every partition's pool, the keys' backlogs park, and
+/// their drains book them after it through their partitions' leases, asking the home for units as
+/// a reservation does. Through the real stack: every event reaches the partner or the topic
+/// exactly once, no second at the partner holds more than the budget's count, nothing is
+/// dead-lettered, and the wakes drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_budget_that_says_wait_parks_its_keys_and_drains_them_through_its_partitions() {
     // Keys of 4 a second under a budget of 6: a merchant's backlog outlasts what its partition
@@ -442,14 +443,18 @@ async fn a_leased_budget_that_says_wait_parks_its_keys_and_drains_them_through_i
     let rules = RULES
         .replace("limit: 4, per: 1s", "limit: 6, per: 1s")
         .replace("limit: 2, per: 1s", "limit: 4, per: 1s")
-        .replace("    adaptive: { margin: 0, decrease: 0.5, min: 0.25 }\n", "    leases: { partitions: 2 }\n")
+        .replace(
+            "    adaptive: { margin: 0, decrease: 0.5, min: 0.25 }\n",
+            "    adaptive: { margin: 0, decrease: 0.5, min: 0.25, step: 0.01 }\n    leases: { partitions: 2 }\n",
+        )
         .replace(
             "    feedback: {p}-partner\n",
             "    feedback: {p}-partner\n    park_horizon: 1s\n    delivery_margin: 100ms\n",
         );
     assert!(rules.contains("leases") && rules.contains("park_horizon") && rules.contains("limit: 6"), "{rules}");
     let prefix = unique("leased-parking");
-    let ThrottledStack { pubsub, answers, dispatcher, source, .. } = throttled_stack(&prefix, &rules, (1, 3), 1).await;
+    let ThrottledStack { pubsub, answers, dispatcher, source, _limiter: limiter, .. } =
+        throttled_stack(&prefix, &rules, (1, 3), 1).await;
 
     let attributes = BTreeMap::from([("event_type".to_owned(), "hook".to_owned())]);
     let mut ids = HashSet::new();
@@ -468,6 +473,18 @@ async fn a_leased_budget_that_says_wait_parks_its_keys_and_drains_them_through_i
     let metrics = dispatcher.state.metrics.shared.render();
     assert!(metrics.contains("outcome=\"drained\""), "a wake drained a parked key: {metrics}");
     assert!(metrics.contains("drip_budget_leases_total"), "the drains asked the home for units: {metrics}");
+    // The 429 halved the home's level, and the store handed it to both pools (step 0.01 a window:
+    // it is still well below the ceiling).
+    let rule = state_rule(&limiter.state, &format!("{prefix}-hooks"));
+    let budget = &rule.budgets[0];
+    let client = redis::Client::open(limiter.redis_url.as_str()).unwrap();
+    let store = RedisStore::new(client.get_multiplexed_async_connection().await.unwrap(), limiter.namespace.clone());
+    let home = store.budget_state(budget).await.unwrap().adaptive.expect("the home's level");
+    assert!(home.level < 700_000, "{home:?}");
+    for partition in 0..2 {
+        let pool = store.pool_state(budget, partition).await.unwrap();
+        assert_eq!(pool.adaptive, Some(home), "partition {partition} took the home's level");
+    }
 }
 
 /// A partner that serves 5 calls a second, says so on every answer (`RateLimit-Policy` and
