@@ -110,7 +110,10 @@ impl Scenario {
         rule.budgets = self.shared.budgets.clone();
         rule.classes = match (rule.classes, &self.shared.classes) {
             (Some(classes), Some(calendar)) => {
-                Some(Classes { calendar: calendar.clone(), draws: self.shared.draws.clone(), ..classes })
+                // Every class the scenario's events name (`c0`, the default, and up).
+                let most = self.events.iter().map(|a| a.class).max().unwrap_or(0);
+                let names = (0..=most).map(|c| format!("c{c}")).collect();
+                Some(Classes { calendar: calendar.clone(), draws: self.shared.draws.clone(), names, ..classes })
             }
             _ => None,
         };

@@ -267,7 +267,7 @@ async fn drain_ring(
     let groups: Vec<((&str, &str), u64)> = waiting
         .iter()
         .map(|w| {
-            let scope = RuleRef::of(w.rule).scope(&w.member.key);
+            let scope = RuleRef::of_entity(w.rule, &w.member.key).scope(&w.member.key);
             ((w.member.rule.as_str(), scope), budget.fair.as_ref().map_or(1, |f| f.weight_of(scope)))
         })
         .collect();

@@ -154,7 +154,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     /// The latest end of a pause of the rule's key (a classed key's calendar) or of any budget it
     /// draws from, if any.
     pub(crate) async fn pause_end(&self, rule: &Rule, key: &str) -> Result<Option<Millis>, StoreError> {
-        let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &[]);
+        let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &[]);
         // The key's and its budgets' pauses in one round trip (the dispatcher asks before each publish).
         let (entries, budgets) = self
             .override_entries_with(&keys, |pipe| {

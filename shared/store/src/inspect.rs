@@ -330,7 +330,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
     /// What the entity's state says now (Redis `TIME`, or the store's manual clock).
     pub(crate) async fn entity_report(&self, rule: &Rule, key: &str) -> Result<EntityReport, StoreError> {
         let now = self.store_now().await?;
-        let state = self.entity_state(RuleRef::of(rule), key, &rule.limits).await?;
+        let state = self.entity_state(RuleRef::of_entity(rule, key), key, &rule.limits).await?;
         let mut budgets = Vec::new();
         if let Some((calendar, scope)) = class_calendar(rule, key) {
             budgets.push((calendar.clone(), self.class_calendar_state(RuleRef::of(rule), scope).await?));
@@ -384,7 +384,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
         key: &str,
         (since, now): (Millis, Millis),
     ) -> Result<Vec<Millis>, StoreError> {
-        let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &[]);
+        let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &[]);
         let first = (now - rule.max_delay - PUBSUB_RETENTION).div_euclid(crate::keys::ANSWER_BUCKET);
         let last = now.div_euclid(crate::keys::ANSWER_BUCKET) + 1;
         let files: Vec<(String, Millis)> =
@@ -539,7 +539,8 @@ impl Slots<'_> {
 /// that key.
 pub(crate) fn class_calendar<'a>(rule: &'a Rule, key: &'a str) -> Option<(&'a Arc<Budget>, &'a str)> {
     let classes = rule.classes.as_ref()?;
-    Classes::split(key).map(|(scope, _)| (&classes.calendar, scope))
+    let (scope, _) = classes.of_entity(key);
+    (scope != key).then_some((&classes.calendar, scope))
 }
 
 pub(crate) fn report(

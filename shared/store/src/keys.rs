@@ -27,8 +27,8 @@ pub const DISPATCHED_MEMORY: Millis = DAY;
 pub const ANSWER_BUCKET: Millis = drip_core::schedule::ANSWER_MINUTE;
 
 /// A rule as its entities' keys name it: its id, the hash tag of its budgets if it has any (and
-/// their leases, which spread its keys over partitions), and whether it has classes (its entities
-/// are `<key>#<class>`, each key's classes on one slot).
+/// their leases, which spread its keys over partitions), and whether its entities are classes'
+/// (`<key>#<class>`, each key's classes on one slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleRef<'a> {
     pub id: &'a str,
@@ -38,9 +38,19 @@ pub struct RuleRef<'a> {
 }
 
 impl<'a> RuleRef<'a> {
+    /// The rule, its entities classes' when it has classes (for what names no entity: its
+    /// overrides, its keys' pattern).
     pub fn of(rule: &'a Rule) -> Self {
         let leases = rule.budgets.iter().find_map(|b| b.leases);
         Self { id: &rule.id, tag: rule.budget_tag(), leases, classed: rule.classes.is_some() }
+    }
+
+    /// The rule as the keys of its entity `key` name it: a class's entity `<key>#<class>` (its
+    /// suffix one of the rule's classes) is its key's; any other entity of a rule with classes (a
+    /// bare key that parked or booked before the rule had them) is its own, a `#` in it included.
+    pub fn of_entity(rule: &'a Rule, key: &str) -> Self {
+        let classed = rule.classes.as_ref().is_some_and(|classes| classes.of_entity(key).0 != key);
+        Self { classed, ..Self::of(rule) }
     }
 
     /// A rule that draws from no budget and has no classes.
@@ -56,8 +66,13 @@ impl<'a> RuleRef<'a> {
     /// The hash tag of the budgets' group for the entity `key` (a class's entity `<key>#<class>`
     /// counts as its key): the group's, or with leases, its key's partition's.
     fn group_tag(&self, key: &str) -> Option<String> {
+        self.scope_tag(self.scope(key))
+    }
+
+    /// The same for a key's `scope` (what [`RuleRef::scope`] gave, never split again).
+    fn scope_tag(&self, scope: &str) -> Option<String> {
         let tag = self.tag?;
-        Some(budgets_tag(tag, self.leases.map(|leases| (leases, leases.partition_of(self.scope(key))))))
+        Some(budgets_tag(tag, self.leases.map(|leases| (leases, leases.partition_of(scope)))))
     }
 
     /// `<namespace>:{...}`: the start of every Redis key of the entity `key`: under the budgets'
@@ -74,7 +89,7 @@ impl<'a> RuleRef<'a> {
 /// The calendar a classed rule's `key` shares among its classes (`Classes::calendar`), on the
 /// slot of the key's entities.
 pub fn class_calendar_key(namespace: &str, rule: RuleRef<'_>, key: &str) -> String {
-    match rule.group_tag(key) {
+    match rule.scope_tag(key) {
         Some(tag) => format!("{namespace}:{{{tag}}}:classes:{}|{}", rule.id, escape(key)),
         None => format!("{}:classes", entity_prefix(namespace, rule.id, key)),
     }
@@ -347,6 +362,26 @@ mod tests {
         let tag = partition_tag("gateway", 3, leases.partition_of("u1"));
         assert_eq!(keys.state, format!("drip:{{{tag}}}:sms|u1#otp:state"), "a class lives in its key's partition");
         assert!(class_calendar_key("drip", rule, "u1").starts_with(&format!("drip:{{{tag}}}:")));
+    }
+
+    /// A key may hold a `#` (a template renders what the event holds): on a rule with classes, a
+    /// class's entity `<key>#<class>` is its key's, and a bare key (what it held before the rule
+    /// had classes) is its own, however many `#` it holds.
+    #[test]
+    fn a_bare_key_with_a_hash_is_its_own_entity_on_a_rule_with_classes() {
+        let text = "default_dlq_topic: dlq\nbudgets:\n  gateway: { limits: [ { limit: 90, per: 1s } ], leases: { partitions: 3 } }\nrules:\n  - name: sms\n    key: k\n    limits: [ { limit: 9, per: 1s } ]\n    max_delay: 1h\n    classes: { from: c, default: bulk, reserve: { live: 0.2 } }\n    budgets: [gateway]\n    forward: { topic: ready }\n    overflow_topic: overflow\n";
+        let rules = drip_core::rules::RuleSet::parse("rules.yaml", text).unwrap();
+        let rule = rules.rule("sms").unwrap();
+        for (key, scope) in [("m#1", "m#1"), ("m#1#bulk", "m#1"), ("m#live", "m"), ("m", "m"), ("m#1#x", "m#1#x")] {
+            assert_eq!(RuleRef::of_entity(rule, key).scope(key), scope, "{key}");
+        }
+        // The bare key's state is where it was before the rule had classes: its own tag and prefix.
+        let before = RuleRef { classed: false, ..RuleRef::of(rule) };
+        let bare = EntityKeys::new("drip", RuleRef::of_entity(rule, "m#1"), "m#1", "m1", Some(0), &[]);
+        assert_eq!(bare.state, EntityKeys::new("drip", before, "m#1", "m1", Some(0), &[]).state);
+        // A class of that key shares its partition.
+        let class = EntityKeys::new("drip", RuleRef::of_entity(rule, "m#1#live"), "m#1#live", "m1", Some(0), &[]);
+        assert_eq!(class.state.split(':').nth(1), bare.state.split(':').nth(1), "{class:?} {bare:?}");
     }
 }
 

@@ -92,14 +92,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         count: usize,
     ) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         Box::pin(async move {
-            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
+            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &rule.limits);
             self.bodies_of(&keys.parked_queue(), count).await
         })
     }
 
     fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         Box::pin(async move {
-            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
+            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &rule.limits);
             self.bodies_of(&keys.handing_list(), usize::MAX).await
         })
     }
@@ -118,7 +118,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn arm_wake<'a>(&'a self, rule: &'a Rule, key: &'a str, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
         Box::pin(async move {
-            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), key, &rule.limits);
+            let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &rule.limits);
             let mut invocation = WAKE.call();
             invocation.key(&keys.state).arg(self.clock().now().map(|t| t.to_string()).unwrap_or_default()).arg(wanted);
             Ok(invocation.invoke_async(&mut self.connection()).await?)
@@ -147,8 +147,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             let mut invocation = FAIR.call();
             invocation.key(&ring).key(&drain);
             if let Some(rule) = rule {
-                invocation
-                    .key(EntityKeys::of_entity(self.namespace(), RuleRef::of(rule), &member.key, &rule.limits).state);
+                invocation.key(
+                    EntityKeys::of_entity(
+                        self.namespace(),
+                        RuleRef::of_entity(rule, &member.key),
+                        &member.key,
+                        &rule.limits,
+                    )
+                    .state,
+                );
             }
             invocation.arg("leave").arg(ring_member(member));
             let left: i64 = invocation.invoke_async(&mut self.connection()).await?;
@@ -312,7 +319,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     }
 
     fn frontier<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {
-        Box::pin(self.entity_frontier(RuleRef::of(rule), key))
+        Box::pin(self.entity_frontier(RuleRef::of_entity(rule, key), key))
     }
 
     fn paused_until<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Option<Millis>> {

@@ -38,7 +38,9 @@ impl<'a> SlotRequest<'a> {
     /// The rule the request's entity belongs to, as keys name it.
     pub fn rule_ref(&self) -> RuleRef<'a> {
         let leases = self.event.budgets.iter().find_map(|b| b.leases);
-        RuleRef { id: self.rule, tag: self.tag, leases, classed: self.event.class.is_some() }
+        // A bare key drawing from its key's calendar as the default class is its own entity.
+        let classed = self.event.class.is_some_and(|(scope, _)| scope != self.key);
+        RuleRef { id: self.rule, tag: self.tag, leases, classed }
     }
 
     /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
