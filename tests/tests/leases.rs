@@ -38,15 +38,8 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
     let limit = Limit::new(200, SECOND, Window::Fixed(Placement::Start)).unwrap();
     let leases = Leases { partitions: 3, chunk: Leases::default_chunk(3) };
     let budget = Arc::new(Budget {
-        name: format!("{rule}-gateway"),
-        limits: vec![limit],
-        max_share: None,
-        adaptive: None,
-        floors: Vec::new(),
-        per_key: false,
-        fair: None,
         leases: Some(leases),
-        tag: format!("{rule}-gateway"),
+        ..Budget::named(format!("{rule}-gateway"), format!("{rule}-gateway"), vec![limit])
     });
     let unleased =
         Arc::new(Budget { name: format!("{rule}-one"), tag: format!("{rule}-one"), leases: None, ..(*budget).clone() });
@@ -134,10 +127,7 @@ async fn a_leased_budget_keeps_every_window_exact_across_a_cluster() {
 #[tokio::test]
 async fn a_leased_budget_of_two_limits_answers_every_event_of_an_overrun() {
     use drip_core::budgets::Leases;
-    let cluster = RedisCluster::start();
-    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
-    let connection = client.get_async_connection().await.unwrap();
-    let store = Arc::new(RedisStore::new(connection, "drip").with_batching(drip_store::Batching::new(64, true)));
+    let (_cluster, store) = cluster_store(64).await;
     let rule = unique("overrun");
     let fixed = |count, per| Limit::new(count, per, Window::Fixed(Placement::Start)).unwrap();
     let budget = Arc::new(Budget {
@@ -223,16 +213,10 @@ async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
     let store = RedisStore::new(shared_connection().await, "drip");
     let rule = unique("stranded");
     let leases = Leases { partitions: 2, chunk: PPM };
+    let limit = Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap();
     let budget = Arc::new(Budget {
-        name: format!("{rule}-b"),
-        limits: vec![Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap()],
-        max_share: None,
-        adaptive: None,
-        floors: Vec::new(),
-        per_key: false,
-        fair: None,
         leases: Some(leases),
-        tag: format!("{rule}-b"),
+        ..Budget::named(format!("{rule}-b"), format!("{rule}-b"), vec![limit])
     });
     let budgets = [budget.clone()];
     let key_in = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
@@ -260,10 +244,7 @@ async fn a_pool_counts_what_it_stranded_once_the_window_passed() {
 /// leases of the windows ahead, granted at 200, would let the second burst fill them to 200.
 #[tokio::test]
 async fn a_lowered_level_binds_every_partition_of_a_leased_budget_from_the_signal_on() {
-    let cluster = RedisCluster::start();
-    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
-    let connection = client.get_async_connection().await.unwrap();
-    let store = Arc::new(RedisStore::new(connection, "drip").with_batching(drip_store::Batching::new(16, true)));
+    let (_cluster, store) = cluster_store(16).await;
     let rule = unique("adaptive-leased");
     // A step of one ppm a quiet window: the level stays at half for the whole test.
     let adaptive = Adaptive { margin: 0, decrease: 500_000, min: 100_000, step: 1, latency: None };
@@ -299,4 +280,14 @@ async fn a_lowered_level_binds_every_partition_of_a_leased_budget_from_the_signa
         assert!(*n <= 200, "window {window} holds {n} of 200");
     }
     assert!(after.len() >= 6, "600 events at 100 a second take six windows at least: {after:?}");
+}
+
+/// A local 3-master Redis Cluster (stopped when dropped) and a store on it, group-committing up
+/// to `batch` events a call.
+async fn cluster_store(batch: usize) -> (RedisCluster, Arc<RedisStore<redis::cluster_async::ClusterConnection>>) {
+    let cluster = RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let connection = client.get_async_connection().await.unwrap();
+    let store = RedisStore::new(connection, "drip").with_batching(drip_store::Batching::new(batch, true));
+    (cluster, Arc::new(store))
 }
