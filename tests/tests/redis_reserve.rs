@@ -1696,6 +1696,12 @@ async fn parked_then_classed(key: &str) {
             *per_window.entry(slot.div_euclid(SECOND)).or_insert(0) += 1;
         }
         assert!(per_window.values().all(|&n| n <= 3), "every window of the key within 3: {per_window:?}");
+        // A pause of the bare key, as the rule is now, is the one its drain and dispatch read.
+        store.pause(after, key, T0 + 20 * SECOND).await.unwrap();
+        assert_eq!(store.paused_until(after, key).await.unwrap(), Some(T0 + 20 * SECOND), "{key}");
+        let request = SlotRequest::for_rule(after, key, "late", 1).at(T0 + 10 * SECOND);
+        let parked = store.reserve(&request).await.unwrap().reservation;
+        assert_eq!(parked.status, Status::Parked, "{key}: behind its pause");
         answers.push(slots);
     }
     assert_eq!(answers[0], answers[1], "{key}: Redis and the model");

@@ -257,7 +257,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
                 Some(classes) => self.pause_calendar(classes, until).await,
                 None => {
                     let until = until.to_string();
-                    self.run_override(RuleRef::of(rule), key, ["pause", "", "", &until]).await.map(drop)
+                    self.run_override(RuleRef::of_entity(rule, key), key, ["pause", "", "", &until]).await.map(drop)
                 }
             }
         })
@@ -272,7 +272,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
             if let Some(classes) = Calendar::of_classes(rule, key) {
                 return self.resume_calendar(classes).await;
             }
-            let ended = self.run_override(RuleRef::of(rule), key, ["resume", "", "", ""]).await?;
+            let ended = self.run_override(RuleRef::of_entity(rule, key), key, ["resume", "", "", ""]).await?;
             Ok(ended.first().copied())
         })
     }
@@ -287,7 +287,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
                 return self.signal_calendar(classes).await;
             }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
-            self.signal_entity(RuleRef::of(rule), key, (adaptive, &rule.limits)).await.map(Some)
+            self.signal_entity(RuleRef::of_entity(rule, key), key, (adaptive, &rule.limits)).await.map(Some)
         })
     }
 
@@ -306,7 +306,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
                 return self.report_calendar_latency(classes, report).await;
             }
             let Some(adaptive) = &rule.adaptive else { return Ok(None) };
-            self.entity_latency(RuleRef::of(rule), key, (adaptive, &rule.limits), report).await
+            self.entity_latency(RuleRef::of_entity(rule, key), key, (adaptive, &rule.limits), report).await
         })
     }
 
