@@ -35,12 +35,12 @@ local function give_back_open_leases()
       listed[entry] = true
     end
   end
-  for name, leased in pairs(fields) do
+  for name, value in pairs(fields) do
     local per, window = string.match(name, '^(%d+):(%-?%d+):l$')
     per, window = tonumber(per), tonumber(window)
     if per and window + per > now then
       local base = per .. ':' .. window
-      local spare = tonumber(leased) - (tonumber(fields[base .. ':r']) or 0) - (tonumber(fields[base]) or 0)
+      local spare = tonumber(value) - (tonumber(fields[base .. ':r']) or 0) - (tonumber(fields[base]) or 0)
       if spare > 0 then
         set[#set + 1], set[#set + 2] = base .. ':r', (tonumber(fields[base .. ':r']) or 0) + spare
         listed[base] = true
@@ -49,7 +49,7 @@ local function give_back_open_leases()
     local hint, hint_per = string.match(name, '^([FB]):(%d+)$')
     if hint then
       local before = now - now % tonumber(hint_per) - tonumber(hint_per)
-      if tonumber(leased) > before then
+      if tonumber(value) > before then
         set[#set + 1], set[#set + 2] = name, before
       end
     end
