@@ -575,11 +575,8 @@ fn carried(body: &[u8]) -> Vec<(String, Millis)> {
 /// its slot, the queue and the handing list end empty, and the same wake run again makes nothing.
 #[tokio::test]
 async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order() {
-    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
-    let (key, now) = ("merchant_p", wall_clock_millis());
-    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    let key = "merchant_p";
+    let (d, rule, now) = dispatcher_with_paused_key(key).await;
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
     let ids = ["w0", "w1", "w2"];
     let identities: Vec<String> = ids
@@ -601,20 +598,15 @@ async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order
     assert!(matches!(d.store.unpark(&taken).await.unwrap().0, Unpark::Decided(_)));
     assert_eq!(d.store.handing(&rule, key).await.unwrap().len(), 1);
 
-    let wake = WakeTask { wake: WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } };
-    let body = wake.body();
-    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
-    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let events = run_wake(&d, &rule, key).await;
     let created = d.tasks.created.lock().unwrap().clone();
-    let mut events: Vec<(String, Millis)> = created.iter().flat_map(|task| carried(&task.body)).collect();
-    events.sort();
     assert_eq!(events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ids, "each once: {events:?}");
     let slots: Vec<&Millis> = events.iter().map(|(_, slot)| slot).collect();
     assert!(slots.windows(2).all(|pair| pair[0] <= pair[1]), "in order: {events:?}");
     assert!(d.store.handing(&rule, key).await.unwrap().is_empty(), "nothing left half handed over");
     assert!(d.store.parked_bodies(&rule, key, 10).await.unwrap().is_empty(), "the queue is empty");
 
-    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    run_wake(&d, &rule, key).await;
     assert_eq!(d.tasks.created.lock().unwrap().len(), created.len(), "a wake run twice makes nothing more");
 }
 
@@ -623,28 +615,42 @@ async fn a_wake_hands_over_what_a_dead_drain_left_then_drains_the_queue_in_order
 /// that reason when it reaches the head; the events around it get their tasks in order.
 #[tokio::test]
 async fn a_drain_dead_letters_a_parked_event_whose_cost_is_over_the_count_when_its_turn_comes() {
-    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
-    let (key, now) = ("merchant_c", wall_clock_millis());
-    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    let key = "merchant_c";
+    let (d, rule, now) = dispatcher_with_paused_key(key).await;
     for (id, cost) in [("c0", 1), ("c1", 11), ("c2", 1)] {
         let status = reserve_or_park_costing(&d, &rule, (key, id, cost), now).await;
         assert_eq!(status, Status::Parked, "{id}: behind a 10 s pause");
     }
     Store::resume(&*d.store, &rule, key).await.unwrap();
-    let body = WakeTask { wake: WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } }.body();
-    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
-    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
-    let created = d.tasks.created.lock().unwrap().clone();
-    let mut events: Vec<(String, Millis)> = created.iter().flat_map(|task| carried(&task.body)).collect();
-    events.sort();
+    let events = run_wake(&d, &rule, key).await;
     assert_eq!(events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["c0", "c2"], "{events:?}");
     let letters = d.pubsub.published.lock().unwrap().clone();
     let letters: Vec<_> = letters.iter().filter(|p| p.topic == "drip-dlq").collect();
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].attributes["drip-reason"], "cost_exceeds_limit");
     assert!(d.store.parked_bodies(&rule, key, 10).await.unwrap().is_empty(), "the queue is empty");
+}
+
+/// A dispatcher whose rule parks a throttled key's backlog (10 a second), with `key` paused for
+/// 10 s from now: the rule and now.
+async fn dispatcher_with_paused_key(key: &str) -> (Dispatcher, Rule, Millis) {
+    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let now = wall_clock_millis();
+    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    (d, rule, now)
+}
+
+/// Runs `key`'s wake as its sealed task does, answered OK: every event the tasks made so far
+/// carry, with its slot, sorted.
+async fn run_wake(d: &Dispatcher, rule: &Rule, key: &str) -> Vec<(String, Millis)> {
+    let body = WakeTask { wake: WakeOf { rule_id: rule.id.clone(), key: key.to_owned() } }.body();
+    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let mut events = events_carried(d);
+    events.sort();
+    events
 }
 
 /// Reserves payout `id` of `key` as the limiter does, at `now`, and when it parks keeps its body
