@@ -20,7 +20,7 @@ local now = clock(int())
 
 -- A pool gives back what it holds and has not booked of every window of its leases that has not
 -- closed (schedule/calendars.rs's give_back_open_leases), lists them for the store to send its
--- home (FIELD_POOL_RETURNS, as reserve's give_back_lease does), and forgets that its home was full
+-- home (`returns_listed`, as reserve's give_back_lease does), and forgets that its home was full
 -- (and that its windows were booked) from now's window on: its next event asks its home again.
 local function give_back_open_leases()
   local all = redis.call('HGETALL', key)
@@ -28,13 +28,7 @@ local function give_back_open_leases()
   for i = 1, #all, 2 do
     fields[all[i]] = all[i + 1]
   end
-  local listed, set = {}, {}
-  for entry in string.gmatch(fields[FIELD_POOL_RETURNS] or '', '[^,]+') do
-    local p, w = string.match(entry, '^(%d+):(%-?%d+)$')
-    if tonumber(w) + tonumber(p) > now then
-      listed[entry] = true
-    end
-  end
+  local added, set = {}, {}
   for name, value in pairs(fields) do
     local per, window = string.match(name, '^(%d+):(%-?%d+):l$')
     per, window = tonumber(per), tonumber(window)
@@ -43,7 +37,7 @@ local function give_back_open_leases()
       local spare = tonumber(value) - (tonumber(fields[base .. ':r']) or 0) - (tonumber(fields[base]) or 0)
       if spare > 0 then
         set[#set + 1], set[#set + 2] = base .. ':r', (tonumber(fields[base .. ':r']) or 0) + spare
-        listed[base] = true
+        added[#added + 1] = base
       end
     end
     local hint, hint_per = string.match(name, '^([FB]):(%d+)$')
@@ -54,12 +48,7 @@ local function give_back_open_leases()
       end
     end
   end
-  local entries = {}
-  for entry in pairs(listed) do
-    entries[#entries + 1] = entry
-  end
-  table.sort(entries)
-  set[#set + 1], set[#set + 2] = FIELD_POOL_RETURNS, table.concat(entries, ',')
+  set[#set + 1], set[#set + 2] = FIELD_POOL_RETURNS, returns_listed(fields[FIELD_POOL_RETURNS], added, now)
   redis.call('HSET', key, unpack(set))
 end
 local margin, op = int(), str()

@@ -208,3 +208,22 @@ local function drop_windows(key, per, lo, current, more)
     redis.call('HDEL', key, unpack(dead))
   end
 end
+
+-- A leased budget's pool lists the windows it gave units of back ('R': '<per>:<window>' joined by
+-- ','), for the store to send its home (RedisStore::send_returns): `listed` kept to the windows
+-- that have not closed at `now`, with each name of `added` (a window still open) in it once.
+local function returns_listed(listed, added, now)
+  local kept, seen = {}, {}
+  for entry in string.gmatch(listed or '', '[^,]+') do
+    local p, w = string.match(entry, '^(%d+):(%-?%d+)$')
+    if tonumber(w) + tonumber(p) > now then
+      kept[#kept + 1], seen[entry] = entry, true
+    end
+  end
+  for i = 1, #added do
+    if not seen[added[i]] then
+      kept[#kept + 1], seen[added[i]] = added[i], true
+    end
+  end
+  return table.concat(kept, ',')
+end

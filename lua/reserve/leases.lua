@@ -24,21 +24,7 @@ local function give_back_lease(key, per, window, units, now)
     return
   end
   HASH.add(key, name .. ':r', units)
-  -- The list keeps the windows that have not closed.
-  local listed, kept = false, {}
-  for entry in string.gmatch(held[4] or '', '[^,]+') do
-    local p, w = string.match(entry, '^(%d+):(%-?%d+)$')
-    if entry == name then
-      listed = true
-    end
-    if tonumber(w) + tonumber(p) > now then
-      kept[#kept + 1] = entry
-    end
-  end
-  if not listed then
-    kept[#kept + 1] = name
-  end
-  HASH.set(key, {FIELD_POOL_RETURNS, table.concat(kept, ',')})
+  HASH.set(key, {FIELD_POOL_RETURNS, returns_listed(held[4], {name}, now)})
 end
 
 -- A pool's window of a leased budget limit: what the partition booked of it and what it was
