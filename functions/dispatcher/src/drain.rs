@@ -19,7 +19,7 @@ use drip_core::time::{Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
 use drip_service::parking;
 use drip_service::reschedule::{Failure, create_task};
-use drip_store::{Reserved, RuleRef, SlotRequest};
+use drip_store::{Reserved, SlotRequest};
 
 use crate::AppState;
 use crate::task::{Delivery, dead_letter, filing_of, new_task, request_of};
@@ -267,7 +267,7 @@ async fn drain_ring(
     let groups: Vec<((&str, &str), u64)> = waiting
         .iter()
         .map(|w| {
-            let scope = RuleRef::of_entity(w.rule, &w.member.key).scope(&w.member.key);
+            let scope = w.rule.scope_of(&w.member.key);
             ((w.member.rule.as_str(), scope), budget.fair.as_ref().map_or(1, |f| f.weight_of(scope)))
         })
         .collect();

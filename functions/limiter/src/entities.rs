@@ -614,9 +614,9 @@ async fn wake_parked(state: &AppState, rule: &Rule, key: &str) {
         tracing::info!(rule = %rule.name, key, "pause lifted; this instance creates no task, so parked events drain at their next wake");
         return;
     };
-    let entities = match (&rule.classes, Classes::split(key)) {
-        (Some(classes), Some((scope, _))) => classes.names.iter().map(|class| Classes::entity(scope, class)).collect(),
-        _ => vec![key.to_owned()],
+    let entities = match rule.classes.as_ref().and_then(|classes| Some((classes, classes.class_entity(key)?))) {
+        Some((classes, (scope, _))) => classes.names.iter().map(|class| Classes::entity(scope, class)).collect(),
+        None => vec![key.to_owned()],
     };
     for entity in entities {
         wake_entity(state, batcher, rule, &entity).await;

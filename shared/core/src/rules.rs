@@ -191,10 +191,13 @@ impl Classes {
     /// the default class of its own key, so that what it still holds is counted by its key's
     /// calendar.
     pub fn of_entity<'a>(&'a self, entity: &'a str) -> (&'a str, &'a str) {
-        match Self::split(entity) {
-            Some((key, class)) if self.names.iter().any(|n| n == class) => (key, class),
-            _ => (entity, &self.default),
-        }
+        self.class_entity(entity).unwrap_or((entity, &self.default))
+    }
+
+    /// A class's entity `<key>#<class>` (its suffix one of the classes) as its key and class;
+    /// `None` for any other entity.
+    pub fn class_entity<'k>(&self, entity: &'k str) -> Option<(&'k str, &'k str)> {
+        Self::split(entity).filter(|(_, class)| self.names.iter().any(|n| n == class))
     }
 
     /// Each class's reserve of a window with `count` in force, in units.
@@ -204,6 +207,13 @@ impl Classes {
 }
 
 impl Rule {
+    /// The key an entity of the rule belongs to: a class's entity `<key>#<class>` is its key's;
+    /// any other entity (every entity of a rule without classes, a bare key that parked or booked
+    /// before its rule had them) is its own, a `#` in it included.
+    pub fn scope_of<'k>(&self, entity: &'k str) -> &'k str {
+        self.classes.as_ref().and_then(|classes| classes.class_entity(entity)).map_or(entity, |(key, _)| key)
+    }
+
     /// The fair budget it draws from, if any (a rule draws from one at most).
     pub fn fair_budget(&self) -> Option<&Budget> {
         self.budgets.iter().find(|b| b.fair.is_some()).map(|b| &**b)

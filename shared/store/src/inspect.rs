@@ -539,8 +539,7 @@ impl Slots<'_> {
 /// that key.
 pub(crate) fn class_calendar<'a>(rule: &'a Rule, key: &'a str) -> Option<(&'a Arc<Budget>, &'a str)> {
     let classes = rule.classes.as_ref()?;
-    let (scope, _) = classes.of_entity(key);
-    (scope != key).then_some((&classes.calendar, scope))
+    classes.class_entity(key).map(|(scope, _)| (&classes.calendar, scope))
 }
 
 pub(crate) fn report(

@@ -49,8 +49,7 @@ impl<'a> RuleRef<'a> {
     /// suffix one of the rule's classes) is its key's; any other entity of a rule with classes (a
     /// bare key that parked or booked before the rule had them) is its own, a `#` in it included.
     pub fn of_entity(rule: &'a Rule, key: &str) -> Self {
-        let classed = rule.classes.as_ref().is_some_and(|classes| classes.of_entity(key).0 != key);
-        Self { classed, ..Self::of(rule) }
+        Self { classed: rule.scope_of(key) != key, ..Self::of(rule) }
     }
 
     /// A rule that draws from no budget and has no classes.

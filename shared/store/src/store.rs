@@ -212,7 +212,7 @@ pub const LEARNED_BY: &str = "partner-headers";
 /// `<key>#<class>`, when the rule has classes and `key` names no class of it.
 fn class_entities(rule: &Rule, key: &str) -> Vec<(String, String)> {
     let Some(classes) = &rule.classes else { return Vec::new() };
-    if Classes::split(key).is_some_and(|(_, class)| classes.names.iter().any(|n| n == class)) {
+    if classes.class_entity(key).is_some() {
         return Vec::new();
     }
     classes.names.iter().map(|class| (class.clone(), Classes::entity(key, class))).collect()
