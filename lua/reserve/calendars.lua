@@ -85,6 +85,7 @@ local function read_budgets(e, now)
         l.full = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_FULL - 1) * count + j]) or false
         l.top = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_TOP - 1) * count + j]) or false
         l.booked, l.booked_changed = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_BOOKED - 1) * count + j]) or false, false
+        l.given_up = tonumber(held[BUDGET_HEAD + (BUDGET_POOL_GIVEN_UP - 1) * count + j]) or false
       end
       local run = l.counts and held[BUDGET_HEAD + (BUDGET_RUN - 1) * count + j]
       if run then
@@ -312,6 +313,9 @@ local function commit_budgets(e, slot, now)
       set[#set + 1], set[#set + 2] = FIELD_EXPIRES, slot + 2 * state_ttl
     end
     HASH.set(key, set)
+    if budget.leased and give_up_short_leases(budget, slot, now) then
+      e.gave_back = true
+    end
     if not budget.exp and not budget.overridden then
       HASH.keep(key, slot + 2 * state_ttl - now)
     elseif not budget.exp or budget.exp < slot + state_ttl then

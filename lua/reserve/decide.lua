@@ -118,5 +118,5 @@ local function decide(e, now)
   end
   commit_entity(e, values, slot, now, #e.limits, limit_of)
   commit_budgets(e, slot, now)
-  return reply(slot, 'R', ATTEMPT.decided, now, now)
+  return reply(slot, 'R', decided_attempt(e), now, now)
 end

@@ -21,10 +21,11 @@ local function give_back_lease(key, per, window, units, now)
   local spare = (tonumber(held[2]) or 0) - (tonumber(held[3]) or 0) - (tonumber(held[1]) or 0)
   units = math.min(units, spare)
   if units <= 0 then
-    return
+    return false
   end
   HASH.add(key, name .. ':r', units)
   HASH.set(key, {FIELD_POOL_RETURNS, returns_listed(held[4], {name}, now)})
+  return true
 end
 
 -- A pool's window of a leased budget limit: what the partition booked of it and what it was
@@ -37,6 +38,51 @@ end
 
 local function pool_use(budget, l, window)
   return window_once(budget, l, window, read_pool_window)
+end
+
+-- A pool that has booked all it holds of a window of a longer limit, where its home was full when
+-- it last asked, can book nothing in its shorter limits' windows inside it: it gives back what it
+-- holds and has not booked of each that has not closed (schedule.rs's give_up_short_leases). It
+-- looks from now's window of the longer limit up to `slot`'s and stops at the first it can still
+-- book in; 'G:<per>' (l.given_up) keeps the last one given up. Returns whether it gave any back
+-- (the store then sends the returns home).
+local function give_up_short_leases(budget, slot, now)
+  local key, limits, gave = budget.hash, budget.limits, false
+  for j = 1, #limits do
+    local long = limits[j]
+    local per = long.per
+    local shorter = {}
+    for k = 1, #limits do
+      if limits[k].per < per and per % limits[k].per == 0 then
+        shorter[#shorter + 1] = limits[k]
+      end
+    end
+    if #shorter > 0 and long.full then
+      local through = math.min(long.full, slot - slot % per)
+      local current = now - now % per
+      local window = long.given_up and math.max(long.given_up + per, current) or current
+      while window <= through do
+        local used, holds = read_pool_window(budget, long, window)
+        if used < holds then
+          break
+        end
+        for s = 1, #shorter do
+          local l = shorter[s]
+          -- (Past its latest lease the pool holds nothing.)
+          local last = math.min(window + per - l.per, l.top or window - l.per)
+          for w = math.max(window, now - now % l.per), last, l.per do
+            if give_back_lease(key, l.per, w, math.huge, now) then
+              l.used[w], gave = nil, true
+            end
+          end
+        end
+        long.given_up = window
+        HASH.set(key, {'G:' .. per, window})
+        window = window + per
+      end
+    end
+  end
+  return gave
 end
 
 -- The earliest time >= slot at which a partition's pool of a leased budget limit accepts the cost

@@ -142,5 +142,5 @@ local function unpark(e, now)
   file_answer(e, 'R', slot, now, false)
   commit_entity(e, values, slot, now, #e.limits, limit_of)
   commit_budgets(e, slot, now)
-  return reply(slot, 'R', ATTEMPT.decided, now, now)
+  return reply(slot, 'R', decided_attempt(e), now, now)
 end

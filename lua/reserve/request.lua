@@ -109,11 +109,12 @@ local function read_event()
       end
     end
     -- 'pause', 'adapt', 'exp', then each limit's 'lo:<per>' and 'run:<per>'; a leased budget's pool
-    -- then each limit's 'F:<per>', 'T:<per>' and 'B:<per>'; a classes calendar then its key's
-    -- overrides ('o') and the last slot of the backlog it carried over ('c').
-    local per_limit = 2
+    -- then each limit's 'F:<per>', 'T:<per>', 'B:<per>' and 'G:<per>' (every column, the last
+    -- one's number); a classes calendar then its key's overrides ('o') and the last slot of the
+    -- backlog it carried over ('c').
+    local per_limit = BUDGET_RUN
     if budget.leased then
-      per_limit = 5
+      per_limit = BUDGET_POOL_GIVEN_UP
     end
     local calendar = 0
     if budget.per_key then
@@ -161,6 +162,12 @@ local LATER, NOT_PARKED, NOT_HEAD = REPLY_LATER, REPLY_NOT_PARKED, REPLY_NOT_HEA
 -- What the attempt that asked may do: act on a new decision, act on the message's earlier answer
 -- (its lease taken again), not act (another attempt holds the lease), or nothing (acted upon).
 local ATTEMPT = {decided = ATTEMPT_DECIDED, resumed = ATTEMPT_RESUMED, busy = ATTEMPT_BUSY, done = ATTEMPT_DONE}
+
+-- A decision's attempt: decided, flagged when its booking gave units of a pool back (reply.rs's
+-- gave_back: the store sends them to the pool's home).
+local function decided_attempt(e)
+  return ATTEMPT.decided + (e.gave_back and REPLY_GAVE_BACK or 0)
+end
 
 -- One event's reply: the only place one is built.
 local function reply(slot, kind, attempt, now, decided_at)

@@ -360,6 +360,7 @@ impl Scheduler {
                     *state.floor_used.entry((per, window, (*member).to_owned())).or_default() += request.cost;
                 }
             }
+            give_up_short_leases(&mut self.budgets, &shared, (request.now, slot));
             Status::Reserved
         };
         file_decision(entity, request, slot, status)

@@ -63,8 +63,14 @@ pub(crate) const STATE_TAIL: [(&str, &str); 5] = [
 /// calendar, the fields after them.
 pub(crate) const BUDGET_HEAD: [(&str, &str); 3] =
     [("budget.pause", field::PAUSE), ("budget.adapt", field::ADAPT), ("budget.expires", field::EXPIRES)];
-pub(crate) const BUDGET_COLUMNS: [&str; 5] =
-    ["budget.oldest", "budget.run", "budget.pool_full", "budget.pool_top", "budget.pool_booked"];
+pub(crate) const BUDGET_COLUMNS: [&str; 6] = [
+    "budget.oldest",
+    "budget.run",
+    "budget.pool_full",
+    "budget.pool_top",
+    "budget.pool_booked",
+    "budget.pool_given_up",
+];
 pub(crate) const BUDGET_TAIL: [(&str, &str); 2] =
     [("budget.overrides", field::OVERRIDES), ("budget.carried", field::CARRIED)];
 
@@ -95,7 +101,8 @@ fn budget_column(column: &str, per: Millis) -> String {
         "budget.run" => field::budget_run(per),
         "budget.pool_full" => field::pool_full(per),
         "budget.pool_top" => field::pool_top(per),
-        _ => field::pool_booked(per),
+        "budget.pool_booked" => field::pool_booked(per),
+        _ => field::pool_given_up(per),
     }
 }
 
@@ -558,7 +565,7 @@ impl ReserveArgs {
                     .int("budget.floor.own", i64::from(name == member));
             });
             // The fields its HMGET names: BUDGET_HEAD, then each column of BUDGET_COLUMNS a limit at a
-            // time (the pool's three only for a leased budget), then a calendar's BUDGET_TAIL.
+            // time (the pool's four only for a leased budget), then a calendar's BUDGET_TAIL.
             for (_, name) in BUDGET_HEAD {
                 args.str("budget_field", name);
             }

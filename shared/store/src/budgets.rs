@@ -205,10 +205,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             ..BudgetState::default()
         };
         for (name, value) in &fields {
-            if let Some(per) = name.strip_prefix("F:").and_then(|p| p.parse().ok())
+            // A window by per: a pool's 'F:<per>' and 'G:<per>'.
+            let by_per = [("F:", &mut state.known_full), ("G:", &mut state.given_up)]
+                .into_iter()
+                .find_map(|(prefix, map)| Some((name.strip_prefix(prefix)?.parse().ok()?, map)));
+            if let Some((per, map)) = by_per
                 && let Ok(window) = value.parse()
             {
-                state.known_full.insert(per, window);
+                map.insert(per, window);
             } else if let Some((per, partition)) = name.strip_prefix("d:").and_then(|d| d.split_once(":p"))
                 && let (Ok(per), Ok(partition)) = (per.parse(), partition.parse())
                 && let Some((Ok(units), Ok(at))) = value.split_once(':').map(|(u, a)| (u.parse(), a.parse()))

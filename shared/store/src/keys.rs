@@ -516,6 +516,12 @@ pub mod field {
         format!("B:{per}")
     }
 
+    /// A pool's last window of a longer limit it looked at for giving up its shorter limits'
+    /// leases inside: `G:<per>`.
+    pub fn pool_given_up(per: Millis) -> String {
+        format!("G:{per}")
+    }
+
     /// A pool's stranded units so far: what it was leased of passed windows and did not book
     /// (counted as it drops them; after a gap of many windows, not counted).
     pub fn pool_stranded(per: Millis) -> String {

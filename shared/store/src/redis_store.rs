@@ -265,7 +265,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     ) -> Result<Vec<i64>, StoreError> {
         let mut decided = Vec::with_capacity(events.len() * REPLY_LENGTH);
         // The pools of events that may give units back: their returns go to the homes after.
-        let returning: Vec<LeaseTarget> =
+        let mut returning: Vec<LeaseTarget> =
             events.iter().filter(|e| e.gives_back).flat_map(|e| e.leases.iter().flatten().cloned()).collect();
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
@@ -291,7 +291,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     wanted = Some((window, budget as i64, limit as i64, now + max_delay));
                 } else {
                     decided.extend_from_slice(answer);
-                    waiting.pop_front();
+                    let event = waiting.pop_front();
+                    // Its booking gave its pools' units of a longer limit's closed window back.
+                    if crate::reply::gave_back(answer) {
+                        returning.extend(event.iter().flat_map(|e| e.leases.iter().flatten().cloned()));
+                    }
                     (stopped_at, stops) = (None, 0);
                 }
             }

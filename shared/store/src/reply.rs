@@ -25,6 +25,9 @@ const DECIDED: i64 = 0;
 const RESUMED: i64 = 1;
 const BUSY: i64 = 2;
 const DONE: i64 = 3;
+/// Added to a decision's third number when its booking gave units of a leased budget's pool back
+/// (the store then sends them to the pool's home): [`gave_back`].
+const GAVE_BACK: i64 = 16;
 /// A correction's third number: what it did (the script's `CORRECTION`).
 const APPLIED: i64 = 0;
 const ALREADY: i64 = 1;
@@ -43,6 +46,7 @@ pub(crate) const KINDS: [(&str, i64); 8] = [
 ];
 pub(crate) const ATTEMPTS: [(&str, i64); 4] =
     [("ATTEMPT_DECIDED", DECIDED), ("ATTEMPT_RESUMED", RESUMED), ("ATTEMPT_BUSY", BUSY), ("ATTEMPT_DONE", DONE)];
+pub(crate) const FLAGS: [(&str, i64); 1] = [("REPLY_GAVE_BACK", GAVE_BACK)];
 pub(crate) const CORRECTIONS: [(&str, i64); 3] =
     [("CORRECTION_APPLIED", APPLIED), ("CORRECTION_ALREADY", ALREADY), ("CORRECTION_UNKNOWN", UNKNOWN)];
 
@@ -83,7 +87,7 @@ impl Reply {
             NOT_HEAD => return Ok(Reply::NotHead { now }),
             _ => return Err(unexpected()),
         };
-        let attempt = match third {
+        let attempt = match third % GAVE_BACK {
             DECIDED => Attempt::Decided,
             RESUMED => Attempt::Resumed,
             BUSY => Attempt::Busy,
@@ -124,9 +128,15 @@ impl Reply {
     }
 }
 
+/// Whether an event's reply is a decision whose booking gave units of a leased budget's pool back
+/// (`lua/reserve/leases.lua`'s give_up_short_leases).
+pub(crate) fn gave_back(reply: &[i64]) -> bool {
+    matches!(*reply, [_, kind, third, _, _] if kind != LEASE_WANTED && kind != LATER && third >= GAVE_BACK)
+}
+
 /// The reply's numbers as the script reads them: every name above, with its value.
 pub(crate) fn reply_numbers() -> impl Iterator<Item = (&'static str, i64)> {
-    KINDS.into_iter().chain(ATTEMPTS).chain(CORRECTIONS)
+    KINDS.into_iter().chain(ATTEMPTS).chain(FLAGS).chain(CORRECTIONS)
 }
 
 #[cfg(test)]
@@ -163,6 +173,11 @@ mod tests {
         assert_eq!(Reply::correction(&[0, 0, applied, 0, 4], 2).unwrap(), Correction::Applied { booked: 4, actual: 2 });
         assert!(Reply::parse(&[0, 42, 0, 0, 0]).is_err(), "a kind no version knows");
         assert!(Reply::parse(&[0, 0, 9, 0, 0]).is_err(), "an attempt no version knows");
+        let flagged = [10, kind("REPLY_RESERVED"), number(&ATTEMPTS, "ATTEMPT_DECIDED") + GAVE_BACK, 3, 3];
+        assert_eq!(Reply::decided(&flagged).unwrap().reservation.attempt, Attempt::Decided);
+        assert!(gave_back(&flagged));
+        assert!(!gave_back(&[10, kind("REPLY_RESERVED"), 0, 3, 3]));
+        assert!(!gave_back(&[50, kind("REPLY_LATER"), 40, 9, 0]), "a wake, not a flag");
         assert!(Reply::parse(&[0, 0, 0]).is_err(), "too short");
     }
 
@@ -175,7 +190,7 @@ mod tests {
             names.join(" "),
             "REPLY_RESERVED=0 REPLY_MAX_DELAY=1 REPLY_COST_OVER=2 REPLY_LEASE_WANTED=3 REPLY_PARKED=4 \
              REPLY_LATER=5 REPLY_NOT_PARKED=6 REPLY_NOT_HEAD=7 ATTEMPT_DECIDED=0 ATTEMPT_RESUMED=1 \
-             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
+             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 REPLY_GAVE_BACK=16 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
         );
     }
 }

@@ -41,6 +41,9 @@ pub struct BudgetState {
     /// A home: by (per, partition), the units that partition last asked for and when: its
     /// demand, which sizes its part of the windows it is leased ahead ([`BudgetState::grant`]).
     pub demands: BTreeMap<(Millis, u32), (u64, Millis)>,
+    /// A pool: by the per of a longer limit, the last of its windows it gave up its shorter
+    /// limits' leases inside ([`BudgetState::give_up_short_leases`]).
+    pub given_up: BTreeMap<Millis, Millis>,
     /// A pool in Redis: by per, the units of passed windows it was leased and did not book,
     /// counted as it drops them (the model keeps every window: what it stranded is read off them).
     pub stranded: BTreeMap<Millis, u64>,
@@ -222,6 +225,46 @@ impl BudgetState {
             open.into_iter().filter_map(|(per, w)| Some((per, w, self.give_back_lease(per, w, u64::MAX)?))).collect();
         for (&per, full) in self.known_full.iter_mut() {
             *full = (*full).min(now.div_euclid(per) * per - per);
+        }
+        returns
+    }
+
+    /// A pool that has booked all it holds of a window of a longer limit (`pers`: the periods of
+    /// its budget's limits), where its home was full when it last asked, can book nothing more in
+    /// that window, so nothing in the windows of its shorter limits that lie inside it: it gives
+    /// back what it holds and has not booked of each of those that has not closed, for a partition
+    /// with units of the longer window left to lease. Without it a partition that took less of a
+    /// minute than its even share of the minute's seconds strands their units while another books
+    /// later seconds. It looks from now's window of the longer limit up to `slot`'s (the pool books
+    /// there now), and stops at the first it can still book in: `given_up` keeps the last one
+    /// given up, so each is given up once. Returns each window's total given back, for the home.
+    pub fn give_up_short_leases(
+        &mut self,
+        pers: &[Millis],
+        (now, slot): (Millis, Millis),
+    ) -> Vec<(Millis, Millis, u64)> {
+        let mut returns = Vec::new();
+        for &long in pers {
+            let shorter: Vec<Millis> = pers.iter().copied().filter(|&per| per < long && long % per == 0).collect();
+            let Some(&full) = self.known_full.get(&long).filter(|_| !shorter.is_empty()) else { continue };
+            let current = now.div_euclid(long) * long;
+            let mut window = self.given_up.get(&long).map_or(current, |&given| (given + long).max(current));
+            while window <= full.min(slot.div_euclid(long) * long)
+                && self.windows.get(&(long, window)).copied().unwrap_or(0) >= self.pool_holds(long, window)
+            {
+                let inside: Vec<(Millis, Millis)> = shorter
+                    .iter()
+                    .flat_map(|&per| {
+                        let first = window.max(now.div_euclid(per) * per);
+                        self.leased.range((per, first)..(per, window + long)).map(|(&key, _)| key)
+                    })
+                    .collect();
+                for (per, short) in inside {
+                    returns.extend(self.give_back_lease(per, short, u64::MAX).map(|total| (per, short, total)));
+                }
+                self.given_up.insert(long, window);
+                window += long;
+            }
         }
         returns
     }

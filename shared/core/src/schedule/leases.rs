@@ -99,6 +99,32 @@ pub(super) fn lease(
     }
 }
 
+/// After a booking, each leased budget's pool it booked gives up its shorter limits' leases inside
+/// the windows of a longer limit it can book no more of ([`BudgetState::give_up_short_leases`]),
+/// and its home takes them back (`RedisStore::send_returns` sends them after the call).
+pub(super) fn give_up_short_leases(
+    budgets: &mut HashMap<String, BudgetState>,
+    shared: &[BudgetLimit<'_>],
+    (now, slot): (Millis, Millis),
+) {
+    let mut pools: Vec<(&Budget, &str, u32)> = Vec::new();
+    for l in shared {
+        if let Some(partition) = l.partition()
+            && !pools.iter().any(|(_, state, _)| *state == l.state)
+        {
+            pools.push((l.budget, &l.state, partition));
+        }
+    }
+    for (budget, state, partition) in pools {
+        let pers: Vec<Millis> = budget.limits.iter().map(Limit::per).collect();
+        let returns = budgets.entry(state.to_owned()).or_default().give_up_short_leases(&pers, (now, slot));
+        let home = budgets.entry(budget.name.clone()).or_default();
+        for (per, window, total) in returns {
+            home.take_back(partition, (per, window), total);
+        }
+    }
+}
+
 /// A leased budget's home hands its adaptive state to every partition's pool after a signal or a
 /// latency report moved it (`RedisStore::signal_calendar` does the same, pool by pool): a pool's
 /// reservations read their level there, so a key throttled by it parks. Where the level in force

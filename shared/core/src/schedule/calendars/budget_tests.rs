@@ -135,6 +135,46 @@ fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
     assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
 }
 
+/// A budget of 10 a second and 40 per 10 s over two partitions: each is leased half of the first
+/// five seconds, but the 10 s window goes as asked. p1 took 10 of it and books them, so its next
+/// event goes to the next 10 s window: the 1 s units it holds of the first and cannot book go back
+/// to the home, and p0, which holds 10 s units but has booked its own seconds, leases them instead
+/// of booking later seconds.
+#[test]
+fn a_partition_past_a_long_window_gives_up_its_seconds_there_for_one_that_can_book_them() {
+    let leases = crate::budgets::Leases { partitions: 2, chunk: 250_000 };
+    let limits = vec![
+        Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap(),
+        Limit::new(40, 10 * SECOND, Window::Fixed(Placement::Start)).unwrap(),
+    ];
+    let budgets = [Arc::new(Budget { leases: Some(leases), limits, ..(*budget(10, Placement::Start, None)).clone() })];
+    let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
+    let (p0, p1) = (in_partition(0), in_partition(1));
+    let mut s = Scheduler::new();
+    let book = |s: &mut Scheduler, key: &str, from: usize, n: usize| -> Vec<Millis> {
+        (from..from + n).map(|i| reserve(s, key, &format!("m{i}"), 0, &budgets).slot).collect()
+    };
+    assert_eq!(book(&mut s, &p1, 0, 1), [0]);
+    let first = book(&mut s, &p0, 1, 25);
+    assert!(first.iter().all(|&t| t < 5 * SECOND), "p0 books its half of the first five seconds: {first:?}");
+    let p1_slots = book(&mut s, &p1, 26, 10);
+    assert_eq!(p1_slots[..9], [0, 0, 0, 0, SECOND, SECOND, SECOND, SECOND, SECOND]);
+    assert_eq!(p1_slots[9], 10 * SECOND, "p1 holds 10 of the 10 s window and the home has leased all 40");
+    let p1_pool = s.budget_state(&budgets[0].pool_name(1)).unwrap().clone();
+    for w in 2..5 {
+        assert_eq!(p1_pool.returned.get(&(SECOND, w * SECOND)), Some(&5), "second {w}: {p1_pool:?}");
+    }
+    assert_eq!(p1_pool.returned.get(&(SECOND, SECOND)), None, "it booked all of second 1");
+    assert_eq!(p1_pool.given_up.get(&(10 * SECOND)), Some(&0), "the first 10 s window is given up once");
+    let home = s.budget_state("gateway").unwrap();
+    assert_eq!(home.windows.get(&(SECOND, 2 * SECOND)), Some(&5), "p1's 5 of second 2 came back");
+    // p0 has booked its seconds and holds 10 s units: it leases the seconds p1 gave up.
+    let rest = book(&mut s, &p0, 36, 5);
+    assert!(rest.iter().all(|&t| (2 * SECOND..5 * SECOND).contains(&t)), "{rest:?}");
+    let home = s.budget_state("gateway").unwrap();
+    assert!((0..10).all(|w| home.windows.get(&(SECOND, w * SECOND)).is_none_or(|&n| n <= 10)));
+}
+
 /// An adaptive leased budget: a signal goes to the home, which hands its level to both pools;
 /// each gives back what it leased and had not booked of every window still open, so that the
 /// home's next grants, at the lowered count, bind from now on (as on one Redis).
