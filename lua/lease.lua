@@ -13,7 +13,8 @@
 -- of that window in all, '<per>:<window>:p<partition>' what it leased the partition,
 -- '<per>:<window>:p<partition>:r' what the partition gave back of it (lua/returns.lua),
 -- 'lo:<per>' its oldest window, 'd:<per>:p<partition>' what the partition last asked for (a fair
--- budget's: with what it held of the window it asked from) and when ('<units>:<time>').
+-- budget's: with what it held of the window it asked from) and when ('<units>:<time>'), 'o:<per>'
+-- the earliest window a partition gave units back in since a grant last looked there.
 --
 -- A fair budget's home (`fair` 1; BudgetState::grant_fair) shares each window max-min fair among
 -- the partitions that asked within FAIR_DEMAND_LIFE windows, by what each last asked for and held
@@ -25,7 +26,10 @@
 -- Arguments, in order: now ('' for the server's TIME), partition, partitions, per, from, horizon,
 -- count, cost, want, keep (how long the hash outlives a window it leased, past the window), term,
 -- fair (1 or 0), and for an adaptive budget its ceiling, step (ppm) and window (ms), else 0 0 0:
--- the home grants from the count at its level in force ('adapt', set by lua/budget.lua).
+-- the home grants from the count at its level in force ('adapt', set by lua/budget.lua); then
+-- reach, the first window the partition's pool can still book (0: any).
+--
+-- A budget that is not fair also leases units given back before `from` (lease_reopened below).
 --
 -- Returns the window (0 and found = 0 for none), the partition's total lease of it (a total, so
 -- that crediting it twice or out of order changes nothing), the last window before it with no
@@ -38,6 +42,7 @@ local partition, partitions, per, from, horizon = int(), int(), int(), int(), in
 local count, cost, want, keep, term = int(), int(), int(), int(), int()
 local fair = int() == 1
 local ceiling, step, level_window = int(), int(), int()
+local reach = int()
 if ceiling > 0 then
   count = scaled(count, level_in_force(redis.call('HGET', key, 'adapt'), ceiling, step, level_window, now), cost)
 end
@@ -152,6 +157,54 @@ if fair then
   keep_until(window)
   return {window, leased, window - per, 1, units}
 end
+-- Units given back before `start` since a grant last looked there ('o:<per>', set by
+-- lua/returns.lua; BudgetState::lease_reopened): a partition told those windows were full asks only
+-- past them, so it is also leased up to `want` of the first window from the mark with room for the
+-- cost, if that lies at or past `reach` (the first window its pool can still book). The mark moves
+-- to that window, or goes when a walk from it found none; one whose reach lies past the mark leaves
+-- it for the others. Returns the window and the partition's total there, or nil.
+local function lease_reopened()
+  local field = 'o:' .. per
+  local mark = tonumber(redis.call('HGET', key, field))
+  if not mark then
+    return nil
+  elseif mark + per <= now then
+    redis.call('HDEL', key, field)
+    return nil
+  end
+  local first, found = math.max(mark, reach), nil
+  for window = first, start - per, per do
+    if count - (tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0) >= cost then
+      found = window
+      break
+    end
+  end
+  if first == mark then
+    if found then
+      redis.call('HSET', key, field, found)
+    else
+      redis.call('HDEL', key, field)
+    end
+  end
+  if not found then
+    return nil
+  end
+  local room = room_and_held(found)
+  local units = math.min(want, room)
+  keep_until(found)
+  return found, lease_units(found, units), units
+end
+local reopened, reopened_total, reopened_units = lease_reopened()
+
+-- The reply with the reopened window's lease after the others.
+local function with_reopened(reply)
+  if reopened then
+    reply[#reply + 1], reply[#reply + 2] = reopened, reopened_total
+    reply[5] = reply[5] + reopened_units
+  end
+  return reply
+end
+
 -- A partition that has not asked within the term counts as asking as much as this one.
 local demands = 0
 for q = 0, partitions - 1 do
@@ -167,7 +220,7 @@ demands = math.max(demands, 1)
 local window, open, before = first_open(room_and_held)
 if not window then
   -- (`open` is then the last window with no room.)
-  return {0, 0, open, 0, 0}
+  return with_reopened({0, 0, open, 0, 0})
 end
 local share = math.floor((count * want + demands - 1) / demands)
 -- A long window's share is too much to strand when the partition's events stop: it gets what it
@@ -196,4 +249,4 @@ for k = 1, term - 1 do
   end
 end
 keep_until(last)
-return reply
+return with_reopened(reply)

@@ -24,6 +24,11 @@ for _ = 1, int() do
     if new > 0 then
       redis.call('HINCRBY', key, name, -new)
       taken_now = taken_now + new
+      -- The earliest window given back: lua/lease.lua's lease_reopened offers it.
+      local reopened = tonumber(redis.call('HGET', key, 'o:' .. per))
+      if not reopened or window < reopened then
+        redis.call('HSET', key, 'o:' .. per, window)
+      end
     end
     if total > taken then
       redis.call('HSET', key, taken_field, total)

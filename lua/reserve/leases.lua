@@ -85,6 +85,19 @@ local function give_up_short_leases(budget, slot, now)
   return gave
 end
 
+-- The first window of limit `l` the pool can still book (schedule.rs's pool_reach): past every
+-- window of a longer limit of its budget it gave up (give_up_short_leases); 0 for any.
+local function pool_reach(budget, l)
+  local reach = 0
+  for k = 1, #budget.limits do
+    local long = budget.limits[k]
+    if long.per > l.per and long.per % l.per == 0 and long.given_up then
+      reach = math.max(reach, long.given_up + long.per)
+    end
+  end
+  return reach
+end
+
 -- The earliest time >= slot at which a partition's pool of a leased budget limit accepts the cost
 -- more (schedule.rs's pool_accepts): the first window whose lease has room; false, with the window
 -- in e.wanted, when a window lacks room and its home was not known to be full there.
@@ -121,7 +134,7 @@ local function pool_accepts(e, budget, l, j, slot, horizon, now)
     end
     empty = empty and used >= leased
     if not l.full or window > l.full then
-      e.wanted = {budget = budget.index, limit = j, window = window}
+      e.wanted = {budget = budget.index, limit = j, window = window, reach = pool_reach(budget, l)}
       return false
     end
     if not l.top or window >= l.top then

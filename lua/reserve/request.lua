@@ -175,11 +175,12 @@ local function reply(slot, kind, attempt, now, decided_at)
 end
 
 -- An event that needs a lease first (its call stops at it, nothing of it written but a new slot's
--- give-back): the window, W, which budget and limit of the event (budget * 256 + limit), its
--- max_delay (a drained message's: what is left of it, the horizon of its search) and now.
+-- give-back): the window, W, which budget and limit of the event (budget * 256 + limit), the
+-- horizon of its search (now and its max_delay: a drained message's, what is left of it) and the
+-- first window its pool can still book (pool_reach).
 local function lease_wanted(e, now)
   local wanted = e.wanted
-  return {wanted.window, STATUS.W, wanted.budget * 256 + wanted.limit, e.max_delay, now}
+  return {wanted.window, STATUS.W, wanted.budget * 256 + wanted.limit, now + e.max_delay, wanted.reach}
 end
 
 -- The answer a message already has: its reply, with its lease taken again unless it is held or done.

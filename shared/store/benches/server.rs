@@ -935,6 +935,9 @@ async fn contract_table(urls: &str, connection: &mut MultiplexedConnection, stor
         cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events as f64).collect();
     let busiest = used.iter().copied().fold(0.0, f64::max);
     let exact = exact_slots(leased.published, events);
+    if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_some() {
+        contract_windows(&cluster, &budget).await;
+    }
     let strands = [SECOND, MINUTE].map(|per| contract_stranded(&cluster, &budget, per));
     let [second, minute] = strands;
     let (second, minute) = (second.await, minute.await);
@@ -951,6 +954,36 @@ async fn contract_table(urls: &str, connection: &mut MultiplexedConnection, stor
         minute.1,
         delays_against(&leased.slots, &exact)
     );
+}
+
+/// Window by window (`DRIP_BENCH_CONTRACT_WINDOWS`): each partition's booked / leased (less what
+/// it gave back) of every 1 s window of the last two minutes booked, and of each minute.
+async fn contract_windows<C>(store: &RedisStore<C>, budget: &Budget)
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut pools = Vec::new();
+    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
+        pools.push(store.pool_state(budget, partition).await.expect("pool"));
+    }
+    let last = pools.iter().flat_map(|p| p.windows.keys()).filter(|(per, _)| *per == MINUTE).map(|&(_, w)| w).max();
+    let Some(last) = last else { return };
+    for minute in [last - MINUTE, last] {
+        let row = |per: Millis, window: Millis| {
+            let cells: Vec<String> = pools
+                .iter()
+                .map(|p| format!("{}/{}", p.windows.get(&(per, window)).unwrap_or(&0), p.pool_holds(per, window)))
+                .collect();
+            format!("{:>6} {:>6} | {}", per, (window - minute) / SECOND, cells.join("  "))
+        };
+        println!("minute {minute}: {}", row(MINUTE, minute));
+        for second in 0..60 {
+            let window = minute + second * SECOND;
+            if pools.iter().any(|p| p.windows.contains_key(&(SECOND, window)) || p.pool_holds(SECOND, window) > 0) {
+                println!("{}", row(SECOND, window));
+            }
+        }
+    }
 }
 
 fn contract_budget(name: &str, partitions: Option<u32>) -> Arc<Budget> {
@@ -1090,7 +1123,9 @@ async fn main() {
     }
     if let (Some(_), Ok(urls)) = (std::env::var_os("DRIP_BENCH_CLUSTER_ONLY"), std::env::var("DRIP_BENCH_CLUSTER_URLS"))
     {
-        cluster_table(&urls, &mut connection, &store).await;
+        if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_none() {
+            cluster_table(&urls, &mut connection, &store).await;
+        }
         contract_table(&urls, &mut connection, &store).await;
         return;
     }
@@ -1135,7 +1170,9 @@ async fn main() {
     }
     fair_table(&mut connection, &store).await;
     if let Ok(urls) = std::env::var("DRIP_BENCH_CLUSTER_URLS") {
-        cluster_table(&urls, &mut connection, &store).await;
+        if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_none() {
+            cluster_table(&urls, &mut connection, &store).await;
+        }
         contract_table(&urls, &mut connection, &store).await;
     }
     // `cargo bench` runs in the crate's directory: the default is the workspace's target/.

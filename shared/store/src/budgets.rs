@@ -205,8 +205,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             ..BudgetState::default()
         };
         for (name, value) in &fields {
-            // A window by per: a pool's 'F:<per>' and 'G:<per>'.
-            let by_per = [("F:", &mut state.known_full), ("G:", &mut state.given_up)]
+            // A window by per: a pool's 'F:<per>' and 'G:<per>', a home's 'o:<per>'.
+            let by_per = [("F:", &mut state.known_full), ("G:", &mut state.given_up), ("o:", &mut state.reopened)]
                 .into_iter()
                 .find_map(|(prefix, map)| Some((name.strip_prefix(prefix)?.parse().ok()?, map)));
             if let Some((per, map)) = by_per

@@ -287,8 +287,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             let reply = reply?;
             let mut wanted = None;
             for answer in reply.chunks(REPLY_LENGTH) {
-                if let Reply::LeaseWanted { window, budget, limit, max_delay, now } = Reply::parse(answer)? {
-                    wanted = Some((window, budget as i64, limit as i64, now + max_delay));
+                if let Reply::LeaseWanted { window, budget, limit, horizon, reach } = Reply::parse(answer)? {
+                    wanted = Some((window, budget as i64, limit as i64, horizon, reach));
                 } else {
                     decided.extend_from_slice(answer);
                     let event = waiting.pop_front();
@@ -299,7 +299,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     (stopped_at, stops) = (None, 0);
                 }
             }
-            let Some((window, budget, limit, horizon)) = wanted else {
+            let Some((window, budget, limit, horizon, reach)) = wanted else {
                 self.send_returns(each_pool_once(&returning)).await;
                 return Ok(decided);
             };
@@ -338,7 +338,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 // window, and the events behind them in their calls.
                 let want = want.max(asking + others);
                 let span = (per, window, horizon);
-                for lease in self.grant(target, span, now, (count, event.cost, want)).await? {
+                for lease in self.grant(target, (span, reach), now, (count, event.cost, want)).await? {
                     credits.push((target.pool.clone(), Credit { per, lease, keep: per + STATE_MARGIN }));
                 }
                 gate.leased.fetch_add(1, Ordering::AcqRel);
@@ -352,11 +352,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
     }
 
     /// The home's lease (`lua/lease.lua`) of one limit `(per, from, horizon)` for `target`'s
-    /// partition: `count` in a window, for a `cost`, asking `want`.
+    /// partition, whose pool can book no window before `reach`: `count` in a window, for a
+    /// `cost`, asking `want`.
     async fn grant(
         &self,
         target: &LeaseTarget,
-        (per, from, horizon): (Millis, Millis, Millis),
+        ((per, from, horizon), reach): ((Millis, Millis, Millis), Millis),
         now: Option<Millis>,
         (count, cost, want): (u64, u64, u64),
     ) -> Result<Vec<Lease>, StoreError> {
@@ -371,7 +372,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             .arg(lease_term(per))
             .arg(u8::from(target.fair));
         let (ceiling, step, window) = target.level.unwrap_or_default();
-        invocation.arg(ceiling).arg(step).arg(window);
+        invocation.arg(ceiling).arg(step).arg(window).arg(reach);
         let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
         let Some((&[window, total, full_through, found, units], ahead)) = reply.split_at_checked(5) else {
             return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));

@@ -57,8 +57,9 @@ pub enum Reply {
     Decided(Reserved),
     /// The call stopped at this event: a partition's pool needs a lease of `window` for limit
     /// `limit` of the event's budget `budget` (both counted from 1, as the script's tables), for
-    /// a slot no later than `now + max_delay` (a parked message's drain: what is left of it).
-    LeaseWanted { window: Millis, budget: usize, limit: usize, max_delay: Millis, now: Millis },
+    /// a slot no later than `horizon` (a parked message's drain: what is left of its max_delay);
+    /// the pool can book no window before `reach` (it gave up a longer limit's windows there).
+    LeaseWanted { window: Millis, budget: usize, limit: usize, horizon: Millis, reach: Millis },
     /// An unpark whose head's slot is past the drain's deadline: the next wake is at `wake`.
     Later { slot: Millis, wake: Millis, now: Millis },
     /// An unpark of a message that is not parked.
@@ -79,8 +80,7 @@ impl Reply {
             PARKED => Status::Parked,
             LEASE_WANTED => {
                 let (budget, limit) = ((third / 256) as usize, (third % 256) as usize);
-                // Its fourth number is the event's max_delay, not a time.
-                return Ok(Reply::LeaseWanted { window: first, budget, limit, max_delay: now, now: fifth });
+                return Ok(Reply::LeaseWanted { window: first, budget, limit, horizon: now, reach: fifth });
             }
             LATER => return Ok(Reply::Later { slot: first, wake: third, now }),
             NOT_PARKED => return Ok(Reply::NotParked { now }),
@@ -162,7 +162,7 @@ mod tests {
             (10, Status::Reserved, Attempt::Resumed, 2, 3)
         );
         let lease = Reply::parse(&[1000, kind("REPLY_LEASE_WANTED"), 2 * 256 + 1, 500, 99]).unwrap();
-        assert_eq!(lease, Reply::LeaseWanted { window: 1000, budget: 2, limit: 1, max_delay: 500, now: 99 });
+        assert_eq!(lease, Reply::LeaseWanted { window: 1000, budget: 2, limit: 1, horizon: 500, reach: 99 });
         assert_eq!(
             Reply::unpark(&[50, kind("REPLY_LATER"), 40, 9, 0]).unwrap(),
             (Unpark::Later { slot: 50, wake: 40 }, 9)

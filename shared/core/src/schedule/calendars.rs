@@ -41,6 +41,9 @@ pub struct BudgetState {
     /// A home: by (per, partition), the units that partition last asked for and when: its
     /// demand, which sizes its part of the windows it is leased ahead ([`BudgetState::grant`]).
     pub demands: BTreeMap<(Millis, u32), (u64, Millis)>,
+    /// A home: by per, the earliest window a partition gave units back in since a grant last
+    /// looked there ([`BudgetState::lease_reopened`]).
+    pub reopened: BTreeMap<Millis, Millis>,
     /// A pool: by the per of a longer limit, the last of its windows it gave up its shorter
     /// limits' leases inside ([`BudgetState::give_up_short_leases`]).
     pub given_up: BTreeMap<Millis, Millis>,
@@ -171,6 +174,39 @@ impl BudgetState {
         }
     }
 
+    /// Units given back before the window a partition asks from (`reopened`): a partition told
+    /// those windows were full asks only past them, so a grant also leases the asker up to `want`
+    /// of the first window from the mark with room for `cost`, if it lies at or past `reach` (the
+    /// first window the asker's pool can still book: it gave up the longer limits' windows before,
+    /// [`BudgetState::give_up_short_leases`]). The mark moves to that window, or goes when a grant
+    /// from it found none before its own window; a grant whose reach lies past the mark leaves it
+    /// for the others. `lua/lease.lua` does the same in the same call as the grant.
+    pub fn lease_reopened(
+        &mut self,
+        (partition, now): (u32, Millis),
+        (per, from, reach): (Millis, Millis, Millis),
+        count: u64,
+        (cost, want): (u64, u64),
+    ) -> Option<Lease> {
+        let mark = self.reopened.get(&per).copied()?;
+        if mark + per <= now {
+            self.reopened.remove(&per);
+            return None;
+        }
+        let start = mark.max(reach);
+        let room = |home: &Self, w| count.saturating_sub(home.windows.get(&(per, w)).copied().unwrap_or(0));
+        let found = (start..from).step_by(per as usize).find(|&w| room(self, w) >= cost);
+        if start == mark {
+            match found {
+                Some(window) => _ = self.reopened.insert(per, window),
+                None => _ = self.reopened.remove(&per),
+            }
+        }
+        let window = found?;
+        let units = want.min(room(self, window));
+        Some(self.lease_units(partition, (per, window), units, window - per))
+    }
+
     /// Leases `units` of a window to `partition`: its lease, a total.
     fn lease_units(
         &mut self,
@@ -278,6 +314,10 @@ impl BudgetState {
         let new = total.saturating_sub(*taken).min(*leased);
         *taken = (*taken).max(total);
         *leased -= new;
+        if new > 0 {
+            let reopened = self.reopened.entry(per).or_insert(window);
+            *reopened = (*reopened).min(window);
+        }
         new
     }
 }

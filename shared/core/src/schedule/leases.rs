@@ -87,16 +87,32 @@ pub(super) fn lease(
     let want = leases.want(limit.base, request.cost).max(request.cost + queued);
     let horizon = request.now + request.max_delay;
     let span = (per, window, lease_through.map_or(horizon, |through| through.min(horizon)));
+    // The first window its pool can still book: past the windows of longer limits it gave up.
+    let reach = budgets.get(&limit.state).map_or(Millis::MIN, |pool| pool_reach(pool, limit.budget, per));
     let home = budgets.entry(limit.budget.name.clone()).or_default();
     let asker = (partition, leases.partitions, request.now);
     let leases = match limit.budget.fair {
         Some(_) => vec![home.grant_fair(asker, span, count, (request.cost, want))],
-        None => home.grant(asker, span, count, (request.cost, want)),
+        None => {
+            let mut leases = home.grant(asker, span, count, (request.cost, want));
+            let reopened =
+                home.lease_reopened((partition, request.now), (per, window, reach), count, (request.cost, want));
+            let full_through = leases[0].full_through;
+            leases.extend(reopened.map(|lease| Lease { full_through, ..lease }));
+            leases
+        }
     };
     let pool = budgets.entry(limit.state.clone()).or_default();
     for lease in leases {
         pool.credit(per, lease);
     }
+}
+
+/// The first window of a limit of period `per` a pool can still book: past every window of a
+/// longer limit of its budget (one `per` divides) it gave up ([`BudgetState::give_up_short_leases`]).
+fn pool_reach(pool: &BudgetState, budget: &Budget, per: Millis) -> Millis {
+    let longer = budget.limits.iter().map(Limit::per).filter(|&long| long > per && long % per == 0);
+    longer.filter_map(|long| Some(pool.given_up.get(&long)? + long)).fold(Millis::MIN, Millis::max)
 }
 
 /// After a booking, each leased budget's pool it booked gives up its shorter limits' leases inside

@@ -173,6 +173,25 @@ fn a_partition_past_a_long_window_gives_up_its_seconds_there_for_one_that_can_bo
     assert!(rest.iter().all(|&t| (2 * SECOND..5 * SECOND).contains(&t)), "{rest:?}");
     let home = s.budget_state("gateway").unwrap();
     assert!((0..10).all(|w| home.windows.get(&(SECOND, w * SECOND)).is_none_or(|&n| n <= 10)));
+
+    // A partition told the first seconds were full asks only past them: a grant also leases it up
+    // to what it asks of the first window with room from the earliest given back since, if its
+    // pool can still book there (its reach), and the mark moves there.
+    let mut home = BudgetState::default();
+    home.grant((1, 2, 0), (SECOND, 0, 9 * SECOND), 10, (1, 10));
+    home.windows.extend((1..5).map(|w| ((SECOND, w * SECOND), 10)));
+    assert_eq!(home.take_back(1, (SECOND, 0), 4), 4);
+    assert_eq!(home.reopened.get(&SECOND), Some(&0));
+    let reopened = |home: &mut BudgetState, reach| {
+        home.lease_reopened((0, 0), (SECOND, 5 * SECOND, reach), 10, (1, 3)).map(|l| (l.window, l.total))
+    };
+    assert_eq!(reopened(&mut home, SECOND), None, "p0 can book nothing before second 1");
+    assert_eq!(home.reopened.get(&SECOND), Some(&0), "the mark stays for the others");
+    assert_eq!(reopened(&mut home, 0), Some((Some(0), 3)), "what it asks for, of the 4");
+    assert_eq!(reopened(&mut home, 0), Some((Some(0), 4)), "the last one");
+    assert_eq!(home.reopened.get(&SECOND), Some(&0));
+    assert_eq!(reopened(&mut home, 0), None, "nothing left before second 5");
+    assert_eq!(home.reopened.get(&SECOND), None, "the mark goes");
 }
 
 /// An adaptive leased budget: a signal goes to the home, which hands its level to both pools;
