@@ -30,6 +30,12 @@ use drip_store::{Batching, RedisStore, SlotRequest, Store};
 use plotters::prelude::*;
 use redis::aio::MultiplexedConnection;
 
+#[path = "server/cluster.rs"]
+mod cluster;
+use cluster::cpu_usec;
+#[path = "server/contract.rs"]
+mod contract;
+
 const TOKEN_BUCKET: &str = include_str!("../../../lua/bench/token_bucket.lua");
 const ENTITIES: usize = 1_000;
 const PIPELINE: usize = 500;
@@ -746,354 +752,6 @@ fn budgeted_events(clients: usize) -> usize {
     scaled(60_000) / clients * clients
 }
 
-/// Each node's `(script calls, server µs)` since its last RESETSTAT, reset again.
-async fn script_calls_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)> {
-    let mut stats = Vec::new();
-    for node in nodes {
-        stats.push(script_calls(node).await);
-        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(node).await.expect("RESETSTAT");
-    }
-    stats
-}
-
-/// A server's CPU time so far (`INFO cpu`: its user and system seconds), in µs. Unlike a command's
-/// µs in `commandstats` (wall time), it does not grow while the process waits for a core: with
-/// three masters on two cores, that wait is most of a command's wall time.
-async fn cpu_usec(node: &mut MultiplexedConnection) -> f64 {
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(node).await.expect("INFO cpu");
-    let field = |name: &str| {
-        info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    (field("used_cpu_user").unwrap_or(0.0) + field("used_cpu_sys").unwrap_or(0.0)) * 1e6
-}
-
-async fn cpu_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<f64> {
-    let mut cpu = Vec::new();
-    for node in nodes {
-        cpu.push(cpu_usec(node).await);
-    }
-    cpu
-}
-
-/// A leased budget's stranded units over its full windows (all but the first and the last its
-/// partitions booked in: windows leased ahead past the last booking strand nothing anybody
-/// wanted), as a share of those windows' count.
-async fn stranded<C>(store: &RedisStore<C>, budget: &Budget) -> (f64, usize)
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let home = store.budget_state(budget).await.expect("home");
-    let used: std::collections::BTreeMap<Millis, u64> =
-        pools_booked(store, budget).await.into_iter().map(|((_, window), n)| (window, n)).collect();
-    let booked = |w: &Millis| used.get(w).is_some_and(|&n| n > 0);
-    let windows: Vec<Millis> = home.windows.keys().map(|&(_, w)| w).filter(booked).collect();
-    let (first, last) = (windows.first().copied().unwrap_or(0), windows.last().copied().unwrap_or(0));
-    let windows: Vec<Millis> = home.windows.keys().map(|&(_, w)| w).filter(|w| (first..=last).contains(w)).collect();
-    let full = windows.get(1..windows.len().saturating_sub(1)).unwrap_or_default();
-    let left: u64 = full.iter().map(|w| GATEWAY - used.get(w).copied().unwrap_or(0)).sum();
-    (left as f64 / (GATEWAY * full.len().max(1) as u64) as f64, full.len())
-}
-
-/// What a leased budget's partitions booked in all, by (per, window).
-async fn pools_booked<C>(store: &RedisStore<C>, budget: &Budget) -> std::collections::BTreeMap<(Millis, Millis), u64>
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let mut used = std::collections::BTreeMap::new();
-    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
-        for (&window, &n) in &store.pool_state(budget, partition).await.expect("pool").windows {
-            *used.entry(window).or_default() += n;
-        }
-    }
-    used
-}
-
-/// The cluster rows: a budgeted rule on one master against leased over the cluster's masters, a
-/// call each and group-committed. Measured rates share this machine's cores among every master
-/// and the clients; the busiest master's server time per event is what bounds a cluster whose
-/// masters each have their own.
-async fn cluster_table(urls: &str, connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
-    for max_batch in [1, 64] {
-        cluster_rows(urls, max_batch, connection, store).await;
-    }
-    println!(
-        "(cores: {}; the masters, the bench and its clients share them)",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
-}
-
-/// A store on the cluster at `urls` (comma-separated) under `namespace`, group-committing up to
-/// `max_batch` events a call, and a connection to each of its nodes (for their CPU and calls).
-async fn cluster_store(
-    urls: &str,
-    namespace: String,
-    max_batch: usize,
-) -> (RedisStore<redis::cluster_async::ClusterConnection>, Vec<MultiplexedConnection>) {
-    let urls: Vec<&str> = urls.split(',').collect();
-    let client = redis::cluster::ClusterClient::new(urls.clone()).expect("DRIP_BENCH_CLUSTER_URLS");
-    let cluster = RedisStore::new(client.get_async_connection().await.expect("the cluster"), namespace)
-        .with_batching(Batching::new(max_batch, true));
-    let mut nodes = Vec::new();
-    for url in &urls {
-        let node = redis::Client::open(*url).expect("a node");
-        nodes.push(node.get_multiplexed_async_connection().await.expect("a node"));
-    }
-    (cluster, nodes)
-}
-
-/// One table of [`cluster_table`], each call carrying up to `max_batch` events.
-async fn cluster_rows(
-    urls: &str,
-    max_batch: usize,
-    connection: &mut MultiplexedConnection,
-    store: &RedisStore<MultiplexedConnection>,
-) {
-    // The cluster is not flushed between runs: each run's keys are its own.
-    let namespace = format!("bench-cluster-{}-{max_batch}", wall_clock_millis());
-    let (cluster, mut nodes) = cluster_store(urls, namespace, max_batch).await;
-    script_calls_by_node(&mut nodes).await;
-    let one = store.clone().with_batching(Batching::new(max_batch, true));
-    let clients = 256;
-    let events = budgeted_events(clients) as f64;
-    let calling = if max_batch == 1 { "a call each".to_owned() } else { format!("group commit ≤ {max_batch}") };
-    println!(
-        "\n| a rule drawing from a {GATEWAY}/s budget, {clients} clients, {calling} | reservations/s | vs one master | busiest master's CPU µs per event (all masters') | vs one master (bound with a core per master) | script calls per event | stranded per full window |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
-    let cpu_before = cpu_usec(connection).await;
-    let base = budgeted_throughput(&one, &gateway(&format!("one-master-{max_batch}"), None), clients, false).await;
-    let (calls, _) = script_calls(connection).await;
-    let base_usec = (cpu_usec(connection).await - cpu_before) / events;
-    println!(
-        "| one master, the budget on one slot | {base:.0} | 1.00× | {base_usec:.2} | 1.00× | {:.3} | — |",
-        calls as f64 / events
-    );
-    let rows = [
-        ("the budget on one slot", None, false),
-        ("leased over 3, uniform keys", Some(3), false),
-        ("leased over 3, skewed keys", Some(3), true),
-    ];
-    for (name, partitions, skewed) in rows {
-        let budget = gateway(&format!("cluster-{}", name.replace([' ', ','], "-")), partitions);
-        let before = cpu_by_node(&mut nodes).await;
-        let rate = budgeted_throughput(&cluster, &budget, clients, skewed).await;
-        let stats = script_calls_by_node(&mut nodes).await;
-        let used: Vec<f64> = cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
-        let busiest = used.iter().copied().fold(0.0, f64::max);
-        let all: f64 = used.iter().sum();
-        let calls: u64 = stats.iter().map(|&(calls, _)| calls).sum();
-        let stranded = match partitions {
-            Some(_) => {
-                let (share, windows) = stranded(&cluster, &budget).await;
-                format!("{:.2} % over {windows} windows", share * 100.0)
-            }
-            None => "—".into(),
-        };
-        println!(
-            "| 3-master cluster, {name} | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {:.3} | {stranded} |",
-            rate / base,
-            base_usec / busiest,
-            calls as f64 / events
-        );
-    }
-}
-
-/// A partner's contract of 300 a second and 2,000 a minute over 600 keys (3 rules × 200 keys), a
-/// load of 12,000 events (scaled) that exceeds it: on one master unleased against leased over the
-/// cluster's 3 masters, group-committed (≤ 64), 256 clients. Besides the CPU, what leasing costs
-/// against one exact calendar: calls that failed, units stranded in full windows of each limit,
-/// and how much later the leased slots lie than an exact calendar's (the i-th slot of each, sorted).
-async fn contract_table(urls: &str, connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
-    let namespace = format!("bench-contract-{}", wall_clock_millis());
-    let (cluster, mut nodes) = cluster_store(urls, namespace, 64).await;
-    let one = store.clone().with_batching(Batching::new(64, true));
-    let events = scaled(12_000) / 256 * 256;
-    println!(
-        "\n| a 300/s + 2,000/min budget, 600 keys, {events} events, 256 clients, group commit ≤ 64 | reservations/s | CPU µs per event, busiest master (all) | one master's ÷ busiest | script calls per event | failed calls | stranded per full window (1 s / 1 min) | extra delay vs one exact calendar, p50 / p99 / max |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
-    let before = cpu_usec(connection).await;
-    let base = contract_run(&one, &contract_budget("contract-one", None), events).await;
-    let base_usec = (cpu_usec(connection).await - before) / events as f64;
-    let (base_calls, _) = script_calls(connection).await;
-    let exact = exact_slots(base.published, events);
-    println!(
-        "| one master, unleased | {:.0} | {base_usec:.2} | 1.00× | {:.3} | {} | — | {} |",
-        base.per_second,
-        base_calls as f64 / events as f64,
-        base.failed,
-        delays_against(&base.slots, &exact)
-    );
-    let budget = contract_budget("contract-leased", Some(3));
-    script_calls_by_node(&mut nodes).await;
-    let before = cpu_by_node(&mut nodes).await;
-    let leased = contract_run(&cluster, &budget, events).await;
-    let calls: u64 = script_calls_by_node(&mut nodes).await.iter().map(|&(calls, _)| calls).sum();
-    let used: Vec<f64> =
-        cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events as f64).collect();
-    let busiest = used.iter().copied().fold(0.0, f64::max);
-    let exact = exact_slots(leased.published, events);
-    if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_some() {
-        contract_windows(&cluster, &budget).await;
-    }
-    let strands = [SECOND, MINUTE].map(|per| contract_stranded(&cluster, &budget, per));
-    let [second, minute] = strands;
-    let (second, minute) = (second.await, minute.await);
-    println!(
-        "| 3-master cluster, leased over 3 | {:.0} | {busiest:.2} ({:.2}) | {:.2}× | {:.3} | {} | {:.2} % over {} / {:.2} % over {} | {} |",
-        leased.per_second,
-        used.iter().sum::<f64>(),
-        base_usec / busiest,
-        calls as f64 / events as f64,
-        leased.failed,
-        second.0 * 100.0,
-        second.1,
-        minute.0 * 100.0,
-        minute.1,
-        delays_against(&leased.slots, &exact)
-    );
-}
-
-/// Window by window (`DRIP_BENCH_CONTRACT_WINDOWS`): each partition's booked / leased (less what
-/// it gave back) of every 1 s window of the last two minutes booked, and of each minute.
-async fn contract_windows<C>(store: &RedisStore<C>, budget: &Budget)
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let mut pools = Vec::new();
-    for partition in 0..budget.leases.map_or(0, |l| l.partitions) {
-        pools.push(store.pool_state(budget, partition).await.expect("pool"));
-    }
-    let last = pools.iter().flat_map(|p| p.windows.keys()).filter(|(per, _)| *per == MINUTE).map(|&(_, w)| w).max();
-    let Some(last) = last else { return };
-    for minute in [last - MINUTE, last] {
-        let row = |per: Millis, window: Millis| {
-            let cells: Vec<String> = pools
-                .iter()
-                .map(|p| format!("{}/{}", p.windows.get(&(per, window)).unwrap_or(&0), p.pool_holds(per, window)))
-                .collect();
-            format!("{:>6} {:>6} | {}", per, (window - minute) / SECOND, cells.join("  "))
-        };
-        println!("minute {minute}: {}", row(MINUTE, minute));
-        for second in 0..60 {
-            let window = minute + second * SECOND;
-            if pools.iter().any(|p| p.windows.contains_key(&(SECOND, window)) || p.pool_holds(SECOND, window) > 0) {
-                println!("{}", row(SECOND, window));
-            }
-        }
-    }
-}
-
-fn contract_budget(name: &str, partitions: Option<u32>) -> Arc<Budget> {
-    let fixed = |count, per| Limit::new(count, per, Window::Fixed(Placement::Start)).unwrap();
-    Arc::new(Budget {
-        limits: vec![fixed(300, SECOND), fixed(2_000, MINUTE)],
-        ..(*gateway_of(name, partitions, 300)).clone()
-    })
-}
-
-struct ContractRun {
-    per_second: f64,
-    failed: usize,
-    published: Millis,
-    slots: Vec<Millis>,
-}
-
-async fn contract_run<C>(store: &RedisStore<C>, budget: &Arc<Budget>, events: usize) -> ContractRun
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let limits = [Limit::new(1_000_000_000, MINUTE, Window::Fixed(Placement::Start)).unwrap()];
-    let clients = 256;
-    let published = wall_clock_millis();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let (store, budgets) = (store.clone(), [budget.clone()]);
-        tasks.push(tokio::spawn(async move {
-            let (mut slots, mut failed) = (Vec::new(), 0);
-            for i in 0..events / clients {
-                let n = c * 7_919 + i;
-                let rule = format!("{}-rule-{}", budgets[0].name, n % 3);
-                let (key, id) = (format!("user_{}", n % 200), format!("{}-{c}-{i}", budgets[0].name));
-                let request = request(&rule, &key, &id, (&limits, &budgets), published);
-                let event = ReserveRequest { max_delay: DAY, ..request.event };
-                match store.reserve(&SlotRequest { event, ..request }).await {
-                    Ok(reserved) => slots.push(reserved.reservation.slot),
-                    Err(_) => failed += 1,
-                }
-            }
-            (slots, failed)
-        }));
-    }
-    let (mut slots, mut failed) = (Vec::new(), 0);
-    for task in tasks {
-        let (s, f) = task.await.expect("client");
-        slots.extend(s);
-        failed += f;
-    }
-    slots.sort_unstable();
-    ContractRun { per_second: events as f64 / started.elapsed().as_secs_f64(), failed, published, slots }
-}
-
-/// The slots one exact calendar of 300 a second and 2,000 a minute gives `events` events that all
-/// arrive at `now`, in order.
-fn exact_slots(now: Millis, events: usize) -> Vec<Millis> {
-    let mut slots = Vec::with_capacity(events);
-    let (mut second, mut minute) = (now.div_euclid(SECOND) * SECOND, now.div_euclid(MINUTE) * MINUTE);
-    let (mut in_second, mut in_minute) = (0, 0);
-    while slots.len() < events {
-        if in_minute == 2_000 {
-            minute += MINUTE;
-            second = minute;
-            (in_second, in_minute) = (0, 0);
-        } else if in_second == 300 {
-            second += SECOND;
-            in_second = 0;
-            if second >= minute + MINUTE {
-                minute += MINUTE;
-                in_minute = 0;
-            }
-        } else {
-            slots.push(second.max(now));
-            in_second += 1;
-            in_minute += 1;
-        }
-    }
-    slots
-}
-
-/// How much later each sorted slot lies than the same place in `exact`: p50 / p99 / max.
-fn delays_against(slots: &[Millis], exact: &[Millis]) -> String {
-    let mut extra: Vec<Millis> = slots.iter().zip(exact).map(|(s, e)| (s - e).max(0)).collect();
-    extra.sort_unstable();
-    let at = |q: f64| extra.get(((extra.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0);
-    format!("{} / {} / {} ms", at(0.5), at(0.99), at(1.0))
-}
-
-/// A leased budget's stranded units in the windows of the limit of period `per` that an exact
-/// calendar would have filled: all but the last its partitions booked, and of the 1 s windows
-/// only those whose minute had room left (the others stay empty under one calendar too). Returns
-/// the share of their count left unbooked, and how many windows that counts.
-async fn contract_stranded<C>(store: &RedisStore<C>, budget: &Budget, per: Millis) -> (f64, usize)
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let count = |per: Millis| budget.limits.iter().find(|l| l.per() == per).map_or(0, |l| l.limit());
-    let used = pools_booked(store, budget).await;
-    let booked = |per: Millis, window: Millis| used.get(&(per, window)).copied().unwrap_or(0);
-    let windows: Vec<Millis> = used.keys().filter(|(p, _)| *p == per).map(|&(_, w)| w).collect();
-    let counted: Vec<Millis> = windows[..windows.len().saturating_sub(1)]
-        .iter()
-        .copied()
-        .filter(|&w| per == MINUTE || booked(MINUTE, w.div_euclid(MINUTE) * MINUTE) < count(MINUTE))
-        .collect();
-    let left: u64 = counted.iter().map(|&w| count(per).saturating_sub(booked(per, w))).sum();
-    (left as f64 / (count(per) * counted.len().max(1) as u64) as f64, counted.len())
-}
-
 #[tokio::main]
 async fn main() {
     // It flushes the server it measures: only ever a private one (./run bench starts it).
@@ -1124,9 +782,9 @@ async fn main() {
     if let (Some(_), Ok(urls)) = (std::env::var_os("DRIP_BENCH_CLUSTER_ONLY"), std::env::var("DRIP_BENCH_CLUSTER_URLS"))
     {
         if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_none() {
-            cluster_table(&urls, &mut connection, &store).await;
+            cluster::cluster_table(&urls, &mut connection, &store).await;
         }
-        contract_table(&urls, &mut connection, &store).await;
+        contract::contract_table(&urls, &mut connection, &store).await;
         return;
     }
     if std::env::var_os("DRIP_BENCH_THROUGHPUT_ONLY").is_some() {
@@ -1171,9 +829,9 @@ async fn main() {
     fair_table(&mut connection, &store).await;
     if let Ok(urls) = std::env::var("DRIP_BENCH_CLUSTER_URLS") {
         if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_none() {
-            cluster_table(&urls, &mut connection, &store).await;
+            cluster::cluster_table(&urls, &mut connection, &store).await;
         }
-        contract_table(&urls, &mut connection, &store).await;
+        contract::contract_table(&urls, &mut connection, &store).await;
     }
     // `cargo bench` runs in the crate's directory: the default is the workspace's target/.
     let out = std::env::var("DRIP_BENCH_OUT")
