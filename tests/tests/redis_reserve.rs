@@ -1702,6 +1702,10 @@ async fn parked_then_classed(key: &str) {
         let request = SlotRequest::for_rule(after, key, "late", 1).at(T0 + 10 * SECOND);
         let parked = store.reserve(&request).await.unwrap().reservation;
         assert_eq!(parked.status, Status::Parked, "{key}: behind its pause");
+        // The busiest keys count the bare key and its classes as one key, its own.
+        let busiest = store.busiest_keys(after, 10, 10_000_000).await.unwrap();
+        let keys: Vec<&str> = busiest.keys.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(keys, [key], "{busiest:?}");
         answers.push(slots);
     }
     assert_eq!(answers[0], answers[1], "{key}: Redis and the model");

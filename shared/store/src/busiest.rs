@@ -66,14 +66,13 @@ fn glob_literal(text: &str) -> String {
     })
 }
 
-/// Where a rule's entities keep their state, as a `SCAN` pattern, and how to read an entity's key
-/// (a class's entity as its key) back from a name the pattern matched.
+/// Where a rule's entities keep their state, as a `SCAN` pattern, and how to read an entity back
+/// from a name the pattern matched.
 struct StatePattern {
     glob: String,
     /// What precedes the key in a state hash's name: `{rule|` alone, or `}:rule|` under a
     /// budget's tag.
     before_key: String,
-    classed: bool,
 }
 
 impl StatePattern {
@@ -81,32 +80,21 @@ impl StatePattern {
         let (ns, id) = (glob_literal(namespace), glob_literal(rule.id));
         let classes = if rule.classed { "*" } else { "" };
         match rule.tag {
-            Some(_) => Self {
-                glob: format!("{ns}:{{b:*}}:{id}|*:state"),
-                before_key: format!("}}:{}|", rule.id),
-                classed: rule.classed,
-            },
-            None => Self {
-                glob: format!("{ns}:{{{id}|*}}{classes}:state"),
-                before_key: format!(":{{{}|", rule.id),
-                classed: rule.classed,
-            },
+            Some(_) => Self { glob: format!("{ns}:{{b:*}}:{id}|*:state"), before_key: format!("}}:{}|", rule.id) },
+            None => Self { glob: format!("{ns}:{{{id}|*}}{classes}:state"), before_key: format!(":{{{}|", rule.id) },
         }
     }
 
     fn key_of(&self, name: &str) -> Option<String> {
         let at = name.find(&self.before_key)? + self.before_key.len();
         let rest = name[at..].strip_suffix(":state")?;
-        // Plain: `key}` (a class's entity: `key}#class`); under a tag: `key` (`key#class`).
+        // Plain: `key}` (a class's entity: `key}#class`, read as its key); under a tag: `key`
+        // (`key#class`, read whole: the caller scopes it with the rule's classes).
         let escaped = match rest.find('}') {
             Some(end) => &rest[..end],
             None => rest,
         };
-        let key = unescape(escaped);
-        Some(match self.classed {
-            true => drip_core::rules::Classes::split(&key).map_or(key.clone(), |(scope, _)| scope.to_owned()),
-            false => key,
-        })
+        Some(unescape(escaped))
     }
 }
 
@@ -152,10 +140,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         }
         let frontiers: Vec<(Option<Millis>, Option<Millis>)> =
             if names.is_empty() { Vec::new() } else { pipe.query_async(&mut connection).await? };
-        let found = names
-            .iter()
-            .zip(frontiers)
-            .filter_map(|(name, (frontier, legacy))| Some((pattern.key_of(name)?, frontier.or(legacy)?)));
+        let found = names.iter().zip(frontiers).filter_map(|(name, (frontier, legacy))| {
+            // A class's entity counts as its key's; a bare key holding a `#` as itself.
+            let entity = pattern.key_of(name)?;
+            Some((rule.scope_of(&entity).to_owned(), frontier.or(legacy)?))
+        });
         Ok(BusyKeys::ranked(found, count, cursor == 0))
     }
 }
@@ -181,7 +170,7 @@ mod tests {
             (plain, "merchant_{7}%", "merchant_{7}%"),
             (tagged, "a|b}", "a|b}"),
             (classed, "m1#live", "m1"),
-            (RuleRef { classed: true, ..tagged }, "m2#bulk", "m2"),
+            (RuleRef { classed: true, ..tagged }, "m2#bulk", "m2#bulk"),
         ] {
             let pattern = StatePattern::of("drip", rule);
             assert_eq!(pattern.key_of(&state_of(rule, entity)).as_deref(), Some(key), "{entity} under {rule:?}");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use drip_core::budgets::{Adaptive, Budget, FairRing, LatencyState, PPM, adapted_count, adaptive_window};
 use drip_core::fair::Member;
-use drip_core::rules::{Classes, Limit, Rule, Window};
+use drip_core::rules::{Limit, Rule, Window};
 use drip_core::schedule::{BudgetState, EntityState, LimitState, effective_limit, override_id, state_id};
 use drip_core::time::{Millis, format_rfc3339};
 use redis::aio::ConnectionLike;
@@ -131,8 +131,8 @@ pub struct FairKey {
 /// The most waiting keys `drip inspect` lists for a fair budget.
 pub const FAIR_KEYS_SHOWN: usize = 10;
 
-/// A fair budget's view beside key `key` of rule `rule` (its id; `classed`: the rule has classes,
-/// so `key` is a class's entity and its key's classes share the key's weight): `waiting` are the
+/// A fair budget's view beside key `key` of rule `rule` (its id; `scope_of`: the key an entity of
+/// the rule belongs to, `Rule::scope_of`, so that a key's classes share the key's weight): `waiting` are the
 /// ring's members with how many of their messages are parked. A key's share is its weight, shared
 /// among its waiting classes ([`drip_core::fair::shared_weights`]), over the weights of every
 /// waiting key (this one counted, waiting or not); its expected wait is its parked events at that
@@ -144,13 +144,11 @@ pub fn fair_report<'a>(
     budget: &Budget,
     waiting: &'a [(Member, u64)],
     (rule, key): (&str, &'a str),
-    classed: bool,
+    scope_of: impl Fn(&'a str) -> &'a str,
 ) -> Option<FairReport> {
     let fair = budget.fair.as_ref()?;
-    let scope = |r: &str, k: &'a str| -> &'a str {
-        let split = if classed && r == rule { Classes::split(k) } else { None };
-        split.map_or(k, |(scope, _)| scope)
-    };
+    // The key a member of this rule belongs to (`Rule::scope_of`: a class's entity is its key's).
+    let scope = |r: &str, k: &'a str| -> &'a str { if r == rule { scope_of(k) } else { k } };
     let me = |m: &Member| m.rule == rule && m.key == key;
     let mut members: Vec<(&str, &str)> = waiting.iter().map(|(m, _)| (m.rule.as_str(), m.key.as_str())).collect();
     let mine = waiting.iter().position(|(m, _)| me(m)).unwrap_or_else(|| {
@@ -350,7 +348,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> crate::redis_store::RedisStore<C> 
             let waiting = self.fair_waiting(FairRing::of_key(budget, scope)).await?;
             let shown = report.budgets.iter_mut().find(|b| b.name == budget.name);
             if let Some(shown) = shown {
-                shown.fair = fair_report(budget, &waiting, (&rule.id, key), rule.classes.is_some());
+                shown.fair = fair_report(budget, &waiting, (&rule.id, key), |k| rule.scope_of(k));
             }
         }
         Ok(report)
@@ -834,7 +832,7 @@ mod tests {
             tag: "rail".into(),
         };
         let waiting = [(member("small"), 5), (member("big"), 120)];
-        let big = fair_report(&budget, &waiting, ("payouts", "big"), false).unwrap();
+        let big = fair_report(&budget, &waiting, ("payouts", "big"), |k| k).unwrap();
         assert_eq!((big.waiting_keys, big.weight, big.share), (2, 3, 0.75));
         assert_eq!(
             big.busiest.iter().map(|k| (k.key.as_str(), k.parked)).collect::<Vec<_>>(),
@@ -842,16 +840,19 @@ mod tests {
         );
         // 30 a second of the 40 (4 s), but 450 a minute of the 600 (16 s): the minute binds.
         assert_eq!(big.expected_wait_ms, Some(16_000));
-        let newcomer = fair_report(&budget, &waiting, ("payouts", "new"), false).unwrap();
+        let newcomer = fair_report(&budget, &waiting, ("payouts", "new"), |k| k).unwrap();
         assert_eq!((newcomer.share, newcomer.expected_wait_ms), (0.2, None));
         assert_eq!(budget.near(), Some(500));
         // A rule with classes: a key's waiting classes share its weight (3 for big).
         let classed = [(member("big#live"), 4), (member("big#bulk"), 40), (member("small#bulk"), 5)];
-        let live = fair_report(&budget, &classed, ("payouts", "big#live"), true).unwrap();
+        let live = fair_report(&budget, &classed, ("payouts", "big#live"), |k| {
+            drip_core::rules::Classes::split(k).map_or(k, |(key, _)| key)
+        })
+        .unwrap();
         assert_eq!((live.weight, live.share), (3, 0.375), "half of big's 3 of 4");
         let shares: Vec<(&str, f64)> = live.busiest.iter().map(|k| (k.key.as_str(), k.share)).collect();
         assert_eq!(shares, [("big#bulk", 0.375), ("small#bulk", 0.25), ("big#live", 0.375)]);
         let unfair = Budget { fair: None, ..budget };
-        assert_eq!(fair_report(&unfair, &waiting, ("payouts", "big"), false), None);
+        assert_eq!(fair_report(&unfair, &waiting, ("payouts", "big"), |k| k), None);
     }
 }

@@ -3,7 +3,7 @@ use std::sync::Mutex;
 
 use drip_core::budgets::{Budget, FairRing, LatencyChange, LatencyReport};
 use drip_core::fair::{Member, Ring};
-use drip_core::rules::{Classes, Limit, Rule};
+use drip_core::rules::{Limit, Rule};
 use drip_core::schedule::{
     AnswerFile, BudgetState, Correction, LimitOverride, ReserveRequest, Scheduler, Unpark, override_id,
 };
@@ -310,7 +310,7 @@ impl Store for MemoryStore {
                 ring.into_iter().map(|m| (m.clone(), s.entity_state(&m.rule, &m.key).map_or(0, |e| e.parked))).collect()
             });
             if let Some(shown) = report.budgets.iter_mut().find(|b| b.name == budget.name) {
-                shown.fair = crate::inspect::fair_report(budget, &waiting, (&rule.id, key), rule.classes.is_some());
+                shown.fair = crate::inspect::fair_report(budget, &waiting, (&rule.id, key), |k| rule.scope_of(k));
             }
         }
         ready(report)
@@ -488,10 +488,7 @@ impl Store for MemoryStore {
     fn busiest_keys<'a>(&'a self, rule: &'a Rule, count: usize, _: usize) -> StoreFuture<'a, BusyKeys> {
         let found = self.with(|s| {
             let of_rule = s.entities_of(&rule.id).filter_map(|(key, last)| Some((key.to_owned(), last?)));
-            let scoped = of_rule.map(|(key, last)| match rule.classes.as_ref().and(Classes::split(&key)) {
-                Some((scope, _)) => (scope.to_owned(), last),
-                None => (key, last),
-            });
+            let scoped = of_rule.map(|(key, last)| (rule.scope_of(&key).to_owned(), last));
             scoped.collect::<Vec<_>>()
         });
         ready(BusyKeys::ranked(found, count, true))
