@@ -172,9 +172,10 @@ local function lease_reopened()
     redis.call('HDEL', key, field)
     return nil
   end
-  local first, found = math.max(mark, reach), nil
+  local first, found, room = math.max(mark, reach), nil, 0
   for window = first, start - per, per do
-    if count - (tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0) >= cost then
+    room = count - (tonumber(redis.call('HGET', key, per .. ':' .. window)) or 0)
+    if room >= cost then
       found = window
       break
     end
@@ -189,7 +190,6 @@ local function lease_reopened()
   if not found then
     return nil
   end
-  local room = room_and_held(found)
   local units = math.min(want, room)
   keep_until(found)
   return found, lease_units(found, units), units

@@ -40,6 +40,12 @@ local function pool_use(budget, l, window)
   return window_once(budget, l, window, read_pool_window)
 end
 
+-- Whether every window of limit `short` lies inside one window of limit `long` (schedule.rs's
+-- nests_in): a shorter period that divides the longer one.
+local function nests_in(short, long)
+  return short.per < long.per and long.per % short.per == 0
+end
+
 -- A pool that has booked all it holds of a window of a longer limit, where its home was full when
 -- it last asked, can book nothing in its shorter limits' windows inside it: it gives back what it
 -- holds and has not booked of each that has not closed (schedule.rs's give_up_short_leases). It
@@ -51,35 +57,37 @@ local function give_up_short_leases(budget, slot, now)
   for j = 1, #limits do
     local long = limits[j]
     local per = long.per
-    local shorter = {}
-    for k = 1, #limits do
-      if limits[k].per < per and per % limits[k].per == 0 then
-        shorter[#shorter + 1] = limits[k]
+    local current = now - now % per
+    local window = long.given_up and math.max(long.given_up + per, current) or current
+    local through = long.full and math.min(long.full, slot - slot % per)
+    -- (Most bookings have no window to look at: the shorter limits are found only when they do.)
+    local shorter
+    if through and window <= through then
+      shorter = {}
+      for k = 1, #limits do
+        if nests_in(limits[k], long) then
+          shorter[#shorter + 1] = limits[k]
+        end
       end
     end
-    if #shorter > 0 and long.full then
-      local through = math.min(long.full, slot - slot % per)
-      local current = now - now % per
-      local window = long.given_up and math.max(long.given_up + per, current) or current
-      while window <= through do
-        local used, holds = read_pool_window(budget, long, window)
-        if used < holds then
-          break
-        end
-        for s = 1, #shorter do
-          local l = shorter[s]
-          -- (Past its latest lease the pool holds nothing.)
-          local last = math.min(window + per - l.per, l.top or window - l.per)
-          for w = math.max(window, now - now % l.per), last, l.per do
-            if give_back_lease(key, l.per, w, math.huge, now) then
-              l.used[w], gave = nil, true
-            end
+    while shorter and #shorter > 0 and window <= through do
+      local used, holds = read_pool_window(budget, long, window)
+      if used < holds then
+        break
+      end
+      for s = 1, #shorter do
+        local l = shorter[s]
+        -- (Past its latest lease the pool holds nothing.)
+        local last = math.min(window + per - l.per, l.top or window - l.per)
+        for w = math.max(window, now - now % l.per), last, l.per do
+          if give_back_lease(key, l.per, w, math.huge, now) then
+            l.used[w], gave = nil, true
           end
         end
-        long.given_up = window
-        HASH.set(key, {'G:' .. per, window})
-        window = window + per
       end
+      long.given_up = window
+      HASH.set(key, {'G:' .. per, window})
+      window = window + per
     end
   end
   return gave
@@ -91,7 +99,7 @@ local function pool_reach(budget, l)
   local reach = 0
   for k = 1, #budget.limits do
     local long = budget.limits[k]
-    if long.per > l.per and long.per % l.per == 0 and long.given_up then
+    if long.given_up and nests_in(l, long) then
       reach = math.max(reach, long.given_up + long.per)
     end
   end

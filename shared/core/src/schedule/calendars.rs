@@ -281,7 +281,7 @@ impl BudgetState {
     ) -> Vec<(Millis, Millis, u64)> {
         let mut returns = Vec::new();
         for &long in pers {
-            let shorter: Vec<Millis> = pers.iter().copied().filter(|&per| per < long && long % per == 0).collect();
+            let shorter: Vec<Millis> = pers.iter().copied().filter(|&per| nests_in(per, long)).collect();
             let Some(&full) = self.known_full.get(&long).filter(|_| !shorter.is_empty()) else { continue };
             let current = now.div_euclid(long) * long;
             let mut window = self.given_up.get(&long).map_or(current, |&given| (given + long).max(current));
@@ -320,6 +320,13 @@ impl BudgetState {
         }
         new
     }
+}
+
+/// Whether every window of period `short` lies inside one window of period `long` (a shorter
+/// period that divides it): a pool that can book no more of a `long` window can book none of the
+/// `short` windows inside it.
+pub(super) fn nests_in(short: Millis, long: Millis) -> bool {
+    short < long && long % short == 0
 }
 
 /// Consecutive windows `from..=through` of one budget limit, each holding at least `least`: a

@@ -111,7 +111,7 @@ pub(super) fn lease(
 /// The first window of a limit of period `per` a pool can still book: past every window of a
 /// longer limit of its budget (one `per` divides) it gave up ([`BudgetState::give_up_short_leases`]).
 fn pool_reach(pool: &BudgetState, budget: &Budget, per: Millis) -> Millis {
-    let longer = budget.limits.iter().map(Limit::per).filter(|&long| long > per && long % per == 0);
+    let longer = budget.limits.iter().map(Limit::per).filter(|&long| nests_in(per, long));
     longer.filter_map(|long| Some(pool.given_up.get(&long)? + long)).fold(Millis::MIN, Millis::max)
 }
 
