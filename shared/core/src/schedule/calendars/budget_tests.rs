@@ -35,21 +35,22 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
         .map(|i| reserve(&mut s, if i % 2 == 0 { &p0 } else { &p1 }, &format!("m{i}"), 0, &budgets).slot)
         .collect();
     // p0 leases 5 of window 0 (half: p1, not asking yet, counts as asking as much) and 5 of each
-    // of the next four; p1 the other 5, and 5 ahead. Each finds window 0 leased out at its sixth
-    // event, asks, and is told so: the home stops at window 1, which it holds a lease of.
+    // of the term's next windows; p1 the other 5, and 5 ahead. Each finds window 0 leased out at
+    // its sixth event, asks, and is told so: the home stops at window 1, which it holds a lease of.
     assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
-    let home = s.budget_state("gateway").unwrap();
-    assert_eq!(home.windows, (0..5).map(|w| ((SECOND, w * SECOND), 10)).collect());
+    let (home, term) = (s.budget_state("gateway").unwrap(), lease_term(SECOND));
+    assert!(term > 1, "a lease of a 1 s limit covers more than its window");
+    assert_eq!(home.windows, (0..term).map(|w| ((SECOND, w * SECOND), 10)).collect());
     assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&5));
     assert_eq!(home.granted.get(&(SECOND, 0, 1)), Some(&5));
-    assert_eq!(home.granted.get(&(SECOND, 4 * SECOND, 1)), Some(&5));
+    assert_eq!(home.granted.get(&(SECOND, (term - 1) * SECOND, 1)), Some(&5));
     let pool = s.budget_state(&budgets[0].pool_name(1)).unwrap();
     assert_eq!(pool.known_full.get(&SECOND), Some(&0), "p1 knows window 0 is leased out");
     assert_eq!((pool.windows.get(&(SECOND, SECOND)), pool.leased.get(&(SECOND, SECOND))), (Some(&1), Some(&5)));
     // Its next events book what it holds, without asking.
     let more: Vec<Millis> = (12..16).map(|i| reserve(&mut s, &p1, &format!("m{i}"), 0, &budgets).slot).collect();
     assert_eq!(more, [SECOND; 4]);
-    assert_eq!(s.budget_state("gateway").unwrap().windows.len(), 5, "no lease since");
+    assert_eq!(s.budget_state("gateway").unwrap().windows.len(), term as usize, "no lease since");
     // A window's units: what a partition asks for, or its share of the count by demand, less what
     // it holds, if more.
     let mut home = BudgetState::default();
@@ -65,11 +66,9 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     // its share, less what it holds there.
     let mut home = BudgetState::default();
     let ahead = |w: Millis, total| (Some(w * SECOND), total);
-    assert_eq!(
-        grant(&mut home, 0, 10, 2 * SECOND),
-        [ahead(0, 10), ahead(1, 5), ahead(2, 5)],
-        "all of window 0, as asked; ahead its share, half"
-    );
+    let first: Vec<_> =
+        std::iter::once(ahead(0, 10)).chain((1..lease_term(SECOND).min(3)).map(|w| ahead(w, 5))).collect();
+    assert_eq!(grant(&mut home, 0, 10, 2 * SECOND), first, "all of window 0, as asked; ahead its share, half");
     assert_eq!(
         grant(&mut home, 1, 1, 2 * SECOND),
         [ahead(1, 1), ahead(2, 1)],
@@ -135,17 +134,20 @@ fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
     assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
 }
 
-/// A budget of 10 a second and 40 per 10 s over two partitions: each is leased half of the first
-/// five seconds, but the 10 s window goes as asked. p1 took 10 of it and books them, so its next
-/// event goes to the next 10 s window: the 1 s units it holds of the first and cannot book go back
-/// to the home, and p0, which holds 10 s units but has booked its own seconds, leases them instead
-/// of booking later seconds.
+/// A budget of 10 a second and 8T per 2T seconds (T, the term: `lease_term(1 s)` seconds), over
+/// two partitions: each is leased half of the first T seconds, but the long window
+/// goes as asked, a chunk (2T) at a time. p1 took a chunk and books it, so its next event goes to
+/// the next long window: the 1 s units it holds of the first and cannot book (3T) go back to the
+/// home, and p0, which holds long units but has booked its own seconds, leases them instead of
+/// booking later seconds. The long window fills.
 #[test]
 fn a_partition_past_a_long_window_gives_up_its_seconds_there_for_one_that_can_book_them() {
+    let term = lease_term(SECOND);
+    let (long, n) = (2 * term * SECOND, |k: i64| usize::try_from(k * term).unwrap());
     let leases = crate::budgets::Leases { partitions: 2, chunk: 250_000 };
     let limits = vec![
         Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap(),
-        Limit::new(40, 10 * SECOND, Window::Fixed(Placement::Start)).unwrap(),
+        Limit::new(8 * term as u64, long, Window::Fixed(Placement::Start)).unwrap(),
     ];
     let budgets = [Arc::new(Budget { leases: Some(leases), limits, ..(*budget(10, Placement::Start, None)).clone() })];
     let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
@@ -155,24 +157,22 @@ fn a_partition_past_a_long_window_gives_up_its_seconds_there_for_one_that_can_bo
         (from..from + n).map(|i| reserve(s, key, &format!("m{i}"), 0, &budgets).slot).collect()
     };
     assert_eq!(book(&mut s, &p1, 0, 1), [0]);
-    let first = book(&mut s, &p0, 1, 25);
-    assert!(first.iter().all(|&t| t < 5 * SECOND), "p0 books its half of the first five seconds: {first:?}");
-    let p1_slots = book(&mut s, &p1, 26, 10);
-    assert_eq!(p1_slots[..9], [0, 0, 0, 0, SECOND, SECOND, SECOND, SECOND, SECOND]);
-    assert_eq!(p1_slots[9], 10 * SECOND, "p1 holds 10 of the 10 s window and the home has leased all 40");
+    let first = book(&mut s, &p0, 1, n(5));
+    assert!(first.iter().all(|&t| t < term * SECOND), "p0 books its half of the first T seconds: {first:?}");
+    let p1_slots = book(&mut s, &p1, 1 + n(5), n(2));
+    assert!(p1_slots[..n(2) - 1].iter().all(|&t| t < term * SECOND), "{p1_slots:?}");
+    assert_eq!(p1_slots[n(2) - 1], long, "p1 booked its chunk of the long window and the home leased it all");
     let p1_pool = s.budget_state(&budgets[0].pool_name(1)).unwrap().clone();
-    for w in 2..5 {
-        assert_eq!(p1_pool.returned.get(&(SECOND, w * SECOND)), Some(&5), "second {w}: {p1_pool:?}");
-    }
-    assert_eq!(p1_pool.returned.get(&(SECOND, SECOND)), None, "it booked all of second 1");
-    assert_eq!(p1_pool.given_up.get(&(10 * SECOND)), Some(&0), "the first 10 s window is given up once");
+    let given: u64 = (0..term).filter_map(|w| p1_pool.returned.get(&(SECOND, w * SECOND))).sum();
+    assert_eq!(given, 3 * term as u64, "all it held of the first T seconds and had not booked: {p1_pool:?}");
+    assert_eq!(p1_pool.given_up.get(&long), Some(&0), "the first long window is given up once");
+    // p0 has booked its seconds and holds long units: it leases the seconds p1 gave up.
+    let rest = book(&mut s, &p0, 1 + n(7), n(1));
+    assert!(rest.iter().all(|&t| t < term * SECOND), "{rest:?}");
+    let booked = |p: u32| s.budget_state(&budgets[0].pool_name(p)).unwrap().windows.get(&(long, 0)).copied();
+    assert_eq!(booked(0).unwrap_or(0) + booked(1).unwrap_or(0), 8 * term as u64, "the long window is full");
     let home = s.budget_state("gateway").unwrap();
-    assert_eq!(home.windows.get(&(SECOND, 2 * SECOND)), Some(&5), "p1's 5 of second 2 came back");
-    // p0 has booked its seconds and holds 10 s units: it leases the seconds p1 gave up.
-    let rest = book(&mut s, &p0, 36, 5);
-    assert!(rest.iter().all(|&t| (2 * SECOND..5 * SECOND).contains(&t)), "{rest:?}");
-    let home = s.budget_state("gateway").unwrap();
-    assert!((0..10).all(|w| home.windows.get(&(SECOND, w * SECOND)).is_none_or(|&n| n <= 10)));
+    assert!((0..2 * term).all(|w| home.windows.get(&(SECOND, w * SECOND)).is_none_or(|&n| n <= 10)));
 
     // A partition told the first seconds were full asks only past them: a grant also leases it up
     // to what it asks of the first window with room from the earliest given back since, if its
@@ -207,11 +207,11 @@ fn a_lowered_level_of_a_leased_budget_takes_back_what_its_pools_had_not_booked()
     let in_partition = |p: u32| (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == p).unwrap();
     let (p0, p1) = (in_partition(0), in_partition(1));
     let mut s = Scheduler::new();
-    // Each partition leases half of window 0 and of the next four, and books one.
+    // Each partition leases half of window 0 and of the term's next ones, and books one.
     assert_eq!(reserve(&mut s, &p0, "a", 0, &budgets).slot, 0);
     assert_eq!(reserve(&mut s, &p1, "b", 0, &budgets).slot, 0);
-    let home = s.budget_state("gateway").unwrap();
-    assert_eq!(home.windows, (0..5).map(|w| ((SECOND, w * SECOND), 10)).collect());
+    let (home, term) = (s.budget_state("gateway").unwrap(), lease_term(SECOND));
+    assert_eq!(home.windows, (0..term).map(|w| ((SECOND, w * SECOND), 10)).collect());
 
     assert_eq!(s.signal_budget(&budgets[0], 100), Some(500_000));
     let home = s.budget_state("gateway").unwrap().clone();
@@ -222,7 +222,7 @@ fn a_lowered_level_of_a_leased_budget_takes_back_what_its_pools_had_not_booked()
         assert_eq!(pool.pool_holds(SECOND, SECOND), 0);
     }
     assert_eq!(home.windows.get(&(SECOND, 0)), Some(&2), "the home took back all but the two booked");
-    assert_eq!(home.windows.get(&(SECOND, 4 * SECOND)), Some(&0));
+    assert_eq!(home.windows.get(&(SECOND, (term - 1) * SECOND)), Some(&0));
 
     // At the lowered count (5 a second), both partitions together book 5 of each window.
     let slots: Vec<Millis> = (0..16)
