@@ -75,8 +75,17 @@ async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: u
 
     // Mid-flood, inspect shows the noisy merchant waiting in the budget's ring, alone, with all
     // of each window while it is, and its parked backlog through in about its size at the rate.
+    // On a loaded machine the pushes may not have parked anything yet at two seconds: inspect is
+    // read again until they have (the flood lasts eight).
     let url = format!("{}/v1/rules/{prefix}-payouts/keys/merchant_noisy", limiter.url);
-    let report: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+    let mut report: serde_json::Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+    for _ in 0..20 {
+        if report["budgets"][0]["fair"]["waitingKeys"] != 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        report = reqwest::get(&url).await.unwrap().json().await.unwrap();
+    }
     let fair = &report["budgets"][0]["fair"];
     assert_eq!(fair["waitingKeys"], 1, "{report}");
     assert_eq!(fair["busiest"][0]["key"], "merchant_noisy", "{report}");

@@ -264,9 +264,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         events: Vec<EncodedEvent>,
     ) -> Result<Vec<i64>, StoreError> {
         let mut decided = Vec::with_capacity(events.len() * REPLY_LENGTH);
-        // The pools of events that may give units back: their returns go to the homes after.
-        let mut returning: Vec<LeaseTarget> =
-            events.iter().filter(|e| e.gives_back).flat_map(|e| e.leases.iter().flatten().cloned()).collect();
+        // The pools of events that gave units back since their returns last went home.
+        let mut returning: Vec<LeaseTarget> = Vec::new();
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
         // Where the event at the head of `waiting` last stopped for a lease, and how often in a
@@ -292,8 +291,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 } else {
                     decided.extend_from_slice(answer);
                     let event = waiting.pop_front();
-                    // Its booking gave its pools' units of a longer limit's closed window back.
-                    if crate::reply::gave_back(answer) {
+                    // It gave its old slot back, or its booking gave its pools' units of a longer
+                    // limit's closed window back.
+                    if event.as_ref().is_some_and(|e| e.gives_back) || crate::reply::gave_back(answer) {
                         returning.extend(event.iter().flat_map(|e| e.leases.iter().flatten().cloned()));
                     }
                     (stopped_at, stops) = (None, 0);
@@ -309,6 +309,10 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                 (stopped_at, stops) = (Some((budget, limit, window)), 1);
             }
             let event = waiting.pop_front().ok_or_else(|| StoreError::UnexpectedReply(format!("{reply:?}")))?;
+            // An event that gives its old slot back does so before its search stops for a lease.
+            if event.gives_back {
+                returning.extend(event.leases.iter().flatten().cloned());
+            }
             let target = usize::try_from(budget - 1).ok().and_then(|b| event.leases.get(b)?.as_ref());
             let found = usize::try_from(limit - 1).ok().and_then(|j| Some((target?, *target?.limits.get(j)?)));
             let Some((target, (per, count, want))) = found else {
@@ -320,6 +324,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             // takes it back as it is given): the lease may be of those very units.
             if !returning.is_empty() {
                 self.send_returns(each_pool_once(&returning)).await;
+                returning.clear();
             }
             // This call's events after it that draw from the pool will want units too.
             let behind: u64 = waiting
