@@ -274,6 +274,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         // The turn at a pool's gate, held until the event is sent again.
         let mut _turn = None;
         while stops < STOPS_AT_ONE_WINDOW {
+            if _turn.is_none() {
+                self.wait_for_leases_asked(&waiting).await;
+            }
             let mut args = ReserveArgs::new(now).with_paths(self.paths);
             for (pool, credit) in credits.drain(..) {
                 args.credit(&pool, credit);
@@ -354,6 +357,24 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         Err(StoreError::UnexpectedReply(format!(
             "a reservation stopped for a lease {STOPS_AT_ONE_WINDOW} times in a row at one window"
         )))
+    }
+
+    /// Waits while another caller asks a home for a lease of a pool these events draw from: they
+    /// would find it as empty as that caller did and stop there, and that caller's call goes
+    /// again with the lease. Only a caller holding no turn waits, so no two wait on each other.
+    async fn wait_for_leases_asked(&self, events: &VecDeque<EncodedEvent>) {
+        let mut pools: Vec<&str> = Vec::new();
+        for lease in events.iter().flat_map(|e| e.leases.iter().flatten()) {
+            if !pools.contains(&lease.pool.as_str()) {
+                pools.push(&lease.pool);
+            }
+        }
+        for pool in pools {
+            let gate = self.lease_gates.of(pool);
+            if gate.turn.try_lock().is_err() {
+                drop(gate.turn.lock().await);
+            }
+        }
     }
 
     /// The home's lease (`lua/lease.lua`) of one limit `(per, from, horizon)` for `target`'s
