@@ -268,23 +268,6 @@ end
 
 -- Each budget: the slot's window of each limit takes the cost; windows before now's are dropped
 -- (no slot is ever placed before now); the hash outlives its latest window by the state TTL.
---
--- A leased budget's pool that a booking left with less than a chunk unbooked of a window of its
--- longest limit (leased a window at a time), where its home was not known to be full, runs low
--- (schedule.rs's running_low): the store asks the home for that window once the call ends.
-local function runs_low(budget, l, window, used)
-  if l.full and window <= l.full then
-    return false
-  end
-  for k = 1, #budget.limits do
-    if budget.limits[k].per > l.per then
-      return false
-    end
-  end
-  local _, holds = pool_use(budget, l, window)
-  return holds - used < budget.ahead
-end
-
 local function commit_budgets(e, slot, now)
   local state_ttl, budgets = e.state_ttl, e.budgets
   for b = 1, #budgets do
@@ -296,10 +279,7 @@ local function commit_budgets(e, slot, now)
       local per = l.per
       local name = per .. ':' .. (slot - slot % per)
       if l.counts then
-        local used = HASH.add(key, name, e.cost)
-        if budget.ahead and runs_low(budget, l, slot - slot % per, used) then
-          e.running_low = (e.running_low or 0) + 2 ^ (b - 1)
-        end
+        HASH.add(key, name, e.cost)
       end
       if l.counts and budget.own_floor and not l.share then
         HASH.add(key, name .. ':f:' .. budget.floors[budget.own_floor].rule, e.cost)

@@ -74,12 +74,8 @@ local function read_event()
   local budgets = e.budgets
   for b = 1, int() do
     local budget = {key = int(), ceiling = int() or false, step = int(), window = int(), share = int(),
-      leased = int(), ahead = false, per_key = int() == 1, near = int(), ring_key = false, ring_member = false, carry_key = false, index = b, limits = {}, floors = {},
+      leased = int() == 1, per_key = int() == 1, near = int(), ring_key = false, ring_member = false, carry_key = false, index = b, limits = {}, floors = {},
       own_floor = false, pause = false, exp = false, level = false, hash = false, overridden = false}
-    -- 0: not leased; else 1 and the chunk below which its pool asks ahead (args.rs's
-    -- ask_ahead_below; 0: never).
-    budget.ahead = budget.leased > 1 and budget.leased - 1
-    budget.leased = budget.leased > 0
     if budget.near > 0 then
       -- A fair budget's ring of waiting keys, and this key's entry in it: a key that parks joins.
       budget.ring_key, budget.ring_member = int(), str()
@@ -168,10 +164,9 @@ local LATER, NOT_PARKED, NOT_HEAD = REPLY_LATER, REPLY_NOT_PARKED, REPLY_NOT_HEA
 local ATTEMPT = {decided = ATTEMPT_DECIDED, resumed = ATTEMPT_RESUMED, busy = ATTEMPT_BUSY, done = ATTEMPT_DONE}
 
 -- A decision's attempt: decided, flagged when its booking gave units of a pool back (reply.rs's
--- gave_back: the store sends them to the pool's home), and with the budgets whose pools ran low
--- (a bit each, from the first: reply.rs's running_low; the store asks their homes ahead).
+-- gave_back: the store sends them to the pool's home).
 local function decided_attempt(e)
-  return ATTEMPT.decided + (e.gave_back and REPLY_GAVE_BACK or 0) + REPLY_RUNNING_LOW * (e.running_low or 0)
+  return ATTEMPT.decided + (e.gave_back and REPLY_GAVE_BACK or 0)
 end
 
 -- One event's reply: the only place one is built.

@@ -201,9 +201,8 @@ function HASH.set(key, changes)
   end
 end
 
--- Adds to the field: its new value.
 function HASH.add(key, field, units)
-  return redis.call('HINCRBY', key, field, units)
+  redis.call('HINCRBY', key, field, units)
 end
 
 -- Sets the field unless it is set: whether it was not.

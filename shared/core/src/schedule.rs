@@ -84,8 +84,6 @@ pub struct Scheduler {
     budgets: HashMap<String, BudgetState>,
     /// By fair budget: its ring of waiting keys.
     rings: HashMap<String, fair::RingState>,
-    /// What the pools that ran low during the current call ask their homes for when it ends.
-    asks_ahead: Vec<leases::LeaseAsk>,
 }
 
 /// Files a new decision as the message's answer (its lease taken by the attempt that asked): its
@@ -363,8 +361,6 @@ impl Scheduler {
                 }
             }
             give_up_short_leases(&mut self.budgets, &shared, (request.now, slot));
-            let asks = running_low(&self.budgets, &shared, request, slot);
-            self.asks_ahead.extend(asks);
             Status::Reserved
         };
         file_decision(entity, request, slot, status)
@@ -394,13 +390,6 @@ impl Scheduler {
     fn answer_mut(&mut self, rule: &str, key: &str, (id, published): (&str, Option<Millis>)) -> Option<&mut Answer> {
         let entity = self.entities.get_mut(&(rule.to_owned(), key.to_owned()))?;
         entity.answers.get_mut(&answer_file(id, published))
-    }
-
-    /// Ends a call (a store's script call and the leases it stopped for): the leased pools that
-    /// ran low during it ask their homes for more ([`running_low`]).
-    pub fn end_call(&mut self) {
-        let asks = std::mem::take(&mut self.asks_ahead);
-        ask_ahead(&mut self.budgets, asks);
     }
 
     /// Records that the message was acted upon (forwarded, scheduled or dead-lettered).

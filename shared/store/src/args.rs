@@ -285,17 +285,6 @@ pub(crate) fn lease_targets(namespace: &str, request: &SlotRequest<'_>) -> Vec<O
         .collect()
 }
 
-/// What a leased budget's pool holds unbooked of a window of its longest limit below which it asks
-/// its home ahead (`drip_core::schedule`'s running_low): a chunk of it, when that limit is leased a
-/// window at a time and the budget is not fair; 0 (never) otherwise.
-fn ask_ahead_below(budget: &Budget, leases: drip_core::budgets::Leases) -> u64 {
-    let longest = budget.limits.iter().max_by_key(|l| l.per());
-    match longest {
-        Some(l) if budget.fair.is_none() && drip_core::schedule::lease_term(l.per()) == 1 => leases.want(l.limit(), 0),
-        _ => 0,
-    }
-}
-
 /// The value written under `name` (empty when none is).
 fn value_of<'a>(args: &'a Args, name: &str) -> &'a [u8] {
     args.named().find(|(n, _)| *n == name).map_or(&[], |(_, value)| value)
@@ -533,8 +522,7 @@ impl ReserveArgs {
             args.int("budget.key", *key);
             adaptive(args, budget.adaptive.as_ref(), &budget.limits);
             args.opt("budget.max_share", budget.max_share.map(|share| share as i64));
-            // 0: not leased; else 1 and the chunk below which its pool asks ahead (0: never).
-            args.int("budget.leased", budget.leases.map_or(0, |leases| 1 + ask_ahead_below(budget, leases) as i64));
+            args.int("budget.leased", i64::from(budget.leases.is_some()));
             // A classes calendar holds its key's overrides of the rule's limits and carries over
             // what the key booked before the rule had classes (its last two fields).
             args.int("budget.per_key", i64::from(budget.per_key));

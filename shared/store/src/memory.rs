@@ -140,14 +140,12 @@ impl MemoryStore {
     /// if it asks for one, also asks for the events behind it in the call from the same pool.
     pub fn reserve_batch(&self, requests: &[SlotRequest<'_>]) -> Vec<Reserved> {
         let with_queued = requests.iter().zip(queued_behind(requests));
-        let reserved = with_queued
+        with_queued
             .map(|(request, queued)| {
                 let event = ReserveRequest { queued: &queued, ..request.event };
                 self.reserve_now(&SlotRequest { event, ..*request })
             })
-            .collect();
-        self.with(Scheduler::end_call);
-        reserved
+            .collect()
     }
 
     fn reserve_now(&self, request: &SlotRequest<'_>) -> Reserved {
@@ -159,24 +157,11 @@ impl MemoryStore {
         });
         Reserved { reservation, now }
     }
-
-    fn unpark_now(&self, request: &SlotRequest<'_>) -> (Unpark, Millis) {
-        let now = request.now().unwrap_or_else(wall_clock_millis);
-        let deadline = request.unpark.unwrap_or(now);
-        let model_request = ReserveRequest { now, ..request.event };
-        let unpark = self.with(|s| s.unpark(request.rule, request.key, &model_request, deadline));
-        if let Unpark::Decided(_) = unpark {
-            locked(&self.handing).push((request.rule.to_owned(), request.key.to_owned(), file_of(request)));
-        }
-        (unpark, now)
-    }
 }
 
 impl Store for MemoryStore {
     fn reserve<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, Reserved> {
-        let reserved = self.reserve_now(request);
-        self.with(Scheduler::end_call);
-        ready(reserved)
+        ready(self.reserve_now(request))
     }
 
     fn complete<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
@@ -185,9 +170,14 @@ impl Store for MemoryStore {
     }
 
     fn unpark<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, (Unpark, Millis)> {
-        let unparked = self.unpark_now(request);
-        self.with(Scheduler::end_call);
-        ready(unparked)
+        let now = request.now().unwrap_or_else(wall_clock_millis);
+        let deadline = request.unpark.unwrap_or(now);
+        let model_request = ReserveRequest { now, ..request.event };
+        let unpark = self.with(|s| s.unpark(request.rule, request.key, &model_request, deadline));
+        if let Unpark::Decided(_) = unpark {
+            locked(&self.handing).push((request.rule.to_owned(), request.key.to_owned(), file_of(request)));
+        }
+        ready((unpark, now))
     }
 
     fn fair_ring<'a>(&'a self, ring: FairRing<'a>) -> StoreFuture<'a, Ring> {
@@ -227,9 +217,8 @@ impl Store for MemoryStore {
             for (request, queued) in requests.iter().zip(queued_behind(requests)) {
                 let request = (*request).at(now);
                 let event = ReserveRequest { queued: &queued, ..request.event };
-                unparked.push(self.unpark_now(&SlotRequest { event, ..request }));
+                unparked.push(self.unpark(&SlotRequest { event, ..request }).await?);
             }
-            self.with(Scheduler::end_call);
             Ok(unparked)
         })
     }

@@ -266,8 +266,6 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let mut decided = Vec::with_capacity(events.len() * REPLY_LENGTH);
         // The pools of events that gave units back since their returns last went home.
         let mut returning: Vec<LeaseTarget> = Vec::new();
-        // The pools the call's bookings left running low, with the slot and cost of each booking.
-        let mut running_low: Vec<(LeaseTarget, Millis, u64)> = Vec::new();
         let mut waiting: VecDeque<EncodedEvent> = events.into();
         let mut credits: Vec<(String, Credit)> = Vec::new();
         // Where the event at the head of `waiting` last stopped for a lease, and how often in a
@@ -301,16 +299,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
                     if event.as_ref().is_some_and(|e| e.gives_back) || crate::reply::gave_back(answer) {
                         returning.extend(event.iter().flat_map(|e| e.leases.iter().flatten().cloned()));
                     }
-                    if let Some(event) = &event {
-                        let low = crate::reply::running_low(answer).filter_map(|b| event.leases.get(b)?.clone());
-                        running_low.extend(low.map(|target| (target, answer[0], event.cost)));
-                    }
                     (stopped_at, stops) = (None, 0);
                 }
             }
             let Some((window, budget, limit, horizon, reach)) = wanted else {
                 self.send_returns(each_pool_once(&returning)).await;
-                self.ask_ahead(now, &running_low).await;
                 return Ok(decided);
             };
             if stopped_at == Some((budget, limit, window)) {
@@ -381,37 +374,6 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             if gate.turn.try_lock().is_err() {
                 drop(gate.turn.lock().await);
             }
-        }
-    }
-
-    /// Once a call has ended, the pools its bookings left running low (`drip_core::schedule`'s
-    /// running_low: less than a chunk unbooked of a window of their budget's longest limit) ask
-    /// their homes for more of that window, each pool's window once, so that the next calls find
-    /// units there instead of stopping for them. A pool another caller is asking for now is left
-    /// to it; a failure is logged and changes nothing but the next call's stop.
-    async fn ask_ahead(&self, now: Option<Millis>, running_low: &[(LeaseTarget, Millis, u64)]) {
-        let mut asked: Vec<(&str, Millis, Millis)> = Vec::new();
-        for (target, slot, cost) in running_low {
-            let Some(&(per, count, want)) = target.limits.iter().max_by_key(|&&(per, _, _)| per) else { continue };
-            let window = slot - slot.rem_euclid(per);
-            if asked.contains(&(target.pool.as_str(), per, window)) {
-                continue;
-            }
-            asked.push((&target.pool, per, window));
-            let gate = self.lease_gates.of(&target.pool);
-            let Ok(_turn) = gate.turn.try_lock() else { continue };
-            let asking = async {
-                let leases = self.grant(target, ((per, window, window), 0), now, (count, *cost, want)).await?;
-                let mut args = ReserveArgs::new(now).with_paths(self.paths);
-                for lease in leases {
-                    args.credit(&target.pool, Credit { per, lease, keep: per + STATE_MARGIN });
-                }
-                self.run_reserve(ReserveCall(args)).await
-            };
-            if let Err(error) = asking.await {
-                tracing::warn!(budget = %target.budget, pool = %target.pool, %error, "could not lease a pool running low ahead; its next call stops for it instead");
-            }
-            gate.leased.fetch_add(1, Ordering::AcqRel);
         }
     }
 

@@ -28,10 +28,6 @@ const DONE: i64 = 3;
 /// Added to a decision's third number when its booking gave units of a leased budget's pool back
 /// (the store then sends them to the pool's home): [`gave_back`].
 const GAVE_BACK: i64 = 16;
-/// Times a bit per budget of the event (the first budget's the lowest), added to a decision's third
-/// number when its booking left that leased budget's pool running low (the store then asks its home
-/// ahead): [`running_low`].
-const RUNNING_LOW: i64 = 32;
 /// A correction's third number: what it did (the script's `CORRECTION`).
 const APPLIED: i64 = 0;
 const ALREADY: i64 = 1;
@@ -50,7 +46,7 @@ pub(crate) const KINDS: [(&str, i64); 8] = [
 ];
 pub(crate) const ATTEMPTS: [(&str, i64); 4] =
     [("ATTEMPT_DECIDED", DECIDED), ("ATTEMPT_RESUMED", RESUMED), ("ATTEMPT_BUSY", BUSY), ("ATTEMPT_DONE", DONE)];
-pub(crate) const FLAGS: [(&str, i64); 2] = [("REPLY_GAVE_BACK", GAVE_BACK), ("REPLY_RUNNING_LOW", RUNNING_LOW)];
+pub(crate) const FLAGS: [(&str, i64); 1] = [("REPLY_GAVE_BACK", GAVE_BACK)];
 pub(crate) const CORRECTIONS: [(&str, i64); 3] =
     [("CORRECTION_APPLIED", APPLIED), ("CORRECTION_ALREADY", ALREADY), ("CORRECTION_UNKNOWN", UNKNOWN)];
 
@@ -135,22 +131,7 @@ impl Reply {
 /// Whether an event's reply is a decision whose booking gave units of a leased budget's pool back
 /// (`lua/reserve/leases.lua`'s give_up_short_leases).
 pub(crate) fn gave_back(reply: &[i64]) -> bool {
-    flags(reply) & GAVE_BACK != 0
-}
-
-/// The budgets (by their place among the event's, from 0) whose pools its booking left running
-/// low (`lua/reserve/calendars.lua`'s runs_low): the store asks their homes ahead once the call ends.
-pub(crate) fn running_low(reply: &[i64]) -> impl Iterator<Item = usize> {
-    let budgets = flags(reply) / RUNNING_LOW;
-    (0..i64::BITS as usize - 1).filter(move |b| budgets >> b & 1 == 1)
-}
-
-/// A decision's flags (its third number less its attempt); none on any other reply.
-fn flags(reply: &[i64]) -> i64 {
-    match *reply {
-        [_, kind, third, _, _] if kind != LEASE_WANTED && kind != LATER => third - third % GAVE_BACK,
-        _ => 0,
-    }
+    matches!(*reply, [_, kind, third, _, _] if kind != LEASE_WANTED && kind != LATER && third >= GAVE_BACK)
 }
 
 /// The reply's numbers as the script reads them: every name above, with its value.
@@ -197,12 +178,6 @@ mod tests {
         assert!(gave_back(&flagged));
         assert!(!gave_back(&[10, kind("REPLY_RESERVED"), 0, 3, 3]));
         assert!(!gave_back(&[50, kind("REPLY_LATER"), 40, 9, 0]), "a wake, not a flag");
-        let low = [10, kind("REPLY_RESERVED"), number(&ATTEMPTS, "ATTEMPT_RESUMED") + RUNNING_LOW * 0b101, 3, 3];
-        assert_eq!(Reply::decided(&low).unwrap().reservation.attempt, Attempt::Resumed);
-        assert_eq!(running_low(&low).collect::<Vec<_>>(), [0, 2]);
-        assert!(!gave_back(&low));
-        assert_eq!(running_low(&flagged).count(), 0);
-        assert_eq!(running_low(&[50, kind("REPLY_LATER"), 40 * RUNNING_LOW, 9, 0]).count(), 0, "a wake");
         assert!(Reply::parse(&[0, 0, 0]).is_err(), "too short");
     }
 
@@ -215,7 +190,7 @@ mod tests {
             names.join(" "),
             "REPLY_RESERVED=0 REPLY_MAX_DELAY=1 REPLY_COST_OVER=2 REPLY_LEASE_WANTED=3 REPLY_PARKED=4 \
              REPLY_LATER=5 REPLY_NOT_PARKED=6 REPLY_NOT_HEAD=7 ATTEMPT_DECIDED=0 ATTEMPT_RESUMED=1 \
-             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 REPLY_GAVE_BACK=16 REPLY_RUNNING_LOW=32 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
+             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 REPLY_GAVE_BACK=16 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
         );
     }
 }

@@ -81,32 +81,7 @@ pub(super) fn lease(
     request: &ReserveRequest<'_>,
     (window, lease_through): (Millis, Option<Millis>),
 ) {
-    if let Some(ask) = lease_ask(budgets, limit, request, (window, lease_through)) {
-        grant_and_credit(budgets, &ask);
-    }
-}
-
-/// What a partition asks its home for: one limit of its pool, `span` = (per, from, horizon) no
-/// window before `reach`, `count` in a window at the home's level, `(cost, want)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct LeaseAsk {
-    home: String,
-    pool: String,
-    asker: (u32, u32, Millis),
-    span: (Millis, Millis, Millis),
-    reach: Millis,
-    count: u64,
-    ask: (u64, u64),
-    fair: bool,
-}
-
-fn lease_ask(
-    budgets: &HashMap<String, BudgetState>,
-    limit: &BudgetLimit<'_>,
-    request: &ReserveRequest<'_>,
-    (window, lease_through): (Millis, Option<Millis>),
-) -> Option<LeaseAsk> {
-    let (Some(partition), Some(leases)) = (limit.partition(), limit.budget.leases) else { return None };
+    let (Some(partition), Some(leases)) = (limit.partition(), limit.budget.leases) else { return };
     let per = limit.limit.per();
     let queued = request.queued.iter().find(|(pool, _)| *pool == limit.state).map_or(0, |&(_, cost)| cost);
     // The count in force at the home's level (a leased budget's signals go to its home).
@@ -114,85 +89,25 @@ fn lease_ask(
     let count = adapted_count(&limit.limit, limit.base, level, request.cost);
     let want = leases.want(limit.base, request.cost).max(request.cost + queued);
     let horizon = request.now + request.max_delay;
+    let span = (per, window, lease_through.map_or(horizon, |through| through.min(horizon)));
     // The first window its pool can still book: past the windows of longer limits it gave up.
     let reach = budgets.get(&limit.state).map_or(Millis::MIN, |pool| pool_reach(pool, limit.budget, per));
-    Some(LeaseAsk {
-        home: limit.budget.name.clone(),
-        pool: limit.state.clone(),
-        asker: (partition, leases.partitions, request.now),
-        span: (per, window, lease_through.map_or(horizon, |through| through.min(horizon))),
-        reach,
-        count,
-        ask: (request.cost, want),
-        fair: limit.budget.fair.is_some(),
-    })
-}
-
-/// The home grants the ask and the partition's pool is credited with what it leased.
-fn grant_and_credit(budgets: &mut HashMap<String, BudgetState>, ask: &LeaseAsk) {
-    let LeaseAsk { asker, span, reach, count, ask: (cost, want), .. } = *ask;
-    let (partition, _, now) = asker;
-    let (per, window, _) = span;
-    let home = budgets.entry(ask.home.clone()).or_default();
-    let leases = if ask.fair {
-        vec![home.grant_fair(asker, span, count, (cost, want))]
-    } else {
-        let mut leases = home.grant(asker, span, count, (cost, want));
-        let reopened = home.lease_reopened((partition, now), (per, window, reach), count, (cost, want));
-        let full_through = leases[0].full_through;
-        leases.extend(reopened.map(|lease| Lease { full_through, ..lease }));
-        leases
+    let home = budgets.entry(limit.budget.name.clone()).or_default();
+    let asker = (partition, leases.partitions, request.now);
+    let leases = match limit.budget.fair {
+        Some(_) => vec![home.grant_fair(asker, span, count, (request.cost, want))],
+        None => {
+            let mut leases = home.grant(asker, span, count, (request.cost, want));
+            let reopened =
+                home.lease_reopened((partition, request.now), (per, window, reach), count, (request.cost, want));
+            let full_through = leases[0].full_through;
+            leases.extend(reopened.map(|lease| Lease { full_through, ..lease }));
+            leases
+        }
     };
-    let pool = budgets.entry(ask.pool.clone()).or_default();
+    let pool = budgets.entry(limit.state.clone()).or_default();
     for lease in leases {
         pool.credit(per, lease);
-    }
-}
-
-/// After a booking: each leased budget (not fair) whose longest limit is leased a window at a
-/// time and whose pool now holds less than a chunk unbooked of the slot's window, where its home
-/// was not known to be full, asks its home for that window once the call ends ([`ask_ahead`]):
-/// the call's next events, and the next calls, find units there instead of stopping for them.
-pub(super) fn running_low(
-    budgets: &HashMap<String, BudgetState>,
-    shared: &[BudgetLimit<'_>],
-    request: &ReserveRequest<'_>,
-    slot: Millis,
-) -> Vec<LeaseAsk> {
-    let mut asks = Vec::new();
-    for l in shared {
-        let Some(leases) = l.budget.leases.filter(|_| l.budget.fair.is_none() && l.partition().is_some()) else {
-            continue;
-        };
-        let per = l.limit.per();
-        if lease_term(per) != 1 || l.budget.limits.iter().any(|other| other.per() > per) {
-            continue;
-        }
-        let window = slot.div_euclid(per) * per;
-        let Some(pool) = budgets.get(&l.state) else { continue };
-        let full = pool.known_full.get(&per).copied().unwrap_or(Millis::MIN);
-        let unbooked =
-            pool.pool_holds(per, window).saturating_sub(pool.windows.get(&(per, window)).copied().unwrap_or(0));
-        let chunk =
-            l.budget.limits.iter().find(|limit| limit.per() == per).map_or(0, |limit| leases.want(limit.limit(), 0));
-        if window > full && unbooked < chunk {
-            let alone = ReserveRequest { queued: &[], ..*request };
-            asks.extend(lease_ask(budgets, l, &alone, (window, Some(window))));
-        }
-    }
-    asks
-}
-
-/// What the pools that ran low during a call ask their homes for once it ends, each pool's window
-/// once, in the order they ran low (what `RedisStore` does after the call's last script call).
-pub(super) fn ask_ahead(budgets: &mut HashMap<String, BudgetState>, asks: Vec<LeaseAsk>) {
-    let mut asked: Vec<(String, Millis, Millis)> = Vec::new();
-    for ask in asks {
-        let at = (ask.pool.clone(), ask.span.0, ask.span.1);
-        if !asked.contains(&at) {
-            grant_and_credit(budgets, &ask);
-            asked.push(at);
-        }
     }
 }
 

@@ -293,63 +293,6 @@ fn a_fair_partition_s_demand_counts_what_it_holds_of_the_window() {
     assert_eq!(grant(&mut home, 0, 128, (30, SECOND)), (Some(SECOND), 18), "the flood: all p1 is not owed");
 }
 
-/// A budget of 200 a minute leased over two partitions, a chunk of 5 % (10 units): a partition
-/// whose booking leaves it less than a chunk unbooked of its minute runs low, and once the call
-/// ends it asks its home for more of that minute, so that its next events do not stop for it. It
-/// does not while it holds a chunk or more, once its home has told it the minute is leased out,
-/// nor in a fair budget (whose home shares each window by the partitions' demand).
-#[test]
-fn a_pool_running_low_of_a_long_window_asks_its_home_ahead_once_the_call_ends() {
-    let leases = crate::budgets::Leases { partitions: 2, chunk: PPM / 20 };
-    let minute = Limit::new(200, crate::time::MINUTE, Window::Fixed(Placement::Start)).unwrap();
-    let leased =
-        Arc::new(Budget { leases: Some(leases), limits: vec![minute], ..(*budget(1, Placement::Start, None)).clone() });
-    let p0 = (0..).map(|i| format!("k{i}")).find(|k| leases.partition_of(k) == 0).unwrap();
-    let holds = |s: &Scheduler, budget: &Budget| {
-        let pool = s.budget_state(&budget.pool_name(0)).cloned().unwrap_or_default();
-        (
-            pool.leased.get(&(minute.per(), 0)).copied().unwrap_or(0),
-            pool.windows.get(&(minute.per(), 0)).copied().unwrap_or(0),
-        )
-    };
-    let run = |budget: &Arc<Budget>, events: usize| {
-        let (mut s, budgets) = (Scheduler::new(), [budget.clone()]);
-        let mut seen = Vec::new();
-        for i in 0..events {
-            assert_eq!(reserve(&mut s, &p0, &format!("m{i}"), 0, &budgets).slot, 0);
-            let before = holds(&s, budget);
-            s.end_call();
-            seen.push((before, holds(&s, budget).0));
-        }
-        seen
-    };
-    // (leased, booked) after each booking, and leased once its call ended.
-    let seen = run(&leased, 12);
-    assert_eq!(seen[0], ((10, 1), 20), "it asked for a chunk, booked one, and asked for another");
-    assert!(seen[1..10].iter().all(|&((leased, _), after)| leased == 20 && after == 20), "{seen:?}");
-    assert_eq!(seen[10], ((20, 11), 30), "nine unbooked: a chunk more");
-    assert_eq!(seen[11], ((30, 12), 30));
-    // Its home's minute leased out: told so, it asks no more.
-    let small = Limit::new(20, minute.per(), Window::Fixed(Placement::Start)).unwrap();
-    let full = Arc::new(Budget {
-        limits: vec![small],
-        leases: Some(crate::budgets::Leases { chunk: PPM / 2, ..leases }),
-        ..(*leased).clone()
-    });
-    let seen = run(&full, 14);
-    assert_eq!((seen[0], seen[10]), (((10, 1), 20), ((20, 11), 20)), "{seen:?}");
-    let (mut s, budgets) = (Scheduler::new(), [full.clone()]);
-    for i in 0..11 {
-        reserve(&mut s, &p0, &format!("m{i}"), 0, &budgets);
-        s.end_call();
-    }
-    assert_eq!(s.budget_state(&full.pool_name(0)).unwrap().known_full.get(&minute.per()), Some(&0));
-    // A fair budget's home shares the minute by demand: its pools do not ask ahead.
-    let fair = Arc::new(Budget { fair: Some(Default::default()), ..(*leased).clone() });
-    let seen = run(&fair, 3);
-    assert!(seen.iter().all(|&((leased, _), after)| after == leased), "{seen:?}");
-}
-
 fn reserve(s: &mut Scheduler, key: &str, id: &str, now: Millis, budgets: &[Arc<Budget>]) -> Reservation {
     let limits = [Limit::new(100, SECOND, Window::Fixed(Placement::Start)).unwrap()];
     let request = ReserveRequest { max_delay: 10 * SECOND, budgets, ..request(id, &limits, now) };
