@@ -273,10 +273,9 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
         let (mut stopped_at, mut stops) = (None, 0);
         // The turn at a pool's gate, held until the event is sent again.
         let mut _turn = None;
+        // (After a stop the call goes again holding the turn of the pool it leased.)
+        self.wait_for_leases_asked(&waiting).await;
         while stops < STOPS_AT_ONE_WINDOW {
-            if _turn.is_none() {
-                self.wait_for_leases_asked(&waiting).await;
-            }
             let mut args = ReserveArgs::new(now).with_paths(self.paths);
             for (pool, credit) in credits.drain(..) {
                 args.credit(&pool, credit);
@@ -361,16 +360,11 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
 
     /// Waits while another caller asks a home for a lease of a pool these events draw from: they
     /// would find it as empty as that caller did and stop there, and that caller's call goes
-    /// again with the lease. Only a caller holding no turn waits, so no two wait on each other.
+    /// again with the lease. A call waits so before it is first sent, holding no turn, so no two
+    /// wait on each other.
     async fn wait_for_leases_asked(&self, events: &VecDeque<EncodedEvent>) {
-        let mut pools: Vec<&str> = Vec::new();
-        for lease in events.iter().flat_map(|e| e.leases.iter().flatten()) {
-            if !pools.contains(&lease.pool.as_str()) {
-                pools.push(&lease.pool);
-            }
-        }
-        for pool in pools {
-            let gate = self.lease_gates.of(pool);
+        for target in each_pool_once(events.iter().flat_map(|e| e.leases.iter().flatten())) {
+            let gate = self.lease_gates.of(&target.pool);
             if gate.turn.try_lock().is_err() {
                 drop(gate.turn.lock().await);
             }
@@ -564,8 +558,8 @@ fn any_leased(requests: &[SlotRequest<'_>]) -> bool {
     requests.iter().any(|r| r.event.budgets.iter().any(|b| b.leases.is_some()))
 }
 
-/// Each pool once, of the events' leased budgets that may have given units back.
-fn each_pool_once(targets: &[LeaseTarget]) -> Vec<&LeaseTarget> {
+/// Each pool of `targets` once (the first target naming it), in their order.
+fn each_pool_once<'a>(targets: impl IntoIterator<Item = &'a LeaseTarget>) -> Vec<&'a LeaseTarget> {
     let mut pools: Vec<&LeaseTarget> = Vec::new();
     for target in targets {
         if !pools.iter().any(|p| p.pool == target.pool) {
