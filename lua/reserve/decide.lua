@@ -68,7 +68,7 @@ local function decide(e, now)
   local values = e.values or e.state.read(e)
   if e.park and not e.reslot and (tonumber(values[parked_at(e)]) or 0) > 0 then
     -- Behind messages of its key already parked (FIFO): it parks without a slot of its own.
-    if not file_answer(e, 'P', now, now, false) then
+    if not file_answer(e, 'P', now, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
       return known(e, now)
     end
     park(e, values, now)
@@ -106,7 +106,7 @@ local function decide(e, now)
     return reply(slot, 'L', ATTEMPT.decided, now, now)
   end
   if e.park and parks(e, values, slot, now) then
-    if not file_answer(e, 'P', slot, now, false) then
+    if not file_answer(e, 'P', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
       return known(e, now)
     end
     park(e, values, now)

@@ -128,11 +128,15 @@ local function parse_charges(held)
 end
 
 -- The entity's state after `slot` is reserved: each limit's two fields, the frontier, and its TTL.
--- `n` limits, each as `limit(e, i)` gives it (limit_of, or the lean path's from its record).
-local function commit_entity(e, values, slot, now, n, limit)
+-- `n` limits, each as `limit(e, i)` gives it (limit_of, or the lean path's from its record);
+-- `also`: further changes of the state to write with these (an unpark's counts of the parked).
+local function commit_entity(e, values, slot, now, n, limit, also)
   local state_key, state_ttl = KEYS[e.base + KEY_STATE], e.state_ttl
   local ttl = slot - now + state_ttl
-  local changes = {FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY, e.answers_base}
+  local changes = also or {}
+  local c = #changes
+  changes[c + 1], changes[c + 2], changes[c + 3], changes[c + 4] = FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY,
+    e.answers_base
   for i = 1, n do
     local kind, per, count, extra = limit(e, i)
     local at = STATE_HEAD + 2 * i

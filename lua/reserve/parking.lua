@@ -17,11 +17,17 @@ local function parked_at(e)
   return STATE_HEAD + 2 * #e.limits + STATE_PARKED
 end
 
--- Sets 'q' and 'wk' (false: none) in the state and in `values` (a cached state's next event).
-local function set_parked(e, values, parked, wake)
+-- Sets 'q' and 'wk' (false: none) in the state and in `values` (a cached state's next event);
+-- with `changes`, adds them to those instead, which the caller writes.
+local function set_parked(e, values, parked, wake, changes)
   local at = parked_at(e)
   values[at], values[at + STATE_WAKE - STATE_PARKED] = parked, wake
-  e.state.write(e, {FIELD_PARKED, parked, FIELD_WAKE, wake or ''}, false)
+  if changes then
+    local c = #changes
+    changes[c + 1], changes[c + 2], changes[c + 3], changes[c + 4] = FIELD_PARKED, parked, FIELD_WAKE, wake or ''
+  else
+    e.state.write(e, {FIELD_PARKED, parked, FIELD_WAKE, wake or ''}, false)
+  end
 end
 
 -- Whether an event whose earliest slot is `slot` parks (schedule.rs's parks): messages of the key
@@ -58,11 +64,17 @@ local function park(e, values, now)
       RING.join(KEYS[e.base + budget.ring_key], budget.ring_member, now, e.answers_keep)
     end
   end
-  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false)
+  local changes = {}
+  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false,
+    changes)
   local keep = now + e.answers_keep
-  if not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep then
+  local longer = not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep
+  if longer then
     values[STATE_EXPIRES] = keep
-    e.state.write(e, {FIELD_EXPIRES, keep}, false)
+    changes[#changes + 1], changes[#changes + 2] = FIELD_EXPIRES, keep
+  end
+  e.state.write(e, changes, false)
+  if longer then
     HASH.keep(KEYS[e.base + KEY_STATE], e.answers_keep, 'GT')
   end
 end
@@ -99,14 +111,15 @@ local function unpark(e, now)
   local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false
   -- It leaves the queue for the list of messages being handed over (a task made for its slot, or
   -- a dead letter), until the drain says it is (RedisStore's handed_over): a drain that crashes
-  -- between the two leaves it there for the next one.
-  local leaves = function()
+  -- between the two leaves it there for the next one. With `changes`, its state's new counts are
+  -- added to those (the booking's, written in one HSET).
+  local leaves = function(changes)
     local handing = string.sub(queue, 1, -2) .. 'h'
     QUEUE.move_head(queue, handing, e.answers_keep)
     if parked <= 1 then
-      set_parked(e, values, 0, false)
+      set_parked(e, values, 0, false, changes)
     else
-      set_parked(e, values, parked - 1, wake)
+      set_parked(e, values, parked - 1, wake, changes)
     end
   end
   if not read_budgets(e, now) or not counts_in_force(e, now) then
@@ -138,9 +151,10 @@ local function unpark(e, now)
     set_parked(e, values, parked, wake)
     return {slot, LATER, wake, now, 0}
   end
-  leaves()
-  file_answer(e, 'R', slot, now, false)
-  commit_entity(e, values, slot, now, #e.limits, limit_of)
+  local changes = {}
+  leaves(changes)
+  file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base)
+  commit_entity(e, values, slot, now, #e.limits, limit_of, changes)
   commit_budgets(e, slot, now)
   return reply(slot, 'R', decided_attempt(e), now, now)
 end

@@ -128,14 +128,51 @@ local function read_event()
   return e
 end
 
+-- An event's tables as `read_event` built them from `last`'s record, without parsing it again:
+-- `last` is as read (a call reads all its events before it decides any), and nothing of its
+-- tables is shared but what no decision writes (a budget's floors, a share's source).
+local function copy_read(last)
+  local e = {record = last.record, base = last.base, field = last.field, cost = last.cost,
+    max_delay = last.max_delay, answers_base = last.answers_base, answers_keep = last.answers_keep,
+    lease = last.lease, state_ttl = last.state_ttl, reslot = last.reslot, gives_back = last.gives_back,
+    correct = last.correct, unpark = last.unpark, park = last.park, level = false, floor = last.floor,
+    margin = last.margin, ceiling = last.ceiling, step = last.step, window = last.window,
+    limits = {}, budgets = {}, paused_until = false, state_from = last.state_from, state_to = last.state_to,
+    overrides = false, folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS, values = false,
+    charges = last.charges}
+  local limits = e.limits
+  for i = 1, #last.limits do
+    local l = last.limits[i]
+    limits[i] = {kind = l.kind, per = l.per, n = l.n, extra = l.extra, id = l.id, count = 0}
+  end
+  local budgets = e.budgets
+  for b = 1, #last.budgets do
+    local from = last.budgets[b]
+    local budget = {key = from.key, ceiling = from.ceiling, step = from.step, window = from.window,
+      share = from.share, leased = from.leased, per_key = from.per_key, near = from.near,
+      ring_key = from.ring_key, ring_member = from.ring_member, carry_key = from.carry_key, index = b,
+      limits = {}, floors = from.floors, own_floor = from.own_floor, pause = false, exp = false,
+      level = false, hash = false, overridden = false, fields_from = from.fields_from,
+      fields_to = from.fields_to}
+    local budget_limits = budget.limits
+    for j = 1, #from.limits do
+      local l = from.limits[j]
+      budget_limits[j] = {per = l.per, n = l.n, spread = l.spread, lo = false, run = false,
+        run_changed = false, used = false, parts = false, leased = false, full = false, top = false,
+        share = l.share, counts = l.counts}
+    end
+    budgets[b] = budget
+  end
+  return e
+end
+
 -- A general event written as `~`, where its keys start, its answer field, cost and answers
 -- minute, then its key in each of its fair budgets' rings (args.rs's `add`: a drain's heads, a
 -- group commit's events of one rule): `last`, the call's last general event written in full, but
--- for those. Its record is read again, so that nothing of `last`'s tables is shared.
+-- for those.
 local function read_alike(last)
   local at = arg_at
-  arg_at = last.record
-  local e = read_event()
+  local e = copy_read(last)
   e.base, e.field, e.cost, e.answers_base = tonumber(ARGV[at + 2]), ARGV[at + 3], tonumber(ARGV[at + 4]),
     tonumber(ARGV[at + 5])
   at = at + 5
