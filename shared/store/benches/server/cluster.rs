@@ -162,4 +162,50 @@ async fn cluster_rows(
             calls as f64 / events
         );
     }
+    // The same load as three budgets on one slot each, a slot on each master, at once: no leases,
+    // nothing shared between the masters. What this machine lets any split of the load show when
+    // every master is busy at once (its masters share two cores, and a command's CPU time grows
+    // when they all run): the ceiling for the leased rows' figure here.
+    let apart = |n: usize| gateway_of(&format!("cluster-apart-{max_batch}-{n}"), None, GATEWAY / 3);
+    let budgets = one_budget_per_master(&mut nodes, apart).await;
+    let each = clients / budgets.len();
+    let events = (budgets.len() * budgeted_events(each)) as f64;
+    let before = cpu_by_node(&mut nodes).await;
+    let started = Instant::now();
+    futures_util::future::join_all(budgets.iter().map(|budget| budgeted_throughput(&cluster, budget, each, false)))
+        .await;
+    let rate = events / started.elapsed().as_secs_f64();
+    let stats = script_calls_by_node(&mut nodes).await;
+    let used: Vec<f64> = cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
+    let busiest = used.iter().copied().fold(0.0, f64::max);
+    let all: f64 = used.iter().sum();
+    let calls: u64 = stats.iter().map(|&(calls, _)| calls).sum();
+    println!(
+        "| 3-master cluster, a third of the load on each master's own budget (the ceiling here) | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {:.3} | — |",
+        rate / base,
+        base_usec / busiest,
+        calls as f64 / events
+    );
+}
+
+/// A budget on one slot of each node, the first of `budget(0)`, `budget(1)`, … whose hash tag
+/// falls on it (the node answers a key of the tag itself, not with MOVED).
+pub(super) async fn one_budget_per_master(
+    nodes: &mut [MultiplexedConnection],
+    budget: impl Fn(usize) -> Arc<Budget>,
+) -> Vec<Arc<Budget>> {
+    let mut budgets: Vec<Option<Arc<Budget>>> = vec![None; nodes.len()];
+    let mut n = 0;
+    while budgets.iter().any(Option::is_none) {
+        let candidate = budget(n);
+        for (at, node) in nodes.iter_mut().enumerate() {
+            let owned: redis::RedisResult<i64> =
+                redis::cmd("EXISTS").arg(format!("{{b:{}}}", candidate.tag)).query_async(node).await;
+            if owned.is_ok() && budgets[at].is_none() {
+                budgets[at] = Some(candidate.clone());
+            }
+        }
+        n += 1;
+    }
+    budgets.into_iter().flatten().collect()
 }
