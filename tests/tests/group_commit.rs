@@ -202,3 +202,86 @@ async fn the_dispatchers_marker_operations_share_calls_and_keep_their_meaning() 
     let released = store.claim_dispatch(MessageOf { rule: "rule", key: "k", message: "again" }, 5_000).await.unwrap();
     assert_eq!(released, DispatchClaim::Acquired, "a released claim can be taken at once");
 }
+
+/// A real connection that slows each reservation script call by 20 ms and keeps the most that
+/// were in flight at once.
+#[derive(Clone)]
+struct Overlapping<C> {
+    inner: C,
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for Overlapping<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let packed = cmd.get_packed_command();
+        if !packed.windows(12).any(|w| w == b"drip_reserve") {
+            return self.inner.req_packed_command(cmd);
+        }
+        Box::pin(async move {
+            let at_once = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(at_once, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let reply = self.inner.req_packed_command(cmd).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.inner.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// 32 events of `rule` over two keys, drawing from `budgets`, reserved at once: each gets a slot.
+async fn reserve_at_once<C>(store: &RedisStore<C>, rule: &str, budgets: &[Arc<drip_core::budgets::Budget>])
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let limits = limits();
+    let ids: Vec<String> = (0..32).map(|i| format!("m{i}")).collect();
+    let tag = budgets.first().map(|b| b.tag.as_str());
+    let requests: Vec<SlotRequest> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let event = ReserveRequest { budgets, ..request(rule, "", id, &limits).event };
+            SlotRequest { tag, ..SlotRequest::new(rule, ["k1", "k2"][i % 2], event) }.at(T0)
+        })
+        .collect();
+    let answers = join_all(requests.iter().map(|r| store.reserve(r))).await;
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|r| r.reservation.slot >= T0)), "{answers:?}");
+}
+
+/// A lane of a leased budget's partition has one call in flight at a time (calls in flight
+/// together would find its pool empty together, and each stop for the same lease), while another
+/// lane has up to four. (On one Redis every event is on one lane, but for this.)
+#[tokio::test]
+async fn a_leased_lane_has_one_call_in_flight_and_another_lane_four() {
+    use drip_core::budgets::{Budget, Leases};
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let connection = Overlapping { inner: shared_connection().await, now, most: most.clone() };
+    // Two events a call, so that 32 at once need 16 calls.
+    let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(2, false));
+
+    reserve_at_once(&store, &unique("unleased"), &[]).await;
+    assert!(most.swap(0, Ordering::SeqCst) >= 2, "unleased calls overlap (up to four in flight)");
+
+    let rule = unique("leased");
+    let limit = Limit::new(1_000, SECOND, Window::Fixed(Placement::Start)).unwrap();
+    let budget = Arc::new(Budget {
+        leases: Some(Leases { partitions: 2, chunk: Leases::default_chunk(2) }),
+        ..Budget::named(format!("{rule}-b"), format!("{rule}-b"), vec![limit])
+    });
+    reserve_at_once(&store, &rule, &[budget]).await;
+    assert_eq!(most.load(Ordering::SeqCst), 1, "a leased lane's calls go one at a time");
+}

@@ -44,6 +44,11 @@ pub trait Flush: Send + Sync + 'static {
 
     /// Carries `items` in one call; one output per item, in order.
     fn flush(&self, lane: &Self::Lane, items: Vec<Self::Item>) -> impl Future<Output = Vec<Self::Output>> + Send;
+
+    /// The most calls `lane` has in flight at once, where it differs from the group's.
+    fn in_flight_of(&self, _lane: &Self::Lane) -> Option<usize> {
+        None
+    }
 }
 
 /// The count limit most flushers use in [`Flush::take`].
@@ -205,7 +210,7 @@ impl<F: Flush> GroupCommit<F> {
             let mut lanes = self.lanes();
             let entry = lanes.entry(lane.clone()).or_insert_with(|| Lane { in_flight: 0, waiting: VecDeque::new() });
             let idle = entry.in_flight == 0;
-            let free = entry.in_flight < self.max_in_flight;
+            let free = entry.in_flight < self.flusher.in_flight_of(&lane).map_or(self.max_in_flight, |n| n.max(1));
             if free {
                 entry.in_flight += 1;
             }
@@ -377,6 +382,10 @@ mod tests {
         tasks: Mutex<Vec<Option<tokio::task::Id>>>,
         calls: AtomicUsize,
         max: usize,
+        /// A lane allowed one call in flight, whatever the group's limit.
+        narrow: Option<&'static str>,
+        /// By lane: its calls in flight now, and the most at once.
+        in_flight: Mutex<HashMap<&'static str, (usize, usize)>>,
     }
 
     impl Flush for Doubler {
@@ -388,18 +397,39 @@ mod tests {
             up_to(self.max, waiting)
         }
 
-        async fn flush(&self, _: &&'static str, items: Vec<u32>) -> Vec<u32> {
+        async fn flush(&self, lane: &&'static str, items: Vec<u32>) -> Vec<u32> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             self.batches.lock().unwrap().push(items.clone());
             self.tasks.lock().unwrap().push(tokio::task::try_id());
+            {
+                let mut in_flight = self.in_flight.lock().unwrap();
+                let (now, most) = in_flight.entry(*lane).or_default();
+                *now += 1;
+                *most = (*most).max(*now);
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
+            self.in_flight.lock().unwrap().get_mut(lane).expect("counted").0 -= 1;
             items.into_iter().map(|i| i * 2).collect()
+        }
+
+        fn in_flight_of(&self, lane: &&'static str) -> Option<usize> {
+            (self.narrow == Some(*lane)).then_some(1)
         }
     }
 
     fn doubler(max: usize, in_flight: usize) -> Arc<GroupCommit<Doubler>> {
-        let tasks = Mutex::default();
-        GroupCommit::new(Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max }, in_flight)
+        doubler_narrowing(max, in_flight, None)
+    }
+
+    fn doubler_narrowing(max: usize, in_flight: usize, narrow: Option<&'static str>) -> Arc<GroupCommit<Doubler>> {
+        GroupCommit::new(Doubler { narrow, ..Doubler::new(max) }, in_flight)
+    }
+
+    impl Doubler {
+        fn new(max: usize) -> Self {
+            let (batches, tasks, in_flight) = (Mutex::default(), Mutex::default(), Mutex::default());
+            Doubler { batches, tasks, calls: AtomicUsize::new(0), max, narrow: None, in_flight }
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -422,8 +452,7 @@ mod tests {
     }
 
     fn lingering_as(linger: Linger) -> Arc<GroupCommit<Doubler>> {
-        let tasks = Mutex::default();
-        let flusher = Doubler { batches: Mutex::default(), tasks, calls: AtomicUsize::new(0), max: 64 };
+        let flusher = Doubler::new(64);
         GroupCommit::with_linger(flusher, 1, linger)
     }
 
@@ -546,6 +575,18 @@ mod tests {
         assert!(batches.iter().all(|b| b.iter().all(|&i| i < 10) || b.iter().all(|&i| i >= 10)), "{batches:?}");
     }
 
+    /// A lane its flusher narrows (`in_flight_of`) has no more calls in flight at once than that,
+    /// while the group's other lanes have the group's limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_the_flusher_narrows_has_fewer_calls_in_flight() {
+        let group = doubler_narrowing(1, 4, Some("narrow"));
+        let (narrow, wide) = tokio::join!(futures(&group, "narrow", 0..8), futures(&group, "wide", 10..18));
+        assert_eq!(narrow, (0..8).map(|i| Some(i * 2)).collect::<Vec<_>>());
+        assert_eq!(wide.len(), 8);
+        let most = |lane| group.flusher().in_flight.lock().unwrap()[lane].1;
+        assert_eq!((most("narrow"), most("wide")), (1, 4));
+    }
+
     /// A caller that gives up while its item waits for a call in flight withdraws it: no call
     /// carries it (its caller reported failure; it must not be sent anyway), and what comes after
     /// it is not held up.
@@ -614,11 +655,7 @@ mod tests {
     /// a batcher of more groups those that arrive while a call is in flight.
     #[tokio::test(start_paused = true)]
     async fn a_batcher_of_one_calls_inline_and_a_larger_one_groups() {
-        let batchers = [1, 64].map(|max| {
-            let doubler =
-                Doubler { batches: Mutex::default(), tasks: Mutex::default(), calls: AtomicUsize::new(0), max };
-            Batcher::new(doubler, max, 1, Linger::default())
-        });
+        let batchers = [1, 64].map(|max| Batcher::new(Doubler::new(max), max, 1, Linger::default()));
         assert!(matches!(batchers[0], Batcher::Inline(_)) && matches!(batchers[1], Batcher::Grouped(_)));
         for batcher in &batchers {
             let answers = tokio::join!(batcher.submit("a", 1), batcher.submit("a", 2), batcher.submit("a", 3));

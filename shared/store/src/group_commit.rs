@@ -35,13 +35,18 @@ pub struct Batching {
     /// Calls of one lane in flight at once, so that Redis is not idle while a reply travels
     /// (measured with `./run bench`: four beat two and eight).
     pub max_in_flight: usize,
+    /// Calls in flight at once on a lane of a leased budget's partition: one. Calls in flight
+    /// together find its pool empty together, and each stops and is sent again after the lease;
+    /// one at a time, the others wait and go as one larger call (docs/capacity.md, "One call at a
+    /// time on a leased lane").
+    pub leased_in_flight: usize,
     /// A lane per hash tag (Redis Cluster) instead of one per connection.
     pub per_tag: bool,
 }
 
 impl Batching {
     pub fn new(max_batch: usize, per_tag: bool) -> Self {
-        Self { max_batch: max_batch.max(1), max_in_flight: 4, per_tag }
+        Self { max_batch: max_batch.max(1), max_in_flight: 4, leased_in_flight: 1, per_tag }
     }
 }
 
@@ -51,6 +56,8 @@ impl Batching {
 pub(crate) struct LaneKey {
     tag: String,
     now: Option<Millis>,
+    /// Its events draw from a leased budget (their calls may stop for a lease).
+    leased: bool,
 }
 
 /// A call's answers, one per item; a failed call is every item's failure.
@@ -76,6 +83,10 @@ impl<S: ScriptCalls> Flush for ReserveCalls<S> {
     async fn flush(&self, lane: &LaneKey, events: Vec<EncodedEvent>) -> Vec<Self::Output> {
         let count = events.len();
         each(count, self.store.reserve_encoded(lane.now, events).await)
+    }
+
+    fn in_flight_of(&self, lane: &LaneKey) -> Option<usize> {
+        lane.leased.then_some(self.batching.leased_in_flight)
     }
 }
 
@@ -120,10 +131,10 @@ fn never_answered<T>() -> Result<T, StoreError> {
 
 impl<S: ScriptCalls> Grouped<(EncodedEvent, Option<Millis>), Reserved> for GroupCommit<ReserveCalls<S>> {
     fn submit(self: Arc<Self>, (event, now): (EncodedEvent, Option<Millis>)) -> StoreFuture<'static, Reserved> {
-        let tag = lane_of(self.flusher().batching, event.first_key());
-        Box::pin(
-            async move { GroupCommit::submit(&self, LaneKey { tag, now }, event).await.unwrap_or_else(never_answered) },
-        )
+        let (tag, leased) = (lane_of(self.flusher().batching, event.first_key()), event.leased());
+        Box::pin(async move {
+            GroupCommit::submit(&self, LaneKey { tag, now, leased }, event).await.unwrap_or_else(never_answered)
+        })
     }
 }
 
