@@ -16,17 +16,43 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 const T0: Millis = 1_800_000_000_000;
 
-/// A real connection that counts the commands sent through it.
+/// A real connection that counts the commands sent through it; with `overlap`, it also slows each
+/// reservation script call by 20 ms and keeps the most that were in flight at once.
 #[derive(Clone)]
 struct Counting<C> {
     inner: C,
     calls: Arc<AtomicUsize>,
+    overlap: Option<Overlap>,
+}
+
+/// Reservation script calls in flight now, and the most at once.
+#[derive(Clone, Default)]
+struct Overlap {
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl<C> Counting<C> {
+    fn new(inner: C, calls: Arc<AtomicUsize>) -> Self {
+        Self { inner, calls, overlap: None }
+    }
 }
 
 impl<C: ConnectionLike + Send> ConnectionLike for Counting<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.req_packed_command(cmd)
+        let reserve = cmd.get_packed_command().windows(12).any(|w| w == b"drip_reserve");
+        let Some(overlap) = self.overlap.clone().filter(|_| reserve) else {
+            return self.inner.req_packed_command(cmd);
+        };
+        Box::pin(async move {
+            let at_once = overlap.now.fetch_add(1, Ordering::SeqCst) + 1;
+            overlap.most.fetch_max(at_once, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let reply = self.inner.req_packed_command(cmd).await;
+            overlap.now.fetch_sub(1, Ordering::SeqCst);
+            reply
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -97,7 +123,7 @@ fn slots_of(events: &[(String, String)], answers: &[Reservation], key: &str) -> 
 #[tokio::test]
 async fn a_hot_keys_burst_shares_calls_and_gets_the_models_slots() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let connection = Counting { inner: shared_connection().await, calls: calls.clone() };
+    let connection = Counting::new(shared_connection().await, calls.clone());
     let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, false));
     let events: Vec<(String, String)> = (0..400).map(|i| ("merchant-1".to_owned(), format!("m{i}"))).collect();
 
@@ -141,7 +167,7 @@ async fn a_redelivery_in_the_same_batch_is_busy_and_keeps_the_first_answer() {
 #[tokio::test]
 async fn a_lone_reservation_goes_at_once_in_its_own_call() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let connection = Counting { inner: shared_connection().await, calls: calls.clone() };
+    let connection = Counting::new(shared_connection().await, calls.clone());
     let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, false));
     let limits = limits();
     // The first call may find the script not loaded yet (NOSCRIPT, SCRIPT LOAD, again).
@@ -174,7 +200,7 @@ async fn on_a_cluster_each_hash_tag_batches_apart() {
 async fn the_dispatchers_marker_operations_share_calls_and_keep_their_meaning() {
     use drip_store::{DispatchClaim, MessageOf};
     let calls = Arc::new(AtomicUsize::new(0));
-    let connection = Counting { inner: shared_connection().await, calls: calls.clone() };
+    let connection = Counting::new(shared_connection().await, calls.clone());
     let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(64, false));
     let ids: Vec<String> = (0..200).map(|i| format!("m{i}")).collect();
     let claims =
@@ -203,45 +229,6 @@ async fn the_dispatchers_marker_operations_share_calls_and_keep_their_meaning() 
     assert_eq!(released, DispatchClaim::Acquired, "a released claim can be taken at once");
 }
 
-/// A real connection that slows each reservation script call by 20 ms and keeps the most that
-/// were in flight at once.
-#[derive(Clone)]
-struct Overlapping<C> {
-    inner: C,
-    now: Arc<AtomicUsize>,
-    most: Arc<AtomicUsize>,
-}
-
-impl<C: ConnectionLike + Send> ConnectionLike for Overlapping<C> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let packed = cmd.get_packed_command();
-        if !packed.windows(12).any(|w| w == b"drip_reserve") {
-            return self.inner.req_packed_command(cmd);
-        }
-        Box::pin(async move {
-            let at_once = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-            self.most.fetch_max(at_once, Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            let reply = self.inner.req_packed_command(cmd).await;
-            self.now.fetch_sub(1, Ordering::SeqCst);
-            reply
-        })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        self.inner.req_packed_commands(pipeline, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
-    }
-}
-
 /// 32 events of `rule` over two keys, drawing from `budgets`, reserved at once: each gets a slot.
 async fn reserve_at_once<C>(store: &RedisStore<C>, rule: &str, budgets: &[Arc<drip_core::budgets::Budget>])
 where
@@ -268,8 +255,10 @@ where
 #[tokio::test]
 async fn a_leased_lane_has_one_call_in_flight_and_another_lane_four() {
     use drip_core::budgets::{Budget, Leases};
-    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let connection = Overlapping { inner: shared_connection().await, now, most: most.clone() };
+    let overlap = Overlap::default();
+    let connection =
+        Counting { overlap: Some(overlap.clone()), ..Counting::new(shared_connection().await, Arc::default()) };
+    let most = overlap.most;
     // Two events a call, so that 32 at once need 16 calls.
     let store = RedisStore::new(connection, unique("group")).with_batching(Batching::new(2, false));
 
