@@ -133,10 +133,16 @@ end
 local function commit_entity(e, values, slot, now, n, limit, also)
   local state_key, state_ttl = KEYS[e.base + KEY_STATE], e.state_ttl
   local ttl = slot - now + state_ttl
-  local changes = also or {}
-  local c = #changes
-  changes[c + 1], changes[c + 2], changes[c + 3], changes[c + 4] = FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY,
-    e.answers_base
+  local changes
+  if also then
+    changes = also
+    local c = #changes
+    changes[c + 1], changes[c + 2], changes[c + 3], changes[c + 4] = FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY,
+      e.answers_base
+  else
+    -- (Built whole: a table grown a field at a time costs a rehash each time its size doubles.)
+    changes = {FIELD_FRONTIER, slot, FIELD_ANSWERS_EXPIRY, e.answers_base}
+  end
   for i = 1, n do
     local kind, per, count, extra = limit(e, i)
     local at = STATE_HEAD + 2 * i
