@@ -68,7 +68,7 @@ local function decide(e, now)
   local values = e.values or e.state.read(e)
   if e.park and not e.reslot and (tonumber(values[parked_at(e)]) or 0) > 0 then
     -- Behind messages of its key already parked (FIFO): it parks without a slot of its own.
-    if not file_answer(e, 'P', now, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
+    if not file_answer(e, 'P', now, now, values) then
       return known(e, now)
     end
     park(e, values, now)
@@ -106,14 +106,14 @@ local function decide(e, now)
     return reply(slot, 'L', ATTEMPT.decided, now, now)
   end
   if e.park and parks(e, values, slot, now) then
-    if not file_answer(e, 'P', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
+    if not file_answer(e, 'P', slot, now, values) then
       return known(e, now)
     end
     park(e, values, now)
     keep_runs(e)
     return reply(slot, 'P', ATTEMPT.decided, now, now)
   end
-  if not file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
+  if not file_answer(e, 'R', slot, now, values) then
     return known(e, now)
   end
   commit_entity(e, values, slot, now, #e.limits, limit_of)

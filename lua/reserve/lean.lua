@@ -147,7 +147,7 @@ local function decide_lean(e, now)
   if not slot or slot > now + e.max_delay then
     return hand_over(e, values, now)
   end
-  if not file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base) then
+  if not file_answer(e, 'R', slot, now, values) then
     return known(e, now)
   end
   commit_entity(e, values, slot, now, e.limits, lean_limit)

@@ -153,7 +153,7 @@ local function unpark(e, now)
   end
   local changes = {}
   leaves(changes)
-  file_answer(e, 'R', slot, now, tonumber(values[STATE_ANSWERS_EXPIRY]) == e.answers_base)
+  file_answer(e, 'R', slot, now, values)
   commit_entity(e, values, slot, now, #e.limits, limit_of, changes)
   commit_budgets(e, slot, now)
   return reply(slot, 'R', decided_attempt(e), now, now)

@@ -239,9 +239,11 @@ end
 -- when the message already has one (a redelivery, which `decide` then answers with it). The
 -- answers hash expires a minute + max_delay + a margin after its minute (or after now, for a
 -- message first delivered later): once set in its minute, that covers every answer of the minute.
--- `expiry_set`: the state says it was set for this minute.
-local function file_answer(e, kind, slot, now, expiry_set)
+-- `values`: the key's state as read, whose answers minute ('ab') says the expiry was set for this
+-- minute; false where the expiry is set regardless.
+local function file_answer(e, kind, slot, now, values)
   local base = e.answers_base
+  local expiry_set = values and tonumber(values[STATE_ANSWERS_EXPIRY]) == base
   -- Relative, not PEXPIREAT: `now` may be a simulated time, far from the server's clock.
   local ttl = not (expiry_set and now <= base + ANSWER_MINUTE) and math.max(base - now, 0) + e.answers_keep
   local value = answer_value(kind, slot, now, now + e.lease - base, base, e.cost)
