@@ -5,7 +5,7 @@
 use super::*;
 
 /// Each node's `(script calls, server µs)` since its last RESETSTAT, reset again.
-pub(super) async fn script_calls_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)> {
+async fn script_calls_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<(u64, u64)> {
     let mut stats = Vec::new();
     for node in nodes {
         stats.push(script_calls(node).await);
@@ -25,12 +25,35 @@ pub(super) async fn cpu_usec(node: &mut MultiplexedConnection) -> f64 {
     (field("used_cpu_user").unwrap_or(0.0) + field("used_cpu_sys").unwrap_or(0.0)) * 1e6
 }
 
-pub(super) async fn cpu_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<f64> {
+async fn cpu_by_node(nodes: &mut [MultiplexedConnection]) -> Vec<f64> {
     let mut cpu = Vec::new();
     for node in nodes {
         cpu.push(cpu_usec(node).await);
     }
     cpu
+}
+
+/// What a run cost the nodes, over its `events`: the busiest node's CPU µs per event, all
+/// nodes' together, and script calls per event.
+pub(super) struct NodesCost {
+    pub(super) busiest: f64,
+    pub(super) all: f64,
+    pub(super) calls: f64,
+}
+
+/// `run`'s output and what it cost the nodes (their calls counted from a reset just before it).
+pub(super) async fn on_nodes<T>(
+    nodes: &mut [MultiplexedConnection],
+    events: f64,
+    run: impl std::future::Future<Output = T>,
+) -> (T, NodesCost) {
+    script_calls_by_node(nodes).await;
+    let before = cpu_by_node(nodes).await;
+    let output = run.await;
+    let calls: u64 = script_calls_by_node(nodes).await.iter().map(|&(calls, _)| calls).sum();
+    let used: Vec<f64> = cpu_by_node(nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
+    let busiest = used.iter().copied().fold(0.0, f64::max);
+    (output, NodesCost { busiest, all: used.iter().sum(), calls: calls as f64 / events })
 }
 
 /// A leased budget's stranded units over its full windows (all but the first and the last its
@@ -116,7 +139,6 @@ async fn cluster_rows(
     // The cluster is not flushed between runs: each run's keys are its own.
     let namespace = format!("bench-cluster-{}-{max_batch}", wall_clock_millis());
     let (cluster, mut nodes) = cluster_store(urls, namespace, max_batch).await;
-    script_calls_by_node(&mut nodes).await;
     let one = store.clone().with_batching(Batching::new(max_batch, true));
     let clients = 256;
     let events = budgeted_events(clients) as f64;
@@ -141,13 +163,8 @@ async fn cluster_rows(
     ];
     for (name, partitions, skewed) in rows {
         let budget = gateway(&format!("cluster-{}", name.replace([' ', ','], "-")), partitions);
-        let before = cpu_by_node(&mut nodes).await;
-        let rate = budgeted_throughput(&cluster, &budget, clients, skewed).await;
-        let stats = script_calls_by_node(&mut nodes).await;
-        let used: Vec<f64> = cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
-        let busiest = used.iter().copied().fold(0.0, f64::max);
-        let all: f64 = used.iter().sum();
-        let calls: u64 = stats.iter().map(|&(calls, _)| calls).sum();
+        let (rate, NodesCost { busiest, all, calls }) =
+            on_nodes(&mut nodes, events, budgeted_throughput(&cluster, &budget, clients, skewed)).await;
         let stranded = match partitions {
             Some(_) => {
                 let (share, windows) = stranded(&cluster, &budget).await;
@@ -156,10 +173,9 @@ async fn cluster_rows(
             None => "—".into(),
         };
         println!(
-            "| 3-master cluster, {name} | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {:.3} | {stranded} |",
+            "| 3-master cluster, {name} | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {calls:.3} | {stranded} |",
             rate / base,
             base_usec / busiest,
-            calls as f64 / events
         );
     }
     // The same load as three budgets on one slot each, a slot on each master, at once: no leases,
@@ -170,21 +186,17 @@ async fn cluster_rows(
     let budgets = one_budget_per_master(&mut nodes, apart).await;
     let each = clients / budgets.len();
     let events = (budgets.len() * budgeted_events(each)) as f64;
-    let before = cpu_by_node(&mut nodes).await;
-    let started = Instant::now();
-    futures_util::future::join_all(budgets.iter().map(|budget| budgeted_throughput(&cluster, budget, each, false)))
-        .await;
-    let rate = events / started.elapsed().as_secs_f64();
-    let stats = script_calls_by_node(&mut nodes).await;
-    let used: Vec<f64> = cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events).collect();
-    let busiest = used.iter().copied().fold(0.0, f64::max);
-    let all: f64 = used.iter().sum();
-    let calls: u64 = stats.iter().map(|&(calls, _)| calls).sum();
+    let runs = async {
+        let started = Instant::now();
+        futures_util::future::join_all(budgets.iter().map(|budget| budgeted_throughput(&cluster, budget, each, false)))
+            .await;
+        events / started.elapsed().as_secs_f64()
+    };
+    let (rate, NodesCost { busiest, all, calls }) = on_nodes(&mut nodes, events, runs).await;
     println!(
-        "| 3-master cluster, a third of the load on each master's own budget (the ceiling here) | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {:.3} | — |",
+        "| 3-master cluster, a third of the load on each master's own budget (the ceiling here) | {rate:.0} | {:.2}× | {busiest:.2} (all: {all:.2}) | {:.2}× | {calls:.3} | — |",
         rate / base,
         base_usec / busiest,
-        calls as f64 / events
     );
 }
 

@@ -2,7 +2,7 @@
 //! cluster's masters against one master unleased (`contract_table`), with its failed calls, stranded
 //! units and extra delay against one exact calendar.
 
-use super::cluster::{cluster_store, cpu_by_node, cpu_usec, one_budget_per_master, pools_booked, script_calls_by_node};
+use super::cluster::{NodesCost, cluster_store, cpu_usec, on_nodes, one_budget_per_master, pools_booked};
 use super::*;
 
 /// A partner's contract of 300 a second and 2,000 a minute over 600 keys (3 rules × 200 keys), a
@@ -37,13 +37,8 @@ pub(super) async fn contract_table(
         delays_against(&base.slots, &exact)
     );
     let budget = contract_budget("contract-leased", Some(3));
-    script_calls_by_node(&mut nodes).await;
-    let before = cpu_by_node(&mut nodes).await;
-    let leased = contract_run(&cluster, &budget, events, 256).await;
-    let calls: u64 = script_calls_by_node(&mut nodes).await.iter().map(|&(calls, _)| calls).sum();
-    let used: Vec<f64> =
-        cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events as f64).collect();
-    let busiest = used.iter().copied().fold(0.0, f64::max);
+    let (leased, NodesCost { busiest, all, calls }) =
+        on_nodes(&mut nodes, events as f64, contract_run(&cluster, &budget, events, 256)).await;
     let exact = exact_slots(leased.published, events);
     if std::env::var_os("DRIP_BENCH_CONTRACT_WINDOWS").is_some() {
         contract_windows(&cluster, &budget).await;
@@ -52,11 +47,9 @@ pub(super) async fn contract_table(
     let [second, minute] = strands;
     let (second, minute) = (second.await, minute.await);
     println!(
-        "| 3-master cluster, leased over 3 | {:.0} | {busiest:.2} ({:.2}) | {:.2}× | {:.3} | {} | {:.2} % over {} / {:.2} % over {} | {} |",
+        "| 3-master cluster, leased over 3 | {:.0} | {busiest:.2} ({all:.2}) | {:.2}× | {calls:.3} | {} | {:.2} % over {} / {:.2} % over {} | {} |",
         leased.per_second,
-        used.iter().sum::<f64>(),
         base_usec / busiest,
-        calls as f64 / events as f64,
         leased.failed,
         second.0 * 100.0,
         second.1,
@@ -76,21 +69,17 @@ pub(super) async fn contract_table(
         })
     };
     let budgets = one_budget_per_master(&mut nodes, third).await;
-    script_calls_by_node(&mut nodes).await;
-    let before = cpu_by_node(&mut nodes).await;
-    let started = Instant::now();
-    let runs = budgets.iter().map(|budget| contract_run(&cluster, budget, events / budgets.len(), 256 / budgets.len()));
-    let failed: usize = futures_util::future::join_all(runs).await.iter().map(|run| run.failed).sum();
-    let per_second = events as f64 / started.elapsed().as_secs_f64();
-    let calls: u64 = script_calls_by_node(&mut nodes).await.iter().map(|&(calls, _)| calls).sum();
-    let used: Vec<f64> =
-        cpu_by_node(&mut nodes).await.iter().zip(&before).map(|(a, b)| (a - b) / events as f64).collect();
-    let busiest = used.iter().copied().fold(0.0, f64::max);
+    let runs = async {
+        let started = Instant::now();
+        let runs =
+            budgets.iter().map(|budget| contract_run(&cluster, budget, events / budgets.len(), 256 / budgets.len()));
+        let failed: usize = futures_util::future::join_all(runs).await.iter().map(|run| run.failed).sum();
+        (failed, events as f64 / started.elapsed().as_secs_f64())
+    };
+    let ((failed, per_second), NodesCost { busiest, all, calls }) = on_nodes(&mut nodes, events as f64, runs).await;
     println!(
-        "| 3-master cluster, a third of the contract and of the load on each master's own budget (the ceiling here) | {per_second:.0} | {busiest:.2} ({:.2}) | {:.2}× | {:.3} | {failed} | — | — |",
-        used.iter().sum::<f64>(),
+        "| 3-master cluster, a third of the contract and of the load on each master's own budget (the ceiling here) | {per_second:.0} | {busiest:.2} ({all:.2}) | {:.2}× | {calls:.3} | {failed} | — | — |",
         base_usec / busiest,
-        calls as f64 / events as f64
     );
 }
 
