@@ -53,11 +53,12 @@ end
 
 -- Appends the message to the key's queue, and the key to its fair budget's ring (schedule.rs's
 -- decide: in the same call, so a parked key is always in the ring). The queue and the state live
--- while it may wait there
--- (its answer's life): a state's 'exp' says so, so that no commit shortens it.
+-- while it may wait there (its answer's life), and are given a quarter more when they are set to,
+-- so that most parks set no expiry: the state's 'exp' (so that no commit shortens its life) and
+-- 'qx' (the queue's) say until when each is kept.
 local function park(e, values, now)
   local queue, at = queue_key(e), parked_at(e)
-  QUEUE.push(queue, queue_entry(e), e.answers_keep)
+  local new = QUEUE.push(queue, queue_entry(e))
   for b = 1, #e.budgets do
     local budget = e.budgets[b]
     if budget.ring_key then
@@ -67,15 +68,25 @@ local function park(e, values, now)
   local changes = {}
   set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false,
     changes)
-  local keep = now + e.answers_keep
-  local longer = not tonumber(values[STATE_EXPIRES]) or tonumber(values[STATE_EXPIRES]) < keep
-  if longer then
-    values[STATE_EXPIRES] = keep
-    changes[#changes + 1], changes[#changes + 2] = FIELD_EXPIRES, keep
+  local keep, kept = now + e.answers_keep, now + e.answers_keep + math.floor(e.answers_keep / 4)
+  local state_longer = (tonumber(values[STATE_EXPIRES]) or 0) < keep
+  if state_longer then
+    values[STATE_EXPIRES] = kept
+    changes[#changes + 1], changes[#changes + 2] = FIELD_EXPIRES, kept
+  end
+  local queue_at = at + STATE_QUEUE_EXPIRES - STATE_PARKED
+  local queue_kept = tonumber(values[queue_at]) or 0
+  if queue_kept < keep then
+    queue_kept, values[queue_at] = kept, kept
+    changes[#changes + 1], changes[#changes + 2] = FIELD_QUEUE_EXPIRES, kept
+    HASH.keep(queue, kept - now)
+  elseif new then
+    -- A queue emptied (and so deleted) since 'qx' was set.
+    HASH.keep(queue, queue_kept - now)
   end
   e.state.write(e, changes, false)
-  if longer then
-    HASH.keep(KEYS[e.base + KEY_STATE], e.answers_keep, 'GT')
+  if state_longer then
+    HASH.keep(KEYS[e.base + KEY_STATE], kept - now, 'GT')
   end
 end
 
@@ -87,7 +98,19 @@ local function unpark(e, now)
   local queue, entry = queue_key(e), queue_entry(e)
   local recorded = e.answers.get(e)
   local kind, _, decided = parse_answer(recorded or '')
-  local head = QUEUE.head(queue) == entry
+  -- The queue's head leaves it for the list of messages being handed over (a task made for its
+  -- slot, or a dead letter), until the drain says it is (RedisStore's handed_over): a drain that
+  -- crashes between the two leaves it there for the next one. It moves first, which reads the head
+  -- too, and moves back when it is not this message or stays.
+  local handing = string.sub(queue, 1, -2) .. 'h'
+  local moved = QUEUE.move_head(queue, handing)
+  local head = moved == entry
+  local stays = function()
+    QUEUE.move_back(queue, handing)
+  end
+  if moved and not head then
+    stays()
+  end
   local since
   if kind == 'P' then
     since = e.answers_base + tonumber(decided)
@@ -109,13 +132,10 @@ local function unpark(e, now)
   local last = read_overrides(e, values)
   local at = parked_at(e)
   local parked, wake = tonumber(values[at]) or 0, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false
-  -- It leaves the queue for the list of messages being handed over (a task made for its slot, or
-  -- a dead letter), until the drain says it is (RedisStore's handed_over): a drain that crashes
-  -- between the two leaves it there for the next one. With `changes`, its state's new counts are
-  -- added to those (the booking's, written in one HSET).
+  -- It has left the queue: its state counts one parked fewer. With `changes`, its state's new
+  -- counts are added to those (the booking's, written in one HSET).
   local leaves = function(changes)
-    local handing = string.sub(queue, 1, -2) .. 'h'
-    QUEUE.move_head(queue, handing, e.answers_keep)
+    HASH.keep(handing, e.answers_keep)
     if parked <= 1 then
       set_parked(e, values, 0, false, changes)
     else
@@ -136,8 +156,10 @@ local function unpark(e, now)
     -- Its partition's pool of a leased budget has no units for it: the drain asks the home for no
     -- window past the deadline and sends it again (nothing of it written).
     e.max_delay = math.min(e.max_delay, deadline - now)
+    stays()
     return lease_wanted(e, now)
   elseif not slot then
+    stays()
     return redis.error_reply('drip: slot search did not settle')
   else
     keep_runs(e)
@@ -149,6 +171,7 @@ local function unpark(e, now)
   elseif slot > deadline then
     wake = math.min(math.max(slot - (deadline - now), now), now + MAX_WAKE_GAP)
     set_parked(e, values, parked, wake)
+    stays()
     return {slot, LATER, wake, now, 0}
   end
   local changes = {}

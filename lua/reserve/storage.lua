@@ -5,8 +5,9 @@
 -- Within one call, each hash is read once and written once, however many of its events the call
 -- holds: an entity's state and overrides (key -> {from, to, values}: the fields as this call left
 -- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
--- still to make (key -> {fields, order, ttl}), made when the call ends.
-local reads, answers, writes
+-- still to make (key -> {fields, order, ttl}), made when the call ends; and the life this call
+-- saw or gave a fair budget's ring (key -> ms from now).
+local reads, answers, writes, ring_lives
 
 -- An entity's overrides when it has none (never written to).
 local NO_OVERRIDES = {}
@@ -258,31 +259,34 @@ function SLOTS.remove(key, slot)
   redis.call('ZREM', key, slot)
 end
 
--- A queue of parked messages, oldest first; each list lives `keep` ms from its last push.
-function QUEUE.push(key, entry, keep)
-  redis.call('RPUSH', key, entry)
-  redis.call('PEXPIRE', key, keep)
-end
-
-function QUEUE.head(key)
-  return redis.call('LINDEX', key, 0)
+-- A queue of parked messages, oldest first. Whether the queue is new (it was empty).
+function QUEUE.push(key, entry)
+  return redis.call('RPUSH', key, entry) == 1
 end
 
 function QUEUE.holds(key, entry)
   return redis.call('LPOS', key, entry) ~= false
 end
 
--- Moves the head of `from` to the end of `to`.
-function QUEUE.move_head(from, to, keep)
-  redis.call('LMOVE', from, to, 'LEFT', 'RIGHT')
-  redis.call('PEXPIRE', to, keep)
+-- Moves the head of `from` to the end of `to`: the entry moved, or false (`from` was empty).
+function QUEUE.move_head(from, to)
+  return redis.call('LMOVE', from, to, 'LEFT', 'RIGHT')
+end
+
+-- Moves the end of `to` back to the head of `from` (undoes move_head).
+function QUEUE.move_back(from, to)
+  redis.call('LMOVE', to, from, 'RIGHT', 'LEFT')
 end
 
 -- A fair budget's ring of waiting keys (lua/fair.lua reads and trims it): `member` joins it once,
--- by when it joined, and the ring lives `keep` more at least.
+-- by when it joined, and the ring lives `keep` more at least. A call asks the ring's life once and
+-- remembers what it gave it.
 function RING.join(key, member, now, keep)
   redis.call('ZADD', key, 'NX', now, member)
-  if redis.call('PTTL', key) < keep then
+  local life = ring_lives[key] or redis.call('PTTL', key)
+  if life < keep then
     redis.call('PEXPIRE', key, keep)
+    life = keep
   end
+  ring_lives[key] = life
 end

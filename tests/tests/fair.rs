@@ -191,3 +191,94 @@ async fn a_merchant_s_classes_share_its_turn_in_a_fair_budget() {
     let live = count("two", Some("live"));
     assert!(live * 3 >= two && live * 3 <= 2 * two, "two's classes share its half: {live} live of {two}");
 }
+
+/// Every key a parked key and its fair budget write expires, and none before its messages may
+/// still wait (a message's answer is kept `answers_keep` of its `max_delay`): the queue, the
+/// key's state and the budget's ring outlive that from the latest park, also when the queue
+/// emptied (and so went) and fills again; the list a drain hands over through expires too.
+#[tokio::test]
+async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() {
+    use drip_core::rules::RuleSet;
+    use drip_core::schedule::{Status, Unpark};
+    use drip_core::time::{MINUTE, SECOND};
+    use drip_store::args::answers_keep;
+    use drip_store::{RedisStore, SlotRequest, Store};
+    use drip_tests::redis_server::shared_connection;
+    use redis::AsyncCommands;
+
+    const T0: Millis = 1_800_000_000_000;
+    let mut connection = shared_connection().await;
+    let store = RedisStore::new(connection.clone(), "drip");
+    let id = unique("parked-ttl");
+    let text = format!(
+        "default_dlq_topic: dlq\nbudgets:\n  {id}-api:\n    limits: [ {{ limit: 1, per: 1s }} ]\n    fair: true\nrules:\n  \
+         - name: {id}\n    key: \"{{attributes.k}}\"\n    limits: [ {{ limit: 100, per: 1s }} ]\n    budgets: [{id}-api]\n    \
+         max_delay: 4h\n    forward: {{ topic: ready }}\n    overflow_topic: overflow\n"
+    );
+    let rules = RuleSet::parse("parked.yaml", &text).unwrap();
+    let rule = rules.rule(&id).unwrap();
+    let keep = answers_keep(rule.max_delay);
+    let lives = |connection: &mut redis::aio::MultiplexedConnection| {
+        let mut connection = connection.clone();
+        let id = id.clone();
+        async move {
+            let keys: Vec<String> = connection.keys(format!("*{id}*")).await.unwrap();
+            let mut lives = BTreeMap::new();
+            for key in keys {
+                let life: i64 = connection.pttl(&key).await.unwrap();
+                lives.insert(key, life);
+            }
+            lives
+        }
+    };
+    // Five messages at `now`: the first books near, the last two (past the near horizon) park.
+    let park_five = |now: Millis, first: usize| {
+        let store = &store;
+        async move {
+            let mut parked = Vec::new();
+            for i in first..first + 5 {
+                let message = format!("m{i}");
+                let request = SlotRequest::for_rule(rule, "k", &message, 1).at(now);
+                let status = store.reserve(&request).await.unwrap().reservation.status;
+                assert!(i > first || status == Status::Reserved, "at {now}: the first books near");
+                if status == Status::Parked {
+                    parked.push(message);
+                }
+            }
+            assert!(parked.len() >= 2 && parked.contains(&format!("m{}", first + 4)), "at {now}: {parked:?}");
+            parked
+        }
+    };
+    let check = |lives: &BTreeMap<String, i64>, least: Millis, at: &str| {
+        for suffix in [":q", ":state", &format!(":fair:{id}-api")] {
+            let (key, life) =
+                lives.iter().find(|(k, _)| k.ends_with(suffix)).unwrap_or_else(|| panic!("{suffix}: {lives:?}"));
+            assert!(*life >= least, "{at}: {key} lives {life} ms, less than the {least} its messages may wait");
+        }
+        for (key, life) in lives {
+            assert!(*life > 0 && *life <= 2 * keep + 2 * MINUTE, "{at}: {key} lives {life} ms");
+        }
+    };
+    let parked = park_five(T0, 0).await;
+    check(&lives(&mut connection).await, keep - SECOND, "after the first parks");
+
+    // The key's drain, well past the budget's windows: each leaves the queue, which goes.
+    for message in &parked {
+        let request = SlotRequest { unpark: Some(T0 + MINUTE), ..SlotRequest::for_rule(rule, "k", message, 1) };
+        let (unpark, _) = store.unpark(&request.at(T0 + 10 * SECOND)).await.unwrap();
+        assert!(matches!(unpark, Unpark::Decided(r) if r.status == Status::Reserved), "{message}: {unpark:?}");
+    }
+    let drained = lives(&mut connection).await;
+    assert!(!drained.keys().any(|k| k.ends_with(":q")), "the queue emptied: {drained:?}");
+    let handing = drained.iter().find(|(k, _)| k.ends_with(":h")).expect("the list handed over");
+    assert!(*handing.1 > 0, "the list handed over expires: {handing:?}");
+    for message in &parked {
+        store.handed_over(&SlotRequest::for_rule(rule, "k", message, 1)).await.unwrap();
+    }
+
+    // Half an hour on, the queue fills again (a new list) while the state says it is kept long
+    // enough: the new list is given the life the state records.
+    let later = T0 + 30 * MINUTE;
+    park_five(later, 5).await;
+    check(&lives(&mut connection).await, keep - SECOND, "after the queue filled again");
+}

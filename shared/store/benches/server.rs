@@ -526,6 +526,8 @@ fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::erro
 /// A first-come budget and a fair one under the same load, side by side (docs/capacity.md: "A fair
 /// budget under a deep backlog"); `DRIP_BENCH_FAIR_ONLY=1` runs this table alone.
 async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
+    // Afresh: a run before this one (DRIP_BENCH_FAIR_ONLY, again) left its messages' answers.
+    let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");
     let batched = store.clone().with_batching(Batching::new(64, false));
     // A quarter of the load a second: the backlog spans four windows at every scale, so most of
     // it lies past the fair budget's near horizon and parks.

@@ -49,9 +49,10 @@ pub(crate) const STATE_HEAD: [(&str, &str); 3] = [
     ("state.expires", field::EXPIRES),
     ("state.answers_expiry", field::ANSWERS_EXPIRY),
 ];
-pub(crate) const STATE_TAIL: [(&str, &str); 5] = [
+pub(crate) const STATE_TAIL: [(&str, &str); 6] = [
     ("state.parked", field::PARKED),
     ("state.wake", field::WAKE),
+    ("state.queue_expires", field::QUEUE_EXPIRES),
     ("state.overrides", field::OVERRIDES),
     ("state.legacy_frontier", field::LEGACY_FRONTIER),
     ("state.charges", field::CHARGES),

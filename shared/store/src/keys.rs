@@ -401,6 +401,8 @@ pub mod field {
     /// How many of the entity's messages are parked, and when its drain's latest wake was armed for.
     pub const PARKED: &str = "q";
     pub const WAKE: &str = "wk";
+    /// Until when the entity's queue of parked messages is kept (its last PEXPIRE's end).
+    pub const QUEUE_EXPIRES: &str = "qx";
     /// The frontier as earlier versions named it (reserve.lua carries such an entity over).
     pub const LEGACY_FRONTIER: &str = "last";
     /// Since when the entity's reservations have charged its rule's shared budgets, and which:
@@ -489,13 +491,14 @@ pub mod field {
     /// The hash fields the reservation script writes by name, each as the script spells it
     /// (`FIELD_FRONTIER`): scripts.rs writes each value into the script as a Lua string, so no
     /// room spells a field of its own.
-    pub const SCRIPT_FIELDS: [(&str, &str); 9] = [
+    pub const SCRIPT_FIELDS: [(&str, &str); 10] = [
         ("FIELD_FRONTIER", FRONTIER),
         ("FIELD_CHARGES", CHARGES),
         ("FIELD_EXPIRES", EXPIRES),
         ("FIELD_ANSWERS_EXPIRY", ANSWERS_EXPIRY),
         ("FIELD_PARKED", PARKED),
         ("FIELD_WAKE", WAKE),
+        ("FIELD_QUEUE_EXPIRES", QUEUE_EXPIRES),
         ("FIELD_LEGACY_FRONTIER", LEGACY_FRONTIER),
         ("FIELD_CARRIED", CARRIED),
         ("FIELD_POOL_RETURNS", POOL_RETURNS),
