@@ -1,5 +1,6 @@
 -- A fair budget's ring of waiting keys (schedule/fair.rs): one operation a call. A key joins the
--- ring in the reservation script's call that parks it (lua/reserve/parking.lua).
+-- ring, and arms its drain's wake unless one is armed, in the reservation script's call that
+-- parks it (lua/reserve/parking.lua).
 --
 -- KEYS[1]  the ring        drip:{b:tag}:fair:<budget>    sorted set: '<rule id>\n<key>' by when it joined
 -- KEYS[2]  its drain's     drip:{b:tag}:fair:<budget>:m  hash: 'c' where the next drain starts, 'wk' its wake
@@ -7,7 +8,6 @@
 -- ARGV     the operation, then its own:
 --   leave   member              it leaves unless messages of it are parked (no KEYS[3]: its rule
 --                                is gone, it leaves): 1 left, 0 stayed
---   arm     now ('' for TIME), wanted   arms the drain's wake unless one is armed: the wake, or nil
 --   turned  now ('' for TIME), cursor, wake ('' none)   a drain ended: where the next starts, and
 --                                its wake; with none while keys still wait (one joined during the
 --                                drain, whose wake found this one armed), one at now: the wake
@@ -20,16 +20,6 @@ if op == 'leave' then
   end
   redis.call('ZREM', ring, member)
   return 1
-elseif op == 'arm' then
-  local now = clock(int())
-  local wanted = int()
-  local wake = tonumber(redis.call('HGET', drain, 'wk'))
-  if redis.call('ZCARD', ring) == 0 or (wake and wake + WAKE_LOST_AFTER >= now) then
-    return false
-  end
-  wake = math.min(math.max(wanted, now), now + MAX_WAKE_GAP)
-  redis.call('HSET', drain, 'wk', wake)
-  return wake
 elseif op == 'turned' then
   local now = clock(int())
   local cursor, wake = int(), int()

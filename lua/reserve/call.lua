@@ -34,7 +34,7 @@ end
 -- (this file runs as a function library, whose top level runs once; scripts.rs's wrapper resets
 -- the argument cursor).
 local function main()
-  reads, answers, writes, ring_lives, last_lean, last_full = {}, {}, {}, {}, false, false
+  reads, answers, writes, ring_lives, drain_wakes, last_lean, last_full = {}, {}, {}, {}, {}, false, false
   local now = clock(int())
   for _ = 1, int() do
     credit(now)

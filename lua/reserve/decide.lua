@@ -71,8 +71,7 @@ local function decide(e, now)
     if not file_answer(e, 'P', now, now, values) then
       return known(e, now)
     end
-    park(e, values, now)
-    return reply(now, 'P', ATTEMPT.decided, now, now)
+    return reply(now, 'P', park(e, values, now, now), now, now)
   end
   local last = read_overrides(e, values)
   if not read_budgets(e, now) or not counts_in_force(e, now) then
@@ -109,9 +108,9 @@ local function decide(e, now)
     if not file_answer(e, 'P', slot, now, values) then
       return known(e, now)
     end
-    park(e, values, now)
+    local attempt = park(e, values, slot, now)
     keep_runs(e)
-    return reply(slot, 'P', ATTEMPT.decided, now, now)
+    return reply(slot, 'P', attempt, now, now)
   end
   if not file_answer(e, 'R', slot, now, values) then
     return known(e, now)

@@ -51,18 +51,24 @@ local function parks(e, values, slot, now)
   return throttled and slot > now + e.park
 end
 
--- Appends the message to the key's queue, and the key to its fair budget's ring (schedule.rs's
--- decide: in the same call, so a parked key is always in the ring). The queue and the state live
+-- Appends the message (its earliest slot `slot`) to the key's queue, and the key to its fair
+-- budget's ring (schedule.rs's decide: in the same call, so a parked key is always in the ring),
+-- arming the ring's drain where the slot comes within the budget's near horizon unless a wake is
+-- armed: its reply's attempt (flagged REPLY_ARMED when it armed one). The queue and the state live
 -- while it may wait there (its answer's life), and are given a quarter more when they are set to,
 -- so that most parks set no expiry: the state's 'exp' (so that no commit shortens its life) and
 -- 'qx' (the queue's) say until when each is kept.
-local function park(e, values, now)
+local function park(e, values, slot, now)
   local queue, at = queue_key(e), parked_at(e)
   local new = QUEUE.push(queue, queue_entry(e))
+  local attempt = ATTEMPT.decided
   for b = 1, #e.budgets do
     local budget = e.budgets[b]
     if budget.ring_key then
       RING.join(KEYS[e.base + budget.ring_key], budget.ring_member, now, e.answers_keep)
+      if RING.arm(KEYS[e.base + budget.ring_key + 1], now, slot - budget.near, e.answers_keep) then
+        attempt = attempt + REPLY_ARMED
+      end
     end
   end
   local changes = {}
@@ -88,6 +94,7 @@ local function park(e, values, now)
   if state_longer then
     HASH.keep(KEYS[e.base + KEY_STATE], kept - now, 'GT')
   end
+  return attempt
 end
 
 -- The drain of the key's parked messages at this one (schedule.rs's unpark): at the head of the

@@ -5,9 +5,10 @@
 -- Within one call, each hash is read once and written once, however many of its events the call
 -- holds: an entity's state and overrides (key -> {from, to, values}: the fields as this call left
 -- them), the messages' answers (answers key -> field -> answer, or false for none), and the writes
--- still to make (key -> {fields, order, ttl}), made when the call ends; and the life this call
--- saw or gave a fair budget's ring (key -> ms from now).
-local reads, answers, writes, ring_lives
+-- still to make (key -> {fields, order, ttl}), made when the call ends; the life this call saw or
+-- gave a fair budget's ring (key -> ms from now), and the wake it saw or armed of a ring's drain
+-- (its hash -> the wake, false for none).
+local reads, answers, writes, ring_lives, drain_wakes
 
 -- An entity's overrides when it has none (never written to).
 local NO_OVERRIDES = {}
@@ -289,4 +290,24 @@ function RING.join(key, member, now, keep)
     life = keep
   end
   ring_lives[key] = life
+end
+
+-- Arms the drain of a ring (`drain`: its hash, whose 'wk' is when it wakes) at `wanted`, no earlier
+-- than now and at most MAX_WAKE_GAP ahead, unless a wake is armed and not lost (WAKE_LOST_AFTER;
+-- schedule/fair.rs's arm): whether it armed one. The hash lives `keep` more when it does (it is
+-- the ring's: what it loses by expiring is where the next round starts).
+function RING.arm(drain, now, wanted, keep)
+  local wake = drain_wakes[drain]
+  if wake == nil then
+    wake = tonumber(redis.call('HGET', drain, FIELD_WAKE)) or false
+  end
+  if wake and wake + WAKE_LOST_AFTER >= now then
+    drain_wakes[drain] = wake
+    return false
+  end
+  wake = math.min(math.max(wanted, now), now + MAX_WAKE_GAP)
+  redis.call('HSET', drain, FIELD_WAKE, wake)
+  redis.call('PEXPIRE', drain, keep)
+  drain_wakes[drain] = wake
+  return true
 end

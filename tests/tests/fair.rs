@@ -194,11 +194,10 @@ async fn a_merchant_s_classes_share_its_turn_in_a_fair_budget() {
 
 /// Every key a parked key and its fair budget write expires, and none before its messages may
 /// still wait (a message's answer is kept `answers_keep` of its `max_delay`): the queue, the
-/// key's state and the budget's ring outlive that from the latest park, also when the queue
+/// key's state and the budget's ring (and its drain's hash) outlive that from the latest park, also when the queue
 /// emptied (and so went) and fills again; the list a drain hands over through expires too.
 #[tokio::test]
 async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() {
-    use drip_core::rules::RuleSet;
     use drip_core::schedule::{Status, Unpark};
     use drip_core::time::{MINUTE, SECOND};
     use drip_store::args::answers_keep;
@@ -210,12 +209,7 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
     let mut connection = shared_connection().await;
     let store = RedisStore::new(connection.clone(), "drip");
     let id = unique("parked-ttl");
-    let text = format!(
-        "default_dlq_topic: dlq\nbudgets:\n  {id}-api:\n    limits: [ {{ limit: 1, per: 1s }} ]\n    fair: true\nrules:\n  \
-         - name: {id}\n    key: \"{{attributes.k}}\"\n    limits: [ {{ limit: 100, per: 1s }} ]\n    budgets: [{id}-api]\n    \
-         max_delay: 4h\n    forward: {{ topic: ready }}\n    overflow_topic: overflow\n"
-    );
-    let rules = RuleSet::parse("parked.yaml", &text).unwrap();
+    let rules = one_per_second_fair(&id);
     let rule = rules.rule(&id).unwrap();
     let keep = answers_keep(rule.max_delay);
     let lives = |connection: &mut redis::aio::MultiplexedConnection| {
@@ -281,4 +275,50 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
     let later = T0 + 30 * MINUTE;
     park_five(later, 5).await;
     check(&lives(&mut connection).await, keep - SECOND, "after the queue filled again");
+}
+
+/// A rule `id` of 100 a second per key drawing from a fair budget of 1 a second, `max_delay` 4 h.
+fn one_per_second_fair(id: &str) -> drip_core::rules::RuleSet {
+    let text = format!(
+        "default_dlq_topic: dlq\nbudgets:\n  {id}-api:\n    limits: [ {{ limit: 1, per: 1s }} ]\n    fair: true\nrules:\n  \
+         - name: {id}\n    key: \"{{attributes.k}}\"\n    limits: [ {{ limit: 100, per: 1s }} ]\n    budgets: [{id}-api]\n    \
+         max_delay: 4h\n    forward: {{ topic: ready }}\n    overflow_topic: overflow\n"
+    );
+    drip_core::rules::RuleSet::parse("parked.yaml", &text).unwrap()
+}
+
+/// The call that parks a key's message in a fair budget arms the ring's drain when none is armed,
+/// at the slot less the near horizon (no earlier than now): the next parks, of the key or another,
+/// find it armed and arm nothing, nor does a redelivery; a wake armed longer ago than
+/// `WAKE_LOST_AFTER` (its task was lost) is armed again. The model and Redis alike.
+#[tokio::test]
+async fn a_parking_call_arms_its_ring_s_drain_once_and_again_when_the_wake_is_lost() {
+    use drip_core::schedule::{Status, WAKE_LOST_AFTER};
+    use drip_store::{MemoryStore, RedisStore, SlotRequest, Store};
+    use drip_tests::redis_server::shared_connection;
+
+    const T0: Millis = 1_800_000_000_000;
+    let id = unique("armed");
+    let rules = one_per_second_fair(&id);
+    let rule = rules.rule(&id).unwrap();
+    let near = rule.fair_budget().and_then(|b| b.near()).expect("a fair budget");
+    let redis = RedisStore::new(shared_connection().await, "drip");
+    let mut runs = Vec::new();
+    for store in [&redis as &dyn Store, &MemoryStore::new()] {
+        let mut arms = Vec::new();
+        let sends = [("a", "a0", T0), ("a", "a1", T0), ("a", "a2", T0), ("b", "b0", T0), ("a", "a2", T0 + 1)];
+        let later = T0 + WAKE_LOST_AFTER + 10 * drip_core::time::SECOND;
+        for (key, message, now) in sends.into_iter().chain([("b", "b1", later), ("b", "b2", later)]) {
+            let reserved = store.reserve(&SlotRequest::for_rule(rule, key, message, 1).at(now)).await.unwrap();
+            if reserved.reservation.status == Status::Parked {
+                arms.push((message, reserved.armed.then(|| reserved.ring_wake(near))));
+            }
+        }
+        runs.push(arms);
+    }
+    let armed: Vec<_> = runs[0].iter().filter_map(|(m, wake)| wake.map(|w| (*m, w))).collect();
+    assert_eq!(armed.len(), 2, "armed at the first park and once the wake was lost: {:?}", runs[0]);
+    assert!(armed[0].1 >= T0 && armed[0].1 <= T0 + drip_core::schedule::MAX_WAKE_GAP, "{armed:?}");
+    assert!(armed[1].0.starts_with('b') && armed[1].1 >= T0 + WAKE_LOST_AFTER, "re-armed late: {armed:?}");
+    assert_eq!(runs[0], runs[1], "Redis and the model");
 }

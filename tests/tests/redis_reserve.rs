@@ -191,9 +191,8 @@ async fn run_all(store: &impl Differential, rule_name: &str, scenario: &Scenario
                 parked.entry(keys[j - batch.start].clone()).or_default().push_back(j);
                 PARKING_SEEN[2].fetch_add(1, Ordering::Relaxed);
                 if let Some(budget) = fair {
-                    // It joined the budget's ring in the same call.
-                    let fair = FairRing::of_key(budget, &keys[j - batch.start]);
-                    let wake = store.arm_fair_wake(fair, r.slot - budget.near().unwrap()).await.expect("arm");
+                    // It joined the budget's ring, and armed its drain unless it was, in the call.
+                    let wake = reserved.armed.then(|| reserved.ring_wake(budget.near().unwrap()));
                     rings.push(format!("park {j}: wake {wake:?}"));
                 }
             }

@@ -82,7 +82,12 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
             let request = SlotRequest { unpark: Some(deadline), ..request_of(rule, &task, &identity, published) };
             match state.store.unpark(&request).await? {
                 (Unpark::Decided(reservation), at) => {
-                    taken.push(Taken { task, identity, published, reserved: Reserved { reservation, now: at } });
+                    taken.push(Taken {
+                        task,
+                        identity,
+                        published,
+                        reserved: Reserved { reservation, now: at, armed: false },
+                    });
                 }
                 (Unpark::Later { wake, .. }, _) => {
                     next = Some(wake);
@@ -347,7 +352,7 @@ async fn drain_ring(
             match unpark {
                 Unpark::Decided(reservation) => {
                     decided[m] += 1;
-                    let reserved = Reserved { reservation, now: at };
+                    let reserved = Reserved { reservation, now: at, armed: false };
                     taken.push((waiting[m].rule, Taken { task, identity, published, reserved }));
                 }
                 Unpark::Later { wake, .. } => {

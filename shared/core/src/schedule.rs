@@ -84,6 +84,9 @@ pub struct Scheduler {
     budgets: HashMap<String, BudgetState>,
     /// By fair budget: its ring of waiting keys.
     rings: HashMap<String, fair::RingState>,
+    /// The wake of its fair budget's ring a message that parked armed in the same step (taken by
+    /// [`Scheduler::take_armed`]).
+    armed: Option<Millis>,
 }
 
 /// Files a new decision as the message's answer (its lease taken by the attempt that asked): its
@@ -105,6 +108,12 @@ fn file_decision(entity: &mut Entity, request: &ReserveRequest<'_>, slot: Millis
 impl Scheduler {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The wake of its fair budget's ring the last reservation armed as its message parked (the
+    /// caller makes the wake's task), or `None`; taking it clears it.
+    pub fn take_armed(&mut self) -> Option<Millis> {
+        self.armed.take()
     }
 
     pub fn reserve(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
@@ -340,7 +349,7 @@ impl Scheduler {
         } else if slot > request.now + request.max_delay {
             Status::MaxDelayExceeded
         } else if parks(&entity.state, throttled_budget(&self.budgets, request, &shared), request, slot) {
-            queue(entity, &mut self.rings, (rule, key), request);
+            self.armed = queue(entity, &mut self.rings, (rule, key), request, slot);
             Status::Parked
         } else {
             commit(&mut entity.state, request, &own, slot);

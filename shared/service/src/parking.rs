@@ -30,7 +30,7 @@ pub async fn park(
     }
     store.park_body(request, body, ttl).await?;
     if let Some(budget) = rule.fair_budget() {
-        return wake_ring((store, tasks, metrics), (rule, budget, request), reserved).await;
+        return wake_ring((tasks, metrics), (rule, budget, request), reserved).await;
     }
     let horizon = rule.park().unwrap_or_default();
     let wanted = reserved.reservation.slot - horizon;
@@ -50,23 +50,19 @@ pub async fn park(
     Ok(())
 }
 
-/// A key of a rule drawing from a fair budget parked, and joined the budget's ring of waiting keys
-/// in the same script call: the ring's drain is woken where the message's slot comes within the budget's near horizon,
-/// unless a wake is armed already (a redelivery arms again, as for a key's own wake).
+/// A key of a rule drawing from a fair budget parked, joined the budget's ring of waiting keys and
+/// armed the ring's drain, unless a wake was armed already, in the same script call: the wake's
+/// task, where the message's slot comes within the budget's near horizon (a redelivery makes it
+/// again: the attempt that parked it may have died before its task existed; a wake made twice
+/// for one time is one task).
 async fn wake_ring(
-    (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),
+    (tasks, metrics): (&Tasks, &ServiceMetrics),
     (rule, budget, request): (&Rule, &Budget, &SlotRequest<'_>),
     reserved: &Reserved,
 ) -> anyhow::Result<()> {
-    let wanted = reserved.reservation.slot - budget.near().unwrap_or_default();
     let ring = FairRing::of_key(budget, request.scope());
-    let wake = match store.arm_fair_wake(ring, wanted).await? {
-        Some(wake) => Some(wake),
-        None if reserved.reservation.replayed() => {
-            Some(wanted.clamp(reserved.now, reserved.now + drip_core::schedule::MAX_WAKE_GAP))
-        }
-        None => None,
-    };
+    let wake = (reserved.armed || reserved.reservation.replayed())
+        .then(|| reserved.ring_wake(budget.near().unwrap_or_default()));
     if let Some(at) = wake {
         fair_wake_at((tasks, metrics), ring, at).await?;
     }

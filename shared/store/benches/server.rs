@@ -643,7 +643,6 @@ async fn fair_throughput<C>(
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    use drip_core::budgets::FairRing;
     use drip_core::fair::{Fair, Round};
     use drip_core::schedule::{Status, Unpark};
     let budget = Arc::new(Budget { fair: Some(Fair::default()), ..(*gateway_of("fair-bench", None, count)).clone() });
@@ -667,11 +666,9 @@ where
                 let request = SlotRequest { event, ..request }.at(t0);
                 let reserved = store.reserve(&request).await.expect("reserve");
                 if reserved.reservation.status == Status::Parked {
-                    // As the limiter parks: the body kept (the key joined the ring in the call),
-                    // and the ring's drain armed unless it is.
+                    // As the limiter parks: the body kept (the key joined the ring, and armed its
+                    // drain unless it was, in the call).
                     store.park_body(&request, &[b'x'; 300], DAY).await.expect("park_body");
-                    let (ring, wanted) = (FairRing::of_key(&budgets[0], &key), reserved.reservation.slot - near);
-                    store.arm_fair_wake(ring, wanted).await.expect("arm_fair_wake");
                     parked.push((c, i));
                 }
             }

@@ -425,11 +425,11 @@ impl ReserveArgs {
         if let Some(scope) = scope.filter(|_| event.budgets.iter().any(|b| b.per_key)) {
             own_keys.push(EntityKeys::of_entity(namespace, request.rule_ref(), scope, &[]).state);
         }
-        // A fair budget's ring of waiting keys: a key that parks joins it in the same call.
+        // A fair budget's ring of waiting keys, then its drain's hash: a key that parks joins the
+        // ring and arms the drain in the same call.
         let ring_at = own_keys.len() as i64;
         if let Some(fair) = event.budgets.iter().find(|b| b.fair.is_some()) {
-            let [ring, _] = crate::keys::fair_keys(namespace, FairRing::of_key(fair, request.scope()));
-            own_keys.push(ring);
+            own_keys.extend(crate::keys::fair_keys(namespace, FairRing::of_key(fair, request.scope())));
         }
         let member = crate::keys::ring_member(&Member { rule: request.rule.to_owned(), key: request.key.to_owned() });
 

@@ -151,11 +151,14 @@ impl MemoryStore {
     fn reserve_now(&self, request: &SlotRequest<'_>) -> Reserved {
         let now = request.now().unwrap_or_else(wall_clock_millis);
         let model_request = ReserveRequest { now, ..request.event };
-        let reservation = self.with(|s| match request.reslot {
-            Some(old) => s.reslot(request.rule, request.key, &model_request, old),
-            None => s.reserve(request.rule, request.key, &model_request),
+        let (reservation, armed) = self.with(|s| {
+            let reservation = match request.reslot {
+                Some(old) => s.reslot(request.rule, request.key, &model_request, old),
+                None => s.reserve(request.rule, request.key, &model_request),
+            };
+            (reservation, s.take_armed().is_some())
         });
-        Reserved { reservation, now }
+        Reserved { reservation, now, armed }
     }
 }
 
@@ -201,11 +204,6 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Option<Millis>> {
         let now = self.now();
         ready(self.with(|s| s.fair_turned(&ring.name(), now, cursor, wake)))
-    }
-
-    fn arm_fair_wake<'a>(&'a self, ring: FairRing<'a>, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
-        let now = self.now();
-        ready(self.with(|s| s.arm_fair_wake(&ring.name(), now, wanted)))
     }
 
     /// Each unpark in order, as one call of the Redis store would make them: a drain's head that

@@ -179,16 +179,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         })
     }
 
-    fn arm_fair_wake<'a>(&'a self, fair: FairRing<'a>, wanted: Millis) -> StoreFuture<'a, Option<Millis>> {
-        Box::pin(async move {
-            let [ring, drain] = fair_keys(self.namespace(), fair);
-            let mut invocation = FAIR.call();
-            let now = self.clock().now().map(|t| t.to_string()).unwrap_or_default();
-            invocation.key(&ring).key(&drain).arg("arm").arg(now).arg(wanted);
-            Ok(invocation.invoke_async(&mut self.connection()).await?)
-        })
-    }
-
     fn release<'a>(&'a self, request: &'a SlotRequest<'a>, _: &'a Reserved) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let keys = self.keys(request);

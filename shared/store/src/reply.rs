@@ -28,6 +28,9 @@ const DONE: i64 = 3;
 /// Added to a decision's third number when its booking gave units of a leased budget's pool back
 /// (the store then sends them to the pool's home): [`gave_back`].
 const GAVE_BACK: i64 = 16;
+/// Added to a parked decision's third number when its call armed its fair budget's ring's drain
+/// ([`Reserved::armed`]).
+const ARMED: i64 = 32;
 /// A correction's third number: what it did (the script's `CORRECTION`).
 const APPLIED: i64 = 0;
 const ALREADY: i64 = 1;
@@ -46,7 +49,7 @@ pub(crate) const KINDS: [(&str, i64); 8] = [
 ];
 pub(crate) const ATTEMPTS: [(&str, i64); 4] =
     [("ATTEMPT_DECIDED", DECIDED), ("ATTEMPT_RESUMED", RESUMED), ("ATTEMPT_BUSY", BUSY), ("ATTEMPT_DONE", DONE)];
-pub(crate) const FLAGS: [(&str, i64); 1] = [("REPLY_GAVE_BACK", GAVE_BACK)];
+pub(crate) const FLAGS: [(&str, i64); 2] = [("REPLY_GAVE_BACK", GAVE_BACK), ("REPLY_ARMED", ARMED)];
 pub(crate) const CORRECTIONS: [(&str, i64); 3] =
     [("CORRECTION_APPLIED", APPLIED), ("CORRECTION_ALREADY", ALREADY), ("CORRECTION_UNKNOWN", UNKNOWN)];
 
@@ -95,7 +98,7 @@ impl Reply {
             _ => return Err(unexpected()),
         };
         let reservation = Reservation { slot: first, status, decided_at: fifth, attempt };
-        Ok(Reply::Decided(Reserved { reservation, now }))
+        Ok(Reply::Decided(Reserved { reservation, now, armed: third & ARMED != 0 }))
     }
 
     /// The decision, or an unexpected reply where only a decision may come.
@@ -131,7 +134,7 @@ impl Reply {
 /// Whether an event's reply is a decision whose booking gave units of a leased budget's pool back
 /// (`lua/reserve/leases.lua`'s give_up_short_leases).
 pub(crate) fn gave_back(reply: &[i64]) -> bool {
-    matches!(*reply, [_, kind, third, _, _] if kind != LEASE_WANTED && kind != LATER && third >= GAVE_BACK)
+    matches!(*reply, [_, kind, third, _, _] if kind != LEASE_WANTED && kind != LATER && third & GAVE_BACK != 0)
 }
 
 /// The reply's numbers as the script reads them: every name above, with its value.
@@ -156,7 +159,8 @@ mod tests {
     #[test]
     fn every_reply_is_read_by_its_name() {
         let reserved = Reply::parse(&[10, kind("REPLY_RESERVED"), number(&ATTEMPTS, "ATTEMPT_RESUMED"), 3, 2]).unwrap();
-        let Reply::Decided(Reserved { reservation, now }) = reserved else { panic!("{reserved:?}") };
+        let Reply::Decided(Reserved { reservation, now, armed }) = reserved else { panic!("{reserved:?}") };
+        assert!(!armed);
         assert_eq!(
             (reservation.slot, reservation.status, reservation.attempt, reservation.decided_at, now),
             (10, Status::Reserved, Attempt::Resumed, 2, 3)
@@ -178,6 +182,9 @@ mod tests {
         assert!(gave_back(&flagged));
         assert!(!gave_back(&[10, kind("REPLY_RESERVED"), 0, 3, 3]));
         assert!(!gave_back(&[50, kind("REPLY_LATER"), 40, 9, 0]), "a wake, not a flag");
+        let armed = [10, kind("REPLY_PARKED"), number(&ATTEMPTS, "ATTEMPT_DECIDED") + ARMED, 3, 3];
+        let parked = Reply::decided(&armed).unwrap();
+        assert!(parked.armed && parked.reservation.attempt == Attempt::Decided && !gave_back(&armed), "{parked:?}");
         assert!(Reply::parse(&[0, 0, 0]).is_err(), "too short");
     }
 
@@ -190,7 +197,7 @@ mod tests {
             names.join(" "),
             "REPLY_RESERVED=0 REPLY_MAX_DELAY=1 REPLY_COST_OVER=2 REPLY_LEASE_WANTED=3 REPLY_PARKED=4 \
              REPLY_LATER=5 REPLY_NOT_PARKED=6 REPLY_NOT_HEAD=7 ATTEMPT_DECIDED=0 ATTEMPT_RESUMED=1 \
-             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 REPLY_GAVE_BACK=16 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
+             ATTEMPT_BUSY=2 ATTEMPT_DONE=3 REPLY_GAVE_BACK=16 REPLY_ARMED=32 CORRECTION_APPLIED=0 CORRECTION_ALREADY=1 CORRECTION_UNKNOWN=2"
         );
     }
 }

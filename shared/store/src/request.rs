@@ -91,6 +91,18 @@ pub struct Reserved {
     pub reservation: Reservation,
     /// The store's time of this call (for a redelivery, later than `reservation.decided_at`).
     pub now: Millis,
+    /// The message parked and, in the same call, armed its fair budget's ring's drain (none was
+    /// armed): the caller makes the wake's task, at the slot less the budget's near horizon, no
+    /// earlier than now and at most `MAX_WAKE_GAP` ahead ([`Reserved::ring_wake`]).
+    pub armed: bool,
+}
+
+impl Reserved {
+    /// When the ring's drain should wake for this parked message of a fair budget whose near
+    /// horizon is `near`: as the reservation armed it.
+    pub fn ring_wake(&self, near: Millis) -> Millis {
+        (self.reservation.slot - near).clamp(self.now, self.now + drip_core::schedule::MAX_WAKE_GAP)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

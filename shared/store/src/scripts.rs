@@ -343,7 +343,7 @@ mod tests {
         assert!(line.contains("ANSWER_MINUTE") && line.contains(&crate::keys::ANSWER_BUCKET.to_string()), "{line}");
         let names = line.split(" = ").next().unwrap_or_default().split(", ").count();
         let values = line.split(" = ").nth(1).unwrap_or_default().split(", ").count();
-        assert_eq!((names, values), (30, 30), "14 numbers and the reply's 16: {line}");
+        assert_eq!((names, values), (31, 31), "14 numbers and the reply's 17: {line}");
         assert!(line.contains("REPLY_LEASE_WANTED") && line.contains("CORRECTION_UNKNOWN"), "{line}");
     }
 }

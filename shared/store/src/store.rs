@@ -64,9 +64,6 @@ pub trait Store: Ping + std::fmt::Debug {
         cursor: u64,
         wake: Option<Millis>,
     ) -> StoreFuture<'a, Option<Millis>>;
-    /// Arms the ring's drain at `wanted` unless one is armed (`Scheduler::arm_fair_wake`): the
-    /// wake to make a task for, if any.
-    fn arm_fair_wake<'a>(&'a self, ring: FairRing<'a>, wanted: Millis) -> StoreFuture<'a, Option<Millis>>;
     /// Keeps the body of the request's parked message (its task body, as it would be made) for
     /// `ttl`: the key's drain makes its task from it.
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()>;

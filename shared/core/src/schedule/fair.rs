@@ -26,6 +26,19 @@ pub(super) fn join(rings: &mut HashMap<String, RingState>, ring: &str, member: &
     }
 }
 
+/// A key parked in the ring at `now`, in the same step as it joined, and its drain should wake at
+/// `wanted`: the wake armed (recorded: the caller makes its task), or `None` when one is armed
+/// already and not lost ([`WAKE_LOST_AFTER`]).
+pub(super) fn arm(rings: &mut HashMap<String, RingState>, ring: &str, now: Millis, wanted: Millis) -> Option<Millis> {
+    let state = rings.get_mut(ring)?;
+    if state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
+        return None;
+    }
+    let wake = wanted.clamp(now, now + MAX_WAKE_GAP);
+    state.wake = Some(wake);
+    Some(wake)
+}
+
 impl Scheduler {
     /// The budget's ring: its waiting keys, oldest first, and where its next drain starts.
     pub fn fair_ring(&self, budget: &str) -> Ring {
@@ -59,18 +72,5 @@ impl Scheduler {
         state.ring.cursor = cursor;
         state.wake = wake.or((!state.ring.members.is_empty()).then_some(now));
         state.wake
-    }
-
-    /// A key parked in the ring's budget at `now` and its drain should wake at `wanted`: the wake
-    /// to arm (recorded), or `None` when one is armed already and not lost ([`WAKE_LOST_AFTER`]),
-    /// or nobody waits.
-    pub fn arm_fair_wake(&mut self, budget: &str, now: Millis, wanted: Millis) -> Option<Millis> {
-        let state = self.rings.get_mut(budget)?;
-        if state.ring.members.is_empty() || state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
-            return None;
-        }
-        let wake = wanted.clamp(now, now + MAX_WAKE_GAP);
-        state.wake = Some(wake);
-        Some(wake)
     }
 }

@@ -65,21 +65,28 @@ pub(super) fn throttled_budget(
     })
 }
 
-/// The message joins the end of its key's queue, and the key its fair budgets' rings in the same
-/// step, so that a parked key is always in its fair budget's ring.
+/// The message (its earliest slot `slot`) joins the end of its key's queue, and the key its fair
+/// budgets' rings in the same step, so that a parked key is always in its fair budget's ring; the
+/// ring's drain is armed where the slot comes within the budget's near horizon, unless a wake is
+/// armed: the wake armed, if one was.
 pub(super) fn queue(
     entity: &mut Entity,
     rings: &mut HashMap<String, fair::RingState>,
     (rule, key): (&str, &str),
     request: &ReserveRequest<'_>,
-) {
+    slot: Millis,
+) -> Option<Millis> {
     entity.queue.push_back(answer_file(request.message_id, request.published));
     entity.state.parked += 1;
+    let mut armed = None;
     for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
         let member = crate::fair::Member { rule: rule.into(), key: key.into() };
         let ring = crate::budgets::FairRing::of_key(budget, request.scope(key)).name();
         fair::join(rings, &ring, &member, request.now);
+        let wanted = slot - budget.near().unwrap_or_default();
+        armed = armed.or(fair::arm(rings, &ring, request.now, wanted));
     }
+    armed
 }
 
 impl Scheduler {
@@ -89,7 +96,7 @@ impl Scheduler {
     /// the queue ([`Self::unpark`]). Its answer's slot is now.
     pub(super) fn park_behind(&mut self, rule: &str, key: &str, request: &ReserveRequest<'_>) -> Reservation {
         let entity = self.entities.entry((rule.to_owned(), key.to_owned())).or_default();
-        queue(entity, &mut self.rings, (rule, key), request);
+        self.armed = queue(entity, &mut self.rings, (rule, key), request, request.now);
         file_decision(entity, request, request.now, Status::Parked)
     }
 }
