@@ -66,7 +66,7 @@ local function park(e, values, slot, now)
     local budget = e.budgets[b]
     if budget.ring_key then
       RING.join(KEYS[e.base + budget.ring_key], budget.ring_member, now, e.answers_keep)
-      if RING.arm(KEYS[e.base + budget.ring_key + 1], now, slot - budget.near, e.answers_keep) then
+      if RING.arm(KEYS[e.base + budget.ring_key + 1], now, slot - budget.near) then
         attempt = attempt + REPLY_ARMED
       end
     end

@@ -294,9 +294,9 @@ end
 
 -- Arms the drain of a ring (`drain`: its hash, whose 'wk' is when it wakes) at `wanted`, no earlier
 -- than now and at most MAX_WAKE_GAP ahead, unless a wake is armed and not lost (WAKE_LOST_AFTER;
--- schedule/fair.rs's arm): whether it armed one. The hash lives `keep` more when it does (it is
--- the ring's: what it loses by expiring is where the next round starts).
-function RING.arm(drain, now, wanted, keep)
+-- schedule/fair.rs's arm): whether it armed one. The hash does not expire: one per fair budget
+-- (or partition), whose loss would arm a second wake while the first still runs.
+function RING.arm(drain, now, wanted)
   local wake = drain_wakes[drain]
   if wake == nil then
     wake = tonumber(redis.call('HGET', drain, FIELD_WAKE)) or false
@@ -307,7 +307,6 @@ function RING.arm(drain, now, wanted, keep)
   end
   wake = math.min(math.max(wanted, now), now + MAX_WAKE_GAP)
   redis.call('HSET', drain, FIELD_WAKE, wake)
-  redis.call('PEXPIRE', drain, keep)
   drain_wakes[drain] = wake
   return true
 end

@@ -194,8 +194,9 @@ async fn a_merchant_s_classes_share_its_turn_in_a_fair_budget() {
 
 /// Every key a parked key and its fair budget write expires, and none before its messages may
 /// still wait (a message's answer is kept `answers_keep` of its `max_delay`): the queue, the
-/// key's state and the budget's ring (and its drain's hash) outlive that from the latest park, also when the queue
-/// emptied (and so went) and fills again; the list a drain hands over through expires too.
+/// key's state and the budget's ring outlive that from the latest park, also when the queue
+/// emptied (and so went) and fills again; the list a drain hands over through expires too. (The
+/// ring's drain hash, one per fair budget, is kept: its loss would arm a second wake.)
 #[tokio::test]
 async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() {
     use drip_core::schedule::{Status, Unpark};
@@ -249,7 +250,7 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
                 lives.iter().find(|(k, _)| k.ends_with(suffix)).unwrap_or_else(|| panic!("{suffix}: {lives:?}"));
             assert!(*life >= least, "{at}: {key} lives {life} ms, less than the {least} its messages may wait");
         }
-        for (key, life) in lives {
+        for (key, life) in lives.iter().filter(|(key, _)| !key.ends_with(&format!(":fair:{id}-api:m"))) {
             assert!(*life > 0 && *life <= 2 * keep + 2 * MINUTE, "{at}: {key} lives {life} ms");
         }
     };
