@@ -346,4 +346,61 @@ mod tests {
         assert_eq!((names, values), (31, 31), "14 numbers and the reply's 17: {line}");
         assert!(line.contains("REPLY_LEASE_WANTED") && line.contains("CORRECTION_UNKNOWN"), "{line}");
     }
+
+    /// The names a Lua table constructor starting at `text`'s first `{` sets (at its own level).
+    fn constructor_names(text: &str) -> std::collections::BTreeSet<String> {
+        let (mut names, mut depth, mut word) = (std::collections::BTreeSet::new(), 0, String::new());
+        let mut chars = text[text.find('{').expect("a constructor")..].chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' | '(' => depth += 1,
+                '}' | ')' => depth -= 1,
+                '=' if depth == 1 && chars.peek() != Some(&'=') && !word.is_empty() => {
+                    names.insert(std::mem::take(&mut word));
+                }
+                c if c.is_alphanumeric() || c == '_' => word.push(c),
+                ' ' => {}
+                _ => word.clear(),
+            }
+            if depth == 0 {
+                break;
+            }
+        }
+        names
+    }
+
+    /// `copy_read` builds an event's tables as `read_event` builds them, without parsing its
+    /// record again: a field `read_event` sets that `copy_read` did not would be nil on every
+    /// event written alike (a drain's heads, a group commit's events of a rule), and only a
+    /// differential test that happened to need it would notice.
+    #[test]
+    fn copy_read_builds_every_field_read_event_does() {
+        let text = include_str!("../../../lua/reserve/request.lua");
+        let body = |name: &str| {
+            let from = text.find(&format!("local function {name}(")).expect("the function");
+            &text[from..from + text[from..].find("\nend\n").expect("its end")]
+        };
+        // Each table the two build (the event, its limits, its budgets and their limits), and the
+        // name the fields set after its constructor go by (`e.state_from, e.state_to = ...`).
+        let tables = [
+            ("local e = {", "e."),
+            ("limits[i] = {", ""),
+            ("local budget = {", "budget."),
+            ("budget_limits[j] = {", ""),
+        ];
+        let names = |body: &str, (table, after): (&str, &str)| {
+            let mut names = constructor_names(&body[body.find(table).expect(table)..]);
+            for line in body.lines().map(str::trim).filter(|l| !after.is_empty() && l.starts_with(after)) {
+                let Some((left, _)) = line.split_once(" = ") else { continue };
+                names.extend(left.split(',').filter_map(|target| target.trim().strip_prefix(after)).map(str::to_owned));
+            }
+            names
+        };
+        let (read, copied) = (body("read_event"), body("copy_read"));
+        for table in tables {
+            let (read_names, copied_names) = (names(read, table), names(copied, table));
+            assert!(read_names.len() > 3, "{}: {read_names:?}", table.0);
+            assert_eq!(read_names, copied_names, "{}: read_event's fields, then copy_read's", table.0);
+        }
+    }
 }
