@@ -524,21 +524,21 @@ fn chart(path: &str, rows: &[(usize, f64, f64)]) -> Result<(), Box<dyn std::erro
 }
 
 /// A first-come budget and a fair one under the same load, side by side (docs/capacity.md: "A fair
-/// budget under a deep backlog"), in rounds of one each, a fresh Redis for each round, then the
-/// rounds' median ratios: the two runs of a round are seconds apart, and this machine's speed
-/// swings more than that between rounds (`DRIP_BENCH_FAIR_ROUNDS`, 3 by default).
+/// budget under a deep backlog"), in passes of one each, a fresh Redis for each pass, then the
+/// passes' median ratios: the two runs of a pass are seconds apart, and this machine's speed
+/// swings more than that between passes (`DRIP_BENCH_FAIR_PASSES`, 3 by default).
 /// `DRIP_BENCH_FAIR_ONLY=1` runs this table alone.
 async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<MultiplexedConnection>) {
     let batched = store.clone().with_batching(Batching::new(64, false));
     // A quarter of the load a second: the backlog spans four windows at every scale, so most of
     // it lies past the fair budget's near horizon and parks.
     let (count, events) = ((budgeted_events(32) / 4) as u64, budgeted_events(32) as f64);
-    let rounds: usize = std::env::var("DRIP_BENCH_FAIR_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let passes: usize = std::env::var("DRIP_BENCH_FAIR_PASSES").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
     println!(
         "\n| a budget of {count}/s, 32 clients, {events} events over {ENTITIES} keys | reservations/s | script calls to drain | Redis CPU µs an event | vs first come: reservations/s, one Redis's bound |\n|---|---|---|---|---|"
     );
     let (mut per_second, mut bound) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
+    for _ in 0..passes {
         let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");
         server_usec(connection).await;
         let cpu = cpu_usec(connection).await;
@@ -566,7 +566,7 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
         );
     }
     println!(
-        "| `fair: true`, the median of {rounds} rounds | | | | {:.2}×, {:.2}× |",
+        "| `fair: true`, the median of {passes} passes | | | | {:.2}×, {:.2}× |",
         median(&mut per_second),
         median(&mut bound)
     );
