@@ -38,9 +38,7 @@ pub async fn park(
     // before its wake existed. A wake armed twice for one time is one task.
     let wake = match store.arm_wake(rule, request.key, wanted).await? {
         Some(wake) => Some(wake),
-        None if reserved.reservation.replayed() => {
-            Some(wanted.clamp(reserved.now, reserved.now + drip_core::schedule::MAX_WAKE_GAP))
-        }
+        None if reserved.reservation.replayed() => Some(reserved.wake_at(wanted)),
         None => None,
     };
     if let Some(at) = wake {

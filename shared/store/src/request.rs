@@ -98,10 +98,16 @@ pub struct Reserved {
 }
 
 impl Reserved {
+    /// When a drain wanted at `wanted` wakes, as the scripts arm one: no earlier than this call's
+    /// now, at most `MAX_WAKE_GAP` after it.
+    pub fn wake_at(&self, wanted: Millis) -> Millis {
+        wanted.clamp(self.now, self.now + drip_core::schedule::MAX_WAKE_GAP)
+    }
+
     /// When the ring's drain should wake for this parked message of a fair budget whose near
     /// horizon is `near`: as the reservation armed it.
     pub fn ring_wake(&self, near: Millis) -> Millis {
-        (self.reservation.slot - near).clamp(self.now, self.now + drip_core::schedule::MAX_WAKE_GAP)
+        self.wake_at(self.reservation.slot - near)
     }
 }
 
