@@ -51,7 +51,8 @@ local function parks(e, values, slot, now)
   return throttled and slot > now + e.park
 end
 
--- Appends the message (its earliest slot `slot`) to the key's queue, and the key to its fair
+-- Appends the message (its earliest slot `slot`) to the key's queue with its body when the call
+-- carries it, and the key to its fair
 -- budget's ring (schedule.rs's decide: in the same call, so a parked key is always in the ring),
 -- arming the ring's drain where the slot comes within the budget's near horizon unless a wake is
 -- armed: its reply's attempt (flagged REPLY_ARMED when it armed one). The queue and the state live
@@ -61,6 +62,10 @@ end
 local function park(e, values, slot, now)
   local queue, at = queue_key(e), parked_at(e)
   local new = QUEUE.push(queue, queue_entry(e))
+  if e.body ~= '' then
+    -- Its body, where the drain reads it (keys.rs's parked_body_key), for as long as its answer.
+    BODY.keep(KEYS[e.base + KEY_ANSWERS] .. ':q:' .. e.field, e.body, e.answers_keep)
+  end
   local attempt = ATTEMPT.decided
   for b = 1, #e.budgets do
     local budget = e.budgets[b]

@@ -60,7 +60,8 @@ local function read_event()
     floor = tonumber(ARGV[at + EVENT_FLOOR]) or false,
     margin = tonumber(ARGV[at + EVENT_MARGIN]), ceiling = tonumber(ARGV[at + ADAPTIVE_CEILING]) or false,
     step = tonumber(ARGV[at + ADAPTIVE_STEP]), window = tonumber(ARGV[at + ADAPTIVE_WINDOW]),
-    limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0, overrides = false,
+    body = ARGV[at + EVENT_BODY], limits = {}, budgets = {}, paused_until = false, state_from = 0, state_to = 0,
+    overrides = false,
     folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS, values = false}
   local limits = e.limits
   for i = 1, int() do
@@ -137,7 +138,7 @@ local function copy_read(last)
     lease = last.lease, state_ttl = last.state_ttl, reslot = last.reslot, gives_back = last.gives_back,
     correct = last.correct, unpark = last.unpark, park = last.park, level = false, floor = last.floor,
     margin = last.margin, ceiling = last.ceiling, step = last.step, window = last.window,
-    limits = {}, budgets = {}, paused_until = false, state_from = last.state_from, state_to = last.state_to,
+    body = '', limits = {}, budgets = {}, paused_until = false, state_from = last.state_from, state_to = last.state_to,
     overrides = false, folded = false, state = PLAIN_STATE, answers = PLAIN_ANSWERS, values = false,
     charges = last.charges}
   local limits = e.limits
@@ -167,15 +168,15 @@ local function copy_read(last)
 end
 
 -- A general event written as `~`, where its keys start, its answer field, cost and answers
--- minute, then its key in each of its fair budgets' rings (args.rs's `add`: a drain's heads, a
--- group commit's events of one rule): `last`, the call's last general event written in full, but
--- for those.
+-- minute, the body it keeps should it park, then its key in each of its fair budgets' rings
+-- (args.rs's `add`: a drain's heads, a group commit's events of one rule): `last`, the call's last
+-- general event written in full, but for those.
 local function read_alike(last)
   local at = arg_at
   local e = copy_read(last)
-  e.base, e.field, e.cost, e.answers_base = tonumber(ARGV[at + 2]), ARGV[at + 3], tonumber(ARGV[at + 4]),
-    tonumber(ARGV[at + 5])
-  at = at + 5
+  e.base, e.field, e.cost, e.answers_base, e.body = tonumber(ARGV[at + 2]), ARGV[at + 3], tonumber(ARGV[at + 4]),
+    tonumber(ARGV[at + 5]), ARGV[at + 6]
+  at = at + 6
   local budgets = e.budgets
   for b = 1, #budgets do
     if budgets[b].ring_member then

@@ -194,7 +194,7 @@ async fn a_merchant_s_classes_share_its_turn_in_a_fair_budget() {
 
 /// Every key a parked key and its fair budget write expires, and none before its messages may
 /// still wait (a message's answer is kept `answers_keep` of its `max_delay`): the queue, the
-/// key's state and the budget's ring outlive that from the latest park, also when the queue
+/// key's state, the parked bodies and the budget's ring outlive that from the latest park, also when the queue
 /// emptied (and so went) and fills again; the list a drain hands over through expires too. (The
 /// ring's drain hash, one per fair budget, is kept: its loss would arm a second wake.)
 #[tokio::test]
@@ -217,11 +217,12 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
         let mut connection = connection.clone();
         let id = id.clone();
         async move {
-            let keys: Vec<String> = connection.keys(format!("*{id}*")).await.unwrap();
+            // (A parked body's key ends with its message's answer field: bytes.)
+            let keys: Vec<Vec<u8>> = connection.keys(format!("*{id}*")).await.unwrap();
             let mut lives = BTreeMap::new();
             for key in keys {
                 let life: i64 = connection.pttl(&key).await.unwrap();
-                lives.insert(key, life);
+                lives.insert(String::from_utf8_lossy(&key).into_owned(), life);
             }
             lives
         }
@@ -233,7 +234,8 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
             let mut parked = Vec::new();
             for i in first..first + 5 {
                 let message = format!("m{i}");
-                let request = SlotRequest::for_rule(rule, "k", &message, 1).at(now);
+                let request =
+                    SlotRequest::for_rule(rule, "k", &message, 1).at(now).keeping_if_parked(message.as_bytes());
                 let status = store.reserve(&request).await.unwrap().reservation.status;
                 assert!(i > first || status == Status::Reserved, "at {now}: the first books near");
                 if status == Status::Parked {
@@ -249,6 +251,12 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
             let (key, life) =
                 lives.iter().find(|(k, _)| k.ends_with(suffix)).unwrap_or_else(|| panic!("{suffix}: {lives:?}"));
             assert!(*life >= least, "{at}: {key} lives {life} ms, less than the {least} its messages may wait");
+        }
+        // The parked messages' bodies, kept by the calls that parked them.
+        let bodies: Vec<_> = lives.iter().filter(|(k, _)| k.contains(":q:")).collect();
+        assert!(bodies.len() >= 2, "{at}: the parked bodies: {lives:?}");
+        for (key, life) in bodies {
+            assert!(*life >= least, "{at}: {key} lives {life} ms, less than the {least} its message may wait");
         }
         for (key, life) in lives.iter().filter(|(key, _)| !key.ends_with(&format!(":fair:{id}-api:m"))) {
             assert!(*life > 0 && *life <= 2 * keep + 2 * MINUTE, "{at}: {key} lives {life} ms");

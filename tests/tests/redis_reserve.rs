@@ -185,9 +185,15 @@ async fn run_all(store: &impl Differential, rule_name: &str, scenario: &Scenario
         let requests: Vec<SlotRequest> =
             batch.clone().zip(&keys).map(|(j, key)| request_of(scenario, &rules[j], key, j)).collect();
         let reserved = store.reserve_all(&requests).await;
-        for (j, reserved) in batch.clone().zip(&reserved) {
+        let mut parked_now = std::collections::BTreeSet::new();
+        for ((j, reserved), request) in batch.clone().zip(&reserved).zip(&requests) {
             let r = reserved.reservation;
+            assert_eq!(
+                reserved.body_kept(request),
+                r.status == Status::Parked && r.attempt == Attempt::Decided && request.parked_body.is_some()
+            );
             if r.status == Status::Parked && r.attempt == Attempt::Decided {
+                parked_now.insert(keys[j - batch.start].clone());
                 parked.entry(keys[j - batch.start].clone()).or_default().push_back(j);
                 PARKING_SEEN[2].fetch_add(1, Ordering::Relaxed);
                 if let Some(budget) = fair {
@@ -196,6 +202,16 @@ async fn run_all(store: &impl Differential, rule_name: &str, scenario: &Scenario
                     rings.push(format!("park {j}: wake {wake:?}"));
                 }
             }
+        }
+        // Each message parked in its call kept the body the call carried, where the key's drain
+        // reads it, behind those parked before it (whose bodies the drains have not taken).
+        for key in parked_now {
+            let rule = scenario.rule(&scenario.rule_of(rule_name, entity_of(&key)));
+            let queue = &parked[&key];
+            let bodies = store.parked_bodies(&rule, &key, queue.len()).await.expect("parked_bodies");
+            let carried: Vec<Option<Vec<u8>>> =
+                queue.iter().map(|&j| parked_body_of(&scenario.events[j]).map(<[u8]>::to_vec)).collect();
+            assert_eq!(bodies, carried, "the parked bodies of {key}");
         }
         for (request, reserved) in requests.iter().zip(reserved) {
             match answers.len() % 3 {
@@ -238,8 +254,15 @@ fn request_of<'a>(scenario: &'a Scenario, rule: &'a str, key: &'a str, j: usize)
     SlotRequest {
         reslot: arrival.reslot,
         tag: scenario.shared.budgets.first().map(|b| b.tag.as_str()),
+        parked_body: parked_body_of(arrival),
         ..SlotRequest::new(rule, key, event).at(arrival.now)
     }
+}
+
+/// The body an event's reservation carries to keep should it park (its id), for two messages in
+/// three; the others' callers would keep theirs after (as for a claim-checked body).
+fn parked_body_of(arrival: &Arrival) -> Option<&[u8]> {
+    (arrival.id.bytes().map(u32::from).sum::<u32>() % 3 != 0).then_some(arrival.id.as_bytes())
 }
 
 /// A drain's request for the parked event at `j`, made at the event at `i`: a key that parked

@@ -152,30 +152,7 @@ impl AppState {
         now: Millis,
     ) -> Result<EventTask, Failure> {
         let Acting { rule, key, event, identity, slot, .. } = acting;
-        // The dispatcher adds these to the overflow message: refuse now what Pub/Sub would refuse then.
-        let overflow = Stamp { ratelimited: true, ..acting.stamp() };
-        overflow.apply(&event.attributes, event.data.len()).map_err(Failure::Permanent)?;
-        let first = rule.limits[0];
-        let mut body = TaskBody {
-            is_ratelimited: true,
-            rate_limit_meta: RateLimitMeta {
-                key: key.to_owned(),
-                rule: rule.name.clone(),
-                rule_id: (rule.id != rule.name).then(|| rule.id.clone()),
-                window_type: first.window_type(),
-                limit: first.limit(),
-                scheduled_for: slot,
-                overflow_topic: rule.overflow_topic.to_string(),
-                cost: Some(acting.cost),
-            },
-            payload: TaskPayload::inline(&event.data),
-            attributes: event.attributes.clone(),
-            message_id: event.id.clone(),
-            subscription: event.subscription.clone(),
-            publish_time: publish_time.map(str::to_owned),
-        };
-        // Serializing the task's own body cannot fail; were it to, a retry is the safe answer.
-        let mut encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
+        let (mut body, mut encoded) = task_body(acting, publish_time)?;
         if encoded.len() > MAX_INLINE_TASK_BODY {
             if event.data.len() > self.claim_check_max_bytes {
                 let detail = format!(
@@ -193,4 +170,46 @@ impl AppState {
         }
         Ok(EventTask { name: task_id(&rule.id, identity, None), slot, body: encoded })
     }
+}
+
+/// The body a parked message would keep, built before its reservation so that the call that parks
+/// it keeps it too (`SlotRequest::parked_body`): for a rule drawing from a fair budget, whose events
+/// past its near horizon park, when the body goes inline (a claim-checked one is kept after, as the
+/// payload's reference needs a write of its own). The drain gives it its slot.
+pub(crate) fn parked_body(acting: Acting<'_>, publish_time: Option<&str>) -> Option<Vec<u8>> {
+    if acting.rule.fair_budget().is_none() || acting.rule.mode == drip_core::rules::Mode::Shadow {
+        return None;
+    }
+    let (_, encoded) = task_body(acting, publish_time).ok()?;
+    (encoded.len() <= MAX_INLINE_TASK_BODY).then_some(encoded)
+}
+
+/// The task body of the event `acting` at its slot, inline, and its encoding. The dispatcher adds
+/// these attributes to the overflow message: what Pub/Sub would refuse then is refused now.
+fn task_body(acting: Acting<'_>, publish_time: Option<&str>) -> Result<(TaskBody, Vec<u8>), Failure> {
+    let Acting { rule, key, event, slot, .. } = acting;
+    let overflow = Stamp { ratelimited: true, ..acting.stamp() };
+    overflow.apply(&event.attributes, event.data.len()).map_err(Failure::Permanent)?;
+    let first = rule.limits[0];
+    let body = TaskBody {
+        is_ratelimited: true,
+        rate_limit_meta: RateLimitMeta {
+            key: key.to_owned(),
+            rule: rule.name.clone(),
+            rule_id: (rule.id != rule.name).then(|| rule.id.clone()),
+            window_type: first.window_type(),
+            limit: first.limit(),
+            scheduled_for: slot,
+            overflow_topic: rule.overflow_topic.to_string(),
+            cost: Some(acting.cost),
+        },
+        payload: TaskPayload::inline(&event.data),
+        attributes: event.attributes.clone(),
+        message_id: event.id.clone(),
+        subscription: event.subscription.clone(),
+        publish_time: publish_time.map(str::to_owned),
+    };
+    // Serializing the task's own body cannot fail; were it to, a retry is the safe answer.
+    let encoded = serde_json::to_vec(&body).map_err(Failure::transient)?;
+    Ok((body, encoded))
 }

@@ -112,8 +112,16 @@ async fn reserve_and_act(
         Some(previous) => state.step(state.store.frontier(rule, previous)).await?,
         None => None,
     };
+    // The body it keeps should it park, built first so that the call that parks it keeps it too
+    // (its slot is the drain's to give).
+    let parking =
+        Acting { rule, key, event, identity: &identity, slot: wall_clock_millis(), cost, published, shadow: None };
+    let parked_body = crate::actions::parked_body(parking, publish_time);
     let mut request = SlotRequest::for_rule(rule, key, &identity, cost);
     request.event = ReserveRequest { lease: state.lease, published, floor, ..request.event };
+    if let Some(body) = &parked_body {
+        request = request.keeping_if_parked(body);
+    }
     let mut reserved = state.step(state.store.reserve(&request)).await?;
     // A redelivery of an event that was to go at once, after its attempt died (its lease held the
     // slot meanwhile), would land on the events that own the window it comes in: it takes the

@@ -16,19 +16,23 @@ use crate::tasks::Tasks;
 pub const BODY_MARGIN: Millis = drip_core::time::HOUR;
 
 /// Parks the message of `request` (its answer is `Parked`): its body (the task body it would have
-/// had) is kept for the drain, with its claim-checked payload if it has one, and the key's drain is woken where its head's slot comes within
-/// reach, unless a wake is armed already. The caller records the answer as acted upon after.
+/// had) is kept for the drain, with its claim-checked payload if it has one, unless the call that
+/// parked it kept it (`SlotRequest::parked_body`), and the key's drain is woken where its head's
+/// slot comes within reach, unless a wake is armed already. The caller records the answer as acted
+/// upon after.
 pub async fn park(
     (store, tasks, metrics): (&dyn Store, &Tasks, &ServiceMetrics),
     (rule, request): (&Rule, &SlotRequest<'_>),
     reserved: &Reserved,
     body: &[u8],
 ) -> anyhow::Result<()> {
-    let ttl = rule.max_delay + BODY_MARGIN;
-    if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(body) {
-        store.keep_payload(&reference, ttl).await?;
+    if !reserved.body_kept(request) {
+        let ttl = rule.max_delay + BODY_MARGIN;
+        if let Some(reference) = drip_core::overflow::TaskBody::claim_check_of(body) {
+            store.keep_payload(&reference, ttl).await?;
+        }
+        store.park_body(request, body, ttl).await?;
     }
-    store.park_body(request, body, ttl).await?;
     if let Some(budget) = rule.fair_budget() {
         return wake_ring((tasks, metrics), (rule, budget, request), reserved).await;
     }

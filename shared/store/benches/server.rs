@@ -663,12 +663,12 @@ where
                 let id = format!("fair-{c}-{i}");
                 let request = request(&rule, &key, &id, (&limits, &budgets), t0);
                 let event = ReserveRequest { max_delay: DAY, park: Some(2 * SECOND), ..request.event };
-                let request = SlotRequest { event, ..request }.at(t0);
+                // As the limiter parks: the body kept, the key joined to the ring and its drain
+                // armed unless it was, all in the call.
+                let request = SlotRequest { event, ..request }.at(t0).keeping_if_parked(&[b'x'; 300]);
                 let reserved = store.reserve(&request).await.expect("reserve");
                 if reserved.reservation.status == Status::Parked {
-                    // As the limiter parks: the body kept (the key joined the ring, and armed its
-                    // drain unless it was, in the call).
-                    store.park_body(&request, &[b'x'; 300], DAY).await.expect("park_body");
+                    assert!(reserved.body_kept(&request), "the parking call keeps the body");
                     parked.push((c, i));
                 }
             }

@@ -18,7 +18,7 @@ use crate::{keys::EntityKeys, request::SlotRequest};
 /// The event's fixed record, in the order [`ReserveArgs::event`] writes it: `reserve.lua`'s
 /// `read_event` reads each field at its place by a constant generated from its name
 /// (`event.cost` is `EVENT_COST`; scripts.rs), never by a number of its own.
-pub(crate) const EVENT_RECORD: [&str; 15] = [
+pub(crate) const EVENT_RECORD: [&str; 16] = [
     "event.first_key",
     "event.answer_field",
     "event.cost",
@@ -34,6 +34,7 @@ pub(crate) const EVENT_RECORD: [&str; 15] = [
     "adaptive.ceiling",
     "adaptive.step",
     "adaptive.window",
+    "event.body",
 ];
 
 /// One limit's record in the event's `limits` section, read the same way.
@@ -296,9 +297,10 @@ fn value_of<'a>(args: &'a Args, name: &str) -> &'a [u8] {
 const LIKE_OWN: [&str; 3] = ["event.first_key", "event.answer_field", "event.cost"];
 
 /// What a general event written as another (`~`: reserve.lua's `read_alike`) has of its own: where
-/// its keys start, its message, cost and answers minute, and its key in its fair budgets' rings.
-const ALIKE_OWN: [&str; 5] =
-    ["event.first_key", "event.answer_field", "event.cost", "event.answers_base", "budget.ring_member"];
+/// its keys start, its message, cost and answers minute, the body it keeps should it park, and its
+/// key in its fair budgets' rings.
+const ALIKE_OWN: [&str; 6] =
+    ["event.first_key", "event.answer_field", "event.cost", "event.answers_base", "event.body", "budget.ring_member"];
 
 /// Whether two records are the same but for the values of `own`.
 fn same_but(a: &Args, b: &Args, own: &[&str]) -> bool {
@@ -312,7 +314,7 @@ fn same_but(a: &Args, b: &Args, own: &[&str]) -> bool {
 /// its key turns out to need more (overrides, a pause, a level, a parked backlog).
 fn lean_shape(request: &SlotRequest<'_>) -> bool {
     let event = &request.event;
-    event.budgets.is_empty() && event.class.is_none() && event.floor.is_none()
+    event.budgets.is_empty() && event.class.is_none() && event.floor.is_none() && request.parked_body.is_none()
 }
 
 /// Which of reserve.lua's paths the events of the lean shape take: the lean one (what the store
@@ -500,6 +502,8 @@ impl ReserveArgs {
             .opt("event.floor", event.floor)
             .int("event.margin", event.margin);
         adaptive(&mut args, event.adaptive.as_ref(), event.limits);
+        // Kept (where its answer is filed, for as long) should it park: parking.lua's park.
+        args.str("event.body", request.parked_body.unwrap_or_default());
         args.section("limits", &limits, |args, l| {
             args.str("limit.kind", l.kind)
                 .int("limit.per", l.limit.per())
@@ -772,6 +776,7 @@ mod tests {
                 ("event.answer_field", value_of(&general.events[2], "event.answer_field")),
                 ("event.cost", b"1"),
                 ("event.answers_base", value_of(&general.events[0], "event.answers_base")),
+                ("event.body", b""),
             ]
         );
         // A fair budget's drain: each head of another key carries its place in the ring.
@@ -787,7 +792,7 @@ mod tests {
         let drain = encode(ReservePaths::Lean, &[head("k", "m1"), head("j", "m2")]);
         assert_eq!(value_of(&drain.events[0], "event.mode"), b"unpark");
         assert_eq!(value_of(&drain.events[1], "budget.ring_member"), b"r\nj");
-        assert_eq!(drain.events[1].0.len(), 6);
+        assert_eq!(drain.events[1].0.len(), 7);
         assert!(drain.events[0].0.len() > 40, "written in full once: {}", drain.events[0].0.len());
         // Records that differ in more than that are written in full.
         let mixed = encode(ReservePaths::Lean, &[request("k", "m1", 1, true), head("k", "m2")]);

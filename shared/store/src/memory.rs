@@ -158,7 +158,16 @@ impl MemoryStore {
             };
             (reservation, s.take_armed().is_some())
         });
-        Reserved { reservation, now, armed }
+        let reserved = Reserved { reservation, now, armed };
+        if let Some(body) = request.parked_body.filter(|_| reserved.body_kept(request)) {
+            self.keep_body(request, body);
+        }
+        reserved
+    }
+
+    fn keep_body(&self, request: &SlotRequest<'_>, body: &[u8]) {
+        let name = parked_name(request.rule, request.key, &file_of(request));
+        locked(&self.payloads).insert(name, body.to_vec());
     }
 }
 
@@ -223,8 +232,7 @@ impl Store for MemoryStore {
 
     /// The model's bodies never expire.
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], _: Millis) -> StoreFuture<'a, ()> {
-        let name = parked_name(request.rule, request.key, &file_of(request));
-        locked(&self.payloads).insert(name, body.to_vec());
+        self.keep_body(request, body);
         ready(())
     }
 

@@ -32,6 +32,11 @@ pub struct SlotRequest<'a> {
     /// Decide at the store's clock (Redis `TIME`, so instances with skewed clocks agree) instead
     /// of `event.now`.
     pub store_clock: bool,
+    /// The body to keep for the key's drain should the message park (the task body it would have
+    /// had): kept in the call that parks it, so that a parked message never waits without its body
+    /// and its parking costs no second trip ([`Reserved::body_kept`]). `None`: the caller keeps it
+    /// after (`Store::park_body`), as for a large body that is claim-checked.
+    pub parked_body: Option<&'a [u8]>,
 }
 
 impl<'a> SlotRequest<'a> {
@@ -45,7 +50,7 @@ impl<'a> SlotRequest<'a> {
 
     /// `event` for `key` of `rule`, on the store's clock, not a reslot, no budget tag.
     pub fn new(rule: &'a str, key: &'a str, event: ReserveRequest<'a>) -> Self {
-        Self { rule, key, tag: None, reslot: None, unpark: None, event, store_clock: true }
+        Self { rule, key, tag: None, reslot: None, unpark: None, event, store_clock: true, parked_body: None }
     }
 
     /// The request for one event of `rule` (its limits, budgets and the rest, as
@@ -80,6 +85,11 @@ impl<'a> SlotRequest<'a> {
         Self { event: ReserveRequest { published, ..self.event }, ..self }
     }
 
+    /// The same request keeping `body` for the key's drain should the message park.
+    pub fn keeping_if_parked(self, body: &'a [u8]) -> Self {
+        Self { parked_body: Some(body), ..self }
+    }
+
     /// When to decide: `None` is the store's clock.
     pub fn now(&self) -> Option<Millis> {
         (!self.store_clock).then_some(self.event.now)
@@ -108,6 +118,14 @@ impl Reserved {
     /// horizon is `near`: as the reservation armed it.
     pub fn ring_wake(&self, near: Millis) -> Millis {
         self.wake_at(self.reservation.slot - near)
+    }
+
+    /// Whether the call that answered `request` kept its parked body: it parked the message now
+    /// (a replayed answer's attempt may have died before its body was kept, or kept none).
+    pub fn body_kept(&self, request: &SlotRequest<'_>) -> bool {
+        request.parked_body.is_some()
+            && self.reservation.status == drip_core::schedule::Status::Parked
+            && self.reservation.attempt == drip_core::schedule::Attempt::Decided
     }
 }
 

@@ -50,6 +50,7 @@ fn the_arguments_of_a_rich_call_are_pinned() {
     let now = 1_800_000_000_123;
     let mut first = SlotRequest::for_rule(rule, "merchant_7", "m1", 2).at(now).published(Some(now));
     first.event = ReserveRequest { lease: 15_000, floor: Some(now + 2_000), ..first.event };
+    let first = first.keeping_if_parked(b"{\"body\":1}");
     let second = SlotRequest {
         reslot: Some(drip_core::schedule::OldSlot::GivenBack),
         ..SlotRequest::for_rule(rule, "merchant_8", "m2", 1).at(now)
