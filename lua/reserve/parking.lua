@@ -51,14 +51,13 @@ local function parks(e, values, slot, now)
   return throttled and slot > now + e.park
 end
 
--- Appends the message (its earliest slot `slot`) to the key's queue with its body when the call
--- carries it, and the key to its fair
--- budget's ring (schedule.rs's decide: in the same call, so a parked key is always in the ring),
--- arming the ring's drain where the slot comes within the budget's near horizon unless a wake is
--- armed: its reply's attempt (flagged REPLY_ARMED when it armed one). The queue and the state live
--- while it may wait there (its answer's life), and are given a quarter more when they are set to,
--- so that most parks set no expiry: the state's 'exp' (so that no commit shortens its life) and
--- 'qx' (the queue's) say until when each is kept.
+-- Appends the message (its earliest slot `slot`) to the key's queue, keeping its body when the
+-- call carries it, and the key to its fair budget's ring (schedule.rs's decide: in the same call,
+-- so a parked key is always in the ring), arming the ring's drain where the slot comes within the
+-- budget's near horizon unless a wake is armed: its reply's attempt (flagged REPLY_ARMED when it
+-- armed one). The queue and the state live while it may wait there (its answer's life), and are
+-- given a quarter more when they are set to, so that most parks set no expiry: the state's 'exp'
+-- (so that no commit shortens its life) and 'qx' (the queue's) say until when each is kept.
 local function park(e, values, slot, now)
   local queue, at = queue_key(e), parked_at(e)
   local new = QUEUE.push(queue, queue_entry(e))
