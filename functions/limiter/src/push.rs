@@ -343,8 +343,16 @@ async fn park(
     (request, reserved): (&SlotRequest<'_>, &Reserved),
     publish_time: Option<&str>,
 ) -> Result<(), Failure> {
-    let task = state.task_for(acting, publish_time, reserved.now).await?;
+    // The body the call kept is the one it carried; else it is built now, to be kept after.
+    let built;
+    let body = match request.parked_body.filter(|_| reserved.body_kept(request)) {
+        Some(body) => body,
+        None => {
+            built = state.task_for(acting, publish_time, reserved.now).await?;
+            &built.body[..]
+        }
+    };
     let tasks = state.task_batcher().map_err(Failure::transient)?.tasks();
     let tools = (&*state.store, tasks, &*state.metrics);
-    drip_service::parking::park(tools, (acting.rule, request), reserved, &task.body).await.map_err(Failure::transient)
+    drip_service::parking::park(tools, (acting.rule, request), reserved, body).await.map_err(Failure::transient)
 }
