@@ -1,8 +1,8 @@
 -- A leased budget's home grants a partition units of one limit (schedule.rs's BudgetState::grant):
 -- the first window from `from` up to `horizon` with room for `cost` of `count` leases it `want`
 -- units, or more: its share of the window's count by demand (count * want / the partitions'
--- demands, rounded up) less what it holds there; a long limit's window (`term` 1) only what it
--- asks for. A partition's demand is what it last asked for; one that has not asked within
+-- demands, rounded up) less what it holds there; with `term` 1 (a long limit, or one nested in a
+-- longer limit of the budget: schedule.rs's lease_term) only what it asks for. A partition's demand is what it last asked for; one that has not asked within
 -- LEASE_TERM counts as asking as much as this one. The same call leases it part
 -- of each of the term's next windows (`term` windows in all), as far as their room goes: as much
 -- as it now holds of that first window, at most its share of the count by demand, less what it

@@ -389,7 +389,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             .arg(cost)
             .arg(want)
             .arg(per + STATE_MARGIN)
-            .arg(lease_term(per))
+            .arg(lease_term(per, target.limits.iter().map(|&(per, _, _)| per)))
             .arg(u8::from(target.fair));
         let (ceiling, step, window) = target.level.unwrap_or_default();
         invocation.arg(ceiling).arg(step).arg(window).arg(reach);

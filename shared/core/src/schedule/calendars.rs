@@ -63,7 +63,8 @@ impl BudgetState {
     /// has not asked within [`LEASE_TERM`] counts as asking as much as this one, so a partition
     /// alone takes its part of a window, not all of it.
     ///
-    /// The same call leases it part of each of the term's next windows ([`lease_term`]), as far as
+    /// The same call leases it part of each of the term's next windows (`term` windows in all:
+    /// [`lease_term`]), as far as
     /// their room goes: as much as it now holds of that first window (about its rate), at most its
     /// share of the count by demand, less what it holds there. A partition booking at its rate
     /// then asks about once a term.
@@ -76,6 +77,7 @@ impl BudgetState {
         (per, from, horizon): (Millis, Millis, Millis),
         count: u64,
         (cost, want): (u64, u64),
+        term: i64,
     ) -> Vec<Lease> {
         self.demands.insert((per, partition), (want, now));
         // A partition that has not asked within the term counts as asking as much as this one.
@@ -97,12 +99,12 @@ impl BudgetState {
         let share = (count * want).div_ceil(demands);
         // A long window's share is too much to strand when the partition's events stop: it gets
         // what it asks for.
-        let topped = if lease_term(per) > 1 { share.saturating_sub(held) } else { 0 };
+        let topped = if term > 1 { share.saturating_sub(held) } else { 0 };
         let units = want.max(topped).min(room);
         let first = self.lease_units(partition, (per, window), units, window - per);
         let part = first.total.min(share);
         let mut leases = vec![first];
-        let ahead = (1..lease_term(per)).map(|k| window + k * per).take_while(|&w| w <= horizon);
+        let ahead = (1..term).map(|k| window + k * per).take_while(|&w| w <= horizon);
         for ahead in ahead {
             let (room, held) = room_and_held(self, ahead);
             let units = part.saturating_sub(held).min(room);

@@ -14,11 +14,18 @@ pub struct Lease {
     pub full_through: Millis,
 }
 
-/// How many windows of a limit of period `per` one lease covers: the window asked for and its
-/// share of the next ones, about [`LEASE_TERM`] in all (at most sixteen). A limit of a longer
-/// period leases one window at a time: a partition whose events stop holds what it was leased
-/// ahead until the window passes, and a minute of its part is too much to strand.
-pub fn lease_term(per: Millis) -> i64 {
+/// How many windows of a limit of period `per` one lease covers, in a budget whose limits have
+/// the periods `budget_pers`: the window asked for and its share of the next ones, about
+/// [`LEASE_TERM`] in all (at most sixteen). A limit of a longer period leases one window at a
+/// time: a partition whose events stop holds what it was leased ahead until the window passes,
+/// and a minute of its part is too much to strand. So does a limit whose windows nest in a longer
+/// limit's of the budget (1 s in a minute): their room is that window's, which is finite, so
+/// what a partition whose events stop holds ahead in them is room of the longer window the others
+/// lose, and where a flood's tail nearly fills it, they take the next one instead.
+pub fn lease_term(per: Millis, budget_pers: impl IntoIterator<Item = Millis>) -> i64 {
+    if budget_pers.into_iter().any(|long| nests_in(per, long)) {
+        return 1;
+    }
     (LEASE_TERM / per.max(1)).clamp(1, 16)
 }
 
@@ -97,7 +104,8 @@ pub(super) fn lease(
     let leases = match limit.budget.fair {
         Some(_) => vec![home.grant_fair(asker, span, count, (request.cost, want))],
         None => {
-            let mut leases = home.grant(asker, span, count, (request.cost, want));
+            let term = lease_term(per, limit.budget.limits.iter().map(Limit::per));
+            let mut leases = home.grant(asker, span, count, (request.cost, want), term);
             let reopened =
                 home.lease_reopened((partition, request.now), (per, window, reach), count, (request.cost, want));
             let full_through = leases[0].full_through;
