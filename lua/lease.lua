@@ -1,8 +1,8 @@
 -- A leased budget's home grants a partition units of one limit (schedule.rs's BudgetState::grant):
 -- the first window from `from` up to `horizon` with room for `cost` of `count` leases it `want`
 -- units, or more: its share of the window's count by demand (count * want / the partitions'
--- demands, rounded up) less what it holds there; with `term` 1 (a long limit, or one nested in a
--- longer limit of the budget: schedule.rs's lease_term) only what it asks for. A partition's demand is what it last asked for; one that has not asked within
+-- demands, rounded up) less what it holds there; with `term` 1 (a long limit, or one whose window
+-- lies in a nearly full window of a longer limit: below) only what it asks for. A partition's demand is what it last asked for; one that has not asked within
 -- LEASE_TERM counts as asking as much as this one. The same call leases it part
 -- of each of the term's next windows (`term` windows in all), as far as their room goes: as much
 -- as it now holds of that first window, at most its share of the count by demand, less what it
@@ -27,7 +27,8 @@
 -- count, cost, want, keep (how long the hash outlives a window it leased, past the window), term,
 -- fair (1 or 0), and for an adaptive budget its ceiling, step (ppm) and window (ms), else 0 0 0:
 -- the home grants from the count at its level in force ('adapt', set by lua/budget.lua); then
--- reach, the first window the partition's pool can still book (0: any).
+-- reach, the first window the partition's pool can still book (0: any); then how many longer
+-- limits of the budget hold this one's windows, and each one's per and count.
 --
 -- A budget that is not fair also leases units given back before `from` (lease_reopened below).
 --
@@ -43,8 +44,21 @@ local count, cost, want, keep, term = int(), int(), int(), int(), int()
 local fair = int() == 1
 local ceiling, step, level_window = int(), int(), int()
 local reach = int()
-if ceiling > 0 then
-  count = scaled(count, level_in_force(redis.call('HGET', key, 'adapt'), ceiling, step, level_window, now), cost)
+local level = ceiling > 0 and level_in_force(redis.call('HGET', key, 'adapt'), ceiling, step, level_window, now)
+if level then
+  count = scaled(count, level, cost)
+end
+-- A window of a longer limit that holds `from`'s and has less left than two terms of this
+-- limit's count leases this one as asked, one window (schedule.rs's nearly_full_around): shares
+-- held there by a partition whose events stop are room of it the others lose.
+for _ = 1, int() do
+  local long, long_count = int(), int()
+  if level then
+    long_count = scaled(long_count, level, cost)
+  end
+  if term > 1 and long_count - (tonumber(redis.call('HGET', key, long .. ':' .. (from - from % long))) or 0) < 2 * term * count then
+    term = 1
+  end
 end
 
 -- Windows before now's lease nothing more: dropped (a few at a time, or by a scan after a gap).

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use drip_core::schedule::{Lease, Unpark, lease_term};
+use drip_core::schedule::{Lease, Unpark, lease_term, nests_in};
 use drip_core::time::Millis;
 use redis::aio::ConnectionLike;
 
@@ -389,10 +389,17 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisStore<C> {
             .arg(cost)
             .arg(want)
             .arg(per + STATE_MARGIN)
-            .arg(lease_term(per, target.limits.iter().map(|&(per, _, _)| per)))
+            .arg(lease_term(per))
             .arg(u8::from(target.fair));
         let (ceiling, step, window) = target.level.unwrap_or_default();
         invocation.arg(ceiling).arg(step).arg(window).arg(reach);
+        // The budget's longer limits whose windows hold this one's: a nearly full one leases this
+        // limit as asked (`nearly_full_around`).
+        let longer: Vec<_> = target.limits.iter().filter(|&&(long, _, _)| nests_in(per, long)).collect();
+        invocation.arg(longer.len());
+        for &(long, count, _) in longer {
+            invocation.arg(long).arg(count);
+        }
         let reply: Vec<i64> = invocation.invoke_async(&mut self.connection()).await?;
         let Some((&[window, total, full_through, found, units], ahead)) = reply.split_at_checked(5) else {
             return Err(StoreError::UnexpectedReply(format!("lease.lua: {reply:?}")));

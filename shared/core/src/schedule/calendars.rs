@@ -327,7 +327,7 @@ impl BudgetState {
 /// Whether every window of period `short` lies inside one window of period `long` (a shorter
 /// period that divides it): a pool that can book no more of a `long` window can book none of the
 /// `short` windows inside it.
-pub(super) fn nests_in(short: Millis, long: Millis) -> bool {
+pub fn nests_in(short: Millis, long: Millis) -> bool {
     short < long && long % short == 0
 }
 

@@ -38,7 +38,7 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     // of the term's next windows; p1 the other 5, and 5 ahead. Each finds window 0 leased out at
     // its sixth event, asks, and is told so: the home stops at window 1, which it holds a lease of.
     assert_eq!(slots, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SECOND, SECOND]);
-    let (home, term) = (s.budget_state("gateway").unwrap(), lease_term(SECOND, []));
+    let (home, term) = (s.budget_state("gateway").unwrap(), lease_term(SECOND));
     assert!(term > 1, "a lease of a 1 s limit covers more than its window");
     assert_eq!(home.windows, (0..term).map(|w| ((SECOND, w * SECOND), 10)).collect());
     assert_eq!(home.granted.get(&(SECOND, 0, 0)), Some(&5));
@@ -55,7 +55,7 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     // it holds, if more.
     let mut home = BudgetState::default();
     let grant = |home: &mut BudgetState, partition, want, horizon| {
-        let leases = home.grant((partition, 2, 0), (SECOND, 0, horizon), 10, (1, want), lease_term(SECOND, []));
+        let leases = home.grant((partition, 2, 0), (SECOND, 0, horizon), 10, (1, want), lease_term(SECOND));
         leases.iter().map(|l| (l.window, l.total)).collect::<Vec<_>>()
     };
     assert_eq!(grant(&mut home, 0, 2, 0), [(Some(0), 5)], "half: p1, not asking yet, counts as asking 2");
@@ -67,7 +67,7 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     let mut home = BudgetState::default();
     let ahead = |w: Millis, total| (Some(w * SECOND), total);
     let first: Vec<_> =
-        std::iter::once(ahead(0, 10)).chain((1..lease_term(SECOND, []).min(3)).map(|w| ahead(w, 5))).collect();
+        std::iter::once(ahead(0, 10)).chain((1..lease_term(SECOND).min(3)).map(|w| ahead(w, 5))).collect();
     assert_eq!(grant(&mut home, 0, 10, 2 * SECOND), first, "all of window 0, as asked; ahead its share, half");
     assert_eq!(
         grant(&mut home, 1, 1, 2 * SECOND),
@@ -86,7 +86,7 @@ fn a_leased_budget_s_partitions_book_what_their_home_leased_them() {
     );
     // A window of a long limit (one whose term is that window alone): what it asks for.
     let mut home = BudgetState::default();
-    let minute = home.grant((0, 2, 0), (crate::time::MINUTE, 0, 0), 100, (1, 2), lease_term(crate::time::MINUTE, []));
+    let minute = home.grant((0, 2, 0), (crate::time::MINUTE, 0, 0), 100, (1, 2), lease_term(crate::time::MINUTE));
     assert_eq!((minute[0].window, minute[0].total), (Some(0), 2));
     // A pause of a leased budget is its home's: both partitions wait.
     s.pause_budget("gateway", 5 * SECOND);
@@ -134,16 +134,21 @@ fn a_partition_gives_back_what_left_its_lease_and_another_leases_it() {
     assert_eq!(home.windows.get(&(SECOND, 0)).copied(), before);
 }
 
-/// A limit whose windows nest in a longer limit of its budget leases one window at a time, only
-/// what it asks for, as a long limit does; alone, or beside limits it does not divide, a term's.
+/// A limit whose window lies in a nearly full window of a longer limit of its budget (less left
+/// at the home than two terms of its count) leases one window at a time, only what it asks for,
+/// as a long limit does; beside a longer window with room to spare, a term's windows with its
+/// share.
 #[test]
-fn a_limit_nested_in_a_longer_one_leases_one_window_as_asked() {
+fn a_limit_in_a_nearly_full_longer_window_leases_one_window_as_asked() {
     let minute = crate::time::MINUTE;
-    assert!(lease_term(SECOND, []) > 1);
-    assert_eq!(lease_term(SECOND, [SECOND]), lease_term(SECOND, []), "its own period is not longer");
-    assert_eq!(lease_term(SECOND, [SECOND, minute]), 1);
-    assert_eq!(lease_term(2 * SECOND, [3 * SECOND]), lease_term(2 * SECOND, []), "2 s does not divide 3 s");
-    assert_eq!(lease_term(minute, [SECOND, minute]), 1);
+    let mut home = BudgetState::default();
+    home.windows.insert((minute, minute), 1_500);
+    let short = |window, need| nearly_full_around(&home, (SECOND, window), vec![(minute, 2_000)], need);
+    assert!(short(minute + 5 * SECOND, 1_200), "500 left of the minute, two terms of 300 a second 1,200");
+    assert!(!short(minute + 5 * SECOND, 500), "500 left is enough for 500");
+    assert!(!short(5 * SECOND, 600), "another minute: nothing leased of it");
+    assert!(!nearly_full_around(&home, (SECOND, minute), Vec::new(), 600), "no longer limit");
+
     let leases = crate::budgets::Leases { partitions: 2, chunk: 250_000 };
     let first_lease = |limits: Vec<Limit>| {
         let budget = Budget { leases: Some(leases), limits, ..(*budget(10, Placement::Start, None)).clone() };
@@ -155,11 +160,13 @@ fn a_limit_nested_in_a_longer_one_leases_one_window_as_asked() {
         home.granted.iter().filter(|((per, _, _), _)| *per == SECOND).map(|(&(_, w, _), &n)| (w, n)).collect::<Vec<_>>()
     };
     let second = Limit::new(10, SECOND, Window::Fixed(Placement::Start)).unwrap();
+    let per_minute = |n| Limit::new(n, minute, Window::Fixed(Placement::Start)).unwrap();
     let alone = first_lease(vec![second]);
-    assert_eq!(alone.len() as i64, lease_term(SECOND, []), "alone: a term's windows: {alone:?}");
+    assert_eq!(alone.len() as i64, lease_term(SECOND), "alone: a term's windows: {alone:?}");
     assert_eq!(alone[0], (0, 5), "its share of window 0 (the other partition counts as asking as much)");
-    let nested = first_lease(vec![second, Limit::new(100, minute, Window::Fixed(Placement::Start)).unwrap()]);
-    assert_eq!(nested, [(0, 3)], "in a minute: window 0 alone, the chunk it asked for (a quarter of 10)");
+    assert_eq!(first_lease(vec![second, per_minute(100)]), alone, "a minute with room: as alone");
+    let tight = first_lease(vec![second, per_minute(35)]);
+    assert_eq!(tight, [(0, 3)], "35 a minute, less than two terms of 10 a second: window 0, as asked");
 }
 
 /// A budget of 10 a second and 8T per 2T seconds (T, a single 1 s limit's term:
@@ -170,7 +177,7 @@ fn a_limit_nested_in_a_longer_one_leases_one_window_as_asked() {
 /// instead of booking later seconds. The long window fills.
 #[test]
 fn a_partition_past_a_long_window_gives_up_its_seconds_there_for_one_that_can_book_them() {
-    let term = lease_term(SECOND, []);
+    let term = lease_term(SECOND);
     let (long, n) = (2 * term * SECOND, |k: i64| usize::try_from(k * term).unwrap());
     let leases = crate::budgets::Leases { partitions: 2, chunk: 250_000 };
     let limits = vec![
@@ -210,7 +217,7 @@ fn a_partition_past_a_long_window_gives_up_its_seconds_there_for_one_that_can_bo
     // to what it asks of the first window with room from the earliest given back since, if its
     // pool can still book there (its reach), and the mark moves there.
     let mut home = BudgetState::default();
-    home.grant((1, 2, 0), (SECOND, 0, 9 * SECOND), 10, (1, 10), lease_term(SECOND, []));
+    home.grant((1, 2, 0), (SECOND, 0, 9 * SECOND), 10, (1, 10), lease_term(SECOND));
     home.windows.extend((1..5).map(|w| ((SECOND, w * SECOND), 10)));
     assert_eq!(home.take_back(1, (SECOND, 0), 4), 4);
     assert_eq!(home.reopened.get(&SECOND), Some(&0));
@@ -242,7 +249,7 @@ fn a_lowered_level_of_a_leased_budget_takes_back_what_its_pools_had_not_booked()
     // Each partition leases half of window 0 and of the term's next ones, and books one.
     assert_eq!(reserve(&mut s, &p0, "a", 0, &budgets).slot, 0);
     assert_eq!(reserve(&mut s, &p1, "b", 0, &budgets).slot, 0);
-    let (home, term) = (s.budget_state("gateway").unwrap(), lease_term(SECOND, []));
+    let (home, term) = (s.budget_state("gateway").unwrap(), lease_term(SECOND));
     assert_eq!(home.windows, (0..term).map(|w| ((SECOND, w * SECOND), 10)).collect());
 
     assert_eq!(s.signal_budget(&budgets[0], 100), Some(500_000));
