@@ -2,9 +2,9 @@
 -- the first window from `from` up to `horizon` with room for `cost` of `count` leases it `want`
 -- units, or more: its share of the window's count by demand (count * want / the partitions'
 -- demands, rounded up) less what it holds there; with `term` 1 (a long limit, or one whose window
--- lies in a nearly full window of a longer limit: below) only what it asks for. A partition's demand is what it last asked for; one that has not asked within
--- LEASE_TERM counts as asking as much as this one. The same call leases it part
--- of each of the term's next windows (`term` windows in all), as far as their room goes: as much
+-- lies in a nearly full window of a longer limit: below) only what it asks for. A partition's
+-- demand is what it last asked for; one that has not asked within LEASE_TERM counts as asking as
+-- much as this one. The same call leases it part of each of the term's next windows (`term` windows in all), as far as their room goes: as much
 -- as it now holds of that first window, at most its share of the count by demand, less what it
 -- holds there. The walk stops at a full window past `from` that the partition holds a lease of
 -- (its pool may have room there): the answer then only says the windows before are full.
@@ -50,14 +50,18 @@ if level then
 end
 -- A window of a longer limit that holds `from`'s and has less left than two terms of this
 -- limit's count leases this one as asked, one window (schedule.rs's nearly_full_around): shares
--- held there by a partition whose events stop are room of it the others lose.
+-- held there by a partition whose events stop are room of it the others lose. (A fair budget's
+-- grant has no term.)
 for _ = 1, int() do
   local long, long_count = int(), int()
   if level then
     long_count = scaled(long_count, level, cost)
   end
-  if term > 1 and long_count - (tonumber(redis.call('HGET', key, long .. ':' .. (from - from % long))) or 0) < 2 * term * count then
-    term = 1
+  if term > 1 and not fair then
+    local leased = tonumber(redis.call('HGET', key, long .. ':' .. (from - from % long))) or 0
+    if long_count - leased < 2 * term * count then
+      term = 1
+    end
   end
 end
 

@@ -286,7 +286,6 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
     check(&lives(&mut connection).await, keep - SECOND, "after the queue filled again");
 }
 
-/// A rule `id` of 100 a second per key drawing from a fair budget of 1 a second, `max_delay` 4 h.
 /// The limiter's inspect report at `url`. Inspect reads about 45,000 answer hashes, and a Redis
 /// shared with heavy tests may keep it past the limiter's response timeout: a 503 is asked again,
 /// a few times.
@@ -301,6 +300,7 @@ async fn inspected(url: &str) -> serde_json::Value {
     panic!("inspect stayed unavailable: {url}")
 }
 
+/// A rule `id` of 100 a second per key drawing from a fair budget of 1 a second, `max_delay` 4 h.
 fn one_per_second_fair(id: &str) -> drip_core::rules::RuleSet {
     let text = format!(
         "default_dlq_topic: dlq\nbudgets:\n  {id}-api:\n    limits: [ {{ limit: 1, per: 1s }} ]\n    fair: true\nrules:\n  \

@@ -64,9 +64,8 @@ impl BudgetState {
     /// alone takes its part of a window, not all of it.
     ///
     /// The same call leases it part of each of the term's next windows (`term` windows in all:
-    /// [`lease_term`]), as far as
-    /// their room goes: as much as it now holds of that first window (about its rate), at most its
-    /// share of the count by demand, less what it holds there. A partition booking at its rate
+    /// [`lease_term`]), as far as their room goes: as much as it now holds of that first window
+    /// (about its rate), at most its share of the count by demand, less what it holds there. A partition booking at its rate
     /// then asks about once a term.
     ///
     /// The walk stops at a full window past `from` that the partition holds a lease of (its pool

@@ -35,7 +35,7 @@ pub fn lease_term(per: Millis) -> i64 {
 pub fn nearly_full_around(
     home: &BudgetState,
     (per, window): (Millis, Millis),
-    longer: Vec<(Millis, u64)>,
+    longer: impl IntoIterator<Item = (Millis, u64)>,
     need: u64,
 ) -> bool {
     longer.into_iter().any(|(long, count)| {
@@ -123,7 +123,7 @@ pub(super) fn lease(
             let mut term = lease_term(per);
             let longer = limit.budget.limits.iter().filter(|long| nests_in(per, long.per()));
             let longer = longer.map(|long| (long.per(), adapted_count(long, long.limit(), level, request.cost)));
-            if term > 1 && nearly_full_around(home, (per, window), longer.collect(), 2 * term as u64 * count) {
+            if term > 1 && nearly_full_around(home, (per, window), longer, 2 * term as u64 * count) {
                 term = 1;
             }
             let mut leases = home.grant(asker, span, count, (request.cost, want), term);

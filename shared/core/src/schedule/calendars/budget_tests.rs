@@ -147,7 +147,7 @@ fn a_limit_in_a_nearly_full_longer_window_leases_one_window_as_asked() {
     assert!(short(minute + 5 * SECOND, 1_200), "500 left of the minute, two terms of 300 a second 1,200");
     assert!(!short(minute + 5 * SECOND, 500), "500 left is enough for 500");
     assert!(!short(5 * SECOND, 600), "another minute: nothing leased of it");
-    assert!(!nearly_full_around(&home, (SECOND, minute), Vec::new(), 600), "no longer limit");
+    assert!(!nearly_full_around(&home, (SECOND, minute), [], 600), "no longer limit");
 
     let leases = crate::budgets::Leases { partitions: 2, chunk: 250_000 };
     let first_lease = |limits: Vec<Limit>| {
