@@ -22,7 +22,7 @@ use drip_core::event::MessageRef;
 use drip_core::outcome::{DlqReason, Outcome};
 use drip_core::overflow::{FairWakeTask, SIGNATURE_HEADER, Signature, TaskBatch, TaskBody, TaskPayload, WakeTask};
 use drip_core::rules::{OverflowFormat, Rule, ServiceRules};
-use drip_core::schedule::OldSlot;
+use drip_core::schedule::{OldSlot, Status};
 use drip_core::time::{Millis, format_rfc3339, wall_clock_millis};
 use drip_gcp::http_target::EventPost;
 use drip_service::answer::Answer;
@@ -425,7 +425,9 @@ async fn take_turn(
         completed(state, &request, &reserved).await;
         return Err(Failure::Permanent(refused));
     }
-    let later = reserved.reservation.slot > reserved.now;
+    // Parked (its key's earlier messages wait in its queue: FIFO), it waits for its turn there
+    // too, whatever the slot its window would have had now.
+    let later = reserved.reservation.slot > reserved.now || reserved.reservation.status == Status::Parked;
     if later {
         let new_task = async |reserved: &Reserved| new_task(state, task, (rule, &identity), reserved).await;
         rescheduler.task_at((rule, &request), &reserved, new_task).await?;

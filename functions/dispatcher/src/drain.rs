@@ -101,12 +101,14 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
     if taken.len() >= MAX_PER_WAKE {
         next = Some(now);
     }
+    // Handed over before the next wake is armed: a wake armed at once, run while these were still
+    // being handed over, would take them from the handing list again (their answers hold no lease).
+    let handed = taken.iter().map(|taken| hand_over(state, rule, taken, delivery));
+    futures_util::future::try_join_all(handed).await?;
     if let Some(at) = next {
         parking::wake_at((batcher.tasks(), &state.metrics), (rule, key), at).await?;
         tracing::debug!(rule = %rule.name, key, wake = %format_rfc3339(at), "drain: next wake armed");
     }
-    let handed = taken.iter().map(|taken| hand_over(state, rule, taken, delivery));
-    futures_util::future::try_join_all(handed).await?;
     Ok(taken.len())
 }
 
@@ -236,7 +238,7 @@ struct Waiting<'r> {
 /// Hands over what earlier drains left of every waiting key, then gives the coming windows'
 /// units to the waiting keys in weighted deficit round robin (`drip_core::fair::Round`), each
 /// key's head booked with the ordinary unpark while its slot lies within the budget's near
-/// horizon; then arms the next wake and makes the tasks. Returns how many messages it took.
+/// horizon; then makes the tasks and arms the next wake. Returns how many messages it took.
 async fn drain_ring(
     state: &AppState,
     rules: &RuleSet,
@@ -389,12 +391,13 @@ async fn drain_ring(
     let waits: Vec<Millis> = booked.iter().filter_map(|(t, slot)| t.published.map(|p| slot - p)).collect();
     let units = booked.iter().map(|(t, _)| t.task.rate_limit_meta.cost.unwrap_or(1)).sum();
     state.metrics.shared.fair_drained(&fair.name(), waiting.len(), units, &waits);
+    // Handed over before the ring turns and its next wake is armed, as a key's drain does.
+    let handed = taken.iter().map(|(rule, taken)| hand_over(state, rule, taken, delivery));
+    futures_util::future::try_join_all(handed).await?;
     if let Some(at) = state.store.fair_turned(fair, round.cursor(), next).await? {
         parking::fair_wake_at((batcher.tasks(), &state.metrics), fair, at).await?;
         tracing::debug!(ring = %fair.name(), wake = %format_rfc3339(at), "fair drain: next wake armed");
     }
-    let handed = taken.iter().map(|(rule, taken)| hand_over(state, rule, taken, delivery));
-    futures_util::future::try_join_all(handed).await?;
     Ok(taken.len())
 }
 

@@ -547,14 +547,10 @@ async fn a_slowing_overflow_url_lowers_the_key_s_level() {
     assert!((drip_core::budgets::PPM / 2..drip_core::budgets::PPM).contains(&level), "cut, by half at most: {level}");
 }
 
-/// The events the tasks created so far carry (not the fair wakes), by message id and slot.
+/// The events the tasks created so far carry (not the wakes), by message id and slot.
 fn events_carried(d: &Dispatcher) -> Vec<(String, Millis)> {
     let created = d.tasks.created.lock().unwrap().clone();
-    created
-        .iter()
-        .filter(|task| FairWakeTask::parse(&task.body).is_none())
-        .flat_map(|task| carried(&task.body))
-        .collect()
+    created.iter().filter(|task| !is_wake(&task.body)).flat_map(|task| carried(&task.body)).collect()
 }
 
 /// The events a recorded task carries (a batch's, or its own), by message id and slot.
@@ -860,4 +856,100 @@ async fn a_removed_fair_budget_s_wake_hands_its_waiting_keys_to_their_own_drains
         let of: Vec<&String> = delivered.iter().filter(|id| id.starts_with(key)).collect();
         assert_eq!(of, ids.iter().collect::<Vec<_>>(), "{key}'s parked events, in order: {delivered:?}");
     }
+}
+
+/// Whether a task's body is a wake (a key's drain's or a fair budget's), not events.
+fn is_wake(body: &[u8]) -> bool {
+    WakeTask::parse(body).is_some() || FairWakeTask::parse(body).is_some()
+}
+
+/// Where the wakes are among the tasks created so far (in order), and how many tasks carry events.
+fn wakes_among_tasks(d: &Dispatcher) -> (Vec<usize>, usize) {
+    let created = d.tasks.created.lock().unwrap().clone();
+    let wakes = created.iter().enumerate().filter(|(_, task)| is_wake(&task.body)).map(|(at, _)| at).collect();
+    (wakes, created.iter().filter(|task| !is_wake(&task.body)).count())
+}
+
+/// A key's drain that takes the most one wake may (1,000) arms the next wake at once, but only
+/// once the tasks of what it took exist: a wake run while they were still being handed over would
+/// take them from the handing list again, each a second task and a second dispatch.
+#[tokio::test]
+async fn a_key_s_drain_that_takes_its_most_arms_the_next_wake_after_the_tasks() {
+    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 1000, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let (key, now) = ("merchant_big", wall_clock_millis());
+    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    for i in 0..1_200 {
+        let status = reserve_or_park(&d, &rule, (key, &format!("big-{i}")), now).await;
+        assert_eq!(status, Status::Parked, "behind a 10 s pause");
+    }
+    Store::resume(&*d.store, &rule, key).await.unwrap();
+    let events = run_wake(&d, &rule, key).await;
+    // It reads the queue 64 entries at a time, and stops at the first read past 1,000.
+    assert!((1_000..1_200).contains(&events.len()), "one wake takes 1,000 or a few more: {}", events.len());
+    let (wakes, tasks) = wakes_among_tasks(&d);
+    assert_eq!(wakes, [tasks], "the next wake, once, after the {tasks} tasks of what it took");
+    assert_eq!(d.store.handing(&rule, key).await.unwrap().len(), 0, "nothing left being handed over");
+}
+
+/// The same for a fair budget's ring: a drain that takes the next window's 1,000 units turns the
+/// ring and arms its next wake (at once) after the tasks of what it took.
+#[tokio::test]
+async fn a_fair_drain_that_takes_its_most_arms_the_next_wake_after_the_tasks() {
+    let (d, rule, budget) =
+        fair_dispatcher("  rail: { limits: [ { limit: 1000, per: 1s } ], fair: true }\n", "    budgets: [rail]\n")
+            .await;
+    let now = wall_clock_millis();
+    let window = (now / SECOND + 1) * SECOND;
+    for i in 0..2_000 {
+        // 100 a key (the rule's own limit a second): the first 10 keys fill this window.
+        let key = format!("merchant_{}", i / 100);
+        let status = reserve_or_park(&d, &rule, (&key, &format!("{key}-{i}")), now).await;
+        let expected = if i < 1_000 { Status::Reserved } else { Status::Parked };
+        assert_eq!(status, expected, "{key}: the window has room for 1,000, the rest lie past the horizon");
+    }
+    let ring = FairRing { budget: &budget, partition: None };
+    assert_eq!(d.store.fair_ring(ring).await.unwrap().members.len(), 10);
+    tokio::time::sleep(Duration::from_millis((window - 450 - wall_clock_millis()).max(0) as u64)).await;
+    let before = wakes_among_tasks(&d).1;
+    let body = FairWakeTask::of(ring).body();
+    let sealed = seal(&body, wall_clock_millis(), TASK_NAME);
+    assert_eq!(d.run(&body, Some(&sealed)).await, StatusCode::OK);
+    let (wakes, tasks) = wakes_among_tasks(&d);
+    assert!(tasks > before, "the drain made tasks");
+    let booked = events_carried(&d).iter().filter(|(_, slot)| *slot >= window).count();
+    assert_eq!(booked, 1_000, "one wake takes 1,000");
+    assert_eq!(wakes, [tasks], "the next wake, once, after the tasks of what it took");
+}
+
+/// A late task of a key whose earlier messages are parked (a pause just ended, its drain not yet
+/// run) takes its turn behind them: it parks too, its body kept, even though the current window
+/// has room, and the key's drain gives it its slot after theirs. It is not published at once.
+#[tokio::test]
+async fn a_late_task_of_a_key_with_parked_messages_parks_behind_them() {
+    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    let (key, now) = ("merchant_p", wall_clock_millis());
+    let past = (now - 5 * SECOND).div_euclid(SECOND) * SECOND;
+    assert_eq!(reserve_at(&d, key, "late", past).await, past);
+    Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
+    for id in ["p0", "p1"] {
+        assert_eq!(reserve_or_park(&d, &rule, (key, id), now).await, Status::Parked, "behind the pause");
+    }
+    Store::resume(&*d.store, &rule, key).await.unwrap();
+    let payout = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
+    let body = event("late", key, past, TaskPayload::inline(b"{}"), payout);
+    assert_eq!(d.run(&body, Some(&seal(&body, past, TASK_NAME))).await, StatusCode::OK);
+    assert!(d.published_ids().is_empty(), "not published ahead of the parked: {:?}", d.published_ids());
+    let parked = d.store.parked_bodies(&rule, key, 10).await.unwrap();
+    assert_eq!(parked.len(), 3, "it waits in the queue");
+    assert!(parked.iter().all(Option::is_some), "each with its body");
+
+    let events = run_wake(&d, &rule, key).await;
+    let order: Vec<&str> = events.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(order.len(), 3, "each once: {events:?}");
+    let slot_of = |id: &str| events.iter().find(|(e, _)| e == id).map(|(_, slot)| *slot).unwrap();
+    assert!(slot_of("p0") <= slot_of("p1") && slot_of("p1") <= slot_of("late"), "in order: {events:?}");
 }
