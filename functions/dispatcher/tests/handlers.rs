@@ -669,7 +669,7 @@ async fn reserve_or_park_costing(
 ) -> Status {
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
     let identity = MessageRef::new(id.to_owned(), Some(SUBSCRIPTION.to_owned())).identity_with(&attributes);
-    let request = SlotRequest::for_rule(rule, key, &identity, cost);
+    let request = SlotRequest::for_rule(rule, key, &identity, cost).at(now);
     let reserved = d.store.reserve(&request).await.unwrap();
     if reserved.reservation.status == Status::Parked {
         let mut body: TaskBody =
