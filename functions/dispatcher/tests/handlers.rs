@@ -627,12 +627,19 @@ async fn a_drain_dead_letters_a_parked_event_whose_cost_is_over_the_count_when_i
     assert!(d.store.parked_bodies(&rule, key, 10).await.unwrap().is_empty(), "the queue is empty");
 }
 
+/// A dispatcher whose rule parks a throttled key's backlog (`limit` a second): it and its rule.
+fn parking_dispatcher(limit: u64) -> (Dispatcher, Rule) {
+    let rules =
+        RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", &format!("limit: {limit}, per: 1s"));
+    let d = dispatcher_with(&rules);
+    let rule = d.state.rules.current().rules[0].clone();
+    (d, rule)
+}
+
 /// A dispatcher whose rule parks a throttled key's backlog (10 a second), with `key` paused for
 /// 10 s from now: the rule and now.
 async fn dispatcher_with_paused_key(key: &str) -> (Dispatcher, Rule, Millis) {
-    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
+    let (d, rule) = parking_dispatcher(10);
     let now = wall_clock_millis();
     Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
     (d, rule, now)
@@ -875,9 +882,7 @@ fn wakes_among_tasks(d: &Dispatcher) -> (Vec<usize>, usize) {
 /// take them from the handing list again, each a second task and a second dispatch.
 #[tokio::test]
 async fn a_key_s_drain_that_takes_its_most_arms_the_next_wake_after_the_tasks() {
-    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 1000, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
+    let (d, rule) = parking_dispatcher(1000);
     let (key, now) = ("merchant_big", wall_clock_millis());
     Store::pause(&*d.store, &rule, key, now + 10 * SECOND).await.unwrap();
     for i in 0..1_200 {
@@ -928,9 +933,7 @@ async fn a_fair_drain_that_takes_its_most_arms_the_next_wake_after_the_tasks() {
 /// has room, and the key's drain gives it its slot after theirs. It is not published at once.
 #[tokio::test]
 async fn a_late_task_of_a_key_with_parked_messages_parks_behind_them() {
-    let rules = RULES.replace("    park_horizon: off\n", "").replace("limit: 1, per: 1s", "limit: 10, per: 1s");
-    let d = dispatcher_with(&rules);
-    let rule = d.state.rules.current().rules[0].clone();
+    let (d, rule) = parking_dispatcher(10);
     let (key, now) = ("merchant_p", wall_clock_millis());
     let past = (now - 5 * SECOND).div_euclid(SECOND) * SECOND;
     assert_eq!(reserve_at(&d, key, "late", past).await, past);
