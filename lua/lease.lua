@@ -4,9 +4,9 @@
 -- demands, rounded up) less what it holds there; with `term` 1 (a long limit, or one whose window
 -- lies in a nearly full window of a longer limit: below) only what it asks for. A partition's
 -- demand is what it last asked for; one that has not asked within LEASE_TERM counts as asking as
--- much as this one. The same call leases it part of each of the term's next windows (`term` windows in all), as far as their room goes: as much
--- as it now holds of that first window, at most its share of the count by demand, less what it
--- holds there. The walk stops at a full window past `from` that the partition holds a lease of
+-- much as this one. The same call leases it part of each of the term's next windows (`term`
+-- windows in all), as far as their room goes: as much as it now holds of that first window, at
+-- most its share of the count by demand, less what it holds there. The walk stops at a full window past `from` that the partition holds a lease of
 -- (its pool may have room there): the answer then only says the windows before are full.
 --
 -- The home is the budget's hash (drip:{b:<tag>}:budget:<name>): '<per>:<window>' what it leased

@@ -149,7 +149,8 @@ async fn cluster_rows(
     println!("|---|---|---|---|---|---|---|");
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
     let cpu_before = cpu_usec(connection).await;
-    let base = budgeted_throughput(&one, &gateway(&format!("one-master-{max_batch}"), None), clients, false).await;
+    let base =
+        budgeted_throughput(&one, &gateway(&format!("one-master-{max_batch}"), None), clients, (false, false)).await;
     let (calls, _) = script_calls(connection).await;
     let base_usec = (cpu_usec(connection).await - cpu_before) / events;
     println!(
@@ -164,7 +165,7 @@ async fn cluster_rows(
     for (name, partitions, skewed) in rows {
         let budget = gateway(&format!("cluster-{}", name.replace([' ', ','], "-")), partitions);
         let (rate, NodesCost { busiest, all, calls }) =
-            on_nodes(&mut nodes, events, budgeted_throughput(&cluster, &budget, clients, skewed)).await;
+            on_nodes(&mut nodes, events, budgeted_throughput(&cluster, &budget, clients, (skewed, false))).await;
         let stranded = match partitions {
             Some(_) => {
                 let (share, windows) = stranded(&cluster, &budget).await;
@@ -188,8 +189,10 @@ async fn cluster_rows(
     let events = (budgets.len() * budgeted_events(each)) as f64;
     let runs = async {
         let started = Instant::now();
-        futures_util::future::join_all(budgets.iter().map(|budget| budgeted_throughput(&cluster, budget, each, false)))
-            .await;
+        futures_util::future::join_all(
+            budgets.iter().map(|budget| budgeted_throughput(&cluster, budget, each, (false, false))),
+        )
+        .await;
         events / started.elapsed().as_secs_f64()
     };
     let (rate, NodesCost { busiest, all, calls }) = on_nodes(&mut nodes, events, runs).await;
