@@ -118,9 +118,12 @@ pub(super) struct RawTop {
     pub(super) budgets: Option<BTreeMap<String, Value>>,
 }
 
+// The schema's shape only, never built: the loader reads each form as itself (validate.rs's
+// `validate_budgets`), so that an error names its field.
 /// A budget: its limits, or `{ limits, max_share, adaptive, floors, leases, fair, weights }`.
-#[derive(Deserialize, schemars::JsonSchema)]
+#[derive(schemars::JsonSchema)]
 #[serde(untagged)]
+#[allow(dead_code)]
 pub(super) enum RawBudget {
     Limits(Vec<RawLimit>),
     Full(Box<RawBudgetFields>),

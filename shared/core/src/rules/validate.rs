@@ -340,23 +340,32 @@ pub(super) fn validate_budgets(raw: BTreeMap<String, Value>, errors: &mut Errors
             errors.push("", "a budget name must be 1-64 characters of A-Z, a-z, 0-9, _ or -".into());
             continue;
         }
-        let fields = match deserialize::<RawBudget>(value) {
-            Ok(RawBudget::Limits(limits)) => RawBudgetFields {
-                limits,
-                max_share: None,
-                adaptive: None,
-                floors: None,
-                leases: None,
-                fair: None,
-                weights: None,
-            },
-            Ok(RawBudget::Full(fields)) => *fields,
-            Err(_) => {
-                errors.push(
-                    "",
-                    "expected a list of limits or { limits, max_share, adaptive, floors, leases, fair, weights } (fields: limit, per, placement)"
-                        .into(),
-                );
+        // Each form read as itself (the schema's RawBudget is untagged), so that an error names
+        // the field it is in.
+        let parsed = match value {
+            Value::Mapping(_) => deserialize::<RawBudgetFields>(value),
+            Value::Sequence(_) => deserialize::<Vec<RawLimit>>(value)
+                .map(|limits| RawBudgetFields {
+                    limits,
+                    max_share: None,
+                    adaptive: None,
+                    floors: None,
+                    leases: None,
+                    fair: None,
+                    weights: None,
+                })
+                .map_err(|found| found.into_iter().map(|(path, message)| (format!("limits{path}"), message)).collect()),
+            _ => Err(vec![(
+                String::new(),
+                "expected a list of limits or { limits, max_share, adaptive, floors, leases, fair, weights }".into(),
+            )]),
+        };
+        let fields = match parsed {
+            Ok(fields) => fields,
+            Err(found) => {
+                for (field, message) in found {
+                    errors.push(&field, message);
+                }
                 continue;
             }
         };
