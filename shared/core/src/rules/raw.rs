@@ -158,7 +158,10 @@ pub(super) struct RawBudgetFields {
 /// A budget's floor for one rule: a share of each window for the rule, or one for each named key of
 /// the rule.
 #[derive(Deserialize, schemars::JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a share of each window (above 0, at most 1), or a map of the rule's keys to their shares"
+)]
 pub(super) enum RawFloor {
     #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 1))]
     Rule(f64),
