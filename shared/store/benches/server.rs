@@ -762,14 +762,13 @@ where
                 match unpark {
                     Unpark::Decided(reservation) => {
                         _ = queues.get_mut(&keys[*m]).expect("a key").pop_front();
-                        let reserved = drip_store::Reserved { reservation: *reservation, now: *at, armed: false };
-                        handing.push(async move {
-                            if hand_over {
+                        if hand_over {
+                            let reserved = drip_store::Reserved { reservation: *reservation, now: *at, armed: false };
+                            handing.push(async move {
                                 store.complete(request, &reserved).await?;
-                                store.handed_over(request).await?;
-                            }
-                            Ok::<_, drip_store::StoreError>(())
-                        });
+                                store.handed_over(request).await
+                            });
+                        }
                     }
                     _ => round.retire(*m),
                 }
