@@ -52,14 +52,15 @@ local function parks(e, values, slot, now)
 end
 
 -- Appends the message (its earliest slot `slot`) to the key's queue, keeping its body when the
--- call carries it, and the key to its fair budget's ring (schedule.rs's decide: in the same call,
--- so a parked key is always in the ring), arming the ring's drain where the slot comes within the
+-- call carries it, and the key to its fair budget's ring unless messages of it are parked already
+-- (schedule.rs's decide: in the same call, so a parked key is always in the ring), arming the ring's drain where the slot comes within the
 -- budget's near horizon unless a wake is armed: its reply's attempt (flagged REPLY_ARMED when it
 -- armed one). The queue and the state live while it may wait there (its answer's life), and are
 -- given a quarter more when they are set to, so that most parks set no expiry: the state's 'exp'
 -- (so that no commit shortens its life) and 'qx' (the queue's) say until when each is kept.
 local function park(e, values, slot, now)
   local queue, at = queue_key(e), parked_at(e)
+  local joins = (tonumber(values[at]) or 0) == 0
   local new = QUEUE.push(queue, queue_entry(e))
   if e.body ~= '' then
     -- Its body, where the drain reads it (keys.rs's parked_body_key), for as long as its answer.
@@ -69,7 +70,7 @@ local function park(e, values, slot, now)
   for b = 1, #e.budgets do
     local budget = e.budgets[b]
     if budget.ring_key then
-      RING.join(KEYS[e.base + budget.ring_key], budget.ring_member, now, e.answers_keep)
+      RING.join(KEYS[e.base + budget.ring_key], joins and budget.ring_member, now, e.answers_keep)
       if RING.arm(KEYS[e.base + budget.ring_key + 1], now, slot - budget.near) then
         attempt = attempt + REPLY_ARMED
       end

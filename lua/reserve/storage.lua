@@ -285,10 +285,12 @@ function BODY.keep(key, body, ttl)
 end
 
 -- A fair budget's ring of waiting keys (lua/fair.lua reads and trims it): `member` joins it once,
--- by when it joined, and the ring lives `keep` more at least. A call asks the ring's life once and
--- remembers what it gave it.
+-- by when it joined (false: it is in it), and the ring lives `keep` more at least. A call asks the
+-- ring's life once and remembers what it gave it.
 function RING.join(key, member, now, keep)
-  redis.call('ZADD', key, 'NX', now, member)
+  if member then
+    redis.call('ZADD', key, 'NX', now, member)
+  end
   local life = ring_lives[key] or redis.call('PTTL', key)
   if life < keep then
     redis.call('PEXPIRE', key, keep)

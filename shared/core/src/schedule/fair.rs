@@ -30,7 +30,7 @@ pub(super) fn join(rings: &mut HashMap<String, RingState>, ring: &str, member: &
 /// `wanted`: the wake armed (recorded: the caller makes its task), or `None` when one is armed
 /// already and not lost ([`WAKE_LOST_AFTER`]).
 pub(super) fn arm(rings: &mut HashMap<String, RingState>, ring: &str, now: Millis, wanted: Millis) -> Option<Millis> {
-    let state = rings.get_mut(ring)?;
+    let state = rings.entry(ring.to_owned()).or_default();
     if state.wake.is_some_and(|wake| wake + WAKE_LOST_AFTER >= now) {
         return None;
     }

@@ -66,7 +66,8 @@ pub(super) fn throttled_budget(
 }
 
 /// The message (its earliest slot `slot`) joins the end of its key's queue, and the key its fair
-/// budgets' rings in the same step, so that a parked key is always in its fair budget's ring; the
+/// budgets' rings in the same step unless messages of it are parked already (it is in them), so
+/// that a parked key is always in its fair budget's ring; the
 /// ring's drain is armed where the slot comes within the budget's near horizon, unless a wake is
 /// armed: the wake armed, if one was.
 pub(super) fn queue(
@@ -76,13 +77,16 @@ pub(super) fn queue(
     request: &ReserveRequest<'_>,
     slot: Millis,
 ) -> Option<Millis> {
+    let joins = entity.state.parked == 0;
     entity.queue.push_back(answer_file(request.message_id, request.published));
     entity.state.parked += 1;
     let mut armed = None;
     for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
         let member = crate::fair::Member { rule: rule.into(), key: key.into() };
         let ring = crate::budgets::FairRing::of_key(budget, request.scope(key)).name();
-        fair::join(rings, &ring, &member, request.now);
+        if joins {
+            fair::join(rings, &ring, &member, request.now);
+        }
         let wanted = slot - budget.near().unwrap_or_default();
         armed = armed.or(fair::arm(rings, &ring, request.now, wanted));
     }
