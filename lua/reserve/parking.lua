@@ -52,10 +52,11 @@ local function parks(e, values, slot, now)
 end
 
 -- Appends the message (its earliest slot `slot`) to the key's queue, keeping its body when the
--- call carries it, and the key to its fair budget's ring unless messages of it are parked already
--- (schedule.rs's decide: in the same call, so a parked key is always in the ring), arming the ring's drain where the slot comes within the
--- budget's near horizon unless a wake is armed: its reply's attempt (flagged REPLY_ARMED when it
--- armed one). The queue and the state live while it may wait there (its answer's life), and are
+-- call carries it, and at the key's first park the key to its fair budget's ring (schedule.rs's
+-- decide: in the same call, so a parked key is in the ring; a key parked before its rule's budget
+-- was fair joins when its queue has emptied), arming the ring's drain where the slot comes within
+-- the budget's near horizon unless a wake is armed: its reply's attempt (flagged REPLY_ARMED when
+-- it armed one). The queue and the state live while it may wait there (its answer's life), and are
 -- given a quarter more when they are set to, so that most parks set no expiry: the state's 'exp'
 -- (so that no commit shortens its life) and 'qx' (the queue's) say until when each is kept.
 local function park(e, values, slot, now)

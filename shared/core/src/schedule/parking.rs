@@ -65,11 +65,11 @@ pub(super) fn throttled_budget(
     })
 }
 
-/// The message (its earliest slot `slot`) joins the end of its key's queue, and the key its fair
-/// budgets' rings in the same step unless messages of it are parked already (it is in them), so
-/// that a parked key is always in its fair budget's ring; the
-/// ring's drain is armed where the slot comes within the budget's near horizon, unless a wake is
-/// armed: the wake armed, if one was.
+/// The message (its earliest slot `slot`) joins the end of its key's queue, and at the key's first
+/// park the key its fair budgets' rings in the same step, so that a parked key is in its fair
+/// budget's ring (a key parked before its rule's budget was fair joins when its queue has
+/// emptied; its own wake drains it meanwhile); the ring's drain is armed where the slot comes
+/// within the budget's near horizon, unless a wake is armed: the wake armed, if one was.
 pub(super) fn queue(
     entity: &mut Entity,
     rings: &mut HashMap<String, fair::RingState>,
