@@ -376,9 +376,10 @@ async fn a_paused_classed_key_parks_each_class_and_a_resume_wakes_every_class_s_
         async move { pubsub.publish(source, format!(r#"{{"merchant":"m","n":{n}}}"#).as_bytes(), &attributes).await }
     };
     // Feedback reaches keys Drip has scheduled: one bulk payout goes first (forwarded at once). The
-    // emulator's first push to a new subscription can take seconds on a loaded machine: up to 30.
+    // emulator's first push to a new subscription can take seconds on a loaded machine: up to 60
+    // (a CI run on a machine running twice as slow as usual waited out 30 once).
     let first = publish("bulk", 0).await;
-    let forwarded = pubsub.pull_until(&format!("{prefix}-ready"), 1, std::time::Duration::from_secs(30)).await;
+    let forwarded = pubsub.pull_until(&format!("{prefix}-ready"), 1, std::time::Duration::from_secs(60)).await;
     assert_eq!(forwarded.len(), 1, "{forwarded:?}");
     let paused = http
         .post(format!("{}/v1/feedback", limiter.url))
