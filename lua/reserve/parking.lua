@@ -61,7 +61,7 @@ end
 -- (so that no commit shortens its life) and 'qx' (the queue's) say until when each is kept.
 local function park(e, values, slot, now)
   local queue, at = queue_key(e), parked_at(e)
-  local joins = (tonumber(values[at]) or 0) == 0
+  local parked = tonumber(values[at]) or 0
   local new = QUEUE.push(queue, queue_entry(e))
   if e.body ~= '' then
     -- Its body, where the drain reads it (keys.rs's parked_body_key), for as long as its answer.
@@ -71,14 +71,14 @@ local function park(e, values, slot, now)
   for b = 1, #e.budgets do
     local budget = e.budgets[b]
     if budget.ring_key then
-      RING.join(KEYS[e.base + budget.ring_key], joins and budget.ring_member, now, e.answers_keep)
+      RING.join(KEYS[e.base + budget.ring_key], parked == 0 and budget.ring_member, now, e.answers_keep)
       if RING.arm(KEYS[e.base + budget.ring_key + 1], now, slot - budget.near) then
         attempt = attempt + REPLY_ARMED
       end
     end
   end
   local changes = {}
-  set_parked(e, values, (tonumber(values[at]) or 0) + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false,
+  set_parked(e, values, parked + 1, tonumber(values[at + STATE_WAKE - STATE_PARKED]) or false,
     changes)
   local keep, kept = now + e.answers_keep, now + e.answers_keep + math.floor(e.answers_keep / 4)
   local state_longer = (tonumber(values[STATE_EXPIRES]) or 0) < keep

@@ -81,8 +81,8 @@ pub(super) fn queue(
     entity.queue.push_back(answer_file(request.message_id, request.published));
     entity.state.parked += 1;
     let mut armed = None;
+    let member = crate::fair::Member { rule: rule.into(), key: key.into() };
     for budget in request.budgets.iter().filter(|b| b.fair.is_some()) {
-        let member = crate::fair::Member { rule: rule.into(), key: key.into() };
         let ring = crate::budgets::FairRing::of_key(budget, request.scope(key)).name();
         if joins {
             fair::join(rings, &ring, &member, request.now);
