@@ -2,14 +2,22 @@
 -- drain that books the queue's head at the counts in force.
 
 -- The queue of the entity's parked messages, oldest first: a list beside its state hash
--- ('<prefix>:state' -> '<prefix>:q'), each entry the message's answers hash, a newline and its
--- field (8 bytes); `<prefix>:h` lists those a drain took and is handing over.
+-- ('<prefix>:state' -> '<prefix>:q'); `<prefix>:h` lists those a drain took and is handing over.
+-- An entry names its message: its answers hash, a newline and its field (8 bytes). A message
+-- parked by a call that carried its body keeps the body in its entry, after the name and its
+-- length: '\0<length>\n<name><body>' (keys.rs's ParkedEntry); one whose body is kept after the
+-- call has its name alone, and its body at '<answers hash>:q:<field>'.
 local function queue_key(e)
   return string.sub(KEYS[e.base + KEY_STATE], 1, -6) .. 'q'
 end
 
 local function queue_entry(e)
   return KEYS[e.base + KEY_ANSWERS] .. '\n' .. e.field
+end
+
+-- What an entry of the message named `name` that keeps its body starts with.
+local function entry_with_body(name)
+  return '\0' .. #name .. '\n' .. name
 end
 
 -- Where the state's 'q' (how many messages are parked) sits among its fields; 'wk' follows it.
@@ -62,11 +70,11 @@ end
 local function park(e, values, slot, now)
   local queue, at = queue_key(e), parked_at(e)
   local parked = tonumber(values[at]) or 0
-  local new = QUEUE.push(queue, queue_entry(e))
+  local entry = queue_entry(e)
   if e.body ~= '' then
-    -- Its body, where the drain reads it (keys.rs's parked_body_key), for as long as its answer.
-    BODY.keep(KEYS[e.base + KEY_ANSWERS] .. ':q:' .. e.field, e.body, e.answers_keep)
+    entry = entry_with_body(entry) .. e.body
   end
+  local new = QUEUE.push(queue, entry)
   local attempt = ATTEMPT.decided
   for b = 1, #e.budgets do
     local budget = e.budgets[b]
@@ -118,6 +126,10 @@ local function unpark(e, now)
   local handing = string.sub(queue, 1, -2) .. 'h'
   local moved = QUEUE.move_head(queue, handing)
   local head = moved == entry
+  if moved and not head then
+    local with_body = entry_with_body(entry)
+    head = string.sub(moved, 1, #with_body) == with_body
+  end
   local stays = function()
     QUEUE.move_back(queue, handing)
   end
@@ -130,9 +142,11 @@ local function unpark(e, now)
   elseif not recorded and head then
     -- Its answer expired: the drain stopped for longer than max_delay and the margin.
     since = EXPIRED_PARK
-  elseif QUEUE.holds(queue, entry) then
+  elseif not recorded then
+    -- It may wait further back: without its answer, only the whole queue could tell.
     return {0, NOT_HEAD, 0, now, 0}
   else
+    -- It was decided: it left the queue.
     return {0, NOT_PARKED, 0, now, 0}
   end
   if not head then

@@ -164,9 +164,9 @@ function CACHED_ANSWERS.file(e, value, ttl)
 end
 
 -- Every other hash, sorted set and list of the reservation: budget calendars and pools, a
--- sliding limit's slots, a key's queue of parked messages and their bodies. What each room asks of
--- them, named; only this room calls Redis.
-local HASH, SLOTS, QUEUE, RING, BODY = {}, {}, {}, {}, {}
+-- sliding limit's slots, a key's queue of parked messages. What each room asks of them, named; only
+-- this room calls Redis.
+local HASH, SLOTS, QUEUE, RING = {}, {}, {}, {}
 
 -- A budget limit's window as `read(budget, l, window)` gives it (what it holds, and beside it a
 -- calendar's parts by floor or a pool's lease), read once per call: `l.used` and `l.beside` keep
@@ -265,10 +265,6 @@ function QUEUE.push(key, entry)
   return redis.call('RPUSH', key, entry) == 1
 end
 
-function QUEUE.holds(key, entry)
-  return redis.call('LPOS', key, entry) ~= false
-end
-
 -- Moves the head of `from` to the end of `to`: the entry moved, or false (`from` was empty).
 function QUEUE.move_head(from, to)
   return redis.call('LMOVE', from, to, 'LEFT', 'RIGHT')
@@ -277,11 +273,6 @@ end
 -- Moves the end of `to` back to the head of `from` (undoes move_head).
 function QUEUE.move_back(from, to)
   redis.call('LMOVE', to, from, 'RIGHT', 'LEFT')
-end
-
--- A parked message's body, kept `ttl` ms.
-function BODY.keep(key, body, ttl)
-  redis.call('SET', key, body, 'PX', ttl)
 end
 
 -- A fair budget's ring of waiting keys (lua/fair.lua reads and trims it): `member` joins it once,

@@ -202,7 +202,7 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
     use drip_core::schedule::{Status, Unpark};
     use drip_core::time::{MINUTE, SECOND};
     use drip_store::args::answers_keep;
-    use drip_store::{RedisStore, SlotRequest, Store};
+    use drip_store::{ParkedBody, RedisStore, SlotRequest, Store};
     use drip_tests::redis_server::shared_connection;
     use redis::AsyncCommands;
 
@@ -243,6 +243,10 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
                 }
             }
             assert!(parked.len() >= 2 && parked.contains(&format!("m{}", first + 4)), "at {now}: {parked:?}");
+            let bodies = store.parked_bodies(rule, "k", 10).await.unwrap();
+            let kept: Vec<ParkedBody> =
+                parked.iter().map(|m| ParkedBody { body: m.clone().into_bytes(), in_entry: true }).collect();
+            assert_eq!(bodies.into_iter().flatten().collect::<Vec<_>>(), kept, "at {now}: the queue's entries");
             parked
         }
     };
@@ -252,12 +256,9 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
                 lives.iter().find(|(k, _)| k.ends_with(suffix)).unwrap_or_else(|| panic!("{suffix}: {lives:?}"));
             assert!(*life >= least, "{at}: {key} lives {life} ms, less than the {least} its messages may wait");
         }
-        // The parked messages' bodies, kept by the calls that parked them.
-        let bodies: Vec<_> = lives.iter().filter(|(k, _)| k.contains(":q:")).collect();
-        assert!(bodies.len() >= 2, "{at}: the parked bodies: {lives:?}");
-        for (key, life) in bodies {
-            assert!(*life >= least, "{at}: {key} lives {life} ms, less than the {least} its message may wait");
-        }
+        // The parked messages' bodies, kept by the calls that parked them in their queue entries
+        // (so for as long as the queue): no key of their own.
+        assert!(!lives.keys().any(|k| k.contains(":q:")), "{at}: a body kept beside its entry: {lives:?}");
         for (key, life) in lives.iter().filter(|(key, _)| !key.ends_with(&format!(":fair:{id}-api:m"))) {
             assert!(*life > 0 && *life <= 2 * keep + 2 * MINUTE, "{at}: {key} lives {life} ms");
         }
@@ -276,8 +277,11 @@ async fn what_a_parked_key_writes_expires_but_not_while_its_messages_may_wait() 
     let handing = drained.iter().find(|(k, _)| k.ends_with(":h")).expect("the list handed over");
     assert!(*handing.1 > 0, "the list handed over expires: {handing:?}");
     for message in &parked {
-        store.handed_over(&SlotRequest::for_rule(rule, "k", message, 1)).await.unwrap();
+        let request =
+            SlotRequest { parked_body: Some(message.as_bytes()), ..SlotRequest::for_rule(rule, "k", message, 1) };
+        store.handed_over(&request).await.unwrap();
     }
+    assert!(!lives(&mut connection).await.keys().any(|k| k.ends_with(":h")), "every entry handed over left its list");
 
     // Half an hour on, the queue fills again (a new list) while the state says it is kept long
     // enough: the new list is given the life the state records.

@@ -19,7 +19,7 @@ use drip_core::time::{Millis, SECOND, format_rfc3339, wall_clock_millis};
 use drip_service::answer::Answer;
 use drip_service::parking;
 use drip_service::reschedule::{Failure, create_task};
-use drip_store::{Reserved, SlotRequest};
+use drip_store::{ParkedBody, Reserved, SlotRequest};
 
 use crate::AppState;
 use crate::task::{Delivery, dead_letter, filing_of, new_task, request_of};
@@ -37,6 +37,8 @@ struct Taken {
     identity: String,
     published: Option<Millis>,
     reserved: Reserved,
+    /// Its body, when its queue entry keeps it: its hand-over names the entry by it.
+    kept: Option<Vec<u8>>,
 }
 
 pub(crate) async fn wake(state: &AppState, wake: &WakeTask, delivery: &Delivery<'_>) -> Answer {
@@ -77,7 +79,7 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
                 next = Some(now + SECOND);
                 break 'queue;
             };
-            let task: TaskBody = serde_json::from_slice(&body)?;
+            let task: TaskBody = serde_json::from_slice(&body.body)?;
             let (identity, published) = filing_of(&task);
             let request = SlotRequest { unpark: Some(deadline), ..request_of(rule, &task, &identity, published) };
             match state.store.unpark(&request).await? {
@@ -87,6 +89,7 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
                         identity,
                         published,
                         reserved: Reserved { reservation, now: at, armed: false },
+                        kept: body.in_entry.then_some(body.body),
                     });
                 }
                 (Unpark::Later { wake, .. }, _) => {
@@ -117,14 +120,17 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
 async fn take_handing(state: &AppState, rule: &Rule, key: &str) -> anyhow::Result<Vec<Taken>> {
     let mut taken = Vec::new();
     for body in state.store.handing(rule, key).await?.into_iter().flatten() {
-        let task: TaskBody = serde_json::from_slice(&body)?;
+        let task: TaskBody = serde_json::from_slice(&body.body)?;
         let (identity, published) = filing_of(&task);
         let request = request_of(rule, &task, &identity, published);
         let reserved = state.store.reserve(&request).await?;
         match reserved.reservation.attempt {
-            Attempt::Done => state.store.handed_over(&request).await?,
+            Attempt::Done => state.store.handed_over(&body.handed_over(request)).await?,
             Attempt::Busy => {}
-            Attempt::Decided | Attempt::Resumed => taken.push(Taken { task, identity, published, reserved }),
+            Attempt::Decided | Attempt::Resumed => {
+                let kept = body.in_entry.then_some(body.body);
+                taken.push(Taken { task, identity, published, reserved, kept });
+            }
         }
     }
     Ok(taken)
@@ -232,7 +238,7 @@ async fn hand_ring_to_keys(state: &AppState, rules: &RuleSet, wake: &FairWakeTas
 struct Waiting<'r> {
     rule: &'r Rule,
     member: Member,
-    ahead: VecDeque<Option<Vec<u8>>>,
+    ahead: VecDeque<Option<ParkedBody>>,
 }
 
 /// Hands over what earlier drains left of every waiting key, then gives the coming windows'
@@ -297,7 +303,7 @@ async fn drain_ring(
         for (m, bodies) in short.iter().zip(futures_util::future::try_join_all(reads).await?) {
             waiting[*m].ahead = bodies.into();
         }
-        let mut plan: Vec<(usize, TaskBody)> = Vec::new();
+        let mut plan: Vec<(usize, TaskBody, Option<Vec<u8>>)> = Vec::new();
         // What this turn planned of each key, and which keys' queues it planned to the end.
         let (mut planned, mut exhausted) = (vec![0; waiting.len()], vec![false; waiting.len()]);
         'plan: while plan.len() < PLAN_MAX {
@@ -322,14 +328,14 @@ async fn drain_ring(
                     }
                     Some(Some(body)) => body,
                 };
-                let task: TaskBody = serde_json::from_slice(body)?;
+                let task: TaskBody = serde_json::from_slice(&body.body)?;
                 let cost = task.rate_limit_meta.cost.unwrap_or(1);
                 if !round.affords(m, cost) {
                     break;
                 }
                 round.spend(m, cost);
                 planned[m] += 1;
-                plan.push((m, task));
+                plan.push((m, task, body.in_entry.then(|| body.body.clone())));
                 if plan.len() >= PLAN_MAX {
                     break 'plan;
                 }
@@ -338,11 +344,11 @@ async fn drain_ring(
         if plan.is_empty() {
             break;
         }
-        let filings: Vec<(String, Option<Millis>)> = plan.iter().map(|(_, task)| filing_of(task)).collect();
+        let filings: Vec<(String, Option<Millis>)> = plan.iter().map(|(_, task, _)| filing_of(task)).collect();
         let requests: Vec<SlotRequest> = plan
             .iter()
             .zip(&filings)
-            .map(|((m, task), (identity, published))| {
+            .map(|((m, task, _), (identity, published))| {
                 let request = request_of(waiting[*m].rule, task, identity, *published);
                 SlotRequest { unpark: Some(deadline), ..request }
             })
@@ -350,12 +356,12 @@ async fn drain_ring(
         let results = state.store.unpark_all(&requests).await?;
         let full = drip_core::schedule::full_through_deadline(results.iter().map(|(unpark, _)| unpark));
         let mut decided = vec![0; waiting.len()];
-        for (((m, task), (identity, published)), (unpark, at)) in plan.into_iter().zip(filings).zip(results) {
+        for (((m, task, kept), (identity, published)), (unpark, at)) in plan.into_iter().zip(filings).zip(results) {
             match unpark {
                 Unpark::Decided(reservation) => {
                     decided[m] += 1;
                     let reserved = Reserved { reservation, now: at, armed: false };
-                    taken.push((waiting[m].rule, Taken { task, identity, published, reserved }));
+                    taken.push((waiting[m].rule, Taken { task, identity, published, reserved, kept }));
                 }
                 Unpark::Later { wake, .. } => {
                     sooner(wake, &mut next);
@@ -404,7 +410,7 @@ async fn drain_ring(
 /// A taken message's task at its slot (or its dead letter, when it waited past its `max_delay`
 /// or costs more than a limit in force), then its answer completed and its body dropped.
 async fn hand_over(state: &AppState, rule: &Rule, taken: &Taken, delivery: &Delivery<'_>) -> anyhow::Result<()> {
-    let Taken { task, identity, published, reserved } = taken;
+    let Taken { task, identity, published, reserved, kept } = taken;
     let request = request_of(rule, task, identity, *published);
     let reason = match reserved.reservation.status {
         Status::Reserved | Status::Parked => None,
@@ -425,7 +431,7 @@ async fn hand_over(state: &AppState, rule: &Rule, taken: &Taken, delivery: &Deli
         }
     }
     state.store.complete(&request, reserved).await?;
-    state.store.handed_over(&request).await?;
+    state.store.handed_over(&SlotRequest { parked_body: kept.as_deref(), ..request }).await?;
     Ok(())
 }
 

@@ -741,11 +741,18 @@ where
             if plan.is_empty() {
                 break;
             }
+            // Each planned key's bodies, its heads' in order (a drained head's hand-over names its
+            // queue entry by the body the entry keeps).
+            let mut bodies: Vec<std::collections::VecDeque<Option<drip_store::ParkedBody>>> =
+                vec![Default::default(); keys.len()];
             if hand_over {
-                let reads = planned.iter().enumerate().filter(|(_, n)| **n > 0);
-                let reads = reads.map(|(m, n)| store.parked_bodies(&the_rule, &keys[m], *n));
-                let bodies = futures_util::future::try_join_all(reads).await.expect("parked_bodies");
-                assert!(bodies.iter().all(|b| b.iter().all(Option::is_some)), "every planned head has its body");
+                let read: Vec<usize> = (0..keys.len()).filter(|&m| planned[m] > 0).collect();
+                let reads = read.iter().map(|&m| store.parked_bodies(&the_rule, &keys[m], planned[m]));
+                let read_bodies = futures_util::future::try_join_all(reads).await.expect("parked_bodies");
+                for (m, read) in read.into_iter().zip(read_bodies) {
+                    assert!(read.iter().all(Option::is_some), "every planned head has its body");
+                    bodies[m] = read.into();
+                }
             }
             let requests: Vec<SlotRequest> = plan
                 .iter()
@@ -764,9 +771,10 @@ where
                         _ = queues.get_mut(&keys[*m]).expect("a key").pop_front();
                         if hand_over {
                             let reserved = drip_store::Reserved { reservation: *reservation, now: *at, armed: false };
+                            let body = bodies[*m].pop_front().flatten().expect("read above");
                             handing.push(async move {
                                 store.complete(request, &reserved).await?;
-                                store.handed_over(request).await
+                                store.handed_over(&body.handed_over(*request)).await
                             });
                         }
                     }

@@ -206,17 +206,41 @@ impl EntityKeys {
         format!("{}:h", self.prefix())
     }
 
-    /// The message's entry in them: its answers hash, a newline, its answer field.
+    /// The message's name in them: its answers hash, a newline, its answer field.
     pub fn parked_entry(&self) -> Vec<u8> {
         [self.answers.as_bytes(), b"\n", &self.answer_field].concat()
     }
+
+    /// The message's entry when it keeps its `body` (parked by a call that carried it):
+    /// `\0<length of its name>\n<name><body>`.
+    pub fn parked_entry_with(&self, body: &[u8]) -> Vec<u8> {
+        let name = self.parked_entry();
+        [format!("\0{}\n", name.len()).as_bytes(), &name, body].concat()
+    }
 }
 
-/// Where the body of the parked message of a queue `entry` is kept: `<answers hash>:q:<field>`.
-pub fn parked_body_key(entry: &[u8]) -> Option<Vec<u8>> {
-    let (answers, field) = entry.split_at_checked(entry.len().checked_sub(9)?)?;
-    let field = field.strip_prefix(b"\n")?;
-    Some([answers, b":q:", field].concat())
+/// Where the body of a queue entry's message is (reserve.lua's `park`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum EntryBody<'a> {
+    /// In the entry itself: `\0<length of its name>\n<name><body>` (`parked_entry_with`).
+    Kept(&'a [u8]),
+    /// Beside it, in a key of its own (`Store::park_body`; the only kind an older Drip wrote):
+    /// `<answers hash>:q:<field>` for the entry `<answers hash>\n<field>`.
+    At(Vec<u8>),
+}
+
+impl<'a> EntryBody<'a> {
+    /// The body of a queue `entry`, or `None` for an entry Drip does not write.
+    pub fn of(entry: &'a [u8]) -> Option<Self> {
+        if let Some(rest) = entry.strip_prefix(b"\0") {
+            let newline = rest.iter().position(|&b| b == b'\n')?;
+            let length: usize = std::str::from_utf8(&rest[..newline]).ok()?.parse().ok()?;
+            return rest.get(newline + 1 + length..).map(Self::Kept);
+        }
+        let (answers, field) = entry.split_at_checked(entry.len().checked_sub(9)?)?;
+        let field = field.strip_prefix(b"\n")?;
+        Some(Self::At([answers, b":q:", field].concat()))
+    }
 }
 
 /// The answers hash of an entity (`prefix`) for one publication minute, or its undated answers
@@ -341,6 +365,24 @@ mod tests {
         let keys = EntityKeys::new("drip", budgeted, "u{1}", "m1", Some(0), &limits);
         assert_eq!(keys.state, "drip:{b:gateway}:sms|u%7B1%7D:state");
         assert!(keys.sliding[0].starts_with("drip:{b:gateway}:"), "every key of the entity under the budget's tag");
+    }
+
+    #[test]
+    fn a_queue_entry_keeps_its_body_or_names_where_it_is() {
+        let limits = [Limit::new(1, 1_000, Window::Fixed(Placement::Start)).unwrap()];
+        let keys = EntityKeys::new("drip", RuleRef::plain("payouts"), "k\n1", "m1", Some(125_000), &limits);
+        let name = keys.parked_entry();
+        let beside = [keys.answers.as_bytes(), b":q:", &keys.answer_field].concat();
+        assert_eq!(EntryBody::of(&name), Some(EntryBody::At(beside)));
+        // A body with newlines and a leading NUL of its own, after a name with a newline in its key.
+        let body = b"\0{\"a\":\n1}\n";
+        let entry = keys.parked_entry_with(body);
+        assert!(entry.starts_with(format!("\0{}\n", name.len()).as_bytes()) && entry.ends_with(body));
+        assert_eq!(EntryBody::of(&entry), Some(EntryBody::Kept(body)));
+        assert_eq!(EntryBody::of(&keys.parked_entry_with(b"")), Some(EntryBody::Kept(b"")));
+        for unwritten in [&b"short"[..], b"\0x\nname", b"\012\nshort", b"\0"] {
+            assert_eq!(EntryBody::of(unwritten), None, "{unwritten:?}");
+        }
     }
 
     #[test]

@@ -15,8 +15,8 @@ use crate::overrides::Author;
 use crate::store::{Ping, Store};
 use crate::{
     keys::RuleRef, overrides::AuditEntry, overrides::FeedbackChange, overrides::OverrideChange,
-    redis_store::DispatchClaim, redis_store::MessageOf, request::Clock, request::Reserved, request::SlotRequest,
-    request::StoreFuture,
+    redis_store::DispatchClaim, redis_store::MessageOf, request::Clock, request::ParkedBody, request::Reserved,
+    request::SlotRequest, request::StoreFuture,
 };
 
 /// The reference model behind a lock, with claim-checked payloads, dispatch claims and the
@@ -25,6 +25,8 @@ use crate::{
 pub struct MemoryStore {
     scheduler: Mutex<Scheduler>,
     payloads: Mutex<HashMap<String, Vec<u8>>>,
+    /// Parked messages' bodies (by `parked_name`), kept in their queue's entry or beside it.
+    parked: Mutex<HashMap<String, ParkedBody>>,
     /// Oldest first.
     audit: Mutex<Vec<AuditEntry>>,
     /// By message: `None` once published, else the end of the publishing attempt's lease.
@@ -42,7 +44,7 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Where the model keeps a parked message's body (beside the payloads).
+/// Where the model keeps a parked message's body.
 fn parked_name(rule: &str, key: &str, (minute, id): &AnswerFile) -> String {
     format!("memory-parked:{rule}|{key}|{minute:?}|{id}")
 }
@@ -160,14 +162,14 @@ impl MemoryStore {
         });
         let reserved = Reserved { reservation, now, armed };
         if let Some(body) = request.parked_body.filter(|_| reserved.body_kept(request)) {
-            self.keep_body(request, body);
+            self.keep_body(request, body, true);
         }
         reserved
     }
 
-    fn keep_body(&self, request: &SlotRequest<'_>, body: &[u8]) {
+    fn keep_body(&self, request: &SlotRequest<'_>, body: &[u8], in_entry: bool) {
         let name = parked_name(request.rule, request.key, &file_of(request));
-        locked(&self.payloads).insert(name, body.to_vec());
+        locked(&self.parked).insert(name, ParkedBody { body: body.to_vec(), in_entry });
     }
 }
 
@@ -232,7 +234,7 @@ impl Store for MemoryStore {
 
     /// The model's bodies never expire.
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], _: Millis) -> StoreFuture<'a, ()> {
-        self.keep_body(request, body);
+        self.keep_body(request, body, false);
         ready(())
     }
 
@@ -241,20 +243,20 @@ impl Store for MemoryStore {
         rule: &'a Rule,
         key: &'a str,
         count: usize,
-    ) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+    ) -> StoreFuture<'a, Vec<Option<ParkedBody>>> {
         let parked = self.with(|s| s.parked(&rule.id, key));
-        let payloads = locked(&self.payloads);
-        let bodies = parked.iter().take(count).map(|file| payloads.get(&parked_name(&rule.id, key, file)).cloned());
+        let bodies = locked(&self.parked);
+        let bodies = parked.iter().take(count).map(|file| bodies.get(&parked_name(&rule.id, key, file)).cloned());
         ready(bodies.collect())
     }
 
-    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<ParkedBody>>> {
         let handing = locked(&self.handing);
-        let payloads = locked(&self.payloads);
+        let parked = locked(&self.parked);
         let bodies = handing
             .iter()
             .filter(|(r, k, _)| *r == rule.id && k == key)
-            .map(|(r, k, file)| payloads.get(&parked_name(r, k, file)).cloned());
+            .map(|(r, k, file)| parked.get(&parked_name(r, k, file)).cloned());
         ready(bodies.collect())
     }
 
@@ -264,7 +266,7 @@ impl Store for MemoryStore {
         if let Some(at) = handing.iter().position(|(r, k, f)| r == request.rule && k == request.key && *f == file) {
             handing.remove(at);
         }
-        locked(&self.payloads).remove(&parked_name(request.rule, request.key, &file));
+        locked(&self.parked).remove(&parked_name(request.rule, request.key, &file));
         ready(())
     }
 

@@ -15,15 +15,15 @@ use redis::aio::ConnectionLike;
 use crate::args::{EncodedEvent, ReserveArgs, answers_keep};
 use crate::busiest::BusyKeys;
 use crate::inspect::EntityReport;
-use crate::keys::{DISPATCHED_MEMORY, fair_keys, field, member_of, parked_body_key, payload_key, ring_member};
+use crate::keys::{DISPATCHED_MEMORY, EntryBody, fair_keys, field, member_of, payload_key, ring_member};
 use crate::overrides::Author;
 use crate::redis_store::{ReserveCall, only_answer};
 use crate::scripts::{FAIR, RELEASE, WAKE};
 use crate::store::{Ping, Store};
 use crate::{
     budgets::Calendar, keys::EntityKeys, keys::RuleRef, overrides::AuditEntry, overrides::OverrideChange,
-    redis_store::DispatchClaim, redis_store::MessageOf, redis_store::RedisStore, request::Reserved,
-    request::SlotRequest, request::StoreError, request::StoreFuture,
+    redis_store::DispatchClaim, redis_store::MessageOf, redis_store::RedisStore, request::ParkedBody,
+    request::Reserved, request::SlotRequest, request::StoreError, request::StoreFuture,
 };
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Ping for RedisStore<C> {
@@ -79,7 +79,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let entry = self.keys(request).parked_entry();
-            let key = parked_body_key(&entry).expect("an entry ends with its field");
+            let Some(EntryBody::At(key)) = EntryBody::of(&entry) else { unreachable!("a name is an entry") };
             let _: () = self.connection().pset_ex(key, body, ttl.max(1) as u64).await?;
             Ok(())
         })
@@ -90,14 +90,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
         rule: &'a Rule,
         key: &'a str,
         count: usize,
-    ) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+    ) -> StoreFuture<'a, Vec<Option<ParkedBody>>> {
         Box::pin(async move {
             let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &rule.limits);
             self.bodies_of(&keys.parked_queue(), count).await
         })
     }
 
-    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<ParkedBody>>> {
         Box::pin(async move {
             let keys = EntityKeys::of_entity(self.namespace(), RuleRef::of_entity(rule, key), key, &rule.limits);
             self.bodies_of(&keys.handing_list(), usize::MAX).await
@@ -107,10 +107,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
     fn handed_over<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let keys = self.keys(request);
+            if let Some(body) = request.parked_body {
+                let _: () = self.connection().lrem(keys.handing_list(), 1, keys.parked_entry_with(body)).await?;
+                return Ok(());
+            }
             let entry = keys.parked_entry();
+            let Some(EntryBody::At(key)) = EntryBody::of(&entry) else { unreachable!("a name is an entry") };
             let mut pipe = redis::pipe();
             pipe.lrem(keys.handing_list(), 1, &entry).ignore();
-            pipe.del(parked_body_key(&entry).expect("an entry ends with its field")).ignore();
+            pipe.del(key).ignore();
             let _: () = pipe.query_async(&mut self.connection()).await?;
             Ok(())
         })
@@ -389,14 +394,33 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
-    /// The kept bodies of the first `count` entries of a parked queue or handing list, in order.
-    async fn bodies_of(&self, list: &str, count: usize) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    /// The bodies of the first `count` entries of a parked queue or handing list, in order: kept
+    /// in the entry, or beside it (read in one `MGET`).
+    async fn bodies_of(&self, list: &str, count: usize) -> Result<Vec<Option<ParkedBody>>, StoreError> {
         let last = isize::try_from(count).map_or(-1, |count| count - 1);
         let entries: Vec<Vec<u8>> = self.connection().lrange(list, 0, last).await?;
-        if entries.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keys: Vec<Vec<u8>> = entries.iter().filter_map(|entry| parked_body_key(entry)).collect();
-        Ok(redis::cmd("MGET").arg(keys).query_async(&mut self.connection()).await?)
+        let found: Vec<Option<EntryBody>> = entries.iter().map(|entry| EntryBody::of(entry)).collect();
+        let beside: Vec<&[u8]> = found
+            .iter()
+            .filter_map(|body| match body {
+                Some(EntryBody::At(key)) => Some(key.as_slice()),
+                _ => None,
+            })
+            .collect();
+        let mut read: std::vec::IntoIter<Option<Vec<u8>>> = if beside.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            redis::cmd("MGET")
+                .arg(beside)
+                .query_async::<Vec<Option<Vec<u8>>>>(&mut self.connection())
+                .await?
+                .into_iter()
+        };
+        let bodies = found.into_iter().map(|body| match body {
+            Some(EntryBody::Kept(body)) => Some(ParkedBody { body: body.to_vec(), in_entry: true }),
+            Some(EntryBody::At(_)) => read.next().flatten().map(|body| ParkedBody { body, in_entry: false }),
+            None => None,
+        });
+        Ok(bodies.collect())
     }
 }

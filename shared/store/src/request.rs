@@ -39,6 +39,22 @@ pub struct SlotRequest<'a> {
     pub parked_body: Option<&'a [u8]>,
 }
 
+/// A parked message's body, as its key's queue or handing list holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedBody {
+    pub body: Vec<u8>,
+    /// Kept in the message's entry (the call that parked it carried it), not beside it: what the
+    /// message's hand-over is told (`Store::handed_over`).
+    pub in_entry: bool,
+}
+
+impl ParkedBody {
+    /// The request `request` as its hand-over takes it: with this body when its entry keeps it.
+    pub fn handed_over<'a>(&'a self, request: SlotRequest<'a>) -> SlotRequest<'a> {
+        SlotRequest { parked_body: self.in_entry.then_some(self.body.as_slice()), ..request }
+    }
+}
+
 impl<'a> SlotRequest<'a> {
     /// The rule the request's entity belongs to, as keys name it.
     pub fn rule_ref(&self) -> RuleRef<'a> {

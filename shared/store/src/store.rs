@@ -20,7 +20,7 @@ use crate::inspect::{ClassReport, EntityReport};
 use crate::overrides::Author;
 use crate::{
     overrides::AuditEntry, overrides::OverrideChange, redis_store::DispatchClaim, redis_store::MessageOf,
-    request::Reserved, request::SlotRequest, request::StoreError, request::StoreFuture,
+    request::ParkedBody, request::Reserved, request::SlotRequest, request::StoreError, request::StoreFuture,
 };
 
 /// `/readyz`: whether the store answers.
@@ -69,12 +69,17 @@ pub trait Store: Ping + std::fmt::Debug {
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()>;
     /// The bodies of the key's first `count` parked messages, oldest first (`None`: a message
     /// parked whose body is not kept yet, or any more).
-    fn parked_bodies<'a>(&'a self, rule: &'a Rule, key: &'a str, count: usize)
-    -> StoreFuture<'a, Vec<Option<Vec<u8>>>>;
+    fn parked_bodies<'a>(
+        &'a self,
+        rule: &'a Rule,
+        key: &'a str,
+        count: usize,
+    ) -> StoreFuture<'a, Vec<Option<ParkedBody>>>;
     /// The bodies of the messages a drain took from the key's queue and has not handed over.
-    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<Vec<u8>>>>;
+    fn handing<'a>(&'a self, rule: &'a Rule, key: &'a str) -> StoreFuture<'a, Vec<Option<ParkedBody>>>;
     /// The drained message is handed over (its task exists, or it is dead-lettered): it leaves
-    /// the handing list and its body is dropped.
+    /// the handing list and its body is dropped. `request.parked_body` is its body when the
+    /// message's entry keeps it ([`ParkedBody::in_entry`]), else `None`.
     fn handed_over<'a>(&'a self, request: &'a SlotRequest<'a>) -> StoreFuture<'a, ()>;
     /// Corrects what the request's message booked with the cost reported after its call, once.
     fn correct_cost<'a>(&'a self, request: &'a SlotRequest<'a>, actual: u64) -> StoreFuture<'a, Correction>;

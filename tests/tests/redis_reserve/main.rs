@@ -15,7 +15,7 @@ use drip_core::schedule::{
 };
 use drip_core::time::{MINUTE, Millis, SECOND};
 use drip_store::args::ReservePaths;
-use drip_store::{Clock, MemoryStore, RedisStore, Reserved, RuleRef, SlotRequest, Store};
+use drip_store::{Clock, MemoryStore, ParkedBody, RedisStore, Reserved, RuleRef, SlotRequest, Store};
 use drip_tests::redis_server::{RedisCluster, RedisServer, shared_connection};
 use drip_tests::scenario::{
     Arrival, Kinds, Scenario, T0, check_budget_bounds, check_class_bounds, check_corrected_bounds,
@@ -214,9 +214,13 @@ async fn run_all(store: &impl Differential, rule_name: &str, scenario: &Scenario
             let rule = scenario.rule(&scenario.rule_of(rule_name, entity_of(&key)));
             let queue = &parked[&key];
             let bodies = store.parked_bodies(&rule, &key, queue.len()).await.expect("parked_bodies");
-            let carried: Vec<Option<Vec<u8>>> =
-                queue.iter().map(|&j| parked_body_of(&scenario.events[j]).map(<[u8]>::to_vec)).collect();
-            assert_eq!(bodies, carried, "the parked bodies of {key}");
+            let carried: Vec<Option<ParkedBody>> = queue
+                .iter()
+                .map(|&j| {
+                    parked_body_of(&scenario.events[j]).map(|body| ParkedBody { body: body.to_vec(), in_entry: true })
+                })
+                .collect();
+            assert_eq!(bodies, carried, "the parked bodies of {key}, kept in their queue entries");
         }
         for (request, reserved) in requests.iter().zip(reserved) {
             match answers.len() % 3 {

@@ -15,9 +15,12 @@ pub enum Unpark {
     /// the drain wakes again at `wake` (armed: [`EntityState::wake`]): where the slot comes within
     /// the drain's reach, or [`MAX_WAKE_GAP`] from now if sooner.
     Later { slot: Millis, wake: Millis },
-    /// The message is not parked (a concurrent drain took it, or it never was): nothing changed.
+    /// The message is not parked: its answer is a decided one (a concurrent drain took it, or it
+    /// never parked). Nothing changed.
     NotParked,
-    /// The message is parked but not at the head of the queue: nothing changed.
+    /// The message is not at the head of the queue: parked further back, or, its answer gone,
+    /// perhaps parked (only the whole queue could tell, and nothing reads it for that). Nothing
+    /// changed.
     NotHead,
 }
 
@@ -139,8 +142,8 @@ impl Scheduler {
             Some(answer) if answer.status == Status::Parked => answer.decided_at,
             // Its answer expired (the drain stopped for longer than max_delay and the margin).
             None if entity.queue.front() == Some(&file) => EXPIRED_PARK,
-            _ if !entity.queue.contains(&file) => return Unpark::NotParked,
-            _ => return Unpark::NotHead,
+            None => return Unpark::NotHead,
+            Some(_) => return Unpark::NotParked,
         };
         if entity.queue.front() != Some(&file) {
             return Unpark::NotHead;
