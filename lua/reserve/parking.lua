@@ -5,7 +5,7 @@
 -- ('<prefix>:state' -> '<prefix>:q'); `<prefix>:h` lists those a drain took and is handing over.
 -- An entry names its message: its answers hash, a newline and its field (8 bytes). A message
 -- parked by a call that carried its body keeps the body in its entry, after the name and its
--- length: '\0<length>\n<name><body>' (keys.rs's ParkedEntry); one whose body is kept after the
+-- length: '\0<length>\n<name><body>' (keys.rs's EntryBody); one whose body is kept after the
 -- call has its name alone, and its body at '<answers hash>:q:<field>'.
 local function queue_key(e)
   return string.sub(KEYS[e.base + KEY_STATE], 1, -6) .. 'q'
@@ -126,7 +126,7 @@ local function unpark(e, now)
   local handing = string.sub(queue, 1, -2) .. 'h'
   local moved = QUEUE.move_head(queue, handing)
   local head = moved == entry
-  if moved and not head then
+  if moved and not head and string.byte(moved, 1) == 0 then
     local with_body = entry_with_body(entry)
     head = string.sub(moved, 1, #with_body) == with_body
   end

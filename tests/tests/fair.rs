@@ -305,6 +305,56 @@ async fn inspected(url: &str) -> serde_json::Value {
 }
 
 /// A rule `id` of 100 a second per key drawing from a fair budget of 1 a second, `max_delay` 4 h.
+/// A parked message whose answer is gone (its drain stopped for longer than its max_delay and
+/// the margin) still leaves from the head of its queue, its body kept in its entry: with
+/// max_delay_exceeded, for the drain to dead-letter; one behind it is not at the head until then,
+/// and its hand-over empties the list of those handed over.
+#[tokio::test]
+async fn a_parked_message_whose_answer_is_gone_leaves_from_the_head_as_too_late() {
+    use drip_core::schedule::{Status, Unpark};
+    use drip_core::time::MINUTE;
+    use drip_store::{ParkedBody, RedisStore, SlotRequest, Store};
+    use drip_tests::redis_server::shared_connection;
+    use redis::AsyncCommands;
+
+    const T0: Millis = 1_800_000_000_000;
+    let mut connection = shared_connection().await;
+    let store = RedisStore::new(connection.clone(), "drip");
+    let id = unique("answer-gone");
+    let rules = one_per_second_fair(&id);
+    let rule = rules.rule(&id).unwrap();
+    let mut parked = Vec::new();
+    for i in 0..5 {
+        let message = format!("m{i}");
+        let request = SlotRequest::for_rule(rule, "k", &message, 1).at(T0).keeping_if_parked(message.as_bytes());
+        if store.reserve(&request).await.unwrap().reservation.status == Status::Parked {
+            parked.push(message);
+        }
+    }
+    assert!(parked.len() >= 2, "{parked:?}");
+    let answers: Vec<String> = connection.keys(format!("*{id}*:a:*")).await.unwrap();
+    assert!(!answers.is_empty(), "the parked messages' answers");
+    let _: () = connection.del(&answers).await.unwrap();
+
+    let at = T0 + 10 * MINUTE;
+    let unpark = |i: usize| {
+        let request = SlotRequest { unpark: Some(at + MINUTE), ..SlotRequest::for_rule(rule, "k", &parked[i], 1) };
+        let store = &store;
+        async move { store.unpark(&request.at(at)).await.unwrap().0 }
+    };
+    assert_eq!(unpark(1).await, Unpark::NotHead, "behind the head");
+    let too_late = |unpark: Unpark| matches!(unpark, Unpark::Decided(r) if r.status == Status::MaxDelayExceeded);
+    let head = unpark(0).await;
+    assert!(too_late(head), "the head, its answer gone: {head:?}");
+    let handing = store.handing(rule, "k").await.unwrap();
+    assert_eq!(handing, [Some(ParkedBody { body: parked[0].clone().into_bytes(), in_entry: true })]);
+    let body = handing[0].as_ref().unwrap();
+    store.handed_over(&body.handed_over(SlotRequest::for_rule(rule, "k", &parked[0], 1))).await.unwrap();
+    assert!(store.handing(rule, "k").await.unwrap().is_empty(), "handed over");
+    let next = unpark(1).await;
+    assert!(too_late(next), "the next head: {next:?}");
+}
+
 fn one_per_second_fair(id: &str) -> drip_core::rules::RuleSet {
     let text = format!(
         "default_dlq_topic: dlq\nbudgets:\n  {id}-api:\n    limits: [ {{ limit: 1, per: 1s }} ]\n    fair: true\nrules:\n  \
