@@ -380,7 +380,7 @@ mod tests {
         assert!(entry.starts_with(format!("\0{}\n", name.len()).as_bytes()) && entry.ends_with(body));
         assert_eq!(EntryBody::of(&entry), Some(EntryBody::Kept(body)));
         assert_eq!(EntryBody::of(&keys.parked_entry_with(b"")), Some(EntryBody::Kept(b"")));
-        for unwritten in [&b"short"[..], b"\0x\nname", b"\012\nshort", b"\0"] {
+        for unwritten in [&b"short"[..], b"\0x\nname", b"\x0012\nshort", b"\0"] {
             assert_eq!(EntryBody::of(unwritten), None, "{unwritten:?}");
         }
     }
