@@ -61,7 +61,7 @@ async fn a_quiet_merchant_is_not_kept_behind_a_flood_in_a_leased_fair_budget() {
 async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: usize) {
     const BUDGET: usize = 20;
     let prefix = unique("fair");
-    let ThrottledStack { pubsub, answers, source, dispatcher, _limiter: limiter, .. } =
+    let ThrottledStack { pubsub, answers, source, dispatcher, _limiter: limiter, namespace, .. } =
         stack_before(&prefix, rules, quota_target(10_000).await, 2).await;
     let attributes = BTreeMap::from([("event_type".to_owned(), "payout".to_owned())]);
 
@@ -134,6 +134,20 @@ async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: u
         .filter_map(|line| line.strip_prefix(&booked)?.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
         .sum();
     assert!(units > 0 && units <= (noisy_count + quiet.len()) as u64, "{units} booked by the drains");
+
+    // Every drained payout's hand-over took it off its key's handing list (whose entry keeps its
+    // body), so no list is left: each goes once empty. The last hand-overs may follow the
+    // partner's call by a moment.
+    let mut connection = drip_tests::redis_server::shared_connection().await;
+    let mut left: Vec<String> = Vec::new();
+    for _ in 0..50 {
+        left = redis::AsyncCommands::keys(&mut connection, format!("{namespace}:*:h")).await.unwrap();
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(left.is_empty(), "handing lists left after every payout was delivered: {left:?}");
 }
 
 /// Two merchants flood a fair budget of 20 a second, one with 60 live and 60 bulk payouts (a rule

@@ -93,6 +93,8 @@ pub struct ThrottledStack {
     pub source: String,
     pub _limiter: drip_tests::stack::LimiterUnderTest,
     pub _tasks: TasksStandIn,
+    /// The namespace of the stack's Redis keys (on the shared Redis).
+    pub namespace: String,
 }
 
 pub async fn throttled_stack(prefix: &str, rules: &str, refusals: (usize, u64), queues: usize) -> ThrottledStack {
@@ -119,12 +121,12 @@ pub async fn stack_before(
         spawn_rescheduling_dispatcher(&rules, (&redis, &namespace, &pubsub.host), &tasks.endpoint, &queues).await;
     let mut wiring =
         LimiterWiring::new(redis, pubsub.host.clone(), &tasks, queues, format!("{}/dispatch", dispatcher.url));
-    wiring.namespace = namespace;
+    wiring.namespace = namespace.clone();
     let limiter = spawn_limiter(&rules, &wiring).await;
     let source = format!("{prefix}-source");
     pubsub.create_topic(&source).await;
     pubsub.create_subscription(&source, &source, Some(&format!("{}/push", limiter.url))).await;
-    ThrottledStack { pubsub, answers, dispatcher, source, _limiter: limiter, _tasks: tasks }
+    ThrottledStack { pubsub, answers, dispatcher, source, _limiter: limiter, _tasks: tasks, namespace }
 }
 
 /// An HTTP target that answers 429 with `Retry-After: retry_after` to its first `refusals` calls,
