@@ -37,8 +37,8 @@ struct Taken {
     identity: String,
     published: Option<Millis>,
     reserved: Reserved,
-    /// Its body, when its queue entry keeps it: its hand-over names the entry by it.
-    kept: Option<Vec<u8>>,
+    /// Its body as its queue held it: its hand-over names its entry by it.
+    parked: ParkedBody,
 }
 
 pub(crate) async fn wake(state: &AppState, wake: &WakeTask, delivery: &Delivery<'_>) -> Answer {
@@ -89,7 +89,7 @@ async fn drain(state: &AppState, rule: &Rule, key: &str, delivery: &Delivery<'_>
                         identity,
                         published,
                         reserved: Reserved { reservation, now: at, armed: false },
-                        kept: body.in_entry.then_some(body.body),
+                        parked: body,
                     });
                 }
                 (Unpark::Later { wake, .. }, _) => {
@@ -128,8 +128,7 @@ async fn take_handing(state: &AppState, rule: &Rule, key: &str) -> anyhow::Resul
             Attempt::Done => state.store.handed_over(&body.handed_over(request)).await?,
             Attempt::Busy => {}
             Attempt::Decided | Attempt::Resumed => {
-                let kept = body.in_entry.then_some(body.body);
-                taken.push(Taken { task, identity, published, reserved, kept });
+                taken.push(Taken { task, identity, published, reserved, parked: body })
             }
         }
     }
@@ -303,7 +302,7 @@ async fn drain_ring(
         for (m, bodies) in short.iter().zip(futures_util::future::try_join_all(reads).await?) {
             waiting[*m].ahead = bodies.into();
         }
-        let mut plan: Vec<(usize, TaskBody, Option<Vec<u8>>)> = Vec::new();
+        let mut plan: Vec<(usize, TaskBody, ParkedBody)> = Vec::new();
         // What this turn planned of each key, and which keys' queues it planned to the end.
         let (mut planned, mut exhausted) = (vec![0; waiting.len()], vec![false; waiting.len()]);
         'plan: while plan.len() < PLAN_MAX {
@@ -335,7 +334,7 @@ async fn drain_ring(
                 }
                 round.spend(m, cost);
                 planned[m] += 1;
-                plan.push((m, task, body.in_entry.then(|| body.body.clone())));
+                plan.push((m, task, body.clone()));
                 if plan.len() >= PLAN_MAX {
                     break 'plan;
                 }
@@ -356,12 +355,12 @@ async fn drain_ring(
         let results = state.store.unpark_all(&requests).await?;
         let full = drip_core::schedule::full_through_deadline(results.iter().map(|(unpark, _)| unpark));
         let mut decided = vec![0; waiting.len()];
-        for (((m, task, kept), (identity, published)), (unpark, at)) in plan.into_iter().zip(filings).zip(results) {
+        for (((m, task, parked), (identity, published)), (unpark, at)) in plan.into_iter().zip(filings).zip(results) {
             match unpark {
                 Unpark::Decided(reservation) => {
                     decided[m] += 1;
                     let reserved = Reserved { reservation, now: at, armed: false };
-                    taken.push((waiting[m].rule, Taken { task, identity, published, reserved, kept }));
+                    taken.push((waiting[m].rule, Taken { task, identity, published, reserved, parked }));
                 }
                 Unpark::Later { wake, .. } => {
                     sooner(wake, &mut next);
@@ -410,7 +409,7 @@ async fn drain_ring(
 /// A taken message's task at its slot (or its dead letter, when it waited past its `max_delay`
 /// or costs more than a limit in force), then its answer completed and its body dropped.
 async fn hand_over(state: &AppState, rule: &Rule, taken: &Taken, delivery: &Delivery<'_>) -> anyhow::Result<()> {
-    let Taken { task, identity, published, reserved, kept } = taken;
+    let Taken { task, identity, published, reserved, parked } = taken;
     let request = request_of(rule, task, identity, *published);
     let reason = match reserved.reservation.status {
         Status::Reserved | Status::Parked => None,
@@ -431,7 +430,7 @@ async fn hand_over(state: &AppState, rule: &Rule, taken: &Taken, delivery: &Deli
         }
     }
     state.store.complete(&request, reserved).await?;
-    state.store.handed_over(&SlotRequest { parked_body: kept.as_deref(), ..request }).await?;
+    state.store.handed_over(&parked.handed_over(request)).await?;
     Ok(())
 }
 
