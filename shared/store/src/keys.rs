@@ -211,6 +211,14 @@ impl EntityKeys {
         [self.answers.as_bytes(), b"\n", &self.answer_field].concat()
     }
 
+    /// Where the message's body is kept when its entry is its name alone (`EntryBody::At`).
+    pub fn parked_body_key(&self) -> Vec<u8> {
+        match EntryBody::of(&self.parked_entry()) {
+            Some(EntryBody::At(key)) => key,
+            _ => unreachable!("a message's name is an entry whose body is beside it"),
+        }
+    }
+
     /// The message's entry when it keeps its `body` (parked by a call that carried it):
     /// `\0<length of its name>\n<name><body>`.
     pub fn parked_entry_with(&self, body: &[u8]) -> Vec<u8> {

@@ -78,8 +78,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
 
     fn park_body<'a>(&'a self, request: &'a SlotRequest<'a>, body: &'a [u8], ttl: Millis) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let entry = self.keys(request).parked_entry();
-            let Some(EntryBody::At(key)) = EntryBody::of(&entry) else { unreachable!("a name is an entry") };
+            let key = self.keys(request).parked_body_key();
             let _: () = self.connection().pset_ex(key, body, ttl.max(1) as u64).await?;
             Ok(())
         })
@@ -111,11 +110,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for RedisStore<C> 
                 let _: () = self.connection().lrem(keys.handing_list(), 1, keys.parked_entry_with(body)).await?;
                 return Ok(());
             }
-            let entry = keys.parked_entry();
-            let Some(EntryBody::At(key)) = EntryBody::of(&entry) else { unreachable!("a name is an entry") };
             let mut pipe = redis::pipe();
-            pipe.lrem(keys.handing_list(), 1, &entry).ignore();
-            pipe.del(key).ignore();
+            pipe.lrem(keys.handing_list(), 1, keys.parked_entry()).ignore();
+            pipe.del(keys.parked_body_key()).ignore();
             let _: () = pipe.query_async(&mut self.connection()).await?;
             Ok(())
         })
@@ -407,15 +404,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
                 _ => None,
             })
             .collect();
-        let mut read: std::vec::IntoIter<Option<Vec<u8>>> = if beside.is_empty() {
-            Vec::new().into_iter()
+        let read: Vec<Option<Vec<u8>>> = if beside.is_empty() {
+            Vec::new()
         } else {
-            redis::cmd("MGET")
-                .arg(beside)
-                .query_async::<Vec<Option<Vec<u8>>>>(&mut self.connection())
-                .await?
-                .into_iter()
+            redis::cmd("MGET").arg(beside).query_async(&mut self.connection()).await?
         };
+        let mut read = read.into_iter();
         let bodies = found.into_iter().map(|body| match body {
             Some(EntryBody::Kept(body)) => Some(ParkedBody { body: body.to_vec(), in_entry: true }),
             Some(EntryBody::At(_)) => read.next().flatten().map(|body| ParkedBody { body, in_entry: false }),
