@@ -17,6 +17,7 @@
 //!
 //! DRIP_BENCH_SCALE (default 1.0) scales every count; CI runs it small so it cannot rot.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -132,17 +133,30 @@ impl Shape {
     }
 }
 
-/// `(calls, usec)` of one command in `INFO commandstats`.
-async fn commandstat(connection: &mut MultiplexedConnection, command: &str) -> (u64, u64) {
+/// Each command's `(calls, server µs)`, by its name in `INFO commandstats`.
+type CommandStats = BTreeMap<String, (u64, u64)>;
+
+/// Each command's calls and server µs since the last RESETSTAT. A script's line counts its whole
+/// call, the commands it calls included, and those have lines of their own.
+async fn commandstats(connection: &mut MultiplexedConnection) -> CommandStats {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
-    let line = info.lines().find(|l| l.starts_with(&format!("cmdstat_{command}:"))).unwrap_or_default();
-    let field = |name: &str| {
+    let field = |line: &str, name: &str| {
         line.split([':', ','])
             .find_map(|part| part.strip_prefix(&format!("{name}=")))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    (field("calls"), field("usec"))
+    info.lines()
+        .filter_map(|line| {
+            let command = line.strip_prefix("cmdstat_")?.split(':').next()?;
+            Some((command.to_owned(), (field(line, "calls"), field(line, "usec"))))
+        })
+        .collect()
+}
+
+/// `(calls, usec)` of one command in `INFO commandstats`.
+async fn commandstat(connection: &mut MultiplexedConnection, command: &str) -> (u64, u64) {
+    commandstats(connection).await.get(command).copied().unwrap_or_default()
 }
 
 /// Runs `calls` commands in pipelines; returns server µs per call and wall calls per second.
@@ -205,9 +219,11 @@ async fn load_reserve(connection: &mut MultiplexedConnection) {
 /// Script calls since the last RESETSTAT: `FCALL`s of reserve.lua and `EVALSHA`s of the others
 /// (lease.lua, dispatch.lua), with their server µs.
 async fn script_calls(connection: &mut MultiplexedConnection) -> (u64, u64) {
-    let (functions, function_usec) = commandstat(connection, "fcall").await;
-    let (scripts, script_usec) = commandstat(connection, "evalsha").await;
-    (functions + scripts, function_usec + script_usec)
+    let stats = commandstats(connection).await;
+    SCRIPT_COMMANDS
+        .iter()
+        .filter_map(|command| stats.get(*command))
+        .fold((0, 0), |(n, u), &(calls, usec)| (n + calls, u + usec))
 }
 
 fn token_bucket_call(sha: &str, key: &str, now_seconds: i64) -> redis::Cmd {
@@ -538,6 +554,7 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
         "\n| a budget of {count}/s, 32 clients, {events} events over {ENTITIES} keys | reservations/s | script calls to drain | Redis CPU µs an event | vs first come: reservations/s, one Redis's bound |\n|---|---|---|---|---|"
     );
     let (mut per_second, mut bound, mut handed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last: [(CommandStats, f64); 3] = Default::default();
     for _ in 0..passes {
         let _: () = redis::cmd("FLUSHALL").query_async(connection).await.expect("FLUSHALL");
         server_usec(connection).await;
@@ -545,7 +562,8 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
         let first_come =
             budgeted_throughput(&batched, &gateway_of("fcfs-bench", None, count), 32, (false, false)).await;
         let first_cpu = (cpu_usec(connection).await - cpu) / events;
-        let first_usec = server_usec(connection).await / events;
+        let first_stats = reset_commandstats(connection).await;
+        let first_usec = script_usec(&first_stats) / events;
         println!(
             "| first come, first served ({first_usec:.1} server µs an event) | {first_come:.0} | | {first_cpu:.1} | 1.00×, 1.00× |"
         );
@@ -565,6 +583,7 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
             fair.per_second / first_come,
             first_cpu / fair_cpu
         );
+        last = [(first_stats, events), (fair.parking_stats, events), (fair.draining_stats, fair.parked as f64)];
         // The same, each event's answer completed once its task is made (as the limiter and the
         // dispatcher do), and each parked event's body read and its hand-over recorded (the
         // dispatcher's drain): the Redis work a fair budget adds beyond its reservations.
@@ -585,6 +604,48 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
         median(&mut bound),
         median(&mut handed)
     );
+    phase_commands(&last);
+}
+
+/// The Redis commands the scripts called in the last pass's first come, parking and draining
+/// (each phase's stats with what it counts per: its events, or its parked events): calls per
+/// event and server µs per call of each, then the scripts' own µs (their Lua and the call itself:
+/// the script calls' µs less their commands') and their whole.
+fn phase_commands(phases: &[(CommandStats, f64); 3]) {
+    // The bench's own commands (`config|resetstat` names a subcommand) are not the scripts'.
+    let bench_own = |command: &str| {
+        let command = command.split('|').next().unwrap_or_default();
+        SCRIPT_COMMANDS.contains(&command) || ["info", "config", "flushall"].contains(&command)
+    };
+    let commands: std::collections::BTreeSet<&String> =
+        phases.iter().flat_map(|(stats, _)| stats.keys()).filter(|c| !bench_own(c)).collect();
+    println!(
+        "\n| the last pass's Redis commands, calls × server µs a call | first come, an event | parking, an event | draining, a parked event |\n|---|---|---|---|"
+    );
+    for command in commands {
+        let cells: Vec<String> = phases
+            .iter()
+            .map(|(stats, per)| match stats.get(command) {
+                Some(&(calls, usec)) if calls > 0 => {
+                    format!("{:.2} × {:.2}", calls as f64 / per, usec as f64 / calls as f64)
+                }
+                _ => String::new(),
+            })
+            .collect();
+        println!("| `{}` | {} |", command.to_uppercase(), cells.join(" | "));
+    }
+    let scripts: Vec<f64> = phases.iter().map(|(stats, per)| script_usec(stats) / per).collect();
+    let own: Vec<String> = phases
+        .iter()
+        .zip(&scripts)
+        .map(|((stats, per), all)| {
+            let called: f64 = stats.iter().filter(|(c, _)| !bench_own(c)).map(|(_, &(_, usec))| usec as f64).sum();
+            format!("{:.1}", all - called / per)
+        })
+        .collect();
+    println!("| the scripts' own work (their Lua, the call itself), µs | {} |", own.join(" | "));
+    let all: Vec<String> = scripts.iter().map(|usec| format!("{usec:.1}")).collect();
+    println!("| the scripts in all, µs | {} |", all.join(" | "));
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -717,7 +778,7 @@ where
     }
     let parking = started.elapsed().as_secs_f64();
     let parked: usize = queues.values().map(|q| q.len()).sum();
-    let parking_usec = server_usec(connection).await;
+    let parking_stats = reset_commandstats(connection).await;
     let (mut now, mut calls, budgets) = (t0, 0, [budget.clone()]);
     let the_rule = bench_rule(&rule, &limits, &budgets);
     while queues.values().any(|q| !q.is_empty()) {
@@ -789,14 +850,16 @@ where
         now += near;
     }
     let total = started.elapsed().as_secs_f64();
-    let draining_usec = server_usec(connection).await;
+    let draining_stats = reset_commandstats(connection).await;
     FairFigures {
         per_second: events as f64 / total,
         calls,
         parking: parking / total,
-        reserve_usec: parking_usec / events as f64,
-        unpark_usec: draining_usec / parked.max(1) as f64,
+        reserve_usec: script_usec(&parking_stats) / events as f64,
+        unpark_usec: script_usec(&draining_stats) / parked.max(1) as f64,
         parked,
+        parking_stats,
+        draining_stats,
     }
 }
 
@@ -812,8 +875,9 @@ fn bench_rule(id: &str, limits: &[Limit], budgets: &[Arc<Budget>]) -> drip_core:
 }
 
 /// What [`fair_throughput`] measured: reservations a second, the drains' script calls, the share
-/// of the time spent parking, server µs per event while parking (its reservation, and its body
-/// when it parks) and per parked event while draining.
+/// of the time spent parking, the script calls' server µs per event while parking (its
+/// reservation, and its body when it parks) and per parked event while draining, and each
+/// phase's commands.
 struct FairFigures {
     per_second: f64,
     calls: u64,
@@ -821,20 +885,29 @@ struct FairFigures {
     reserve_usec: f64,
     unpark_usec: f64,
     parked: usize,
+    parking_stats: CommandStats,
+    draining_stats: CommandStats,
 }
 
-/// Server µs of every command since the last RESETSTAT (scripts and plain commands alike), reset
-/// again.
+/// Server µs of the script calls since the last RESETSTAT (each counts the commands it calls, and
+/// the bench's callers send nothing else where this is read), reset again.
 async fn server_usec(connection: &mut MultiplexedConnection) -> f64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(connection).await.expect("INFO");
-    let usec = info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
-        .filter_map(|l| l.split("usec=").nth(1)?.split(',').next()?.parse::<f64>().ok())
-        .sum();
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
-    usec
+    script_usec(&reset_commandstats(connection).await)
 }
+
+/// [`commandstats`], reset again.
+async fn reset_commandstats(connection: &mut MultiplexedConnection) -> CommandStats {
+    let stats = commandstats(connection).await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(connection).await.expect("RESETSTAT");
+    stats
+}
+
+/// The server µs of the script calls (`FCALL`s and `EVALSHA`s) among `stats`.
+fn script_usec(stats: &CommandStats) -> f64 {
+    SCRIPT_COMMANDS.iter().filter_map(|command| stats.get(*command)).map(|&(_, usec)| usec as f64).sum()
+}
+
+const SCRIPT_COMMANDS: [&str; 2] = ["fcall", "evalsha"];
 
 fn budgeted_events(clients: usize) -> usize {
     scaled(60_000) / clients * clients
