@@ -32,7 +32,8 @@ rules:
     overflow: { url: "TARGET" }
 "#;
 
-/// One merchant floods a fair budget of 20 a second with 160 payouts (8 s of the budget); two
+/// One merchant floods a fair budget of 20 a second with 160 payouts (8 s of the budget; one in
+/// four too large for its queue entry, so that its key's queue holds both kinds); two
 /// seconds later three quiet merchants publish 2 each. First come, first served, they would wait
 /// behind the flood (~6 s); with `fair: true` each quiet payout reaches the partner within 2.5 s
 /// of its publish, the noisy merchant keeps at least half of each window while they wait, the
@@ -68,7 +69,9 @@ async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: u
     let mut noisy = HashSet::new();
     let flood_from = wall_clock_millis();
     for i in 0..noisy_count {
-        let data = format!(r#"{{"merchant":"noisy","n":{i}}}"#);
+        // One payout in four is large: its body is kept beside its queue entry, not in it.
+        let pad = if i % 4 == 3 { "x".repeat(drip_store::MAX_BODY_KEPT_IN_CALL) } else { String::new() };
+        let data = format!(r#"{{"merchant":"noisy","n":{i},"pad":"{pad}"}}"#);
         noisy.insert(pubsub.publish(&source, data.as_bytes(), &attributes).await);
     }
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
@@ -94,6 +97,14 @@ async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: u
     assert!(parked > 0 && parked <= noisy_count as u64, "{report}");
     let expected = fair["expectedWaitMs"].as_i64().unwrap_or(0);
     assert_eq!(expected, parked as i64 * 1_000 / BUDGET as i64, "{report}");
+    // Its queue holds entries that keep their bodies and, for the large payouts, entries of a
+    // name alone (their bodies beside them).
+    let mut connection = drip_tests::redis_server::shared_connection().await;
+    let queues: Vec<String> =
+        redis::AsyncCommands::keys(&mut connection, format!("{namespace}:*merchant_noisy*:q")).await.unwrap();
+    let entries: Vec<Vec<u8>> = redis::AsyncCommands::lrange(&mut connection, &queues[0], 0, -1).await.unwrap();
+    let in_entry = entries.iter().filter(|e| e.first() == Some(&0)).count();
+    assert!(in_entry > 0 && in_entry < entries.len(), "{in_entry} of {} entries keep their bodies", entries.len());
     let mut quiet: HashMap<String, Millis> = HashMap::new();
     for i in 0..6 {
         let data = format!(r#"{{"merchant":"quiet{}","n":{i}}}"#, i % 3);
@@ -138,7 +149,6 @@ async fn quiet_merchants_behind_a_flood(rules: &str, rings: &str, noisy_count: u
     // Every drained payout's hand-over took it off its key's handing list (whose entry keeps its
     // body), so no list is left: each goes once empty. The last hand-overs may follow the
     // partner's call by a moment.
-    let mut connection = drip_tests::redis_server::shared_connection().await;
     let mut left: Vec<String> = Vec::new();
     for _ in 0..50 {
         left = redis::AsyncCommands::keys(&mut connection, format!("{namespace}:*:h")).await.unwrap();
@@ -367,6 +377,64 @@ async fn a_parked_message_whose_answer_is_gone_leaves_from_the_head_as_too_late(
     assert!(store.handing(rule, "k").await.unwrap().is_empty(), "handed over");
     let next = unpark(1).await;
     assert!(too_late(next), "the next head: {next:?}");
+}
+
+/// A parking call keeps a body of at most `MAX_BODY_KEPT_IN_CALL` bytes in its message's queue
+/// entry; a larger one it does not carry, and its caller keeps it beside the entry, as the
+/// limiter's parking does. Both kinds drain in their queue's order with their bodies, and their
+/// hand-overs leave no list and no body behind. Redis and the model alike.
+#[tokio::test]
+async fn a_parking_call_keeps_a_small_body_in_its_entry_and_its_caller_a_large_one_beside_it() {
+    use drip_core::schedule::{Status, Unpark};
+    use drip_core::time::{HOUR, MINUTE, SECOND};
+    use drip_store::{MAX_BODY_KEPT_IN_CALL, MemoryStore, ParkedBody, RedisStore, SlotRequest, Store};
+    use drip_tests::redis_server::shared_connection;
+    use redis::AsyncCommands;
+
+    const T0: Millis = 1_800_000_000_000;
+    let mut connection = shared_connection().await;
+    let redis = RedisStore::new(connection.clone(), "drip");
+    let id = unique("body-size");
+    let rules = one_per_second_fair(&id);
+    let rule = rules.rule(&id).unwrap();
+    let sizes = [10, MAX_BODY_KEPT_IN_CALL + 1, MAX_BODY_KEPT_IN_CALL, 4 * MAX_BODY_KEPT_IN_CALL, 10];
+    let bodies: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| vec![b'a' + i as u8; n]).collect();
+    for store in [&redis as &dyn Store, &MemoryStore::new()] {
+        let mut parked = Vec::new();
+        for (i, body) in bodies.iter().enumerate() {
+            let message = format!("m{i}");
+            let request = SlotRequest::for_rule(rule, "k", &message, 1).at(T0).keeping_if_parked(body);
+            let reserved = store.reserve(&request).await.unwrap();
+            if reserved.reservation.status != Status::Parked {
+                continue;
+            }
+            assert_eq!(reserved.body_kept(&request), body.len() <= MAX_BODY_KEPT_IN_CALL, "{message}");
+            if !reserved.body_kept(&request) {
+                store.park_body(&request, body, 5 * HOUR).await.unwrap();
+            }
+            parked.push((message, ParkedBody { body: body.clone(), in_entry: body.len() <= MAX_BODY_KEPT_IN_CALL }));
+        }
+        let kinds: Vec<bool> = parked.iter().map(|(_, body)| body.in_entry).collect();
+        assert!(kinds.contains(&true) && kinds.contains(&false), "both kinds parked: {kinds:?}");
+        let read = store.parked_bodies(rule, "k", 10).await.unwrap();
+        let expected: Vec<Option<ParkedBody>> = parked.iter().map(|(_, body)| Some(body.clone())).collect();
+        assert_eq!(read, expected, "the queue's bodies, in order");
+
+        for (message, body) in &parked {
+            let request = SlotRequest { unpark: Some(T0 + MINUTE), ..SlotRequest::for_rule(rule, "k", message, 1) };
+            let (unpark, _) = store.unpark(&request.at(T0 + 10 * SECOND)).await.unwrap();
+            assert!(matches!(unpark, Unpark::Decided(r) if r.status == Status::Reserved), "{message}: {unpark:?}");
+            assert_eq!(store.handing(rule, "k").await.unwrap(), [Some(body.clone())], "{message} being handed over");
+            store.handed_over(&body.handed_over(SlotRequest::for_rule(rule, "k", message, 1))).await.unwrap();
+            assert!(store.handing(rule, "k").await.unwrap().is_empty(), "{message} handed over");
+        }
+    }
+    let left: Vec<Vec<u8>> = connection.keys(format!("*{id}*:q*")).await.unwrap();
+    assert!(
+        left.is_empty(),
+        "no queue and no body left: {:?}",
+        left.iter().map(|k| String::from_utf8_lossy(k)).collect::<Vec<_>>()
+    );
 }
 
 fn one_per_second_fair(id: &str) -> drip_core::rules::RuleSet {

@@ -551,7 +551,8 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
     let (count, events) = ((budgeted_events(32) / 4) as u64, budgeted_events(32) as f64);
     let passes: usize = std::env::var("DRIP_BENCH_FAIR_PASSES").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
     println!(
-        "\n| a budget of {count}/s, 32 clients, {events} events over {ENTITIES} keys | reservations/s | script calls to drain | Redis CPU µs an event | vs first come: reservations/s, one Redis's bound |\n|---|---|---|---|---|"
+        "\n| a budget of {count}/s, 32 clients, {events} events over {ENTITIES} keys, {}-byte bodies | reservations/s | script calls to drain | Redis CPU µs an event | vs first come: reservations/s, one Redis's bound |\n|---|---|---|---|---|",
+        fair_body_size()
     );
     let (mut per_second, mut bound, mut handed) = (Vec::new(), Vec::new(), Vec::new());
     let mut last: [(CommandStats, f64); 3] = Default::default();
@@ -740,11 +741,13 @@ where
     let events = budgeted_events(clients);
     let (t0, rule) = (wall_clock_millis().div_euclid(SECOND) * SECOND, "fair-bench-rule".to_owned());
     let keys_each = ENTITIES / clients;
+    // Each event's task body, as the limiter builds it to keep should the event park.
+    let body: Arc<[u8]> = vec![b'x'; fair_body_size()].into();
     server_usec(connection).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (store, budgets, rule) = (store.clone(), [budget.clone()], rule.clone());
+        let (store, budgets, rule, body) = (store.clone(), [budget.clone()], rule.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
             let mut parked: Vec<(usize, usize)> = Vec::new();
             for i in 0..events / clients {
@@ -753,11 +756,13 @@ where
                 let request = request(&rule, &key, &id, (&limits, &budgets), t0);
                 let event = ReserveRequest { max_delay: DAY, park: Some(2 * SECOND), ..request.event };
                 // As the limiter parks: the body kept, the key joined to the ring and its drain
-                // armed unless it was, all in the call.
-                let request = SlotRequest { event, ..request }.at(t0).keeping_if_parked(&[b'x'; 300]);
+                // armed unless it was, all in the call; a body too large for that kept after.
+                let request = SlotRequest { event, ..request }.at(t0).keeping_if_parked(&body);
                 let reserved = store.reserve(&request).await.expect("reserve");
                 if reserved.reservation.status == Status::Parked {
-                    assert!(reserved.body_kept(&request), "the parking call keeps the body");
+                    if !reserved.body_kept(&request) {
+                        store.park_body(&request, &body, DAY).await.expect("park_body");
+                    }
                     parked.push((c, i));
                 } else if hand_over {
                     store.complete(&request, &reserved).await.expect("complete");
@@ -861,6 +866,11 @@ where
         parking_stats,
         draining_stats,
     }
+}
+
+/// The size of the fair table's task bodies: `DRIP_BENCH_FAIR_BODY` bytes, 300 unless set.
+fn fair_body_size() -> usize {
+    std::env::var("DRIP_BENCH_FAIR_BODY").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
 }
 
 /// The bench's fair rule as the store's per-key operations take it (`parked_bodies`): its id,

@@ -39,6 +39,6 @@ pub use redis_store::{
     DispatchClaim, LeaseObserver, MessageOf, RedisStore, ReserveCall, parse_replies, reserve_library,
 };
 pub use reply::Reply;
-pub use request::{Clock, ParkedBody, Reserved, SlotRequest, StoreError, StoreFuture};
+pub use request::{Clock, MAX_BODY_KEPT_IN_CALL, ParkedBody, Reserved, SlotRequest, StoreError, StoreFuture};
 pub use resume::{MAX_OPERATOR_PAUSE, Paused, Resumed, pause, resume};
 pub use store::{LEARNED_BY, Ping, Store, inspect_key, with_provenance};

@@ -35,9 +35,16 @@ pub struct SlotRequest<'a> {
     /// The body to keep for the key's drain should the message park (the task body it would have
     /// had): kept in the call that parks it, so that a parked message never waits without its body
     /// and its parking costs no second trip ([`Reserved::body_kept`]). `None`: the caller keeps it
-    /// after (`Store::park_body`), as for a large body that is claim-checked.
+    /// after (`Store::park_body`), as for a body over [`MAX_BODY_KEPT_IN_CALL`].
     pub parked_body: Option<&'a [u8]>,
 }
+
+/// The largest body a reservation call carries to keep should its message park
+/// ([`SlotRequest::keeping_if_parked`]). The call carries it whether the message parks or not,
+/// and a parked one keeps it in its queue entry, which the drain moves through the script: past
+/// about this size that costs Redis more than the caller's second trip to keep the body of a
+/// message that parked (docs/capacity.md, "A fair budget under a deep backlog").
+pub const MAX_BODY_KEPT_IN_CALL: usize = 2048;
 
 /// A parked message's body, as its key's queue or handing list holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +108,13 @@ impl<'a> SlotRequest<'a> {
         Self { event: ReserveRequest { published, ..self.event }, ..self }
     }
 
-    /// The same request keeping `body` for the key's drain should the message park.
+    /// The same request keeping `body` for the key's drain should the message park, when it is at
+    /// most [`MAX_BODY_KEPT_IN_CALL`]: a larger one is the caller's to keep after, if the message
+    /// parked ([`Reserved::body_kept`] says so).
     pub fn keeping_if_parked(self, body: &'a [u8]) -> Self {
+        if body.len() > MAX_BODY_KEPT_IN_CALL {
+            return self;
+        }
         Self { parked_body: Some(body), ..self }
     }
 
