@@ -14,7 +14,7 @@ use drip_gcp::http_target::EventPost;
 use drip_gcp::tasks::Created;
 use drip_service::reschedule;
 use drip_service::task_batches::EventTask;
-use drip_store::MessageOf;
+use drip_store::{MAX_BODY_KEPT_IN_CALL, MessageOf};
 
 use crate::AppState;
 
@@ -174,14 +174,17 @@ impl AppState {
 
 /// The body a parked message would keep, built before its reservation so that the call that parks
 /// it keeps it too (`SlotRequest::parked_body`): for a rule drawing from a fair budget, whose events
-/// past its near horizon park, when the body goes inline (a claim-checked one is kept after, as the
-/// payload's reference needs a write of its own). The drain gives it its slot.
+/// past its near horizon park, when the body is one a call carries (`MAX_BODY_KEPT_IN_CALL`: a
+/// larger one, claim-checked or not, is built and kept after, should the message park). The drain
+/// gives it its slot.
 pub(crate) fn parked_body(acting: Acting<'_>, publish_time: Option<&str>) -> Option<Vec<u8>> {
-    if acting.rule.fair_budget().is_none() || acting.rule.mode == drip_core::rules::Mode::Shadow {
+    let shadow = acting.rule.mode == drip_core::rules::Mode::Shadow;
+    // (Its data alone is more than a call carries: not worth building now.)
+    if acting.rule.fair_budget().is_none() || shadow || acting.event.data.len() > MAX_BODY_KEPT_IN_CALL {
         return None;
     }
     let (_, encoded) = task_body(acting, publish_time).ok()?;
-    (encoded.len() <= MAX_INLINE_TASK_BODY).then_some(encoded)
+    (encoded.len() <= MAX_BODY_KEPT_IN_CALL).then_some(encoded)
 }
 
 /// The task body of the event `acting` at its slot, inline, and its encoding. The dispatcher adds
