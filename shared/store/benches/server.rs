@@ -564,7 +564,7 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
             budgeted_throughput(&batched, &gateway_of("fcfs-bench", None, count), 32, (false, false)).await;
         let first_cpu = (cpu_usec(connection).await - cpu) / events;
         let first_stats = reset_commandstats(connection).await;
-        let first_usec = script_usec(&first_stats) / events;
+        let first_usec = sent_usec(&first_stats) / events;
         println!(
             "| first come, first served ({first_usec:.1} server µs an event) | {first_come:.0} | | {first_cpu:.1} | 1.00×, 1.00× |"
         );
@@ -609,15 +609,18 @@ async fn fair_table(connection: &mut MultiplexedConnection, store: &RedisStore<M
 }
 
 /// The Redis commands the scripts called in the last pass's first come, parking and draining
-/// (each phase's stats with what it counts per: its events, or its parked events): calls per
-/// event and server µs per call of each, then the scripts' own µs (their Lua and the call itself:
-/// the script calls' µs less their commands') and their whole.
+/// (each phase's stats with what it counts per: its events, or its parked events), and the
+/// callers' own (a parked body kept after its call): calls per event and server µs per call of
+/// each, then the scripts' own µs (their Lua and the call itself: the script calls' µs less their
+/// commands') and the whole.
 fn phase_commands(phases: &[(CommandStats, f64); 3]) {
-    // The bench's own commands (`config|resetstat` names a subcommand) are not the scripts'.
+    // The bench's own commands and the store's loading of its functions (`config|resetstat` names
+    // a subcommand) are not the scripts', nor are the callers' (listed, marked).
     let bench_own = |command: &str| {
         let command = command.split('|').next().unwrap_or_default();
-        SCRIPT_COMMANDS.contains(&command) || ["info", "config", "flushall"].contains(&command)
+        SCRIPT_COMMANDS.contains(&command) || ["info", "config", "flushall", "function"].contains(&command)
     };
+    let scripts_called = |command: &str| !bench_own(command) && !CALLER_COMMANDS.contains(&command);
     let commands: std::collections::BTreeSet<&String> =
         phases.iter().flat_map(|(stats, _)| stats.keys()).filter(|c| !bench_own(c)).collect();
     println!(
@@ -633,20 +636,22 @@ fn phase_commands(phases: &[(CommandStats, f64); 3]) {
                 _ => String::new(),
             })
             .collect();
-        println!("| `{}` | {} |", command.to_uppercase(), cells.join(" | "));
+        let caller = if scripts_called(command) { "" } else { " (the caller's)" };
+        println!("| `{}`{caller} | {} |", command.to_uppercase(), cells.join(" | "));
     }
-    let scripts: Vec<f64> = phases.iter().map(|(stats, per)| script_usec(stats) / per).collect();
+    let scripts: Vec<f64> = phases.iter().map(|(stats, per)| sent_usec(stats) / per).collect();
     let own: Vec<String> = phases
         .iter()
         .zip(&scripts)
         .map(|((stats, per), all)| {
-            let called: f64 = stats.iter().filter(|(c, _)| !bench_own(c)).map(|(_, &(_, usec))| usec as f64).sum();
-            format!("{:.1}", all - called / per)
+            let called: f64 = stats.iter().filter(|(c, _)| scripts_called(c)).map(|(_, &(_, usec))| usec as f64).sum();
+            let caller: f64 = CALLER_COMMANDS.iter().filter_map(|c| stats.get(*c)).map(|&(_, usec)| usec as f64).sum();
+            format!("{:.1}", all - (called + caller) / per)
         })
         .collect();
     println!("| the scripts' own work (their Lua, the call itself), µs | {} |", own.join(" | "));
     let all: Vec<String> = scripts.iter().map(|usec| format!("{usec:.1}")).collect();
-    println!("| the scripts in all, µs | {} |", all.join(" | "));
+    println!("| the scripts and the callers' commands in all, µs | {} |", all.join(" | "));
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -860,8 +865,8 @@ where
         per_second: events as f64 / total,
         calls,
         parking: parking / total,
-        reserve_usec: script_usec(&parking_stats) / events as f64,
-        unpark_usec: script_usec(&draining_stats) / parked.max(1) as f64,
+        reserve_usec: sent_usec(&parking_stats) / events as f64,
+        unpark_usec: sent_usec(&draining_stats) / parked.max(1) as f64,
         parked,
         parking_stats,
         draining_stats,
@@ -885,8 +890,8 @@ fn bench_rule(id: &str, limits: &[Limit], budgets: &[Arc<Budget>]) -> drip_core:
 }
 
 /// What [`fair_throughput`] measured: reservations a second, the drains' script calls, the share
-/// of the time spent parking, the script calls' server µs per event while parking (its
-/// reservation, and its body when it parks) and per parked event while draining, and each
+/// of the time spent parking, the server µs per event while parking (its reservation, and its
+/// body when it parks, in the call or after it) and per parked event while draining, and each
 /// phase's commands.
 struct FairFigures {
     per_second: f64,
@@ -899,10 +904,10 @@ struct FairFigures {
     draining_stats: CommandStats,
 }
 
-/// Server µs of the script calls since the last RESETSTAT (each counts the commands it calls, and
-/// the bench's callers send nothing else where this is read), reset again.
+/// Server µs of what the bench's callers sent since the last RESETSTAT (script calls, each counting
+/// the commands it calls, and `CALLER_COMMANDS`), reset again.
 async fn server_usec(connection: &mut MultiplexedConnection) -> f64 {
-    script_usec(&reset_commandstats(connection).await)
+    sent_usec(&reset_commandstats(connection).await)
 }
 
 /// [`commandstats`], reset again.
@@ -912,12 +917,22 @@ async fn reset_commandstats(connection: &mut MultiplexedConnection) -> CommandSt
     stats
 }
 
-/// The server µs of the script calls (`FCALL`s and `EVALSHA`s) among `stats`.
-fn script_usec(stats: &CommandStats) -> f64 {
-    SCRIPT_COMMANDS.iter().filter_map(|command| stats.get(*command)).map(|&(_, usec)| usec as f64).sum()
+/// The server µs of what the bench's callers sent among `stats`: the script calls (`FCALL`s and
+/// `EVALSHA`s) and `CALLER_COMMANDS`.
+fn sent_usec(stats: &CommandStats) -> f64 {
+    SCRIPT_COMMANDS
+        .iter()
+        .chain(&CALLER_COMMANDS)
+        .filter_map(|command| stats.get(*command))
+        .map(|&(_, usec)| usec as f64)
+        .sum()
 }
 
 const SCRIPT_COMMANDS: [&str; 2] = ["fcall", "evalsha"];
+
+/// What the bench's callers send besides script calls where its server µs are read: the body of a
+/// parked event that its call did not carry (`Store::park_body`), which no script sends.
+const CALLER_COMMANDS: [&str; 1] = ["psetex"];
 
 fn budgeted_events(clients: usize) -> usize {
     scaled(60_000) / clients * clients
