@@ -173,18 +173,16 @@ impl AppState {
 }
 
 /// The body a parked message would keep, built before its reservation so that the call that parks
-/// it keeps it too (`SlotRequest::parked_body`): for a rule drawing from a fair budget, whose events
-/// past its near horizon park, when the body is one a call carries (`MAX_BODY_KEPT_IN_CALL`: a
-/// larger one, claim-checked or not, is built and kept after, should the message park). The drain
-/// gives it its slot.
+/// it keeps it too (`SlotRequest::parked_body`; the call carries it when it is at most
+/// `MAX_BODY_KEPT_IN_CALL`): for a rule drawing from a fair budget, whose events past its near
+/// horizon park. An event whose data alone is larger builds its body after, should it park
+/// (claim-checked when it must be). The drain gives it its slot.
 pub(crate) fn parked_body(acting: Acting<'_>, publish_time: Option<&str>) -> Option<Vec<u8>> {
     let shadow = acting.rule.mode == drip_core::rules::Mode::Shadow;
-    // (Its data alone is more than a call carries: not worth building now.)
     if acting.rule.fair_budget().is_none() || shadow || acting.event.data.len() > MAX_BODY_KEPT_IN_CALL {
         return None;
     }
-    let (_, encoded) = task_body(acting, publish_time).ok()?;
-    (encoded.len() <= MAX_BODY_KEPT_IN_CALL).then_some(encoded)
+    task_body(acting, publish_time).ok().map(|(_, encoded)| encoded)
 }
 
 /// The task body of the event `acting` at its slot, inline, and its encoding. The dispatcher adds

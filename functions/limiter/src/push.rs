@@ -148,7 +148,10 @@ async fn reserve_and_act(
     }
     let slot = reservation.slot;
     let acting = Acting { rule, key, event, identity: &identity, slot, cost, published, shadow: None };
-    let act = act(state, acting, &request, &reserved, publish_time);
+    // A body built before the call that the call did not carry (over what a call carries) is
+    // the one to keep after, should the event park: not built twice.
+    let unsent = parked_body.as_deref().filter(|_| request.parked_body.is_none());
+    let act = act(state, acting, (&request, unsent), &reserved, publish_time);
     let result = state.step(act).await;
     // After a downstream's Retry-After, the message's answer is its new slot.
     let (outcome, reserved) = match result {
@@ -185,7 +188,7 @@ async fn reserve_and_act(
 async fn act(
     state: &AppState,
     acting: Acting<'_>,
-    request: &SlotRequest<'_>,
+    (request, unsent): (&SlotRequest<'_>, Option<&[u8]>),
     reserved: &Reserved,
     publish_time: Option<&str>,
 ) -> anyhow::Result<(Outcome, Reserved)> {
@@ -237,7 +240,9 @@ async fn act(
             }
         }
         Decision::Delay => state.schedule(acting, publish_time, now).await.map(|_| Outcome::Delay),
-        Decision::Park => park(state, acting, (request, reserved), publish_time).await.map(|()| Outcome::Parked),
+        Decision::Park => {
+            park(state, acting, (request, unsent, reserved), publish_time).await.map(|()| Outcome::Parked)
+        }
     };
     let (done, reserved) = match done {
         // Never dropped, never hot-retried: no slot of the key (or of the budget the rule's
@@ -336,16 +341,18 @@ async fn reported_cost(
 }
 
 /// The key is throttled and the event waits unbooked in its queue: the task body it would have had
-/// is kept for the key's drain (`parking::park`) and the drain's wake armed.
+/// is kept for the key's drain (`parking::park`) and the drain's wake armed. `unsent`: its body,
+/// built before the call and too large for it to carry.
 async fn park(
     state: &AppState,
     acting: Acting<'_>,
-    (request, reserved): (&SlotRequest<'_>, &Reserved),
+    (request, unsent, reserved): (&SlotRequest<'_>, Option<&[u8]>, &Reserved),
     publish_time: Option<&str>,
 ) -> Result<(), Failure> {
-    // The body the call kept is the one it carried; else it is built now, to be kept after.
+    // The body the call kept is the one it carried; else the one built before it and not sent, or
+    // one built now, to be kept after.
     let built;
-    let body = match request.parked_body.filter(|_| reserved.body_kept(request)) {
+    let body = match request.parked_body.filter(|_| reserved.body_kept(request)).or(unsent) {
         Some(body) => body,
         None => {
             built = state.task_for(acting, publish_time, reserved.now).await?;
