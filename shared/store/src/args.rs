@@ -108,22 +108,39 @@ fn budget_column(column: &str, per: Millis) -> String {
     }
 }
 
-/// Arguments in the order a script reads them, each with the name it is read by.
+/// Arguments in the order a script reads them, each with the name it is read by: the values end to
+/// end in one buffer (a call's events write a few dozen each, so that writing one costs no
+/// allocation of its own), where each ends, and its name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Args(Vec<Vec<u8>>, Vec<&'static str>);
+pub struct Args {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+    names: Vec<&'static str>,
+}
 
 impl Args {
     pub fn int(&mut self, name: &'static str, n: impl Into<i64>) -> &mut Self {
-        self.str(name, n.into().to_string())
+        use std::io::Write as _;
+        write!(self.data, "{}", n.into()).expect("writing to a Vec<u8> cannot fail");
+        self.end(name)
     }
 
     pub fn opt(&mut self, name: &'static str, n: Option<impl Into<i64>>) -> &mut Self {
-        self.str(name, n.map(|n| n.into().to_string()).unwrap_or_default())
+        match n {
+            Some(n) => self.int(name, n),
+            None => self.end(name),
+        }
     }
 
     pub fn str(&mut self, name: &'static str, s: impl AsRef<[u8]>) -> &mut Self {
-        self.0.push(s.as_ref().to_vec());
-        self.1.push(name);
+        self.data.extend_from_slice(s.as_ref());
+        self.end(name)
+    }
+
+    /// Ends the value written since the last one, under `name`.
+    fn end(&mut self, name: &'static str) -> &mut Self {
+        self.ends.push(self.data.len());
+        self.names.push(name);
         self
     }
 
@@ -136,26 +153,49 @@ impl Args {
         self
     }
 
-    pub fn values(&self) -> &[Vec<u8>] {
-        &self.0
+    /// How many values are written.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Where the value at `at` lies in the buffer.
+    fn span(&self, at: usize) -> std::ops::Range<usize> {
+        let start = if at == 0 { 0 } else { self.ends[at - 1] };
+        start..self.ends[at]
+    }
+
+    /// Each value, in order.
+    pub fn values(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.ends.len()).map(|at| &self.data[self.span(at)])
     }
 
     /// Each value with its name, in order.
     pub fn named(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
-        self.1.iter().copied().zip(self.0.iter().map(Vec::as_slice))
+        self.names.iter().copied().zip(self.values())
     }
 
     /// Replaces the value written under `name`.
     fn set(&mut self, name: &'static str, value: impl AsRef<[u8]>) -> &mut Self {
-        if let Some(at) = self.1.iter().position(|&n| n == name) {
-            self.0[at] = value.as_ref().to_vec();
+        if let Some(at) = self.names.iter().position(|&n| n == name) {
+            let (span, value) = (self.span(at), value.as_ref());
+            let (old, new) = (span.len(), value.len());
+            self.data.splice(span, value.iter().copied());
+            for end in &mut self.ends[at..] {
+                *end = *end + new - old;
+            }
         }
         self
     }
 
     fn extend(&mut self, other: &Args) {
-        self.0.extend(other.0.iter().cloned());
-        self.1.extend(other.1.iter().copied());
+        let base = self.data.len();
+        self.data.extend_from_slice(&other.data);
+        self.ends.extend(other.ends.iter().map(|end| base + end));
+        self.names.extend(other.names.iter().copied());
     }
 }
 
@@ -304,7 +344,7 @@ const ALIKE_OWN: [&str; 6] =
 
 /// Whether two records are the same but for the values of `own`.
 fn same_but(a: &Args, b: &Args, own: &[&str]) -> bool {
-    a.0.len() == b.0.len()
+    a.len() == b.len()
         && a.named().zip(b.named()).all(|((name, x), (other, y))| name == other && (x == y || own.contains(&name)))
 }
 
@@ -754,17 +794,17 @@ mod tests {
         };
         let burst = [request("k", "m1", 1, false), request("k", "m2", 3, false), request("j", "m3", 1, false)];
         let call = encode(ReservePaths::Lean, &burst);
-        let modes: Vec<&[u8]> = call.events.iter().map(|e| e.0[0].as_slice()).collect();
+        let modes: Vec<&[u8]> = call.events.iter().map(|e| e.values().next().expect("a value")).collect();
         assert_eq!(modes, [&b"1"[..], b"=", b"="], "the later events are the first's but for their message");
         assert_eq!(value_of(&call.events[0], "event.mode"), b"lean");
         assert_eq!(value_of(&call.events[1], "event.cost"), b"3");
         let first_keys: Vec<&[u8]> = call.events.iter().map(|e| value_of(e, "event.first_key")).collect();
         assert_eq!(first_keys, [&b"1"[..], b"1", b"4"], "the burst's keys once, then the other key's");
         assert_eq!(call.keys.len(), 6);
-        assert!(call.events[1..].iter().all(|e| e.0.len() == 4));
+        assert!(call.events[1..].iter().all(|e| e.len() == 4));
         let general = encode(ReservePaths::General, &burst);
         assert_eq!(value_of(&general.events[0], "event.mode"), b"");
-        let marks: Vec<&[u8]> = general.events.iter().map(|e| e.0[0].as_slice()).collect();
+        let marks: Vec<&[u8]> = general.events.iter().map(|e| e.values().next().expect("a value")).collect();
         assert_eq!(marks, [&b"1"[..], b"~", b"~"]);
         assert_eq!(general.keys.len(), 6, "the burst's keys once, then the other key's");
         let named: Vec<(&str, &[u8])> = general.events[2].named().collect();
@@ -792,10 +832,10 @@ mod tests {
         let drain = encode(ReservePaths::Lean, &[head("k", "m1"), head("j", "m2")]);
         assert_eq!(value_of(&drain.events[0], "event.mode"), b"unpark");
         assert_eq!(value_of(&drain.events[1], "budget.ring_member"), b"r\nj");
-        assert_eq!(drain.events[1].0.len(), 7);
-        assert!(drain.events[0].0.len() > 40, "written in full once: {}", drain.events[0].0.len());
+        assert_eq!(drain.events[1].len(), 7);
+        assert!(drain.events[0].len() > 40, "written in full once: {}", drain.events[0].len());
         // Records that differ in more than that are written in full.
         let mixed = encode(ReservePaths::Lean, &[request("k", "m1", 1, true), head("k", "m2")]);
-        assert!(mixed.events.iter().all(|e| e.0[0] != b"~"));
+        assert!(mixed.events.iter().all(|e| e.values().next() != Some(&b"~"[..])));
     }
 }

@@ -506,7 +506,7 @@ impl ReserveCall {
             cmd.arg(key);
         }
         for arg in self.0.args().values() {
-            cmd.arg(arg.as_slice());
+            cmd.arg(arg);
         }
         cmd
     }
