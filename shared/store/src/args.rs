@@ -120,8 +120,7 @@ pub struct Args {
 
 impl Args {
     pub fn int(&mut self, name: &'static str, n: impl Into<i64>) -> &mut Self {
-        use std::io::Write as _;
-        write!(self.data, "{}", n.into()).expect("writing to a Vec<u8> cannot fail");
+        self.data.extend_from_slice(itoa::Buffer::new().format(n.into()).as_bytes());
         self.end(name)
     }
 

@@ -337,6 +337,9 @@ fn entity_prefix(namespace: &str, rule: &str, key: &str) -> String {
 
 /// Entity keys come from payloads: braces would move the hash tag, so they (and `%`) are escaped.
 fn escape(key: &str) -> String {
+    if !key.contains(['%', '{', '}']) {
+        return key.to_owned();
+    }
     key.replace('%', "%25").replace('{', "%7B").replace('}', "%7D")
 }
 
