@@ -728,6 +728,27 @@ mod tests {
 
     use super::*;
 
+    /// Values end to end in one buffer: one replaced by a longer or a shorter one, or none, moves
+    /// every value after it and leaves the others as written; two records joined keep both.
+    #[test]
+    fn a_value_replaced_in_the_buffer_leaves_its_neighbours_as_written() {
+        let mut args = Args::default();
+        args.int("a", -12).str("b", "mode").opt("c", None::<i64>).int("d", 7).str("e", "");
+        args.set("b", "unpark");
+        args.set("c", "3");
+        args.set("a", "");
+        let named: Vec<(&str, &[u8])> = args.named().collect();
+        assert_eq!(named, [("a", &b""[..]), ("b", b"unpark"), ("c", b"3"), ("d", b"7"), ("e", b"")]);
+        args.set("b", "k");
+        args.set("missing", "x");
+        let mut joined = Args::default();
+        joined.int("n", 2);
+        joined.extend(&args);
+        let values: Vec<&[u8]> = joined.values().collect();
+        assert_eq!(values, [&b"2"[..], b"", b"k", b"3", b"7", b""]);
+        assert_eq!(joined.len(), 6);
+    }
+
     /// The script reads the records at the places these names give: the encoder writes them so.
     #[test]
     fn the_encoder_writes_the_records_the_script_reads_by_name() {
